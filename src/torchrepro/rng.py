@@ -1,0 +1,229 @@
+"""RngState: capture, restore, save and load every random generator of a process.
+
+Covers Python ``random``, numpy's legacy global RNG, torch CPU, every CUDA device, and the
+generators registered with :func:`register` (DataLoader and sampler ``torch.Generator``s,
+numpy ``Generator``s). Files are JSON (bytes as base64) with a sha256 of their content:
+nothing is unpickled, and a truncated or edited file is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+from .errors import RngStateError
+from .fingerprint import hash_bytes
+
+SCHEMA = "torchrepro.rng/1"
+
+Generator = Union[torch.Generator, np.random.Generator]
+_REGISTRY: dict[str, Generator] = {}
+
+
+def register(name: str, generator: Generator) -> Generator:
+    """Register a ``torch.Generator`` or numpy ``Generator`` so that :meth:`RngState.capture`
+    saves it and :meth:`RngState.restore` restores it.
+
+    >>> g = register("sampler", torch.Generator().manual_seed(0))
+    """
+    if not isinstance(generator, (torch.Generator, np.random.Generator)):
+        raise TypeError(f"cannot register {type(generator).__name__}: need torch.Generator or numpy Generator")
+    _REGISTRY[name] = generator
+    return generator
+
+
+def registered() -> dict[str, Generator]:
+    """The registered generators, by name."""
+    return dict(_REGISTRY)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _world() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@dataclass
+class RngState:
+    """The state of every generator of this process, as plain JSON-able data.
+
+    >>> state = RngState.capture()
+    >>> a = torch.rand(3)
+    >>> state.restore()
+    >>> torch.equal(a, torch.rand(3))
+    True
+    """
+
+    python: list[Any]
+    numpy: dict[str, Any]
+    torch_cpu: str
+    cuda: list[str] = field(default_factory=list)
+    generators: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rank: int = 0
+    world_size: int = 1
+    torch_version: str = torch.__version__
+
+    @classmethod
+    def capture(cls, generators: dict[str, Generator] | None = None) -> RngState:
+        """Snapshot every generator, plus the registered ones and ``generators``."""
+        version, internal, gauss = random.getstate()
+        key, words, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        cuda = []
+        if torch.cuda.is_available():
+            cuda = [_b64(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+        rank, world = _world()
+        return cls(
+            python=[version, list(internal), gauss],
+            numpy={"key": key, "words": _b64(words.astype("<u4").tobytes()), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            torch_cpu=_b64(torch.get_rng_state().numpy().tobytes()),
+            cuda=cuda,
+            generators={name: _generator_state(g) for name, g in {**_REGISTRY, **(generators or {})}.items()},
+            rank=rank,
+            world_size=world,
+        )
+
+    def restore(self, generators: dict[str, Generator] | None = None) -> None:
+        """Put every generator back into this state. A generator in the state that is not
+        registered (nor in ``generators``) is an error, not silently skipped."""
+        targets = {**_REGISTRY, **(generators or {})}
+        missing = sorted(set(self.generators) - set(targets))
+        if missing:
+            raise RngStateError(f"the RNG state has generators {missing} that are not registered here: "
+                                "register them with torchrepro.rng.register(name, generator) first")
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if self.cuda and len(self.cuda) != cuda_count:
+            raise RngStateError(f"the RNG state has {len(self.cuda)} CUDA device(s), this process sees {cuda_count}")
+        version, internal, gauss = self.python
+        random.setstate((version, tuple(internal), gauss))
+        n = self.numpy
+        words = np.frombuffer(_unb64(n["words"]), dtype="<u4").astype(np.uint32)
+        np.random.set_state((n["key"], words, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+        torch.set_rng_state(_byte_tensor(self.torch_cpu))
+        if self.cuda:
+            torch.cuda.set_rng_state_all([_byte_tensor(s) for s in self.cuda])
+        for name, saved in self.generators.items():
+            _set_generator_state(name, targets[name], saved)
+
+    def fingerprint(self) -> str:
+        """A short stable hex digest of every generator's state (not of rank or versions)."""
+        return hash_bytes(_canonical(self._streams()))[:16]
+
+    def fingerprints(self) -> dict[str, str]:
+        """Per-generator digests (``python``, ``numpy``, ``torch_cpu``, ``cuda:0``, names)."""
+        return {name: hash_bytes(_canonical(value))[:16] for name, value in self._streams().items()}
+
+    def _streams(self) -> dict[str, Any]:
+        streams: dict[str, Any] = {"python": self.python, "numpy": self.numpy, "torch_cpu": self.torch_cpu}
+        streams.update({f"cuda:{i}": s for i, s in enumerate(self.cuda)})
+        streams.update({f"generator:{k}": v for k, v in self.generators.items()})
+        return streams
+
+    def to_json(self) -> dict[str, Any]:
+        payload = {
+            "python": self.python, "numpy": self.numpy, "torch_cpu": self.torch_cpu, "cuda": self.cuda,
+            "generators": self.generators, "rank": self.rank, "world_size": self.world_size,
+            "torch_version": self.torch_version,
+        }
+        return {"schema": SCHEMA, "sha256": hashlib.sha256(_canonical(payload)).hexdigest(), "state": payload}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this state atomically; a directory gets ``rng-rank<r>.json`` (one file per
+        global rank). Returns the file written."""
+        target = _rank_file(Path(path), self.rank)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as fp:
+            json.dump(self.to_json(), fp)
+        os.replace(tmp, target)
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, rank: int | None = None, world_size: int | None = None,
+             allow_version_mismatch: bool = False) -> RngState:
+        """Read a state saved by :meth:`save` for this rank (``rank``/``world_size`` default to
+        this process's). A different world size, another torch version (unless
+        ``allow_version_mismatch``), a truncated or edited file raise :class:`RngStateError`."""
+        here_rank, here_world = _world()
+        rank = here_rank if rank is None else rank
+        world_size = here_world if world_size is None else world_size
+        file = _rank_file(Path(path), rank)
+        try:
+            doc = json.loads(file.read_text())
+        except FileNotFoundError:
+            raise RngStateError(f"no RNG state file {file} (saved for another rank or world size?)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RngStateError(f"{file} is not a readable RNG state (truncated or corrupt): {exc}") from None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("state"), dict):
+            raise RngStateError(f"{file} is not a {SCHEMA} file")
+        payload = doc["state"]
+        if hashlib.sha256(_canonical(payload)).hexdigest() != doc.get("sha256"):
+            raise RngStateError(f"{file} is corrupt: its content does not match its sha256")
+        if payload["world_size"] != world_size:
+            raise RngStateError(f"{file} was saved by a job of world size {payload['world_size']}, this job has "
+                                f"{world_size}: RNG streams cannot be mapped between world sizes; re-derive them "
+                                "with torchrepro.seed_everything instead")
+        if payload["torch_version"] != torch.__version__ and not allow_version_mismatch:
+            raise RngStateError(f"{file} was saved with torch {payload['torch_version']}, this is torch "
+                                f"{torch.__version__}; pass allow_version_mismatch=True if you accept that")
+        try:
+            return cls(**payload)
+        except TypeError as exc:
+            raise RngStateError(f"{file} has an unexpected layout: {exc}") from None
+
+
+def _rank_file(path: Path, rank: int) -> Path:
+    return path if path.suffix == ".json" else path / f"rng-rank{rank}.json"
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _byte_tensor(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(_unb64(text)), dtype=torch.uint8)
+
+
+def _generator_state(g: Generator) -> dict[str, Any]:
+    if isinstance(g, torch.Generator):
+        return {"kind": "torch", "device": str(g.device), "state": _b64(g.get_state().numpy().tobytes())}
+    return {"kind": "numpy", "state": _jsonable(g.bit_generator.state)}
+
+
+def _set_generator_state(name: str, g: Generator, saved: dict[str, Any]) -> None:
+    kind = "torch" if isinstance(g, torch.Generator) else "numpy"
+    if saved.get("kind") != kind:
+        raise RngStateError(f"generator {name!r} was a {saved.get('kind')} generator, it is a {kind} one here")
+    if kind == "torch":
+        g.set_state(_byte_tensor(saved["state"]))
+    else:
+        g.bit_generator.state = saved["state"]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
