@@ -1,0 +1,474 @@
+"""What `torchrepro env` shows: versions, determinism switches, compile caches, risky variables.
+
+`collect()` gathers plain JSON data and an `env_fingerprint` over everything that changes
+numerics or compile-cache keys, so two runs (or two ranks) can be compared by one string.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import stat
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import torch
+
+from . import __version__
+from .determinism import CUBLAS_VAR, audit
+from .fingerprint import stable_uid
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["CacheDir", "EnvVar", "collect", "render", "write_json"]
+
+NOT_AVAILABLE = "not available"
+_KERNEL_RISK = ("anyone who can write there can run code in your training job: "
+                "compiled kernels are loaded from it")
+
+
+@dataclass
+class EnvVar:
+    """An environment variable that matters for reproducibility or caching.
+
+    `value` is None where the variable is unset and that itself is worth saying.
+    `in_fingerprint` marks variables that change numerics or cache keys.
+    """
+
+    name: str
+    value: str | None
+    note: str
+    risky: bool = False
+    in_fingerprint: bool = True
+
+
+@dataclass
+class CacheDir:
+    """A directory compiled code is loaded from, with who can write to it."""
+
+    name: str
+    path: str
+    source: str
+    exists: bool
+    owner: str | None = None
+    mode: str | None = None
+    note: str = ""
+    risks: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- versions
+
+
+def _dist_version(*names: str) -> str:
+    """Installed version of the first distribution found, without importing it."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return NOT_AVAILABLE
+
+
+def _nccl_version() -> str:
+    try:  # CPU builds have no torch._C._nccl_version
+        version = torch.cuda.nccl.version()
+    except Exception:
+        return NOT_AVAILABLE
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def _versions() -> dict[str, str]:
+    import numpy
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "torch": torch.__version__,
+        "torch_git": str(getattr(torch.version, "git_version", NOT_AVAILABLE)),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "numpy": numpy.__version__,
+        "cuda": torch.version.cuda or NOT_AVAILABLE,
+        "hip": getattr(torch.version, "hip", None) or NOT_AVAILABLE,
+        "cudnn": str(cudnn) if cudnn else NOT_AVAILABLE,
+        "nccl": _nccl_version(),
+        "triton": _dist_version(
+            "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"
+        ),
+    }
+
+
+def _hardware() -> dict[str, Any]:
+    cpu = getattr(torch.backends, "cpu", None)
+    capability = cpu.get_cpu_capability() if hasattr(cpu, "get_cpu_capability") else NOT_AVAILABLE
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    gpus = []
+    if torch.cuda.is_available():  # reading device names initialises CUDA
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(usable) if usable is not None else os.cpu_count(),
+        "cpu_capability": capability,
+        "gpus": gpus,
+    }
+
+
+# ---------------------------------------------------------------- caches
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _writers(st: os.stat_result) -> str | None:
+    """'world' or 'group NAME' when others may write to a directory; None otherwise.
+
+    A user's private group (named after its owner, no other members) does not count.
+    """
+    if st.st_mode & stat.S_IWOTH:
+        return "world"
+    if not st.st_mode & stat.S_IWGRP:
+        return None
+    try:
+        import grp
+
+        group = grp.getgrgid(st.st_gid)
+    except (ImportError, KeyError):
+        return f"group {st.st_gid}"
+    owner = _owner(st.st_uid)
+    if group.gr_name == owner and set(group.gr_mem) <= {owner}:
+        return None
+    return f"group {group.gr_name}"
+
+
+def _foreign(st: os.stat_result) -> bool:
+    """Owned by someone other than this user and root."""
+    return st.st_uid not in (0, os.geteuid())
+
+
+def _cache_risks(path: Path) -> list[str]:
+    """Why others could put code into `path`: the directory, or a parent up to a sticky one."""
+    risks = []
+    current = path
+    while not current.exists() and current != current.parent:
+        current = current.parent
+    if current != path:
+        st = current.stat()
+        who = _writers(st)
+        if who:
+            risks.append(f"{path} does not exist yet and {current} is {who}-writable: another "
+                         f"user can create it first; {_KERNEL_RISK}")
+        if st.st_mode & stat.S_ISVTX:
+            return risks
+    else:
+        st = path.stat()
+        who = _writers(st)
+        if who:
+            mode = oct(stat.S_IMODE(st.st_mode))
+            risks.append(f"{path} is {who}-writable (mode {mode}): {_KERNEL_RISK}")
+        if _foreign(st):
+            risks.append(f"{path} is owned by {_owner(st.st_uid)}: {_KERNEL_RISK}")
+    for parent in current.parents:
+        st = parent.stat()
+        if st.st_mode & stat.S_ISVTX:  # e.g. /tmp: others cannot rename or replace our entry
+            break
+        who = _writers(st)
+        if who:
+            risks.append(f"parent {parent} of {path} is {who}-writable: others can replace the "
+                         f"cache; {_KERNEL_RISK}")
+        if _foreign(st):
+            risks.append(f"parent {parent} of {path} is owned by {_owner(st.st_uid)}: {_KERNEL_RISK}")
+    return risks
+
+
+def _cache_dir(name: str, path: str, source: str, note: str) -> CacheDir:
+    real = Path(os.path.realpath(os.path.expanduser(path)))
+    entry = CacheDir(name, str(real), source, exists=False, note=note)
+    try:
+        entry.exists = real.is_dir()
+        if entry.exists:
+            st = real.stat()
+            entry.owner = _owner(st.st_uid)
+            entry.mode = oct(stat.S_IMODE(st.st_mode))
+        if hasattr(os, "geteuid"):
+            entry.risks = _cache_risks(real)
+        else:
+            entry.note += " (permissions not checked on this platform)"
+    except OSError as exc:
+        entry.risks.append(f"cannot check {real} ({exc.strerror or exc}): {_KERNEL_RISK}")
+    return entry
+
+
+def _inductor_default_dir() -> tuple[str, str]:
+    """Inductor's default cache directory and where that answer came from.
+
+    torch's `cache_dir_utils` has no torch dependencies, so it is loaded from its file: importing
+    `torch._inductor` would cost about a second, and `cache_dir()` creates the directory.
+    """
+    module = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if module is None:
+        path = Path(torch.__file__).parent / "_inductor" / "runtime" / "cache_dir_utils.py"
+        try:
+            spec = importlib.util.spec_from_file_location("_torchrepro_cache_dir_utils", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except Exception:  # moved in this torch release
+            module = None
+    if module is not None and hasattr(module, "default_cache_dir"):
+        return module.default_cache_dir(), "inductor default"
+    user = os.environ.get("USER") or os.environ.get("USERNAME") or "unknown_user"
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"), "guessed default"
+
+
+def _caches(triton: str) -> list[CacheDir]:
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    inductor_source = "TORCHINDUCTOR_CACHE_DIR"
+    if inductor is None:
+        inductor, inductor_source = _inductor_default_dir()
+    triton_dir = os.environ.get("TRITON_CACHE_DIR")
+    triton_source = "TRITON_CACHE_DIR"
+    triton_note = "Triton kernels, also those inductor compiles"
+    if triton_dir is None:
+        home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+        triton_dir, triton_source = os.path.join(home, ".triton", "cache"), "Triton default"
+        triton_note = "Triton's own kernels; inductor keeps its Triton kernels in the inductor cache"
+    if triton == NOT_AVAILABLE:
+        triton_note = "Triton not installed: unused"
+    return [
+        _cache_dir("inductor", inductor, inductor_source,
+                   "FX graph, AOTAutograd and compiled C++/Triton kernels"),
+        _cache_dir("triton", triton_dir, triton_source, triton_note),
+    ]
+
+
+# ---------------------------------------------------------------- environment variables
+
+
+def _env_var(name: str, value: str | None) -> EnvVar:
+    """Note, risk and fingerprint relevance of one variable (unset only where that matters)."""
+    on = value not in (None, "", "0", "false", "False")
+    if name == "PYTHONHASHSEED":
+        if value in (None, "random"):
+            return EnvVar(name, value, "unset: str hashing and set order vary between processes "
+                          "and ranks; export PYTHONHASHSEED=0 before launching", risky=True)
+        return EnvVar(name, value, "fixed str hashing and set order (not part of inductor's cache key)")
+    if name == "OMP_NUM_THREADS":
+        if value is None:
+            return EnvVar(name, None, f"unset: torch uses this machine's cores "
+                          f"({torch.get_num_threads()} threads); another machine reduces in "
+                          "another order and misses the inductor cache", risky=True)
+        return EnvVar(name, value, "CPU threads: changes reduction order and inductor's cache key; "
+                      "keep it the same across runs")
+    if name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        return EnvVar(name, value, "BLAS threads: can change reduction order")
+    if name == "MKL_CBWR":
+        return EnvVar(name, value, "MKL conditional numerical reproducibility: same code path on every CPU")
+    if name in ("ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE"):
+        return EnvVar(name, value, "lets oneDNN compute fp32 in lower precision: numerics change",
+                      risky=(value or "").upper() not in ("", "STRICT"))
+    if name == CUBLAS_VAR:
+        if value is None:
+            return EnvVar(name, None, "unset: cuBLAS may vary run to run; deterministic algorithms "
+                          "raise on cuBLAS ops", risky=True)
+        ok = value in (":4096:8", ":16:8")
+        return EnvVar(name, value, "fixed cuBLAS workspace: deterministic" if ok
+                      else "not :4096:8 or :16:8: cuBLAS may vary run to run", risky=not ok)
+    if name == "CUDA_LAUNCH_BLOCKING":
+        return EnvVar(name, value, "serialises every kernel launch: much slower, numerics unchanged "
+                      "(usually left over from debugging)", risky=on, in_fingerprint=False)
+    if name == "NVIDIA_TF32_OVERRIDE":
+        return EnvVar(name, value, "=0 forces TF32 off in cuBLAS/cuDNN, whatever torch's flags say")
+    if name == "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE":
+        return EnvVar(name, value, "forces TF32 cuBLAS matmuls on, whatever torch's flags say", risky=on)
+    if name == "CUDA_VISIBLE_DEVICES":
+        return EnvVar(name, value, "selects GPUs: another GPU model runs other kernels", in_fingerprint=False)
+    if name in ("RANK", "LOCAL_RANK", "GROUP_RANK"):
+        return EnvVar(name, value, "this process's rank", in_fingerprint=False)
+    if name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        return EnvVar(name, value, "number of ranks: changes data sharding and all-reduce order")
+    if name == "TORCH_LOGS":
+        return EnvVar(name, value, "compile logging only", in_fingerprint=False)
+    if name == "TORCH_TRACE":
+        return EnvVar(name, value, "structured compile trace, including your source code, is written here",
+                      in_fingerprint=False)
+    if name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME"):
+        return EnvVar(name, value, "compiled kernels are loaded from here (see caches)", in_fingerprint=False)
+    if name == "TORCHINDUCTOR_FORCE_DISABLE_CACHES":
+        return EnvVar(name, value, "every compile is cold (10-20 s on CPU); results do not change",
+                      risky=on, in_fingerprint=False)
+    if name in ("TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"):
+        return EnvVar(name, value, "=0 turns this compile cache off: every compile is cold",
+                      risky=value == "0", in_fingerprint=False)
+    if name == "TORCHINDUCTOR_DETERMINISTIC":
+        return EnvVar(name, value, "=1: inductor makes no timing-driven kernel choices")
+    if name.startswith(("TORCHINDUCTOR_MAX_AUTOTUNE", "TORCHINDUCTOR_COORDINATE_DESCENT")):
+        return EnvVar(name, value, "kernels chosen by on-device timing may differ between runs "
+                      "unless inductor's deterministic mode is on", risky=on)
+    if name in ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE"):
+        return EnvVar(name, value, "torch.compile does nothing: runs eager, whose numerics and RNG "
+                      "differ from compiled runs", risky=on)
+    if name == "TORCH_COMPILE_DEBUG":
+        return EnvVar(name, value, "writes debug output for every compile: slow", risky=on,
+                      in_fingerprint=False)
+    if name == "PYTORCH_TUNABLEOP_ENABLED":
+        return EnvVar(name, value, "TunableOp picks GEMM kernels by timing: runs can differ unless "
+                      "its results file is reused", risky=on)
+    if name in ("NCCL_ALGO", "NCCL_PROTO"):
+        return EnvVar(name, value, "pins NCCL's collective algorithm, and so its reduction order")
+    if name.startswith(("NCCL_", "TORCH_NCCL_")):
+        return EnvVar(name, value, "NCCL transport/debug setting", in_fingerprint=False)
+    if name.startswith("TORCHINDUCTOR_"):
+        return EnvVar(name, value, "inductor setting: part of what is compiled and of its cache key")
+    if name.startswith(("TORCHDYNAMO_", "TORCH_COMPILE_")):
+        return EnvVar(name, value, "torch.compile setting: can change what is compiled")
+    if name.startswith("PYTORCH_TUNABLEOP_"):
+        return EnvVar(name, value, "TunableOp setting")
+    return EnvVar(name, value, "Triton setting")  # TRITON_*, the last prefix _relevant() admits
+
+
+_NAMES = frozenset({
+    "PYTHONHASHSEED", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_CBWR",
+    "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE", CUBLAS_VAR, "CUDA_LAUNCH_BLOCKING",
+    "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUDA_VISIBLE_DEVICES", "RANK",
+    "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCH_LOGS", "TORCH_TRACE",
+})
+_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_", "NCCL_", "TORCH_NCCL_", "TRITON_",
+             "PYTORCH_TUNABLEOP_")
+
+
+def _relevant(name: str) -> bool:
+    return name in _NAMES or name.startswith(_PREFIXES)
+
+
+def _env_vars() -> list[EnvVar]:
+    names = {n for n in os.environ if _relevant(n)} | {"PYTHONHASHSEED", "OMP_NUM_THREADS"}
+    if torch.cuda.is_available():
+        names.add(CUBLAS_VAR)
+    return [_env_var(n, os.environ.get(n)) for n in sorted(names)]
+
+
+# ---------------------------------------------------------------- public API
+
+
+def collect() -> dict[str, Any]:
+    """Everything `torchrepro env` reports, as JSON-ready data.
+
+    Keys: versions, hardware, threads, determinism (see `determinism.audit`), caches,
+    env_vars, env_fingerprint (16 hex digits over versions, hardware, threads, determinism
+    switches and the variables that change numerics or cache keys; ranks and paths excluded,
+    so ranks of one job share it). Takes milliseconds after `import torch`; initialises CUDA
+    only where it is available (to read device names). Example:
+    ``collect()["env_fingerprint"] == other_run["env_fingerprint"]``.
+    """
+    versions = _versions()
+    threads = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
+    switches = audit()  # before _hardware(), which may initialise CUDA
+    hardware = _hardware()
+    env_vars = _env_vars()
+    caches = _caches(versions["triton"])
+    for var in env_vars:
+        risks = [r for c in caches if var.value and c.source == var.name for r in c.risks]
+        if risks:
+            var.risky = True
+            var.note += f"; {len(risks)} permission risk(s), see caches"
+    fingerprinted = {
+        "versions": versions,
+        "hardware": {k: hardware[k] for k in ("machine", "cpu_capability", "gpus")},
+        "threads": threads,
+        "determinism": {s.name: s.value for s in switches},
+        "env": {v.name: v.value for v in env_vars if v.in_fingerprint},
+    }
+    return {
+        "torchrepro": __version__,
+        "versions": versions,
+        "hardware": hardware,
+        "threads": threads,
+        "determinism": [asdict(s) for s in switches],
+        "caches": [asdict(c) for c in caches],
+        "env_vars": [asdict(v) for v in env_vars],
+        "env_fingerprint": stable_uid(fingerprinted)[:16],
+    }
+
+
+def write_json(info: dict[str, Any], fp: TextIO) -> None:
+    """Write `collect()` output as indented JSON plus a newline.
+
+    Example: ``write_json(collect(), sys.stdout)``.
+    """
+    json.dump(info, fp, indent=2)
+    fp.write("\n")
+
+
+def render(info: dict[str, Any], console: Console | None = None) -> None:
+    """Print `collect()` output as rich tables; risky rows in red.
+
+    Example: ``render(collect())``, or ``render(info, Console(file=buf))`` to capture it.
+    """
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+
+    title = f"torchrepro {info['torchrepro']} — env fingerprint {info['env_fingerprint']}"
+    versions = Table(title=title, show_header=False, title_justify="left")
+    versions.add_column(style="bold")
+    versions.add_column()
+    for key, value in info["versions"].items():
+        versions.add_row(key, Text(value), style="dim" if value == NOT_AVAILABLE else None)
+    hardware = info["hardware"]
+    for key in ("platform", "cpu_capability"):
+        versions.add_row(key, Text(str(hardware[key])))
+    versions.add_row("cpus", f"{hardware['cpus_usable']} usable of {hardware['cpu_count']}")
+    versions.add_row("gpus", Text(", ".join(hardware["gpus"]) or "none"))
+    threads = info["threads"]
+    versions.add_row("threads", f"{threads['intra_op']} intra-op, {threads['inter_op']} inter-op")
+    console.print(versions)
+
+    marks = {"ok": ("✓", "green"), "risk": ("✗", "bold red"), "info": ("–", "dim")}
+    audit_table = Table(title="Determinism switches", title_justify="left")
+    for column in ("", "switch", "value", "recommended", "note"):
+        audit_table.add_column(column)
+    for s in info["determinism"]:
+        mark, style = marks[s["status"]]
+        recommended = "" if s["recommended"] is None else s["recommended"]
+        audit_table.add_row(Text(mark, style=style),
+                            *_cells(s["name"], s["value"], recommended, s["note"]),
+                            style="red" if s["status"] == "risk" else None)
+    console.print(audit_table)
+
+    caches = Table(title="Compile caches", title_justify="left")
+    for column in ("cache", "path", "from", "exists", "owner", "mode", "risk"):
+        caches.add_column(column)
+    for c in info["caches"]:
+        risk = "\n".join(c["risks"]) or c["note"]
+        caches.add_row(*_cells(c["name"], c["path"], c["source"], "yes" if c["exists"] else "no",
+                               c["owner"] or "", c["mode"] or "", risk),
+                       style="bold red" if c["risks"] else None)
+    console.print(caches)
+
+    env = Table(title="Environment variables", title_justify="left")
+    for column in ("variable", "value", "note"):
+        env.add_column(column)
+    for v in info["env_vars"]:
+        env.add_row(*_cells(v["name"], v["value"], v["note"]), style="red" if v["risky"] else None)
+    console.print(env)
+
+
+def _cells(*values: Any) -> list[Any]:
+    """Table cells as plain text (no rich markup from paths or values); None shows as 'unset'."""
+    from rich.text import Text
+
+    return [Text("unset" if v is None else str(v)) for v in values]
