@@ -1,11 +1,21 @@
-"""The `torchrepro` command: parse arguments, dispatch, turn user errors into one line."""
+"""The `torchrepro` command: parse arguments, dispatch, turn user errors into one line.
+
+Exit codes: 0 ok; 1 analysed and fails a budget or is not reproducible; 2 usage or input
+error; 3 the user's script failed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import sys
+import time
+from pathlib import Path
 
-from .errors import UserError
+from . import __version__
+from .errors import InputError, UserError
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -19,12 +29,115 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .capture.session import CaptureConfig
+    from .capture.steps import StepConfig
+    from .launch import check_script, run_in_process
+
+    script = check_script(args.script)
+    run_dir = Path(args.out) if args.out else _shared_run_dir(script)
+    config = CaptureConfig(run_dir=run_dir, seed=args.seed, compile_mode=args.compile_mode,
+                           steps=StepConfig(fingerprint_every=args.fingerprint_every, grads=args.grads))
+    return run_in_process(script, args.args, config)
+
+
+def _shared_run_dir(script: Path) -> Path:
+    """Under torchrun every rank must agree on the directory: key it by the job's run id."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    return Path("torchrepro-runs") / f"{script.stem}-{run_id}"
+
+
+def _budgets(args: argparse.Namespace):
+    from .analysis.doctor import Budgets
+
+    if args.min_cache_hit_rate is not None and not 0 <= args.min_cache_hit_rate <= 1:
+        raise UserError("--min-cache-hit-rate must be between 0 and 1")
+    return Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import doctor_from_trace, doctor_script
+
+    budgets = _budgets(args)
+    if args.trace:
+        if args.script:
+            raise UserError("give either --trace DIR or a SCRIPT, not both")
+        report, run_dir = doctor_from_trace(Path(args.trace), Path(args.out) if args.out else None, budgets)
+    else:
+        if not args.script:
+            raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
+        report, run_dir = doctor_script(Path(args.script), args.args, out=Path(args.out) if args.out else None,
+                                        budgets=budgets, seed=args.seed, fingerprint_every=args.fingerprint_every)
+    return _finish(report, run_dir, args)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .doctor import analyse_run_dir
+
+    report, run_dir = analyse_run_dir(Path(args.run_dir), write=False), Path(args.run_dir)
+    return _finish(report, run_dir, args)
+
+
+def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
+    from .report.junit import write_junit
+    from .report.terminal import render_doctor
+    from .rundir import REPORT_FILE
+
+    if getattr(args, "json", None):
+        shutil.copyfile(run_dir / REPORT_FILE, args.json) if (run_dir / REPORT_FILE).exists() else Path(
+            args.json).write_text(json.dumps(report, indent=2, default=str))
+    if getattr(args, "junit", None):
+        write_junit(report, Path(args.junit))
+    render_doctor(report, report_path=str(run_dir / REPORT_FILE))
+    codes = [report["run"].get("exit_code"), *(r["exit_code"] for r in report["run"]["ranks"].values())]
+    if any(code not in (0, None) for code in codes):
+        return 3
+    return 1 if report["budget_failures"] else 0
+
+
+def _add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("script", nargs=None if required else "?", metavar="SCRIPT", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchrepro",
         description="Reproducible torch.compile training, and why a run is not.",
+        epilog="Exit codes: 0 ok, 1 fails a budget or not reproducible, 2 usage/input error, 3 script failed.",
     )
+    parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    doctor = sub.add_parser("doctor", help="compile health of a real run: recompiles, graph breaks, caches")
+    doctor.add_argument("--out", metavar="RUN_DIR", help="run directory (default torchrepro-runs/<time>-<script>)")
+    doctor.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    doctor.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI")
+    doctor.add_argument("--max-graph-breaks", type=int, metavar="N", help="fail (exit 1) above N graph breaks")
+    doctor.add_argument("--max-recompiles", type=int, metavar="N", help="fail (exit 1) above N recompiles")
+    doctor.add_argument("--min-cache-hit-rate", type=float, metavar="F", help="fail (exit 1) below this hit rate")
+    doctor.add_argument("--seed", type=int, help="seed everything from this root before the script starts")
+    doctor.add_argument("--fingerprint-every", type=int, metavar="N",
+                        help="fingerprint parameters every N steps (default: every step if that costs < 1%%)")
+    doctor.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
+    _add_script(doctor, required=False)
+    doctor.set_defaults(func=_cmd_doctor)
+
+    report = sub.add_parser("report", help="re-render a stored run")
+    report.add_argument("run_dir", metavar="RUN_DIR")
+    report.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    report.add_argument("--junit", metavar="FILE", help="write a JUnit XML result")
+    report.set_defaults(func=_cmd_report)
+
+    run = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")
+    run.add_argument("--out", metavar="RUN_DIR", help="run directory shared by all ranks")
+    run.add_argument("--seed", type=int, help="seed everything from this root before the script starts")
+    run.add_argument("--fingerprint-every", type=int, metavar="N")
+    run.add_argument("--grads", action="store_true", help="also fingerprint gradients before each step")
+    run.add_argument("--compile-mode", choices=("eager", "fallback-random"),
+                     help="run compiled code eagerly, or with inductor's fallback_random")
+    _add_script(run)
+    run.set_defaults(func=_cmd_run)
 
     env = sub.add_parser("env", help="versions, determinism switches, caches and risky settings")
     env.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -35,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "args", None) and args.args[0] == "--":
+        args.args = args.args[1:]
+    for name in ("fingerprint_every", "max_graph_breaks", "max_recompiles"):
+        value = getattr(args, name, None)
+        if value is not None and value < (1 if name == "fingerprint_every" else 0):
+            parser.error(f"--{name.replace('_', '-')} must be {'positive' if name == 'fingerprint_every' else '>= 0'}")
     try:
         return args.func(args)
     except UserError as exc:

@@ -107,9 +107,13 @@ def _hardware() -> dict[str, Any]:
     cpu = getattr(torch.backends, "cpu", None)
     capability = cpu.get_cpu_capability() if hasattr(cpu, "get_cpu_capability") else NOT_AVAILABLE
     usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    gpus = []
-    if torch.cuda.is_available():  # reading device names initialises CUDA
-        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    gpus: list[str] = []
+    if torch.cuda.is_available():
+        # Reading a name initialises CUDA (a context on the current device, before a torchrun
+        # rank has chosen its own): only once the program has done it, else just the count.
+        count = torch.cuda.device_count()
+        initialised = torch.cuda.is_initialized()
+        gpus = [torch.cuda.get_device_name(i) if initialised else "cuda" for i in range(count)]
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -368,13 +372,13 @@ def collect() -> dict[str, Any]:
     Keys: versions, hardware, threads, determinism (see `determinism.audit`), caches,
     env_vars, env_fingerprint (16 hex digits over versions, hardware, threads, determinism
     switches and the variables that change numerics or cache keys; ranks and paths excluded,
-    so ranks of one job share it). Takes milliseconds after `import torch`; initialises CUDA
-    only where it is available (to read device names). Example:
+    so ranks of one job share it). Takes milliseconds after `import torch`; never initialises
+    CUDA (device names only once the program has). Example:
     ``collect()["env_fingerprint"] == other_run["env_fingerprint"]``.
     """
     versions = _versions()
     threads = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
-    switches = audit()  # before _hardware(), which may initialise CUDA
+    switches = audit()
     hardware = _hardware()
     env_vars = _env_vars()
     caches = _caches(versions["triton"])

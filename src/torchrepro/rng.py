@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import random
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,17 +127,21 @@ class RngState:
 
     def fingerprint(self) -> str:
         """A short stable hex digest of every generator's state (not of rank or versions)."""
-        return hash_bytes(_canonical(self._streams()))[:16]
+        return combine(self.fingerprints())
 
     def fingerprints(self) -> dict[str, str]:
-        """Per-generator digests (``python``, ``numpy``, ``torch_cpu``, ``cuda:0``, names)."""
-        return {name: hash_bytes(_canonical(value))[:16] for name, value in self._streams().items()}
-
-    def _streams(self) -> dict[str, Any]:
-        streams: dict[str, Any] = {"python": self.python, "numpy": self.numpy, "torch_cpu": self.torch_cpu}
-        streams.update({f"cuda:{i}": s for i, s in enumerate(self.cuda)})
-        streams.update({f"generator:{k}": v for k, v in self.generators.items()})
-        return streams
+        """Per-generator digests (``python``, ``numpy``, ``torch_cpu``, ``cuda:0``,
+        ``generator:<name>``), equal to :func:`live_fingerprints` taken at capture time."""
+        words = _unb64(self.numpy["words"])
+        raw = {
+            "python": _python_bytes(self.python),
+            "numpy": _numpy_bytes(words, self.numpy["pos"], self.numpy["has_gauss"], self.numpy["cached_gaussian"]),
+            "torch_cpu": _unb64(self.torch_cpu),
+        }
+        raw.update({f"cuda:{i}": _unb64(s) for i, s in enumerate(self.cuda)})
+        for name, saved in self.generators.items():
+            raw[f"generator:{name}"] = _unb64(saved["state"]) if saved["kind"] == "torch" else _canonical(saved["state"])
+        return {name: hash_bytes(data)[:16] for name, data in raw.items()}
 
     def to_json(self) -> dict[str, Any]:
         payload = {
@@ -189,6 +194,39 @@ class RngState:
             return cls(**payload)
         except TypeError as exc:
             raise RngStateError(f"{file} has an unexpected layout: {exc}") from None
+
+
+def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[str, str]:
+    """Per-generator digests of the current state, without building an :class:`RngState`
+    (cheap enough for every training step; CUDA only if it is already initialised)."""
+    key, words, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    version, internal, gauss = random.getstate()
+    raw = {
+        "python": _python_bytes([version, internal, gauss]),
+        "numpy": _numpy_bytes(words.astype("<u4").tobytes(), pos, has_gauss, cached),
+        "torch_cpu": torch.get_rng_state().numpy().tobytes(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raw.update({f"cuda:{i}": s.numpy().tobytes() for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    for name, g in {**_REGISTRY, **(generators or {})}.items():
+        state = _generator_state(g)
+        raw[f"generator:{name}"] = _unb64(state["state"]) if state["kind"] == "torch" else _canonical(state["state"])
+    return {name: hash_bytes(data)[:16] for name, data in raw.items()}
+
+
+def combine(fingerprints: dict[str, str]) -> str:
+    """One digest over per-generator digests (order-independent)."""
+    return hash_bytes(_canonical(fingerprints))[:16]
+
+
+def _python_bytes(state: list[Any]) -> bytes:
+    version, internal, gauss = state
+    return struct.pack(f"<q{len(internal)}Qd", version, *internal, -1.0 if gauss is None else gauss) + bytes(
+        [gauss is None])
+
+
+def _numpy_bytes(words: bytes, pos: int, has_gauss: int, cached: float) -> bytes:
+    return words + struct.pack("<qqd", int(pos), int(has_gauss), float(cached))
 
 
 def _rank_file(path: Path, rank: int) -> Path:

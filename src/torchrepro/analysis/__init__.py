@@ -1,0 +1,1 @@
+"""Pure functions over events: findings, roll-ups, comparisons. Never imports torch."""

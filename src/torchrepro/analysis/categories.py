@@ -1,0 +1,48 @@
+"""Which kind of guard failed: a recompile reason → one category of a fixed set."""
+
+from __future__ import annotations
+
+import re
+
+CATEGORIES = (
+    "shape", "dtype", "device", "stride", "requires_grad", "grad_mode", "autocast", "global_state",
+    "python_value", "module_attribute", "python_global", "object_identity", "other",
+)
+
+# First match wins; patterns are matched against the guard text (first line, no source comment).
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (category, re.compile(pattern))
+    for category, pattern in (
+        ("dtype", r"dtype mismatch"),
+        ("device", r"device mismatch|dispatch key set mismatch|device index mismatch"),
+        ("stride", r"stride mismatch|storage_offset mismatch"),
+        ("requires_grad", r"requires_grad mismatch"),
+        ("shape", r"size mismatch|rank mismatch|\.size\(\)|\.shape\[|\bs\d+\b|ndim"),
+        ("grad_mode", r"GLOBAL_STATE changed: .*\b(grad_mode|inference_mode)\b"),
+        ("autocast", r"GLOBAL_STATE changed: .*autocast"),
+        ("global_state", r"GLOBAL_STATE changed|TORCH_FUNCTION_MODE|DETERMINISTIC|DEFAULT_DEVICE|GRAD_MODE"),
+        ("object_identity", r"___check_obj_id|___check_type_id|ID_MATCH|TYPE_MATCH|id mismatch|___odict_getitem"),
+        ("python_global", r"^G\[|\bG\['"),
+        ("module_attribute", r"\.training\b|_modules\[|_parameters\[|_buffers\[|integer attributes of the nn\.Module"
+                             r"|^L\['self'\]\.|^self\.|^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+ (==|!=|is)"),
+        ("python_value", r"^(L\['[^']+'\]|[A-Za-z_]\w*) (==|!=|<=|>=|<|>|is) |^len\(|^not |^___check_type"),
+    )
+)
+
+
+def guard_text(reason: str) -> str:
+    """The failed guard itself: first line, without Dynamo's ``# source`` comment or padding."""
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    first = re.sub(r"^\d+/\d+: ", "", first)
+    return re.split(r"\s{2,}# ", first, maxsplit=1)[0].strip()
+
+
+def categorize(reason: str) -> str:
+    """The category of a guard-failure reason, e.g. ``"shape"`` for
+    ``"tensor 'x' size mismatch at index 0. expected 4, actual 5"``."""
+    text = guard_text(reason)
+    hint = reason if "integer attributes of the nn.Module" in reason else ""
+    for category, pattern in _RULES:
+        if pattern.search(text) or (hint and category == "module_attribute"):
+            return category
+    return "other"

@@ -1,0 +1,237 @@
+"""Compile health: counts, recompiles by cause, graph breaks by location, cache hit rates,
+compile time, and the findings (with fixes) that follow from them."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from typing import Any
+
+from ..events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak
+from .categories import guard_text
+from .findings import Finding
+
+RECOMPILE_HINTS = {
+    "shape": "Mark the varying dimension dynamic before the first call "
+             "(torch._dynamo.mark_dynamic(x, 0)) or compile with dynamic=True.",
+    "dtype": "Feed the compiled function one dtype: cast inputs before the call (look for .double() data "
+             "or tensors created outside autocast).",
+    "device": "Keep the compiled function's inputs on one device (move data before the call).",
+    "stride": "Give the compiled function one memory layout: call .contiguous(), or use channels_last "
+              "everywhere or nowhere.",
+    "requires_grad": "Do not flip requires_grad on inputs or parameters between calls; freeze parameters "
+                     "before compiling, or compile the frozen and trainable variants separately.",
+    "grad_mode": "Calling the model under torch.no_grad()/inference_mode (evaluation) compiles a second "
+                 "graph: expected once. If it repeats, evaluate outside the hot loop or compile a separate "
+                 "eval function.",
+    "autocast": "Enter and leave torch.autocast outside the compiled function, the same way on every call.",
+    "global_state": "Set TF32, matmul precision, deterministic algorithms, default dtype and thread counts "
+                    "once, before the first compiled call; toggling them in the loop recompiles.",
+    "python_value": "A Python int/float/bool argument is baked into the graph: pass it as a tensor, or branch "
+                    "on bools outside the compiled function (ints become dynamic after a second value).",
+    "module_attribute": "Keep model.train()/model.eval() out of the hot loop (each mode is one graph). For int "
+                        "attributes changed per epoch, set torch._dynamo.config.allow_unspec_int_on_nn_module"
+                        " = True or store the value in a tensor buffer.",
+    "python_global": "A Python global read inside the compiled code changed: hoist it out (read it once and "
+                     "pass it as an argument) or keep it constant.",
+    "object_identity": "A different object (module, function, class) was passed on each call: pass the same "
+                       "object, or compile each variant once.",
+    "other": "Read the guard text; TORCH_LOGS=recompiles_verbose lists every failed guard.",
+}
+
+GRAPH_BREAK_HINTS = (
+    (re.compile(r"item\(\)|Tensor\.item|scalar output", re.I),
+     "Keep .item() (e.g. loss logging) outside the compiled region, or set "
+     "torch._dynamo.config.capture_scalar_outputs = True."),
+    (re.compile(r"Data-dependent branching", re.I),
+     "Replace the Python `if` on a tensor with torch.where or torch.cond."),
+    (re.compile(r"builtin operator.*print|`print`", re.I),
+     "Remove print() from the compiled code, or add it to torch._dynamo.config.reorderable_logging_functions."),
+    (re.compile(r"nonzero|dynamic shape operator|data-dependent output shape", re.I),
+     "Boolean-mask indexing has a data-dependent shape: use torch.where/masked ops, or set "
+     "torch._dynamo.config.capture_dynamic_output_shape_ops = True."),
+    (re.compile(r"manual_seed|get_rng_state|set_rng_state", re.I),
+     "Seed and save RNG state outside the compiled function."),
+)
+
+_SIZE = re.compile(r"size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+
+
+def _shape_hint(reasons: list[str]) -> str:
+    hint = RECOMPILE_HINTS["shape"]
+    for reason in reasons:
+        m = _SIZE.search(reason)
+        if m and m.group(1) == "0" and int(m.group(3)) < int(m.group(2)):
+            return (f"The leading dimension shrank ({m.group(2)} → {m.group(3)}): a short last batch. "
+                    "Use drop_last=True, pad the last batch, or " + hint[0].lower() + hint[1:])
+    return hint
+
+
+def _graph_break_hint(event: GraphBreak) -> str:
+    text = f"{event.reason} {event.explanation}"
+    for pattern, hint in GRAPH_BREAK_HINTS:
+        if pattern.search(text):
+            return hint
+    return event.hints[0] if event.hints else "See the graph-break reason; TORCH_LOGS=graph_breaks shows each one."
+
+
+def _where(file: str | None, line: int | None) -> str | None:
+    return f"{file}:{line}" if file else None
+
+
+def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
+    """The ``compile`` section of the report and its findings, over every rank's events."""
+    compiles: list[Compile] = [e for log in logs for e in log.of(Compile)]
+    breaks: list[GraphBreak] = [e for log in logs for e in log.of(GraphBreak)]
+    lookups: list[CacheLookup] = [e for log in logs for e in log.of(CacheLookup)]
+    done = [c for c in compiles if not c.limit_hit]
+    recompiles = [c for c in done if c.is_recompile]
+
+    recompile_events = [{
+        "rank": c.rank, "compile_id": c.compile_id, "function": c.function, "file": c.file, "line": c.line,
+        "step": c.step, "reason": c.recompile_reasons[0], "guard": guard_text(c.recompile_reasons[0]),
+        "category": c.category,
+    } for c in recompiles]
+
+    grouped: dict[tuple, dict[str, Any]] = {}
+    for b in breaks:
+        key = (b.rank, b.reason, b.gb_id, b.file, b.line)
+        entry = grouped.setdefault(key, {"rank": b.rank, "reason": b.reason, "gb_id": b.gb_id, "file": b.file,
+                                         "line": b.line, "source": b.source, "count": 0, "first_step": b.step,
+                                         "hint": _graph_break_hint(b)})
+        entry["count"] += 1
+
+    cache = _cache_summary(lookups, done)
+    compile_time = sum((c.dynamo_s or 0.0) + (c.backward_s or 0.0) for c in compiles)
+    section = {
+        "compiles": len(done),
+        "recompiles": len(recompiles),
+        "graph_breaks": len(breaks),
+        "unique_graphs": _unique_graphs(logs),
+        "compile_time_s": round(compile_time, 3),
+        "build_time_s": round(sum(c.build_s or 0.0 for c in compiles), 3),
+        "capture_overhead_s": round(sum(c.logging_overhead_s or 0.0 for c in compiles), 3),
+        "cache": cache,
+        "recompile_limit_hits": [{"rank": c.rank, "compile_id": c.compile_id, "function": c.function,
+                                  "file": c.file, "line": c.line, "step": c.step, "limit": c.limit_hit,
+                                  "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None}
+                                 for c in compiles if c.limit_hit],
+        "recompile_events": recompile_events,
+        "recompiles_by_category": dict(Counter(c.category for c in recompiles)),
+        "graph_break_events": list(grouped.values()),
+        "per_rank": _per_rank(logs),
+    }
+    findings = (_recompile_findings(recompiles) + _limit_findings(compiles) + _break_findings(grouped)
+                + _failure_findings(compiles))
+    return section, findings
+
+
+def _unique_graphs(logs: list[EventLog]) -> int:
+    total = 0
+    for log in logs:
+        counters = log.of(Counters)
+        if counters:
+            c = counters[-1].counters
+            total += c.get("stats", {}).get("unique_graphs", c.get("torchrepro", {}).get("unique_graphs_traced", 0))
+    return total
+
+
+def _cache_summary(lookups: list[CacheLookup], compiles: list[Compile]) -> dict[str, dict[str, Any]]:
+    counts: dict[str, Counter] = defaultdict(Counter)
+    if lookups:
+        for lookup in lookups:
+            counts[lookup.cache][lookup.status] += 1
+    else:  # logs without per-lookup records: the per-compile counts
+        for c in compiles:
+            for name, statuses in c.cache.items():
+                counts[name].update(statuses)
+    out = {}
+    for name, c in sorted(counts.items()):
+        looked = c["hit"] + c["miss"]
+        out[name] = {"hit": c["hit"], "miss": c["miss"], "bypass": c["bypass"],
+                     "hit_rate": round(c["hit"] / looked, 4) if looked else None}
+    return out
+
+
+def _per_rank(logs: list[EventLog]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for log in logs:
+        done = [c for c in log.of(Compile) if not c.limit_hit]
+        out[str(log.rank)] = {
+            "compiles": len(done),
+            "recompiles": sum(c.is_recompile for c in done),
+            "graph_breaks": len(log.of(GraphBreak)),
+            "limit_hits": sum(bool(c.limit_hit) for c in log.of(Compile)),
+            "compile_time_s": round(sum((c.dynamo_s or 0) + (c.backward_s or 0) for c in log.of(Compile)), 3),
+        }
+    return out
+
+
+def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
+    groups: dict[tuple, list[Compile]] = defaultdict(list)
+    for c in recompiles:
+        groups[(c.function, c.file, c.line, c.category)].append(c)
+    findings = []
+    for (function, file, line, category), items in groups.items():
+        reasons = [c.recompile_reasons[0] for c in items]
+        hint = _shape_hint(reasons) if category == "shape" else RECOMPILE_HINTS.get(category or "other", "")
+        findings.append(Finding(
+            code=f"RECOMPILE_{(category or 'other').upper()}",
+            severity="warning",
+            title=f"{function} recompiled {len(items)}x ({category}): {guard_text(reasons[0])}",
+            hint=hint,
+            evidence={"function": function, "location": _where(file, line), "count": len(items),
+                      "ranks": sorted({c.rank for c in items}), "steps": [c.step for c in items][:20],
+                      "compile_ids": [c.compile_id for c in items][:20], "reasons": reasons[:5]},
+        ))
+    return findings
+
+
+def _limit_findings(compiles: list[Compile]) -> list[Finding]:
+    return [Finding(
+        code="RECOMPILE_LIMIT_HIT",
+        severity="error",
+        title=f"{c.function or 'a function'} hit torch._dynamo.config.{c.limit_hit}: new inputs now run "
+              "EAGER, silently",
+        hint="Fix the recompile cause below; raising the limit only delays it. Use "
+             "torch._dynamo.config.fail_on_recompile_limit_hit = True to fail loudly.",
+        evidence={"rank": c.rank, "compile_id": c.compile_id, "step": c.step, "location": _where(c.file, c.line),
+                  "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None},
+    ) for c in compiles if c.limit_hit]
+
+
+def _break_findings(grouped: dict[tuple, dict[str, Any]]) -> list[Finding]:
+    merged: dict[tuple, dict[str, Any]] = {}
+    for entry in grouped.values():  # one finding per location, over ranks
+        key = (entry["reason"], entry["file"], entry["line"])
+        m = merged.setdefault(key, {**entry, "ranks": set(), "count": 0})
+        m["ranks"].add(entry["rank"])
+        m["count"] += entry["count"]
+    return [Finding(
+        code="GRAPH_BREAK",
+        severity="warning",
+        title=f"graph break at {_where(m['file'], m['line']) or 'unknown location'}: {m['reason']}"
+              + (f" [{m['gb_id']}]" if m["gb_id"] else ""),
+        hint=m["hint"],
+        evidence={"location": _where(m["file"], m["line"]), "source": m["source"], "gb_id": m["gb_id"],
+                  "count": m["count"], "ranks": sorted(m["ranks"]), "first_step": m["first_step"]},
+    ) for m in merged.values()]
+
+
+def _failure_findings(compiles: list[Compile]) -> list[Finding]:
+    return [Finding(
+        code="COMPILE_FAILED",
+        severity="warning",
+        title=f"compiling {c.function or c.compile_id} failed ({c.fail_type}): {c.fail_reason}",
+        hint="This frame runs eagerly. TORCH_LOGS=dynamo shows the full error.",
+        evidence={"rank": c.rank, "compile_id": c.compile_id, "step": c.step, "location": _where(c.file, c.line)},
+    ) for c in compiles if c.fail_type and not c.limit_hit]
+
+
+def capabilities(logs: list[EventLog]) -> list[dict[str, Any]]:
+    """What capture could and could not observe, per name (first rank's word)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for log in logs:
+        for cap in log.of(Capability):
+            seen.setdefault(cap.name, {"name": cap.name, "available": cap.available, "note": cap.note})
+    return list(seen.values())

@@ -1,0 +1,166 @@
+"""The doctor report: compile health, steps, the run's outcome, and budgets — from events."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from ..events import End, EventLog, Header, Step
+from . import compile as compile_analysis
+from .findings import Finding, sort_findings
+
+REPORT_SCHEMA = "torchrepro.report/1"
+
+
+@dataclass
+class Budgets:
+    """CI budgets: a run that exceeds one fails (exit 1)."""
+
+    max_graph_breaks: int | None = None
+    max_recompiles: int | None = None
+    min_cache_hit_rate: float | None = None
+
+
+def steps_summary(logs: list[EventLog]) -> dict[str, Any]:
+    """Per rank: step count, first/last loss, median step time, steps that compiled."""
+    per_rank = {}
+    for log in logs:
+        steps: list[Step] = log.of(Step)
+        times = [s.time_s for s in steps if s.time_s is not None]
+        quiet = [s.time_s for s in steps if s.time_s is not None and not s.compiles]
+        losses = [s.loss for s in steps if s.loss is not None]
+        per_rank[str(log.rank)] = {
+            "steps": len(steps),
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "total_time_s": round(sum(times), 3),
+            "median_step_s": round(statistics.median(quiet or times), 6) if times else None,
+            "compile_steps": [s.index for s in steps if s.compiles][:50],
+            "fingerprinted_steps": sum(s.params_fp is not None for s in steps),
+        }
+    counts = [r["steps"] for r in per_rank.values()]
+    return {"steps": max(counts) if counts else 0, "per_rank": per_rank}
+
+
+def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str]) -> dict[str, Any]:
+    """The ``run`` section: what ran, where, how it ended, per rank."""
+    headers: list[Header] = [h for h in (log.header for log in logs) if h is not None]
+    first = headers[0] if headers else None
+    ranks = {}
+    for log in logs:
+        end: End | None = log.end
+        steps = log.of(Step)
+        ranks[str(log.rank)] = {
+            "exit_code": end.exit_code if end else None,
+            "status": end.status if end else "incomplete",
+            "error": end.error if end else None,
+            "last_step": steps[-1].index if steps else None,
+            "duration_s": end.duration_s if end else None,
+        }
+    return {
+        **meta,
+        "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
+        "world_size": meta.get("world_size") or (first.world_size if first else len(logs)),
+        "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),
+        "ranks_present": [log.rank for log in logs],
+        "ranks": ranks,
+        "problems": problems,
+    }
+
+
+def _outcome_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
+    findings = []
+    for rank, info in run["ranks"].items():
+        if info["status"] == "incomplete":
+            findings.append(Finding(
+                "RUN_INCOMPLETE", "error", f"rank {rank}: the event log ends without an end record "
+                f"(killed or crashed after step {info['last_step']})",
+                hint="The events up to that point are analysed; see the rank's stderr.log.",
+                evidence={"rank": int(rank), "last_step": info["last_step"]}))
+        elif info["exit_code"]:
+            findings.append(Finding(
+                "SCRIPT_FAILED", "error", f"rank {rank}: the script exited with code {info['exit_code']}"
+                + (f": {info['error']}" if info["error"] else ""),
+                hint="Everything before the failure is analysed below.",
+                evidence={"rank": int(rank), "exit_code": info["exit_code"], "last_step": info["last_step"],
+                          "stderr_tail": meta.get("stderr_tail", [])[-10:]}))
+    if run["problems"]:
+        findings.append(Finding("EVENT_LOG_DAMAGED", "warning",
+                                f"{len(run['problems'])} problem(s) reading the event logs",
+                                hint="Damaged lines were skipped; everything else was read.",
+                                evidence={"problems": run["problems"][:10]}))
+    return findings
+
+
+def _time_findings(compile_section: dict[str, Any], steps: dict[str, Any], run: dict[str, Any]) -> list[Finding]:
+    durations = [r["duration_s"] for r in run["ranks"].values() if r["duration_s"]]
+    if not durations or not compile_section["compile_time_s"]:
+        return []
+    share = compile_section["compile_time_s"] / max(sum(durations), 1e-9)
+    compile_section["compile_time_share"] = round(share, 4)
+    if share < 0.2:
+        return []
+    return [Finding("COMPILE_TIME_SHARE", "warning" if share >= 0.5 else "info",
+                    f"compilation took {compile_section['compile_time_s']:.1f} s, {share:.0%} of the run",
+                    hint="Cut recompiles, or warm the compile cache (torchrepro cache pack/unpack).",
+                    evidence={"compile_time_s": compile_section["compile_time_s"], "share": round(share, 4)})]
+
+
+def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
+    return [Finding("CACHE_MISS", "info", f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)",
+                    hint="A cold cache is normal on a first run; on a restart it means the key changed "
+                         "(torchrepro cache explain-miss RUN_A RUN_B says which component).",
+                    evidence={"cache": name, **c})
+            for name, c in cache.items() if c["miss"]]
+
+
+def budget_failures(report: dict[str, Any], budgets: Budgets) -> list[str]:
+    """Reasons the run fails its budgets (empty when it passes)."""
+    c = report["compile"]
+    out = []
+    if budgets.max_graph_breaks is not None and c["graph_breaks"] > budgets.max_graph_breaks:
+        out.append(f"{c['graph_breaks']} graph breaks > budget {budgets.max_graph_breaks}")
+    if budgets.max_recompiles is not None and c["recompiles"] > budgets.max_recompiles:
+        out.append(f"{c['recompiles']} recompiles > budget {budgets.max_recompiles}")
+    if budgets.min_cache_hit_rate is not None:
+        for name, stats in c["cache"].items():
+            rate = stats["hit_rate"]
+            if rate is not None and rate < budgets.min_cache_hit_rate:
+                out.append(f"{name} cache hit rate {rate:.2f} < budget {budgets.min_cache_hit_rate:.2f}")
+    return out
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """The one-line summary at the top of the report."""
+    c = report["compile"]
+    counts = {s: sum(f["severity"] == s for f in report["findings"]) for s in ("error", "warning")}
+    figures = (f"{c['compiles']} compile(s), {c['recompiles']} recompile(s), {c['graph_breaks']} graph "
+               f"break(s), {c['compile_time_s']:.1f} s compiling, {report['steps']['steps']} step(s)")
+    if report.get("budget_failures"):
+        return f"FAILS BUDGET ({'; '.join(report['budget_failures'])}): {figures}"
+    if counts["error"]:
+        return f"PROBLEMS ({counts['error']} error(s), {counts['warning']} warning(s)): {figures}"
+    if counts["warning"]:
+        return f"WARNINGS ({counts['warning']}): {figures}"
+    return f"HEALTHY: {figures}"
+
+
+def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None = None) -> dict:
+    """The whole doctor report (schema ``torchrepro.report/1``) from a run's events."""
+    run = run_summary(meta, logs, problems)
+    compile_section, findings = compile_analysis.summarize(logs)
+    steps = steps_summary(logs)
+    findings += _outcome_findings(run, meta) + _time_findings(compile_section, steps, run)
+    findings += _cache_findings(compile_section["cache"])
+    report = {
+        "schema": REPORT_SCHEMA,
+        "run": run,
+        "compile": compile_section,
+        "steps": steps,
+        "findings": [f.to_json() for f in sort_findings(findings)],
+        "capabilities": compile_analysis.capabilities(logs),
+    }
+    report["budget_failures"] = budget_failures(report, budgets or Budgets())
+    report["verdict"] = verdict(report)
+    return report

@@ -1,0 +1,84 @@
+"""Compile events, live: a handler on PyTorch's structured-trace logger (``torch.__trace``).
+
+Every compile, recompile reason, graph break and cache lookup reaches the handler as the
+same record that ``TORCH_TRACE`` would write to a file; :mod:`torchrepro.structured_trace`
+turns them into events. Feature-detected: on a torch without that logger, a
+:class:`~torchrepro.events.Capability` event says what could not be observed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..events import Capability, Counters, Event
+from ..structured_trace import TraceTranslator
+
+TRACE_LOGGER = "torch.__trace"
+
+
+class _TraceHandler(logging.Handler):
+    def __init__(self, capture: CompileCapture):
+        super().__init__(level=logging.DEBUG)
+        self.capture = capture
+
+    def emit(self, record: logging.LogRecord) -> None:
+        metadata = getattr(record, "metadata", None)
+        if not isinstance(metadata, dict):
+            return
+        try:
+            events = self.capture.translator.feed(metadata, getattr(record, "payload", None))
+        except Exception:  # a record shape this version did not expect: count it, never fail the run
+            self.capture.translator.counts["malformed"] += 1
+            return
+        for event in events:
+            self.capture.emit(event)
+
+
+class CompileCapture:
+    """Installs the trace handler; ``emit`` receives each event with its step filled in."""
+
+    def __init__(self, emit: Callable[[Event], None], clock: Callable[[], int | None], rank: int = 0):
+        self._emit, self._clock = emit, clock
+        self.translator = TraceTranslator(rank=rank)
+        self._handler: _TraceHandler | None = None
+        self._old_level: int | None = None
+
+    def emit(self, event: Event) -> None:
+        event.step = self._clock()
+        self._emit(event)
+
+    def install(self) -> list[Capability]:
+        """Start observing; returns what is and is not observable on this torch."""
+        import torch._logging._internal as internal
+
+        logger = logging.getLogger(TRACE_LOGGER)
+        if getattr(internal, "trace_log", None) is not logger:
+            return [Capability(name="compile_events", available=False,
+                               note="this torch has no structured-trace logger; compiles are not observed")]
+        self._handler = _TraceHandler(self)
+        self._old_level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self._handler)
+        return [Capability(name="compile_events", available=True, note="structured trace (torch.__trace)")]
+
+    def uninstall(self) -> None:
+        if self._handler is None:
+            return
+        logger = logging.getLogger(TRACE_LOGGER)
+        logger.removeHandler(self._handler)
+        if self._old_level is not None and not logger.handlers:
+            logger.setLevel(self._old_level)
+        self._handler = None
+
+    def counters(self) -> Counters:
+        """Dynamo's own counters now (a cross-check written at the end of a run)."""
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:
+            return Counters()
+        snapshot = {group: {str(k): int(v) for k, v in values.items()} for group, values in counters.items()
+                    if group in ("stats", "graph_break", "unimplemented", "frames", "inductor", "aot_autograd")}
+        snapshot["torchrepro"] = {"unique_graphs_traced": self.translator.unique_graphs,
+                                  "malformed_records": self.translator.counts.get("malformed", 0)}
+        return Counters(counters=snapshot, step=self._clock())

@@ -1,0 +1,100 @@
+"""One capture session per process: the event log, its header and end, and the observers."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header
+from .compile import CompileCapture
+from .steps import StepConfig, StepRecorder
+
+
+@dataclass
+class CaptureConfig:
+    """Where events go and what is recorded."""
+
+    run_dir: Path
+    steps: StepConfig = field(default_factory=StepConfig)
+    seed: int | None = None
+    compile_mode: str | None = None  # None (as written) | "eager" | "fallback-random"
+
+
+def rank_info() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the torchrun environment (0, 1, 0 alone)."""
+    env = os.environ
+    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0"))
+
+
+def environment() -> tuple[dict[str, Any], str]:
+    """What changes numerics or cache keys in this process, and its fingerprint."""
+    from ..envinfo import collect
+
+    info = collect()
+    return info, str(info.get("env_fingerprint", ""))
+
+
+class CaptureSession:
+    """Start before the user's script, stop after it (also when it fails)."""
+
+    def __init__(self, config: CaptureConfig):
+        self.config = config
+        self.rank, self.world_size, self.local_rank = rank_info()
+        self.dir = Path(config.run_dir) / f"rank-{self.rank}"
+        self.writer: EventWriter | None = None
+        self.steps: StepRecorder | None = None
+        self.compiles: CompileCapture | None = None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._t0 = time.time()
+
+    def emit(self, event: Event) -> None:
+        if self.writer is None or os.getpid() != self._pid:  # DataLoader workers fork us: stay quiet there
+            return
+        event.rank = self.rank
+        if isinstance(event, Compile) and self.steps is not None:
+            self.steps.note_compile()
+        with self._lock:
+            self.writer.write(event)
+
+    def start(self) -> None:
+        self.writer = EventWriter(self.dir / EVENTS_FILE)
+        env, env_fp = environment()
+        self.emit(Header(
+            world_size=self.world_size, local_rank=self.local_rank, pid=self._pid, host=socket.gethostname(),
+            argv=list(sys.argv), torch_version=torch.__version__, python_version=platform.python_version(),
+            env=env, env_fingerprint=env_fp,
+            config={"seed": self.config.seed, "compile_mode": self.config.compile_mode,
+                    "steps": asdict(self.config.steps)},
+        ))
+        self.steps = StepRecorder(self.emit, self.rank, self.config.steps)
+        self.compiles = CompileCapture(self.emit, lambda: self.steps.completed if self.steps else None, self.rank)
+        for capability in [*self.compiles.install(), *self.steps.install()]:
+            self.emit(capability)
+
+    def stop(self, exit_code: int, error: str | None = None) -> None:
+        if self.writer is None:
+            return
+        if self.steps is not None:
+            self.steps.flush()
+            self.steps.uninstall()
+        if self.compiles is not None:
+            self.emit(self.compiles.counters())
+            self.compiles.uninstall()
+        status = "ok" if exit_code == 0 else "error"
+        self.emit(End(step=self.steps.completed if self.steps else None, exit_code=exit_code, status=status,
+                      error=error, duration_s=round(time.time() - self._t0, 6)))
+        self.writer.close()
+        self.writer = None
+
+    def note(self, name: str, available: bool, note: str) -> None:
+        self.emit(Capability(name=name, available=available, note=note))

@@ -1,0 +1,237 @@
+"""Step events without code changes.
+
+- The step clock is a global optimizer post-step hook: the first optimizer that steps is the
+  clock; each of its ``step()`` calls ends a training step.
+- The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
+  wrapped; the wrapper keeps a detached reference, no copy, no sync).
+- Batches are fingerprinted as the DataLoader iterator hands them out.
+- Parameter fingerprints (after the step), gradient fingerprints and norm (before it) and the
+  RNG-state fingerprint (at its start) come from :mod:`torchrepro.fingerprint` and
+  :mod:`torchrepro.rng`.
+
+Every wrapper calls straight through when Dynamo is tracing, so compiled code sees exactly the
+functions it would see without torchrepro.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..events import Capability, Event, Params, Step
+from ..fingerprint import fingerprint, hash_bytes
+from ..rng import combine, live_fingerprints
+
+_AUTO_WARMUP = 5  # steps fingerprinted every time while the cost of a fingerprint is measured
+_OVERHEAD_BUDGET = 0.01  # automatic interval: fingerprints may cost at most 1 % of step time
+
+
+@dataclass
+class StepConfig:
+    """What to record per step. ``fingerprint_every=None`` chooses the interval from the
+    measured cost (every step when it costs < 1 % of step time)."""
+
+    fingerprint_every: int | None = None
+    grads: bool = False
+    batches: bool = True
+    rng: bool = True
+
+
+class StepRecorder:
+    """Installs the hooks and wrappers; writes one :class:`Step` event per optimizer step."""
+
+    def __init__(self, emit: Callable[[Event], None], rank: int = 0, config: StepConfig | None = None):
+        self._emit, self.rank = emit, rank
+        self.config = config or StepConfig()
+        self.completed = 0
+        self.every = self.config.fingerprint_every
+        self._clock_optimizer: Any = None
+        self._params: list[torch.Tensor] | None = None
+        self._losses: list[torch.Tensor] = []
+        self._batch_fps: list[str] = []
+        self._grads: tuple[str, float] | None = None
+        self._compiles = 0
+        self._start = time.perf_counter()
+        self._rng_fps = live_fingerprints() if self.config.rng else None
+        self._step_times: list[float] = []
+        self._fp_costs: list[float] = []
+        self._undo: list[Callable[[], None]] = []
+        self.failed = False
+
+    def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Observer bugs must never reach the user's script: the first one is recorded as a
+        ``capture_error`` event and step capture stops; the run goes on untouched."""
+
+        def guarded(*args: Any, **kwargs: Any) -> None:
+            if self.failed:
+                return
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - deliberately total
+                self.failed = True
+                self._emit(Capability(rank=self.rank, step=self.completed, name="capture_error", available=False,
+                                      note=f"step capture stopped: {type(exc).__name__}: {exc}"))
+
+        return guarded
+
+    # --- installation -------------------------------------------------------------------
+    def install(self) -> list[Capability]:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._undo.append(register_optimizer_step_post_hook(self._safe(self._on_step)).remove)
+        if self.config.grads:
+            self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
+        self._wrap(torch.autograd, "backward", self._safe(self._note_backward))
+        caps = [Capability(name="steps", available=True, note="global optimizer step hook")]
+        if self.config.batches:
+            iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
+            if iter_cls is None:
+                caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
+            else:
+                self._wrap(iter_cls, "__next__", None, after=self._safe(self._note_batch))
+                caps.append(Capability(name="batches", available=True, note="DataLoader iterator"))
+        return caps
+
+    def _wrap(self, owner: Any, name: str, before: Callable | None, after: Callable | None = None) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            if torch.compiler.is_compiling():
+                return original(*args, **kwargs)
+            if before is not None:
+                before(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if after is not None:
+                after(result)
+            return result
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(owner, name, wrapper)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def note_compile(self) -> None:
+        self._compiles += 1
+
+    # --- observers ----------------------------------------------------------------------
+    def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            self._losses.append(tensors.detach())
+
+    def _note_batch(self, batch: Any) -> None:
+        try:
+            self._batch_fps.append(fingerprint(batch))
+        except (TypeError, ValueError):
+            self._batch_fps.append("unhashable")
+
+    def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._is_clock(optimizer):
+            return
+        grads = [p.grad for p in self._optimizer_params(optimizer) if p.grad is not None]
+        if not grads:
+            return
+        norms = torch._foreach_norm([g.detach() for g in grads])
+        norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+        self._grads = (hash_bytes(*(fingerprint(g).encode() for g in grads))[:16], norm)
+
+    def _is_clock(self, optimizer: Any) -> bool:
+        if self._clock_optimizer is None:
+            self._clock_optimizer = optimizer
+        return optimizer is self._clock_optimizer
+
+    @staticmethod
+    def _optimizer_params(optimizer: Any) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._is_clock(optimizer):
+            return
+        now = time.perf_counter()
+        step_time = now - self._start
+        index = self.completed
+        if self._params is None:
+            self._params = self._optimizer_params(optimizer)
+            self._emit(_params_event(self._params, self.rank))
+        event = Step(rank=self.rank, step=index, index=index, time_s=round(step_time, 6),
+                     backward_calls=len(self._losses), compiles=self._compiles)
+        if self._losses:
+            event.loss = float(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
+        if self._batch_fps:
+            event.batches = len(self._batch_fps)
+            event.batch_fp = hash_bytes(*(f.encode() for f in self._batch_fps))[:16]
+        if self._grads is not None:
+            event.grads_fp, event.grad_norm = self._grads[0], round(self._grads[1], 9)
+        if self._rng_fps is not None:
+            event.rng_fps, event.rng_fp = self._rng_fps, combine(self._rng_fps)
+        fp_cost = 0.0
+        if self._should_fingerprint(index):
+            t0 = time.perf_counter()
+            digests = [fingerprint(p) for p in self._params]
+            event.param_fps = [d[:16] for d in digests]
+            event.params_fp = hash_bytes(*(d.encode() for d in digests))[:16]
+            fp_cost = time.perf_counter() - t0
+        self._choose_interval(index, step_time, fp_cost)
+        self._emit(event)
+        self.completed += 1
+        self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
+        self._rng_fps = live_fingerprints() if self.config.rng else None
+        self._start = time.perf_counter()
+
+    def _should_fingerprint(self, index: int) -> bool:
+        if self.every is None:
+            return True  # still measuring
+        return index % self.every == 0
+
+    def _choose_interval(self, index: int, step_time: float, fp_cost: float) -> None:
+        if self.config.fingerprint_every is not None or self.every is not None:
+            return
+        if index >= 1:  # step 0 holds the first compile
+            self._step_times.append(step_time)
+            self._fp_costs.append(fp_cost)
+        if len(self._step_times) >= _AUTO_WARMUP:
+            step = statistics.median(self._step_times)
+            cost = statistics.median(self._fp_costs)
+            self.every = max(1, math.ceil(cost / (_OVERHEAD_BUDGET * max(step, 1e-9))))
+            self._emit(Capability(rank=self.rank, step=index, name="fingerprint_interval", available=True,
+                                  note=f"every {self.every} step(s): a parameter fingerprint costs "
+                                       f"{cost * 1e3:.3f} ms, a step {step * 1e3:.3f} ms"))
+
+    def flush(self) -> None:
+        """Nothing is buffered on CPU; kept as the place to resolve deferred device values."""
+
+
+def _params_event(params: list[torch.Tensor], rank: int) -> Params:
+    names = _param_names(params)
+    return Params(rank=rank, names=names, shapes=[list(p.shape) for p in params],
+                  dtypes=[str(p.dtype).replace("torch.", "") for p in params])
+
+
+def _param_names(params: list[torch.Tensor]) -> list[str]:
+    """Names of the optimizer's parameters, from the module that owns them (found once, by a
+    scan of live modules: the one covering most of them with the shortest names)."""
+    wanted = {id(p) for p in params}
+    best: tuple[int, int, dict[int, str]] | None = None
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.nn.Module):
+                continue
+            names = {id(p): n for n, p in obj.named_parameters() if id(p) in wanted}
+        except Exception:  # dead weak proxies, modules whose named_parameters misbehave
+            continue
+        if not names:
+            continue
+        score = (len(names), -sum(len(n) for n in names.values()))
+        if best is None or score > best[:2]:
+            best = (*score, names)
+    found = best[2] if best else {}
+    return [found.get(id(p), f"param{i}") for i, p in enumerate(params)]

@@ -1,0 +1,96 @@
+"""`torchrepro doctor`: run a script under capture (or import TORCH_TRACE logs), analyse, report."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .analysis.doctor import Budgets, analyse
+from .errors import InputError
+from .events import Counters, End, Header, write_all
+from .launch import check_script, child_env, run_child, run_command
+from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
+
+
+def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, write: bool = True) -> dict[str, Any]:
+    """Analyse a stored run; writes ``report.json`` unless ``write=False``."""
+    run = load_run(run_dir)
+    report = analyse(run.meta, run.logs, run.problems, budgets)
+    if write:
+        write_json(run_dir / REPORT_FILE, report)
+    return report
+
+
+def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: int = 1, **extra: Any) -> dict:
+    """The ``run.json`` written before a run starts (completed by :func:`finish_meta`)."""
+    import torch
+
+    return {
+        "command": [sys.argv[0], *sys.argv[1:]],
+        "script": str(script),
+        "args": args,
+        "cwd": os.getcwd(),
+        "seed": seed,
+        "world_size": world_size,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **extra,
+    }
+
+
+def finish_meta(meta: dict, exit_code: int, stderr_tail: list[str], run_dir: Path) -> dict:
+    run = load_run(run_dir) if any(run_dir.glob("rank-*/events.jsonl")) else None
+    header = run.logs[0].header if run and run.logs else None
+    meta.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), exit_code=exit_code, stderr_tail=stderr_tail,
+                env_fingerprint=header.env_fingerprint if header else None)
+    write_json(run_dir / RUN_FILE, meta)
+    return meta
+
+
+def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, seed: int | None = None,
+                  fingerprint_every: int | None = None) -> tuple[dict[str, Any], Path]:
+    """Run ``script`` once under capture in a child process; analyse and write the report."""
+    script = check_script(script)
+    run_dir = create_run_dir(out or default_run_dir(script))
+    meta = start_meta(script, args, seed=seed)
+    write_json(run_dir / RUN_FILE, meta)
+    cmd = run_command(run_dir, script, args, seed=seed, fingerprint_every=fingerprint_every)
+    result = run_child(cmd, run_dir / "rank-0", env=child_env(seed))
+    finish_meta(meta, result.exit_code, result.stderr_tail, run_dir)
+    if not any(run_dir.glob("rank-*/events.jsonl")):
+        tail = "; ".join(result.stderr_tail[-3:])
+        raise InputError(f"the script exited ({result.exit_code}) before capture started: {tail}")
+    return analyse_run_dir(run_dir, budgets), run_dir
+
+
+def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tuple[dict[str, Any], Path]:
+    """Build the doctor report from ``TORCH_TRACE`` logs written by a job without torchrepro."""
+    from .structured_trace import trace_files, translate_file
+
+    if not trace_dir.is_dir():
+        raise InputError(f"no such trace directory: {trace_dir}")
+    files = trace_files(trace_dir)
+    if not files:
+        raise InputError(f"{trace_dir} holds no TORCH_TRACE logs (*.log)")
+    run_dir = create_run_dir(out or default_run_dir(trace_dir.name, label="trace"))
+    skipped: dict[str, int] = {}
+    for index, file in enumerate(files):
+        events, translator = translate_file(file, rank=index)
+        rank = translator.rank
+        for event in events:
+            event.rank = rank
+        header = Header(rank=rank, argv=[str(file)], config={"source": "TORCH_TRACE"})
+        counters = Counters(rank=rank, counters={"torchrepro": {"unique_graphs_traced": translator.unique_graphs,
+                                                                "malformed_records": translator.counts["malformed"],
+                                                                "other_records": translator.counts["other"]}})
+        end = End(rank=rank, exit_code=None, status="imported")
+        write_all(run_dir / f"rank-{rank}" / "events.jsonl", [header, *events, counters, end])
+        skipped[str(file)] = translator.counts["other"] + translator.counts["malformed"]
+    write_json(run_dir / RUN_FILE, {"source": "TORCH_TRACE", "trace_dir": str(trace_dir),
+                                    "trace_files": [str(f) for f in files], "records_not_used": skipped})
+    return analyse_run_dir(run_dir, budgets), run_dir

@@ -1,0 +1,291 @@
+"""The event log: typed events, an append-only JSONL writer, and a tolerant reader.
+
+One file per rank, ``RUN_DIR/rank-<r>/events.jsonl``; the first line is a :class:`Header`
+carrying ``"schema": "torchrepro.events/1"``. Every line is one JSON object with a ``kind``.
+The writer flushes each event, so a crash keeps everything before it. The reader skips
+garbled lines and a truncated last line and says so in ``EventLog.problems``; events of
+kinds it does not know are counted, not fatal. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterable
+
+SCHEMA = "torchrepro.events/1"
+EVENTS_FILE = "events.jsonl"
+
+
+@dataclass
+class Event:
+    """Base of every event: ``t`` is wall-clock seconds, ``step`` the optimizer steps
+    completed when it happened (``None`` before any step clock exists)."""
+
+    kind: ClassVar[str] = "event"
+    t: float = field(default_factory=time.time)
+    rank: int = 0
+    step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+@dataclass
+class Header(Event):
+    """First line of every log: who wrote it, with what."""
+
+    kind: ClassVar[str] = "header"
+    schema: str = SCHEMA
+    world_size: int = 1
+    local_rank: int = 0
+    pid: int = 0
+    host: str = ""
+    argv: list[str] = field(default_factory=list)
+    torch_version: str = ""
+    python_version: str = ""
+    env: dict[str, Any] = field(default_factory=dict)
+    env_fingerprint: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Compile(Event):
+    """One Dynamo compile of a frame (``compile_id`` = ``frame/attempt`` as Dynamo numbers it)."""
+
+    kind: ClassVar[str] = "compile"
+    compile_id: str = ""
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    call_site: str | None = None
+    dynamo_s: float | None = None
+    backend_s: float | None = None
+    inductor_s: float | None = None
+    build_s: float | None = None
+    backward_s: float | None = None
+    guards: int | None = None
+    graph_ops: int | None = None
+    cache: dict[str, dict[str, int]] = field(default_factory=dict)
+    recompile_reasons: list[str] = field(default_factory=list)
+    category: str | None = None
+    fail_type: str | None = None
+    fail_reason: str | None = None
+    limit_hit: str | None = None
+    logging_overhead_s: float | None = None
+
+    @property
+    def is_recompile(self) -> bool:
+        return bool(self.recompile_reasons)
+
+
+@dataclass
+class GraphBreak(Event):
+    """A graph break (also data-dependent branching, which Dynamo counts as unimplemented)."""
+
+    kind: ClassVar[str] = "graph_break"
+    compile_id: str = ""
+    reason: str = ""
+    explanation: str = ""
+    hints: list[str] = field(default_factory=list)
+    gb_id: str | None = None
+    file: str | None = None
+    line: int | None = None
+    source: str | None = None
+
+
+@dataclass
+class CacheLookup(Event):
+    """One FX-graph or AOTAutograd cache lookup, with the key's components where recorded."""
+
+    kind: ClassVar[str] = "cache"
+    compile_id: str = ""
+    cache: str = ""
+    status: str = ""
+    key: str | None = None
+    reason: str | None = None
+    components: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Params(Event):
+    """Names, shapes and dtypes of the parameters that ``Step.param_fps`` lists, in order."""
+
+    kind: ClassVar[str] = "params"
+    names: list[str] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Step(Event):
+    """One optimizer step: loss, host time, and fingerprints of what the step saw and made."""
+
+    kind: ClassVar[str] = "step"
+    index: int = 0
+    loss: float | None = None
+    backward_calls: int = 0
+    time_s: float | None = None
+    params_fp: str | None = None
+    param_fps: list[str] | None = None
+    grads_fp: str | None = None
+    grad_norm: float | None = None
+    batch_fp: str | None = None
+    batches: int = 0
+    rng_fp: str | None = None
+    rng_fps: dict[str, str] | None = None
+    compiles: int = 0
+
+
+@dataclass
+class Capability(Event):
+    """Something capture could or could not observe on this torch version."""
+
+    kind: ClassVar[str] = "capability"
+    name: str = ""
+    available: bool = False
+    note: str = ""
+
+
+@dataclass
+class Counters(Event):
+    """Dynamo's own counters at the end of the run (a cross-check for the events)."""
+
+    kind: ClassVar[str] = "counters"
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class End(Event):
+    """Last line of a log: how the script ended."""
+
+    kind: ClassVar[str] = "end"
+    exit_code: int | None = 0
+    status: str = "ok"
+    error: str | None = None
+    duration_s: float | None = None
+
+
+KINDS: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, Step, Capability, Counters, End)
+}
+
+
+def from_json(data: dict[str, Any]) -> Event | None:
+    """The event a JSON object describes; unknown fields are ignored, unknown kinds give None."""
+    cls = KINDS.get(data.get("kind", ""))
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class EventWriter:
+    """Appends events to a JSONL file, one flushed line per event.
+
+    >>> with EventWriter(Path("run/rank-0/events.jsonl")) as w:  # doctest: +SKIP
+    ...     w.write(Step(index=0, loss=1.5))
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fp = open(self.path, "a", encoding="utf-8")
+
+    def write(self, event: Event) -> None:
+        if self._fp.closed:
+            return
+        self._fp.write(json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n")
+        self._fp.flush()
+
+    def close(self) -> None:
+        self._fp.close()
+
+    def __enter__(self) -> EventWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class EventLog:
+    """The events of one rank, and what could not be read."""
+
+    path: Path
+    events: list[Event] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    unknown_kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def header(self) -> Header | None:
+        return next((e for e in self.events if isinstance(e, Header)), None)
+
+    @property
+    def end(self) -> End | None:
+        return next((e for e in reversed(self.events) if isinstance(e, End)), None)
+
+    @property
+    def rank(self) -> int:
+        header = self.header
+        return header.rank if header else _rank_from_dir(self.path.parent.name)
+
+    def of(self, cls: type[Event]) -> list[Any]:
+        """The events of one type, in order."""
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+def _rank_from_dir(name: str) -> int:
+    try:
+        return int(name.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def read_events(path: str | os.PathLike) -> EventLog:
+    """Read one rank's log, tolerating damage: see the module docstring."""
+    path = Path(path)
+    log = EventLog(path)
+    with open(path, "rb") as fp:
+        lines = fp.read().split(b"\n")
+    last = len(lines) - 1
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+            event = from_json(data)
+        except (ValueError, TypeError, UnicodeDecodeError):
+            what = "truncated last line" if number - 1 == last else f"unreadable line {number}"
+            log.problems.append(f"{path}: {what} skipped")
+            continue
+        if event is None:
+            kind = str(data.get("kind"))
+            log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
+            continue
+        log.events.append(event)
+    header = log.header
+    if header is None:
+        log.problems.append(f"{path}: no header line (not a torchrepro event log?)")
+    elif header.schema != SCHEMA:
+        log.problems.append(f"{path}: schema {header.schema!r}, this torchrepro reads {SCHEMA!r}")
+    return log
+
+
+def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
+    """Every ``rank-<r>/events.jsonl`` under a run directory, by rank."""
+    found = Path(run_dir).glob(f"rank-*/{EVENTS_FILE}")
+    return sorted(found, key=lambda p: _rank_from_dir(p.parent.name))
+
+
+def write_all(path: str | os.PathLike, events: Iterable[Event]) -> None:
+    """Write a whole log at once (used by trace import and tests)."""
+    with EventWriter(path) as writer:
+        for event in events:
+            writer.write(event)

@@ -1,0 +1,1 @@
+"""Rendering: reports computed by analysis, shown as JSON, terminal, JUnit or HTML."""

@@ -1,0 +1,72 @@
+"""A one-screen rich summary of a report."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+_MARK = {"error": "✗", "warning": "!", "info": "·"}
+
+
+def _verdict_style(verdict: str) -> str:
+    return "bold green" if verdict.startswith(("HEALTHY", "BIT-EXACT")) else "bold red" if verdict.startswith(
+        ("PROBLEMS", "FAILS", "DIVERGED")) else "bold yellow"
+
+
+def _short(path: str | None, width: int = 48) -> str:
+    if not path:
+        return "?"
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+def render_findings(console: Console, findings: list[dict[str, Any]], limit: int = 8) -> None:
+    for f in findings[:limit]:
+        console.print(Text(f" {_MARK[f['severity']]} ", style=_STYLE[f["severity"]]) + Text(f["title"]),
+                      highlight=False)
+        if f.get("hint"):
+            console.print(Text(f"   fix: {f['hint']}", style="dim"), highlight=False)
+    if len(findings) > limit:
+        console.print(Text(f"   … {len(findings) - limit} more in report.json", style="dim"))
+
+
+def render_doctor(report: dict[str, Any], console: Console | None = None, report_path: str | None = None) -> None:
+    """Verdict, top findings with fixes, recompiles by category, graph breaks by location."""
+    console = console or Console()
+    console.print(Text(report["verdict"], style=_verdict_style(report["verdict"])), highlight=False)
+    c = report["compile"]
+    if report["findings"]:
+        render_findings(console, report["findings"])
+    if c["recompile_events"]:
+        table = Table(title="recompiles", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("function", "category", "count", "first step", "guard"):
+            table.add_column(col, overflow="fold")
+        groups = Counter((e["function"], e["category"]) for e in c["recompile_events"])
+        for (function, category), n in groups.most_common(8):
+            first = next(e for e in c["recompile_events"] if (e["function"], e["category"]) == (function, category))
+            table.add_row(str(function), str(category), str(n), str(first["step"]), first["guard"][:60])
+        console.print(table)
+    if c["graph_break_events"]:
+        table = Table(title="graph breaks", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("location", "count", "reason", "id"):
+            table.add_column(col, overflow="fold")
+        for e in sorted(c["graph_break_events"], key=lambda e: -e["count"])[:8]:
+            table.add_row(f"{_short(e['file'])}:{e['line']}", str(e["count"]), e["reason"][:60], e["gb_id"] or "")
+        console.print(table)
+    cache = ", ".join(f"{name} {v['hit']} hit/{v['miss']} miss" for name, v in c["cache"].items()) or "no lookups"
+    console.print(f"compile time {c['compile_time_s']:.2f} s · unique graphs {c['unique_graphs']} · cache: {cache}",
+                  highlight=False)
+    for rank, s in report["steps"]["per_rank"].items():
+        if s["steps"]:
+            loss = f"loss {s['first_loss']:.4g} → {s['last_loss']:.4g}" if s["first_loss"] is not None else "no loss seen"
+            console.print(f"rank {rank}: {s['steps']} steps, median {s['median_step_s'] * 1e3:.1f} ms/step, {loss}",
+                          highlight=False)
+    missing = [cap for cap in report.get("capabilities", []) if not cap["available"]]
+    for cap in missing:
+        console.print(Text(f"not observed: {cap['name']} ({cap['note']})", style="dim"))
+    if report_path:
+        console.print(Text(f"report: {report_path}", style="dim"))

@@ -1,0 +1,285 @@
+"""PyTorch's structured trace (``TORCH_TRACE``) → torchrepro events.
+
+The same :class:`TraceTranslator` serves two inputs: records seen live by a handler on the
+``torch.__trace`` logger (``capture.compile``), and ``TORCH_TRACE`` log files written by a job
+that ran without torchrepro (:func:`read_trace_dir`). A record is a metadata dict plus an
+optional payload string. Record types this module does not use are counted, never fatal, so
+newer torch versions that add records keep working. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .analysis.categories import categorize
+from .events import CacheLookup, Compile, Event, GraphBreak
+
+_CONTEXT_KEYS = {"frame_id", "frame_compile_id", "attempt", "rank", "has_payload", "stack",
+                 "compiled_autograd_id", "subgraph_name"}
+_USED = {"str", "dynamo_start", "compilation_metrics", "bwd_compilation_metrics", "artifact"}
+_CACHE_ARTIFACT = re.compile(r"^(fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
+_GB_ID = re.compile(r"/gb/(gb\d+)\.html", re.IGNORECASE)
+_GB_LOCATION = re.compile(r"Graph break in user code at (.+):(\d+)")
+_TORCH_FILE = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]|^<")
+_LIMIT = re.compile(r"recompile limit exceeded", re.IGNORECASE)
+_LIMIT_TYPE = re.compile(r"Limit type: (\w+)")
+
+
+def record_kind(metadata: dict[str, Any]) -> str:
+    """The record's type: the one key that is not context (``dynamo_start``, ``artifact``...)."""
+    return next((k for k in metadata if k not in _CONTEXT_KEYS), "")
+
+
+def _compile_id(metadata: dict[str, Any]) -> str:
+    frame, attempt = metadata.get("frame_id"), metadata.get("frame_compile_id")
+    cid = f"{frame}/{attempt}" if frame is not None else "?"
+    if metadata.get("compiled_autograd_id") is not None:
+        cid = f"!{metadata['compiled_autograd_id']}/{cid}"
+    return cid
+
+
+def _seconds(value: Any, scale: float = 1.0) -> float | None:
+    return None if value is None else round(float(value) * scale, 6)
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[0] if text and text.strip() else None
+
+
+def parse_graph_break(text: str) -> dict[str, Any]:
+    """Reason (Dynamo's graph-break type), explanation, hints, ``GBxxxx`` id and user location
+    from a ``dynamo_graph_break_reason`` payload."""
+    location = _GB_LOCATION.search(text)
+    body = text.split("Graph Break Reason:", 1)[-1].split("User code traceback:", 1)[0]
+    lines = [ln.strip() for ln in body.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("Encountered graph break when attempting")]
+    reason = lines[0] if lines else "unknown graph break"
+    explanation = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Explanation:")), "")
+    hints = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Hint:")]
+    hints = [h for h in hints if "report an issue to PyTorch" not in h]
+    gb = _GB_ID.search(text)
+    source = None
+    if location:
+        # The user line is printed under its "File ..., line N" entry in the traceback.
+        tb = text.split("User code traceback:", 1)[-1]
+        m = re.search(rf'File "{re.escape(location.group(1))}", line {location.group(2)}, in .+\n\s+(.+)', tb)
+        source = m.group(1).strip() if m else None
+    return {
+        "reason": reason,
+        "explanation": explanation,
+        "hints": hints[:3],
+        "gb_id": gb.group(1).upper() if gb else None,
+        "file": location.group(1) if location else None,
+        "line": int(location.group(2)) if location else None,
+        "source": source,
+    }
+
+
+def _parse_reasons(payload: str | None) -> list[str]:
+    if not payload:
+        return []
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return [payload.strip()]
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _strip_compile_prefix(reason: str) -> str:
+    """``"0/1: tensor 'x' ..."`` → ``"tensor 'x' ..."`` (Dynamo prefixes the failing entry's id)."""
+    return re.sub(r"^\d+/\d+: ", "", reason, count=1)
+
+
+@dataclass
+class _Pending:
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    call_site: str | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TraceTranslator:
+    """Turns structured-trace records into events, keeping the little state that needs:
+    interned file names, and what was said about a compile before its metrics arrived."""
+
+    rank: int = 0
+    strings: dict[int, str] = field(default_factory=dict)
+    pending: dict[str, _Pending] = field(default_factory=dict)
+    compiles: dict[str, Compile] = field(default_factory=dict)
+    functions: dict[str, str] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+    unique_graphs: int = 0
+
+    def feed(self, metadata: dict[str, Any], payload: str | None = None) -> list[Event]:
+        """Translate one record; returns the events it completes (often none)."""
+        kind = record_kind(metadata)
+        self.counts[kind if kind in _USED or kind == "dynamo_output_graph" else "other"] += 1
+        handler = getattr(self, f"_on_{kind}", None)
+        return handler(metadata, payload) or [] if handler else []
+
+    def _on_str(self, metadata, payload):
+        text, index = metadata["str"]
+        self.strings[int(index)] = text
+
+    def _on_dynamo_output_graph(self, metadata, payload):
+        self.unique_graphs += 1
+
+    def _file(self, value: Any) -> str | None:
+        return self.strings.get(value, f"<file #{value}>") if isinstance(value, int) else value
+
+    def _on_dynamo_start(self, metadata, payload):
+        stack = metadata["dynamo_start"].get("stack") or []
+        item = self.pending.setdefault(_compile_id(metadata), _Pending())
+        if stack:
+            top = stack[-1]
+            item.function, item.file, item.line = top.get("name"), self._file(top.get("filename")), top.get("line")
+        callers = [(self._file(f.get("filename")), f.get("line")) for f in stack[:-1]]
+        user = [c for c in callers if not _TORCH_FILE.search(c[0] or "")]
+        if user or callers:
+            file, line = (user or callers)[-1]
+            item.call_site = f"{file}:{line}"
+
+    def _on_artifact(self, metadata, payload):
+        name = metadata["artifact"].get("name", "")
+        cid = _compile_id(metadata)
+        if name == "recompile_reasons":
+            self.pending.setdefault(cid, _Pending()).reasons = _parse_reasons(payload)
+        elif name == "dynamo_graph_break_reason" and payload:
+            return [GraphBreak(rank=self.rank, compile_id=cid, **parse_graph_break(payload))]
+        elif m := _CACHE_ARTIFACT.match(name):
+            return [self._cache_lookup(cid, m.group(1), m.group(2), payload)]
+        return None
+
+    def _cache_lookup(self, cid: str, cache: str, status: str, payload: str | None) -> CacheLookup:
+        try:
+            info = json.loads(payload or "{}")
+        except ValueError:
+            info = {}
+        components = []
+        for comp in info.get("components") or []:
+            m = re.match(r"\[(\w+)\]\s*(.*)", str(comp), re.DOTALL)
+            digest, what = (m.group(1), m.group(2)) if m else ("", str(comp))
+            components.append({"hash": digest, "what": " ".join(what.split())[:300]})
+        return CacheLookup(rank=self.rank, compile_id=cid, cache="fxgraph" if cache == "fx_graph" else cache,
+                           status=status, key=info.get("key"), reason=info.get("reason"), components=components)
+
+    def _on_compilation_metrics(self, metadata, payload):
+        m = metadata["compilation_metrics"]
+        cid = m.get("compile_id") or _compile_id(metadata)
+        item = self.pending.pop(cid, _Pending())
+        frame = cid.split("/", 1)[0]
+        function = m.get("co_name") or item.function or self.functions.get(frame)
+        if function:
+            self.functions.setdefault(frame, function)
+        reasons = [_strip_compile_prefix(r) for r in item.reasons]
+        if not reasons and m.get("recompile_reason"):
+            reasons = [_strip_compile_prefix(m["recompile_reason"])]
+        fail_reason = m.get("fail_reason")
+        limit = None
+        if fail_reason and _LIMIT.search(fail_reason):
+            found = _LIMIT_TYPE.search(fail_reason)
+            limit = found.group(1) if found else "recompile_limit"
+        event = Compile(
+            rank=self.rank,
+            compile_id=cid,
+            function=function,
+            file=m.get("co_filename") or item.file,
+            line=m.get("co_firstlineno") or item.line,
+            call_site=item.call_site,
+            dynamo_s=_seconds(m.get("entire_frame_compile_time_s")),
+            backend_s=_seconds(m.get("backend_compile_time_s")),
+            inductor_s=_seconds(m.get("inductor_compile_time_s")),
+            build_s=_seconds(m.get("triton_compile_time_us"), 1e-6),
+            guards=m.get("guard_count"),
+            graph_ops=m.get("graph_op_count"),
+            cache=_cache_counts(m),
+            recompile_reasons=reasons,
+            category=categorize(reasons[0]) if reasons else None,
+            fail_type=m.get("fail_type"),
+            fail_reason=_first_line(fail_reason),
+            limit_hit=limit,
+            logging_overhead_s=_seconds(m.get("structured_logging_overhead_s")),
+        )
+        self.compiles[cid] = event
+        return [event]
+
+    def _on_bwd_compilation_metrics(self, metadata, payload):
+        m = metadata["bwd_compilation_metrics"]
+        event = self.compiles.get(m.get("compile_id") or _compile_id(metadata))
+        if event is None:
+            return None
+        event.backward_s = _seconds(m.get("inductor_compile_time_s"))
+        for name, counts in _cache_counts(m).items():
+            merged = event.cache.setdefault(name, {})
+            for status, n in counts.items():
+                merged[status] = merged.get(status, 0) + n
+        return None
+
+
+def _cache_counts(m: dict[str, Any]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for name, prefix in (("fxgraph", "inductor_fx"), ("aotautograd", "aotautograd")):
+        for status in ("hit", "miss"):
+            n = sum(m.get(f"{prefix}_{where}_cache_{status}_count") or 0 for where in ("local", "remote"))
+            if n:
+                out.setdefault(name, {})[status] = n
+    return out
+
+
+# --- TORCH_TRACE files ---------------------------------------------------------------------
+
+_LINE = re.compile(r"^[A-Z]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
+
+
+def iter_trace_file(path: Path) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """(metadata, payload) records of one ``TORCH_TRACE`` log; damaged lines are skipped."""
+    metadata: dict[str, Any] | None = None
+    payload: list[str] = []
+    with open(path, encoding="utf-8", errors="replace") as fp:
+        for line in fp:
+            if line.startswith("\t"):
+                payload.append(line[1:])
+                continue
+            if metadata is not None:
+                yield metadata, "".join(payload) if payload else None
+            metadata, payload = None, []
+            m = _LINE.match(line)
+            if m:
+                try:
+                    metadata = json.loads(m.group(1))
+                except ValueError:
+                    metadata = None
+    if metadata is not None:
+        yield metadata, "".join(payload) if payload else None
+
+
+def trace_files(trace_dir: Path) -> list[Path]:
+    """The log files of a ``TORCH_TRACE`` directory."""
+    return sorted(p for p in Path(trace_dir).glob("*.log") if p.is_file())
+
+
+def _rank_of_file(path: Path) -> int | None:
+    m = re.search(r"rank_(\d+)", path.name)
+    return int(m.group(1)) if m else None
+
+
+def translate_file(path: Path, rank: int = 0) -> tuple[list[Event], TraceTranslator]:
+    """Every event of one ``TORCH_TRACE`` log file, and the translator (for its counts)."""
+    rank = _rank_of_file(path) if _rank_of_file(path) is not None else rank
+    translator = TraceTranslator(rank=rank)
+    events: list[Event] = []
+    for metadata, payload in iter_trace_file(path):
+        if "rank" in metadata and isinstance(metadata["rank"], int):
+            translator.rank = metadata["rank"]
+        try:
+            events.extend(translator.feed(metadata, payload))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            translator.counts["malformed"] += 1
+    return events, translator
