@@ -7,9 +7,7 @@ error; 3 the user's script failed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -74,18 +72,17 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .doctor import analyse_run_dir
 
-    report, run_dir = analyse_run_dir(Path(args.run_dir), write=False), Path(args.run_dir)
-    return _finish(report, run_dir, args)
+    run_dir = Path(args.run_dir)
+    return _finish(analyse_run_dir(run_dir), run_dir, args)
 
 
 def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     from .report.junit import write_junit
     from .report.terminal import render_doctor
-    from .rundir import REPORT_FILE
+    from .rundir import REPORT_FILE, write_json
 
     if getattr(args, "json", None):
-        shutil.copyfile(run_dir / REPORT_FILE, args.json) if (run_dir / REPORT_FILE).exists() else Path(
-            args.json).write_text(json.dumps(report, indent=2, default=str))
+        write_json(Path(args.json), report)
     if getattr(args, "junit", None):
         write_junit(report, Path(args.junit))
     render_doctor(report, report_path=str(run_dir / REPORT_FILE))

@@ -16,12 +16,15 @@ from .launch import check_script, child_env, run_child, run_command
 from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
 
 
-def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, write: bool = True) -> dict[str, Any]:
-    """Analyse a stored run; writes ``report.json`` unless ``write=False``."""
+def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, Any]:
+    """Analyse a stored run and (re)write its ``report.json`` (a read-only run directory, e.g.
+    one copied from a cluster, is analysed all the same)."""
     run = load_run(run_dir)
     report = analyse(run.meta, run.logs, run.problems, budgets)
-    if write:
+    try:
         write_json(run_dir / REPORT_FILE, report)
+    except OSError as exc:
+        print(f"torchrepro: note: could not write {run_dir / REPORT_FILE}: {exc}", file=sys.stderr)
     return report
 
 
