@@ -30,12 +30,15 @@ def _cmd_env(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .capture.session import CaptureConfig
     from .capture.steps import StepConfig
-    from .launch import check_script, run_in_process
+    from .launch import validate_script, run_in_process
 
-    script = check_script(args.script)
+    script = validate_script(args.script)
     run_dir = Path(args.out) if args.out else _shared_run_dir(script)
-    config = CaptureConfig(run_dir=run_dir, seed=args.seed, compile_mode=args.compile_mode,
-                           steps=StepConfig(fingerprint_every=args.fingerprint_every, grads=args.grads))
+    config = CaptureConfig(
+        run_dir=run_dir, seed=args.seed, compile_mode=args.compile_mode,
+        steps=StepConfig(fingerprint_every=args.fingerprint_every, grads=args.grads,
+                         snapshots=args.snapshots),
+        replay_step=args.replay_step, replay_out=Path(args.replay_out) if args.replay_out else None)
     return run_in_process(script, args.args, config)
 
 
@@ -69,6 +72,41 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return _finish(report, run_dir, args)
 
 
+def _tolerance(args: argparse.Namespace):
+    from .analysis.divergence import Tolerance
+
+    if args.rtol < 0 or args.atol < 0:
+        raise UserError("--rtol and --atol must be >= 0")
+    return Tolerance(args.rtol, args.atol)
+
+
+def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = None) -> int:
+    from .report.terminal import render_check
+    from .rundir import REPORT_FILE, write_json
+
+    if getattr(args, "json", None):
+        write_json(Path(args.json), report)
+    render_check(report, report_path=str(out / REPORT_FILE) if out else None)
+    return 0 if report["determinism"]["verdict"] in ("bit_exact", "within_tolerance") else 1
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .check import check
+
+    if args.runs < 1:
+        raise UserError("--runs must be at least 2")
+    report, out = check(Path(args.script), args.args, runs=args.runs, seed=args.seed, against=args.against,
+                        out=Path(args.out) if args.out else None, tolerance=_tolerance(args),
+                        localize_divergence=not args.no_localize)
+    return _finish_check(report, args, out)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from .check import diff
+
+    return _finish_check(diff(Path(args.run_a), Path(args.run_b), _tolerance(args)), args)
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from .doctor import analyse_run_dir
 
@@ -90,6 +128,11 @@ def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     if any(code not in (0, None) for code in codes):
         return 3
     return 1 if report["budget_failures"] else 0
+
+
+def _add_tolerance(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit-exact)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit-exact)")
 
 
 def _add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -120,6 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_script(doctor, required=False)
     doctor.set_defaults(func=_cmd_doctor)
 
+    check = sub.add_parser("check", help="is it reproducible? run K times (or against eager) and explain")
+    check.add_argument("--runs", type=int, default=2, metavar="K", help="runs of the script as written (default 2)")
+    check.add_argument("--seed", type=int, help="seed everything (and PYTHONHASHSEED) from this root in every run")
+    check.add_argument("--against", choices=("eager", "fallback-random"),
+                       help="compare with compilation disabled, or with inductor's fallback_random=True")
+    check.add_argument("--out", metavar="DIR", help="where the runs and report go (default torchrepro-runs/...)")
+    check.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
+    _add_tolerance(check)
+    _add_script(check)
+    check.set_defaults(func=_cmd_check)
+
+    diff = sub.add_parser("diff", help="compare two stored runs")
+    diff.add_argument("run_a", metavar="RUN_A")
+    diff.add_argument("run_b", metavar="RUN_B")
+    diff.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    _add_tolerance(diff)
+    diff.set_defaults(func=_cmd_diff)
+
     report = sub.add_parser("report", help="re-render a stored run")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.add_argument("--json", metavar="FILE", help="also write the report JSON here")
@@ -133,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grads", action="store_true", help="also fingerprint gradients before each step")
     run.add_argument("--compile-mode", choices=("eager", "fallback-random"),
                      help="run compiled code eagerly, or with inductor's fallback_random")
+    run.add_argument("--snapshots", action="store_true",
+                     help="save parameter values (rank-<r>/snapshots) at steps 0-15, powers of two and the last")
+    run.add_argument("--replay-step", type=int, metavar="K", help="record every op of step K, then exit")
+    run.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
     _add_script(run)
     run.set_defaults(func=_cmd_run)
 

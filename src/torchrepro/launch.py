@@ -13,14 +13,14 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .errors import InputError
 
 STDERR_TAIL_LINES = 40
 
 
-def check_script(script: str | os.PathLike) -> Path:
+def validate_script(script: str | os.PathLike) -> Path:
     """The script's path, or an :class:`InputError` if it is missing or does not parse."""
     path = Path(script)
     if not path.is_file():
@@ -134,18 +134,16 @@ def run_child(cmd: list[str], log_dir: Path, *, env: dict[str, str] | None = Non
     return ChildResult(code, list(tail))
 
 
-def run_command(run_dir: Path, script: Path, args: list[str], *, seed: int | None = None,
-                fingerprint_every: int | None = None, grads: bool = False, compile_mode: str | None = None) -> list[str]:
-    """The ``python -m torchrepro run ...`` command line for a child process."""
+def run_command(run_dir: Path, script: Path, args: list[str], **options: Any) -> list[str]:
+    """The ``python -m torchrepro run ...`` command line for a child process; ``options`` are
+    that command's flags (``seed=0`` → ``--seed 0``, ``grads=True`` → ``--grads``)."""
     cmd = [sys.executable, "-m", "torchrepro", "run", "--out", str(run_dir)]
-    if seed is not None:
-        cmd += ["--seed", str(seed)]
-    if fingerprint_every is not None:
-        cmd += ["--fingerprint-every", str(fingerprint_every)]
-    if grads:
-        cmd.append("--grads")
-    if compile_mode is not None:
-        cmd += ["--compile-mode", compile_mode]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value is not None and value is not False:
+            cmd += [flag, str(value)]
     return [*cmd, "--", str(script), *args]
 
 

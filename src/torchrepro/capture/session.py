@@ -27,6 +27,8 @@ class CaptureConfig:
     steps: StepConfig = field(default_factory=StepConfig)
     seed: int | None = None
     compile_mode: str | None = None  # None (as written) | "eager" | "fallback-random"
+    replay_step: int | None = None  # record every op of this step (capture.ops), then exit
+    replay_out: Path | None = None
 
 
 def rank_info() -> tuple[int, int, int]:
@@ -76,10 +78,17 @@ class CaptureSession:
             config={"seed": self.config.seed, "compile_mode": self.config.compile_mode,
                     "steps": asdict(self.config.steps)},
         ))
-        self.steps = StepRecorder(self.emit, self.rank, self.config.steps)
+        self.steps = StepRecorder(self.emit, self.rank, self.config.steps, snapshot_dir=self.dir / "snapshots")
         self.compiles = CompileCapture(self.emit, lambda: self.steps.completed if self.steps else None, self.rank)
         for capability in [*self.compiles.install(), *self.steps.install()]:
             self.emit(capability)
+        if self.config.replay_step is not None:
+            from .ops import StepReplay
+
+            replay = StepReplay(self.config.replay_step, self.config.replay_out or self.dir / "replay.json")
+            self.steps.listeners.append(replay.on_step_end)
+            if self.config.replay_step == 0:
+                replay.start()
 
     def stop(self, exit_code: int, error: str | None = None) -> None:
         if self.writer is None:

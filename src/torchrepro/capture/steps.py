@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import gc
 import math
+import os
+import random
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..events import Capability, Event, Params, Step
@@ -42,13 +47,15 @@ class StepConfig:
     grads: bool = False
     batches: bool = True
     rng: bool = True
+    snapshots: bool = False  # save parameter values (npz) at steps 0-15, powers of two, and the last
 
 
 class StepRecorder:
     """Installs the hooks and wrappers; writes one :class:`Step` event per optimizer step."""
 
-    def __init__(self, emit: Callable[[Event], None], rank: int = 0, config: StepConfig | None = None):
-        self._emit, self.rank = emit, rank
+    def __init__(self, emit: Callable[[Event], None], rank: int = 0, config: StepConfig | None = None,
+                 snapshot_dir: Path | None = None):
+        self._emit, self.rank, self.snapshot_dir = emit, rank, snapshot_dir
         self.config = config or StepConfig()
         self.completed = 0
         self.every = self.config.fingerprint_every
@@ -64,6 +71,9 @@ class StepRecorder:
         self._fp_costs: list[float] = []
         self._undo: list[Callable[[], None]] = []
         self.failed = False
+        self._names: list[str] | None = None
+        self._last_snapshot: int | None = None
+        self.listeners: list[Callable[[int], None]] = []  # called with each finished step's index
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Observer bugs must never reach the user's script: the first one is recorded as a
@@ -89,6 +99,9 @@ class StepRecorder:
         if self.config.grads:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
         self._wrap(torch.autograd, "backward", self._safe(self._note_backward))
+        for owner, name in ((torch, "manual_seed"), (torch.random, "manual_seed"), (random, "seed"),
+                            (np.random, "seed")):
+            self._wrap(owner, name, None, after=self._safe(self._note_seed))
         caps = [Capability(name="steps", available=True, note="global optimizer step hook")]
         if self.config.batches:
             iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
@@ -128,7 +141,16 @@ class StepRecorder:
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._losses.append(tensors.detach())
 
+    def _note_seed(self, result: Any) -> None:
+        # A seed call before the step's first batch resets the state the step starts with.
+        if not self._batch_fps and self.config.rng:
+            self._rng_fps = live_fingerprints()
+
     def _note_batch(self, batch: Any) -> None:
+        if not self._batch_fps and self.config.rng:
+            # The RNG state a step starts with is the one after its first batch is fetched (a new
+            # epoch's iterator draws its seed from the global generator).
+            self._rng_fps = live_fingerprints()
         try:
             self._batch_fps.append(fingerprint(batch))
         except (TypeError, ValueError):
@@ -161,7 +183,9 @@ class StepRecorder:
         index = self.completed
         if self._params is None:
             self._params = self._optimizer_params(optimizer)
-            self._emit(_params_event(self._params, self.rank))
+            self._names = _param_names(self._params)
+            self._emit(Params(rank=self.rank, names=self._names, shapes=[list(p.shape) for p in self._params],
+                              dtypes=[str(p.dtype).replace("torch.", "") for p in self._params]))
         event = Step(rank=self.rank, step=index, index=index, time_s=round(step_time, 6),
                      backward_calls=len(self._losses), compiles=self._compiles)
         if self._losses:
@@ -181,10 +205,14 @@ class StepRecorder:
             event.params_fp = hash_bytes(*(d.encode() for d in digests))[:16]
             fp_cost = time.perf_counter() - t0
         self._choose_interval(index, step_time, fp_cost)
+        if self.config.snapshots and (index < 16 or index & (index - 1) == 0):
+            self._snapshot(index)
         self._emit(event)
         self.completed += 1
         self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
         self._rng_fps = live_fingerprints() if self.config.rng else None
+        for listener in self.listeners:
+            listener(index)
         self._start = time.perf_counter()
 
     def _should_fingerprint(self, index: int) -> bool:
@@ -206,14 +234,32 @@ class StepRecorder:
                                   note=f"every {self.every} step(s): a parameter fingerprint costs "
                                        f"{cost * 1e3:.3f} ms, a step {step * 1e3:.3f} ms"))
 
+    def _snapshot(self, index: int) -> None:
+        arrays = {name: _to_numpy(p) for name, p in zip(self._names, self._params)}
+        folder = Path(self.snapshot_dir or "snapshots")
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".step-{index:07d}.tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, folder / f"step-{index:07d}.npz")
+        self._last_snapshot = index
+
     def flush(self) -> None:
-        """Nothing is buffered on CPU; kept as the place to resolve deferred device values."""
+        """At the end of the run: snapshot the final parameters if the schedule skipped them."""
+        if self.config.snapshots and self._params is not None and self.completed:
+            if self._last_snapshot != self.completed - 1:
+                self._snapshot(self.completed - 1)
 
 
-def _params_event(params: list[torch.Tensor], rank: int) -> Params:
-    names = _param_names(params)
-    return Params(rank=rank, names=names, shapes=[list(p.shape) for p in params],
-                  dtypes=[str(p.dtype).replace("torch.", "") for p in params])
+def _to_numpy(p: torch.Tensor) -> np.ndarray:
+    t = p.detach().cpu()
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) else t).numpy().copy()
+
+
+def _is_module(obj: Any) -> bool:
+    try:
+        return isinstance(obj, torch.nn.Module)
+    except ReferenceError:  # a dead weak proxy
+        return False
 
 
 def _param_names(params: list[torch.Tensor]) -> list[str]:
@@ -221,10 +267,12 @@ def _param_names(params: list[torch.Tensor]) -> list[str]:
     scan of live modules: the one covering most of them with the shortest names)."""
     wanted = {id(p) for p in params}
     best: tuple[int, int, dict[int, str]] | None = None
-    for obj in gc.get_objects():
+    with warnings.catch_warnings():  # isinstance() on deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        modules = [obj for obj in objects if _is_module(obj)]
+    for obj in modules:
         try:
-            if not isinstance(obj, torch.nn.Module):
-                continue
             names = {id(p): n for n, p in obj.named_parameters() if id(p) in wanted}
         except Exception:  # dead weak proxies, modules whose named_parameters misbehave
             continue

@@ -70,3 +70,40 @@ def render_doctor(report: dict[str, Any], console: Console | None = None, report
         console.print(Text(f"not observed: {cap['name']} ({cap['note']})", style="dim"))
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
+
+
+def render_check(report: dict[str, Any], console: Console | None = None, report_path: str | None = None) -> None:
+    """Verdict on the first line, then the divergence, its cause, and the curve."""
+    console = console or Console()
+    det = report["determinism"]
+    console.print(Text(report["verdict"], style=_verdict_style(report["verdict"])), highlight=False)
+    render_findings(console, report["findings"])
+    fd = det.get("first_divergence")
+    if fd:
+        because = fd["evidence"].get("because")
+        if because:
+            console.print(f"evidence: {because}", highlight=False)
+        for line in fd["evidence"].get("differences", [])[:6]:
+            console.print(f"  {line}", highlight=False)
+        if fd.get("phase"):
+            console.print(f"phase: {fd['phase']}", highlight=False)
+    dec = det.get("decomposition")
+    if dec:
+        for name in ("total", "rng", "numerics"):
+            d = dec[name]
+            size = "bit-exact" if d["bit_exact"] else f"max |Δparam| {d['final_max_abs']:.3g} (rel {d['final_max_rel']:.3g})"
+            console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False)
+    if det.get("curve"):
+        table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("step", "max |Δparam|", "max rel", "|Δloss|"):
+            table.add_column(col, justify="right")
+        curve = det["curve"]
+        shown = curve if len(curve) <= 8 else curve[:4] + curve[-4:]
+        for point in shown:
+            loss = "" if point["loss_diff"] is None else f"{point['loss_diff']:.3g}"
+            table.add_row(str(point["step"]), f"{point['max_abs']:.3g}", f"{point['max_rel']:.3g}", loss)
+        console.print(table)
+    for note in det.get("notes", [])[:5]:
+        console.print(Text(f"note: {note}", style="dim"))
+    if report_path:
+        console.print(Text(f"report: {report_path}", style="dim"))

@@ -1,0 +1,271 @@
+"""Is it reproducible? Compare two runs step by step, find the first divergence, and decide its
+cause from evidence: data order, RNG state, environment, compiled graphs, or what an op-level
+replay of the divergent step shows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..events import Compile, EventLog, Header, Params, Step
+
+CAUSES = ("data_order", "rng", "numerics", "nondeterministic_op", "environment", "recompile", "unknown")
+# What a divergent step is attributed to, in the order a step happens: its input, the RNG it
+# starts with, then what it computes.
+ASPECTS = ("batch", "rng", "loss", "grads", "params")
+
+
+@dataclass
+class Tolerance:
+    """``|a - b| <= atol + rtol * |b|`` counts as equal (loss, grad norm, snapshot values)."""
+
+    rtol: float = 0.0
+    atol: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return self.rtol == 0 and self.atol == 0
+
+    def close(self, a: float | None, b: float | None) -> bool:
+        if a is None or b is None:
+            return a is b
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return abs(a - b) <= self.atol + self.rtol * abs(b)
+
+
+@dataclass
+class Divergence:
+    """The first point where two runs differ."""
+
+    step: int
+    rank: int
+    what: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _aspect_values(s: Step) -> dict[str, Any]:
+    return {"batch": s.batch_fp, "loss": s.loss, "grads": s.grads_fp, "params": s.params_fp}
+
+
+def _torch_streams(fps: dict[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (fps or {}).items() if k == "torch_cpu" or k.startswith(("cuda:", "generator:"))}
+
+
+def compare_steps(a: Step, b: Step, tol: Tolerance) -> tuple[str, dict[str, Any]] | None:
+    """How two records of the same step differ, or None. A step diverges when its batch or
+    what it computes differs; it is then attributed to the first of: the batch, the torch RNG
+    streams it started with (CPU, CUDA, registered generators), the loss, the gradients, the
+    parameters. RNG states alone are not a divergence: an unused stream may differ harmlessly."""
+    va, vb = _aspect_values(a), _aspect_values(b)
+    if va["batch"] is not None and vb["batch"] is not None and va["batch"] != vb["batch"]:
+        return "batch", {}
+    computed = []
+    for aspect in ("loss", "grads", "params"):
+        x, y = va[aspect], vb[aspect]
+        if x is None or y is None:  # not recorded in one of the runs
+            continue
+        if aspect == "loss":
+            equal = x == y or (not tol.exact and tol.close(x, y))
+        elif aspect == "grads" and not tol.exact:
+            equal = x == y or tol.close(a.grad_norm, b.grad_norm)
+        elif aspect == "params" and not tol.exact:
+            equal = True  # fingerprints cannot be close; values are compared on snapshots
+        else:
+            equal = x == y
+        if not equal:
+            computed.append(aspect)
+    if not computed:
+        return None
+    if a.rng_fps is not None and b.rng_fps is not None and _torch_streams(a.rng_fps) != _torch_streams(b.rng_fps):
+        return "rng", _detail("rng", a, b)
+    return computed[0], {**_detail(computed[0], a, b), **_rng_note(a, b)}
+
+
+def _rng_note(a: Step, b: Step) -> dict[str, Any]:
+    streams = _detail("rng", a, b)["streams"]
+    return {"other_rng_streams_differ": streams} if streams else {}
+
+
+def _detail(aspect: str, a: Step, b: Step) -> dict[str, Any]:
+    if aspect == "rng":
+        fa, fb = a.rng_fps or {}, b.rng_fps or {}
+        return {"streams": sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))}
+    if aspect == "loss":
+        return {"loss_a": a.loss, "loss_b": b.loss, "abs_diff": abs((a.loss or 0) - (b.loss or 0))}
+    if aspect == "grads":
+        return {"grad_norm_a": a.grad_norm, "grad_norm_b": b.grad_norm}
+    return {}
+
+
+def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance) -> tuple[Divergence | None, list[str]]:
+    """Earliest divergent step over all ranks present in both runs (lowest rank on ties), and
+    notes on what could not be compared."""
+    by_rank_b = {log.rank: log for log in logs_b}
+    notes, found = [], []
+    for log_a in logs_a:
+        log_b = by_rank_b.get(log_a.rank)
+        if log_b is None:
+            notes.append(f"rank {log_a.rank} is missing from the second run")
+            continue
+        steps_a, steps_b = log_a.of(Step), log_b.of(Step)
+        if len(steps_a) != len(steps_b):
+            notes.append(f"rank {log_a.rank}: {len(steps_a)} vs {len(steps_b)} steps; compared the first "
+                         f"{min(len(steps_a), len(steps_b))}")
+        for a, b in zip(steps_a, steps_b):
+            diff = compare_steps(a, b, tol)
+            if diff is not None:
+                detail = {**diff[1], **_param_detail(log_a, a, b)} if diff[0] == "params" else diff[1]
+                found.append(Divergence(a.index, log_a.rank, diff[0], detail))
+                break
+    if not found:
+        return None, notes
+    return min(found, key=lambda d: (d.step, d.rank)), notes
+
+
+def _param_detail(log: EventLog, a: Step, b: Step) -> dict[str, Any]:
+    params = log.of(Params)
+    if not params or not a.param_fps or not b.param_fps:
+        return {}
+    names = params[0].names
+    differing = [names[i] for i, (x, y) in enumerate(zip(a.param_fps, b.param_fps)) if x != y and i < len(names)]
+    return {"first_parameter": differing[0] if differing else None, "parameters_differing": len(differing)}
+
+
+# --- evidence beyond the steps -----------------------------------------------------------------
+
+_ENV_KEYS = ("versions", "threads", "hardware")
+
+
+def environment_differences(a: Header | None, b: Header | None) -> list[str]:
+    """What differs between two runs' recorded environments (versions, threads, determinism
+    switches, variables that change numerics)."""
+    if a is None or b is None or not a.env or not b.env:
+        return []
+    out = []
+    for key in _ENV_KEYS:
+        x, y = a.env.get(key) or {}, b.env.get(key) or {}
+        for name in sorted(set(x) | set(y)):
+            if name in ("platform", "cpus_usable", "torch_git"):
+                continue
+            if x.get(name) != y.get(name):
+                out.append(f"{key}.{name}: {x.get(name)!r} vs {y.get(name)!r}")
+    switches = lambda h: {s["name"]: s["value"] for s in h.env.get("determinism", [])}  # noqa: E731
+    sa, sb = switches(a), switches(b)
+    out += [f"switch {n}: {sa.get(n)!r} vs {sb.get(n)!r}" for n in sorted(set(sa) | set(sb)) if sa.get(n) != sb.get(n)]
+    variables = lambda h: {v["name"]: v["value"] for v in h.env.get("env_vars", []) if v.get("in_fingerprint")}  # noqa: E731
+    va, vb = variables(a), variables(b)
+    out += [f"${n}: {va.get(n)!r} vs {vb.get(n)!r}" for n in sorted(set(va) | set(vb)) if va.get(n) != vb.get(n)]
+    return out
+
+
+def compile_differences(a: EventLog, b: EventLog) -> list[str]:
+    """How the compiled graphs of two runs differ (count, recompile reasons, graph sizes)."""
+    def shape(log: EventLog) -> list[tuple]:
+        return [(c.function, c.graph_ops, tuple(c.recompile_reasons[:1]), c.limit_hit) for c in log.of(Compile)]
+
+    sa, sb = shape(a), shape(b)
+    if sa == sb:
+        return []
+    out = [f"rank {a.rank}: {len(sa)} vs {len(sb)} compiles"] if len(sa) != len(sb) else []
+    for i, (x, y) in enumerate(zip(sa, sb)):
+        if x != y:
+            out.append(f"rank {a.rank}: compile #{i} differs: {x[0]} ({x[1]} ops, {x[2][0] if x[2] else 'first'}) vs "
+                       f"{y[0]} ({y[1]} ops, {y[2][0] if y[2] else 'first'})")
+            break
+    extra = sa[len(sb):] or sb[len(sa):]
+    if extra:
+        out.append(f"rank {a.rank}: extra compile of {extra[0][0]}: {extra[0][2][0] if extra[0][2] else 'new frame'}")
+    return out
+
+
+# --- divergence curve from parameter snapshots -------------------------------------------------
+
+def load_snapshot(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def snapshot_steps(folder: Path) -> dict[int, Path]:
+    return {int(p.stem.split("-")[1]): p for p in sorted(folder.glob("step-*.npz"))}
+
+
+def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Max absolute and max relative (to the parameter's largest magnitude) difference, and the
+    parameter where the absolute difference is largest."""
+    worst_abs, worst_rel, where = 0.0, 0.0, None
+    for name in a.keys() & b.keys():
+        x, y = a[name].astype(np.float64), b[name].astype(np.float64)
+        if x.shape != y.shape:
+            return {"max_abs": math.inf, "max_rel": math.inf, "parameter": name}
+        d = float(np.max(np.abs(x - y))) if x.size else 0.0
+        scale = float(np.max(np.abs(y))) if y.size else 0.0
+        rel = d / scale if scale > 0 else (0.0 if d == 0 else math.inf)
+        if d > worst_abs:
+            worst_abs, where = d, name
+        worst_rel = max(worst_rel, rel)
+    return {"max_abs": worst_abs, "max_rel": worst_rel, "parameter": where}
+
+
+def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog) -> list[dict[str, Any]]:
+    """Per snapshot step: max abs / max rel parameter difference and the loss difference."""
+    snaps_a, snaps_b = snapshot_steps(dir_a), snapshot_steps(dir_b)
+    loss_a = {s.index: s.loss for s in log_a.of(Step)}
+    loss_b = {s.index: s.loss for s in log_b.of(Step)}
+    curve = []
+    for step in sorted(snaps_a.keys() & snaps_b.keys()):
+        diff = param_difference(load_snapshot(snaps_a[step]), load_snapshot(snaps_b[step]))
+        la, lb = loss_a.get(step), loss_b.get(step)
+        curve.append({"step": step, **diff,
+                      "loss_diff": abs(la - lb) if la is not None and lb is not None else None})
+    return curve
+
+
+def final_within(curve: list[dict[str, Any]], tol: Tolerance, dir_a: Path, dir_b: Path) -> bool:
+    """Whether the last common snapshot is elementwise within tolerance."""
+    snaps_a, snaps_b = snapshot_steps(dir_a), snapshot_steps(dir_b)
+    common = sorted(snaps_a.keys() & snaps_b.keys())
+    if not common:
+        return False
+    a, b = load_snapshot(snaps_a[common[-1]]), load_snapshot(snaps_b[common[-1]])
+    return all(a[k].shape == b[k].shape and np.allclose(a[k], b[k], rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+               for k in a.keys() & b.keys()) and a.keys() == b.keys()
+
+
+# --- op-level replay comparison --------------------------------------------------------------
+
+RANDOM_OPS = ("bernoulli", "dropout", "uniform", "normal", "rand", "randn", "randint", "randperm", "multinomial",
+              "exponential", "geometric", "cauchy", "log_normal", "random_", "poisson", "philox")
+
+
+def is_random_op(name: str) -> bool:
+    """Whether an aten op draws random numbers (``aten.native_dropout.default`` → True)."""
+    base = name.split(".")[1] if "." in name else name
+    return any(base.startswith(token) or f"_{token}" in base for token in RANDOM_OPS)
+
+
+def compare_replays(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first op whose outputs differ between two replays of the same step, and what that
+    says: a random op → ``rng``; same inputs, different outputs → ``nondeterministic_op``;
+    different inputs from outside torch → ``unknown``; a different op sequence → control flow."""
+    for x, y in zip(ops_a, ops_b):
+        if x["op"] != y["op"]:
+            return {"op": x["op"], "other_op": y["op"], "index": x["i"], "module": x["module"], "phase": x["phase"],
+                    "source": x["source"], "kind": "control_flow"}
+        if x["outputs"] != y["outputs"]:
+            if is_random_op(x["op"]):
+                kind = "rng"
+            elif x["inputs"] == y["inputs"]:
+                kind = "nondeterministic_op"
+            else:
+                kind = "input_from_outside_torch"
+            return {"op": x["op"], "index": x["i"], "module": x["module"], "phase": x["phase"], "source": x["source"],
+                    "kind": kind}
+    if len(ops_a) != len(ops_b):
+        return {"op": None, "index": min(len(ops_a), len(ops_b)), "module": None, "phase": None, "source": None,
+                "kind": "control_flow"}
+    return None

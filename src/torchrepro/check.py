@@ -1,0 +1,318 @@
+"""`torchrepro check` and `torchrepro diff`: run a script several times (or eager against
+compiled), compare step by step, decide the cause of the first divergence, and localise it by
+replaying the divergent step with op-level capture."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .analysis.divergence import (
+    Divergence,
+    Tolerance,
+    compare_replays,
+    compile_differences,
+    divergence_curve,
+    environment_differences,
+    final_within,
+    first_divergence,
+)
+from .analysis.doctor import REPORT_SCHEMA
+from .analysis.findings import Finding
+from .errors import InputError
+from .events import Compile, EventLog
+from .launch import child_env, run_child, run_command, validate_script
+from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, write_json
+
+CAUSE_HINTS = {
+    "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
+                  "and DataLoader workers; or DataLoader(generator=torchrepro.make_generator('loader'))) and never "
+                  "seed from the clock.",
+    "rng": "A random stream is not derived from the run's seed: create generators with "
+           "torchrepro.make_generator or plan.fork, and call seed_everything at start.",
+    "rng_compiled": "Inductor's random numbers differ from eager's: set torch._inductor.config.fallback_random = "
+                    "True (torchrepro.deterministic(compile='match-eager')) when compiled must match eager.",
+    "numerics": "Rounding differences (fused or reordered reductions) that grow over steps: expected between eager "
+                "and compiled code; compare with --rtol/--atol.",
+    "nondeterministic_op": "An op gives different results on identical inputs: torch.use_deterministic_algorithms("
+                           "True) (torchrepro.deterministic()) makes it deterministic or raises.",
+    "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
+    "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
+    "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
+}
+
+
+@dataclass
+class RunSpec:
+    """One run of a check: its label (folder name) and how compilation is configured."""
+
+    label: str
+    compile_mode: str | None  # None: as written; "eager"; "fallback-random"
+    title: str
+
+
+def plan_runs(runs: int, against: str | None) -> list[RunSpec]:
+    if against is None:
+        return [RunSpec(f"run-{i + 1}", None, f"run {i + 1} (as written)") for i in range(runs)]
+    reference = RunSpec(against, against, "compilation disabled" if against == "eager" else "fallback_random=True")
+    return [reference, RunSpec("compiled", None, "as written")]
+
+
+class Checker:
+    """Runs, compares and explains; one instance per ``check`` invocation."""
+
+    def __init__(self, script: Path, args: list[str], out: Path, *, seed: int | None, tolerance: Tolerance,
+                 localize: bool, snapshots: bool, console: Console):
+        self.script, self.args, self.out = script, args, out
+        self.seed, self.tol, self.localize, self.snapshots = seed, tolerance, localize, snapshots
+        self.console = console
+        self.timings: dict[str, float] = {}
+
+    def run(self, spec: RunSpec) -> tuple[Run, int]:
+        run_dir = self.out / spec.label
+        self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
+        t0 = time.perf_counter()
+        cmd = run_command(run_dir, self.script, self.args, seed=self.seed, fingerprint_every=1, grads=True,
+                          compile_mode=spec.compile_mode,
+                          snapshots=self.snapshots)
+        result = run_child(cmd, run_dir / "logs", env=child_env(self.seed), quiet=True)
+        self.timings[spec.label] = round(time.perf_counter() - t0, 3)
+        write_json(run_dir / RUN_FILE, {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed,
+                                        "script": str(self.script), "args": self.args, "exit_code": result.exit_code,
+                                        "stderr_tail": result.stderr_tail, "wall_s": self.timings[spec.label]})
+        if not any(run_dir.glob("rank-*/events.jsonl")):
+            raise InputError(f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
+                             + "; ".join(result.stderr_tail[-3:]))
+        self.console.print(f"[dim]  done in {self.timings[spec.label]:.1f} s, exit {result.exit_code}[/]",
+                           highlight=False)
+        return load_run(run_dir), result.exit_code
+
+    def replay(self, spec: RunSpec, step: int, tag: str, eager: bool) -> list[dict[str, Any]] | None:
+        out = self.out / "replays" / f"{tag}.json"
+        mode = "eager" if eager else spec.compile_mode
+        self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with op "
+                           f"capture ({tag})…[/]", highlight=False)
+        t0 = time.perf_counter()
+        cmd = run_command(self.out / "replays" / tag, self.script, self.args, seed=self.seed, fingerprint_every=1,
+                          compile_mode=mode, replay_step=step, replay_out=out)
+        run_child(cmd, self.out / "replays" / tag / "logs", env=child_env(self.seed), quiet=True)
+        self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
+        if not out.exists():
+            return None
+        return json.loads(out.read_text())["ops"]
+
+
+def _snaps(run: Run) -> Path:
+    """Rank 0's parameter snapshots (the divergence curve is drawn for rank 0)."""
+    return run.logs[0].path.parent / "snapshots"
+
+
+def _module_of_parameter(name: str | None) -> str | None:
+    return name.rsplit(".", 1)[0] if name and "." in name else None
+
+
+def _uses_inductor(run: Run) -> bool:
+    return any(c.inductor_s is not None or c.cache.get("fxgraph") for log in run.logs for c in log.of(Compile))
+
+
+def decide(div: Divergence, a: Run, b: Run) -> tuple[str, dict[str, Any]]:
+    """The cause that step-level evidence proves, or ``unknown`` (then localisation decides)."""
+    if div.what == "batch":
+        return "data_order", {"because": f"the batches of step {div.step} differ"}
+    if div.what == "rng":
+        return "rng", {"because": f"the RNG state at the start of step {div.step} differs",
+                       "streams": div.detail.get("streams")}
+    env = environment_differences(a.logs[0].header, b.logs[0].header)
+    if env:
+        return "environment", {"because": "the runs' environments differ", "differences": env}
+    graphs = [d for la, lb in zip(a.logs, b.logs) for d in compile_differences(la, lb)]
+    if graphs:
+        return "recompile", {"because": "the runs compiled different graphs", "differences": graphs}
+    return "unknown", {}
+
+
+def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence,
+             cause: str) -> tuple[str, dict[str, Any]]:
+    """Replay the divergent step in both configurations with op capture (eagerly first when the
+    configurations are the same) and name the first divergent op, its module and source."""
+    same_config = spec_a.compile_mode == spec_b.compile_mode
+    ops_a = checker.replay(spec_a, div.step, "a", eager=same_config)
+    ops_b = checker.replay(spec_b, div.step, "b", eager=same_config)
+    if ops_a is None or ops_b is None:
+        return cause, {"localisation": "the replay did not reach the divergent step"}
+    found = compare_replays(ops_a, ops_b)
+    if found is None:
+        where = "inside compiled code (the eager replays agree)" if same_config else "not reproduced in replay"
+        return ("nondeterministic_op" if same_config and cause == "unknown" else cause), {"localisation": where}
+    kind = found.pop("kind")
+    new_cause = {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(kind, cause)
+    return new_cause, {"localisation": kind, **found}
+
+
+def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> dict[str, Any] | None:
+    """With inductor: eager, as written, and fallback_random=True separate RNG from numerics."""
+    third = RunSpec("eager", "eager", "compilation disabled") if against == "fallback-random" else RunSpec(
+        "fallback-random", "fallback-random", "fallback_random=True")
+    run, _ = checker.run(third)
+    runs[third.label] = (third, run)
+    eager, fallback, compiled = (runs[k][1] for k in ("eager", "fallback-random", "compiled"))
+    pairs = {"rng": (fallback, compiled), "numerics": (eager, fallback), "total": (eager, compiled)}
+    out = {}
+    for name, (x, y) in pairs.items():
+        curve = divergence_curve(_snaps(x), _snaps(y), x.logs[0], y.logs[0])
+        div, _ = first_divergence(x.logs, y.logs, Tolerance())
+        out[name] = {"between": [x.path.name, y.path.name], "bit_exact": div is None,
+                     "final_max_abs": curve[-1]["max_abs"] if curve else None,
+                     "final_max_rel": curve[-1]["max_rel"] if curve else None}
+    return out
+
+
+def _cause_from_decomposition(dec: dict[str, Any], against: str) -> tuple[str, dict[str, Any]]:
+    rng, numerics = dec["rng"], dec["numerics"]
+    if against == "fallback-random" or (not rng["bit_exact"] and (
+            numerics["bit_exact"] or (rng["final_max_abs"] or 0) > 10 * (numerics["final_max_abs"] or 0))):
+        because = ("with fallback_random=True the compiled run matches eager bit for bit" if numerics["bit_exact"]
+                   else f"fallback_random=True removes most of the difference; {numerics['final_max_abs']:.3g} "
+                        "remains (numerics)")
+        if against == "fallback-random":
+            because = "the runs differ only in inductor's RNG implementation (fallback_random)"
+        return "rng", {"because": because, "remaining_numerics": numerics}
+    return "numerics", {"because": "fallback_random=True does not remove the difference: rounding, not RNG",
+                        "magnitude": numerics}
+
+
+def _verdict_line(det: dict[str, Any]) -> str:
+    v = det["verdict"]
+    if v == "bit_exact":
+        return f"BIT-EXACT: {len(det['runs'])} runs agree bit for bit over {det['steps_compared']} step(s)"
+    if v == "within_tolerance":
+        return f"WITHIN TOLERANCE: the runs differ, but within rtol={det['rtol']}, atol={det['atol']}"
+    fd = det["first_divergence"]
+    where = ", ".join(x for x in (
+        f"module {fd['module']}" if fd.get("module") else None, f"op {fd['op']}" if fd.get("op") else None,
+        f"at {fd['source']}" if fd.get("source") else None) if x)
+    return (f"DIVERGED at step {fd['step']} (rank {fd['rank']}, {fd['what']}): cause {fd['cause']}"
+            + (f" — {where}" if where else ""))
+
+
+def compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None, list[str]]:
+    if [log.rank for log in run_a.logs] != [log.rank for log in run_b.logs]:
+        notes = [f"ranks {run_a.ranks} vs {run_b.ranks}"]
+    else:
+        notes = []
+    div, more = first_divergence(run_a.logs, run_b.logs, tol)
+    return div, notes + more
+
+
+def _steps_compared(a: EventLog, b: EventLog) -> int:
+    from .events import Step
+
+    return min(len(a.of(Step)), len(b.of(Step)))
+
+
+def determinism_section(div: Divergence | None, cause: str | None, evidence: dict[str, Any], labels: list[str],
+                        run_a: Run, run_b: Run, tol: Tolerance, notes: list[str], snapshots: bool) -> dict[str, Any]:
+    """The report's ``determinism`` section for one pair of runs."""
+    curve = divergence_curve(_snaps(run_a), _snaps(run_b), run_a.logs[0], run_b.logs[0]) if snapshots else []
+    if div is None:
+        verdict = "bit_exact"
+    elif not tol.exact and div.what == "params" and snapshots and final_within(curve, tol, _snaps(run_a),
+                                                                                  _snaps(run_b)):
+        verdict = "within_tolerance"
+    else:
+        verdict = "diverged"
+    first = None
+    if div is not None:
+        module = evidence.pop("module", None) or _module_of_parameter(div.detail.get("first_parameter"))
+        first = {"step": div.step, "rank": div.rank, "what": div.what, "module": module,
+                 "op": evidence.pop("op", None), "source": evidence.pop("source", None),
+                 "phase": evidence.pop("phase", None), "cause": cause, "detail": div.detail, "evidence": evidence}
+    return {"verdict": verdict, "runs": labels, "first_divergence": first, "curve": curve, "notes": notes,
+            "rtol": tol.rtol, "atol": tol.atol, "steps_compared": _steps_compared(run_a.logs[0], run_b.logs[0])}
+
+
+def _findings(det: dict[str, Any], against: str | None) -> list[Finding]:
+    fd = det["first_divergence"]
+    if det["verdict"] != "diverged" or fd is None:
+        return []
+    hint_key = "rng_compiled" if fd["cause"] == "rng" and against else fd["cause"]
+    return [Finding(f"DIVERGED_{fd['cause'].upper()}", "error", _verdict_line(det), hint=CAUSE_HINTS[hint_key],
+                    evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]})]
+
+
+def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = None, against: str | None = None,
+          out: Path | None = None, tolerance: Tolerance | None = None, localize_divergence: bool = True,
+          console: Console | None = None) -> tuple[dict[str, Any], Path]:
+    """Run, compare, explain; returns the report (also written to ``OUT/report.json``)."""
+    console = console or Console(stderr=True)
+    tol = tolerance or Tolerance()
+    script = validate_script(script)
+    if runs < 2 and against is None:
+        raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
+    out = create_run_dir(out or default_run_dir(script, label="check"))
+    snapshots = against is not None or not tol.exact
+    checker = Checker(script, args, out, seed=seed, tolerance=tol, localize=localize_divergence,
+                      snapshots=snapshots, console=console)
+    specs = plan_runs(runs, against)
+    done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
+    (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
+    pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
+    div, notes, pair = None, [], pairs[0]
+    for (sa, ra), (sb, rb) in pairs:  # the earliest divergence over all pairs with the first run
+        d, n = compare(ra, rb, tol)
+        notes += n
+        if d is not None and (div is None or (d.step, d.rank) < (div.step, div.rank)):
+            div, pair = d, ((sa, ra), (sb, rb))
+    (spec_a, run_a), (spec_b, run_b) = pair
+    cause, evidence, decomposition = None, {}, None
+    if div is not None:
+        cause, evidence = decide(div, run_a, run_b)
+        if against is not None and cause == "unknown":
+            if _uses_inductor(run_b):
+                decomposition = _decomposition(checker, done, against)
+                cause, evidence = _cause_from_decomposition(decomposition, against)
+            else:
+                cause, evidence = "numerics", {"because": "compiled without inductor RNG: the difference is rounding"}
+        if localize_divergence and (cause == "unknown" or against is None and cause in ("numerics",)):
+            cause, more = localize(checker, spec_a, spec_b, div, cause)
+            evidence.update(more)
+    det = determinism_section(div, cause, evidence, [s.label for s in specs], run_a, run_b, tol, notes, snapshots)
+    if decomposition is not None:
+        det["decomposition"] = decomposition
+    det["against"] = against
+    report = _report(det, against, {s.label: str(out / s.label) for s in specs} | (
+        {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
+        {"script": str(script), "args": args, "seed": seed, "runs": runs, "against": against})
+    write_json(out / REPORT_FILE, report)
+    return report, out
+
+
+def _report(det: dict[str, Any], against: str | None, run_dirs: dict[str, str], timings: dict[str, float],
+            meta: dict[str, Any]) -> dict[str, Any]:
+    findings = _findings(det, against)
+    return {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
+            "determinism": det, "findings": [f.to_json() for f in findings], "verdict": _verdict_line(det)}
+
+
+def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
+    """Compare two stored runs (no replay: the evidence in their logs and snapshots)."""
+    tol = tolerance or Tolerance()
+    run_a, run_b = load_run(path_a), load_run(path_b)
+    div, notes = compare(run_a, run_b, tol)
+    notes = run_a.problems + run_b.problems + notes
+    scripts = {Path(str(r.meta.get("script", ""))).name for r in (run_a, run_b)}
+    if len(scripts) > 1:
+        notes.append(f"the runs are of different scripts: {sorted(scripts)}")
+    cause, evidence = decide(div, run_a, run_b) if div is not None else (None, {})
+    if div is not None and cause == "unknown":
+        modes = [r.meta.get("compile_mode") for r in (run_a, run_b)]
+        if modes[0] != modes[1]:
+            cause, evidence = "numerics", {"because": f"compile modes differ ({modes[0]} vs {modes[1]})"}
+    snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
+    det = determinism_section(div, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, tol, notes, snapshots)
+    return _report(det, None, {"a": str(path_a), "b": str(path_b)}, {}, {"diff": [str(path_a), str(path_b)]})
