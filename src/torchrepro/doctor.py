@@ -12,7 +12,7 @@ from typing import Any
 from .analysis.doctor import Budgets, analyse
 from .errors import InputError
 from .events import Counters, End, Header, write_all
-from .launch import check_script, child_env, run_child, run_command
+from .launch import validate_script, child_env, run_child, run_command
 from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
 
 
@@ -58,7 +58,7 @@ def finish_meta(meta: dict, exit_code: int, stderr_tail: list[str], run_dir: Pat
 def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, seed: int | None = None,
                   fingerprint_every: int | None = None) -> tuple[dict[str, Any], Path]:
     """Run ``script`` once under capture in a child process; analyse and write the report."""
-    script = check_script(script)
+    script = validate_script(script)
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed)
     write_json(run_dir / RUN_FILE, meta)
