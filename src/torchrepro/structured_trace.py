@@ -114,6 +114,7 @@ class TraceTranslator:
     pending: dict[str, _Pending] = field(default_factory=dict)
     compiles: dict[str, Compile] = field(default_factory=dict)
     functions: dict[str, str] = field(default_factory=dict)
+    locations: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
     unique_graphs: int = 0
 
@@ -178,6 +179,13 @@ class TraceTranslator:
         function = m.get("co_name") or item.function or self.functions.get(frame)
         if function:
             self.functions.setdefault(frame, function)
+        # A compile that fails before tracing (recompile-limit hit) has no dynamo_start and null
+        # co_* fields: its frame's earlier compiles say which function it is.
+        file, line = m.get("co_filename") or item.file, m.get("co_firstlineno") or item.line
+        if file:
+            self.locations.setdefault(frame, (file, line))
+        else:
+            file, line = self.locations.get(frame, (None, None))
         reasons = [_strip_compile_prefix(r) for r in item.reasons]
         if not reasons and m.get("recompile_reason"):
             reasons = [_strip_compile_prefix(m["recompile_reason"])]
@@ -190,8 +198,8 @@ class TraceTranslator:
             rank=self.rank,
             compile_id=cid,
             function=function,
-            file=m.get("co_filename") or item.file,
-            line=m.get("co_firstlineno") or item.line,
+            file=file,
+            line=line,
             call_site=item.call_site,
             dynamo_s=_seconds(m.get("entire_frame_compile_time_s")),
             backend_s=_seconds(m.get("backend_compile_time_s")),

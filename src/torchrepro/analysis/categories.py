@@ -17,11 +17,16 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("device", r"device mismatch|dispatch key set mismatch|device index mismatch"),
         ("stride", r"stride mismatch|storage_offset mismatch"),
         ("requires_grad", r"requires_grad mismatch"),
-        ("shape", r"size mismatch|rank mismatch|\.size\(\)|\.shape\[|\bs\d+\b|ndim"),
+        # A bare size symbol (s0) only in a sympy call or an ordering comparison: as a plain word it
+        # is as likely an argument or submodule named s0 (``s0 == True``, ``_modules['s1']``).
+        ("shape", r"size mismatch|rank mismatch|\.size\(\)|\.shape\[|ndim"
+                  r"|\b(Eq|Ne|Mod|FloorDiv|PythonMod|CeilDiv)\(s\d+\b"
+                  r"|(?<![\w'\".\[])s\d+ *(<=|<|>=|>)|(<=|<|>=|>) *s\d+(?![\w'\"\]])"),
         ("grad_mode", r"GLOBAL_STATE changed: .*\b(grad_mode|inference_mode)\b"),
         ("autocast", r"GLOBAL_STATE changed: .*autocast"),
         ("global_state", r"GLOBAL_STATE changed|TORCH_FUNCTION_MODE|DETERMINISTIC|DEFAULT_DEVICE|GRAD_MODE"),
-        ("object_identity", r"___check_obj_id|___check_type_id|ID_MATCH|TYPE_MATCH|id mismatch|___odict_getitem"),
+        ("object_identity", r"___check_obj_id|___check_type_id|ID_MATCH|TYPE_MATCH|id mismatch|___odict_getitem"
+                            r"|^expected type of '"),
         ("python_global", r"^G\[|\bG\['"),
         ("module_attribute", r"\.training\b|_modules\[|_parameters\[|_buffers\[|integer attributes of the nn\.Module"
                              r"|^L\['self'\]\.|^self\.|^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+ (==|!=|is)"),
