@@ -84,11 +84,9 @@ class Scenario:
     breaks: list[str] = field(default_factory=list)  # tags of the lines that must graph-break, once per break
     limit_hit: bool = False
     skipped_frames: bool = False  # Python code runs after a graph break: Dynamo inspects and skips it
-    xfail: str | None = None  # a known capture bug: why the scenario cannot pass yet
 
     def param(self):
-        marks = [pytest.mark.xfail(strict=True, reason=self.xfail)] if self.xfail else []
-        return pytest.param(self, id=self.id, marks=marks)
+        return pytest.param(self, id=self.id)
 
 
 def _twice(x):
@@ -558,11 +556,7 @@ SCENARIOS = [
     Scenario("gb-print", s_gb_print, breaks=["gb:print"]),
     Scenario("gb-data-dependent-if", s_gb_data_dependent_if, breaks=["gb:if"]),
     Scenario("gb-nonzero", s_gb_nonzero, breaks=["gb:nonzero"]),
-    Scenario("gb-manual-seed", s_gb_manual_seed, breaks=["gb:seed"], xfail=(
-        "capture perturbs the program: StepRecorder (capture/steps.py) replaces torch.manual_seed with a "
-        "Python wrapper that Dynamo inlines, so the break is reported at steps.py and the wrapper's own "
-        "frame compiles and breaks again (3 compiles, 2 breaks instead of 2 and 1 at the user's line). "
-        "Fix in steps.py: wrap with torch._dynamo.disable(wrapper); then remove this xfail")),
+    Scenario("gb-manual-seed", s_gb_manual_seed, breaks=["gb:seed"]),
     Scenario("gb-random", s_gb_random, breaks=["gb:random"]),
     Scenario("gb-time", s_gb_time, breaks=["gb:time"]),
     Scenario("gb-tolist", s_gb_tolist, breaks=["gb:tolist"]),

@@ -92,19 +92,19 @@ class Checker:
                            highlight=False)
         return load_run(run_dir), result.exit_code
 
-    def replay(self, spec: RunSpec, step: int, tag: str, eager: bool) -> list[dict[str, Any]] | None:
+    def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False) -> dict | None:
+        """Rerun ``spec`` up to ``step`` and record that step: every op, or every compiled graph."""
         out = self.out / "replays" / f"{tag}.json"
         mode = "eager" if eager else spec.compile_mode
-        self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with op "
-                           f"capture ({tag})…[/]", highlight=False)
+        what = "compiled graphs against eager" if graphs else "op capture"
+        self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
+                           f"({tag})…[/]", highlight=False)
         t0 = time.perf_counter()
         cmd = run_command(self.out / "replays" / tag, self.script, self.args, seed=self.seed, fingerprint_every=1,
-                          compile_mode=mode, replay_step=step, replay_out=out)
+                          compile_mode=mode, replay_step=step, replay_out=out, replay_graphs=graphs)
         run_child(cmd, self.out / "replays" / tag / "logs", env=child_env(self.seed), quiet=True)
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
-        if not out.exists():
-            return None
-        return json.loads(out.read_text())["ops"]
+        return json.loads(out.read_text()) if out.exists() else None
 
 
 def _snaps(run: Run) -> Path:
@@ -120,17 +120,21 @@ def _uses_inductor(run: Run) -> bool:
     return any(c.inductor_s is not None or c.cache.get("fxgraph") for log in run.logs for c in log.of(Compile))
 
 
-def decide(div: Divergence, a: Run, b: Run) -> tuple[str, dict[str, Any]]:
-    """The cause that step-level evidence proves, or ``unknown`` (then localisation decides)."""
+def decide(div: Divergence, a: Run, b: Run, same_config: bool = True) -> tuple[str, dict[str, Any]]:
+    """The cause that step-level evidence proves, or ``unknown`` (then localisation decides).
+    Runs of different compile configurations are expected to compile differently."""
     if div.what == "batch":
         return "data_order", {"because": f"the batches of step {div.step} differ"}
     if div.what == "rng":
-        return "rng", {"because": f"the RNG state at the start of step {div.step} differs",
-                       "streams": div.detail.get("streams")}
-    env = environment_differences(a.logs[0].header, b.logs[0].header)
+        at = {"batch": "when its first batch was fetched", "backward": "at its first backward()"}.get(
+            div.detail.get("read_at"), "at its start")
+        return "rng", {"because": f"the torch RNG state of step {div.step} differs ({at}): "
+                                  + ", ".join(div.detail.get("streams") or []), "streams": div.detail.get("streams")}
+    # a configuration's own switch (fallback_random) is not an environment difference
+    env = environment_differences(a.logs[0].header, b.logs[0].header, ignore=() if same_config else ("fallback_random",))
     if env:
         return "environment", {"because": "the runs' environments differ", "differences": env}
-    graphs = [d for la, lb in zip(a.logs, b.logs) for d in compile_differences(la, lb)]
+    graphs = [d for la, lb in zip(a.logs, b.logs) for d in compile_differences(la, lb)] if same_config else []
     if graphs:
         return "recompile", {"because": "the runs compiled different graphs", "differences": graphs}
     return "unknown", {}
@@ -141,17 +145,39 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
     """Replay the divergent step in both configurations with op capture (eagerly first when the
     configurations are the same) and name the first divergent op, its module and source."""
     same_config = spec_a.compile_mode == spec_b.compile_mode
-    ops_a = checker.replay(spec_a, div.step, "a", eager=same_config)
-    ops_b = checker.replay(spec_b, div.step, "b", eager=same_config)
-    if ops_a is None or ops_b is None:
+    replay_a = checker.replay(spec_a, div.step, "a", eager=same_config)
+    replay_b = checker.replay(spec_b, div.step, "b", eager=same_config)
+    if replay_a is None or replay_b is None:
         return cause, {"localisation": "the replay did not reach the divergent step"}
-    found = compare_replays(ops_a, ops_b)
+    found = compare_replays(replay_a["ops"], replay_b["ops"])
     if found is None:
         where = "inside compiled code (the eager replays agree)" if same_config else "not reproduced in replay"
         return ("nondeterministic_op" if same_config and cause == "unknown" else cause), {"localisation": where}
     kind = found.pop("kind")
     new_cause = {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(kind, cause)
     return new_cause, {"localisation": kind, **found}
+
+
+def localize_graph(checker: Checker, spec: RunSpec, div: Divergence) -> dict[str, Any]:
+    """Replay the divergent step compiled, checking each compiled graph against its eager FX
+    graph: names the first graph (compile id) whose outputs differ, the output and its FX node."""
+    replay = checker.replay(spec, div.step, "graphs", graphs=True)
+    if replay is None:
+        return {"localisation": "the replay did not reach the divergent step"}
+    graphs = replay.get("graphs", [])
+    first = next((g for g in graphs if "first_differing_output" in g), None)
+    if first is None:
+        return {"localisation": f"the {len(graphs)} compiled graph call(s) of step {div.step} match their eager "
+                                "FX graphs in the forward pass (the difference arises in backward)"}
+    origin = (first.get("depends_on_random") or [first])[0]  # a random op the output depends on, else the output
+    evidence = {"localisation": "compiled_graph", "compile_id": first["compile_id"],
+                "output": f"output {first['first_differing_output']} ({first.get('target')}, FX node "
+                          f"{first.get('node')})", "output_max_abs": first.get("max_abs"),
+                "op": f"{origin.get('target')} (FX node {origin.get('node')}, compiled graph {first['compile_id']})",
+                "module": origin.get("module"), "source": origin.get("source")}
+    if first.get("depends_on_random"):
+        evidence["random_nodes"] = first["depends_on_random"]
+    return evidence
 
 
 def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> dict[str, Any] | None:
@@ -271,11 +297,13 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
     (spec_a, run_a), (spec_b, run_b) = pair
     cause, evidence, decomposition = None, {}, None
     if div is not None:
-        cause, evidence = decide(div, run_a, run_b)
+        cause, evidence = decide(div, run_a, run_b, same_config=spec_a.compile_mode == spec_b.compile_mode)
         if against is not None and cause == "unknown":
             if _uses_inductor(run_b):
                 decomposition = _decomposition(checker, done, against)
                 cause, evidence = _cause_from_decomposition(decomposition, against)
+                if localize_divergence:
+                    evidence.update(localize_graph(checker, spec_b, div))
             else:
                 cause, evidence = "numerics", {"because": "compiled without inductor RNG: the difference is rounding"}
         if localize_divergence and (cause == "unknown" or against is None and cause in ("numerics",)):

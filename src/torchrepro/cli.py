@@ -1,7 +1,7 @@
 """The `torchrepro` command: parse arguments, dispatch, turn user errors into one line.
 
-Exit codes: 0 ok; 1 analysed and fails a budget or is not reproducible; 2 usage or input
-error; 3 the user's script failed.
+Exit codes: 0 ok; 1 analysed and fails a budget, hits the recompile limit, or is not
+reproducible; 2 usage or input error; 3 the user's script failed.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_dir=run_dir, seed=args.seed, compile_mode=args.compile_mode,
         steps=StepConfig(fingerprint_every=args.fingerprint_every, grads=args.grads,
                          snapshots=args.snapshots),
-        replay_step=args.replay_step, replay_out=Path(args.replay_out) if args.replay_out else None)
+        replay_step=args.replay_step, replay_out=Path(args.replay_out) if args.replay_out else None,
+        replay_graphs=args.replay_graphs)
     return run_in_process(script, args.args, config)
 
 
@@ -127,7 +128,7 @@ def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     codes = [report["run"].get("exit_code"), *(r["exit_code"] for r in report["run"]["ranks"].values())]
     if any(code not in (0, None) for code in codes):
         return 3
-    return 1 if report["budget_failures"] else 0
+    return 1 if report["budget_failures"] or report.get("failing_findings") else 0
 
 
 def _add_tolerance(p: argparse.ArgumentParser) -> None:
@@ -199,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="save parameter values (rank-<r>/snapshots) at steps 0-15, powers of two and the last")
     run.add_argument("--replay-step", type=int, metavar="K", help="record every op of step K, then exit")
     run.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
+    run.add_argument("--replay-graphs", action="store_true",
+                     help="with --replay-step: compare each inductor graph with its eager FX graph instead")
     _add_script(run)
     run.set_defaults(func=_cmd_run)
 

@@ -138,6 +138,7 @@ class Step(Event):
     batches: int = 0
     rng_fp: str | None = None
     rng_fps: dict[str, str] | None = None
+    rng_at: str | None = None  # where the step's RNG state was read: batch | backward | step_end | start
     compiles: int = 0
 
 

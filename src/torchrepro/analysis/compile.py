@@ -79,6 +79,22 @@ def _where(file: str | None, line: int | None) -> str | None:
     return f"{file}:{line}" if file else None
 
 
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
+_TORCH_INTERNAL = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]")
+
+
+def display_function(c: Compile) -> str:
+    """A name a user recognises: the resume piece after a graph break is its parent function;
+    a compiled module entered through torch internals (``inner``) is named by its call site."""
+    name = c.function or "?"
+    m = _RESUME.match(name)
+    if m:
+        return m.group(1)
+    if c.file and _TORCH_INTERNAL.search(c.file) and c.call_site:
+        return f"compiled call at {c.call_site}"
+    return name
+
+
 def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
     """The ``compile`` section of the report and its findings, over every rank's events."""
     compiles: list[Compile] = [e for log in logs for e in log.of(Compile)]
@@ -88,7 +104,8 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
     recompiles = [c for c in done if c.is_recompile]
 
     recompile_events = [{
-        "rank": c.rank, "compile_id": c.compile_id, "function": c.function, "file": c.file, "line": c.line,
+        "rank": c.rank, "compile_id": c.compile_id, "function": display_function(c), "code": c.function,
+        "file": c.file, "line": c.line,
         "step": c.step, "reason": c.recompile_reasons[0], "guard": guard_text(c.recompile_reasons[0]),
         "category": c.category,
     } for c in recompiles]
@@ -112,7 +129,7 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
         "build_time_s": round(sum(c.build_s or 0.0 for c in compiles), 3),
         "capture_overhead_s": round(sum(c.logging_overhead_s or 0.0 for c in compiles), 3),
         "cache": cache,
-        "recompile_limit_hits": [{"rank": c.rank, "compile_id": c.compile_id, "function": c.function,
+        "recompile_limit_hits": [{"rank": c.rank, "compile_id": c.compile_id, "function": display_function(c),
                                   "file": c.file, "line": c.line, "step": c.step, "limit": c.limit_hit,
                                   "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None}
                                  for c in compiles if c.limit_hit],
@@ -170,9 +187,10 @@ def _per_rank(logs: list[EventLog]) -> dict[str, dict[str, Any]]:
 def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
     groups: dict[tuple, list[Compile]] = defaultdict(list)
     for c in recompiles:
-        groups[(c.function, c.file, c.line, c.category)].append(c)
+        groups[(display_function(c), c.category)].append(c)
     findings = []
-    for (function, file, line, category), items in groups.items():
+    for (function, category), items in groups.items():
+        file, line = items[0].file, items[0].line
         reasons = [c.recompile_reasons[0] for c in items]
         hint = _shape_hint(reasons) if category == "shape" else RECOMPILE_HINTS.get(category or "other", "")
         findings.append(Finding(
@@ -191,7 +209,7 @@ def _limit_findings(compiles: list[Compile]) -> list[Finding]:
     return [Finding(
         code="RECOMPILE_LIMIT_HIT",
         severity="error",
-        title=f"{c.function or 'a function'} hit torch._dynamo.config.{c.limit_hit}: new inputs now run "
+        title=f"{display_function(c)} hit torch._dynamo.config.{c.limit_hit}: new inputs now run "
               "EAGER, silently",
         hint="Fix the recompile cause below; raising the limit only delays it. Use "
              "torch._dynamo.config.fail_on_recompile_limit_hit = True to fail loudly.",

@@ -94,7 +94,7 @@ def _rng_note(a: Step, b: Step) -> dict[str, Any]:
 def _detail(aspect: str, a: Step, b: Step) -> dict[str, Any]:
     if aspect == "rng":
         fa, fb = a.rng_fps or {}, b.rng_fps or {}
-        return {"streams": sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))}
+        return {"streams": sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)), "read_at": a.rng_at}
     if aspect == "loss":
         return {"loss_a": a.loss, "loss_b": b.loss, "abs_diff": abs((a.loss or 0) - (b.loss or 0))}
     if aspect == "grads":
@@ -141,9 +141,9 @@ def _param_detail(log: EventLog, a: Step, b: Step) -> dict[str, Any]:
 _ENV_KEYS = ("versions", "threads", "hardware")
 
 
-def environment_differences(a: Header | None, b: Header | None) -> list[str]:
+def environment_differences(a: Header | None, b: Header | None, ignore: tuple[str, ...] = ()) -> list[str]:
     """What differs between two runs' recorded environments (versions, threads, determinism
-    switches, variables that change numerics)."""
+    switches, variables that change numerics), leaving out lines that mention ``ignore``."""
     if a is None or b is None or not a.env or not b.env:
         return []
     out = []
@@ -160,7 +160,7 @@ def environment_differences(a: Header | None, b: Header | None) -> list[str]:
     variables = lambda h: {v["name"]: v["value"] for v in h.env.get("env_vars", []) if v.get("in_fingerprint")}  # noqa: E731
     va, vb = variables(a), variables(b)
     out += [f"${n}: {va.get(n)!r} vs {vb.get(n)!r}" for n in sorted(set(va) | set(vb)) if va.get(n) != vb.get(n)]
-    return out
+    return [line for line in out if not any(word in line for word in ignore)]
 
 
 def compile_differences(a: EventLog, b: EventLog) -> list[str]:

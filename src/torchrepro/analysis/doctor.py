@@ -11,6 +11,7 @@ from . import compile as compile_analysis
 from .findings import Finding, sort_findings
 
 REPORT_SCHEMA = "torchrepro.report/1"
+FAILING_CODES = ("RECOMPILE_LIMIT_HIT",)
 
 
 @dataclass
@@ -162,5 +163,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
         "capabilities": compile_analysis.capabilities(logs),
     }
     report["budget_failures"] = budget_failures(report, budgets or Budgets())
+    # compiled code silently running eager fails a run like a budget does
+    report["failing_findings"] = [f["code"] for f in report["findings"] if f["code"] in FAILING_CODES]
     report["verdict"] = verdict(report)
     return report

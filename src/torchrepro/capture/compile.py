@@ -43,6 +43,7 @@ class CompileCapture:
         self.translator = TraceTranslator(rank=rank)
         self._handler: _TraceHandler | None = None
         self._old_level: int | None = None
+        self._old_propagate = False
 
     def emit(self, event: Event) -> None:
         event.step = self._clock()
@@ -57,8 +58,9 @@ class CompileCapture:
             return [Capability(name="compile_events", available=False,
                                note="this torch has no structured-trace logger; compiles are not observed")]
         self._handler = _TraceHandler(self)
-        self._old_level = logger.level
+        self._old_level, self._old_propagate = logger.level, logger.propagate
         logger.setLevel(logging.DEBUG)
+        logger.propagate = False  # these DEBUG records must never reach the user's own log handlers
         logger.addHandler(self._handler)
         return [Capability(name="compile_events", available=True, note="structured trace (torch.__trace)")]
 
@@ -69,6 +71,7 @@ class CompileCapture:
         logger.removeHandler(self._handler)
         if self._old_level is not None and not logger.handlers:
             logger.setLevel(self._old_level)
+            logger.propagate = self._old_propagate
         self._handler = None
 
     def counters(self) -> Counters:

@@ -99,25 +99,158 @@ class OpRecorder(TorchDispatchMode):
         return out
 
 
-class StepReplay:
-    """Records the ops of step ``step`` and then ends the process (the rest is not needed)."""
+def _clean_fqn(fqn: str) -> str:
+    """Dynamo's ``L['fn']._modules['4']`` / ``L['self'].body.0`` → ``4`` / ``body.0``."""
+    fqn = re.sub(r"\._modules\['([^']+)'\]", r".\1", fqn)
+    fqn = re.sub(r"^L\['(self|fn|mod|model)'\]\.?", "", fqn)
+    return fqn or "<root>"
 
-    def __init__(self, step: int, out: Path):
+
+def _node_info(node: Any) -> dict[str, Any]:
+    stack = node.meta.get("nn_module_stack") or {}
+    module = None
+    if stack:
+        fqn, cls = list(stack.values())[-1]
+        module = f"{_clean_fqn(fqn)} ({getattr(cls, '__name__', cls)})"
+    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+    source = next((ln.strip() for ln in reversed(trace) if ln.strip().startswith("File ")), None)
+    if source:
+        m = re.match(r'File "(.+)", line (\d+)', source)
+        source = f"{m.group(1)}:{m.group(2)}" if m else source
+    return {"node": node.name, "target": _target(node), "module": module, "source": source}
+
+
+def _same(x: Any, y: Any) -> tuple[bool, float | None]:
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return x == y, None
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False, None
+    if torch.equal(x.view(torch.uint8) if x.is_contiguous() else x, y.view(torch.uint8) if y.is_contiguous() else y):
+        return True, 0.0
+    return False, float((x.detach().double() - y.detach().double()).abs().max()) if x.numel() else 0.0
+
+
+class GraphChecker:
+    """In a compiled replay: every inductor-compiled graph called during the replayed step is
+    run a second time as its plain FX graph (eager aten ops) on the same inputs, from the same
+    RNG state, and its outputs are compared with the compiled ones."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.results: list[dict[str, Any]] = []
+
+    def install(self) -> None:
+        import copy
+
+        import torch._inductor.compile_fx as compile_fx_module
+
+        original = compile_fx_module.compile_fx
+
+        depth = [0]
+
+        def compile_fx(gm, example_inputs, *args, **kwargs):
+            if depth[0]:  # compile_fx calls itself (config patches, inference graphs): wrap the outer call only
+                return original(gm, example_inputs, *args, **kwargs)
+            reference = copy.deepcopy(gm)  # inductor's passes may rewrite gm in place
+            depth[0] += 1
+            try:
+                compiled = original(gm, example_inputs, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            compile_id = str(torch._guards.CompileContext.current_compile_id())
+            return self._wrap(compiled, reference, compile_id)
+
+        compile_fx_module.compile_fx = compile_fx
+
+    def _wrap(self, compiled: Any, reference: Any, compile_id: str) -> Any:
+        def run(*args: Any) -> Any:
+            boxed = len(args) == 1 and isinstance(args[0], list)  # boxed calling convention: one list
+            inputs = list(args[0]) if boxed else list(args)
+            if not self.active:
+                return compiled(*args)
+            saved = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            before = torch.random.get_rng_state()
+            out = compiled(*args)
+            after = torch.random.get_rng_state()
+            torch.random.set_rng_state(before)
+            with torch.no_grad():
+                expected = reference(*saved)
+            torch.random.set_rng_state(after)
+            self._compare(compile_id, reference, out, expected)
+            return out
+
+        run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+        return run
+
+    def _compare(self, compile_id: str, reference: Any, out: Any, expected: Any) -> None:
+        outputs = list(out) if isinstance(out, (list, tuple)) else [out]
+        wanted = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+        nodes = [n for n in reference.graph.nodes if n.op == "output"][0].args[0]
+        nodes = list(nodes) if isinstance(nodes, (list, tuple)) else [nodes]
+        from ..analysis.divergence import is_random_op
+
+        random = [_node_info(n) for n in reference.graph.nodes
+                  if n.op in ("call_function", "call_method", "call_module") and is_random_op(f"x.{_target(n)}")]
+        entry: dict[str, Any] = {"compile_id": compile_id, "outputs": len(outputs), "random_nodes": random[:5]}
+        for i, (x, y) in enumerate(zip(outputs, wanted)):
+            same, diff = _same(x, y)
+            if not same:
+                node = nodes[i] if i < len(nodes) and hasattr(nodes[i], "meta") else None
+                entry.update(first_differing_output=i, max_abs=diff, **(_node_info(node) if node else {}))
+                if node is not None:
+                    ancestors = _ancestors(node)
+                    entry["depends_on_random"] = [r for r in random if r["node"] in ancestors]
+                break
+        self.results.append(entry)
+
+
+def _ancestors(node: Any) -> set[str]:
+    seen, todo = set(), [node]
+    while todo:
+        for parent in todo.pop().all_input_nodes:
+            if parent.name not in seen:
+                seen.add(parent.name)
+                todo.append(parent)
+    return seen
+
+
+def _target(node: Any) -> str:
+    target = node.target
+    return getattr(target, "__name__", None) or str(target).split(".")[-1]
+
+
+class StepReplay:
+    """Records step ``step`` — every op (eager replay) or every compiled graph against its eager
+    FX graph (compiled replay) — and then ends the process (the rest is not needed)."""
+
+    def __init__(self, step: int, out: Path, graphs: bool = False):
         self.step, self.out = step, Path(out)
         self.recorder: OpRecorder | None = None
+        self.checker: GraphChecker | None = None
+        if graphs:
+            self.checker = GraphChecker()
+            self.checker.install()
 
     def start(self) -> None:
-        self.recorder = OpRecorder()
-        self.recorder.__enter__()
+        if self.checker is not None:
+            self.checker.active = True
+        else:
+            self.recorder = OpRecorder()
+            self.recorder.__enter__()
 
     def on_step_end(self, index: int) -> None:
         """Called by the step recorder after each optimizer step."""
         if index == self.step - 1:
             self.start()
-        elif index == self.step and self.recorder is not None:
-            self.recorder.__exit__(None, None, None)
+        elif index == self.step:
+            result: dict[str, Any] = {"step": self.step}
+            if self.recorder is not None:
+                self.recorder.__exit__(None, None, None)
+                result["ops"] = self.recorder.ops
+            if self.checker is not None:
+                result["graphs"] = self.checker.results
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.out.write_text(json.dumps({"step": self.step, "ops": self.recorder.ops}))
+            self.out.write_text(json.dumps(result))
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

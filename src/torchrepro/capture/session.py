@@ -27,8 +27,9 @@ class CaptureConfig:
     steps: StepConfig = field(default_factory=StepConfig)
     seed: int | None = None
     compile_mode: str | None = None  # None (as written) | "eager" | "fallback-random"
-    replay_step: int | None = None  # record every op of this step (capture.ops), then exit
+    replay_step: int | None = None  # record this step (capture.ops), then exit
     replay_out: Path | None = None
+    replay_graphs: bool = False  # compare compiled graphs with their eager FX graphs instead of ops
 
 
 def rank_info() -> tuple[int, int, int]:
@@ -85,7 +86,8 @@ class CaptureSession:
         if self.config.replay_step is not None:
             from .ops import StepReplay
 
-            replay = StepReplay(self.config.replay_step, self.config.replay_out or self.dir / "replay.json")
+            replay = StepReplay(self.config.replay_step, self.config.replay_out or self.dir / "replay.json",
+                                graphs=self.config.replay_graphs)
             self.steps.listeners.append(replay.on_step_end)
             if self.config.replay_step == 0:
                 replay.start()

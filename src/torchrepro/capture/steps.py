@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import math
 import os
-import random
 import statistics
 import time
 import warnings
@@ -67,6 +66,7 @@ class StepRecorder:
         self._compiles = 0
         self._start = time.perf_counter()
         self._rng_fps = live_fingerprints() if self.config.rng else None
+        self._rng_at = "start"
         self._step_times: list[float] = []
         self._fp_costs: list[float] = []
         self._undo: list[Callable[[], None]] = []
@@ -98,21 +98,24 @@ class StepRecorder:
         self._undo.append(register_optimizer_step_post_hook(self._safe(self._on_step)).remove)
         if self.config.grads:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
+        # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
+        # runs eagerly (and must stay plain: compiled autograd runs inside it).
         self._wrap(torch.autograd, "backward", self._safe(self._note_backward))
-        for owner, name in ((torch, "manual_seed"), (torch.random, "manual_seed"), (random, "seed"),
-                            (np.random, "seed")):
-            self._wrap(owner, name, None, after=self._safe(self._note_seed))
         caps = [Capability(name="steps", available=True, note="global optimizer step hook")]
         if self.config.batches:
             iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
             else:
-                self._wrap(iter_cls, "__next__", None, after=self._safe(self._note_batch))
+                self._wrap(iter_cls, "__next__", None, after=self._safe(self._note_batch), hide_from_dynamo=True)
                 caps.append(Capability(name="batches", available=True, note="DataLoader iterator"))
         return caps
 
-    def _wrap(self, owner: Any, name: str, before: Callable | None, after: Callable | None = None) -> None:
+    def _wrap(self, owner: Any, name: str, before: Callable | None, after: Callable | None = None,
+              hide_from_dynamo: bool = False) -> None:
+        """Replace ``owner.name`` by a wrapper calling ``before``/``after`` around the original.
+        ``hide_from_dynamo``: if compiled code calls it, Dynamo breaks the graph at the user's
+        call, as it would for the original, instead of tracing into torchrepro."""
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
@@ -126,6 +129,8 @@ class StepRecorder:
             return result
 
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        if hide_from_dynamo:
+            wrapper = torch.compiler.disable(wrapper)
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
 
@@ -138,19 +143,18 @@ class StepRecorder:
 
     # --- observers ----------------------------------------------------------------------
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
+        if not self._losses and not self._batch_fps and self.config.rng:
+            # No batch fetched this step: the RNG state at its first backward() (after any seeding
+            # the script did) stands for the state the step ran with.
+            self._rng_fps, self._rng_at = live_fingerprints(), "backward"
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._losses.append(tensors.detach())
-
-    def _note_seed(self, result: Any) -> None:
-        # A seed call before the step's first batch resets the state the step starts with.
-        if not self._batch_fps and self.config.rng:
-            self._rng_fps = live_fingerprints()
 
     def _note_batch(self, batch: Any) -> None:
         if not self._batch_fps and self.config.rng:
             # The RNG state a step starts with is the one after its first batch is fetched (a new
             # epoch's iterator draws its seed from the global generator).
-            self._rng_fps = live_fingerprints()
+            self._rng_fps, self._rng_at = live_fingerprints(), "batch"
         try:
             self._batch_fps.append(fingerprint(batch))
         except (TypeError, ValueError):
@@ -196,7 +200,7 @@ class StepRecorder:
         if self._grads is not None:
             event.grads_fp, event.grad_norm = self._grads[0], round(self._grads[1], 9)
         if self._rng_fps is not None:
-            event.rng_fps, event.rng_fp = self._rng_fps, combine(self._rng_fps)
+            event.rng_fps, event.rng_fp, event.rng_at = self._rng_fps, combine(self._rng_fps), self._rng_at
         fp_cost = 0.0
         if self._should_fingerprint(index):
             t0 = time.perf_counter()
@@ -211,6 +215,7 @@ class StepRecorder:
         self.completed += 1
         self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
         self._rng_fps = live_fingerprints() if self.config.rng else None
+        self._rng_at = "step_end"
         for listener in self.listeners:
             listener(index)
         self._start = time.perf_counter()
