@@ -1,0 +1,142 @@
+"""`torchrepro check` and `diff` on real scripts in fresh processes: verdicts, causes decided by
+evidence, localisation of the first divergent module and op, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None):
+    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def check(tmp_path: Path, script: str, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = torchrepro("check", "--out", str(tmp_path / "check"), *options, str(SCRIPTS / script), cwd=tmp_path)
+    report = json.loads((tmp_path / "check" / "report.json").read_text()) if proc.returncode in (0, 1) else {}
+    return proc, report
+
+
+def test_deterministic_script_is_bit_exact(tmp_path):
+    proc, report = check(tmp_path, "deterministic.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("BIT-EXACT")
+    det = report["determinism"]
+    assert det["verdict"] == "bit_exact" and det["first_divergence"] is None and det["steps_compared"] == 5
+    assert not report["findings"]
+
+
+def test_clock_seeded_data_order(tmp_path):
+    proc, report = check(tmp_path, "clock_data_order.py", "--no-localize")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0].startswith("DIVERGED at step 0")
+    fd = report["determinism"]["first_divergence"]
+    assert (fd["step"], fd["what"], fd["cause"]) == (0, "batch", "data_order")
+    assert report["findings"][0]["code"] == "DIVERGED_DATA_ORDER"
+
+
+def test_unseeded_generator_names_module_and_op(tmp_path):
+    proc, report = check(tmp_path, "noise_module.py")
+    assert proc.returncode == 1, proc.stderr
+    fd = report["determinism"]["first_divergence"]
+    assert fd["step"] == 0 and fd["cause"] == "rng"
+    assert fd["module"] == "Net.noise"
+    assert fd["op"].startswith("aten.randn") and fd["phase"] == "forward"
+    assert fd["source"].endswith("noise_module.py:9")  # the line that draws the noise
+    assert "Net.noise" in proc.stdout.splitlines()[0]
+
+
+def test_workers_augmentation_diverges_unseeded_and_is_bit_exact_seeded(tmp_path):
+    proc, report = check(tmp_path, "workers_augment.py", "--no-localize")
+    assert proc.returncode == 1
+    assert report["determinism"]["first_divergence"]["cause"] == "data_order"
+    shutil.rmtree(tmp_path / "check")
+    proc, report = check(tmp_path, "workers_augment.py", "--seed", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["determinism"]["verdict"] == "bit_exact" and report["determinism"]["steps_compared"] == 12
+
+
+@pytest.mark.inductor
+def test_inductor_dropout_against_eager_is_rng_and_remainder_is_numerics(tmp_path):
+    proc, report = check(tmp_path, "inductor_dropout.py", "--against", "eager")
+    assert proc.returncode == 1, proc.stderr
+    det = report["determinism"]
+    fd = det["first_divergence"]
+    assert fd["cause"] == "rng" and fd["step"] == 0
+    # localised inside the compiled graph: the dropout the differing output depends on
+    assert fd["evidence"]["localisation"] == "compiled_graph" and fd["evidence"]["compile_id"] == "0/0"
+    assert fd["op"].startswith("dropout") and "Dropout" in fd["module"]
+    dec = det["decomposition"]
+    assert not dec["rng"]["bit_exact"]
+    numerics = dec["numerics"]
+    # what fallback_random leaves is rounding: orders of magnitude below the RNG effect
+    assert numerics["bit_exact"] or numerics["final_max_abs"] < dec["rng"]["final_max_abs"] / 100
+    assert det["curve"] and det["curve"][0]["step"] == 0 and det["curve"][-1]["max_abs"] > 0
+
+
+@pytest.mark.inductor
+def test_inductor_dropout_against_fallback_random(tmp_path):
+    proc, report = check(tmp_path, "inductor_dropout.py", "--against", "fallback-random")
+    assert proc.returncode == 1, proc.stderr
+    det = report["determinism"]
+    assert det["first_divergence"]["cause"] == "rng"
+    remaining = det["first_divergence"]["evidence"]["remaining_numerics"]
+    assert remaining["between"] == ["eager", "fallback-random"]
+    assert remaining["bit_exact"] or remaining["final_max_abs"] < 1e-4  # numerics, with its magnitude
+
+
+def test_diff_names_environment(tmp_path):
+    for threads in ("1", "2"):
+        proc = torchrepro("run", "--out", str(tmp_path / f"t{threads}"), str(SCRIPTS / "thread_sensitive.py"),
+                          cwd=tmp_path, env={"OMP_NUM_THREADS": threads})
+        assert proc.returncode == 0, proc.stderr
+    proc = torchrepro("diff", "--json", str(tmp_path / "diff.json"), str(tmp_path / "t1"), str(tmp_path / "t2"),
+                      cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    fd = json.loads((tmp_path / "diff.json").read_text())["determinism"]["first_divergence"]
+    assert fd["cause"] == "environment"
+    assert any("OMP_NUM_THREADS" in d for d in fd["evidence"]["differences"])
+    # the same run against itself is bit-exact
+    assert torchrepro("diff", str(tmp_path / "t1"), str(tmp_path / "t1"), cwd=tmp_path).returncode == 0
+
+
+def test_diff_of_runs_with_different_lengths_and_a_crash(tmp_path):
+    small = Path(__file__).parent / "scripts" / "train_small.py"
+    for name, extra in (("full", []), ("crashed", ["--steps-then-raise", "3"])):
+        torchrepro("run", "--out", str(tmp_path / name), str(small), *extra, cwd=tmp_path)
+    proc = torchrepro("diff", "--json", str(tmp_path / "d.json"), str(tmp_path / "full"), str(tmp_path / "crashed"),
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # the 3 common steps agree
+    det = json.loads((tmp_path / "d.json").read_text())["determinism"]
+    assert det["steps_compared"] == 3
+    assert any("10 vs 3 steps" in note for note in det["notes"])
+
+
+def test_diff_of_a_run_from_another_schema(tmp_path):
+    torchrepro("run", "--out", str(tmp_path / "a"), str(SCRIPTS / "deterministic.py"), cwd=tmp_path)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    log = tmp_path / "b" / "rank-0" / "events.jsonl"
+    log.write_text(log.read_text().replace("torchrepro.events/1", "torchrepro.events/9", 1))
+    proc = torchrepro("diff", "--json", str(tmp_path / "d.json"), str(tmp_path / "a"), str(tmp_path / "b"),
+                      cwd=tmp_path)
+    assert proc.returncode == 0
+    notes = json.loads((tmp_path / "d.json").read_text())["determinism"]["notes"]
+    assert any("torchrepro.events/9" in note for note in notes)
+
+
+@pytest.mark.parametrize("args", [["check", "--runs", "1", "x.py"], ["check", "missing.py"],
+                                  ["diff", "nowhere", "nowhere"]])
+def test_check_bad_input(tmp_path, args):
+    (tmp_path / "x.py").write_text("print(1)\n")
+    proc = torchrepro(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("torchrepro: error:")
