@@ -78,7 +78,7 @@ def test_script_that_raises_keeps_partial_events(tmp_path):
     failed = next(f for f in report["findings"] if f["code"] == "SCRIPT_FAILED")
     assert "planted failure after step 3" in failed["title"]
     assert any("planted failure" in line for line in failed["evidence"]["stderr_tail"])
-    assert "Traceback" in (tmp_path / "run" / "rank-0" / "stderr.log").read_text()
+    assert "Traceback" in (tmp_path / "run" / "logs" / "stderr.log").read_text()
 
 
 def test_script_exit_code_is_reported(tmp_path):
@@ -129,7 +129,7 @@ def test_damaged_event_log_is_reported_not_fatal(tmp_path):
     assert any("truncated last line" in p for p in damaged["evidence"]["problems"])
     assert any("unreadable line 6" in p for p in damaged["evidence"]["problems"])
     assert report["steps"]["steps"] == steps_before  # the end record was the truncated line
-    assert any(f["code"] == "RUN_INCOMPLETE" for f in report["findings"])
+    assert any(f["code"] == "RANK_CRASHED" for f in report["findings"])
 
 
 def test_doctor_from_torch_trace_logs(tmp_path):

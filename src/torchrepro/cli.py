@@ -69,7 +69,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         if not args.script:
             raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
         report, run_dir = doctor_script(Path(args.script), args.args, out=Path(args.out) if args.out else None,
-                                        budgets=budgets, seed=args.seed, fingerprint_every=args.fingerprint_every)
+                                        budgets=budgets, seed=args.seed, fingerprint_every=args.fingerprint_every,
+                                        nproc=args.nproc, timeout=args.timeout)
     return _finish(report, run_dir, args)
 
 
@@ -125,10 +126,15 @@ def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     if getattr(args, "junit", None):
         write_junit(report, Path(args.junit))
     render_doctor(report, report_path=str(run_dir / REPORT_FILE))
-    codes = [report["run"].get("exit_code"), *(r["exit_code"] for r in report["run"]["ranks"].values())]
-    if any(code not in (0, None) for code in codes):
+    if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
         return 3
     return 1 if report["budget_failures"] or report.get("failing_findings") else 0
+
+
+def _add_ranks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, default=1, metavar="N", help="launch N ranks with torchrun (standalone)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="end the job after S seconds without progress, dumping every rank's Python stack")
 
 
 def _add_tolerance(p: argparse.ArgumentParser) -> None:
@@ -161,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--fingerprint-every", type=int, metavar="N",
                         help="fingerprint parameters every N steps (default: every step if that costs < 1%%)")
     doctor.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
+    _add_ranks(doctor)
     _add_script(doctor, required=False)
     doctor.set_defaults(func=_cmd_doctor)
 
@@ -216,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "args", None) and args.args[0] == "--":
         args.args = args.args[1:]
+    if getattr(args, "nproc", 1) < 1 or (getattr(args, "timeout", None) or 1) <= 0:
+        parser.error("--nproc must be >= 1 and --timeout > 0")
     for name in ("fingerprint_every", "max_graph_breaks", "max_recompiles"):
         value = getattr(args, name, None)
         if value is not None and value < (1 if name == "fingerprint_every" else 0):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 from .analysis.doctor import Budgets, analyse
 from .errors import InputError
 from .events import Counters, End, Header, write_all
-from .launch import validate_script, child_env, run_child, run_command
+from .launch import ChildResult, child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
 
 
@@ -46,25 +47,47 @@ def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: i
     }
 
 
-def finish_meta(meta: dict, exit_code: int, stderr_tail: list[str], run_dir: Path) -> dict:
+_FRAME = re.compile(r'File "(.+)", line (\d+) in (.+)')
+
+
+def parse_stacks(path: Path) -> list[dict[str, Any]]:
+    """The main thread's frames (most recent first) from a faulthandler dump."""
+    if not path.exists():
+        return []
+    blocks = path.read_text(errors="replace").split("\n\n")
+    main = next((b for b in blocks if "Current thread" in b or "Thread 0x" in b and "most recent call first" in b),
+                "")
+    return [{"file": f, "line": int(n), "function": fn.strip()} for f, n, fn in _FRAME.findall(main)]
+
+
+def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
+    """Complete ``run.json`` with how the run ended: per rank exit codes and stderr, a stall."""
     run = load_run(run_dir) if any(run_dir.glob("rank-*/events.jsonl")) else None
     header = run.logs[0].header if run and run.logs else None
-    meta.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), exit_code=exit_code, stderr_tail=stderr_tail,
-                env_fingerprint=header.env_fingerprint if header else None)
+    meta.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), exit_code=result.exit_code,
+                stderr_tail=result.stderr_tail, env_fingerprint=header.env_fingerprint if header else None,
+                rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},
+                rank_stderr_tails={str(r): t[-15:] for r, t in result.rank_stderr_tails.items()})
+    if result.stalled_after_s is not None:
+        meta["stall"] = {"after_s": result.stalled_after_s,
+                         "stacks": {p.parent.name.split("-", 1)[1]: parse_stacks(p)
+                                    for p in sorted(run_dir.glob("rank-*/stacks.txt"))}}
     write_json(run_dir / RUN_FILE, meta)
     return meta
 
 
 def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, seed: int | None = None,
-                  fingerprint_every: int | None = None) -> tuple[dict[str, Any], Path]:
-    """Run ``script`` once under capture in a child process; analyse and write the report."""
+                  fingerprint_every: int | None = None, nproc: int = 1,
+                  timeout: float | None = None) -> tuple[dict[str, Any], Path]:
+    """Run ``script`` under capture (one process, or ``nproc`` ranks via torchrun); analyse and
+    write the report. ``timeout``: end the job after that many seconds without progress."""
     script = validate_script(script)
     run_dir = create_run_dir(out or default_run_dir(script))
-    meta = start_meta(script, args, seed=seed)
+    meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
-    cmd = run_command(run_dir, script, args, seed=seed, fingerprint_every=fingerprint_every)
-    result = run_child(cmd, run_dir / "rank-0", env=child_env(seed))
-    finish_meta(meta, result.exit_code, result.stderr_tail, run_dir)
+    result = launch(run_dir, script, args, nproc=nproc, env=child_env(seed), stall_timeout=timeout, seed=seed,
+                    fingerprint_every=fingerprint_every)
+    finish_meta(meta, result, run_dir)
     if not any(run_dir.glob("rank-*/events.jsonl")):
         tail = "; ".join(result.stderr_tail[-3:])
         raise InputError(f"the script exited ({result.exit_code}) before capture started: {tail}")

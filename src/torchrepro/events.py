@@ -119,6 +119,19 @@ class Params(Event):
     names: list[str] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # "tensor", or "dtensor:<placements>"
+
+
+@dataclass
+class InitParams(Event):
+    """A module's full parameters as this rank built them, just before ``source`` (e.g.
+    ``fully_shard``) sharded them: fingerprints by name, ``"meta"`` for meta tensors."""
+
+    kind: ClassVar[str] = "init_params"
+    source: str = ""
+    module: str = ""
+    names: list[str] = field(default_factory=list)
+    fps: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -172,7 +185,8 @@ class End(Event):
 
 
 KINDS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, Step, Capability, Counters, End)
+    cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability, Counters,
+                              End)
 }
 
 

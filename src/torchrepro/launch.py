@@ -5,10 +5,13 @@ kept (``doctor`` and ``check``)."""
 from __future__ import annotations
 
 import os
+import re
 import runpy
+import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -87,10 +90,14 @@ def _apply_compile_mode(mode: str | None) -> None:
 
 @dataclass
 class ChildResult:
-    """How a child run ended, and the tail of what it printed to stderr."""
+    """How a launched run ended: its exit code, the tail of its stderr, and for several ranks each
+    rank's exit code (negative: killed by that signal) and stderr tail, and whether it stalled."""
 
     exit_code: int
     stderr_tail: list[str] = field(default_factory=list)
+    rank_exit_codes: dict[int, int] = field(default_factory=dict)
+    rank_stderr_tails: dict[int, list[str]] = field(default_factory=dict)
+    stalled_after_s: float | None = None
 
 
 def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque | None) -> None:
@@ -106,14 +113,58 @@ def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque | None) -> None
     source.close()
 
 
+def _last_progress(run_dir: Path, since: float) -> float:
+    """When a rank last wrote an event (the launch time before any did)."""
+    times = [p.stat().st_mtime for p in run_dir.glob("rank-*/events.jsonl")]
+    return max([since, *times])
+
+
+def _rank_pids(run_dir: Path) -> list[int]:
+    from .events import read_events
+
+    pids = []
+    for path in run_dir.glob("rank-*/events.jsonl"):
+        header = read_events(path).header
+        if header is not None and header.pid:
+            pids.append(header.pid)
+    return pids
+
+
+def _stop_stalled(proc: subprocess.Popen, run_dir: Path) -> None:
+    """Ask every rank for its Python stacks (SIGUSR1 → faulthandler), then end the job."""
+    for pid in _rank_pids(run_dir):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(2.0)
+    _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_child(cmd: list[str], log_dir: Path, *, env: dict[str, str] | None = None, quiet: bool = False,
-              timeout: float | None = None) -> ChildResult:
-    """Run ``cmd``, showing its output live (unless ``quiet``) and keeping it in
-    ``log_dir/stdout.log`` and ``stderr.log``."""
+              stall_timeout: float | None = None, run_dir: Path | None = None) -> ChildResult:
+    """Run ``cmd`` in its own process group, showing its output live (unless ``quiet``) and keeping
+    it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job whose ranks
+    write no event into ``run_dir`` for that many seconds has its stacks dumped and is ended."""
     log_dir.mkdir(parents=True, exist_ok=True)
     tail: deque = deque(maxlen=STDERR_TAIL_LINES)
+    stalled = None
     with open(log_dir / "stdout.log", "wb") as out_log, open(log_dir / "stderr.log", "wb") as err_log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        started = time.time()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
         out_sinks = [out_log] if quiet else [out_log, sys.stdout.buffer]
         err_sinks = [err_log] if quiet else [err_log, sys.stderr.buffer]
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_sinks, None), daemon=True),
@@ -121,17 +172,57 @@ def run_child(cmd: list[str], log_dir: Path, *, env: dict[str, str] | None = Non
         for pump in pumps:
             pump.start()
         try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+            while True:
+                try:
+                    code = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if stall_timeout is None or run_dir is None:
+                        continue
+                    quiet_for = time.time() - _last_progress(run_dir, started)
+                    if quiet_for > stall_timeout:
+                        stalled = round(quiet_for, 1)
+                        _stop_stalled(proc, run_dir)
         except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait()
+            _kill_group(proc)
             raise
         for pump in pumps:
-            pump.join()
-    return ChildResult(code, list(tail))
+            pump.join(timeout=10)
+    return ChildResult(code, list(tail), stalled_after_s=stalled)
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)
+
+
+def torchrun_failures(stderr: str) -> dict[int, int]:
+    """Each failed rank's exit code from torchrun's failure summary (negative: signal)."""
+    return {int(rank): int(code) for rank, code in _FAILURE.findall(stderr)}
+
+
+def launch(run_dir: Path, script: Path, args: list[str], *, nproc: int = 1, env: dict[str, str] | None = None,
+           quiet: bool = False, stall_timeout: float | None = None, **options: Any) -> ChildResult:
+    """Run ``script`` under capture in fresh processes: one, or ``nproc`` ranks through torchrun
+    (standalone rendezvous, gloo/NCCL as the script chooses). ``options`` are ``torchrepro run`` flags."""
+    run_cmd = run_command(run_dir, script, args, **options)
+    if nproc > 1:
+        logs = run_dir / "torchrun"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "--log-dir", str(logs), "--tee", "3", *run_cmd[1:]]
+    else:
+        cmd = run_cmd
+    result = run_child(cmd, run_dir / "logs", env=env, quiet=quiet, stall_timeout=stall_timeout, run_dir=run_dir)
+    if nproc > 1:
+        result.rank_exit_codes = torchrun_failures((run_dir / "logs" / "stderr.log").read_text(errors="replace"))
+        for rank in range(nproc):
+            files = sorted((run_dir / "torchrun").glob(f"*/attempt_*/{rank}/stderr.log"))
+            if files:
+                lines = files[-1].read_text(errors="replace").splitlines()
+                result.rank_stderr_tails[rank] = lines[-STDERR_TAIL_LINES:]
+    else:
+        result.rank_stderr_tails[0] = result.stderr_tail
+        if result.exit_code:
+            result.rank_exit_codes[0] = result.exit_code
+    return result
 
 
 def run_command(run_dir: Path, script: Path, args: list[str], **options: Any) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 from ..events import End, EventLog, Header, Step
 from . import compile as compile_analysis
 from .findings import Finding, sort_findings
+from .ranks import fault_findings, rank_findings
 
 REPORT_SCHEMA = "torchrepro.report/1"
 FAILING_CODES = ("RECOMPILE_LIMIT_HIT",)
@@ -61,6 +62,7 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
         }
     return {
         **meta,
+        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta,
         "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
         "world_size": meta.get("world_size") or (first.world_size if first else len(logs)),
         "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),
@@ -71,21 +73,7 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
 
 
 def _outcome_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
-    findings = []
-    for rank, info in run["ranks"].items():
-        if info["status"] == "incomplete":
-            findings.append(Finding(
-                "RUN_INCOMPLETE", "error", f"rank {rank}: the event log ends without an end record "
-                f"(killed or crashed after step {info['last_step']})",
-                hint="The events up to that point are analysed; see the rank's stderr.log.",
-                evidence={"rank": int(rank), "last_step": info["last_step"]}))
-        elif info["exit_code"]:
-            findings.append(Finding(
-                "SCRIPT_FAILED", "error", f"rank {rank}: the script exited with code {info['exit_code']}"
-                + (f": {info['error']}" if info["error"] else ""),
-                hint="Everything before the failure is analysed below.",
-                evidence={"rank": int(rank), "exit_code": info["exit_code"], "last_step": info["last_step"],
-                          "stderr_tail": meta.get("stderr_tail", [])[-10:]}))
+    findings = fault_findings(run, meta)
     if run["problems"]:
         findings.append(Finding("EVENT_LOG_DAMAGED", "warning",
                                 f"{len(run['problems'])} problem(s) reading the event logs",
@@ -153,7 +141,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
     compile_section, findings = compile_analysis.summarize(logs)
     steps = steps_summary(logs)
     findings += _outcome_findings(run, meta) + _time_findings(compile_section, steps, run)
-    findings += _cache_findings(compile_section["cache"])
+    findings += _cache_findings(compile_section["cache"]) + rank_findings(logs)
     report = {
         "schema": REPORT_SCHEMA,
         "run": run,

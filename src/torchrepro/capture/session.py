@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import platform
+import signal
 import socket
 import sys
 import threading
@@ -57,6 +59,7 @@ class CaptureSession:
         self.steps: StepRecorder | None = None
         self.compiles: CompileCapture | None = None
         self._lock = threading.Lock()
+        self._stacks: Any = None
         self._pid = os.getpid()
         self._t0 = time.time()
 
@@ -69,8 +72,36 @@ class CaptureSession:
         with self._lock:
             self.writer.write(event)
 
+    def _install_signals(self) -> None:
+        """SIGUSR1 dumps every thread's stack to ``stacks.txt`` (a launcher's --timeout asks for it);
+        SIGTERM (torchrun stopping the survivors of a failed rank) writes the end event first.
+        Only where the program left these signals at their defaults."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+            self._stacks = open(self.dir / "stacks.txt", "w")
+            faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.stop(-signum, "terminated by SIGTERM (the launcher stopped this rank)", status="terminated")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _restore_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._stacks is not None:
+            faulthandler.unregister(signal.SIGUSR1)
+            self._stacks.close()
+            self._stacks = None
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     def start(self) -> None:
         self.writer = EventWriter(self.dir / EVENTS_FILE)
+        self._install_signals()
         env, env_fp = environment()
         self.emit(Header(
             world_size=self.world_size, local_rank=self.local_rank, pid=self._pid, host=socket.gethostname(),
@@ -92,16 +123,17 @@ class CaptureSession:
             if self.config.replay_step == 0:
                 replay.start()
 
-    def stop(self, exit_code: int, error: str | None = None) -> None:
+    def stop(self, exit_code: int, error: str | None = None, status: str | None = None) -> None:
         if self.writer is None:
             return
+        self._restore_signals()
         if self.steps is not None:
             self.steps.flush()
             self.steps.uninstall()
         if self.compiles is not None:
             self.emit(self.compiles.counters())
             self.compiles.uninstall()
-        status = "ok" if exit_code == 0 else "error"
+        status = status or ("ok" if exit_code == 0 else "error")
         self.emit(End(step=self.steps.completed if self.steps else None, exit_code=exit_code, status=status,
                       error=error, duration_s=round(time.time() - self._t0, 6)))
         self.writer.close()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..events import Capability, Event, Params, Step
+from ..events import Capability, Event, InitParams, Params, Step
 from ..fingerprint import fingerprint, hash_bytes
 from ..rng import combine, live_fingerprints
 
@@ -102,6 +102,7 @@ class StepRecorder:
         # runs eagerly (and must stay plain: compiled autograd runs inside it).
         self._wrap(torch.autograd, "backward", self._safe(self._note_backward))
         caps = [Capability(name="steps", available=True, note="global optimizer step hook")]
+        caps += self._watch_fully_shard()
         if self.config.batches:
             iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
             if iter_cls is None:
@@ -133,6 +134,25 @@ class StepRecorder:
             wrapper = torch.compiler.disable(wrapper)
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
+
+    def _watch_fully_shard(self) -> list[Capability]:
+        """Fingerprint each module's full parameters just before FSDP2 shards them (FSDP2 does not
+        broadcast: ranks that built different parameters train a silent mix)."""
+        try:
+            import torch.distributed.fsdp as fsdp
+        except ImportError:
+            return []
+        if not hasattr(fsdp, "fully_shard"):
+            return [Capability(name="fsdp2_init", available=False, note="no torch.distributed.fsdp.fully_shard")]
+
+        def before(module: Any, *args: Any, **kwargs: Any) -> None:
+            named = [(n, p) for n, p in module.named_parameters() if not hasattr(p, "placements")]
+            fps = ["meta" if p.is_meta else fingerprint(p)[:16] for _, p in named]
+            self._emit(InitParams(rank=self.rank, step=self.completed, source="fully_shard",
+                                  module=type(module).__name__, names=[n for n, _ in named], fps=fps))
+
+        self._wrap(fsdp, "fully_shard", self._safe(before), hide_from_dynamo=True)
+        return [Capability(name="fsdp2_init", available=True, note="fully_shard: full parameters before sharding")]
 
     def uninstall(self) -> None:
         while self._undo:
@@ -189,7 +209,8 @@ class StepRecorder:
             self._params = self._optimizer_params(optimizer)
             self._names = _param_names(self._params)
             self._emit(Params(rank=self.rank, names=self._names, shapes=[list(p.shape) for p in self._params],
-                              dtypes=[str(p.dtype).replace("torch.", "") for p in self._params]))
+                              dtypes=[str(p.dtype).replace("torch.", "") for p in self._params],
+                              kinds=[_kind(p) for p in self._params]))
         event = Step(rank=self.rank, step=index, index=index, time_s=round(step_time, 6),
                      backward_calls=len(self._losses), compiles=self._compiles)
         if self._losses:
@@ -258,6 +279,11 @@ class StepRecorder:
 def _to_numpy(p: torch.Tensor) -> np.ndarray:
     t = p.detach().cpu()
     return (t.float() if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) else t).numpy().copy()
+
+
+def _kind(p: torch.Tensor) -> str:
+    placements = getattr(p, "placements", None)
+    return "tensor" if placements is None else "dtensor:" + ",".join(str(x) for x in placements)
 
 
 def _is_module(obj: Any) -> bool:

@@ -51,16 +51,34 @@ def render_doctor(report: dict[str, Any], console: Console | None = None, report
             table.add_row(str(function), str(category), str(n), str(first["step"]), first["guard"][:60])
         console.print(table)
     if c["graph_break_events"]:
+        merged: dict[tuple, list] = {}
+        for e in c["graph_break_events"]:
+            row = merged.setdefault((e["file"], e["line"], e["reason"], e["gb_id"]), [0, set()])
+            row[0] += e["count"]
+            row[1].add(e["rank"])
         table = Table(title="graph breaks", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("location", "count", "reason", "id"):
             table.add_column(col, overflow="fold")
-        for e in sorted(c["graph_break_events"], key=lambda e: -e["count"])[:8]:
-            table.add_row(f"{_short(e['file'])}:{e['line']}", str(e["count"]), e["reason"][:60], e["gb_id"] or "")
+        for (file, line, reason, gb_id), (count, ranks) in sorted(merged.items(), key=lambda kv: -kv[1][0])[:8]:
+            where = f"{_short(file)}:{line}" + (f" (ranks {sorted(ranks)})" if len(report["run"]["ranks"]) > 1 else "")
+            table.add_row(where, str(count), reason[:60], gb_id or "")
+        console.print(table)
+    if len(c["per_rank"]) > 1:
+        table = Table(title="per rank", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("rank", "status", "steps", "compiles", "recompiles", "breaks", "compile s", "ms/step"):
+            table.add_column(col, justify="right")
+        for rank, figures in sorted(c["per_rank"].items(), key=lambda kv: int(kv[0])):
+            status = report["run"]["ranks"].get(rank, {}).get("status", "?")
+            steps = report["steps"]["per_rank"].get(rank, {})
+            ms = steps.get("median_step_s")
+            table.add_row(rank, status, str(steps.get("steps", 0)), str(figures["compiles"]),
+                          str(figures["recompiles"]), str(figures["graph_breaks"]), f"{figures['compile_time_s']:.2f}",
+                          "" if ms is None else f"{ms * 1e3:.1f}")
         console.print(table)
     cache = ", ".join(f"{name} {v['hit']} hit/{v['miss']} miss" for name, v in c["cache"].items()) or "no lookups"
     console.print(f"compile time {c['compile_time_s']:.2f} s · unique graphs {c['unique_graphs']} · cache: {cache}",
                   highlight=False)
-    for rank, s in report["steps"]["per_rank"].items():
+    for rank, s in report["steps"]["per_rank"].items() if len(c["per_rank"]) <= 1 else ():
         if s["steps"]:
             loss = f"loss {s['first_loss']:.4g} → {s['last_loss']:.4g}" if s["first_loss"] is not None else "no loss seen"
             console.print(f"rank {rank}: {s['steps']} steps, median {s['median_step_s'] * 1e3:.1f} ms/step, {loss}",

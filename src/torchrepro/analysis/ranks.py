@@ -1,0 +1,278 @@
+"""Many ranks: how each rank ended (crash, launcher stop, hang, teardown abort) and what differs
+between ranks that should agree (initial parameters, replicated parameters, RNG streams,
+recompiles, cache decisions, compile stragglers)."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections import defaultdict
+from typing import Any
+
+from ..events import CacheLookup, Compile, EventLog, InitParams, Params, Step
+from .categories import guard_text
+from .compile import display_function
+from .findings import Finding
+
+_INTERNAL = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]torchrepro[/\\]|^<")
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def where(frames: list[dict[str, Any]]) -> str | None:
+    """The first user frame of a stack (most recent first), and the innermost call it waits in."""
+    if not frames:
+        return None
+    user = next((f for f in frames if not _INTERNAL.search(f["file"])), None)
+    inner = frames[0]
+    text = f"{inner['function']} ({inner['file']}:{inner['line']})"
+    if user is not None and user is not inner:
+        text = f"{user['file']}:{user['line']} in {user['function']}, waiting in {text}"
+    return text
+
+
+def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
+    """One finding per rank that did not end well, judged by its last event, not by the launcher."""
+    findings = []
+    codes = {int(k): v for k, v in (meta.get("rank_exit_codes") or {}).items()}
+    tails = {int(k): v for k, v in (meta.get("rank_stderr_tails") or {}).items()}
+    stall = meta.get("stall")
+    for rank_s, info in run["ranks"].items():
+        rank, step = int(rank_s), info["last_step"]
+        evidence = {"rank": rank, "last_step": step, "stderr_tail": (tails.get(rank) or [])[-10:]}
+        if stall:
+            continue  # the hang finding below says where each rank was
+        if info["status"] == "ok" and codes.get(rank):
+            findings.append(Finding(
+                "RANK_ABORTED_AFTER_COMPLETION", "warning",
+                f"rank {rank} finished its work, then the process ended with {_signal_name(codes[rank])}",
+                hint="A teardown abort after destroy_process_group (seen in ~4 % of 2-rank CPU launches): the run's "
+                     "results stand. Deleting DDP/optimizer objects and gc.collect() before "
+                     "destroy_process_group avoids it.", evidence=evidence | {"exit_code": codes[rank]}))
+        elif info["status"] == "terminated":
+            findings.append(Finding(
+                "RANK_TERMINATED", "warning", f"rank {rank} was stopped by the launcher after step {step}",
+                hint="Another rank failed first; torchrun then stops the others.", evidence=evidence))
+        elif info["status"] == "incomplete":
+            how = _signal_name(codes.get(rank)) if rank in codes else "no end record"
+            findings.append(Finding(
+                "RANK_CRASHED", "error", f"rank {rank} died ({how}) after step {step}",
+                hint="Killed from outside (out of memory, a scheduler, a signal) or crashed in native code; its "
+                     "events up to the crash are analysed.", evidence=evidence | {"exit_code": codes.get(rank)}))
+        elif info["status"] == "error":
+            findings.append(Finding(
+                "SCRIPT_FAILED", "error", f"rank {rank}: the script exited with code {info['exit_code']}"
+                + (f": {info['error']}" if info["error"] else ""),
+                hint="Everything before the failure is analysed.", evidence=evidence | {"exit_code": info["exit_code"]}))
+    if stall:
+        places = {rank: where(frames) for rank, frames in stall.get("stacks", {}).items()}
+        lines = [f"rank {r} (last step {run['ranks'].get(r, {}).get('last_step')}): {w or 'no stack dumped'}"
+                 for r, w in sorted(places.items(), key=lambda kv: int(kv[0]))]
+        findings.append(Finding(
+            "RANK_HUNG", "error", f"no progress for {stall['after_s']:.0f} s; the job was ended. " + "; ".join(lines),
+            hint="A rank waits in a collective another rank never reached (different step counts, a rank-dependent "
+                 "branch, a recompile or exception on one rank). Stacks: RUN_DIR/rank-*/stacks.txt.",
+            evidence={"after_s": stall["after_s"], "where": places}))
+    return findings
+
+
+# --- what should agree across ranks ---------------------------------------------------------
+
+def _replicated(logs: list[EventLog]) -> bool:
+    """Data-parallel replicas: every rank holds plain tensors of the same names and shapes."""
+    params = [log.of(Params) for log in logs]
+    if not all(params):
+        return False
+    first = params[0][0]
+    return all(p[0].names == first.names and p[0].shapes == first.shapes and not any(
+        k.startswith("dtensor") for k in p[0].kinds) for p in params)
+
+
+def _init_findings(logs: list[EventLog]) -> list[Finding]:
+    """Full parameters as each rank built them, just before ``fully_shard`` sharded them."""
+    calls: dict[int, dict[int, InitParams]] = defaultdict(dict)
+    for log in logs:
+        for i, event in enumerate(log.of(InitParams)):
+            calls[i][log.rank] = event
+    for i, by_rank in sorted(calls.items()):
+        ref_rank, ref = min(by_rank.items())
+        for rank, event in sorted(by_rank.items()):
+            differing = [n for n, a, b in zip(ref.names, ref.fps, event.fps) if a != b and "meta" not in (a, b)]
+            if differing:
+                return [Finding(
+                    "INIT_PARAMS_DIFFER", "error",
+                    f"ranks {ref_rank} and {rank} built different initial parameters for {event.module} before "
+                    f"{event.source} ({len(differing)} of {len(ref.names)} differ, first {differing[0]}): "
+                    "training silently mixes both inits",
+                    hint="FSDP2 does not broadcast initial parameters. Build on the meta device, fully_shard, "
+                         "to_empty, then set_model_state_dict(model, full_state_dict, options=StateDictOptions("
+                         "full_state_dict=True, broadcast_from_rank0=True)); or seed every rank alike for init "
+                         "(torchrepro.seed_everything does).",
+                    evidence={"ranks": [ref_rank, rank], "module": event.module, "parameters": differing[:10],
+                              "call": i})]
+    return []
+
+
+def _param_findings(logs: list[EventLog]) -> list[Finding]:
+    if len(logs) < 2 or not _replicated(logs):
+        return []
+    names = logs[0].of(Params)[0].names
+    steps = {log.rank: {s.index: s for s in log.of(Step) if s.param_fps} for log in logs}
+    common = sorted(set.intersection(*(set(v) for v in steps.values())))
+    for index in common:
+        ref_rank = min(steps)
+        ref = steps[ref_rank][index].param_fps
+        for rank in sorted(steps):
+            fps = steps[rank][index].param_fps
+            differing = [n for n, a, b in zip(names, ref, fps) if a != b]
+            if differing:
+                first_step = index == common[0]
+                return [Finding(
+                    "REPLICAS_DIFFER_FROM_START" if first_step else "REPLICAS_DIVERGE",
+                    "error",
+                    (f"data-parallel replicas hold different parameters from the first step on (rank {ref_rank} vs "
+                     f"{rank}, {len(differing)} parameters, first {differing[0]})" if first_step else
+                     f"data-parallel replicas diverged at step {index} (rank {ref_rank} vs {rank}, first "
+                     f"{differing[0]})"),
+                    hint=("Initial parameters differ and nothing synchronised them: DDP(init_sync=False) or a manual "
+                          "all-reduce with different seeds. Seed every rank alike for init, or broadcast from rank 0."
+                          if first_step else
+                          "Replicas must stay identical under DDP: look for rank-dependent updates (gradients not "
+                          "all-reduced, a rank-local optimizer step, unsynchronised buffers)."),
+                    evidence={"step": index, "ranks": [ref_rank, rank], "parameters": differing[:10]})]
+    return []
+
+
+def _rng_findings(logs: list[EventLog]) -> list[Finding]:
+    """Different data on each rank but the same torch RNG stream, consumed step after step:
+    every rank draws the same dropout masks."""
+    if len(logs) < 2:
+        return []
+    per_rank = [{s.index: s for s in log.of(Step)} for log in logs]
+    common = sorted(set.intersection(*(set(d) for d in per_rank)))
+    if len(common) < 2:
+        return []
+
+    def torch_stream(s: Step) -> str | None:
+        return (s.rng_fps or {}).get("torch_cpu") or (s.rng_fps or {}).get("cuda:0")
+
+    same_rng = all(len({torch_stream(d[i]) for d in per_rank}) == 1 for i in common)
+    consumed = len({torch_stream(per_rank[0][i]) for i in common}) > 1
+    batches = [{d[i].batch_fp for d in per_rank} for i in common]
+    split = all(None not in b and len(b) == len(per_rank) for b in batches)
+    duplicated = all(None not in b and len(b) == 1 for b in batches)
+    findings = []
+    if same_rng and consumed and split:
+        findings.append(Finding(
+            "RNG_IDENTICAL_ACROSS_RANKS", "warning",
+            "every rank draws the same torch random numbers at every step while training on different data: "
+            "dropout masks (and any other random op) repeat across ranks",
+            hint="Keep the shared stream for initialisation, then give each rank its own for training: "
+                 "with plan.fork('dropout'): ... (torchrepro.seed_everything), or torch.manual_seed(seed + rank) "
+                 "after the model is built.",
+            evidence={"ranks": [log.rank for log in logs], "steps": len(common)}))
+    if duplicated:
+        findings.append(Finding(
+            "DUPLICATE_BATCHES_ACROSS_RANKS", "warning",
+            f"every rank trained on identical batches for all {len(common)} steps",
+            hint="Use a DistributedSampler (and sampler.set_epoch(epoch)), or shard the data by rank.",
+            evidence={"ranks": [log.rank for log in logs]}))
+    return findings
+
+
+def _signature(c: Compile) -> tuple:
+    return (c.function, c.recompile_reasons[0] if c.recompile_reasons else None, bool(c.limit_hit))
+
+
+def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
+    if len(logs) < 2:
+        return []
+    sequences = {log.rank: log.of(Compile) for log in logs}
+    longest = max(len(s) for s in sequences.values())
+    for i in range(longest):
+        entries = {r: (s[i] if i < len(s) else None) for r, s in sequences.items()}
+        kinds = {r: (_signature(c) if c else None) for r, c in entries.items()}
+        if len(set(kinds.values())) == 1:
+            continue
+        groups = defaultdict(list)
+        for r, k in kinds.items():
+            groups[k].append(r)
+        # the odd one out: the smallest group; on a tie, the ranks that did compile
+        signature, odd = min(groups.items(), key=lambda kv: (len(kv[1]), kv[0] is None))
+        others = sorted(set(sequences) - set(odd))
+        if signature is None:
+            rank, odd, others = others[0], others, odd
+        else:
+            rank = odd[0]
+        c = entries[rank]
+        what = "hit the recompile limit for" if c.limit_hit else "recompiled" if c.recompile_reasons else "compiled"
+        title = (f"rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} {what} {display_function(c)} "
+                 f"({c.compile_id}) at step {c.step} and rank{'s' if len(others) > 1 else ''} "
+                 f"{', '.join(map(str, others))} did not"
+                 + (f": {guard_text(c.recompile_reasons[0])}" if c.recompile_reasons else ""))
+        return [Finding(
+            "RANK_RECOMPILE_ASYMMETRY", "error" if c.limit_hit else "warning", title,
+            hint="The other ranks wait in their next collective while one rank compiles (a straggler, or a hang "
+                 "if it then takes another code path). Make inputs identical in shape on every rank: drop_last=True "
+                 "on the DistributedSampler/DataLoader, or pad.",
+            evidence={"rank": rank, "step": c.step, "compile_id": c.compile_id, "function": c.function,
+                      "reason": c.recompile_reasons[0] if c.recompile_reasons else None, "others": others})]
+    return []
+
+
+def _cache_findings(logs: list[EventLog]) -> list[Finding]:
+    decisions = {}
+    for log in logs:
+        lookups = log.of(CacheLookup)
+        if lookups:
+            decisions[log.rank] = {"hit": sum(x.status == "hit" for x in lookups),
+                                   "miss": sum(x.status == "miss" for x in lookups)}
+    hitters = sorted(r for r, d in decisions.items() if d["hit"] and not d["miss"])
+    missers = sorted(r for r, d in decisions.items() if d["miss"])
+    if len(decisions) < 2 or not hitters or not missers:
+        return []
+    return [Finding(
+        "CACHE_DECISION_SPLIT", "warning", f"ranks {hitters} hit the compile cache, ranks {missers} missed",
+        hint="The ranks compiled with different cache keys or cache contents (per-rank cache directories, a "
+             "device index or thread count in the key): the missing ranks compile while the others wait. "
+             "torchrepro cache explain-miss names the key component.",
+        evidence={"per_rank": decisions})]
+
+
+def _straggler_findings(logs: list[EventLog]) -> list[Finding]:
+    if len(logs) < 2:
+        return []
+    compile_time: dict[tuple[int, int], float] = defaultdict(float)
+    for log in logs:
+        for c in log.of(Compile):
+            if c.step is not None:
+                compile_time[(log.rank, c.step)] += (c.dynamo_s or 0) + (c.backward_s or 0)
+    ranks = [log.rank for log in logs]
+    worst = None
+    for (rank, step), seconds in compile_time.items():
+        others = [compile_time.get((r, step), 0.0) for r in ranks if r != rank]
+        skew = seconds - max(others)
+        if skew > 0.5 and (worst is None or skew > worst[2]):
+            worst = (rank, step, skew)
+    if worst is None:
+        return []
+    rank, step, skew = worst
+    return [Finding(
+        "COMPILE_STRAGGLER", "warning",
+        f"rank {rank} spent {skew:.1f} s more compiling than the others at step {step}: they waited for it",
+        hint="Make every rank compile the same graphs at the same step (see recompile asymmetry), and warm "
+             "the cache for all ranks (torchrepro cache pack/unpack).",
+        evidence={"rank": rank, "step": step, "extra_compile_s": round(skew, 3)})]
+
+
+def rank_findings(logs: list[EventLog]) -> list[Finding]:
+    """Every cross-rank finding, from the ranks' events."""
+    return (_init_findings(logs) + _param_findings(logs) + _rng_findings(logs) + _asymmetry_findings(logs)
+            + _cache_findings(logs) + _straggler_findings(logs))
