@@ -12,7 +12,9 @@ from .findings import Finding, sort_findings
 from .ranks import fault_findings, rank_findings
 
 REPORT_SCHEMA = "torchrepro.report/1"
-FAILING_CODES = ("RECOMPILE_LIMIT_HIT",)
+# Error findings that fail a run like a budget: compiled code silently running eager, replicas
+# that train on different parameters.
+FAILING_CODES = ("RECOMPILE_LIMIT_HIT", "INIT_PARAMS_DIFFER", "REPLICAS_DIFFER_FROM_START", "REPLICAS_DIVERGE")
 
 
 @dataclass
@@ -151,7 +153,6 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
         "capabilities": compile_analysis.capabilities(logs),
     }
     report["budget_failures"] = budget_failures(report, budgets or Budgets())
-    # compiled code silently running eager fails a run like a budget does
     report["failing_findings"] = [f["code"] for f in report["findings"] if f["code"] in FAILING_CODES]
     report["verdict"] = verdict(report)
     return report

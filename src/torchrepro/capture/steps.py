@@ -183,7 +183,7 @@ class StepRecorder:
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
             return
-        grads = [p.grad for p in self._optimizer_params(optimizer) if p.grad is not None]
+        grads = [_local(p.grad) for p in self._optimizer_params(optimizer) if p.grad is not None]
         if not grads:
             return
         norms = torch._foreach_norm([g.detach() for g in grads])
@@ -225,7 +225,7 @@ class StepRecorder:
         fp_cost = 0.0
         if self._should_fingerprint(index):
             t0 = time.perf_counter()
-            digests = [fingerprint(p) for p in self._params]
+            digests = [fingerprint(_local(p)) for p in self._params]
             event.param_fps = [d[:16] for d in digests]
             event.params_fp = hash_bytes(*(d.encode() for d in digests))[:16]
             fp_cost = time.perf_counter() - t0
@@ -276,8 +276,13 @@ class StepRecorder:
                 self._snapshot(self.completed - 1)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (FSDP2 shards, tensor-parallel pieces); a plain tensor as is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _to_numpy(p: torch.Tensor) -> np.ndarray:
-    t = p.detach().cpu()
+    t = _local(p).detach().cpu()
     return (t.float() if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) else t).numpy().copy()
 
 
