@@ -154,3 +154,28 @@ def test_world_size_and_version_mismatch_raise(tmp_path):
     with pytest.raises(RngStateError, match="torch 1.13.0"):
         RngState.load(tmp_path)
     assert RngState.load(tmp_path, allow_version_mismatch=True).torch_version == "1.13.0"
+
+
+def test_fork_streams_are_part_of_the_state(tmp_path, run_python):
+    from torchrepro import seed_everything
+
+    plan = seed_everything(9)
+    with plan.fork("dropout"):
+        torch.rand(2)
+    state = RngState.capture()
+    assert any(k.startswith("fork:dropout") for k in state.fingerprints())
+    with plan.fork("dropout"):
+        first = torch.rand(3)
+    state.restore()
+    with plan.fork("dropout"):
+        assert torch.equal(first, torch.rand(3))
+    state.save(tmp_path)
+    code = (
+        "import torch, json\n"
+        "from torchrepro import seed_everything, RngState\n"
+        "plan = seed_everything(9)\n"
+        f"RngState.load({str(tmp_path)!r}).restore()\n"
+        "with plan.fork('dropout'):\n"
+        "    print(json.dumps(torch.rand(3).tolist()))\n"
+    )
+    assert json.loads(run_python(code).stdout) == first.tolist()

@@ -25,9 +25,9 @@ from .analysis.divergence import (
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
 from .errors import InputError
-from .events import Compile, EventLog
-from .launch import child_env, run_child, run_command, validate_script
-from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, write_json
+from .events import Compile, EventLog, Step
+from .launch import child_env, launch, validate_script
+from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json
 
 CAUSE_HINTS = {
     "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
@@ -67,20 +67,19 @@ class Checker:
     """Runs, compares and explains; one instance per ``check`` invocation."""
 
     def __init__(self, script: Path, args: list[str], out: Path, *, seed: int | None, tolerance: Tolerance,
-                 localize: bool, snapshots: bool, console: Console):
-        self.script, self.args, self.out = script, args, out
+                 localize: bool, snapshots: bool, console: Console, nproc: int = 1, timeout: float | None = None):
+        self.script, self.args, self.out, self.nproc, self.timeout = script, args, out, nproc, timeout
         self.seed, self.tol, self.localize, self.snapshots = seed, tolerance, localize, snapshots
         self.console = console
         self.timings: dict[str, float] = {}
 
-    def run(self, spec: RunSpec) -> tuple[Run, int]:
+    def run(self, spec: RunSpec, env: dict[str, str] | None = None) -> tuple[Run, int]:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         t0 = time.perf_counter()
-        cmd = run_command(run_dir, self.script, self.args, seed=self.seed, fingerprint_every=1, grads=True,
-                          compile_mode=spec.compile_mode,
-                          snapshots=self.snapshots)
-        result = run_child(cmd, run_dir / "logs", env=child_env(self.seed), quiet=True)
+        result = launch(run_dir, self.script, self.args, nproc=self.nproc, env=child_env(self.seed, env), quiet=True,
+                        stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
+                        compile_mode=spec.compile_mode, snapshots=self.snapshots)
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
         write_json(run_dir / RUN_FILE, {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed,
                                         "script": str(self.script), "args": self.args, "exit_code": result.exit_code,
@@ -92,18 +91,21 @@ class Checker:
                            highlight=False)
         return load_run(run_dir), result.exit_code
 
-    def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False) -> dict | None:
-        """Rerun ``spec`` up to ``step`` and record that step: every op, or every compiled graph."""
+    def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False,
+               rank: int = 0) -> dict | None:
+        """Rerun ``spec`` up to ``step`` and record that step on ``rank``: every op, or every
+        compiled graph."""
         out = self.out / "replays" / f"{tag}.json"
         mode = "eager" if eager else spec.compile_mode
         what = "compiled graphs against eager" if graphs else "op capture"
         self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
                            f"({tag})…[/]", highlight=False)
         t0 = time.perf_counter()
-        cmd = run_command(self.out / "replays" / tag, self.script, self.args, seed=self.seed, fingerprint_every=1,
-                          compile_mode=mode, replay_step=step, replay_out=out, replay_graphs=graphs)
-        run_child(cmd, self.out / "replays" / tag / "logs", env=child_env(self.seed), quiet=True)
+        launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc, env=child_env(self.seed),
+               quiet=True, stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, compile_mode=mode,
+               replay_step=step, replay_out=out, replay_graphs=graphs)
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
+        out = replay_file(out, rank, self.nproc)
         return json.loads(out.read_text()) if out.exists() else None
 
 
@@ -147,8 +149,8 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
     """Replay the divergent step in both configurations with op capture (eagerly first when the
     configurations are the same) and name the first divergent op, its module and source."""
     same_config = spec_a.compile_mode == spec_b.compile_mode
-    replay_a = checker.replay(spec_a, div.step, "a", eager=same_config)
-    replay_b = checker.replay(spec_b, div.step, "b", eager=same_config)
+    replay_a = checker.replay(spec_a, div.step, "a", eager=same_config, rank=div.rank)
+    replay_b = checker.replay(spec_b, div.step, "b", eager=same_config, rank=div.rank)
     if replay_a is None or replay_b is None:
         return cause, {"localisation": "the replay did not reach the divergent step"}
     found = compare_replays(replay_a["ops"], replay_b["ops"])
@@ -163,7 +165,7 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
 def localize_graph(checker: Checker, spec: RunSpec, div: Divergence) -> dict[str, Any]:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
     graph: names the first graph (compile id) whose outputs differ, the output and its FX node."""
-    replay = checker.replay(spec, div.step, "graphs", graphs=True)
+    replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
     if replay is None:
         return {"localisation": "the replay did not reach the divergent step"}
     graphs = replay.get("graphs", [])
@@ -238,9 +240,7 @@ def compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None, 
 
 
 def _steps_compared(a: EventLog, b: EventLog) -> int:
-    from .events import Step
-
-    return min(len(a.of(Step)), len(b.of(Step)))
+    return len({s.index for s in a.of(Step)} & {s.index for s in b.of(Step)})
 
 
 def determinism_section(div: Divergence | None, cause: str | None, evidence: dict[str, Any], labels: list[str],
@@ -275,7 +275,7 @@ def _findings(det: dict[str, Any], against: str | None) -> list[Finding]:
 
 def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = None, against: str | None = None,
           out: Path | None = None, tolerance: Tolerance | None = None, localize_divergence: bool = True,
-          console: Console | None = None) -> tuple[dict[str, Any], Path]:
+          console: Console | None = None, nproc: int = 1, timeout: float | None = None) -> tuple[dict[str, Any], Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``)."""
     console = console or Console(stderr=True)
     tol = tolerance or Tolerance()
@@ -285,7 +285,7 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
     out = create_run_dir(out or default_run_dir(script, label="check"))
     snapshots = against is not None or not tol.exact
     checker = Checker(script, args, out, seed=seed, tolerance=tol, localize=localize_divergence,
-                      snapshots=snapshots, console=console)
+                      snapshots=snapshots, console=console, nproc=nproc, timeout=timeout)
     specs = plan_runs(runs, against)
     done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
@@ -346,3 +346,70 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
     det = determinism_section(div, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, tol, notes, snapshots)
     return _report(det, None, {"a": str(path_a), "b": str(path_b)}, {}, {"diff": [str(path_a), str(path_b)]})
+
+
+RESUME_HINTS = {
+    "data_order": "The resumed run sees other batches: restore the sampler epoch (sampler.set_epoch) and skip the "
+                  "batches already consumed (resume.apply(batches) right after iter(loader)).",
+    "rng": "An RNG state was not restored, or restored before the DataLoader iterator drew its seed: save with "
+           "torchrepro.checkpoint.save and restore with resume.apply(batches) after iter(loader).",
+    "unknown": "Same batches and RNG, different results: the model or optimizer state (moments, step counts, LR "
+               "scheduler, gradient scaler, buffers) is not fully saved and loaded.",
+}
+
+
+def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = None, out: Path | None = None,
+                 nproc: int = 1, timeout: float | None = None,
+                 console: Console | None = None) -> tuple[dict[str, Any], Path]:
+    """Run to the end; run again stopping after step ``at`` with a checkpoint; resume from it in a
+    fresh process; compare every step after ``at`` and the final parameters bit for bit."""
+    from .checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
+
+    console = console or Console(stderr=True)
+    script = validate_script(script)
+    if at < 1:
+        raise InputError("--at must be at least 1 (the step after which to stop and resume)")
+    out = create_run_dir(out or default_run_dir(script, label="resume"))
+    checker = Checker(script, args, out, seed=seed, tolerance=Tolerance(), localize=False, snapshots=False,
+                      console=console, nproc=nproc, timeout=timeout)
+    full, _ = checker.run(RunSpec("full", None, "to the end"))
+    saved = out / "checkpoint"
+    stopped, _ = checker.run(RunSpec("stopped", None, f"stopping after step {at}"),
+                             env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved)})
+    if not list(saved.glob("position-rank*.json")):
+        raise InputError(f"the script saved no checkpoint after step {at}: it must call torchrepro.checkpoint.save() "
+                         "when checkpoint.plan().should_stop(step) (see examples/resume_ddp.py)")
+    resumed, _ = checker.run(RunSpec("resumed", None, f"resumed after step {at}"), env={ENV_RESUME_FROM: str(saved)})
+    div, notes = compare(full, resumed, Tolerance())
+    notes = [n for n in notes if "with the same index" not in n]  # a resumed run has only the later steps
+    before, _ = compare(full, stopped, Tolerance())
+    if before is not None:
+        notes.append(f"the run is not reproducible before the checkpoint (step {before.step} differs between two "
+                     "runs): fix that first (torchrepro check)")
+    first_resumed = min((s.index for log in resumed.logs for s in log.of(Step)), default=None)
+    if first_resumed != at:
+        notes.append(f"the resumed run's first step is numbered {first_resumed}, expected {at}: call "
+                     "resume.apply(...) (it aligns the step numbers)")
+    last = {log.rank: log.of(Step)[-1].index for log in full.logs if log.of(Step)}
+    last_resumed = {log.rank: log.of(Step)[-1].index for log in resumed.logs if log.of(Step)}
+    if div is None and last != last_resumed:
+        notes.append(f"the resumed run ended at step {last_resumed}, the full run at {last}")
+    cause, evidence = (None, {})
+    if div is not None:
+        cause, evidence = decide(div, full, resumed)
+        evidence["hint"] = RESUME_HINTS.get(cause, RESUME_HINTS["unknown"])
+    det = determinism_section(div, cause, evidence, ["full", "resumed"], full, resumed, Tolerance(), notes, False)
+    if div is None and last != last_resumed:
+        det["verdict"] = "diverged"
+    det["resume_at"] = at
+    report = _report(det, None, {"full": str(out / "full"), "stopped": str(out / "stopped"),
+                                 "resumed": str(out / "resumed"), "checkpoint": str(saved)}, checker.timings,
+                     {"script": str(script), "args": args, "seed": seed, "resume_at": at, "nproc": nproc})
+    if det["verdict"] == "bit_exact":
+        report["verdict"] = (f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives the "
+                             f"same {det['steps_compared']} steps and final parameters")
+    elif div is not None:
+        report["findings"][0]["hint"] = evidence["hint"]
+    write_json(out / REPORT_FILE, report)
+    return report, out
+

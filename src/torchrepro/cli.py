@@ -99,7 +99,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UserError("--runs must be at least 2")
     report, out = check(Path(args.script), args.args, runs=args.runs, seed=args.seed, against=args.against,
                         out=Path(args.out) if args.out else None, tolerance=_tolerance(args),
-                        localize_divergence=not args.no_localize)
+                        localize_divergence=not args.no_localize, nproc=args.nproc, timeout=args.timeout)
+    return _finish_check(report, args, out)
+
+
+def _cmd_check_resume(args: argparse.Namespace) -> int:
+    from .check import check_resume
+
+    report, out = check_resume(Path(args.script), args.args, at=args.at, seed=args.seed,
+                               out=Path(args.out) if args.out else None, nproc=args.nproc, timeout=args.timeout)
     return _finish_check(report, args, out)
 
 
@@ -179,9 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--out", metavar="DIR", help="where the runs and report go (default torchrepro-runs/...)")
     check.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
+    _add_ranks(check)
     _add_tolerance(check)
     _add_script(check)
     check.set_defaults(func=_cmd_check)
+
+    resume = sub.add_parser("check-resume", help="stop after step K, resume in a fresh process: bit-exact?")
+    resume.add_argument("--at", type=int, required=True, metavar="K", help="stop after step K and resume from there")
+    resume.add_argument("--seed", type=int, help="seed everything (and PYTHONHASHSEED) from this root in every run")
+    resume.add_argument("--out", metavar="DIR", help="where the runs, checkpoint and report go")
+    resume.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    _add_ranks(resume)
+    _add_script(resume)
+    resume.set_defaults(func=_cmd_check_resume)
 
     diff = sub.add_parser("diff", help="compare two stored runs")
     diff.add_argument("run_a", metavar="RUN_A")

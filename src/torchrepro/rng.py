@@ -79,6 +79,7 @@ class RngState:
     torch_cpu: str
     cuda: list[str] = field(default_factory=list)
     generators: dict[str, dict[str, Any]] = field(default_factory=dict)
+    forks: dict[str, dict[str, Any]] = field(default_factory=dict)
     rank: int = 0
     world_size: int = 1
     torch_version: str = torch.__version__
@@ -99,6 +100,9 @@ class RngState:
             torch_cpu=_b64(torch.get_rng_state().numpy().tobytes()),
             cuda=cuda,
             generators={name: _generator_state(g) for name, g in {**_REGISTRY, **(generators or {})}.items()},
+            forks={key: {"cpu": _b64(st["cpu"].numpy().tobytes()),
+                         "cuda": [_b64(c.numpy().tobytes()) for c in st.get("cuda", [])]}
+                   for key, st in _fork_states().items()},
             rank=rank,
             world_size=world,
         )
@@ -124,6 +128,16 @@ class RngState:
             torch.cuda.set_rng_state_all([_byte_tensor(s) for s in self.cuda])
         for name, saved in self.generators.items():
             _set_generator_state(name, targets[name], saved)
+        if self.forks:
+            from .seed import active_plan
+
+            plan = active_plan()
+            if plan is None:
+                raise RngStateError("the RNG state holds plan.fork() streams: call torchrepro.seed_everything(seed) "
+                                    "before restoring it")
+            plan._fork_states.update({key: {"cpu": _byte_tensor(st["cpu"]),
+                                            **({"cuda": [_byte_tensor(c) for c in st["cuda"]]} if st["cuda"] else {})}
+                                      for key, st in self.forks.items()})
 
     def fingerprint(self) -> str:
         """A short stable hex digest of every generator's state (not of rank or versions)."""
@@ -141,12 +155,14 @@ class RngState:
         raw.update({f"cuda:{i}": _unb64(s) for i, s in enumerate(self.cuda)})
         for name, saved in self.generators.items():
             raw[f"generator:{name}"] = _unb64(saved["state"]) if saved["kind"] == "torch" else _canonical(saved["state"])
+        for key, st in self.forks.items():
+            raw[f"fork:{key}"] = _unb64(st["cpu"]) + b"".join(_unb64(c) for c in st["cuda"])
         return {name: hash_bytes(data)[:16] for name, data in raw.items()}
 
     def to_json(self) -> dict[str, Any]:
         payload = {
             "python": self.python, "numpy": self.numpy, "torch_cpu": self.torch_cpu, "cuda": self.cuda,
-            "generators": self.generators, "rank": self.rank, "world_size": self.world_size,
+            "generators": self.generators, "forks": self.forks, "rank": self.rank, "world_size": self.world_size,
             "torch_version": self.torch_version,
         }
         return {"schema": SCHEMA, "sha256": hashlib.sha256(_canonical(payload)).hexdigest(), "state": payload}
@@ -211,7 +227,17 @@ def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[st
     for name, g in {**_REGISTRY, **(generators or {})}.items():
         state = _generator_state(g)
         raw[f"generator:{name}"] = _unb64(state["state"]) if state["kind"] == "torch" else _canonical(state["state"])
+    for key, st in _fork_states().items():
+        raw[f"fork:{key}"] = st["cpu"].numpy().tobytes() + b"".join(c.numpy().tobytes() for c in st.get("cuda", []))
     return {name: hash_bytes(data)[:16] for name, data in raw.items()}
+
+
+def _fork_states() -> dict[str, dict[str, Any]]:
+    """The saved states of the active seed plan's ``fork()`` streams."""
+    from .seed import active_plan
+
+    plan = active_plan()
+    return dict(plan._fork_states) if plan is not None else {}
 
 
 def combine(fingerprints: dict[str, str]) -> str:

@@ -22,6 +22,11 @@ RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
 
 
+def replay_file(path: Path, rank: int, world_size: int) -> Path:
+    """Where rank ``rank`` writes a replay's record (one file per rank when there are several)."""
+    return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (temp file in the same folder, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)

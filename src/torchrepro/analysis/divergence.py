@@ -53,7 +53,7 @@ def _aspect_values(s: Step) -> dict[str, Any]:
 
 
 def _torch_streams(fps: dict[str, str] | None) -> dict[str, str]:
-    return {k: v for k, v in (fps or {}).items() if k == "torch_cpu" or k.startswith(("cuda:", "generator:"))}
+    return {k: v for k, v in (fps or {}).items() if k == "torch_cpu" or k.startswith(("cuda:", "generator:", "fork:"))}
 
 
 def compare_steps(a: Step, b: Step, tol: Tolerance) -> tuple[str, dict[str, Any]] | None:
@@ -103,8 +103,8 @@ def _detail(aspect: str, a: Step, b: Step) -> dict[str, Any]:
 
 
 def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance) -> tuple[Divergence | None, list[str]]:
-    """Earliest divergent step over all ranks present in both runs (lowest rank on ties), and
-    notes on what could not be compared."""
+    """Earliest divergent step over all ranks present in both runs (lowest rank on ties), steps
+    matched by index, and notes on what could not be compared."""
     by_rank_b = {log.rank: log for log in logs_b}
     notes, found = [], []
     for log_a in logs_a:
@@ -112,11 +112,12 @@ def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolera
         if log_b is None:
             notes.append(f"rank {log_a.rank} is missing from the second run")
             continue
-        steps_a, steps_b = log_a.of(Step), log_b.of(Step)
-        if len(steps_a) != len(steps_b):
-            notes.append(f"rank {log_a.rank}: {len(steps_a)} vs {len(steps_b)} steps; compared the first "
-                         f"{min(len(steps_a), len(steps_b))}")
-        for a, b in zip(steps_a, steps_b):
+        steps_a, steps_b = log_a.of(Step), {s.index: s for s in log_b.of(Step)}
+        pairs = [(a, steps_b[a.index]) for a in steps_a if a.index in steps_b]
+        if len(steps_a) != len(steps_b) or len(pairs) != len(steps_a):
+            notes.append(f"rank {log_a.rank}: {len(steps_a)} vs {len(steps_b)} steps; compared the {len(pairs)} "
+                         "with the same index")
+        for a, b in pairs:
             diff = compare_steps(a, b, tol)
             if diff is not None:
                 detail = {**diff[1], **_param_detail(log_a, a, b)} if diff[0] == "params" else diff[1]

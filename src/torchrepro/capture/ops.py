@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..fingerprint import fingerprint
+from ..rundir import replay_file
 
 _UNINITIALISED = re.compile(r"\bempty|_empty")
 _SKIP_DIRS = tuple(str(Path(m.__file__).parent) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))
@@ -223,8 +224,8 @@ class StepReplay:
     """Records step ``step`` — every op (eager replay) or every compiled graph against its eager
     FX graph (compiled replay) — and then ends the process (the rest is not needed)."""
 
-    def __init__(self, step: int, out: Path, graphs: bool = False):
-        self.step, self.out = step, Path(out)
+    def __init__(self, step: int, out: Path, graphs: bool = False, rank: int = 0, world_size: int = 1):
+        self.step, self.out = step, replay_file(Path(out), rank, world_size)
         self.recorder: OpRecorder | None = None
         self.checker: GraphChecker | None = None
         if graphs:

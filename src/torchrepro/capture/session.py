@@ -48,6 +48,14 @@ def environment() -> tuple[dict[str, Any], str]:
     return info, str(info.get("env_fingerprint", ""))
 
 
+_ACTIVE: dict[str, CaptureSession] = {}
+
+
+def active_session() -> CaptureSession | None:
+    """The capture session running in this process, if any."""
+    return _ACTIVE.get("session")
+
+
 class CaptureSession:
     """Start before the user's script, stop after it (also when it fails)."""
 
@@ -101,6 +109,7 @@ class CaptureSession:
 
     def start(self) -> None:
         self.writer = EventWriter(self.dir / EVENTS_FILE)
+        _ACTIVE["session"] = self
         self._install_signals()
         env, env_fp = environment()
         self.emit(Header(
@@ -118,7 +127,7 @@ class CaptureSession:
             from .ops import StepReplay
 
             replay = StepReplay(self.config.replay_step, self.config.replay_out or self.dir / "replay.json",
-                                graphs=self.config.replay_graphs)
+                                graphs=self.config.replay_graphs, rank=self.rank, world_size=self.world_size)
             self.steps.listeners.append(replay.on_step_end)
             if self.config.replay_step == 0:
                 replay.start()
@@ -138,6 +147,7 @@ class CaptureSession:
                       error=error, duration_s=round(time.time() - self._t0, 6)))
         self.writer.close()
         self.writer = None
+        _ACTIVE.pop("session", None)
 
     def note(self, name: str, available: bool, note: str) -> None:
         self.emit(Capability(name=name, available=available, note=note))

@@ -241,6 +241,15 @@ class StepRecorder:
             listener(index)
         self._start = time.perf_counter()
 
+    def restart_at(self, step: int) -> None:
+        """A resumed run continues at ``step``: number its steps from there and forget what the
+        restore itself fetched (the skipped batches)."""
+        self.completed = step
+        self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
+        self._rng_fps = live_fingerprints() if self.config.rng else None
+        self._rng_at = "resume"
+        self._start = time.perf_counter()
+
     def _should_fingerprint(self, index: int) -> bool:
         if self.every is None:
             return True  # still measuring
