@@ -230,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_script(run)
     run.set_defaults(func=_cmd_run)
 
+    from .cache.cli import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
+
     env = sub.add_parser("env", help="versions, determinism switches, caches and risky settings")
     env.add_argument("--json", action="store_true", help="print machine-readable JSON")
     env.set_defaults(func=_cmd_env)
