@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ SCHEMA = "torchrepro.events/1"
 EVENTS_FILE = "events.jsonl"
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """Base of every event: ``t`` is wall-clock seconds, ``step`` the optimizer steps
     completed when it happened (``None`` before any step clock exists)."""
@@ -32,10 +33,10 @@ class Event:
     step: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, **dataclasses.asdict(self)}
+        return {"kind": self.kind, **{name: getattr(self, name) for name in _names(type(self))}}
 
 
-@dataclass
+@dataclass(slots=True)
 class Header(Event):
     """First line of every log: who wrote it, with what."""
 
@@ -53,7 +54,7 @@ class Header(Event):
     config: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Compile(Event):
     """One Dynamo compile of a frame (``compile_id`` = ``frame/attempt`` as Dynamo numbers it)."""
 
@@ -83,7 +84,7 @@ class Compile(Event):
         return bool(self.recompile_reasons)
 
 
-@dataclass
+@dataclass(slots=True)
 class GraphBreak(Event):
     """A graph break (also data-dependent branching, which Dynamo counts as unimplemented)."""
 
@@ -98,7 +99,7 @@ class GraphBreak(Event):
     source: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class CacheLookup(Event):
     """One FX-graph or AOTAutograd cache lookup, with the key's components where recorded."""
 
@@ -111,7 +112,7 @@ class CacheLookup(Event):
     components: list[dict[str, str]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Params(Event):
     """Names, shapes and dtypes of the parameters that ``Step.param_fps`` lists, in order."""
 
@@ -122,7 +123,7 @@ class Params(Event):
     kinds: list[str] = field(default_factory=list)  # "tensor", or "dtensor:<placements>"
 
 
-@dataclass
+@dataclass(slots=True)
 class InitParams(Event):
     """A module's full parameters as this rank built them, just before ``source`` (e.g.
     ``fully_shard``) sharded them: fingerprints by name, ``"meta"`` for meta tensors."""
@@ -134,7 +135,7 @@ class InitParams(Event):
     fps: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Step(Event):
     """One optimizer step: loss, host time, and fingerprints of what the step saw and made."""
 
@@ -155,7 +156,7 @@ class Step(Event):
     compiles: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Capability(Event):
     """Something capture could or could not observe on this torch version."""
 
@@ -165,7 +166,7 @@ class Capability(Event):
     note: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Counters(Event):
     """Dynamo's own counters at the end of the run (a cross-check for the events)."""
 
@@ -173,7 +174,7 @@ class Counters(Event):
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class End(Event):
     """Last line of a log: how the script ended."""
 
@@ -184,19 +185,47 @@ class End(Event):
     duration_s: float | None = None
 
 
+def _names(cls: type) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability, Counters,
                               End)
 }
 
 
+_FIELDS = {kind: frozenset(f.name for f in dataclasses.fields(cls)) for kind, cls in KINDS.items()}
+
+
 def from_json(data: dict[str, Any]) -> Event | None:
     """The event a JSON object describes; unknown fields are ignored, unknown kinds give None."""
-    cls = KINDS.get(data.get("kind", ""))
+    kind = data.pop("kind", "")
+    cls = KINDS.get(kind)
     if cls is None:
+        data["kind"] = kind
         return None
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _FIELDS[kind]
+    if kind == "step":
+        _intern_step(data)
     return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _intern_step(data: dict[str, Any]) -> None:
+    """Fingerprints repeat across ranks (replicas agree): share one string each (memory for
+    thousands of ranks)."""
+    for key in ("params_fp", "grads_fp", "batch_fp", "rng_fp", "rng_at"):
+        if isinstance(data.get(key), str):
+            data[key] = sys.intern(data[key])
+    if isinstance(data.get("param_fps"), list):
+        data["param_fps"] = [sys.intern(x) if isinstance(x, str) else x for x in data["param_fps"]]
+    if isinstance(data.get("rng_fps"), dict):
+        data["rng_fps"] = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v for k, v in data["rng_fps"].items()}
 
 
 class EventWriter:
@@ -227,7 +256,7 @@ class EventWriter:
         self.close()
 
 
-@dataclass
+@dataclass(slots=True)
 class EventLog:
     """The events of one rank, and what could not be read."""
 

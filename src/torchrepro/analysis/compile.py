@@ -29,9 +29,9 @@ RECOMPILE_HINTS = {
                     "once, before the first compiled call; toggling them in the loop recompiles.",
     "python_value": "A Python int/float/bool argument is baked into the graph: pass it as a tensor, or branch "
                     "on bools outside the compiled function (ints become dynamic after a second value).",
-    "module_attribute": "Keep model.train()/model.eval() out of the hot loop (each mode is one graph). For int "
-                        "attributes changed per epoch, set torch._dynamo.config.allow_unspec_int_on_nn_module"
-                        " = True or store the value in a tensor buffer.",
+    "module_attribute": "A module attribute read in forward changed: int attributes are static (set "
+                        "torch._dynamo.config.allow_unspec_int_on_nn_module = True, or keep the value in a tensor "
+                        "buffer); for other attributes, set them once before compiling.",
     "python_global": "A Python global read inside the compiled code changed: hoist it out (read it once and "
                      "pass it as an argument) or keep it constant.",
     "object_identity": "A different object (module, function, class) was passed on each call: pass the same "
@@ -55,6 +55,25 @@ GRAPH_BREAK_HINTS = (
 )
 
 _SIZE = re.compile(r"size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+
+
+TRAINING_HINT = ("model.train()/model.eval() switches compile one graph per mode (switching back reuses it): "
+                 "fine once, but keep evaluation out of the hot loop or compile a separate eval function.")
+STACK_HINT = ("The guarded value (___stackN) was computed before a graph break and passed into the code after it "
+              "(e.g. the float from .item()): remove that graph break (see the graph breaks below) and this "
+              "recompile goes with it.")
+
+
+def recompile_hint(category: str | None, reasons: list[str]) -> str:
+    """The fix for a group of recompiles of one category, specialised by what the guards say."""
+    guards = " ".join(guard_text(r) for r in reasons)
+    if "___stack" in guards:
+        return STACK_HINT
+    if category == "shape":
+        return _shape_hint(reasons)
+    if category == "module_attribute" and ".training" in guards:
+        return TRAINING_HINT
+    return RECOMPILE_HINTS.get(category or "other", RECOMPILE_HINTS["other"])
 
 
 def _shape_hint(reasons: list[str]) -> str:
@@ -192,7 +211,7 @@ def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
     for (function, category), items in groups.items():
         file, line = items[0].file, items[0].line
         reasons = [c.recompile_reasons[0] for c in items]
-        hint = _shape_hint(reasons) if category == "shape" else RECOMPILE_HINTS.get(category or "other", "")
+        hint = recompile_hint(category, reasons)
         findings.append(Finding(
             code=f"RECOMPILE_{(category or 'other').upper()}",
             severity="warning",

@@ -1,1 +1,43 @@
-"""Compile caches: inventory, why a lookup missed, warm-start packs, per-rank policies."""
+"""Compile caches: inventory, why a lookup missed, warm-start packs, per-rank policies.
+
+>>> import torchrepro.cache
+>>> torchrepro.cache.configure("per-node", root="/local/cache")  # before the first compile  # doctest: +SKIP
+>>> torchrepro.cache.pack("warm.tar")            # after a run that compiled  # doctest: +SKIP
+>>> torchrepro.cache.prewarm("warm.tar")         # on every rank, before training  # doctest: +SKIP
+
+Submodules are imported on first use: ``configure`` must not pay for (or trigger) more than it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_API = {
+    "CachePlan": "policy",
+    "POLICIES": "policy",
+    "DEFAULT_POLICY": "policy",
+    "plan": "policy",
+    "configure": "policy",
+    "configure_from_env": "policy",
+    "prewarm": "policy",
+    "cache_dir": "layout",
+    "status": "inventory",
+    "clear": "inventory",
+    "pack": "pack",
+    "unpack": "pack",
+    "verify": "integrity",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchrepro.cache' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -1,9 +1,248 @@
-"""`torchrepro cache ...` subcommands (being written)."""
+"""`torchrepro cache status|explain-miss|pack|unpack|verify|clear`.
+
+Exit codes: 0 ok; 1 analysed and fails (status: someone else can write to the cache; verify:
+a damaged or altered file; explain-miss: the two runs' keys differ); 2 usage or input error,
+with nothing written (unpack refuses the whole pack on any problem).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+
+_EPILOG = ("Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
+           "finds differing keys; 2 usage or input error (nothing is written).")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..report.terminal import render_findings
+    from .inventory import status
+
+    report = status(args.dir)
+    failing = any(f["severity"] == "error" for f in report["findings"])
+    if args.json:
+        _print_json(report)
+        return 1 if failing else 0
+    console = _console()
+    perms, totals = report["permissions"], report["totals"]
+    console.print(Text(f"inductor cache {report['path']} ({report['source']}): {totals['files']} files, "
+                       f"{_mb(totals['bytes'])}; owner {perms['owner']}, mode {perms['mode']}"), highlight=False)
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("kind", "files", "keys", "size", "oldest", "newest", "never hit"):
+        table.add_column(column, justify="left" if column == "kind" else "right")
+    for name, row in report["categories"].items():
+        table.add_row(name, str(row["files"]), str(row.get("keys", "")), _mb(row["bytes"]),
+                      _age(row["oldest_age_s"]), _age(row["newest_age_s"]), str(row["unreachable"] or ""))
+    console.print(table)
+    build = report["this_build"]
+    for what, counts in report["written_by"].items():
+        shown = ", ".join(f"{value} ({n})" for value, n in counts.items())
+        console.print(Text(f"written by {what}: {shown}   (this process: {build.get(what)})", style="dim"),
+                      highlight=False)
+    for group in report["unreachable"]:
+        console.print(Text(f"never hit: {group['files']} {group['category']} file(s): {group['why']}",
+                           style="yellow"), highlight=False)
+    render_findings(console, report["findings"])
+    if not report["findings"]:
+        console.print(Text("no findings: only you can write to this cache", style="green"))
+    return 1 if failing else 0
+
+
+def _events(run: str, rank: int | None):
+    from ..events import CacheLookup
+    from ..rundir import load_run
+
+    loaded = load_run(run)
+    logs = {log.rank: log for log in loaded.logs}
+    chosen = min(logs) if rank is None else rank
+    if chosen not in logs:
+        raise UserError(f"{run} has no rank {chosen} (ranks present: {sorted(logs)})")
+    lookups = logs[chosen].of(CacheLookup)
+    if not lookups:
+        raise UserError(f"{run} rank {chosen} recorded no compile-cache lookups (no inductor compile, or caches "
+                        "disabled): nothing to compare")
+    return lookups, f"{run} rank {chosen}"
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from rich.text import Text
+
+    from ..analysis.cache import explain_misses
+
+    if args.run_b is None and not args.ranks:
+        raise UserError("give two runs (RUN_A RUN_B), or one run and --ranks RA RB to compare two of its ranks")
+    rank_a, rank_b = args.ranks or (None, None)
+    a, label_a = _events(args.run_a, rank_a)
+    b, label_b = _events(args.run_b or args.run_a, rank_b)
+    result = explain_misses(a, b)
+    result["a"], result["b"] = label_a, label_b
+    code = 1 if result["keys_differ"] else 0
+    if args.json:
+        _print_json(result)
+        return code
+    console = _console()
+    counts = result["lookups"]
+    console.print(Text(f"A = {label_a}: {counts['a']}\nB = {label_b}: {counts['b']}"), highlight=False)
+    if not result["causes"] and not result["same_key_misses"]:
+        console.print(Text("same keys: B could reuse every entry A compiled", style="green")
+                      if not result["keys_differ"] else
+                      Text(f"{result['keys_differ']} key(s) differ, but neither run recorded key components",
+                           style="yellow"))
+    for cause in result["causes"]:
+        refs = sorted({f"{result['pairs'][i]['b']['cache']} {result['pairs'][i]['b']['compile_id']}"
+                       for i in cause["lookups"]})
+        console.print(Text(f" ✗ {cause['detail']}", style="bold red") +
+                      Text(f"   ({len(cause['lookups'])} lookup(s): {', '.join(refs)})", style="dim"),
+                      highlight=False)
+        console.print(Text(f"   component: {cause['component']}\n   fix: {cause['fix']}", style="dim"),
+                      highlight=False)
+    notes = {row["note"] for row in result["pairs"] if row["note"]}
+    for note in notes:
+        console.print(Text(f" · {note}", style="dim"), highlight=False)
+    if result["same_key_misses"]:
+        console.print(Text(f" · B missed {result['same_key_misses']} lookup(s) with A's exact key: the entries were "
+                           "not in B's cache directory (another TORCHINDUCTOR_CACHE_DIR, a cleared cache)",
+                           style="yellow"), highlight=False)
+    for side in ("a", "b"):
+        if result[f"only_{side}"]:
+            ids = ", ".join(sorted({x["compile_id"] for x in result[f"only_{side}"]}))
+            console.print(Text(f" · compiles only in {side.upper()}: {ids} (a recompile or graph one run did not "
+                               "make)", style="dim"), highlight=False)
+    return code
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from .pack import pack
+
+    manifest = pack(args.out, args.source, force=args.force)
+    left = manifest["left_out"]
+    print(f"packed {manifest['totals']['files']} files ({_mb(manifest['totals']['bytes'])}) from "
+          f"{manifest['source']} into {Path(args.out).absolute()}; left out {left['unreachable']} unreachable, "
+          f"{left['locks_partial_links']} locks/partial/links")
+    return 0
+
+
+def _cmd_unpack(args: argparse.Namespace) -> int:
+    from .pack import unpack
+
+    result = unpack(args.pack, args.into, force=args.force)
+    print(f"unpacked into {result['path']}: {result['added']} added, {result['replaced']} older replaced, "
+          f"{result['kept']} kept (already there, as new or newer); every sha256 verified")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .integrity import verify
+
+    result = verify(args.target)
+    if args.json:
+        _print_json(result)
+        return 1 if result["problems"] else 0
+    for problem in result["problems"][:20]:
+        print(f"torchrepro: damaged: {problem}")
+    if len(result["problems"]) > 20:
+        print(f"torchrepro: … and {len(result['problems']) - 20} more")
+    built = result["built_with"]
+    made = f", built with torch {built.get('torch')} on {built.get('system')} {built.get('machine')}" if built else ""
+    verdict = "FAILED" if result["problems"] else "ok"
+    print(f"verify {verdict}: {result['kind']} {result['path']}: {result['files']} files, "
+          f"{_mb(result['bytes'])}{made}")
+    if result["mismatches"]:
+        print(f"note: unpack here would refuse it without --force: {'; '.join(result['mismatches'])}")
+    return 1 if result["problems"] else 0
+
+
+def _cmd_clear(args: argparse.Namespace) -> int:
+    from .inventory import clear, parse_age
+
+    result = clear(args.dir, older_than=parse_age(args.older_than) if args.older_than else None, stale=args.stale,
+                   yes=args.yes)
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(result["by_category"].items())) or "nothing"
+    if result["dry_run"]:
+        print(f"would delete {result['files']} files ({_mb(result['bytes'])}) from {result['path']}: {kinds}; "
+              "run again with --yes to delete")
+        return 0
+    print(f"deleted {result['files'] - len(result['errors'])} files ({_mb(result['bytes'])}) from "
+          f"{result['path']}: {kinds}")
+    for error in result["errors"]:
+        print(f"torchrepro: could not delete {error}", file=sys.stderr)
+    return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``torchrepro cache`` and its subcommands on the main parser."""
+    cache = sub.add_parser("cache", help="compile caches: inventory, why a lookup missed, warm-start packs",
+                           description="Inductor compile caches: inventory, explain misses, warm-start packs.",
+                           epilog=_EPILOG)
+    commands = cache.add_subparsers(dest="cache_command", required=True, metavar="SUBCOMMAND")
+
+    status = commands.add_parser("status", help="what the cache holds, who wrote it, who can write to it",
+                                 epilog=_EPILOG)
+    status.add_argument("dir", nargs="?", metavar="DIR",
+                        help="cache directory (default: TORCHINDUCTOR_CACHE_DIR, else torch's default)")
+    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    status.set_defaults(func=_cmd_status)
+
+    explain = commands.add_parser("explain-miss", help="which cache-key component differs between two runs or ranks",
+                                  epilog=_EPILOG)
+    explain.add_argument("run_a", metavar="RUN_A", help="the run that compiled (and filled the cache)")
+    explain.add_argument("run_b", nargs="?", metavar="RUN_B", help="the run that missed (default: RUN_A, with --ranks)")
+    explain.add_argument("--ranks", nargs=2, type=int, metavar=("RA", "RB"),
+                         help="compare rank RA of RUN_A with rank RB of RUN_B (default: the lowest rank of each)")
+    explain.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    explain.set_defaults(func=_cmd_explain)
+
+    pack = commands.add_parser("pack", help="write a warm-start pack (compiled kernels included)", epilog=_EPILOG)
+    pack.add_argument("out", metavar="OUT.tar", help="the pack to write (.tar, or .tar.gz/.tgz to compress)")
+    pack.add_argument("--from", dest="source", metavar="DIR", help="cache directory to pack (default: the one in use)")
+    pack.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    pack.set_defaults(func=_cmd_pack)
+
+    unpack = commands.add_parser("unpack", help="verify a pack and unpack it into a cache directory", epilog=_EPILOG)
+    unpack.add_argument("pack", metavar="PACK")
+    unpack.add_argument("--into", metavar="DIR", help="target cache directory (default: the one in use)")
+    unpack.add_argument("--force", action="store_true", help="unpack a pack built for another torch/Python/platform")
+    unpack.set_defaults(func=_cmd_unpack)
+
+    verify = commands.add_parser("verify", help="check a pack or cache directory for damage, without unpacking",
+                                 epilog=_EPILOG)
+    verify.add_argument("target", metavar="PACK|DIR")
+    verify.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    verify.set_defaults(func=_cmd_verify)
+
+    clear = commands.add_parser("clear", help="delete cache entries (a dry run unless --yes)", epilog=_EPILOG)
+    clear.add_argument("dir", nargs="?", metavar="DIR", help="cache directory (default: the one in use)")
+    clear.add_argument("--older-than", metavar="AGE", help="only entries written more than AGE ago (7d, 12h, 30m)")
+    clear.add_argument("--stale", action="store_true", help="only entries no current configuration can hit")
+    clear.add_argument("--yes", action="store_true", help="really delete (default: list what would go)")
+    clear.set_defaults(func=_cmd_clear)

@@ -65,10 +65,12 @@ class StepRecorder:
         self._grads: tuple[str, float] | None = None
         self._compiles = 0
         self._start = time.perf_counter()
-        self._rng_fps = live_fingerprints() if self.config.rng else None
-        self._rng_at = "start"
+        self._rng_fps: dict[str, str] | None = None
+        self._rng_at: str | None = None
+        self._own = 0.0
         self._step_times: list[float] = []
         self._fp_costs: list[float] = []
+        self._own_costs: list[float] = []
         self._undo: list[Callable[[], None]] = []
         self.failed = False
         self._names: list[str] | None = None
@@ -162,23 +164,27 @@ class StepRecorder:
         self._compiles += 1
 
     # --- observers ----------------------------------------------------------------------
+    def _read_rng(self, at: str) -> None:
+        """Once per step: the RNG state when its first batch is fetched (a new epoch's iterator
+        has drawn its seed by then), else at its first backward() (after any seeding)."""
+        if self._rng_fps is None and self.config.rng:
+            self._rng_fps, self._rng_at = live_fingerprints(), at
+
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
-        if not self._losses and not self._batch_fps and self.config.rng:
-            # No batch fetched this step: the RNG state at its first backward() (after any seeding
-            # the script did) stands for the state the step ran with.
-            self._rng_fps, self._rng_at = live_fingerprints(), "backward"
+        t0 = time.perf_counter()
+        self._read_rng("backward")
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._losses.append(tensors.detach())
+        self._own += time.perf_counter() - t0
 
     def _note_batch(self, batch: Any) -> None:
-        if not self._batch_fps and self.config.rng:
-            # The RNG state a step starts with is the one after its first batch is fetched (a new
-            # epoch's iterator draws its seed from the global generator).
-            self._rng_fps, self._rng_at = live_fingerprints(), "batch"
+        t0 = time.perf_counter()
+        self._read_rng("batch")
         try:
             self._batch_fps.append(fingerprint(batch))
         except (TypeError, ValueError):
             self._batch_fps.append("unhashable")
+        self._own += time.perf_counter() - t0
 
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
@@ -229,25 +235,26 @@ class StepRecorder:
             event.param_fps = [d[:16] for d in digests]
             event.params_fp = hash_bytes(*(d.encode() for d in digests))[:16]
             fp_cost = time.perf_counter() - t0
-        self._choose_interval(index, step_time, fp_cost)
         if self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._emit(event)
+        own = self._own + (time.perf_counter() - now) - fp_cost
+        self._choose_interval(index, step_time - self._own, fp_cost, own)
         self.completed += 1
-        self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
-        self._rng_fps = live_fingerprints() if self.config.rng else None
-        self._rng_at = "step_end"
+        self._reset_step()
         for listener in self.listeners:
             listener(index)
         self._start = time.perf_counter()
+
+    def _reset_step(self) -> None:
+        self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
+        self._rng_fps, self._rng_at, self._own = None, None, 0.0
 
     def restart_at(self, step: int) -> None:
         """A resumed run continues at ``step``: number its steps from there and forget what the
         restore itself fetched (the skipped batches)."""
         self.completed = step
-        self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
-        self._rng_fps = live_fingerprints() if self.config.rng else None
-        self._rng_at = "resume"
+        self._reset_step()
         self._start = time.perf_counter()
 
     def _should_fingerprint(self, index: int) -> bool:
@@ -255,19 +262,22 @@ class StepRecorder:
             return True  # still measuring
         return index % self.every == 0
 
-    def _choose_interval(self, index: int, step_time: float, fp_cost: float) -> None:
+    def _choose_interval(self, index: int, step_time: float, fp_cost: float, own: float) -> None:
+        """Automatic interval: all of capture's per-step work — the fixed part (RNG and batch
+        digests, the event) plus parameter fingerprints every N steps — within 1 % of step time."""
         if self.config.fingerprint_every is not None or self.every is not None:
             return
         if index >= 1:  # step 0 holds the first compile
             self._step_times.append(step_time)
             self._fp_costs.append(fp_cost)
+            self._own_costs.append(own)
         if len(self._step_times) >= _AUTO_WARMUP:
-            step = statistics.median(self._step_times)
-            cost = statistics.median(self._fp_costs)
-            self.every = max(1, math.ceil(cost / (_OVERHEAD_BUDGET * max(step, 1e-9))))
+            step, cost, fixed = (statistics.median(x) for x in (self._step_times, self._fp_costs, self._own_costs))
+            room = max(_OVERHEAD_BUDGET * step - fixed, _OVERHEAD_BUDGET * step / 10)
+            self.every = max(1, math.ceil(cost / room))
             self._emit(Capability(rank=self.rank, step=index, name="fingerprint_interval", available=True,
-                                  note=f"every {self.every} step(s): a parameter fingerprint costs "
-                                       f"{cost * 1e3:.3f} ms, a step {step * 1e3:.3f} ms"))
+                                  note=f"every {self.every} step(s): a parameter fingerprint costs {cost * 1e3:.3f} ms, "
+                                       f"other capture work {fixed * 1e3:.3f} ms, a step {step * 1e3:.3f} ms"))
 
     def _snapshot(self, index: int) -> None:
         arrays = {name: _to_numpy(p) for name, p in zip(self._names, self._params)}

@@ -1,0 +1,114 @@
+"""`torchrepro cache verify PACK|DIR`: integrity without unpacking or loading anything.
+
+A pack (or a pack extracted by hand: a directory holding ``torchrepro-pack.json``) is checked
+file by file against its manifest. A plain cache directory is checked for what a killed or
+tampered-with writer leaves behind: truncated pickles (every entry ends with pickle's STOP
+opcode), ``.so`` files shorter than their ELF header says, Python modules that do not parse,
+links, and unreadable files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .layout import Entry, current_build, existing_cache_dir, scan
+from .pack import MANIFEST, PACK_SCHEMA, PREFIX, build_mismatches, check_pack, sha256_file
+
+
+def _elf_truncated(path: Path, size: int) -> bool:
+    with open(path, "rb") as fp:
+        head = fp.read(64)
+    if head[:4] != b"\x7fELF" or len(head) < 52:
+        return head[:4] == b"\x7fELF"  # an ELF magic with no room for its header
+    order = "little" if head[5] == 1 else "big"
+    wide = head[4] == 2
+    offset = int.from_bytes(head[0x28:0x30] if wide else head[0x20:0x24], order)
+    entsize = int.from_bytes(head[0x3A:0x3C] if wide else head[0x2E:0x30], order)
+    count = int.from_bytes(head[0x3C:0x3E] if wide else head[0x30:0x32], order)
+    return offset + entsize * count > size
+
+
+def _pickle_truncated(path: Path, size: int) -> bool:
+    with open(path, "rb") as fp:
+        first = fp.read(1)
+        fp.seek(max(size - 1, 0))
+        last = fp.read(1)
+    return first != b"\x80" or last != b"."
+
+
+def entry_problem(root: Path, entry: Entry) -> str | None:
+    """What is wrong with one cache file, judged from its bytes alone (nothing is loaded)."""
+    path = root / entry.rel
+    try:
+        if entry.category == "link":
+            return "a link or special file: a cache holds regular files only"
+        if entry.category in ("fxgraph", "aotautograd") and _pickle_truncated(path, entry.size):
+            return "truncated or not a pickle (no STOP opcode at the end)"
+        if entry.rel.endswith(".so") and _elf_truncated(path, entry.size):
+            return "truncated shared object (shorter than its ELF header says)"
+        if entry.category == "python":
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"Python module does not parse (line {exc.lineno}): truncated?"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    return None
+
+
+def _verify_extracted(root: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+        files = manifest["files"] if manifest.get("schema") == PACK_SCHEMA else None
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise InputError(f"{root / MANIFEST}: unreadable manifest ({exc})") from None
+    if not isinstance(files, list):
+        raise InputError(f"{root / MANIFEST} is not a torchrepro pack manifest")
+    problems, total = [], 0
+    for f in files:
+        path = root / PREFIX / f["path"]
+        try:
+            if path.is_symlink() or sha256_file(path) != f["sha256"]:
+                problems.append(f"{f['path']}: content does not match the manifest's sha256")
+                continue
+        except OSError as exc:
+            problems.append(f"{f['path']}: {exc.strerror or exc}")
+            continue
+        total += f["size"]
+    return {"kind": "extracted pack", "manifest": manifest, "files": len(files) - len(problems),
+            "bytes": total, "problems": problems}
+
+
+def _verify_cache_dir(root: Path) -> dict[str, Any]:
+    entries = scan(root)
+    problems = [f"{e.rel}: {why}" for e in entries if (why := entry_problem(root, e))]
+    return {"kind": "cache directory", "manifest": None, "files": len(entries), "problems": problems,
+            "bytes": sum(e.size for e in entries)}
+
+
+def verify(path: str | os.PathLike) -> dict[str, Any]:
+    """Check a pack, an extracted pack or a cache directory; ``problems`` lists each defect.
+
+    A pack built for another installation is not a defect: ``mismatches`` says why ``unpack``
+    would refuse it. :class:`InputError` when ``path`` is missing or not one of these.
+
+    >>> verify("warm.tar")["problems"]  # doctest: +SKIP
+    []
+    """
+    path = Path(path)
+    if path.is_dir() and (path / MANIFEST).is_file():
+        result = _verify_extracted(path)
+    elif path.is_dir():
+        result = _verify_cache_dir(existing_cache_dir(path)[0])
+    else:
+        check = check_pack(path)
+        result = {"kind": "pack", "manifest": check.manifest, "files": check.files, "bytes": check.bytes,
+                  "problems": check.problems}
+    manifest = result.pop("manifest")
+    built = manifest.get("build", {}) if manifest else {}
+    return {"path": str(path), **result, "built_with": built,
+            "mismatches": build_mismatches(built, current_build()) if built else [],
+            "created": manifest.get("created") if manifest else None}

@@ -1,0 +1,168 @@
+"""Which cache directory each rank compiles into, and warm starts before training.
+
+Three policies, chosen by measurement (docs/cache.md): ``per-node`` (the default: one
+directory per machine, shared by its ranks), ``shared`` (one directory for every rank of every
+node, e.g. on a shared filesystem) and ``per-rank`` (one directory per global rank). They only
+decide ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from ..errors import InputError, UserError
+
+POLICIES = ("per-node", "shared", "per-rank")
+DEFAULT_POLICY = "per-node"
+# Set by `--cache-policy` (CLI) for the processes it launches: read by `configure_from_env`.
+POLICY_VAR, ROOT_VAR, WARM_VAR = "TORCHREPRO_CACHE_POLICY", "TORCHREPRO_CACHE_ROOT", "TORCHREPRO_CACHE_WARM_FROM"
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """The directories one process compiles into under a policy."""
+
+    policy: str
+    root: Path
+    inductor_dir: Path
+    triton_dir: Path
+    rank: int
+    node: str
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that put inductor and Triton there."""
+        return {"TORCHINDUCTOR_CACHE_DIR": str(self.inductor_dir), "TRITON_CACHE_DIR": str(self.triton_dir)}
+
+
+def _default_root(environ: Mapping[str, str]) -> Path:
+    if environ.get(ROOT_VAR):
+        return Path(environ[ROOT_VAR]).absolute()
+    if environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(environ["TORCHINDUCTOR_CACHE_DIR"]).absolute()
+    from .layout import cache_dir
+
+    return cache_dir()[0]
+
+
+def plan(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None,
+         environ: Mapping[str, str] | None = None) -> CachePlan:
+    """Where this process (rank from ``RANK``, node from ``GROUP_RANK`` or the host name) would
+    compile under ``policy``; sets and creates nothing. ``root`` defaults to
+    ``TORCHREPRO_CACHE_ROOT`` (which :func:`configure` sets, so calling it again, or in a child
+    process, gives the same directory), else ``TORCHINDUCTOR_CACHE_DIR``, else torch's default.
+
+    >>> plan("per-rank", "/scratch/cache", {"RANK": "3"}).inductor_dir
+    PosixPath('/scratch/cache/rank-3')
+    """
+    if policy not in POLICIES:
+        raise UserError(f"unknown cache policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    environ = os.environ if environ is None else environ
+    base = Path(root).expanduser().absolute() if root is not None else _default_root(environ)
+    try:
+        rank = int(environ.get("RANK", "0"))
+    except ValueError:
+        raise UserError(f"RANK={environ.get('RANK')!r} is not an integer") from None
+    node = environ.get("GROUP_RANK") or socket.gethostname() or "node"
+    directory = {"shared": base, "per-node": base / f"node-{node}", "per-rank": base / f"rank-{rank}"}[policy]
+    return CachePlan(policy, base, directory, directory / "triton", rank, node)
+
+
+def _compiles_so_far() -> int:
+    """Compile-cache lookups this process has made (0 before torch.compile ran)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return 0
+    return sum(sum(counters.get(group, {}).values()) for group in ("inductor", "aot_autograd")
+               if group in counters)
+
+
+def configure(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None) -> CachePlan:
+    """Point this process's inductor and Triton caches at the policy's directory (created with
+    mode 0700 when missing). Call it before the first ``torch.compile`` runs: after that,
+    inductor has already used the old directory and :class:`UserError` is raised.
+
+    >>> import torchrepro.cache
+    >>> torchrepro.cache.configure("per-node", root="/local/cache")  # doctest: +SKIP
+    CachePlan(policy='per-node', ..., inductor_dir=PosixPath('/local/cache/node-host1'), ...)
+    """
+    chosen = plan(policy, root)
+    if _compiles_so_far():
+        raise UserError("torchrepro.cache.configure() must run before the first compile: this process already "
+                        f"used the cache at {os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'the default directory')}")
+    chosen.inductor_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _warn_if_others_can_write(chosen.inductor_dir)
+    os.environ.update(chosen.env())
+    os.environ[ROOT_VAR] = str(chosen.root)
+    return chosen
+
+
+def _warn_if_others_can_write(directory: Path) -> None:
+    if not hasattr(os, "geteuid"):
+        return
+    from ..envinfo import _cache_risks
+
+    for risk in _cache_risks(directory.resolve()):
+        warnings.warn(f"torchrepro: {risk}", stacklevel=3)
+
+
+@contextmanager
+def _exclusive(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (ranks sharing it unpack one at a time)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: unpack is atomic per file anyway
+        yield
+        return
+    lock_dir = directory / "locks"
+    lock_dir.mkdir(exist_ok=True)
+    with open(lock_dir / "torchrepro-prewarm.lock", "a") as fp:
+        fcntl.flock(fp, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fp, fcntl.LOCK_UN)
+
+
+def prewarm(pack: str | os.PathLike, policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None, *,
+            strict: bool = False) -> CachePlan:
+    """:func:`configure`, then unpack a warm-start pack into this process's cache directory so
+    the first step loads compiled kernels instead of compiling. Ranks that share a directory
+    unpack one after the other (a file lock); files already there are kept. A pack that cannot
+    be used (damaged, or built for another torch) is a warning and a cold start, unless ``strict``.
+
+    >>> torchrepro.cache.prewarm("warm.tar", "per-node", root="/local/cache")  # doctest: +SKIP
+    """
+    from .pack import unpack
+
+    chosen = configure(policy, root)
+    with _exclusive(chosen.inductor_dir):
+        try:
+            unpack(pack, into=chosen.inductor_dir)
+        except InputError as exc:
+            if strict:
+                raise
+            warnings.warn(f"torchrepro: warm start skipped, compiling cold: {exc}", stacklevel=2)
+    return chosen
+
+
+def configure_from_env(environ: Mapping[str, str] | None = None) -> CachePlan | None:
+    """Apply ``TORCHREPRO_CACHE_POLICY`` / ``_ROOT`` / ``_WARM_FROM`` (what ``--cache-policy``
+    passes to the processes it launches); None when no policy is set.
+
+    >>> configure_from_env({"TORCHREPRO_CACHE_POLICY": "per-rank"})  # doctest: +SKIP
+    """
+    environ = os.environ if environ is None else environ
+    policy = environ.get(POLICY_VAR)
+    if not policy:
+        return None
+    root = environ.get(ROOT_VAR) or None
+    warm = environ.get(WARM_VAR)
+    return prewarm(warm, policy, root) if warm else configure(policy, root)
