@@ -67,7 +67,10 @@ def build(args: argparse.Namespace):
         layers += [nn.Linear(args.width, args.width), nn.ReLU()]
     layers.append(nn.Linear(args.width, args.classes))
     model = nn.Sequential(*layers)
-    compiled = torch.compile(model, backend=args.backend)
+    if torch.distributed.is_initialized():  # --nproc: data parallel, gradients all-reduced over gloo
+        compiled = torch.compile(nn.parallel.DistributedDataParallel(model), backend=args.backend)
+    else:
+        compiled = torch.compile(model, backend=args.backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     n = args.batch_size * 16
     data = TensorDataset(torch.randn(n, args.in_features), torch.randint(0, args.classes, (n,)))
@@ -308,27 +311,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    p.add_argument("--nproc", type=int, default=1, help="ranks (DDP over gloo, launched with torchrun); rank 0 reports")
     p.add_argument("--compile-child", choices=("none", "default"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None and "OVERHEAD_ARGV" in os.environ:  # a rank of --nproc (torchrun would parse --nproc itself)
+        argv = json.loads(os.environ["OVERHEAD_ARGV"])
     args = parse_args(argv)
     if args.compile_child:
         compile_child(args)
         return
+    if args.nproc > 1 and "RANK" not in os.environ:  # relaunch this script on every rank
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
+               __file__]
+        env = {**os.environ, "OVERHEAD_ARGV": json.dumps(argv if argv is not None else sys.argv[1:])}
+        raise SystemExit(subprocess.run(cmd, env=env).returncode)
     import torch
 
+    if args.nproc > 1:
+        torch.distributed.init_process_group("gloo")
+        args.compile_rounds = 0  # cold compiles are measured single-process
+        if torch.distributed.get_rank() != 0:
+            sys.stdout = open(os.devnull, "w")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-          f"{platform.processor() or platform.machine()}")
+          f"{platform.processor() or platform.machine()}, {args.nproc} rank(s)")
     steady = steady_state(args) if args.rounds else None
     compiled = compile_time(args) if args.compile_rounds else None
     if steady:
         print_steady(steady, args)
     if compiled:
         print_compile(compiled, args)
+    if args.nproc > 1:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
