@@ -76,3 +76,31 @@ def test_hanging_rank_is_ended_with_stacks(tmp_path):
     assert "all_reduce" in where["0"] and "rank_hangs.py:18" in where["0"]
     assert "rank_hangs.py:20" in where["1"]
     assert (tmp_path / "run" / "rank-0" / "stacks.txt").read_text().strip()
+
+
+def test_two_nodes_launched_by_the_user_merge_into_one_report(tmp_path):
+    """Two torchrun launchers (one per "node", static rendezvous on localhost), each running
+    `-m torchrepro run`; the nodes' rank folders are copied together and reported as one run."""
+    import shutil
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "-m", "torchrepro", "run", "--out", str(tmp_path / f"node{node}"), str(SCRIPTS / "ddp_compile.py")]
+        nodes.append(subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for proc in nodes:
+        proc.wait(timeout=300)
+    merged = tmp_path / "merged"
+    for node in (0, 1):
+        shutil.copytree(tmp_path / f"node{node}" / f"rank-{node}", merged / f"rank-{node}")
+    proc = subprocess.run([sys.executable, "-m", "torchrepro", "report", "--json", str(tmp_path / "r.json"),
+                           str(merged)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["run"]["ranks_present"] == [0, 1] and report["run"]["world_size"] == 2
+    assert finding(report, "RANK_RECOMPILE_ASYMMETRY")["evidence"]["rank"] == 1
