@@ -35,7 +35,7 @@ from ..rng import combine, live_fingerprints
 
 _AUTO_WARMUP = 5  # steps fingerprinted every time while the cost of a fingerprint is measured
 _OVERHEAD_BUDGET = 0.01  # automatic interval: all capture work at most 1 % of step time ...
-_SAFETY = 2.0  # ... planned at half of it: step times measured in the first steps are noisy
+_SAFETY = 2.0  # ... with fingerprints planned at twice their measured cost (first-step timings are noisy)
 
 
 @dataclass
@@ -274,9 +274,9 @@ class StepRecorder:
             self._own_costs.append(own)
         if len(self._step_times) >= _AUTO_WARMUP:
             step, cost, fixed = (statistics.median(x) for x in (self._step_times, self._fp_costs, self._own_costs))
-            budget = _OVERHEAD_BUDGET * step / _SAFETY
+            budget = _OVERHEAD_BUDGET * step
             room = max(budget - fixed, budget / 10)
-            self.every = max(1, math.ceil(cost / room))
+            self.every = max(1, math.ceil(_SAFETY * cost / room))
             self._emit(Capability(rank=self.rank, step=index, name="fingerprint_interval", available=True,
                                   note=f"every {self.every} step(s): a parameter fingerprint costs {cost * 1e3:.3f} ms, "
                                        f"other capture work {fixed * 1e3:.3f} ms, a step {step * 1e3:.3f} ms"))
