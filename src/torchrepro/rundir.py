@@ -6,6 +6,8 @@ several nodes make one run.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import re
@@ -13,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import InputError
 from .events import EventLog, rank_logs, read_events
@@ -74,6 +76,17 @@ class Run:
         return [log.rank for log in self.logs]
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def load_run(path: str | os.PathLike) -> Run:
     """Read a run directory; :class:`InputError` if it holds no event log at all."""
     path = Path(path)
@@ -89,14 +102,15 @@ def load_run(path: str | os.PathLike) -> Run:
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
-    for file in files:
-        try:
-            log = read_events(file)
-        except OSError as exc:
-            run.problems.append(f"{file}: unreadable ({exc})")
-            continue
-        run.logs.append(log)
-        run.problems.extend(log.problems)
+    with _no_gc():  # millions of small objects: the cyclic collector would rescan them again and again
+        for file in files:
+            try:
+                log = read_events(file)
+            except OSError as exc:
+                run.problems.append(f"{file}: unreadable ({exc})")
+                continue
+            run.logs.append(log)
+            run.problems.extend(log.problems)
     if not run.logs:
         raise InputError(f"no readable event log in {path}")
     return run

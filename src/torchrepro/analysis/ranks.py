@@ -254,11 +254,15 @@ def _straggler_findings(logs: list[EventLog]) -> list[Finding]:
         for c in log.of(Compile):
             if c.step is not None:
                 compile_time[(log.rank, c.step)] += (c.dynamo_s or 0) + (c.backward_s or 0)
-    ranks = [log.rank for log in logs]
-    worst = None
+    by_step: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for (rank, step), seconds in compile_time.items():
-        others = [compile_time.get((r, step), 0.0) for r in ranks if r != rank]
-        skew = seconds - max(others)
+        by_step[step].append((seconds, rank))
+    worst = None
+    for step, entries in by_step.items():
+        entries.sort(reverse=True)
+        seconds, rank = entries[0]
+        runner_up = entries[1][0] if len(entries) > 1 else 0.0  # ranks without a compile there: 0 s
+        skew = seconds - runner_up
         if skew > 0.5 and (worst is None or skew > worst[2]):
             worst = (rank, step, skew)
     if worst is None:

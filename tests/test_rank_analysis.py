@@ -1,0 +1,71 @@
+"""Cross-rank findings from event logs (pure analysis: the logs are built here, as a copied-together
+run directory would hold them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchrepro.analysis.ranks import rank_findings, where
+from torchrepro.events import CacheLookup, Compile, EventLog, Header, Params, Step
+
+
+def log(rank: int, events: list) -> EventLog:
+    for e in events:
+        e.rank = rank
+    return EventLog(Path(f"run/rank-{rank}/events.jsonl"), [Header(rank=rank, world_size=2), *events])
+
+
+def steps(n: int, *, params=lambda i, r: f"p{i}", rng=lambda i, r: f"r{i}", batch=lambda i, r: f"b{i}-{r}",
+          rank: int = 0) -> list:
+    return [Step(step=i, index=i, params_fp=params(i, rank), param_fps=[params(i, rank), "same"],
+                 rng_fps={"torch_cpu": rng(i, rank)}, batch_fp=batch(i, rank)) for i in range(n)]
+
+
+PARAMS = Params(names=["layer.weight", "layer.bias"], shapes=[[2, 2], [2]], dtypes=["float32"] * 2,
+                kinds=["tensor"] * 2)
+
+
+def codes(logs) -> dict[str, dict]:
+    return {f.code: f.evidence for f in rank_findings(logs)}
+
+
+def test_replicas_in_step_with_per_rank_rng_give_no_finding():
+    logs = [log(r, [PARAMS, *steps(4, rng=lambda i, r: f"r{i}-{r}", rank=r)]) for r in (0, 1)]
+    assert codes(logs) == {}
+
+
+def test_replicas_diverging_mid_run_name_the_step_and_parameter():
+    diverge = lambda i, r: f"p{i}" if i < 3 or r == 0 else f"x{i}"  # noqa: E731
+    logs = [log(r, [PARAMS, *steps(5, params=diverge, rng=lambda i, r: f"r{i}-{r}", rank=r)]) for r in (0, 1)]
+    evidence = codes(logs)["REPLICAS_DIVERGE"]
+    assert evidence["step"] == 3 and evidence["ranks"] == [0, 1] and evidence["parameters"] == ["layer.weight"]
+
+
+def test_same_rng_on_different_data_and_duplicate_batches():
+    same_rng = [log(r, [PARAMS, *steps(4, rank=r)]) for r in (0, 1)]
+    assert "RNG_IDENTICAL_ACROSS_RANKS" in codes(same_rng)
+    unused_rng = [log(r, [PARAMS, *steps(4, rng=lambda i, r: "r", rank=r)]) for r in (0, 1)]
+    assert "RNG_IDENTICAL_ACROSS_RANKS" not in codes(unused_rng)  # the stream never advances: no random op
+    duplicated = [log(r, [PARAMS, *steps(4, rng=lambda i, r: f"r{i}-{r}", batch=lambda i, r: f"b{i}", rank=r)])
+                  for r in (0, 1)]
+    assert "DUPLICATE_BATCHES_ACROSS_RANKS" in codes(duplicated)
+
+
+def test_cache_split_and_compile_straggler():
+    first = Compile(step=0, compile_id="0/0", function="forward", dynamo_s=1.0)
+    logs = [
+        log(0, [first, CacheLookup(step=0, cache="fxgraph", status="hit"), *steps(4, rank=0)]),
+        log(1, [Compile(step=0, compile_id="0/0", function="forward", dynamo_s=3.5),
+                CacheLookup(step=0, cache="fxgraph", status="miss"), *steps(4, rank=1)]),
+    ]
+    found = codes(logs)
+    assert found["CACHE_DECISION_SPLIT"]["per_rank"] == {0: {"hit": 1, "miss": 0}, 1: {"hit": 0, "miss": 1}}
+    assert found["COMPILE_STRAGGLER"] == {"rank": 1, "step": 0, "extra_compile_s": 2.5}
+
+
+def test_where_a_hung_rank_waits():
+    frames = [{"file": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 3, "function": "all_reduce"},
+              {"file": "/home/me/train.py", "line": 42, "function": "main"}]
+    assert where(frames) == "/home/me/train.py:42 in main, waiting in all_reduce (" \
+                            "/x/site-packages/torch/distributed/distributed_c10d.py:3)"
+    assert where([]) is None
