@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .errors import InputError, UserError
+from .errors import UserError
 
 
 def _cmd_env(args: argparse.Namespace) -> int:

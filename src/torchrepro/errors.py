@@ -15,9 +15,3 @@ class InputError(UserError):
 
 class RngStateError(UserError):
     """An RNG state file that cannot be loaded into this process."""
-
-
-class ScriptFailed(UserError):
-    """The user's script exited with an error (CLI exit code 3)."""
-
-    exit_code = 3

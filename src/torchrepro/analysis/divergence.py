@@ -13,10 +13,9 @@ import numpy as np
 
 from ..events import Compile, EventLog, Header, Params, Step
 
-CAUSES = ("data_order", "rng", "numerics", "nondeterministic_op", "environment", "recompile", "unknown")
-# What a divergent step is attributed to, in the order a step happens: its input, the RNG it
-# starts with, then what it computes.
-ASPECTS = ("batch", "rng", "loss", "grads", "params")
+# Causes (a fixed set): data_order, rng, numerics, nondeterministic_op, environment, recompile,
+# unknown. A divergent step is attributed to, in the order a step happens: its batch, the RNG it
+# ran with, then what it computes (loss, grads, params).
 
 
 @dataclass
