@@ -73,7 +73,7 @@ _CAUSES: list[tuple[re.Pattern[str], Cause]] = [(re.compile(p), c) for p, c in [
     (r"^cuda_matmul_settings$", Cause(
         "matmul_precision", "matmul precision (TF32 / reduced-precision reductions)", _GLOBAL_STATE)),
     (r"^autocast_state$", Cause("autocast", "autocast state", "Enter torch.autocast the same way in every run.")),
-    (r"^(default_cuda_device_index)$", Cause(
+    (r"^default_cuda_device_index$", Cause(
         "device_index", "current device index",
         "Give every rank the same device index: CUDA_VISIBLE_DEVICES=<local rank> makes each rank's GPU cuda:0.")),
     (r"^inductor_config(_comms)?\[", Cause(
@@ -197,13 +197,13 @@ def _match(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> tuple[list[tup
     pairs = [(ka[k], kb[k]) for k in ka if k in kb]
     left_a = [x for k, x in ka.items() if k not in kb]
     left_b = [x for k, x in kb.items() if k not in ka]
-    for cache in {x.cache for x in left_a}:
+    for cache in sorted({x.cache for x in left_a}):
         ra = [x for x in left_a if x.cache == cache]
         rb = [x for x in left_b if x.cache == cache]
-        pairs += list(zip(ra, rb))
-        n = min(len(ra), len(rb))
-        left_a = [x for x in left_a if x not in ra[:n]]
-        left_b = [x for x in left_b if x not in rb[:n]]
+        matched = list(zip(ra, rb))
+        pairs += matched
+        left_a = [x for x in left_a if all(x is not p for p, _ in matched)]
+        left_b = [x for x in left_b if all(x is not q for _, q in matched)]
     return pairs, left_a, left_b
 
 
@@ -215,10 +215,11 @@ def _lookup_ref(x: CacheLookup) -> dict[str, Any]:
 def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[str, Any]:
     """Why the lookups ``b`` (a later run, or another rank) could not reuse the entries ``a`` made.
 
-    Returns ``pairs`` (each matched lookup with its differing components), ``causes`` (each
-    distinct cause once, with the lookups it explains and its fix, most frequent first),
-    ``only_a`` / ``only_b`` (lookups with no counterpart: a compile one run did and the other
-    did not) and ``same_key_misses`` (b missed with a's very key: the entry was not in b's cache
+    Returns ``pairs`` (each matched lookup with its differing components, or why it bypassed the
+    cache), ``causes`` (each distinct cause once, with the lookups it explains and its fix, most
+    frequent first), ``keys_differ`` and ``bypassed`` (counts of pairs), ``only_a`` / ``only_b``
+    (lookups with no counterpart: a compile one run did and the other did not) and
+    ``same_key_misses`` (b missed, later, with a's very key: the entry was not in b's cache
     directory).
 
     >>> result = explain_misses(run_a_lookups, run_b_lookups)  # doctest: +SKIP
@@ -229,13 +230,15 @@ def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[s
     fx_diffs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     rows = []
     for x, y in pairs:
-        diffs = compare_keys(x, y) if x.key != y.key else []
+        bypass = [f"{side} bypassed the cache ({z.reason or 'no reason recorded'})"
+                  for side, z in (("A", x), ("B", y)) if z.status == "bypass"]
+        diffs = compare_keys(x, y) if x.key != y.key and not bypass else []
         if x.cache == "fxgraph":
             fx_diffs[x.compile_id].extend(diffs)
         rows.append({"a": _lookup_ref(x), "b": _lookup_ref(y), "same_key": x.key == y.key and x.key is not None,
-                     "differences": diffs, "note": None})
+                     "bypass": bool(bypass), "differences": diffs, "note": "; ".join(bypass) or None})
     for row in rows:  # key differs, nothing recorded: borrow the same compile's FX-graph differences
-        if not row["same_key"] and not row["differences"]:
+        if not row["same_key"] and not row["bypass"] and not row["differences"]:
             borrowed = {d["component"]: d for d in fx_diffs.get(row["a"]["compile_id"], [])}
             row["differences"] = list(borrowed.values())
             row["note"] = _NO_COMPONENTS + ("; the FX-graph lookups of the same compile differ as shown"
@@ -245,12 +248,15 @@ def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[s
         for d in row["differences"]:
             entry = causes.setdefault(d["detail"], {**d, "lookups": []})
             entry["lookups"].append(index)
-    same_key_misses = [row for row in rows if row["same_key"] and row["b"]["status"] == "miss"]
+    # b looked the key up after a had compiled it, and still missed: the entry was not where b looked
+    same_key_misses = [row for row, (x, y) in zip(rows, pairs)
+                       if row["same_key"] and y.status == "miss" and y.t > x.t]
     return {
         "pairs": rows,
         "causes": sorted(causes.values(), key=lambda c: -len(c["lookups"])),
         "same_key_misses": len(same_key_misses),
-        "keys_differ": sum(not row["same_key"] for row in rows),
+        "keys_differ": sum(not row["same_key"] and not row["bypass"] for row in rows),
+        "bypassed": sum(row["bypass"] for row in rows),
         "only_a": [_lookup_ref(x) for x in only_a],
         "only_b": [_lookup_ref(x) for x in only_b],
         "lookups": {"a": _counts(a), "b": _counts(b)},

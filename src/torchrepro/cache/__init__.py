@@ -17,6 +17,7 @@ _API = {
     "CachePlan": "policy",
     "POLICIES": "policy",
     "DEFAULT_POLICY": "policy",
+    "PREWARM_POLICY": "policy",
     "plan": "policy",
     "configure": "policy",
     "configure_from_env": "policy",
@@ -24,8 +25,8 @@ _API = {
     "cache_dir": "layout",
     "status": "inventory",
     "clear": "inventory",
-    "pack": "pack",
-    "unpack": "pack",
+    "pack": "archive",
+    "unpack": "archive",
     "verify": "integrity",
 }
 

@@ -111,9 +111,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         _print_json(result)
         return code
     console = _console()
-    counts = result["lookups"]
-    console.print(Text(f"A = {label_a}: {counts['a']}\nB = {label_b}: {counts['b']}"), highlight=False)
-    if not result["causes"] and not result["same_key_misses"]:
+    for side, label in (("a", label_a), ("b", label_b)):
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(result["lookups"][side].items()))
+        console.print(Text(f"{side.upper()} = {label}: {counts}"), highlight=False)
+    if not result["causes"] and not result["same_key_misses"] and not result["bypassed"]:
         console.print(Text("same keys: B could reuse every entry A compiled", style="green")
                       if not result["keys_differ"] else
                       Text(f"{result['keys_differ']} key(s) differ, but neither run recorded key components",
@@ -142,23 +143,30 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .pack import pack
+    from .archive import pack
 
-    manifest = pack(args.out, args.source, force=args.force)
-    left = manifest["left_out"]
-    print(f"packed {manifest['totals']['files']} files ({_mb(manifest['totals']['bytes'])}) from "
-          f"{manifest['source']} into {Path(args.out).absolute()}; left out {left['unreachable']} unreachable, "
-          f"{left['locks_partial_links']} locks/partial/links")
+    manifest = pack(args.out, args.source, headers=not args.no_headers, headers_from=args.headers_from,
+                    force=args.force)
+    left, totals = manifest["left_out"], manifest["totals"]
+    print(f"packed {totals['files']} files ({_mb(totals['bytes'])}, {totals['headers']} of them precompiled "
+          f"headers) from {manifest['source']} into {Path(args.out).absolute()}; left out {left['unreachable']} "
+          f"unreachable, {left['locks_partial_links']} locks/partial/links")
     return 0
 
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
-    from .pack import unpack
+    from .archive import unpack
 
-    result = unpack(args.pack, args.into, force=args.force)
+    result = unpack(args.pack, args.into, headers_into=args.headers_into, force=args.force)
     print(f"unpacked into {result['path']}: {result['added']} added, {result['replaced']} older replaced, "
           f"{result['kept']} kept (already there, as new or newer); every sha256 verified")
+    _kernel_note(result["kernels_rebuilt"])
     return 0
+
+
+def _kernel_note(differences: list[str]) -> None:
+    if differences:
+        print(f"note: the graphs will hit but every C++ kernel will be rebuilt here: {'; '.join(differences)}")
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -179,6 +187,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
           f"{_mb(result['bytes'])}{made}")
     if result["mismatches"]:
         print(f"note: unpack here would refuse it without --force: {'; '.join(result['mismatches'])}")
+    _kernel_note(result["kernels_rebuilt"])
     return 1 if result["problems"] else 0
 
 
@@ -225,12 +234,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pack = commands.add_parser("pack", help="write a warm-start pack (compiled kernels included)", epilog=_EPILOG)
     pack.add_argument("out", metavar="OUT.tar", help="the pack to write (.tar, or .tar.gz/.tgz to compress)")
     pack.add_argument("--from", dest="source", metavar="DIR", help="cache directory to pack (default: the one in use)")
+    pack.add_argument("--no-headers", action="store_true",
+                      help="leave out the precompiled C++ headers (~150 MB each; a new machine then builds them)")
+    pack.add_argument("--headers-from", metavar="DIR",
+                      help="where the precompiled headers are (default: <torch's default cache "
+                           "dir>/precompiled_headers)")
     pack.add_argument("--force", action="store_true", help="replace OUT if it exists")
     pack.set_defaults(func=_cmd_pack)
 
     unpack = commands.add_parser("unpack", help="verify a pack and unpack it into a cache directory", epilog=_EPILOG)
     unpack.add_argument("pack", metavar="PACK")
     unpack.add_argument("--into", metavar="DIR", help="target cache directory (default: the one in use)")
+    unpack.add_argument("--headers-into", metavar="DIR",
+                        help="where precompiled headers go (default: where inductor reads them, "
+                             "<torch's default cache dir>/precompiled_headers)")
     unpack.add_argument("--force", action="store_true", help="unpack a pack built for another torch/Python/platform")
     unpack.set_defaults(func=_cmd_unpack)
 

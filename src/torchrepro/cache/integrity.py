@@ -9,14 +9,13 @@ links, and unreadable files.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
 from .layout import Entry, current_build, existing_cache_dir, scan
-from .pack import MANIFEST, PACK_SCHEMA, PREFIX, build_mismatches, check_pack, sha256_file
+from .archive import MANIFEST, build_mismatches, check_pack, kernel_mismatches, parse_manifest, sha256_file, unsafe_name
 
 
 def _elf_truncated(path: Path, size: int) -> bool:
@@ -61,15 +60,17 @@ def entry_problem(root: Path, entry: Entry) -> str | None:
 
 def _verify_extracted(root: Path) -> dict[str, Any]:
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
-        files = manifest["files"] if manifest.get("schema") == PACK_SCHEMA else None
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
-        raise InputError(f"{root / MANIFEST}: unreadable manifest ({exc})") from None
-    if not isinstance(files, list):
-        raise InputError(f"{root / MANIFEST} is not a torchrepro pack manifest")
+        data = (root / MANIFEST).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {root / MANIFEST}: {exc.strerror or exc}") from None
+    manifest = parse_manifest(data, str(root / MANIFEST))
+    files = manifest["files"]
     problems, total = [], 0
     for f in files:
-        path = root / PREFIX / f["path"]
+        if problem := unsafe_name(f["path"]):
+            problems.append(problem)
+            continue
+        path = root / f["area"] / f["path"]
         try:
             if path.is_symlink() or sha256_file(path) != f["sha256"]:
                 problems.append(f"{f['path']}: content does not match the manifest's sha256")
@@ -93,7 +94,8 @@ def verify(path: str | os.PathLike) -> dict[str, Any]:
     """Check a pack, an extracted pack or a cache directory; ``problems`` lists each defect.
 
     A pack built for another installation is not a defect: ``mismatches`` says why ``unpack``
-    would refuse it. :class:`InputError` when ``path`` is missing or not one of these.
+    would refuse it, ``kernels_rebuilt`` why its compiled kernels would be rebuilt here.
+    :class:`InputError` when ``path`` is missing or not one of these.
 
     >>> verify("warm.tar")["problems"]  # doctest: +SKIP
     []
@@ -109,6 +111,8 @@ def verify(path: str | os.PathLike) -> dict[str, Any]:
                   "problems": check.problems}
     manifest = result.pop("manifest")
     built = manifest.get("build", {}) if manifest else {}
+    here = current_build()
     return {"path": str(path), **result, "built_with": built,
-            "mismatches": build_mismatches(built, current_build()) if built else [],
+            "mismatches": build_mismatches(built, here) if built else [],
+            "kernels_rebuilt": kernel_mismatches(built, here) if built else [],
             "created": manifest.get("created") if manifest else None}

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..analysis.findings import Finding, sort_findings
 from ..errors import InputError, UserError
-from .layout import CATEGORIES, Entry, current_build, existing_cache_dir, looks_like_cache, scan
+from .layout import CATEGORIES, Entry, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 STATUS_SCHEMA = "torchrepro.cache-status/1"
 # Files a live compile may still be writing are left alone by `clear` until they are this old.
@@ -61,15 +61,37 @@ def _unreachable(entries: list[Entry]) -> list[dict[str, Any]]:
             for (cat, why), group in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
 
 
+def _writable_dirs(root: Path) -> list[str]:
+    """Directories below ``root`` that other users may write to (they could add entries)."""
+    from ..envinfo import _writers
+
+    found = []
+    for current, dirs, _ in os.walk(root):  # never follows links
+        for name in dirs:
+            st = os.lstat(os.path.join(current, name))
+            if stat.S_ISDIR(st.st_mode) and (who := _writers(st)):
+                found.append(f"{Path(current, name).relative_to(root)}/ ({who}-writable)")
+    return found
+
+
 def _permissions(root: Path, entries: list[Entry]) -> dict[str, Any]:
     from ..envinfo import _cache_risks, _owner
 
     st = root.stat()
+    posix = hasattr(os, "geteuid")
+    risks = _cache_risks(root) if posix else []
+    # Every C++ compile includes the precompiled headers of torch's *default* directory, whatever
+    # TORCHINDUCTOR_CACHE_DIR says: whoever can write there can put code into every kernel.
+    headers = headers_dir()
+    if posix and headers.is_dir() and not headers.resolve().is_relative_to(root.resolve()):
+        risks += [f"precompiled headers: {r}" for r in _cache_risks(headers.resolve())]
     return {
         "owner": _owner(st.st_uid),
         "mode": oct(stat.S_IMODE(st.st_mode)),
-        "risks": _cache_risks(root) if hasattr(os, "geteuid") else [],
-        "entries_writable_by_others": [f"{e.rel} ({e.writable_by}-writable)" for e in entries if e.writable_by],
+        "precompiled_headers": str(headers) if headers.is_dir() else None,
+        "risks": risks,
+        "entries_writable_by_others": [f"{e.rel} ({e.writable_by}-writable)" for e in entries if e.writable_by]
+                                      + (_writable_dirs(root) if posix else []),
         "entries_owned_by_others": [f"{e.rel} (owner {e.foreign_owner})" for e in entries if e.foreign_owner],
     }
 
@@ -85,7 +107,8 @@ def _findings(root: Path, entries: list[Entry], perms: dict[str, Any]) -> list[F
     if foreign:
         findings.append(Finding(
             "CACHE_ENTRIES_WRITABLE_BY_OTHERS", "error",
-            f"{len(foreign)} cache file(s) can be replaced by other users: they could run code in your job",
+            f"{len(foreign)} cache file(s) or folder(s) can be changed by other users: they could run code in "
+            "your job",
             hint=fix, evidence={"files": foreign[:20]}))
     links = [e.rel for e in entries if e.category == "link"]
     if links:

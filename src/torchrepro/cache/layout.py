@@ -4,18 +4,22 @@ Inductor's cache directory (torch 2.13) holds ``fxgraph/<k[1:3]>/<key>/<entry>``
 graphs), ``aotautograd/<key>/<entry>`` (AOTAutograd results), ``<2 chars>/<hash>.*`` (generated
 Python modules, C++ sources and the ``.so`` kernels built from them, Triton kernels and their
 ``.best_config`` autotune results), ``triton/<device>/`` (Triton's compiled kernels),
-``cache/<system hash>`` (autotune choices, JSON) and ``locks/``. The cache entries are pickles:
+``cache/<system hash>`` (autotune choices, JSON) and ``locks/``; torch's default directory also
+holds ``precompiled_headers/``, whatever ``TORCHINDUCTOR_CACHE_DIR`` says. The cache entries are pickles:
 nothing here unpickles them. Who wrote an entry is read from plain bytes only: the repro header
 inductor stores in an FX-graph entry (``# torch version: ...``), the ELF header and embedded
-paths of a ``.so``, JSON files.
+paths of a ``.so``, the ``system`` record of the autotune cache's JSON.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
 import stat
+import subprocess
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +33,14 @@ CATEGORIES = {
     "python": "generated Python modules",
     "triton": "Triton kernels",
     "autotune": "autotune results",
+    "headers": "precompiled C++ headers",
     "locks": "lock files",
     "partial": "partial writes (*.tmp)",
     "link": "links",
     "other": "other",
 }
-# What a warm start needs; locks, partial writes and links are never packed.
+# What a warm start needs. Never packed: locks, partial writes, links, and precompiled headers
+# (only compiles use them; ~150 MB each, tied to one compiler).
 PACKED = ("fxgraph", "aotautograd", "cpp", "python", "triton", "autotune", "other")
 
 _READ_LIMIT = 8 << 20
@@ -42,10 +48,10 @@ _CPP_SUFFIXES = (".so", ".cpp", ".o", ".h", ".hpp", ".pyd", ".dylib", ".dll")
 _FX_KEY = re.compile(rb"\x8c\x34(f[a-z2-7]{51})")  # a 52-character str in a pickle (SHORT_BINUNICODE)
 _TORCH_VERSION = re.compile(rb"# torch version: (\S+)")
 _TORCH_CUDA = re.compile(rb"# torch cuda version: (\S+)")
-_PY_IN_PATH = re.compile(rb"/python(3\.\d+)/site-packages/torch/include")
+_PY_IN_PATH = re.compile(rb"/python(3\.\d+)/(?:site|dist)-packages/torch/include")
 _ELF_MACHINES = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64le", 40: "arm", 62: "x86_64", 183: "aarch64",
                  243: "riscv64"}
-_MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64", "ppc64le": "ppc64le"}
+_MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 
 
 def current_build() -> dict[str, Any]:
@@ -59,6 +65,7 @@ def current_build() -> dict[str, Any]:
     from ..envinfo import NOT_AVAILABLE, _dist_version
 
     triton = _dist_version("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
+    cpu = getattr(torch.backends, "cpu", None)
     return {
         "torch": torch.__version__,
         "torch_git": str(getattr(torch.version, "git_version", "")),
@@ -67,7 +74,22 @@ def current_build() -> dict[str, Any]:
         "python": platform.python_version(),
         "system": platform.system(),
         "machine": machine(),
+        # part of every C++ kernel's key (its compile command): another value rebuilds the kernels
+        "torch_dir": str(Path(torch.__file__).parent),
+        "python_include": sysconfig.get_paths().get("include"),
+        "cpu_capability": cpu.get_cpu_capability() if hasattr(cpu, "get_cpu_capability") else None,
+        "compiler": _compiler_version(),
     }
+
+
+def _compiler_version() -> str | None:
+    """First line of ``$CXX --version`` (inductor's default compiler is g++)."""
+    try:
+        proc = subprocess.run([os.environ.get("CXX") or "g++", "--version"], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.splitlines()[0].strip() if proc.returncode == 0 and proc.stdout else None
 
 
 def machine() -> str:
@@ -93,6 +115,14 @@ def cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
 
     default, source = _inductor_default_dir()
     return Path(default).absolute(), source
+
+
+def headers_dir() -> Path:
+    """Where inductor keeps precompiled C++ headers: under torch's *default* cache directory,
+    whatever ``TORCHINDUCTOR_CACHE_DIR`` says."""
+    from ..envinfo import _inductor_default_dir
+
+    return Path(_inductor_default_dir()[0]).absolute() / "precompiled_headers"
 
 
 def existing_cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
@@ -138,6 +168,8 @@ def category_of(parts: tuple[str, ...]) -> str:
     top = parts[0]
     if top in ("fxgraph", "aotautograd", "locks", "triton"):
         return top
+    if top == "precompiled_headers":  # only in torch's default directory
+        return "locks" if len(parts) > 2 and parts[1] == "locks" else "headers"
     if top == "cache":
         return "autotune"
     if len(parts) == 2 and len(top) == 2:
@@ -180,13 +212,26 @@ def _so_writer(data: bytes) -> dict[str, str]:
     return out
 
 
+def _system_writer(data: bytes) -> dict[str, str]:
+    """CUDA/ROCm version and GPU from inductor's local autotune cache (``{"system": ...}``); its
+    Triton entry is a key over Triton's sources, not a version, so it is not shown."""
+    try:
+        system = json.loads(data).get("system") or {}
+    except (ValueError, AttributeError):
+        return {}
+    versions, device = system.get("version") or {}, system.get("device") or {}
+    found = {"cuda": versions.get("cuda") or versions.get("hip"), "gpu": device.get("name")}
+    return {k: str(v) for k, v in found.items() if v}
+
+
 def read_entry(root: Path, rel: str, category: str) -> tuple[dict[str, str], list[str]]:
     """What the bytes of one entry say about its writer, and (AOTAutograd) the FX keys it needs.
 
     Only plain bytes are matched: pickled entries are never loaded.
     """
     path = root / rel
-    if category not in ("fxgraph", "aotautograd", "cpp") or (category == "cpp" and not rel.endswith(".so")):
+    wanted = {"fxgraph": True, "aotautograd": True, "cpp": rel.endswith(".so"), "autotune": rel.startswith("cache/")}
+    if not wanted.get(category):
         return {}, []
     try:
         data = _read(path)
@@ -194,6 +239,8 @@ def read_entry(root: Path, rel: str, category: str) -> tuple[dict[str, str], lis
         return {}, []
     if category == "cpp":
         return _so_writer(data), []
+    if category == "autotune":
+        return _system_writer(data), []
     if category == "aotautograd":
         return {}, sorted({k.decode() for k in _FX_KEY.findall(data)})
     writer = {}

@@ -1,9 +1,13 @@
 """Which cache directory each rank compiles into, and warm starts before training.
 
-Three policies, chosen by measurement (docs/cache.md): ``per-node`` (the default: one
-directory per machine, shared by its ranks), ``shared`` (one directory for every rank of every
-node, e.g. on a shared filesystem) and ``per-rank`` (one directory per global rank). They only
-decide ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``; nothing here imports torch.
+Three policies: ``per-node`` (one directory per machine, shared by its ranks), ``shared`` (one
+directory for every rank of every node, e.g. on a shared filesystem) and ``per-rank`` (one per
+global rank). The defaults are what measured fastest (docs/cache.md): :func:`configure` uses
+``per-node`` (on a cold start the ranks of a machine build each kernel once, not once per rank);
+:func:`prewarm` uses ``per-rank`` (a pack removes the compile, and ranks with their own directory
+do not wait on each other's kernel locks while loading). Only ``TORCHINDUCTOR_CACHE_DIR`` and
+``TRITON_CACHE_DIR`` are set, and ``torch._inductor`` is never imported (it would fix the
+directory too early).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..errors import InputError, UserError
 
 POLICIES = ("per-node", "shared", "per-rank")
 DEFAULT_POLICY = "per-node"
+PREWARM_POLICY = "per-rank"
 # Set by `--cache-policy` (CLI) for the processes it launches: read by `configure_from_env`.
 POLICY_VAR, ROOT_VAR, WARM_VAR = "TORCHREPRO_CACHE_POLICY", "TORCHREPRO_CACHE_ROOT", "TORCHREPRO_CACHE_WARM_FROM"
 
@@ -131,16 +136,16 @@ def _exclusive(directory: Path) -> Iterator[None]:
             fcntl.flock(fp, fcntl.LOCK_UN)
 
 
-def prewarm(pack: str | os.PathLike, policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None, *,
+def prewarm(pack: str | os.PathLike, policy: str = PREWARM_POLICY, root: str | os.PathLike | None = None, *,
             strict: bool = False) -> CachePlan:
     """:func:`configure`, then unpack a warm-start pack into this process's cache directory so
     the first step loads compiled kernels instead of compiling. Ranks that share a directory
     unpack one after the other (a file lock); files already there are kept. A pack that cannot
     be used (damaged, or built for another torch) is a warning and a cold start, unless ``strict``.
 
-    >>> torchrepro.cache.prewarm("warm.tar", "per-node", root="/local/cache")  # doctest: +SKIP
+    >>> torchrepro.cache.prewarm("warm.tar", root="/local/cache")  # doctest: +SKIP
     """
-    from .pack import unpack
+    from .archive import unpack
 
     chosen = configure(policy, root)
     with _exclusive(chosen.inductor_dir):

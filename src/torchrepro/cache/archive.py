@@ -1,0 +1,495 @@
+"""Warm-start packs: a tar of an inductor cache (compiled kernels included) with a manifest.
+
+A pack holds ``torchrepro-pack.json`` first (schema, creation time, the build that wrote it, and
+the area, path, size, mtime and sha256 of every file), then ``cache/<path>`` for each cache file
+and ``headers/<name>`` for each precompiled C++ header: inductor 2.13 (CPU) checks, and if
+missing builds (~150 MB, seconds), these headers in torch's *default* cache directory before it
+loads a cached kernel, so a warm start on a new machine needs them too. ``unpack`` never trusts
+the archive: it refuses members that are not regular files or whose names are absolute or climb
+out (``..``), extracts into temporary directories next to the targets, checks every hash against
+the manifest, and only then moves the files in, keeping any newer file already there. A failure
+at any point leaves the targets as they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, Callable, Iterator
+
+from .. import __version__
+from ..errors import InputError, UserError
+from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
+
+PACK_SCHEMA = "torchrepro.cache-pack/1"
+MANIFEST = "torchrepro-pack.json"
+AREAS = ("cache", "headers")  # member name = <area>/<path>
+_CHUNK = 1 << 20
+_MANIFEST_LIMIT = 256 << 20
+
+
+def _why(exc: BaseException) -> str:
+    """An exception's message on one line (the CLI prints errors as one line)."""
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def _compression(path: Path) -> str:
+    return "gz" if path.name.endswith((".tar.gz", ".tgz")) else ""
+
+
+class _Hashing:
+    """A file object that hashes what is read through it."""
+
+    def __init__(self, fp: IO[bytes]):
+        self.fp, self.sha, self.size = fp, hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.fp.read(n)
+        self.sha.update(data)
+        self.size += len(data)
+        return data
+
+
+def _drain(reader: _Hashing) -> _Hashing:
+    while reader.read(_CHUNK):
+        pass
+    return reader
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file, read in chunks."""
+    with open(path, "rb") as fp:
+        return _drain(_Hashing(fp)).sha.hexdigest()
+
+
+def _tarinfo(name: str, size: int, mtime: float) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, int(mtime), 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+@contextmanager
+def _atomic_output(out: Path) -> Iterator[Path]:
+    """A temp path next to ``out`` that replaces it only if the block succeeds."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _header_files(directory: Path) -> list[Path]:
+    """The precompiled headers (``*.h`` and ``*.h.gch``) in ``directory``: regular files only."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir()
+                  if p.name.endswith((".h", ".h.gch")) and p.is_file() and not p.is_symlink())
+
+
+def _record(area: str, path: Path, rel: str) -> dict[str, Any]:
+    try:
+        st = path.stat()
+        return {"area": area, "path": rel, "size": st.st_size, "mtime": st.st_mtime, "sha256": sha256_file(path)}
+    except OSError:
+        raise _changed(path) from None
+
+
+def pack(out: str | os.PathLike, source: str | os.PathLike | None = None, *, headers: bool = True,
+         headers_from: str | os.PathLike | None = None, force: bool = False) -> dict[str, Any]:
+    """Write a warm-start pack of an inductor cache directory (default: the one in use) and
+    return its manifest. It holds the FX-graph and AOTAutograd entries, the compiled kernels,
+    and (unless ``headers=False``) the precompiled C++ headers of ``headers_from`` (default: torch's
+    default directory, where inductor keeps them), without which a new machine builds them before
+    its first cached kernel loads. Entries no
+    current configuration can hit, locks, partial writes and links are left out. ``OUT`` ending
+    in ``.tar.gz``/``.tgz`` is gzip-compressed (headers shrink ~6x). An existing ``OUT`` is
+    replaced only with ``force``; the write is atomic.
+
+    >>> pack("warm.tar.gz", "/tmp/build-cache")["totals"]  # doctest: +SKIP
+    {'files': 33, 'bytes': 312734521}
+    """
+    root, _ = existing_cache_dir(source)
+    if not looks_like_cache(root):
+        raise InputError(f"{root} does not look like an inductor cache (no fxgraph/, aotautograd/ or locks/)")
+    out = Path(out).absolute()
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists: choose another name, or pass --force to replace it")
+    if out.is_relative_to(root):
+        raise UserError(f"{out} is inside the cache being packed ({root}): write the pack elsewhere")
+    if not out.parent.is_dir():
+        raise InputError(f"no such directory: {out.parent}")
+    entries = scan(root)
+    files = [_record("cache", root / e.rel, e.rel) for e in entries if e.category in PACKED and not e.unreachable]
+    header_root = Path(headers_from).absolute() if headers_from else headers_dir()
+    files += [_record("headers", p, p.name) for p in (_header_files(header_root) if headers else [])]
+    manifest = {
+        "schema": PACK_SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "created_by": f"torchrepro {__version__}",
+        "source": str(root),
+        "headers_source": str(header_root) if headers else None,
+        "build": current_build(),
+        "totals": {"files": len(files), "bytes": sum(f["size"] for f in files),
+                   "headers": sum(f["area"] == "headers" for f in files)},
+        "left_out": {"unreachable": sum(e.unreachable is not None for e in entries),
+                     "locks_partial_links": sum(e.category not in PACKED for e in entries)},
+        "files": files,
+    }
+    data = json.dumps(manifest, indent=1).encode()
+    compression = _compression(out)
+    options = {"compresslevel": 1} if compression else {}  # fast: the headers are most of the bytes
+    with _atomic_output(out) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
+        tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
+        for f in files:
+            _add_file(tar, root if f["area"] == "cache" else header_root, f)
+    return manifest
+
+
+def _changed(path: Path) -> UserError:
+    return UserError(f"{path} changed while packing (a job is compiling into this cache?): pack again when it is idle")
+
+
+def _add_file(tar: tarfile.TarFile, root: Path, spec: dict[str, Any]) -> None:
+    """Add one file, checking it still has the bytes the manifest promises."""
+    path = root / spec["path"]
+    try:
+        with open(path, "rb") as fp:
+            reader = _Hashing(fp)
+            tar.addfile(_tarinfo(f"{spec['area']}/{spec['path']}", spec["size"], spec["mtime"]), reader)
+    except OSError:  # gone, or shrank (tarfile: "unexpected end of data")
+        raise _changed(path) from None
+    if reader.sha.hexdigest() != spec["sha256"]:
+        raise _changed(path)
+
+
+# ---------------------------------------------------------------- reading a pack
+
+
+def unsafe_name(name: str) -> str | None:
+    """Why a path from a pack must not be written anywhere, or None."""
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        return f"{name!r}: absolute path"
+    if not name or ".." in PurePosixPath(name).parts or "\\" in name:
+        return f"{name!r}: path leaves the pack (.. or backslash)"
+    return None
+
+
+def _member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why a member must not be extracted, or None."""
+    name = member.name
+    if problem := unsafe_name(name):
+        return problem
+    if member.issym() or member.islnk():
+        return f"{name!r}: {'symbolic' if member.issym() else 'hard'} link to {member.linkname!r}"
+    if not member.isfile():
+        kind = ("device" if member.ischr() or member.isblk() else "fifo" if member.isfifo()
+                else "directory" if member.isdir() else "special file")
+        return f"{name!r}: a {kind}, not a regular file"
+    return None
+
+
+def build_mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """How the build a pack was made with differs from ``here`` in ways that make all of it
+    useless (torch, OS, CPU architecture, Triton, Python minor version)."""
+    out = []
+    for key, label in (("torch", "torch"), ("system", "OS"), ("machine", "CPU architecture"), ("triton", "Triton")):
+        if built.get(key) != here.get(key):
+            out.append(f"{label} {built.get(key)} (this is {here.get(key)})")
+    minor = lambda v: ".".join(str(v).split(".")[:2])  # noqa: E731
+    if minor(built.get("python")) != minor(here.get("python")):
+        out.append(f"Python {built.get('python')} (this is {here.get('python')})")
+    return out
+
+
+def kernel_mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """Differences that keep the graphs hitting but rebuild every C++ kernel: inductor hashes the
+    compile command (torch and Python include paths, CPU capability flags, compiler) into each
+    kernel's key."""
+    labels = (("torch_dir", "torch installed at"), ("python_include", "Python headers at"),
+              ("cpu_capability", "CPU capability"), ("compiler", "compiler"))
+    return [f"{label} {built.get(key)} (this is {here.get(key)})" for key, label in labels
+            if built.get(key) != here.get(key)]
+
+
+@dataclass
+class PackCheck:
+    """What reading a pack found: its manifest, the files checked, and every problem."""
+
+    path: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+    files: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _open_tar(path: Path) -> tarfile.TarFile:
+    if not path.exists():
+        raise InputError(f"no such pack: {path}")
+    if path.is_dir():
+        raise InputError(f"{path} is a directory, not a pack")
+    try:
+        return tarfile.open(path, "r:*")
+    except tarfile.ReadError:
+        raise InputError(f"{path} is not a tar archive, or is damaged") from None
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise InputError(f"cannot read {path}: {_why(exc)}") from None
+
+
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    """A pack manifest from its bytes, validated; :class:`InputError` names ``where`` otherwise."""
+    try:
+        manifest = json.loads(data)
+        files = manifest["files"]
+        if manifest.get("schema") != PACK_SCHEMA or not isinstance(files, list):
+            raise ValueError(f"schema {manifest.get('schema')!r}")
+        for f in files:
+            if not (f["area"] in AREAS and isinstance(f["path"], str) and isinstance(f["sha256"], str)
+                    and isinstance(f["size"], int)):
+                raise ValueError("bad file record")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{where}: unreadable manifest ({_why(exc)})") from None
+    return manifest
+
+
+def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo | None, path: Path) -> dict[str, Any]:
+    if member is None or member.name != MANIFEST or not member.isfile() or member.size > _MANIFEST_LIMIT:
+        raise InputError(f"{path} is not a torchrepro cache pack (its first member is not {MANIFEST})")
+    try:
+        data = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise InputError(f"{path}: unreadable manifest ({_why(exc)})") from None
+    return parse_manifest(data, str(path))
+
+
+def check_pack(path: str | os.PathLike, extract_to: Callable[[str], Path] | None = None, *,
+               stop_early: bool = False, expect_build: dict[str, Any] | None = None) -> PackCheck:
+    """Read a pack member by member, checking names, types, sizes and sha256 against its manifest;
+    with ``extract_to``, also write each file to ``extract_to(area) / path``. With
+    ``expect_build``, a pack made for another build is a problem found before any file is read.
+    :class:`InputError` if it is not a pack at all; everything else is in ``problems``.
+
+    >>> check_pack("warm.tar").ok  # doctest: +SKIP
+    True
+    """
+    path = Path(path)
+    result = PackCheck(path)
+    with _open_tar(path) as tar:
+        members = iter(tar)
+        try:
+            first = next(members, None)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise InputError(f"{path} is not a tar archive, or is damaged ({_why(exc)})") from None
+        result.manifest = _read_manifest(tar, first, path)
+        if expect_build is not None and (diff := build_mismatches(result.manifest.get("build", {}), expect_build)):
+            result.problems.append("built for another installation: " + "; ".join(diff))
+            return result
+        expected = {f"{f['area']}/{f['path']}": f for f in result.manifest["files"]}
+        seen: set[str] = set()
+        try:
+            for member in members:
+                if stop_early and result.problems:
+                    return result
+                _check_member(tar, member, expected, seen, result, extract_to)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            result.problems.append(f"the archive is damaged or truncated ({_why(exc)})")
+            return result
+        missing = sorted(set(expected) - seen)
+        if missing:
+            result.problems.append(f"{len(missing)} file(s) in the manifest are missing from the archive, "
+                                   f"e.g. {missing[0]}")
+    return result
+
+
+def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: dict[str, dict], seen: set[str],
+                  result: PackCheck, extract_to: Callable[[str], Path] | None) -> None:
+    name = member.name
+    problem = _member_problem(member)
+    if problem is None and (name not in expected or name in seen):
+        problem = f"{name!r}: {'listed twice' if name in seen else 'not in the manifest'}"
+    if problem:
+        result.problems.append(problem)
+        return
+    seen.add(name)
+    spec = expected[name]
+    reader = _Hashing(tar.extractfile(member))
+    if extract_to is None:
+        _drain(reader)
+    else:
+        target = extract_to(spec["area"]) / spec["path"]
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            out = open(target, "xb")
+        except OSError as exc:
+            raise InputError(f"cannot write {target}: {exc.strerror or exc}") from None
+        with out:
+            shutil.copyfileobj(reader, out, _CHUNK)
+        os.utime(target, (spec.get("mtime", member.mtime),) * 2)
+    if reader.size != spec["size"] or reader.sha.hexdigest() != spec["sha256"]:
+        result.problems.append(f"{name}: content does not match the manifest's sha256 (damaged or altered)")
+        return
+    result.files += 1
+    result.bytes += reader.size
+
+
+# ---------------------------------------------------------------- unpack
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+class _Staging:
+    """One temporary directory per target, next to it (same filesystem: moves are renames)."""
+
+    def __init__(self, targets: dict[str, Path]):
+        self.targets, self.dirs = targets, {}
+
+    def __call__(self, area: str) -> Path:
+        if area not in self.dirs:
+            target = self.targets[area]
+            if target.exists() and not target.is_dir():
+                raise InputError(f"{target} exists and is not a directory")
+            try:
+                self.dirs[area] = Path(tempfile.mkdtemp(prefix=".torchrepro-unpack-",
+                                                        dir=_nearest_existing(target.parent)))
+            except OSError as exc:
+                raise InputError(f"cannot write next to {target}: {exc.strerror or exc}") from None
+        return self.dirs[area] / "new"
+
+    def remove(self) -> None:
+        for directory in self.dirs.values():
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def unpack(pack_path: str | os.PathLike, into: str | os.PathLike | None = None, *,
+           headers_into: str | os.PathLike | None = None, force: bool = False) -> dict[str, Any]:
+    """Unpack a warm-start pack into an inductor cache directory (default: the one in use), and
+    its precompiled headers into ``headers_into`` (default: where this process's inductor reads
+    them, ``<torch's default cache dir>/precompiled_headers``).
+
+    Every hash is checked before anything is moved in; a pack built for another torch, Python
+    minor version, Triton or platform is refused unless ``force``; members that are links,
+    devices, absolute or ``..`` paths are refused; a file already there that is as new or newer
+    is kept. Any failure raises :class:`InputError` and leaves both targets as they were.
+    ``kernels_rebuilt`` says why the compiled kernels will not be reused (another torch path,
+    Python, CPU capability or compiler) although the graphs still hit.
+
+    >>> unpack("warm.tar", into="/tmp/rank-0-cache")  # doctest: +SKIP
+    {'path': '/tmp/rank-0-cache', 'added': 31, 'replaced': 0, 'kept': 2, ...}
+    """
+    here = current_build()
+    targets = {"cache": cache_dir(into)[0], "headers": Path(headers_into).absolute() if headers_into else headers_dir()}
+    staging = _Staging(targets)
+    try:
+        check = check_pack(pack_path, staging, stop_early=True, expect_build=None if force else here)
+        if check.problems:
+            hint = " (pass --force to unpack anyway)" if check.problems[0].startswith("built for") else ""
+            raise InputError(f"{check.path}: {check.problems[0]}{hint}; nothing was unpacked")
+        move = _Move()
+        try:
+            for area in AREAS:
+                if area in staging.dirs:
+                    move.commit(staging.dirs[area], targets[area],
+                                [f for f in check.manifest["files"] if f["area"] == area])
+        except OSError as exc:
+            move.undo()
+            raise InputError(f"could not move the files into {targets['cache']} ({exc.strerror or exc}); "
+                             "nothing was changed") from None
+    finally:
+        staging.remove()
+    built = check.manifest.get("build", {})
+    return {"path": str(targets["cache"]), "headers_path": str(targets["headers"]), "pack": str(check.path),
+            **move.counts, "bytes": check.bytes, "built_with": built,
+            "kernels_rebuilt": kernel_mismatches(built, here)}
+
+
+@dataclass
+class _Move:
+    """Moves verified files into place, remembering enough to put everything back."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {"added": 0, "replaced": 0, "kept": 0})
+    placed: list[tuple[Path, Path | None]] = field(default_factory=list)  # (file, backup of what it replaced)
+    made: list[Path] = field(default_factory=list)  # directories created, outermost first
+    renamed: list[tuple[Path, Path]] = field(default_factory=list)  # (new target directory, where it came from)
+
+    def commit(self, staging: Path, target: Path, files: list[dict[str, Any]]) -> None:
+        new = staging / "new"
+        if not target.exists():  # a new target appears whole, by one rename
+            self.made.extend(_make_parents(target.parent))
+            new.chmod(0o700)
+            try:
+                os.rename(new, target)
+            except OSError:
+                if not target.is_dir():
+                    raise
+                # another process (a rank prewarming the same machine) created it first: merge below
+            else:
+                self.renamed.append((target, new))
+                self.counts["added"] += len(files)
+                return
+        for f in files:
+            dest = target / f["path"]
+            backup = None
+            if os.path.lexists(dest):
+                if dest.is_symlink() or not dest.is_file() or dest.stat().st_mtime >= f["mtime"] \
+                        or sha256_file(dest) == f["sha256"]:
+                    self.counts["kept"] += 1
+                    continue
+                backup = staging / "old" / f["path"]
+                backup.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(dest, backup)
+            self.made.extend(_make_parents(dest.parent))
+            os.replace(new / f["path"], dest)
+            self.placed.append((dest, backup))
+            self.counts["replaced" if backup else "added"] += 1
+
+    def undo(self) -> None:
+        for dest, backup in reversed(self.placed):
+            if backup is not None:
+                os.replace(backup, dest)
+            else:
+                dest.unlink(missing_ok=True)
+        for target, origin in reversed(self.renamed):
+            os.rename(target, origin)
+        for directory in reversed(self.made):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """Create ``directory`` and missing parents; returns those this call created, outermost first
+    (another process may create some of them at the same time)."""
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    created = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        created.append(d)
+    return created
