@@ -68,7 +68,7 @@ def build(args: argparse.Namespace):
     layers.append(nn.Linear(args.width, args.classes))
     model = nn.Sequential(*layers)
     if torch.distributed.is_initialized():  # --nproc: data parallel, gradients all-reduced over gloo
-        compiled = torch.compile(nn.parallel.DistributedDataParallel(model), backend=args.backend)
+        compiled = nn.parallel.DistributedDataParallel(torch.compile(model, backend=args.backend))
     else:
         compiled = torch.compile(model, backend=args.backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

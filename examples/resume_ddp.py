@@ -46,9 +46,9 @@ def train(args: argparse.Namespace) -> None:
     seeds = seed_everything(0)  # the same init on every rank; DataLoader workers seeded per (rank, worker, epoch)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1),
                                 torch.nn.Linear(64, 4))
-    ddp = DDP(model)
-    compiled = torch.compile(ddp, backend=args.backend)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    # compile the module inside DDP: on torch 2.13 torch.compile(DDP(model)) produces no graph at all
+    compiled = DDP(torch.compile(model, backend=args.backend))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = Jittered()
     sampler = DistributedSampler(data, shuffle=True, seed=0, drop_last=True)
     loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=args.workers, drop_last=True)

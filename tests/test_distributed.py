@@ -104,3 +104,11 @@ def test_two_nodes_launched_by_the_user_merge_into_one_report(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["run"]["ranks_present"] == [0, 1] and report["run"]["world_size"] == 2
     assert finding(report, "RANK_RECOMPILE_ASYMMETRY")["evidence"]["rank"] == 1
+
+
+def test_compiling_the_ddp_wrapper_produces_no_graph_and_is_an_error(tmp_path):
+    code, report = doctor(tmp_path, "ddp_compile.py", "--compile-outside")
+    assert code == 1
+    no_graph = finding(report, "NO_GRAPH_COMPILED")
+    assert no_graph["severity"] == "error" and "DDP(torch.compile(model))" in no_graph["hint"]
+    assert report["compile"]["unique_graphs"] == 0 and report["compile"]["compiles"] > 0

@@ -22,10 +22,11 @@ from .analysis.divergence import (
     final_within,
     first_divergence,
 )
+from .analysis.cache import key_findings
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
 from .errors import InputError
-from .events import Compile, EventLog, Step
+from .events import CacheLookup, Compile, EventLog, Step
 from .launch import child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json
 
@@ -66,18 +67,21 @@ def plan_runs(runs: int, against: str | None) -> list[RunSpec]:
 class Checker:
     """Runs, compares and explains; one instance per ``check`` invocation."""
 
-    def __init__(self, script: Path, args: list[str], out: Path, *, seed: int | None, tolerance: Tolerance,
-                 localize: bool, snapshots: bool, console: Console, nproc: int = 1, timeout: float | None = None):
+    def __init__(self, script: Path, args: list[str], out: Path, *, seed: int | None, snapshots: bool,
+                 console: Console, nproc: int = 1, timeout: float | None = None, env: dict[str, str] | None = None):
         self.script, self.args, self.out, self.nproc, self.timeout = script, args, out, nproc, timeout
-        self.seed, self.tol, self.localize, self.snapshots = seed, tolerance, localize, snapshots
+        self.env = env or {}
+        self.seed, self.snapshots = seed, snapshots
         self.console = console
         self.timings: dict[str, float] = {}
+        self.failures: list[str] = []
 
     def run(self, spec: RunSpec, env: dict[str, str] | None = None) -> tuple[Run, int]:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         t0 = time.perf_counter()
-        result = launch(run_dir, self.script, self.args, nproc=self.nproc, env=child_env(self.seed, env), quiet=True,
+        result = launch(run_dir, self.script, self.args, nproc=self.nproc, quiet=True,
+                        env=child_env(self.seed, {**self.env, **(env or {})}),
                         stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
                         compile_mode=spec.compile_mode, snapshots=self.snapshots)
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
@@ -89,6 +93,8 @@ class Checker:
                              + "; ".join(result.stderr_tail[-3:]))
         self.console.print(f"[dim]  done in {self.timings[spec.label]:.1f} s, exit {result.exit_code}[/]",
                            highlight=False)
+        if result.exit_code:
+            self.failures.append(f"{spec.label} exited with {result.exit_code}: compared the steps it recorded")
         return load_run(run_dir), result.exit_code
 
     def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False,
@@ -101,7 +107,7 @@ class Checker:
         self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
                            f"({tag})…[/]", highlight=False)
         t0 = time.perf_counter()
-        launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc, env=child_env(self.seed),
+        launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc, env=child_env(self.seed, self.env),
                quiet=True, stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, compile_mode=mode,
                replay_step=step, replay_out=out, replay_graphs=graphs)
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
@@ -275,7 +281,8 @@ def _findings(det: dict[str, Any], against: str | None) -> list[Finding]:
 
 def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = None, against: str | None = None,
           out: Path | None = None, tolerance: Tolerance | None = None, localize_divergence: bool = True,
-          console: Console | None = None, nproc: int = 1, timeout: float | None = None) -> tuple[dict[str, Any], Path]:
+          console: Console | None = None, nproc: int = 1, timeout: float | None = None,
+          env: dict[str, str] | None = None) -> tuple[dict[str, Any], Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``)."""
     console = console or Console(stderr=True)
     tol = tolerance or Tolerance()
@@ -284,8 +291,8 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
         raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
     out = create_run_dir(out or default_run_dir(script, label="check"))
     snapshots = against is not None or not tol.exact
-    checker = Checker(script, args, out, seed=seed, tolerance=tol, localize=localize_divergence,
-                      snapshots=snapshots, console=console, nproc=nproc, timeout=timeout)
+    checker = Checker(script, args, out, seed=seed, snapshots=snapshots, console=console, nproc=nproc,
+                      timeout=timeout, env=env)
     specs = plan_runs(runs, against)
     done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
@@ -311,20 +318,31 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
         if localize_divergence and (cause == "unknown" or against is None and cause in ("numerics",)):
             cause, more = localize(checker, spec_a, spec_b, div, cause)
             evidence.update(more)
-    det = determinism_section(div, cause, evidence, [s.label for s in specs], run_a, run_b, tol, notes, snapshots)
+    det = determinism_section(div, cause, evidence, [s.label for s in specs], run_a, run_b, tol,
+                              checker.failures + notes, snapshots)
     if decomposition is not None:
         det["decomposition"] = decomposition
     det["against"] = against
+    same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
     report = _report(det, against, {s.label: str(out / s.label) for s in specs} | (
         {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
-        {"script": str(script), "args": args, "seed": seed, "runs": runs, "against": against})
+        {"script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
+        [f for pair in same_config for f in cache_key_findings(*pair)])
     write_json(out / REPORT_FILE, report)
     return report, out
 
 
+def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> list[Finding]:
+    """Compile-cache lookups of run B that could not reuse run A's entries: which key component differs."""
+    ranks_b = {log.rank: log for log in run_b.logs}
+    return [f for log_a in run_a.logs if log_a.rank in ranks_b
+            for f in key_findings(log_a.of(CacheLookup), ranks_b[log_a.rank].of(CacheLookup),
+                                  f"{label_a} rank {log_a.rank}", f"{label_b} rank {log_a.rank}")]
+
+
 def _report(det: dict[str, Any], against: str | None, run_dirs: dict[str, str], timings: dict[str, float],
-            meta: dict[str, Any]) -> dict[str, Any]:
-    findings = _findings(det, against)
+            meta: dict[str, Any], extra: list[Finding] = ()) -> dict[str, Any]:
+    findings = _findings(det, against) + list(extra)
     return {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
             "determinism": det, "findings": [f.to_json() for f in findings], "verdict": _verdict_line(det)}
 
@@ -345,7 +363,8 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict
             cause, evidence = "numerics", {"because": f"compile modes differ ({modes[0]} vs {modes[1]})"}
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
     det = determinism_section(div, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, tol, notes, snapshots)
-    return _report(det, None, {"a": str(path_a), "b": str(path_b)}, {}, {"diff": [str(path_a), str(path_b)]})
+    return _report(det, None, {"a": str(path_a), "b": str(path_b)}, {}, {"diff": [str(path_a), str(path_b)]},
+                   cache_key_findings("A", run_a, "B", run_b))
 
 
 RESUME_HINTS = {
@@ -359,7 +378,7 @@ RESUME_HINTS = {
 
 
 def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = None, out: Path | None = None,
-                 nproc: int = 1, timeout: float | None = None,
+                 nproc: int = 1, timeout: float | None = None, env: dict[str, str] | None = None,
                  console: Console | None = None) -> tuple[dict[str, Any], Path]:
     """Run to the end; run again stopping after step ``at`` with a checkpoint; resume from it in a
     fresh process; compare every step after ``at`` and the final parameters bit for bit."""
@@ -370,8 +389,8 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
     if at < 1:
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
     out = create_run_dir(out or default_run_dir(script, label="resume"))
-    checker = Checker(script, args, out, seed=seed, tolerance=Tolerance(), localize=False, snapshots=False,
-                      console=console, nproc=nproc, timeout=timeout)
+    checker = Checker(script, args, out, seed=seed, snapshots=False,
+                      console=console, nproc=nproc, timeout=timeout, env=env)
     full, _ = checker.run(RunSpec("full", None, "to the end"))
     saved = out / "checkpoint"
     stopped, _ = checker.run(RunSpec("stopped", None, f"stopping after step {at}"),

@@ -70,7 +70,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
         report, run_dir = doctor_script(Path(args.script), args.args, out=Path(args.out) if args.out else None,
                                         budgets=budgets, seed=args.seed, fingerprint_every=args.fingerprint_every,
-                                        nproc=args.nproc, timeout=args.timeout)
+                                        nproc=args.nproc, timeout=args.timeout, env=_cache_env(args))
     return _finish(report, run_dir, args)
 
 
@@ -99,7 +99,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UserError("--runs must be at least 2")
     report, out = check(Path(args.script), args.args, runs=args.runs, seed=args.seed, against=args.against,
                         out=Path(args.out) if args.out else None, tolerance=_tolerance(args),
-                        localize_divergence=not args.no_localize, nproc=args.nproc, timeout=args.timeout)
+                        localize_divergence=not args.no_localize, nproc=args.nproc, timeout=args.timeout,
+                        env=_cache_env(args))
     return _finish_check(report, args, out)
 
 
@@ -107,7 +108,8 @@ def _cmd_check_resume(args: argparse.Namespace) -> int:
     from .check import check_resume
 
     report, out = check_resume(Path(args.script), args.args, at=args.at, seed=args.seed,
-                               out=Path(args.out) if args.out else None, nproc=args.nproc, timeout=args.timeout)
+                               out=Path(args.out) if args.out else None, nproc=args.nproc, timeout=args.timeout,
+                               env=_cache_env(args))
     return _finish_check(report, args, out)
 
 
@@ -143,6 +145,27 @@ def _add_ranks(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="launch N ranks with torchrun (standalone)")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="end the job after S seconds without progress, dumping every rank's Python stack")
+    p.add_argument("--cache-policy", choices=("per-node", "shared", "per-rank"),
+                   help="compile-cache directory per node (default when set), shared, or per rank")
+    p.add_argument("--cache-root", metavar="DIR", help="where --cache-policy puts the cache directories")
+    p.add_argument("--warm-from", metavar="PACK", help="unpack this torchrepro cache pack on every rank first")
+
+
+def _cache_env(args: argparse.Namespace) -> dict[str, str]:
+    """What the launched processes need to apply --cache-policy / --warm-from before compiling."""
+    from .cache.policy import POLICY_VAR, PREWARM_POLICY, ROOT_VAR, WARM_VAR
+
+    env = {}
+    if args.warm_from and not Path(args.warm_from).is_file():
+        raise UserError(f"no such cache pack: {args.warm_from}")
+    policy = args.cache_policy or (PREWARM_POLICY if args.warm_from else None)
+    if policy:
+        env[POLICY_VAR] = policy
+    if args.cache_root:
+        env[ROOT_VAR] = str(Path(args.cache_root).resolve())
+    if args.warm_from:
+        env[WARM_VAR] = str(Path(args.warm_from).resolve())
+    return env
 
 
 def _add_tolerance(p: argparse.ArgumentParser) -> None:

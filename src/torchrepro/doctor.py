@@ -77,15 +77,15 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
 
 
 def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, seed: int | None = None,
-                  fingerprint_every: int | None = None, nproc: int = 1,
-                  timeout: float | None = None) -> tuple[dict[str, Any], Path]:
+                  fingerprint_every: int | None = None, nproc: int = 1, timeout: float | None = None,
+                  env: dict[str, str] | None = None) -> tuple[dict[str, Any], Path]:
     """Run ``script`` under capture (one process, or ``nproc`` ranks via torchrun); analyse and
     write the report. ``timeout``: end the job after that many seconds without progress."""
     script = validate_script(script)
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
-    result = launch(run_dir, script, args, nproc=nproc, env=child_env(seed), stall_timeout=timeout, seed=seed,
+    result = launch(run_dir, script, args, nproc=nproc, env=child_env(seed, env), stall_timeout=timeout, seed=seed,
                     fingerprint_every=fingerprint_every)
     finish_meta(meta, result, run_dir)
     if not any(run_dir.glob("rank-*/events.jsonl")):

@@ -1,6 +1,8 @@
 """DDP + torch.compile on gloo. Rank 1 gets a short batch at step 4 (a planted recompile on one
-rank only). The parameters stay identical across ranks."""
+rank only). The parameters stay identical across ranks. `--compile-outside`: torch.compile(DDP(model)),
+which on torch 2.13 produces no graph at all."""
 import gc
+import sys
 
 import torch
 import torch.distributed as dist
@@ -10,9 +12,11 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-ddp = DDP(model)
-compiled = torch.compile(ddp, backend="aot_eager")
-opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+if "--compile-outside" in sys.argv:
+    compiled = torch.compile(DDP(model), backend="aot_eager")
+else:
+    compiled = DDP(torch.compile(model, backend="aot_eager"))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.Generator().manual_seed(rank)
 for step in range(6):
     n = 8 if (rank == 1 and step == 4) else 16
@@ -21,6 +25,6 @@ for step in range(6):
     opt.zero_grad()
     loss.backward()
     opt.step()
-del compiled, ddp, opt
+del compiled, opt
 gc.collect()
 dist.destroy_process_group()

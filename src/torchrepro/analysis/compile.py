@@ -158,8 +158,22 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
         "per_rank": _per_rank(logs),
     }
     findings = (_recompile_findings(recompiles) + _limit_findings(compiles) + _break_findings(grouped)
-                + _failure_findings(compiles))
+                + _failure_findings(compiles) + _no_graph_findings(logs, section))
     return section, findings
+
+
+def _no_graph_findings(logs: list[EventLog], section: dict[str, Any]) -> list[Finding]:
+    """Frames compiled, yet not one graph: everything the user compiled runs eagerly."""
+    if not section["compiles"] or section["unique_graphs"] or not all(log.of(Counters) for log in logs):
+        return []
+    return [Finding(
+        "NO_GRAPH_COMPILED", "error",
+        f"torch.compile handled {section['compiles']} frame(s) but produced no graph: the compiled code runs "
+        "EAGERLY",
+        hint="A wrapper Dynamo cannot trace into was compiled: with DDP compile the inner module, "
+             "DDP(torch.compile(model)) (on torch 2.13 torch.compile(DDP(model)) yields no graph). The graph "
+             "breaks below show where tracing stopped.",
+        evidence={"compiles": section["compiles"], "graph_breaks": section["graph_breaks"]})]
 
 
 def _unique_graphs(logs: list[EventLog]) -> int:

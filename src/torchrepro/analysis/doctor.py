@@ -8,13 +8,15 @@ from typing import Any
 
 from ..events import End, EventLog, Header, Step
 from . import compile as compile_analysis
+from .cache import rank_key_findings
 from .findings import Finding, sort_findings
 from .ranks import fault_findings, rank_findings
 
 REPORT_SCHEMA = "torchrepro.report/1"
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
 # that train on different parameters.
-FAILING_CODES = ("RECOMPILE_LIMIT_HIT", "INIT_PARAMS_DIFFER", "REPLICAS_DIFFER_FROM_START", "REPLICAS_DIVERGE")
+FAILING_CODES = ("RECOMPILE_LIMIT_HIT", "NO_GRAPH_COMPILED", "INIT_PARAMS_DIFFER", "REPLICAS_DIFFER_FROM_START",
+                 "REPLICAS_DIVERGE")
 
 
 @dataclass
@@ -101,7 +103,7 @@ def _time_findings(compile_section: dict[str, Any], steps: dict[str, Any], run: 
 def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
     return [Finding("CACHE_MISS", "info", f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)",
                     hint="A cold cache is normal on a first run; on a restart it means the key changed "
-                         "(torchrepro cache explain-miss RUN_A RUN_B says which component).",
+                         "(torchrepro cache explain-miss RUN_A RUN_B names the component).",
                     evidence={"cache": name, **c})
             for name, c in cache.items() if c["miss"]]
 
@@ -143,7 +145,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
     compile_section, findings = compile_analysis.summarize(logs)
     steps = steps_summary(logs)
     findings += _outcome_findings(run, meta) + _time_findings(compile_section, steps, run)
-    findings += _cache_findings(compile_section["cache"]) + rank_findings(logs)
+    findings += _cache_findings(compile_section["cache"]) + rank_findings(logs) + rank_key_findings(logs)
     report = {
         "schema": REPORT_SCHEMA,
         "run": run,

@@ -242,7 +242,7 @@ def _cache_findings(logs: list[EventLog]) -> list[Finding]:
         "CACHE_DECISION_SPLIT", "warning", f"ranks {hitters} hit the compile cache, ranks {missers} missed",
         hint="The ranks compiled with different cache keys or cache contents (per-rank cache directories, a "
              "device index or thread count in the key): the missing ranks compile while the others wait. "
-             "torchrepro cache explain-miss names the key component.",
+             f"torchrepro cache explain-miss RUN --ranks {hitters[0]} {missers[0]} names the key component.",
         evidence={"per_rank": decisions})]
 
 
