@@ -6,8 +6,7 @@ read event logs on a machine without torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ._lazy import lazy_api
 
 __version__ = "0.1.0"
 
@@ -26,14 +25,4 @@ _API = {
 }
 
 __all__ = sorted(_API)
-
-
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchrepro' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])
+__getattr__, __dir__ = lazy_api(__name__, _API, globals())

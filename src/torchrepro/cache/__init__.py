@@ -10,8 +10,7 @@ Submodules are imported on first use: ``configure`` must not pay for (or trigger
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_api
 
 _API = {
     "CachePlan": "policy",
@@ -31,14 +30,4 @@ _API = {
 }
 
 __all__ = sorted(_API)
-
-
-def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchrepro.cache' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])
+__getattr__, __dir__ = lazy_api(__name__, _API, globals())
