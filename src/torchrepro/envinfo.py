@@ -66,7 +66,7 @@ class CacheDir:
 # ---------------------------------------------------------------- versions
 
 
-def _dist_version(*names: str) -> str:
+def dist_version(*names: str) -> str:
     """Installed version of the first distribution found, without importing it."""
     for name in names:
         try:
@@ -97,7 +97,7 @@ def _versions() -> dict[str, str]:
         "hip": getattr(torch.version, "hip", None) or NOT_AVAILABLE,
         "cudnn": str(cudnn) if cudnn else NOT_AVAILABLE,
         "nccl": _nccl_version(),
-        "triton": _dist_version(
+        "triton": dist_version(
             "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"
         ),
     }
@@ -127,7 +127,8 @@ def _hardware() -> dict[str, Any]:
 # ---------------------------------------------------------------- caches
 
 
-def _owner(uid: int) -> str:
+def owner_name(uid: int) -> str:
+    """The user name of ``uid`` (the number when it has none)."""
     try:
         import pwd
 
@@ -136,7 +137,7 @@ def _owner(uid: int) -> str:
         return str(uid)
 
 
-def _writers(st: os.stat_result) -> str | None:
+def writers(st: os.stat_result) -> str | None:
     """'world' or 'group NAME' when others may write to a directory; None otherwise.
 
     A user's private group (named after its owner, no other members) does not count.
@@ -151,18 +152,18 @@ def _writers(st: os.stat_result) -> str | None:
         group = grp.getgrgid(st.st_gid)
     except (ImportError, KeyError):
         return f"group {st.st_gid}"
-    owner = _owner(st.st_uid)
+    owner = owner_name(st.st_uid)
     if group.gr_name == owner and set(group.gr_mem) <= {owner}:
         return None
     return f"group {group.gr_name}"
 
 
-def _foreign(st: os.stat_result) -> bool:
+def foreign_owner(st: os.stat_result) -> bool:
     """Owned by someone other than this user and root."""
     return st.st_uid not in (0, os.geteuid())
 
 
-def _cache_risks(path: Path) -> list[str]:
+def cache_risks(path: Path) -> list[str]:
     """Why others could put code into `path`: the directory, or a parent up to a sticky one."""
     risks = []
     current = path
@@ -170,7 +171,7 @@ def _cache_risks(path: Path) -> list[str]:
         current = current.parent
     if current != path:
         st = current.stat()
-        who = _writers(st)
+        who = writers(st)
         if who:
             risks.append(f"{path} does not exist yet and {current} is {who}-writable: another "
                          f"user can create it first; {_KERNEL_RISK}")
@@ -178,22 +179,22 @@ def _cache_risks(path: Path) -> list[str]:
             return risks
     else:
         st = path.stat()
-        who = _writers(st)
+        who = writers(st)
         if who:
             mode = oct(stat.S_IMODE(st.st_mode))
             risks.append(f"{path} is {who}-writable (mode {mode}): {_KERNEL_RISK}")
-        if _foreign(st):
-            risks.append(f"{path} is owned by {_owner(st.st_uid)}: {_KERNEL_RISK}")
+        if foreign_owner(st):
+            risks.append(f"{path} is owned by {owner_name(st.st_uid)}: {_KERNEL_RISK}")
     for parent in current.parents:
         st = parent.stat()
         if st.st_mode & stat.S_ISVTX:  # e.g. /tmp: others cannot rename or replace our entry
             break
-        who = _writers(st)
+        who = writers(st)
         if who:
             risks.append(f"parent {parent} of {path} is {who}-writable: others can replace the "
                          f"cache; {_KERNEL_RISK}")
-        if _foreign(st):
-            risks.append(f"parent {parent} of {path} is owned by {_owner(st.st_uid)}: {_KERNEL_RISK}")
+        if foreign_owner(st):
+            risks.append(f"parent {parent} of {path} is owned by {owner_name(st.st_uid)}: {_KERNEL_RISK}")
     return risks
 
 
@@ -204,10 +205,10 @@ def _cache_dir(name: str, path: str, source: str, note: str) -> CacheDir:
         entry.exists = real.is_dir()
         if entry.exists:
             st = real.stat()
-            entry.owner = _owner(st.st_uid)
+            entry.owner = owner_name(st.st_uid)
             entry.mode = oct(stat.S_IMODE(st.st_mode))
         if hasattr(os, "geteuid"):
-            entry.risks = _cache_risks(real)
+            entry.risks = cache_risks(real)
         else:
             entry.note += " (permissions not checked on this platform)"
     except OSError as exc:
@@ -215,7 +216,7 @@ def _cache_dir(name: str, path: str, source: str, note: str) -> CacheDir:
     return entry
 
 
-def _inductor_default_dir() -> tuple[str, str]:
+def inductor_default_dir() -> tuple[str, str]:
     """Inductor's default cache directory and where that answer came from.
 
     torch's `cache_dir_utils` has no torch dependencies, so it is loaded from its file: importing
@@ -240,7 +241,7 @@ def _caches(triton: str) -> list[CacheDir]:
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     inductor_source = "TORCHINDUCTOR_CACHE_DIR"
     if inductor is None:
-        inductor, inductor_source = _inductor_default_dir()
+        inductor, inductor_source = inductor_default_dir()
     triton_dir = os.environ.get("TRITON_CACHE_DIR")
     triton_source = "TRITON_CACHE_DIR"
     triton_note = "Triton kernels, also those inductor compiles"

@@ -42,7 +42,7 @@ def _categories(entries: list[Entry], now: float) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _writers(entries: list[Entry]) -> dict[str, dict[str, int]]:
+def writers(entries: list[Entry]) -> dict[str, dict[str, int]]:
     """How many entries each torch / Python / platform wrote, where the bytes say so."""
     out: dict[str, Counter] = defaultdict(Counter)
     for e in entries:
@@ -63,30 +63,30 @@ def _unreachable(entries: list[Entry]) -> list[dict[str, Any]]:
 
 def _writable_dirs(root: Path) -> list[str]:
     """Directories below ``root`` that other users may write to (they could add entries)."""
-    from ..envinfo import _writers
+    from ..envinfo import writers
 
     found = []
     for current, dirs, _ in os.walk(root):  # never follows links
         for name in dirs:
             st = os.lstat(os.path.join(current, name))
-            if stat.S_ISDIR(st.st_mode) and (who := _writers(st)):
+            if stat.S_ISDIR(st.st_mode) and (who := writers(st)):
                 found.append(f"{Path(current, name).relative_to(root)}/ ({who}-writable)")
     return found
 
 
 def _permissions(root: Path, entries: list[Entry]) -> dict[str, Any]:
-    from ..envinfo import _cache_risks, _owner
+    from ..envinfo import cache_risks, owner_name
 
     st = root.stat()
     posix = hasattr(os, "geteuid")
-    risks = _cache_risks(root) if posix else []
+    risks = cache_risks(root) if posix else []
     # Every C++ compile includes the precompiled headers of torch's *default* directory, whatever
     # TORCHINDUCTOR_CACHE_DIR says: whoever can write there can put code into every kernel.
     headers = headers_dir()
     if posix and headers.is_dir() and not headers.resolve().is_relative_to(root.resolve()):
-        risks += [f"precompiled headers: {r}" for r in _cache_risks(headers.resolve())]
+        risks += [f"precompiled headers: {r}" for r in cache_risks(headers.resolve())]
     return {
-        "owner": _owner(st.st_uid),
+        "owner": owner_name(st.st_uid),
         "mode": oct(stat.S_IMODE(st.st_mode)),
         "precompiled_headers": str(headers) if headers.is_dir() else None,
         "risks": risks,
@@ -160,7 +160,7 @@ def status(path: str | os.PathLike | None = None) -> dict[str, Any]:
         "totals": {"files": len(entries), "bytes": sum(e.size for e in entries),
                    "unreachable_files": sum(e.unreachable is not None for e in entries)},
         "categories": _categories(entries, time.time()),
-        "written_by": _writers(entries),
+        "written_by": writers(entries),
         "unreachable": _unreachable(entries),
         "permissions": perms,
         "findings": [f.to_json() for f in _findings(root, entries, perms)],

@@ -62,9 +62,9 @@ def current_build() -> dict[str, Any]:
     """
     import torch
 
-    from ..envinfo import NOT_AVAILABLE, _dist_version
+    from ..envinfo import NOT_AVAILABLE, dist_version
 
-    triton = _dist_version("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
+    triton = dist_version("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
     cpu = getattr(torch.backends, "cpu", None)
     return {
         "torch": torch.__version__,
@@ -111,18 +111,18 @@ def cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
         return Path(path).expanduser().absolute(), "argument"
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).expanduser().absolute(), "TORCHINDUCTOR_CACHE_DIR"
-    from ..envinfo import _inductor_default_dir
+    from ..envinfo import inductor_default_dir
 
-    default, source = _inductor_default_dir()
+    default, source = inductor_default_dir()
     return Path(default).absolute(), source
 
 
 def headers_dir() -> Path:
     """Where inductor keeps precompiled C++ headers: under torch's *default* cache directory,
     whatever ``TORCHINDUCTOR_CACHE_DIR`` says."""
-    from ..envinfo import _inductor_default_dir
+    from ..envinfo import inductor_default_dir
 
-    return Path(_inductor_default_dir()[0]).absolute() / "precompiled_headers"
+    return Path(inductor_default_dir()[0]).absolute() / "precompiled_headers"
 
 
 def existing_cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
@@ -292,7 +292,7 @@ def walk(root: Path) -> list[tuple[Path, tuple[str, ...], os.stat_result]]:
 
 def scan(root: Path, build: dict[str, Any] | None = None) -> list[Entry]:
     """Every entry under ``root``, classified, with writer and reachability where readable."""
-    from ..envinfo import _foreign, _owner, _writers
+    from ..envinfo import foreign_owner, owner_name, writers
 
     build = build or current_build()
     entries = []
@@ -301,9 +301,9 @@ def scan(root: Path, build: dict[str, Any] | None = None) -> list[Entry]:
         entry = Entry("/".join(parts), category_of(parts) if regular else "link", st.st_size, st.st_mtime)
         if regular:
             if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                entry.writable_by = _writers(st)
-            if hasattr(os, "geteuid") and _foreign(st):
-                entry.foreign_owner = _owner(st.st_uid)
+                entry.writable_by = writers(st)
+            if hasattr(os, "geteuid") and foreign_owner(st):
+                entry.foreign_owner = owner_name(st.st_uid)
             entry.writer, entry.fx_keys = read_entry(root, entry.rel, entry.category)
             entry.unreachable = unreachable_reason(entry, parts, build)
         entries.append(entry)

@@ -112,9 +112,9 @@ def configure(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = Non
 def _warn_if_others_can_write(directory: Path) -> None:
     if not hasattr(os, "geteuid"):
         return
-    from ..envinfo import _cache_risks
+    from ..envinfo import cache_risks
 
-    for risk in _cache_risks(directory.resolve()):
+    for risk in cache_risks(directory.resolve()):
         warnings.warn(f"torchrepro: {risk}", stacklevel=3)
 
 
