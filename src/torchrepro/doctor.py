@@ -12,7 +12,7 @@ from typing import Any
 
 from .analysis.doctor import Budgets, analyse
 from .errors import InputError
-from .events import Counters, End, Header, write_all
+from .events import Counters, End, Header, rank_logs, read_header, write_all
 from .launch import ChildResult, child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
 
@@ -62,8 +62,8 @@ def parse_stacks(path: Path) -> list[dict[str, Any]]:
 
 def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
     """Complete ``run.json`` with how the run ended: per rank exit codes and stderr, a stall."""
-    run = load_run(run_dir) if any(run_dir.glob("rank-*/events.jsonl")) else None
-    header = run.logs[0].header if run and run.logs else None
+    logs = rank_logs(run_dir)
+    header = read_header(logs[0]) if logs else None
     meta.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), exit_code=result.exit_code,
                 stderr_tail=result.stderr_tail, env_fingerprint=header.env_fingerprint if header else None,
                 rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},

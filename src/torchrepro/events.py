@@ -322,6 +322,16 @@ def read_events(path: str | os.PathLike) -> EventLog:
     return log
 
 
+def read_header(path: str | os.PathLike) -> Header | None:
+    """Only the header (first line) of a rank's log, without reading the rest."""
+    try:
+        with open(path, "rb") as fp:
+            event = from_json(json.loads(fp.readline()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return event if isinstance(event, Header) else None
+
+
 def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
     """Every ``rank-<r>/events.jsonl`` under a run directory, by rank."""
     found = Path(run_dir).glob(f"rank-*/{EVENTS_FILE}")

@@ -122,11 +122,11 @@ def _last_progress(run_dir: Path, since: float) -> float:
 
 
 def _rank_pids(run_dir: Path) -> list[int]:
-    from .events import read_events
+    from .events import read_header
 
     pids = []
     for path in run_dir.glob("rank-*/events.jsonl"):
-        header = read_events(path).header
+        header = read_header(path)
         if header is not None and header.pid:
             pids.append(header.pid)
     return pids
