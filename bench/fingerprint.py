@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from torchrepro.fingerprint import _device_digest, fingerprint
+from torchrepro.digests import _device_digest, fingerprint
 
 MiB = 1 << 20
 PARAM_BYTES = 256 * 1024

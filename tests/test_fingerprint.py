@@ -15,7 +15,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from torchrepro.fingerprint import _device_digest, fingerprint, fingerprints, hash_bytes, stable_uid
+from torchrepro.digests import _device_digest, fingerprint, fingerprints, hash_bytes, stable_uid
 
 fast = settings(max_examples=60, deadline=None)
 
@@ -368,7 +368,7 @@ def test_optimizer_fingerprint_follows_state_and_hyperparameters():
 
 BUILD = """
 import torch
-from torchrepro.fingerprint import fingerprint, stable_uid
+from torchrepro.digests import fingerprint, stable_uid
 torch.manual_seed(1234)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
 batch = {"x": torch.randn(4, 8), "tags": {"alpha", "beta", "gamma", "delta"}, "n": (1, 2.5, None)}

@@ -10,7 +10,7 @@ from ._lazy import lazy_api
 
 __version__ = "0.1.0"
 
-_API = {
+_API = {  # name -> the submodule defining it (a submodule's own name: the submodule itself)
     "seed_everything": "seed",
     "SeedPlan": "seed",
     "worker_init_fn": "seed",
@@ -19,8 +19,11 @@ _API = {
     "RngState": "rng",
     "deterministic": "determinism",
     "audit": "determinism",
-    "fingerprint": "fingerprint",
-    "stable_uid": "fingerprint",
+    "fingerprint": "digests",
+    "fingerprints": "digests",
+    "stable_uid": "digests",
+    "checkpoint": "checkpoint",
+    "rng": "rng",
     "UserError": "errors",
 }
 

@@ -17,7 +17,8 @@ def lazy_api(package: str, api: dict[str, str], namespace: dict[str, Any]) -> tu
         module = api.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(f".{module}", package), name)
+        found = importlib.import_module(f".{module}", package)
+        return found if module == name else getattr(found, name)
 
     def __dir__() -> list[str]:
         return sorted([*namespace, *api])

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from .analysis.cache import key_findings
 from .analysis.divergence import (
     Divergence,
     Tolerance,
@@ -21,12 +22,14 @@ from .analysis.divergence import (
     environment_differences,
     final_within,
     first_divergence,
+    settings,
+    steps_compared,
 )
-from .analysis.cache import key_findings
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
+from .analysis.verdict import Ending, compare_lengths, ending, judge, nothing_compared_because, verdict_line
 from .errors import InputError
-from .events import CacheLookup, Compile, EventLog, Step
+from .events import CacheLookup, Compile, Step
 from .launch import child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json
 
@@ -42,6 +45,14 @@ CAUSE_HINTS = {
                 "and compiled code; compare with --rtol/--atol.",
     "nondeterministic_op": "An op gives different results on identical inputs: torch.use_deterministic_algorithms("
                            "True) (torchrepro.deterministic()) makes it deterministic or raises.",
+    "nondeterministic_op_deterministic_on": "An op gives different results on identical inputs although deterministic "
+                                            "algorithms were on: the op is not covered by them (e.g. a parallel "
+                                            "reduction in compiled code); try one intra-op thread "
+                                            "(torch.set_num_threads(1)) or compile it with backend='aot_eager'.",
+    "init_params": "The parameters differ before the first step: the model was initialised from an unseeded RNG (e.g. "
+                   "built before Trainer or set_seed seeds). Seed before building the model "
+                   "(torchrepro.seed_everything(seed), transformers.set_seed(seed)), or load the initial weights "
+                   "from a checkpoint (under DDP/FSDP, broadcast them from rank 0).",
     "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
     "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
     "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
@@ -74,7 +85,7 @@ class Checker:
         self.seed, self.snapshots = seed, snapshots
         self.console = console
         self.timings: dict[str, float] = {}
-        self.failures: list[str] = []
+        self.endings: dict[str, Ending] = {}
 
     def run(self, spec: RunSpec, env: dict[str, str] | None = None) -> tuple[Run, int]:
         run_dir = self.out / spec.label
@@ -85,17 +96,19 @@ class Checker:
                         stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
                         compile_mode=spec.compile_mode, snapshots=self.snapshots)
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
-        write_json(run_dir / RUN_FILE, {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed,
-                                        "script": str(self.script), "args": self.args, "exit_code": result.exit_code,
-                                        "stderr_tail": result.stderr_tail, "wall_s": self.timings[spec.label]})
+        meta = {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed, "script": str(self.script),
+                "args": self.args, "exit_code": result.exit_code, "stderr_tail": result.stderr_tail,
+                "rank_exit_codes": {str(r): c for r, c in result.rank_exit_codes.items()},
+                "stalled_after_s": result.stalled_after_s, "wall_s": self.timings[spec.label]}
+        write_json(run_dir / RUN_FILE, meta)
         if not any(run_dir.glob("rank-*/events.jsonl")):
             raise InputError(f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
                              + "; ".join(result.stderr_tail[-3:]))
         self.console.print(f"[dim]  done in {self.timings[spec.label]:.1f} s, exit {result.exit_code}[/]",
                            highlight=False)
-        if result.exit_code:
-            self.failures.append(f"{spec.label} exited with {result.exit_code}: compared the steps it recorded")
-        return load_run(run_dir), result.exit_code
+        run = load_run(run_dir)
+        self.endings[spec.label] = ending(spec.label, run.meta, run.logs)
+        return run, result.exit_code
 
     def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False,
                rank: int = 0) -> dict | None:
@@ -131,6 +144,10 @@ def _uses_inductor(run: Run) -> bool:
 def decide(div: Divergence, a: Run, b: Run, same_config: bool = True) -> tuple[str, dict[str, Any]]:
     """The cause that step-level evidence proves, or ``unknown`` (then localisation decides).
     Runs of different compile configurations are expected to compile differently."""
+    if div.what == "init_params":
+        return "init_params", {"because": "the parameters differ before the first forward "
+                                          f"({div.detail.get('parameters_differing')} tensor(s), first "
+                                          f"{div.detail.get('first_parameter')})"}
     if div.what == "batch":
         return "data_order", {"because": f"the batches of step {div.step} differ"}
     # Read at backward(), the state already reflects the forward pass: between different compile
@@ -164,7 +181,8 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
         where = "inside compiled code (the eager replays agree)" if same_config else "not reproduced in replay"
         return ("nondeterministic_op" if same_config and cause == "unknown" else cause), {"localisation": where}
     kind = found.pop("kind")
-    new_cause = {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(kind, cause)
+    new_cause = cause if cause == "init_params" else {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(
+        kind, cause)
     return new_cause, {"localisation": kind, **found}
 
 
@@ -201,7 +219,7 @@ def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], again
     out = {}
     for name, (x, y) in pairs.items():
         curve = divergence_curve(_snaps(x), _snaps(y), x.logs[0], y.logs[0])
-        div, _ = first_divergence(x.logs, y.logs, Tolerance())
+        div, _ = first_divergence(x.logs, y.logs, Tolerance())  # bit for bit
         out[name] = {"between": [x.path.name, y.path.name], "bit_exact": div is None,
                      "final_max_abs": curve[-1]["max_abs"] if curve else None,
                      "final_max_rel": curve[-1]["max_rel"] if curve else None}
@@ -213,7 +231,7 @@ def _cause_from_decomposition(dec: dict[str, Any], against: str) -> tuple[str, d
     if against == "fallback-random" or (not rng["bit_exact"] and (
             numerics["bit_exact"] or (rng["final_max_abs"] or 0) > 10 * (numerics["final_max_abs"] or 0))):
         because = ("with fallback_random=True the compiled run matches eager bit for bit" if numerics["bit_exact"]
-                   else f"fallback_random=True removes most of the difference; {numerics['final_max_abs']:.3g} "
+                   else f"fallback_random=True removes most of the difference; {_fmt(numerics['final_max_abs'])} "
                         "remains (numerics)")
         if against == "fallback-random":
             because = "the runs differ only in inductor's RNG implementation (fallback_random)"
@@ -222,61 +240,91 @@ def _cause_from_decomposition(dec: dict[str, Any], against: str) -> tuple[str, d
                         "magnitude": numerics}
 
 
-def _verdict_line(det: dict[str, Any]) -> str:
-    v = det["verdict"]
-    if v == "bit_exact":
-        return f"BIT-EXACT: {len(det['runs'])} runs agree bit for bit over {det['steps_compared']} step(s)"
-    if v == "within_tolerance":
-        return f"WITHIN TOLERANCE: the runs differ, but within rtol={det['rtol']}, atol={det['atol']}"
-    fd = det["first_divergence"]
-    where = ", ".join(x for x in (
-        f"module {fd['module']}" if fd.get("module") else None, f"op {fd['op']}" if fd.get("op") else None,
-        f"at {fd['source']}" if fd.get("source") else None) if x)
-    return (f"DIVERGED at step {fd['step']} (rank {fd['rank']}, {fd['what']}): cause {fd['cause']}"
-            + (f" — {where}" if where else ""))
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
 
 
-def compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None, list[str]]:
-    if [log.rank for log in run_a.logs] != [log.rank for log in run_b.logs]:
-        notes = [f"ranks {run_a.ranks} vs {run_b.ranks}"]
-    else:
-        notes = []
-    div, more = first_divergence(run_a.logs, run_b.logs, tol)
-    return div, notes + more
+def compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None, bool, list[str]]:
+    """The first divergence beyond ``tol``, whether the runs differ at all (bit for bit) while
+    staying within it, and notes. Parameters are held to ``tol`` on the final snapshot."""
+    notes = [f"ranks {run_a.ranks} vs {run_b.ranks}"] if run_a.ranks != run_b.ranks else []
+    exact, more = first_divergence(run_a.logs, run_b.logs, Tolerance())
+    if exact is None or tol.exact:
+        return exact, False, notes + more
+    tolerant, _ = first_divergence(run_a.logs, run_b.logs, tol)
+    if tolerant is None:
+        if _snaps(run_a).is_dir() and _snaps(run_b).is_dir():
+            if not final_within([], tol, _snaps(run_a), _snaps(run_b)):
+                tolerant = exact
+        else:
+            more.append("no parameter snapshots: only losses and gradient norms were held to the tolerance")
+    return tolerant, tolerant is None, notes + more
 
 
-def _steps_compared(a: EventLog, b: EventLog) -> int:
-    return len({s.index for s in a.of(Step)} & {s.index for s in b.of(Step)})
+def _largest_difference(curve: list[dict[str, Any]], run_a: Run, run_b: Run) -> dict[str, Any]:
+    """The largest parameter (from snapshots) and loss (from every step) differences seen."""
+    losses_b = {(log.rank, s.index): s.loss for log in run_b.logs for s in log.of(Step)}
+    loss = [abs(s.loss - losses_b[(log.rank, s.index)]) for log in run_a.logs for s in log.of(Step)
+            if s.loss is not None and losses_b.get((log.rank, s.index)) is not None]
+    return {"params_max_abs": max((c["max_abs"] for c in curve), default=None),
+            "loss_max_abs": max(loss, default=None)}
 
 
-def determinism_section(div: Divergence | None, cause: str | None, evidence: dict[str, Any], labels: list[str],
-                        run_a: Run, run_b: Run, tol: Tolerance, notes: list[str], snapshots: bool) -> dict[str, Any]:
-    """The report's ``determinism`` section for one pair of runs."""
+def determinism_section(div: Divergence | None, within: bool, cause: str | None, evidence: dict[str, Any],
+                        labels: list[str], run_a: Run, run_b: Run, notes: list[str], snapshots: bool,
+                        endings: list[Ending], tol: Tolerance, unreadable_exit: int) -> dict[str, Any]:
+    """The report's ``determinism`` section for one pair of runs, its verdict earned from what was
+    compared and from how every run ended (:mod:`torchrepro.analysis.verdict`)."""
     curve = divergence_curve(_snaps(run_a), _snaps(run_b), run_a.logs[0], run_b.logs[0]) if snapshots else []
-    if div is None:
-        verdict = "bit_exact"
-    elif not tol.exact and div.what == "params" and snapshots and final_within(curve, tol, _snaps(run_a),
-                                                                                  _snaps(run_b)):
-        verdict = "within_tolerance"
-    else:
-        verdict = "diverged"
+    compared = steps_compared(run_a.logs, run_b.logs)
+    verdict, exit_code = judge(div is not None, within, compared, endings, unreadable_exit)
     first = None
     if div is not None:
-        module = evidence.pop("module", None) or _module_of_parameter(div.detail.get("first_parameter"))
+        module = evidence.pop("module", None) or div.detail.get("module") if div.what == "init_params" else (
+            evidence.pop("module", None) or _module_of_parameter(div.detail.get("first_parameter")))
         first = {"step": div.step, "rank": div.rank, "what": div.what, "module": module,
                  "op": evidence.pop("op", None), "source": evidence.pop("source", None),
                  "phase": evidence.pop("phase", None), "cause": cause, "detail": div.detail, "evidence": evidence}
-    return {"verdict": verdict, "runs": labels, "first_divergence": first, "curve": curve, "notes": notes,
-            "rtol": tol.rtol, "atol": tol.atol, "steps_compared": _steps_compared(run_a.logs[0], run_b.logs[0])}
+        if div.what == "init_params":
+            first["before_step"] = 0
+    env = environment_differences(run_a.logs[0].header, run_b.logs[0].header) if run_a.logs and run_b.logs else []
+    det = {"verdict": verdict, "exit_code": exit_code, "runs": labels, "first_divergence": first, "curve": curve,
+           "notes": notes, "rtol": tol.rtol, "atol": tol.atol, "steps_compared": compared,
+           "endings": [e.to_json() for e in endings], "environment_differences": env,
+           "step_clock": _step_clock(run_a)}
+    if verdict == "nothing_compared":
+        det["nothing_compared_because"] = nothing_compared_because(endings)
+    if verdict == "within_tolerance":
+        det["largest_difference"] = _largest_difference(curve, run_a, run_b)
+    if env and div is None:
+        notes.append("the environments differ (" + "; ".join(env[:3]) + "), yet the compared steps agree")
+    return det
 
 
-def _findings(det: dict[str, Any], against: str | None) -> list[Finding]:
+def _step_clock(run: Run) -> str | None:
+    """What ended each step: ``optimizer.step()`` or ``backward()`` (no optimizer)."""
+    return next((c.note for log in run.logs for c in log.events if getattr(c, "name", None) == "step_clock"), None)
+
+
+def _hint_key(cause: str, against: str | None, run: Run) -> str:
+    if cause == "rng" and against:
+        return "rng_compiled"
+    if cause == "nondeterministic_op" and any(settings(log).get("deterministic_algorithms") for log in run.logs):
+        return "nondeterministic_op_deterministic_on"  # the usual fix was already in force
+    return cause
+
+
+def _findings(det: dict[str, Any], hint_key: str | None) -> list[Finding]:
     fd = det["first_divergence"]
-    if det["verdict"] != "diverged" or fd is None:
-        return []
-    hint_key = "rng_compiled" if fd["cause"] == "rng" and against else fd["cause"]
-    return [Finding(f"DIVERGED_{fd['cause'].upper()}", "error", _verdict_line(det), hint=CAUSE_HINTS[hint_key],
-                    evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]})]
+    out = [Finding("RUN_DID_NOT_END_NORMALLY", "error", f"{e['run']} did not end normally: {'; '.join(e['problems'])}",
+                   hint="The steps it recorded were compared; the verdict cannot cover the whole run. Fix the failure "
+                        "(its stderr is in the run's run.json) and check again.", evidence=e)
+           for e in det["endings"] if not e["ended_normally"]]
+    if det["verdict"] == "diverged" and fd is not None:
+        out.insert(0, Finding(f"DIVERGED_{fd['cause'].upper()}", "error", verdict_line(det),
+                              hint=CAUSE_HINTS[hint_key or fd["cause"]],
+                              evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]}))
+    return out
 
 
 def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = None, against: str | None = None,
@@ -297,10 +345,12 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
     done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
-    div, notes, pair = None, [], pairs[0]
+    div, within, notes, pair = None, False, [], pairs[0]
     for (sa, ra), (sb, rb) in pairs:  # the earliest divergence over all pairs with the first run
-        d, n = compare(ra, rb, tol)
+        compare_lengths(checker.endings[sa.label], checker.endings[sb.label])
+        d, w, n = compare(ra, rb, tol)
         notes += n
+        within = within or w
         if d is not None and (div is None or (d.step, d.rank) < (div.step, div.rank)):
             div, pair = d, ((sa, ra), (sb, rb))
     (spec_a, run_a), (spec_b, run_b) = pair
@@ -315,16 +365,17 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
                     evidence.update(localize_graph(checker, spec_b, div))
             else:
                 cause, evidence = "numerics", {"because": "compiled without inductor RNG: the difference is rounding"}
-        if localize_divergence and (cause == "unknown" or against is None and cause in ("numerics",)):
+        if localize_divergence and (cause in ("unknown", "init_params") or against is None and cause == "numerics"):
             cause, more = localize(checker, spec_a, spec_b, div, cause)
             evidence.update(more)
-    det = determinism_section(div, cause, evidence, [s.label for s in specs], run_a, run_b, tol,
-                              checker.failures + notes, snapshots)
+    det = determinism_section(div, within, cause, evidence, [s.label for s in specs], run_a, run_b, notes, snapshots,
+                              list(checker.endings.values()), tol, unreadable_exit=3)
     if decomposition is not None:
         det["decomposition"] = decomposition
     det["against"] = against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
-    report = _report(det, against, {s.label: str(out / s.label) for s in specs} | (
+    report = _report(det, _hint_key(cause, against, run_b) if cause else None, {
+        s.label: str(out / s.label) for s in specs} | (
         {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
         {"script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
         [f for pair in same_config for f in cache_key_findings(*pair)])
@@ -340,18 +391,21 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
                                   f"{label_a} rank {log_a.rank}", f"{label_b} rank {log_a.rank}")]
 
 
-def _report(det: dict[str, Any], against: str | None, run_dirs: dict[str, str], timings: dict[str, float],
+def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str], timings: dict[str, float],
             meta: dict[str, Any], extra: list[Finding] = ()) -> dict[str, Any]:
-    findings = _findings(det, against) + list(extra)
+    findings = _findings(det, hint_key) + list(extra)
     return {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
-            "determinism": det, "findings": [f.to_json() for f in findings], "verdict": _verdict_line(det)}
+            "determinism": det, "findings": [f.to_json() for f in findings], "verdict": verdict_line(det),
+            "exit_code": det["exit_code"]}
 
 
 def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
     """Compare two stored runs (no replay: the evidence in their logs and snapshots)."""
     tol = tolerance or Tolerance()
     run_a, run_b = load_run(path_a), load_run(path_b)
-    div, notes = compare(run_a, run_b, tol)
+    endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
+    compare_lengths(*endings)
+    div, within, notes = compare(run_a, run_b, tol)
     notes = run_a.problems + run_b.problems + notes
     scripts = {Path(str(r.meta.get("script", ""))).name for r in (run_a, run_b)}
     if len(scripts) > 1:
@@ -362,9 +416,10 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict
         if modes[0] != modes[1]:
             cause, evidence = "numerics", {"because": f"compile modes differ ({modes[0]} vs {modes[1]})"}
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
-    det = determinism_section(div, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, tol, notes, snapshots)
-    return _report(det, None, {"a": str(path_a), "b": str(path_b)}, {}, {"diff": [str(path_a), str(path_b)]},
-                   cache_key_findings("A", run_a, "B", run_b))
+    det = determinism_section(div, within, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, notes, snapshots,
+                              endings, tol, unreadable_exit=2)
+    return _report(det, _hint_key(cause, None, run_b) if cause else None, {"a": str(path_a), "b": str(path_b)}, {},
+                   {"diff": [str(path_a), str(path_b)]}, cache_key_findings("A", run_a, "B", run_b))
 
 
 RESUME_HINTS = {
@@ -392,6 +447,10 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
     checker = Checker(script, args, out, seed=seed, snapshots=False,
                       console=console, nproc=nproc, timeout=timeout, env=env)
     full, _ = checker.run(RunSpec("full", None, "to the end"))
+    steps = min((len(log.of(Step)) for log in full.logs), default=0)
+    if at >= steps and checker.endings["full"].ok:
+        raise InputError(f"--at {at}: the run has {steps} step(s), so nothing would run after the checkpoint; "
+                         f"choose --at below {steps}")
     saved = out / "checkpoint"
     stopped, _ = checker.run(RunSpec("stopped", None, f"stopping after step {at}"),
                              env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved)})
@@ -399,9 +458,9 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
         raise InputError(f"the script saved no checkpoint after step {at}: it must call torchrepro.checkpoint.save() "
                          "when checkpoint.plan().should_stop(step) (see examples/resume_ddp.py)")
     resumed, _ = checker.run(RunSpec("resumed", None, f"resumed after step {at}"), env={ENV_RESUME_FROM: str(saved)})
-    div, notes = compare(full, resumed, Tolerance())
+    div, _, notes = compare(full, resumed, Tolerance())
     notes = [n for n in notes if "with the same index" not in n]  # a resumed run has only the later steps
-    before, _ = compare(full, stopped, Tolerance())
+    before, _, _ = compare(full, stopped, Tolerance())
     if before is not None:
         notes.append(f"the run is not reproducible before the checkpoint (step {before.step} differs between two "
                      "runs): fix that first (torchrepro check)")
@@ -411,15 +470,15 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
                      "resume.apply(...) (it aligns the step numbers)")
     last = {log.rank: log.of(Step)[-1].index for log in full.logs if log.of(Step)}
     last_resumed = {log.rank: log.of(Step)[-1].index for log in resumed.logs if log.of(Step)}
-    if div is None and last != last_resumed:
-        notes.append(f"the resumed run ended at step {last_resumed}, the full run at {last}")
+    if last != last_resumed:
+        checker.endings["resumed"].problems.append(f"the resumed run ended at step {last_resumed}, the full run at "
+                                                   f"{last}")
     cause, evidence = (None, {})
     if div is not None:
         cause, evidence = decide(div, full, resumed)
         evidence["hint"] = RESUME_HINTS.get(cause, RESUME_HINTS["unknown"])
-    det = determinism_section(div, cause, evidence, ["full", "resumed"], full, resumed, Tolerance(), notes, False)
-    if div is None and last != last_resumed:
-        det["verdict"] = "diverged"
+    det = determinism_section(div, False, cause, evidence, ["full", "resumed"], full, resumed, notes, False,
+                              list(checker.endings.values()), Tolerance(), unreadable_exit=3)
     det["resume_at"] = at
     report = _report(det, None, {"full": str(out / "full"), "stopped": str(out / "stopped"),
                                  "resumed": str(out / "resumed"), "checkpoint": str(saved)}, checker.timings,

@@ -54,7 +54,7 @@ def _budgets(args: argparse.Namespace):
 
     if args.min_cache_hit_rate is not None and not 0 <= args.min_cache_hit_rate <= 1:
         raise UserError("--min-cache-hit-rate must be between 0 and 1")
-    return Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate)
+    return Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -89,7 +89,7 @@ def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = Non
     if getattr(args, "json", None):
         write_json(Path(args.json), report)
     render_check(report, report_path=str(out / REPORT_FILE) if out else None)
-    return 0 if report["determinism"]["verdict"] in ("bit_exact", "within_tolerance") else 1
+    return report["exit_code"]
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -122,8 +122,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .doctor import analyse_run_dir
 
+    from .analysis.doctor import Budgets
+
     run_dir = Path(args.run_dir)
-    return _finish(analyse_run_dir(run_dir), run_dir, args)
+    return _finish(analyse_run_dir(run_dir, Budgets(strict=args.strict)), run_dir, args)
 
 
 def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
@@ -168,6 +170,11 @@ def _cache_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _add_strict(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, records unreadable)")
+
+
 def _add_tolerance(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit-exact)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit-exact)")
@@ -198,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--fingerprint-every", type=int, metavar="N",
                         help="fingerprint parameters every N steps (default: every step if that costs < 1%%)")
     doctor.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
+    _add_strict(doctor)
     _add_ranks(doctor)
     _add_script(doctor, required=False)
     doctor.set_defaults(func=_cmd_doctor)
@@ -235,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     report.add_argument("--junit", metavar="FILE", help="write a JUnit XML result")
+    _add_strict(report)
     report.set_defaults(func=_cmd_report)
 
     run = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")

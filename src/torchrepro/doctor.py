@@ -21,6 +21,8 @@ def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, 
     """Analyse a stored run and (re)write its ``report.json`` (a read-only run directory, e.g.
     one copied from a cluster, is analysed all the same)."""
     run = load_run(run_dir)
+    if all(log.unreadable for log in run.logs):
+        raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)
     try:
         write_json(run_dir / REPORT_FILE, report)
@@ -103,10 +105,14 @@ def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tu
     files = trace_files(trace_dir)
     if not files:
         raise InputError(f"{trace_dir} holds no TORCH_TRACE logs (*.log)")
+    translated = [translate_file(file, rank=index) for index, file in enumerate(files)]
+    if not any(kind not in ("other", "malformed") for _, t in translated for kind, n in t.counts.items() if n):
+        lines = sum(sum(t.counts.values()) for _, t in translated)
+        raise InputError(f"{trace_dir} holds no valid structured-trace record ({lines} record(s) read from "
+                         f"{len(files)} file(s), none that TORCH_TRACE writes)")
     run_dir = create_run_dir(out or default_run_dir(trace_dir.name, label="trace"))
     skipped: dict[str, int] = {}
-    for index, file in enumerate(files):
-        events, translator = translate_file(file, rank=index)
+    for file, (events, translator) in zip(files, translated):
         rank = translator.rank
         for event in events:
             event.rank = rank

@@ -22,7 +22,7 @@ import torch
 
 from . import __version__
 from .determinism import CUBLAS_VAR, audit
-from .fingerprint import stable_uid
+from .digests import stable_uid
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -42,6 +42,7 @@ class Header(Event):
 
     kind: ClassVar[str] = "header"
     schema: str = SCHEMA
+    torchrepro_version: str = ""
     world_size: int = 1
     local_rank: int = 0
     pid: int = 0
@@ -167,6 +168,16 @@ class Capability(Event):
 
 
 @dataclass(slots=True)
+class Setting(Event):
+    """A switch that changes what a step computes, as it was when the first step ended (after
+    the script's own set-up): ``deterministic_algorithms``, ``num_threads``, ..."""
+
+    kind: ClassVar[str] = "setting"
+    name: str = ""
+    value: Any = None
+
+
+@dataclass(slots=True)
 class Counters(Event):
     """Dynamo's own counters at the end of the run (a cross-check for the events)."""
 
@@ -195,8 +206,8 @@ def _names(cls: type) -> tuple[str, ...]:
 _NAMES: dict[type, tuple[str, ...]] = {}
 
 KINDS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability, Counters,
-                              End)
+    cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability, Setting,
+                              Counters, End)
 }
 
 
@@ -258,12 +269,17 @@ class EventWriter:
 
 @dataclass(slots=True)
 class EventLog:
-    """The events of one rank, and what could not be read."""
+    """The events of one rank, and what could not be read: ``bad_lines`` skipped (a
+    ``truncated`` last line among them), and ``unreadable``, the reason the file is not a log
+    this torchrepro can read at all (no header, another schema), or None."""
 
     path: Path
     events: list[Event] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     unknown_kinds: dict[str, int] = field(default_factory=dict)
+    bad_lines: int = 0
+    truncated: bool = False
+    unreadable: str | None = None
 
     @property
     def header(self) -> Header | None:
@@ -306,20 +322,35 @@ def read_events(path: str | os.PathLike) -> EventLog:
                 raise ValueError("not an object")
             event = from_json(data)
         except (ValueError, TypeError, UnicodeDecodeError):
-            what = "truncated last line" if number - 1 == last else f"unreadable line {number}"
-            log.problems.append(f"{path}: {what} skipped")
+            log.bad_lines += 1
+            log.truncated = number - 1 == last
+            if log.bad_lines <= 5:
+                what = "truncated last line" if log.truncated else f"unreadable line {number}"
+                log.problems.append(f"{path}: {what} skipped")
             continue
         if event is None:
             kind = str(data.get("kind"))
             log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
             continue
         log.events.append(event)
+    if log.bad_lines > 5:
+        log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
     header = log.header
     if header is None:
-        log.problems.append(f"{path}: no header line (not a torchrepro event log?)")
+        log.unreadable = "no header line: not a torchrepro event log"
     elif header.schema != SCHEMA:
-        log.problems.append(f"{path}: schema {header.schema!r}, this torchrepro reads {SCHEMA!r}")
+        by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
+        log.unreadable = f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
+        log.events = [header]  # nothing else is trusted: field meanings may have changed
+    if log.unreadable:
+        log.problems.append(f"{path}: {log.unreadable}")
     return log
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def read_header(path: str | os.PathLike) -> Header | None:

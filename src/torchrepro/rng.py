@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .errors import RngStateError
-from .fingerprint import hash_bytes
+from .digests import hash_bytes
 
 SCHEMA = "torchrepro.rng/1"
 

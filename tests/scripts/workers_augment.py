@@ -1,4 +1,5 @@
-"""DataLoader with 2 workers, shuffling and numpy/torch augmentation, and no seeding at all."""
+"""DataLoader with 2 workers, shuffling and numpy/torch augmentation, and no seeding of the data
+pipeline (the model's initial weights come from a fixed seed, so only the data can differ)."""
 import numpy as np
 import torch
 
@@ -17,7 +18,9 @@ class Augmented(torch.utils.data.Dataset):
 
 
 if __name__ == "__main__":
-    model = torch.nn.Linear(8, 2)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(Augmented(), batch_size=8, shuffle=True, num_workers=2)
     for epoch in range(2):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..events import Compile, EventLog, Header, Params, Step
+from ..events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 
 # Causes (a fixed set): data_order, rng, numerics, nondeterministic_op, environment, recompile,
 # unknown. A divergent step is attributed to, in the order a step happens: its batch, the RNG it
@@ -101,11 +101,39 @@ def _detail(aspect: str, a: Step, b: Step) -> dict[str, Any]:
     return {}
 
 
-def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance) -> tuple[Divergence | None, list[str]]:
-    """Earliest divergent step over all ranks present in both runs (lowest rank on ties), steps
-    matched by index, and notes on what could not be compared."""
+def init_divergence(a: EventLog, b: EventLog) -> Divergence | None:
+    """The parameters as training started (fingerprinted at the first forward) differ."""
+    init_a, init_b = (next((e for e in log.of(InitParams) if e.source == "first_forward"), None) for log in (a, b))
+    if init_a is None or init_b is None or (init_a.names, init_a.fps) == (init_b.names, init_b.fps):
+        return None
+    fps_b = dict(zip(init_b.names, init_b.fps))
+    differing = [n for n, fp in zip(init_a.names, init_a.fps) if fps_b.get(n) != fp]
+    return Divergence(0, a.rank, "init_params", {"module": init_a.module, "first_parameter": differing[0] if differing
+                                                 else None, "parameters_differing": len(differing)})
+
+
+def steps_compared(logs_a: list[EventLog], logs_b: list[EventLog]) -> int:
+    """Steps compared: the step indices both runs recorded, on the rank with fewest (0 when the
+    runs have no rank in common)."""
     by_rank_b = {log.rank: log for log in logs_b}
+    counts = [len({s.index for s in a.of(Step)} & {s.index for s in by_rank_b[a.rank].of(Step)})
+              for a in logs_a if a.rank in by_rank_b]
+    return min(counts, default=0)
+
+
+def settings(log: EventLog) -> dict[str, object]:
+    """The switches recorded after the first step (``deterministic_algorithms``, ...)."""
+    return {e.name: e.value for e in log.of(Setting)}
+
+
+def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance) -> tuple[Divergence | None, list[str]]:
+    """Earliest divergence over all ranks present in both runs (lowest rank on ties): the initial
+    parameters first, then steps matched by index; and notes on what could not be compared."""
+    by_rank_b = {log.rank: log for log in logs_b}
+    inits = [d for log in logs_a if log.rank in by_rank_b for d in [init_divergence(log, by_rank_b[log.rank])] if d]
     notes, found = [], []
+    if inits:
+        return min(inits, key=lambda d: d.rank), notes
     for log_a in logs_a:
         log_b = by_rank_b.get(log_a.rank)
         if log_b is None:

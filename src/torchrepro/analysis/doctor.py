@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import End, EventLog, Header, Step
+from ..events import Capability, Counters, End, EventLog, Header, Step
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
@@ -26,6 +26,7 @@ class Budgets:
     max_graph_breaks: int | None = None
     max_recompiles: int | None = None
     min_cache_hit_rate: float | None = None
+    strict: bool = False  # capture that degraded (CAPTURE_DEGRADED) fails the run too
 
 
 def steps_summary(logs: list[EventLog]) -> dict[str, Any]:
@@ -84,6 +85,37 @@ def _outcome_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding
                                 hint="Damaged lines were skipped; everything else was read.",
                                 evidence={"problems": run["problems"][:10]}))
     return findings
+
+
+# Capabilities whose absence loses evidence (the others are optional observers, e.g. fsdp2_init).
+_DEGRADING = ("capture_error", "trace_records", "compile_events", "steps", "batches")
+
+
+def capture_findings(logs: list[EventLog]) -> list[Finding]:
+    """``CAPTURE_DEGRADED``: an observer that failed and was switched off, trace records that
+    could not be read, an observer this torch version does not support."""
+    lost: dict[str, dict[str, Any]] = {}
+    for log in logs:
+        for cap in log.of(Capability):
+            if not cap.available and cap.name in _DEGRADING:
+                entry = lost.setdefault(cap.name, {"what": cap.name, "note": cap.note, "ranks": [], "step": cap.step})
+                entry["ranks"].append(log.rank)
+        for counters in log.of(Counters):
+            bad = counters.counters.get("torchrepro", {}).get("malformed_records", 0)
+            if bad:
+                entry = lost.setdefault("trace_records", {"what": "trace_records", "note": "", "ranks": []})
+                entry["records"] = entry.get("records", 0) + bad
+                if log.rank not in entry["ranks"]:
+                    entry["ranks"].append(log.rank)
+    out = []
+    for entry in lost.values():
+        records = f" ({entry['records']} record(s))" if entry.get("records") else ""
+        out.append(Finding("CAPTURE_DEGRADED", "warning",
+                           f"capture lost {entry['what']}{records} on rank(s) {sorted(entry['ranks'])}: "
+                           f"{entry['note'] or 'records could not be read'}",
+                           hint="What was lost is missing from this report; the rest is complete. Run with --strict "
+                                "to fail such runs; report the torch version if this repeats.", evidence=entry))
+    return out
 
 
 def _time_findings(compile_section: dict[str, Any], steps: dict[str, Any], run: dict[str, Any]) -> list[Finding]:
@@ -146,6 +178,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
     steps = steps_summary(logs)
     findings += _outcome_findings(run, meta) + _time_findings(compile_section, steps, run)
     findings += _cache_findings(compile_section["cache"]) + rank_findings(logs) + rank_key_findings(logs)
+    findings += capture_findings(logs)
     report = {
         "schema": REPORT_SCHEMA,
         "run": run,
@@ -155,6 +188,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
         "capabilities": compile_analysis.capabilities(logs),
     }
     report["budget_failures"] = budget_failures(report, budgets or Budgets())
-    report["failing_findings"] = [f["code"] for f in report["findings"] if f["code"] in FAILING_CODES]
+    failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())
+    report["failing_findings"] = [f["code"] for f in report["findings"] if f["code"] in failing]
     report["verdict"] = verdict(report)
     return report

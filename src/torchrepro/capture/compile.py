@@ -28,8 +28,13 @@ class _TraceHandler(logging.Handler):
             return
         try:
             events = self.capture.translator.feed(metadata, getattr(record, "payload", None))
-        except Exception:  # a record shape this version did not expect: count it, never fail the run
-            self.capture.translator.counts["malformed"] += 1
+        except Exception as exc:  # a record shape this version did not expect: count it, never fail the run
+            counts = self.capture.translator.counts
+            counts["malformed"] += 1
+            if counts["malformed"] == 1:  # said at once (a killed run has no end counters), counted at the end
+                self.capture.emit(Capability(name="trace_records", available=False,
+                                             note=f"a structured-trace record could not be read "
+                                                  f"({type(exc).__name__}: {exc}); such records are skipped"))
             return
         for event in events:
             self.capture.emit(event)

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..fingerprint import fingerprint
+from ..digests import fingerprint
 from ..rundir import replay_file
 
 _UNINITIALISED = re.compile(r"\bempty|_empty")

@@ -112,8 +112,11 @@ class CaptureSession:
         _ACTIVE["session"] = self
         self._install_signals()
         env, env_fp = environment()
+        from .. import __version__
+
         self.emit(Header(
-            world_size=self.world_size, local_rank=self.local_rank, pid=self._pid, host=socket.gethostname(),
+            torchrepro_version=__version__, world_size=self.world_size, local_rank=self.local_rank, pid=self._pid,
+            host=socket.gethostname(),
             argv=list(sys.argv), torch_version=torch.__version__, python_version=platform.python_version(),
             env=env, env_fingerprint=env_fp,
             config={"seed": self.config.seed, "compile_mode": self.config.compile_mode,

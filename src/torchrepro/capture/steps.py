@@ -1,12 +1,18 @@
 """Step events without code changes.
 
 - The step clock is a global optimizer post-step hook: the first optimizer that steps is the
-  clock; each of its ``step()`` calls ends a training step.
+  clock; each of its ``step()`` calls ends a training step. A script that creates no
+  ``torch.optim`` optimizer (parameters updated by hand, or no update at all) is clocked by
+  ``backward()``: each call ends the step the previous one began (the last one ends at exit).
 - The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
   wrapped; the wrapper keeps a detached reference, no copy, no sync).
-- Batches are fingerprinted as the DataLoader iterator hands them out.
+- Batches are fingerprinted as the DataLoader iterator hands them out; a step that fetched no
+  DataLoader batch is fingerprinted by the tensors passed to its outermost module call
+  (``nn.Module.__call__`` is wrapped; calls inside compiled code pass straight through).
+- The parameters as training starts (at the first outermost module call, before its forward)
+  are fingerprinted once (an ``InitParams`` event with ``source="first_forward"``).
 - Parameter fingerprints (after the step), gradient fingerprints and norm (before it) and the
-  RNG-state fingerprint (at its start) come from :mod:`torchrepro.fingerprint` and
+  RNG-state fingerprint (at its start) come from :mod:`torchrepro.digests` and
   :mod:`torchrepro.rng`.
 
 Every wrapper calls straight through when Dynamo is tracing, so compiled code sees exactly the
@@ -19,6 +25,7 @@ import gc
 import math
 import os
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -29,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..events import Capability, Event, InitParams, Params, Step
-from ..fingerprint import fingerprint, hash_bytes
+from ..events import Capability, Event, InitParams, Params, Setting, Step
+from ..digests import fingerprint, hash_bytes
 from ..rng import combine, live_fingerprints
 
 _AUTO_WARMUP = 5  # steps fingerprinted every time while the cost of a fingerprint is measured
@@ -77,6 +84,13 @@ class StepRecorder:
         self._names: list[str] | None = None
         self._last_snapshot: int | None = None
         self.listeners: list[Callable[[int], None]] = []  # called with each finished step's index
+        self.clock: str | None = None  # "optimizer" or "backward", once known
+        self._optimizers_made = 0
+        self._pending_backward = False  # backward clock: a step has begun and not ended yet
+        self._input_fps: list[str] = []
+        self._in_module = False
+        self._init_done = False
+        self._first_index = 0
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Observer bugs must never reach the user's script: the first one is recorded as a
@@ -103,8 +117,12 @@ class StepRecorder:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
         # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
         # runs eagerly (and must stay plain: compiled autograd runs inside it).
-        self._wrap(torch.autograd, "backward", self._safe(self._note_backward))
-        caps = [Capability(name="steps", available=True, note="global optimizer step hook")]
+        self._wrap(torch.autograd, "backward", self._safe(self._note_backward),
+                   after=self._safe(self._after_backward))
+        self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
+        self._wrap_module_call()
+        caps = [Capability(name="steps", available=True,
+                           note="global optimizer step hook; backward() when no optimizer exists")]
         caps += self._watch_fully_shard()
         if self.config.batches:
             iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
@@ -137,6 +155,47 @@ class StepRecorder:
             wrapper = torch.compiler.disable(wrapper)
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
+
+    def _wrap_module_call(self) -> None:
+        """``nn.Module.__call__``: the outermost call of a step gives its inputs' fingerprint (when
+        no DataLoader batch was fetched) and, the first time, the initial parameters'."""
+        original = torch.nn.Module.__call__
+        observe = self._safe(self._note_module_call)
+
+        def __call__(module, *args, **kwargs):
+            if self._in_module or torch.compiler.is_compiling():
+                return original(module, *args, **kwargs)
+            self._in_module = True
+            try:
+                observe(module, args, kwargs)
+                return original(module, *args, **kwargs)
+            finally:
+                self._in_module = False
+
+        __call__.__wrapped__ = original  # type: ignore[attr-defined]
+        torch.nn.Module.__call__ = __call__
+        self._undo.append(lambda: setattr(torch.nn.Module, "__call__", original))
+
+    def _note_module_call(self, module: Any, args: tuple, kwargs: dict) -> None:
+        if self._pending_backward and self._backward_clocked():
+            self._end_step("backward")  # the forward of the next step
+        t0 = time.perf_counter()
+        if not self._init_done:
+            root = getattr(module, "_orig_mod", module)  # torch.compile(model)
+            named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
+            if named:  # the first call of a module with parameters (not a parameter-free transform)
+                self._init_done = True
+                self._emit(InitParams(rank=self.rank, step=self.completed, source="first_forward",
+                                      module=type(root).__name__, names=[n for n, _ in named],
+                                      fps=[fingerprint(_local(p))[:16] for _, p in named]))
+        if self.config.batches and not self._batch_fps:
+            tensors = _tensors((args, kwargs))
+            if tensors:
+                self._input_fps.append(hash_bytes(*(fingerprint(_local(t)).encode() for t in tensors))[:16])
+        self._own += time.perf_counter() - t0
+
+    def _note_optimizer(self, *args: Any, **kwargs: Any) -> None:
+        self._optimizers_made += 1
 
     def _watch_fully_shard(self) -> list[Capability]:
         """Fingerprint each module's full parameters just before FSDP2 shards them (FSDP2 does not
@@ -172,11 +231,26 @@ class StepRecorder:
             self._rng_fps, self._rng_at = live_fingerprints(), at
 
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
+        if self._backward_clocked() and self._pending_backward:
+            self._end_step("backward")  # a second backward() without a module call between
         t0 = time.perf_counter()
         self._read_rng("backward")
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._losses.append(tensors.detach())
+            if self._params is None and self._backward_clocked():
+                self._params = _leaves_of(tensors)
         self._own += time.perf_counter() - t0
+
+    def _after_backward(self, result: Any) -> None:
+        if not self._backward_clocked():
+            return
+        self._pending_backward = True
+        if self.config.grads and self._params:
+            self._grads = _grad_digest([p.grad for p in self._params if p.grad is not None])
+
+    def _backward_clocked(self) -> bool:
+        """No optimizer exists (none was created, none stepped): backward() is the clock."""
+        return self.clock != "optimizer" and self._optimizers_made == 0
 
     def _note_batch(self, batch: Any) -> None:
         t0 = time.perf_counter()
@@ -190,12 +264,7 @@ class StepRecorder:
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
             return
-        grads = [_local(p.grad) for p in self._optimizer_params(optimizer) if p.grad is not None]
-        if not grads:
-            return
-        norms = torch._foreach_norm([g.detach() for g in grads])
-        norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
-        self._grads = (hash_bytes(*(fingerprint(g).encode() for g in grads))[:16], norm)
+        self._grads = _grad_digest([p.grad for p in self._optimizer_params(optimizer) if p.grad is not None])
 
     def _is_clock(self, optimizer: Any) -> bool:
         if self._clock_optimizer is None:
@@ -209,12 +278,24 @@ class StepRecorder:
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
             return
+        if self._params is None or self.clock != "optimizer":
+            self._params = self._optimizer_params(optimizer)
+        self._end_step("optimizer")
+
+    def _end_step(self, clock: str) -> None:
         now = time.perf_counter()
         step_time = now - self._start
         index = self.completed
+        if self.clock != clock:
+            self.clock, self._names = clock, None
+            self._emit(Capability(rank=self.rank, step=index, name="step_clock", available=True,
+                                  note="optimizer.step()" if clock == "optimizer" else
+                                  "backward(): no torch.optim optimizer exists"))
+        self._pending_backward = False
         if self._params is None:
-            self._params = self._optimizer_params(optimizer)
-            self._names = _param_names(self._params)
+            self._params = []
+        if self._names is None:
+            self._names = _param_names(self._params) if self._params else []
             self._emit(Params(rank=self.rank, names=self._names, shapes=[list(p.shape) for p in self._params],
                               dtypes=[str(p.dtype).replace("torch.", "") for p in self._params],
                               kinds=[_kind(p) for p in self._params]))
@@ -222,23 +303,26 @@ class StepRecorder:
                      backward_calls=len(self._losses), compiles=self._compiles)
         if self._losses:
             event.loss = float(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
-        if self._batch_fps:
-            event.batches = len(self._batch_fps)
-            event.batch_fp = hash_bytes(*(f.encode() for f in self._batch_fps))[:16]
+        batch_fps = self._batch_fps or self._input_fps
+        if batch_fps:
+            event.batches = len(batch_fps)
+            event.batch_fp = hash_bytes(*(f.encode() for f in batch_fps))[:16]
         if self._grads is not None:
             event.grads_fp, event.grad_norm = self._grads[0], round(self._grads[1], 9)
         if self._rng_fps is not None:
             event.rng_fps, event.rng_fp, event.rng_at = self._rng_fps, combine(self._rng_fps), self._rng_at
         fp_cost = 0.0
-        if self._should_fingerprint(index):
+        if self._params and self._should_fingerprint(index):
             t0 = time.perf_counter()
             digests = [fingerprint(_local(p)) for p in self._params]
             event.param_fps = [d[:16] for d in digests]
             event.params_fp = hash_bytes(*(d.encode() for d in digests))[:16]
             fp_cost = time.perf_counter() - t0
-        if self.config.snapshots and (index < 16 or index & (index - 1) == 0):
+        if self._params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._emit(event)
+        if index == self._first_index:
+            self._emit_settings(index)
         own = self._own + (time.perf_counter() - now) - fp_cost
         self._choose_interval(index, step_time - self._own, fp_cost, own)
         self.completed += 1
@@ -247,14 +331,25 @@ class StepRecorder:
             listener(index)
         self._start = time.perf_counter()
 
+    def _emit_settings(self, index: int) -> None:
+        """The switches in force once the script has set itself up (read after its first step)."""
+        settings = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+                    "num_threads": torch.get_num_threads()}
+        inductor = sys.modules.get("torch._inductor.config")
+        if inductor is not None:
+            settings |= {"inductor.fallback_random": bool(getattr(inductor, "fallback_random", False)),
+                         "inductor.deterministic": bool(getattr(inductor, "deterministic", False))}
+        for name, value in settings.items():
+            self._emit(Setting(rank=self.rank, step=index, name=name, value=value))
+
     def _reset_step(self) -> None:
-        self._losses, self._batch_fps, self._grads, self._compiles = [], [], None, 0
+        self._losses, self._batch_fps, self._input_fps, self._grads, self._compiles = [], [], [], None, 0
         self._rng_fps, self._rng_at, self._own = None, None, 0.0
 
     def restart_at(self, step: int) -> None:
         """A resumed run continues at ``step``: number its steps from there and forget what the
         restore itself fetched (the skipped batches)."""
-        self.completed = step
+        self.completed = self._first_index = step
         self._reset_step()
         self._start = time.perf_counter()
 
@@ -291,10 +386,50 @@ class StepRecorder:
         self._last_snapshot = index
 
     def flush(self) -> None:
-        """At the end of the run: snapshot the final parameters if the schedule skipped them."""
+        """At the end of the run: end a step begun by the last backward() (backward clock), and
+        snapshot the final parameters if the schedule skipped them."""
+        if self._pending_backward and self._backward_clocked() and not self.failed:
+            self._safe(self._end_step)("backward")
         if self.config.snapshots and self._params is not None and self.completed:
             if self._last_snapshot != self.completed - 1:
                 self._snapshot(self.completed - 1)
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in nested tuples, lists and dicts, in order."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
+def _leaves_of(loss: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors a loss's gradient flows into (what a hand-written update changes), in
+    the order autograd reaches them."""
+    seen, leaves, stack = set(), [], [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        stack.extend(next_node for next_node, _ in reversed(node.next_functions))
+    return leaves
+
+
+def _grad_digest(grads: list[torch.Tensor]) -> tuple[str, float] | None:
+    """(fingerprint, global norm) of gradients, or None when there are none."""
+    grads = [_local(g).detach() for g in grads]
+    if not grads:
+        return None
+    norms = torch._foreach_norm(grads)
+    norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+    return hash_bytes(*(fingerprint(g).encode() for g in grads))[:16], norm
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,10 @@ def _verdict_style(verdict: str) -> str:
         ("PROBLEMS", "FAILS", "DIVERGED")) else "bold yellow"
 
 
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
 def _short(path: str | None, width: int = 48) -> str:
     if not path:
         return "?"
@@ -94,7 +98,8 @@ def render_check(report: dict[str, Any], console: Console | None = None, report_
     """Verdict on the first line, then the divergence, its cause, and the curve."""
     console = console or Console()
     det = report["determinism"]
-    console.print(Text(report["verdict"], style=_verdict_style(report["verdict"])), highlight=False)
+    console.print(Text(report["verdict"], style="bold green" if report.get("exit_code") == 0 else "bold red"),
+                  highlight=False)
     render_findings(console, report["findings"])
     fd = det.get("first_divergence")
     if fd:
@@ -109,7 +114,7 @@ def render_check(report: dict[str, Any], console: Console | None = None, report_
     if dec:
         for name in ("total", "rng", "numerics"):
             d = dec[name]
-            size = "bit-exact" if d["bit_exact"] else f"max |Δparam| {d['final_max_abs']:.3g} (rel {d['final_max_rel']:.3g})"
+            size = "bit-exact" if d["bit_exact"] else f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})"
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False)
     if det.get("curve"):
         table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
