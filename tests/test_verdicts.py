@@ -232,14 +232,3 @@ def test_check_resume_at_the_end_is_an_input_error(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     error = proc.stderr.splitlines()[-1]  # after the progress lines of the full run
     assert error.startswith("torchrepro: error: --at 1000: the run has 24 step(s)")
-
-
-# --- third-party trainers ------------------------------------------------------------------
-
-def test_hugging_face_model_built_before_trainer_seeds(tmp_path):
-    pytest.importorskip("transformers")
-    proc, report = check(tmp_path, "hf_model_before_trainer.py", "--no-localize", args=(str(tmp_path / "hf"),))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    fd = report["determinism"]["first_divergence"]
-    assert fd["what"] == "init_params" and fd["cause"] == "init_params"
-    assert fd["module"] == "GPT2LMHeadModel"

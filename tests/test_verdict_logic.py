@@ -1,0 +1,136 @@
+"""The verdict logic on hand-built event logs (no training): every way a run can end, and what
+may then be claimed. Also the public API exactly as the README shows it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrepro.analysis.verdict import Ending, compare_lengths, describe_exit, ending, judge, verdict_line
+from torchrepro.events import Capability, End, EventLog, Header, Step
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def log(rank: int = 0, steps: int = 3, end: End | None = End(), world: int = 1, **header) -> EventLog:
+    events = [Header(rank=rank, world_size=world, **header), *(Step(rank=rank, index=i) for i in range(steps))]
+    return EventLog(Path(f"rank-{rank}/events.jsonl"), events + ([end] if end else []))
+
+
+def test_a_normal_run_ends_normally():
+    e = ending("a", {"exit_code": 0}, [log()])
+    assert e.ok and e.steps == {0: 3}
+
+
+@pytest.mark.parametrize("logs, meta, says", [
+    ([log(end=None)], {}, "no end record"),
+    ([log(end=End(exit_code=1, status="error", error="RuntimeError: boom"))], {}, "RuntimeError: boom"),
+    ([log(end=End(exit_code=-15, status="terminated"))], {}, "killed by SIGTERM"),
+    ([log()], {"exit_code": -9}, "killed by SIGKILL"),
+    ([log()], {"stall": {"after_s": 3.0}}, "--timeout"),
+    ([log(world=2)], {}, "rank(s) 1 of 2 wrote no event log"),
+])
+def test_runs_that_did_not_end_normally(logs, meta, says):
+    e = ending("a", meta, logs)
+    assert not e.ok and any(says in p for p in e.problems), e.problems
+    verdict, code = judge(False, False, 3, [e, ending("b", {}, [log()])])
+    assert (verdict, code) == ("incomplete", 3)
+
+
+def test_damaged_and_foreign_logs():
+    damaged = log()
+    damaged.bad_lines = 2
+    assert "2 damaged line(s)" in ending("a", {}, [damaged]).problems[0]
+    foreign = log()
+    foreign.unreadable = "schema 'x' written by torchrepro 9; this is torchrepro 0.1.0"
+    e = ending("a", {}, [foreign])
+    assert e.unreadable and not e.steps
+    assert judge(False, False, 0, [e], unreadable_exit=2) == ("nothing_compared", 2)
+    assert judge(False, False, 0, [e], unreadable_exit=3) == ("nothing_compared", 3)
+
+
+def test_capture_that_stopped_is_not_a_complete_record():
+    stopped = log()
+    stopped.events.insert(2, Capability(name="capture_error", step=1, available=False, note="step capture stopped"))
+    assert any("later steps not recorded" in p for p in ending("a", {}, [stopped]).problems)
+
+
+def test_shorter_twin_is_named():
+    a, b = Ending("run-1", steps={0: 6}), Ending("run-2", steps={0: 3})
+    compare_lengths(a, b)
+    assert a.ok and b.problems == ["rank 0: recorded 3 step(s), run-1 recorded 6"]
+
+
+def test_judge():
+    ok = [Ending("a"), Ending("b")]
+    assert judge(False, False, 5, ok) == ("bit_exact", 0)
+    assert judge(False, True, 5, ok) == ("within_tolerance", 0)
+    assert judge(True, False, 5, ok) == ("diverged", 1)
+    assert judge(False, False, 0, ok) == ("nothing_compared", 1)
+    failed = [Ending("a", ["rank 0: no end record"]), Ending("b")]
+    assert judge(True, False, 5, failed) == ("diverged", 3)
+    assert describe_exit(1) == "exit code 1"
+
+
+def test_verdict_lines_say_only_what_was_shown():
+    base = {"runs": ["a", "b"], "steps_compared": 4, "rtol": 0.0, "atol": 1e-3, "first_divergence": None,
+            "endings": [Ending("a").to_json(), Ending("b", ["rank 0: no end record"]).to_json()]}
+    assert verdict_line(base | {"verdict": "incomplete"}).startswith("INCOMPLETE")
+    assert "b: rank 0: no end record" in verdict_line(base | {"verdict": "incomplete"})
+    within = verdict_line(base | {"verdict": "within_tolerance",
+                                  "largest_difference": {"params_max_abs": 2e-7, "loss_max_abs": None}})
+    assert within.startswith("WITHIN TOLERANCE") and "2e-07" in within and "not bit for bit" in within
+    fd = {"step": 0, "rank": 0, "what": "init_params", "cause": "init_params"}
+    assert verdict_line(base | {"verdict": "diverged", "first_divergence": fd}).startswith("DIVERGED before step 0")
+
+
+def test_hint_never_repeats_a_fix_already_in_force():
+    from torchrepro.check import CAUSE_HINTS, _hint_key
+    from torchrepro.events import Setting
+    from torchrepro.rundir import Run
+
+    on = log()
+    on.events.insert(1, Setting(name="deterministic_algorithms", value=True))
+    assert _hint_key("nondeterministic_op", None, Run(Path("."), logs=[on])) == "nondeterministic_op_deterministic_on"
+    assert "use_deterministic_algorithms" not in CAUSE_HINTS["nondeterministic_op_deterministic_on"].split(
+        "although")[0]
+    assert _hint_key("nondeterministic_op", None, Run(Path("."), logs=[log()])) == "nondeterministic_op"
+    assert _hint_key("rng", "eager", Run(Path("."), logs=[log()])) == "rng_compiled"
+
+
+# --- the public API as documented ---------------------------------------------------------
+
+def test_every_public_name_after_importing_every_submodule():
+    code = """
+import importlib, pkgutil, types
+import torch
+import torchrepro
+for m in pkgutil.walk_packages(torchrepro.__path__, "torchrepro."):
+    if not m.name.endswith("__main__"):
+        importlib.import_module(m.name)
+import torchrepro as tr
+for name in tr.__all__:
+    value = getattr(tr, name)
+    assert value is not None, name
+    if name not in ("checkpoint", "rng"):
+        assert not isinstance(value, types.ModuleType), name
+assert set(tr.__all__) >= {"seed_everything", "RngState", "deterministic", "fingerprint", "checkpoint", "rng"}
+tr.seed_everything(1)
+model = torch.nn.Linear(2, 2)
+assert len(tr.fingerprint(model)) == 32 and tr.fingerprints(model)["weight"]
+assert tr.checkpoint.plan().resume_from is None and callable(tr.rng.register)
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_readme_library_block_runs_as_shown(tmp_path):
+    block = re.search(r"## Library\n.*?```python\n(.*?)```", README.read_text(), re.S).group(1)
+    proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 5
