@@ -102,9 +102,11 @@ def _detail(aspect: str, a: Step, b: Step) -> dict[str, Any]:
 
 
 def init_divergence(a: EventLog, b: EventLog) -> Divergence | None:
-    """The parameters as training started (fingerprinted at the first forward) differ."""
+    """The parameters as training started (fingerprinted at the first forward) differ. Only runs
+    that started at the same step compare (a resumed run starts from its checkpoint)."""
     init_a, init_b = (next((e for e in log.of(InitParams) if e.source == "first_forward"), None) for log in (a, b))
-    if init_a is None or init_b is None or (init_a.names, init_a.fps) == (init_b.names, init_b.fps):
+    if init_a is None or init_b is None or init_a.step != init_b.step or (init_a.names, init_a.fps) == (
+            init_b.names, init_b.fps):
         return None
     fps_b = dict(zip(init_b.names, init_b.fps))
     differing = [n for n, fp in zip(init_a.names, init_a.fps) if fps_b.get(n) != fp]

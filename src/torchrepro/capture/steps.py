@@ -173,6 +173,7 @@ class StepRecorder:
                 self._in_module = False
 
         __call__.__wrapped__ = original  # type: ignore[attr-defined]
+        _skip_frame(__call__)
         torch.nn.Module.__call__ = __call__
         self._undo.append(lambda: setattr(torch.nn.Module, "__call__", original))
 
@@ -393,6 +394,17 @@ class StepRecorder:
         if self.config.snapshots and self._params is not None and self.completed:
             if self._last_snapshot != self.completed - 1:
                 self._snapshot(self.completed - 1)
+
+
+def _skip_frame(fn: Callable[..., Any]) -> None:
+    """Dynamo compiles the frame a compiled module starts in: let it skip ours and compile the
+    original ``nn.Module.__call__`` beneath, as it would without torchrepro (same function, same
+    guards, same graph breaks)."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # another torch: calls are still observed; compile events may then name our frame
+        return
+    skip_code(fn.__code__)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
