@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import sys
@@ -14,6 +13,7 @@ from .analysis.doctor import Budgets, analyse
 from .errors import InputError
 from .events import Counters, End, Header, rank_logs, read_header, write_all
 from .launch import ChildResult, child_env, launch, validate_script
+from .provenance import launch_meta
 from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
 
 
@@ -34,10 +34,9 @@ def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: i
     import torch
 
     return {
-        "command": [sys.argv[0], *sys.argv[1:]],
+        **launch_meta(script),
         "script": str(script),
         "args": args,
-        "cwd": os.getcwd(),
         "seed": seed,
         "world_size": world_size,
         "torch_version": torch.__version__,

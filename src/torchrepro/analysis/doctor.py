@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import End, EventLog, Header, Step
+from ..provenance import provenance
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
+from .rank_groups import rank_groups
 from .ranks import fault_findings, rank_findings
+from .timeline import timeline
 
 REPORT_SCHEMA = "torchrepro.report/1"
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
@@ -157,4 +160,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
     report["budget_failures"] = budget_failures(report, budgets or Budgets())
     report["failing_findings"] = [f["code"] for f in report["findings"] if f["code"] in FAILING_CODES]
     report["verdict"] = verdict(report)
+    report["rank_groups"] = rank_groups(logs)
+    compile_section["timeline"] = timeline(logs, report["rank_groups"]["groups"])
+    report["provenance"] = provenance(meta, next((log.header for log in logs if log.header), None))
     return report
