@@ -30,7 +30,7 @@ from .errors import InputError
 from .events import CacheLookup, Compile, EventLog, Step
 from .launch import child_env, launch, validate_script
 from .provenance import launch_meta, provenance
-from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json
+from .rundir import RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json, write_report
 
 CAUSE_HINTS = {
     "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
@@ -330,7 +330,7 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
         {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
         {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
         [f for pair in same_config for f in cache_key_findings(*pair)], (run_a, run_b))
-    write_json(out / REPORT_FILE, report)
+    write_report(out, report)
     return report, out
 
 
@@ -374,7 +374,8 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict
             cause, evidence = "numerics", {"because": f"compile modes differ ({modes[0]} vs {modes[1]})"}
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
     det = determinism_section(div, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, tol, notes, snapshots)
-    return _report(det, None, {"a": str(path_a), "b": str(path_b)}, {}, {"diff": [str(path_a), str(path_b)]},
+    return _report(det, None, {"a": str(path_a), "b": str(path_b)}, {},
+                   {**launch_meta(None), "diff": [str(path_a), str(path_b)]},
                    cache_key_findings("A", run_a, "B", run_b), (run_a, run_b))
 
 
@@ -441,6 +442,6 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
                              f"same {det['steps_compared']} steps and final parameters")
     elif div is not None:
         report["findings"][0]["hint"] = evidence["hint"]
-    write_json(out / REPORT_FILE, report)
+    write_report(out, report)
     return report, out
 

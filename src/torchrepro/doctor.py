@@ -14,7 +14,7 @@ from .errors import InputError
 from .events import Counters, End, Header, rank_logs, read_header, write_all
 from .launch import ChildResult, child_env, launch, validate_script
 from .provenance import launch_meta
-from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
+from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json, write_report
 
 
 def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, Any]:
@@ -23,9 +23,9 @@ def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, 
     run = load_run(run_dir)
     report = analyse(run.meta, run.logs, run.problems, budgets)
     try:
-        write_json(run_dir / REPORT_FILE, report)
+        write_report(run_dir, report)
     except OSError as exc:
-        print(f"torchrepro: note: could not write {run_dir / REPORT_FILE}: {exc}", file=sys.stderr)
+        print(f"torchrepro: note: could not write the report into {run_dir}: {exc}", file=sys.stderr)
     return report
 
 

@@ -13,9 +13,9 @@ from typing import Any
 from . import __version__
 
 
-def script_repository(script: Path) -> dict[str, Any] | None:
-    """The git commit of the repository holding ``script`` (and whether its tree had changes),
-    or None when it is in none or git is not installed."""
+def script_repository(script: Path) -> dict[str, Any]:
+    """The git commit of the repository holding ``script`` and whether its tree had changes;
+    ``{"commit": None}`` when it is in none (or git is not installed)."""
     def git(*args: str) -> str | None:
         try:
             proc = subprocess.run(["git", "-C", str(script.resolve().parent), *args], check=False,
@@ -26,15 +26,18 @@ def script_repository(script: Path) -> dict[str, Any] | None:
 
     commit = git("rev-parse", "HEAD")
     if not commit:
-        return None
+        return {"commit": None}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "root": git("rev-parse", "--show-toplevel"), "dirty": bool(status)}
 
 
-def launch_meta(script: Path) -> dict[str, Any]:
-    """The command line, working directory, git commit and torchrepro version of a launch."""
-    return {"command": [sys.argv[0], *sys.argv[1:]], "cwd": os.getcwd(), "git": script_repository(script),
-            "torchrepro_version": __version__}
+def launch_meta(script: Path | None) -> dict[str, Any]:
+    """The command line, working directory, torchrepro version and (given a script) the git
+    commit of this invocation."""
+    meta = {"command": [sys.argv[0], *sys.argv[1:]], "cwd": os.getcwd(), "torchrepro_version": __version__}
+    if script is not None:
+        meta["git"] = script_repository(script)
+    return meta
 
 
 def provenance(meta: dict[str, Any], header: Any | None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from ..provenance import provenance
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
-from .rank_groups import rank_groups
+from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, rank_findings
 from .timeline import timeline
 
@@ -162,5 +162,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
     report["verdict"] = verdict(report)
     report["rank_groups"] = rank_groups(logs)
     compile_section["timeline"] = timeline(logs, report["rank_groups"]["groups"])
+    compile_section["recompile_groups"] = recompile_groups(compile_section["recompile_events"])
+    compile_section["graph_break_groups"] = graph_break_groups(compile_section["graph_break_events"])
     report["provenance"] = provenance(meta, next((log.header for log in logs if log.header), None))
     return report

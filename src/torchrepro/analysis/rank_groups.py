@@ -99,3 +99,37 @@ def _summary(groups: list[dict[str, Any]]) -> str:
         return "one rank" if first["size"] == 1 else f"all {first['size']} ranks agree ({first['ranks_text']})"
     head = f"{name(first)} {'agree' if first['size'] > 1 else 'is the reference'}"
     return "; ".join([head] + [f"{name(g)} {g['difference']}" for g in groups[1:]])
+
+
+def recompile_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The report's ``recompile_events`` merged over ranks: one row per function, category and
+    guard, with its count, steps, compile ids and the ranks (as ranges), most frequent first."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for e in events:
+        row = rows.setdefault((e["function"], e["category"], e["guard"]), {
+            "function": e["function"], "category": e["category"], "guard": e["guard"],
+            "location": f"{e['file']}:{e['line']}" if e.get("file") else None,
+            "count": 0, "ranks": set(), "steps": [], "compile_ids": []})
+        row["count"] += 1
+        row["ranks"].add(e["rank"])
+        if e["step"] not in row["steps"] and len(row["steps"]) < 20:
+            row["steps"].append(e["step"])
+        if e["compile_id"] not in row["compile_ids"] and len(row["compile_ids"]) < 10:
+            row["compile_ids"].append(e["compile_id"])
+    return [{**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
+            for row in sorted(rows.values(), key=lambda r: -r["count"])]
+
+
+def graph_break_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The report's ``graph_break_events`` (one per rank and location) merged over ranks: one row
+    per source line and reason, with the line of code, most frequent first."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for e in events:
+        row = rows.setdefault((e["file"], e["line"], e["reason"], e["gb_id"]), {
+            **{k: e[k] for k in ("file", "line", "reason", "gb_id", "source", "hint", "first_step")},
+            "count": 0, "ranks": set()})
+        row["count"] += e["count"]
+        row["ranks"].add(e["rank"])
+        row["first_step"] = min((s for s in (row["first_step"], e["first_step"]) if s is not None), default=None)
+    return [{**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
+            for row in sorted(rows.values(), key=lambda r: -r["count"])]
