@@ -98,10 +98,10 @@ def fmt_value(value: Any, limit: int = 400) -> str:
 # --- charts: hand-written SVG ---------------------------------------------------------------
 
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626", "#0891b2", "#ca8a04", "#db2777")
-_W, _H, _L, _R, _T, _B = 760, 240, 64, 16, 14, 36  # size and margins (left, right, top, bottom)
+_W, _H, _L, _R, _T, _B = 760, 250, 64, 16, 26, 36  # size and margins (left, right, top, bottom)
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
     if hi <= lo:
         return [lo]
     step = 10 ** math.floor(math.log10((hi - lo) / n))
@@ -109,6 +109,8 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
         if (hi - lo) / (step * mult) <= n:
             step *= mult
             break
+    if integer:
+        step = max(step, 1)
     first = math.ceil(lo / step) * step
     return [first + i * step for i in range(int((hi - first) / step) + 1)]
 
@@ -145,8 +147,8 @@ class _Axes:
         return self.height - _B - (self._fy(v) - self.y0) / (self.y1 - self.y0) * (self.height - _T - _B)
 
     def frame(self, x_label: str, y_label: str, y_format=fmt_num) -> list[str]:
-        parts = [f'<rect class="plot" x="{_L}" y="{_T}" width="{self.width - _L - _R}" '
-                 f'height="{self.height - _T - _B}"/>']
+        parts = [(f'<rect class="plot" x="{_L}" y="{_T}" width="{self.width - _L - _R}" '
+                  f'height="{self.height - _T - _B}"/>')]
         y_ticks = [10.0 ** e for e in range(int(self.y0), int(self.y1) + 1)] if self.log_y else _ticks(self.y0, self.y1)
         for t in y_ticks:
             y = self.y(t)
@@ -155,7 +157,7 @@ class _Axes:
             parts.append(f'<line class="grid" x1="{_L}" x2="{self.width - _R}" y1="{y:.1f}" y2="{y:.1f}"/>'
                          f'<text class="tick" x="{_L - 6}" y="{y + 4:.1f}" text-anchor="end">'
                          f'{_text(y_format(t))}</text>')
-        for t in _ticks(self.x0, self.x1, 8):
+        for t in _ticks(self.x0, self.x1, 8, integer=all(float(v).is_integer() for v in (self.x0, self.x1))):
             x = self.x(t)
             label = fmt_num(int(t)) if float(t).is_integer() else fmt_num(t)
             parts.append(f'<text class="tick" x="{x:.1f}" y="{self.height - _B + 16}" text-anchor="middle">'
@@ -207,8 +209,8 @@ def line_chart(series: Sequence[dict[str, Any]], *, x_label: str, y_label: str, 
     legend_x = _L + 8
     for i, s in enumerate(series):
         color = s.get("color") or PALETTE[i % len(PALETTE)]
-        parts.append(f'<rect x="{legend_x}" y="{_T + 6}" width="10" height="10" fill="{color}"/>'
-                     f'<text class="legend" x="{legend_x + 14}" y="{_T + 15}">{_text(s["name"])}</text>')
+        parts.append(f'<rect x="{legend_x}" y="{_T - 20}" width="10" height="10" fill="{color}"/>'
+                     f'<text class="legend" x="{legend_x + 14}" y="{_T - 11}">{_text(s["name"])}</text>')
         legend_x += 24 + 7 * len(str(s["name"]))
     return _svg(parts, label)
 
@@ -357,7 +359,7 @@ def is_torchrepro_html(path: Path) -> bool:
             head = fp.read(2048)
     except OSError:
         return False
-    return f'<meta name="generator" content="torchrepro'.encode() in head
+    return b'<meta name="generator" content="torchrepro' in head
 
 
 def write_html(report: dict[str, Any], path: Path, *, force: bool = False, title: str | None = None) -> Path:
