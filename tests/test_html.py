@@ -15,8 +15,8 @@ from torchrepro.analysis.rank_groups import rank_ranges
 from torchrepro.check import diff
 from torchrepro.cli import main
 from torchrepro.doctor import analyse_run_dir
-from torchrepro.events import Compile, End, write_all
-from torchrepro.report.html import render_html, visible, write_html
+from torchrepro.events import CacheLookup, Compile, End, Header, write_all
+from torchrepro.report.html import fmt_value, render_html, visible, write_html
 from torchrepro.rundir import HTML_FILE, RUN_FILE, write_json
 
 MARKUP = "<img src=x onerror=alert(1)> & \"quoted\" 'single' \x1b[31mred\x1b[0m"
@@ -129,3 +129,23 @@ def test_no_user_file_is_replaced(tmp_path, capsys):
     assert main(["report", str(run), "--html", str(mine)]) == 0
     report = json.loads((run / "report.json").read_text())
     write_html(report, run / HTML_FILE)  # beside report.json: replaced in place
+
+
+def test_cache_misses_show_the_key_component_that_differed(tmp_path):
+    run = tmp_path / "ddp"
+    for rank in (0, 1):
+        components = [{"hash": "g1", "what": "gm: GraphModule()"},
+                      {"hash": f"t{rank}", "what": f"cpp_runtime_thread_count: {rank + 1}"},
+                      {"hash": "m", "what": f"inductor_config[x]: {MARKUP}"}]
+        write_all(run / f"rank-{rank}" / "events.jsonl", [
+            Header(rank=rank, world_size=2),
+            CacheLookup(rank=rank, compile_id="0/0", cache="fxgraph", status="hit" if rank == 0 else "miss",
+                        key=f"k{rank}", components=components)])
+    report = analyse_run_dir(run)
+    [finding] = [f for f in report["findings"] if f["code"] == "CACHE_KEY_DIFFERS"]
+    page = render_html(report)
+    table = page[page.index('<table class="cache-keys">'):]
+    table = table[:table.index("</table>")]
+    assert "cpp_runtime_thread_count" in table and "rank 1 cannot reuse rank 0" in table
+    assert str(escape(fmt_value(finding["evidence"]["a"]))) in table
+    assert "fxgraph cache hits" in page
