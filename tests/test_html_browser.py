@@ -6,11 +6,13 @@ are real: tiny scripts run by the torchrepro command. Run alone with
 from __future__ import annotations
 
 import base64
+import fcntl
 import io
 import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -48,26 +50,26 @@ raise RuntimeError(MESSAGE)
 '''
 
 
+def _above_ten(fd: int) -> int:
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return moved
+
+
 class Browser:
     """Headless Chromium with one page, over the DevTools protocol (NUL-separated JSON on fds 3/4)."""
 
     def __init__(self, profile: Path):
-        to_browser_r, self._to_browser = os.pipe()
-        self._from_browser, from_browser_w = os.pipe()
-
-        def pipes() -> None:  # the browser reads commands on fd 3 and writes replies on fd 4
-            high_r, high_w = os.dup(to_browser_r) + 100, os.dup(from_browser_w) + 100
-            os.dup2(to_browser_r, high_r)
-            os.dup2(from_browser_w, high_w)
-            os.dup2(high_r, 3)
-            os.dup2(high_w, 4)
-
-        self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
-             f"--user-data-dir={profile}", "--disable-extensions", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--disable-default-apps", "--mute-audio",
-             "--hide-scrollbars", "about:blank"],
-            pass_fds=(3, 4), preexec_fn=pipes, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # the browser reads commands on fd 3 and writes replies on fd 4 (pipe ends first moved above 10,
+        # so that the spawn's dup2 onto 3 and 4 never meets them)
+        to_browser_r, self._to_browser, self._from_browser, from_browser_w = map(_above_ten, (*os.pipe(), *os.pipe()))
+        argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
+                f"--user-data-dir={profile}", "--disable-extensions", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-default-apps", "--mute-audio",
+                "--hide-scrollbars", "about:blank"]
+        self.pid = os.posix_spawn(CHROMIUM, argv, os.environ, file_actions=[
+            (os.POSIX_SPAWN_DUP2, to_browser_r, 3), (os.POSIX_SPAWN_DUP2, from_browser_w, 4),
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)])
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._messages: queue.Queue = queue.Queue()
@@ -157,17 +159,19 @@ class Browser:
             self.call("Browser.close")
         except (RuntimeError, queue.Empty, OSError):
             pass
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        deadline = time.monotonic() + 20
+        while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                break
+            time.sleep(0.1)
         os.close(self._to_browser)
 
 
 def torchrepro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "torchrepro", *args], check=False, capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
 
 
 @pytest.fixture(scope="module")
