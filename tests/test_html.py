@@ -149,3 +149,10 @@ def test_cache_misses_show_the_key_component_that_differed(tmp_path):
     assert "cpp_runtime_thread_count" in table and "rank 1 cannot reuse rank 0" in table
     assert str(escape(fmt_value(finding["evidence"]["a"]))) in table
     assert "fxgraph cache hits" in page
+
+
+def test_identical_runs_say_so_instead_of_an_empty_chart(tmp_path):
+    report = diff(write_run(tmp_path / "a", 1, steps=5), write_run(tmp_path / "b", 1, steps=5))
+    assert report["determinism"]["verdict"] == "bit_exact"
+    page = render_html(report)
+    assert 'class="verdict ok"' in page and "|Δloss| is 0 at every step shown." in page

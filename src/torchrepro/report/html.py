@@ -183,6 +183,8 @@ def line_chart(series: Sequence[dict[str, Any]], *, x_label: str, y_label: str, 
     ys = [p[1] for s in series for p in s["points"] if p[1] is not None]
     if not xs:
         return Markup('<p class="muted">no data</p>')
+    if log_y and not any(y > 0 for y in ys):
+        return Markup(f'<p class="muted">{_text(y_label)} is 0 at every step shown.</p>')
     ax = _Axes(xs, ys, log_y, zero)
     parts = ax.frame(x_label, y_label, y_format)
     for i, s in enumerate(series):
