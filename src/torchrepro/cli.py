@@ -84,12 +84,12 @@ def _tolerance(args: argparse.Namespace):
 
 def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = None) -> int:
     from .report.terminal import render_check
-    from .rundir import REPORT_FILE, write_json
+    from .rundir import write_json
 
     if getattr(args, "json", None):
         write_json(Path(args.json), report)
     _write_html_option(report, args)
-    render_check(report, report_path=str(out / REPORT_FILE) if out else None)
+    render_check(report, report_path=_report_paths(out) if out else getattr(args, "html", None))
     return 0 if report["determinism"]["verdict"] in ("bit_exact", "within_tolerance") else 1
 
 
@@ -130,17 +130,25 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     from .report.junit import write_junit
     from .report.terminal import render_doctor
-    from .rundir import REPORT_FILE, write_json
+    from .rundir import write_json
 
     if getattr(args, "json", None):
         write_json(Path(args.json), report)
     if getattr(args, "junit", None):
         write_junit(report, Path(args.junit))
     _write_html_option(report, args)
-    render_doctor(report, report_path=str(run_dir / REPORT_FILE))
+    render_doctor(report, report_path=_report_paths(run_dir))
     if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
         return 3
     return 1 if report["budget_failures"] or report.get("failing_findings") else 0
+
+
+def _report_paths(directory: Path) -> str:
+    """Where the report went: ``report.json`` and, when it was written, ``report.html``."""
+    from .rundir import HTML_FILE, REPORT_FILE
+
+    written = [str(directory / name) for name in (REPORT_FILE, HTML_FILE) if (directory / name).exists()]
+    return ", ".join(written) or str(directory / REPORT_FILE)
 
 
 def _write_html_option(report: dict, args: argparse.Namespace) -> None:
