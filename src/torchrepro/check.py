@@ -28,10 +28,12 @@ from .analysis.divergence import (
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
 from .analysis.verdict import Ending, compare_lengths, ending, judge, nothing_compared_because, verdict_line
+from .analysis.sides import side, step_comparison
 from .errors import InputError
 from .events import CacheLookup, Compile, Step
 from .launch import child_env, launch, validate_script
-from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json
+from .provenance import launch_meta, provenance
+from .rundir import RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json, write_report
 
 CAUSE_HINTS = {
     "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
@@ -377,9 +379,9 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
     report = _report(det, _hint_key(cause, against, run_b) if cause else None, {
         s.label: str(out / s.label) for s in specs} | (
         {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
-        {"script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
-        [f for pair in same_config for f in cache_key_findings(*pair)])
-    write_json(out / REPORT_FILE, report)
+        {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
+        [f for pair in same_config for f in cache_key_findings(*pair)], (run_a, run_b))
+    write_report(out, report)
     return report, out
 
 
@@ -392,11 +394,20 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
 
 
 def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str], timings: dict[str, float],
-            meta: dict[str, Any], extra: list[Finding] = ()) -> dict[str, Any]:
+            meta: dict[str, Any], extra: list[Finding] = (), compared: tuple[Run, Run] | None = None) -> dict[str, Any]:
     findings = _findings(det, hint_key) + list(extra)
-    return {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
-            "determinism": det, "findings": [f.to_json() for f in findings], "verdict": verdict_line(det),
-            "exit_code": det["exit_code"]}
+    report = {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
+              "determinism": det, "findings": [f.to_json() for f in findings], "verdict": verdict_line(det),
+              "exit_code": det["exit_code"]}
+    if compared:  # the two runs side by side (the HTML report draws them)
+        a, b = compared
+        report["provenance"] = provenance({**a.meta, **meta}, a.logs[0].header)
+        report["sides"] = [side(label, str(r.path), r.meta, r.logs) for label, r in zip(det["runs"], compared)]
+        rank = (det["first_divergence"] or {}).get("rank", a.logs[0].rank)
+        log_a = next((log for log in a.logs if log.rank == rank), a.logs[0])
+        log_b = next((log for log in b.logs if log.rank == log_a.rank), b.logs[0])
+        report["step_comparison"] = step_comparison(log_a, log_b)
+    return report
 
 
 def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
@@ -419,7 +430,8 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict
     det = determinism_section(div, within, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, notes, snapshots,
                               endings, tol, unreadable_exit=2)
     return _report(det, _hint_key(cause, None, run_b) if cause else None, {"a": str(path_a), "b": str(path_b)}, {},
-                   {"diff": [str(path_a), str(path_b)]}, cache_key_findings("A", run_a, "B", run_b))
+                   {**launch_meta(None), "diff": [str(path_a), str(path_b)]},
+                   cache_key_findings("A", run_a, "B", run_b), (run_a, run_b))
 
 
 RESUME_HINTS = {
@@ -482,12 +494,13 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
     det["resume_at"] = at
     report = _report(det, None, {"full": str(out / "full"), "stopped": str(out / "stopped"),
                                  "resumed": str(out / "resumed"), "checkpoint": str(saved)}, checker.timings,
-                     {"script": str(script), "args": args, "seed": seed, "resume_at": at, "nproc": nproc})
+                     {**launch_meta(script), "script": str(script), "args": args, "seed": seed,
+                      "resume_at": at, "nproc": nproc}, compared=(full, resumed))
     if det["verdict"] == "bit_exact":
         report["verdict"] = (f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives the "
                              f"same {det['steps_compared']} steps and final parameters")
     elif div is not None:
         report["findings"][0]["hint"] = evidence["hint"]
-    write_json(out / REPORT_FILE, report)
+    write_report(out, report)
     return report, out
 

@@ -84,11 +84,12 @@ def _tolerance(args: argparse.Namespace):
 
 def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = None) -> int:
     from .report.terminal import render_check
-    from .rundir import REPORT_FILE, write_json
+    from .rundir import write_json
 
     if getattr(args, "json", None):
         write_json(Path(args.json), report)
-    render_check(report, report_path=str(out / REPORT_FILE) if out else None)
+    _write_html_option(report, args)
+    render_check(report, report_path=_report_paths(out) if out else getattr(args, "html", None))
     return report["exit_code"]
 
 
@@ -131,16 +132,38 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     from .report.junit import write_junit
     from .report.terminal import render_doctor
-    from .rundir import REPORT_FILE, write_json
+    from .rundir import write_json
 
     if getattr(args, "json", None):
         write_json(Path(args.json), report)
     if getattr(args, "junit", None):
         write_junit(report, Path(args.junit))
-    render_doctor(report, report_path=str(run_dir / REPORT_FILE))
+    _write_html_option(report, args)
+    render_doctor(report, report_path=_report_paths(run_dir))
     if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
         return 3
     return 1 if report["budget_failures"] or report.get("failing_findings") else 0
+
+
+def _report_paths(directory: Path) -> str:
+    """Where the report went: ``report.json`` and, when it was written, ``report.html``."""
+    from .rundir import HTML_FILE, REPORT_FILE
+
+    written = [str(directory / name) for name in (REPORT_FILE, HTML_FILE) if (directory / name).exists()]
+    return ", ".join(written) or str(directory / REPORT_FILE)
+
+
+def _write_html_option(report: dict, args: argparse.Namespace) -> None:
+    """``--html FILE`` (report, diff): the HTML page there; an existing non-report file needs --force."""
+    if getattr(args, "html", None):
+        from .report.html import write_html
+
+        write_html(report, Path(args.html), force=args.force)
+
+
+def _add_html(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page here")
+    p.add_argument("--force", action="store_true", help="let --html replace a file that is not a torchrepro report")
 
 
 def _add_ranks(p: argparse.ArgumentParser) -> None:
@@ -236,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("run_a", metavar="RUN_A")
     diff.add_argument("run_b", metavar="RUN_B")
     diff.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    _add_html(diff)
     _add_tolerance(diff)
     diff.set_defaults(func=_cmd_diff)
 
@@ -244,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     report.add_argument("--junit", metavar="FILE", help="write a JUnit XML result")
     _add_strict(report)
+    _add_html(report)
     report.set_defaults(func=_cmd_report)
 
     run = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")

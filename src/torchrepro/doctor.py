@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import sys
@@ -14,7 +13,8 @@ from .analysis.doctor import Budgets, analyse
 from .errors import InputError
 from .events import Counters, End, Header, rank_logs, read_header, write_all
 from .launch import ChildResult, child_env, launch, validate_script
-from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
+from .provenance import launch_meta
+from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json, write_report
 
 
 def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, Any]:
@@ -25,9 +25,9 @@ def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, 
         raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)
     try:
-        write_json(run_dir / REPORT_FILE, report)
+        write_report(run_dir, report)
     except OSError as exc:
-        print(f"torchrepro: note: could not write {run_dir / REPORT_FILE}: {exc}", file=sys.stderr)
+        print(f"torchrepro: note: could not write the report into {run_dir}: {exc}", file=sys.stderr)
     return report
 
 
@@ -36,10 +36,9 @@ def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: i
     import torch
 
     return {
-        "command": [sys.argv[0], *sys.argv[1:]],
+        **launch_meta(script),
         "script": str(script),
         "args": args,
-        "cwd": os.getcwd(),
         "seed": seed,
         "world_size": world_size,
         "torch_version": torch.__version__,

@@ -22,6 +22,7 @@ from .events import EventLog, rank_logs, read_events
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
+HTML_FILE = "report.html"
 
 
 def replay_file(path: Path, rank: int, world_size: int) -> Path:
@@ -31,16 +32,28 @@ def replay_file(path: Path, rank: int, world_size: int) -> Path:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (temp file in the same folder, then rename)."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temp file in the same folder, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            json.dump(data, fp, indent=2, default=str)
-            fp.write("\n")
+            fp.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_report(directory: Path, report: dict[str, Any]) -> None:
+    """Write ``report.json`` and, beside it, ``report.html`` (the one place reports are saved)."""
+    from .report.html import write_html
+
+    write_json(directory / REPORT_FILE, report)
+    write_html(report, directory / HTML_FILE)
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:

@@ -3,6 +3,7 @@ compile time, and the findings (with fixes) that follow from them."""
 
 from __future__ import annotations
 
+import linecache
 import re
 from collections import Counter, defaultdict
 from typing import Any
@@ -94,6 +95,13 @@ def _graph_break_hint(event: GraphBreak) -> str:
     return event.hints[0] if event.hints else "See the graph-break reason; TORCH_LOGS=graph_breaks shows each one."
 
 
+def source_line(file: str | None, line: int | None) -> str | None:
+    """The text of ``file:line`` as it is on disk now (at analysis time), or None."""
+    if not file or not line:
+        return None
+    return linecache.getline(file, line).strip() or None
+
+
 def _where(file: str | None, line: int | None) -> str | None:
     return f"{file}:{line}" if file else None
 
@@ -133,7 +141,8 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
     for b in breaks:
         key = (b.rank, b.reason, b.gb_id, b.file, b.line)
         entry = grouped.setdefault(key, {"rank": b.rank, "reason": b.reason, "gb_id": b.gb_id, "file": b.file,
-                                         "line": b.line, "source": b.source, "count": 0, "first_step": b.step,
+                                         "line": b.line, "source": b.source or source_line(b.file, b.line),
+                                         "count": 0, "first_step": b.step,
                                          "hint": _graph_break_hint(b)})
         entry["count"] += 1
 

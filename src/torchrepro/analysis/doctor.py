@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import Capability, Counters, End, EventLog, Header, Step
+from ..provenance import provenance
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
+from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, rank_findings
+from .timeline import timeline
 
 REPORT_SCHEMA = "torchrepro.report/1"
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
@@ -191,4 +194,9 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())
     report["failing_findings"] = [f["code"] for f in report["findings"] if f["code"] in failing]
     report["verdict"] = verdict(report)
+    report["rank_groups"] = rank_groups(logs)
+    compile_section["timeline"] = timeline(logs, report["rank_groups"]["groups"])
+    compile_section["recompile_groups"] = recompile_groups(compile_section["recompile_events"])
+    compile_section["graph_break_groups"] = graph_break_groups(compile_section["graph_break_events"])
+    report["provenance"] = provenance(meta, next((log.header for log in logs if log.header), None))
     return report

@@ -13,6 +13,7 @@ from ..events import CacheLookup, Compile, EventLog, InitParams, Params, Step
 from .categories import guard_text
 from .compile import display_function
 from .findings import Finding
+from .rank_groups import rank_ranges
 
 _INTERNAL = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]torchrepro[/\\]|^<")
 
@@ -213,9 +214,9 @@ def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
             rank = odd[0]
         c = entries[rank]
         what = "hit the recompile limit for" if c.limit_hit else "recompiled" if c.recompile_reasons else "compiled"
-        title = (f"rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} {what} {display_function(c)} "
+        title = (f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} {what} {display_function(c)} "
                  f"({c.compile_id}) at step {c.step} and rank{'s' if len(others) > 1 else ''} "
-                 f"{', '.join(map(str, others))} did not"
+                 f"{rank_ranges(others)} did not"
                  + (f": {guard_text(c.recompile_reasons[0])}" if c.recompile_reasons else ""))
         return [Finding(
             "RANK_RECOMPILE_ASYMMETRY", "error" if c.limit_hit else "warning", title,

@@ -1,0 +1,57 @@
+"""Run directories written with the event-log writer, for report tests and benchmarks: many ranks
+that behave alike, and a few that do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchrepro.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Step, write_all
+
+GUARD = "tensor 'x' size mismatch at index 0. expected 32, actual 8"
+
+
+def rank_events(rank: int, world: int, *, steps: int = 30, recompiles: int = 0, odd: bool = False,
+                crash_at: int | None = None, t0: float = 1_000_000.0) -> list:
+    """One rank's events: a compile at step 0, ``recompiles`` shape recompiles, a graph break, a
+    cache lookup per compile and ``steps`` steps; ``odd`` adds a recompile at step 5 the others do
+    not have, ``crash_at`` ends the log without an end record after that step."""
+    events: list = [Header(t=t0, rank=rank, world_size=world, argv=["train.py"])]
+    t = t0 + 1.0
+
+    def compile_at(step: int, n: int, reason: str | None) -> None:
+        nonlocal t
+        t += 0.3
+        events.append(Compile(t=t, rank=rank, step=step, compile_id=f"0/{n}", function="forward", file="train.py",
+                              line=10, dynamo_s=0.25, recompile_reasons=[reason] if reason else [],
+                              category="shape" if reason else None))
+        events.append(CacheLookup(t=t, rank=rank, step=step, compile_id=f"0/{n}", cache="fxgraph",
+                                  status="miss" if n == 0 else "hit", key=f"k{n}"))
+
+    compile_at(0, 0, None)
+    events.append(GraphBreak(t=t, rank=rank, step=0, compile_id="0/0", reason="Data-dependent branching",
+                             gb_id="GB0170", file="train.py", line=12, source="if x.sum() > 0:"))
+    n = 1
+    for step in range(steps):
+        if crash_at is not None and step > crash_at:
+            return events
+        if odd and step == 5:
+            compile_at(step, n, f"tensor 'x' size mismatch at index 0. expected 32, actual {rank % 7 + 1}")
+            n += 1
+        if step < recompiles:
+            compile_at(step, n, f"tensor 'x' size mismatch at index 0. expected 32, actual {step + 1}")
+            n += 1
+        t += 0.05
+        events.append(Step(t=t, rank=rank, step=step, index=step, loss=1.0 / (step + 1), time_s=0.05 + 0.001 * rank,
+                           params_fp=f"{step:016x}", batch_fp=f"{rank:04x}{step:012x}"))
+    events += [Counters(rank=rank, counters={"stats": {"unique_graphs": n}}), End(t=t + 0.1, rank=rank, duration_s=t - t0)]
+    return events
+
+
+def write_run(root: Path, ranks: int, *, odd: tuple[int, ...] = (), crashed: tuple[int, ...] = (),
+              **options) -> Path:
+    """A run directory of ``ranks`` ranks; the ``odd`` ones recompile at step 5, the ``crashed``
+    ones stop after step 10."""
+    for rank in range(ranks):
+        write_all(root / f"rank-{rank}" / "events.jsonl",
+                  rank_events(rank, ranks, odd=rank in odd, crash_at=10 if rank in crashed else None, **options))
+    return root
