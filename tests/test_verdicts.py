@@ -232,3 +232,33 @@ def test_check_resume_at_the_end_is_an_input_error(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     error = proc.stderr.splitlines()[-1]  # after the progress lines of the full run
     assert error.startswith("torchrepro: error: --at 1000: the run has 24 step(s)")
+
+
+# --- capture that degrades ------------------------------------------------------------------
+
+def test_an_observer_that_fails_is_a_finding_and_fails_under_strict(tmp_path):
+    proc = cli("doctor", "--out", str(tmp_path / "d"), str(SCRIPTS / "observer_fails.py"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trained" in proc.stdout  # the script itself was untouched
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    degraded = [f for f in report["findings"] if f["code"] == "CAPTURE_DEGRADED"]
+    assert degraded and "not iterable" in degraded[0]["title"] and "step events" in degraded[0]["title"]
+    assert not report["verdict"].startswith("HEALTHY")
+    strict = cli("report", "--strict", str(tmp_path / "d"), cwd=tmp_path)
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    proc, report = check(tmp_path, "observer_fails.py")  # the steps after the failure were not recorded
+    assert proc.returncode == 3 and report["determinism"]["verdict"] != "bit_exact"
+
+
+def test_trace_whose_every_record_is_malformed_is_not_healthy(tmp_path):
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    line = 'V1201 08:00:00.000000 1234 torch/_dynamo/utils.py:1] {"compilation_metrics": "garbled", "frame_id": %d}\n'
+    (trace / "dedicated_log_torch_trace_rank_0_x.log").write_text("".join(line % i for i in range(5)))
+    proc = cli("doctor", "--trace", str(trace), "--out", str(tmp_path / "d"), cwd=tmp_path)
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert not report["verdict"].startswith("HEALTHY"), report["verdict"]
+    degraded = next(f for f in report["findings"] if f["code"] == "CAPTURE_DEGRADED")
+    assert degraded["evidence"]["records"] == 5
+    assert proc.returncode == 0
+    assert cli("report", "--strict", str(tmp_path / "d"), cwd=tmp_path).returncode == 1

@@ -90,8 +90,10 @@ def _outcome_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding
     return findings
 
 
-# Capabilities whose absence loses evidence (the others are optional observers, e.g. fsdp2_init).
-_DEGRADING = ("capture_error", "trace_records", "compile_events", "steps", "batches")
+# Capabilities whose absence loses evidence (the others are optional observers, e.g. fsdp2_init),
+# and what is lost without them.
+_DEGRADING = {"capture_error": "step events after the failure", "trace_records": "structured-trace records",
+              "compile_events": "compile events", "steps": "step events", "batches": "batch fingerprints"}
 
 
 def capture_findings(logs: list[EventLog]) -> list[Finding]:
@@ -114,8 +116,8 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
     for entry in lost.values():
         records = f" ({entry['records']} record(s))" if entry.get("records") else ""
         out.append(Finding("CAPTURE_DEGRADED", "warning",
-                           f"capture lost {entry['what']}{records} on rank(s) {sorted(entry['ranks'])}: "
-                           f"{entry['note'] or 'records could not be read'}",
+                           f"capture degraded on rank(s) {sorted(entry['ranks'])}: lost {_DEGRADING[entry['what']]}"
+                           f"{records} — {entry['note'] or 'records could not be read'}",
                            hint="What was lost is missing from this report; the rest is complete. Run with --strict "
                                 "to fail such runs; report the torch version if this repeats.", evidence=entry))
     return out
