@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import UserError
+from .otlp import add_otlp_option, export_stored_run, record_report, run_with_export
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -88,6 +89,7 @@ def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = Non
 
     if getattr(args, "json", None):
         write_json(Path(args.json), report)
+    record_report(report)
     render_check(report, report_path=str(out / REPORT_FILE) if out else None)
     return 0 if report["determinism"]["verdict"] in ("bit_exact", "within_tolerance") else 1
 
@@ -123,7 +125,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .doctor import analyse_run_dir
 
     run_dir = Path(args.run_dir)
-    return _finish(analyse_run_dir(run_dir), run_dir, args)
+    report = analyse_run_dir(run_dir)
+    export_stored_run(run_dir)
+    return _finish(report, run_dir, args)
 
 
 def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
@@ -135,6 +139,7 @@ def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
         write_json(Path(args.json), report)
     if getattr(args, "junit", None):
         write_junit(report, Path(args.junit))
+    record_report(report)
     render_doctor(report, report_path=str(run_dir / REPORT_FILE))
     if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
         return 3
@@ -199,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fingerprint parameters every N steps (default: every step if that costs < 1%%)")
     doctor.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
     _add_ranks(doctor)
+    add_otlp_option(doctor)
     _add_script(doctor, required=False)
     doctor.set_defaults(func=_cmd_doctor)
 
@@ -211,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
     _add_ranks(check)
+    add_otlp_option(check)
     _add_tolerance(check)
     _add_script(check)
     check.set_defaults(func=_cmd_check)
@@ -235,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     report.add_argument("--junit", metavar="FILE", help="write a JUnit XML result")
+    add_otlp_option(report)
     report.set_defaults(func=_cmd_report)
 
     run = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")
@@ -250,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
     run.add_argument("--replay-graphs", action="store_true",
                      help="with --replay-step: compare each inductor graph with its eager FX graph instead")
+    add_otlp_option(run, in_process=True)
     _add_script(run)
     run.set_defaults(func=_cmd_run)
 
@@ -275,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < (1 if name == "fingerprint_every" else 0):
             parser.error(f"--{name.replace('_', '-')} must be {'positive' if name == 'fingerprint_every' else '>= 0'}")
     try:
-        return args.func(args)
+        return run_with_export(args, args.func)
     except UserError as exc:
         print(f"torchrepro: error: {exc}", file=sys.stderr)
         return exc.exit_code
