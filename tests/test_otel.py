@@ -312,3 +312,20 @@ def test_unusable_otlp_settings_are_one_line_exit_2(tmp_path, case):
     expected = {"no_sdk": "pip install 'torchrepro[otel]'", "grpc": "http/protobuf", "bad_url": "http(s) URL"}[case]
     assert expected in line
     assert not list(tmp_path.iterdir())  # nothing was run
+
+
+def test_check_runs_are_spans_of_one_trace(tmp_path, receiver):
+    proc = _cli(tmp_path, "check", "--out", str(tmp_path / "check"), "--otlp-endpoint", receiver.url, str(TRAIN),
+                "--", "--epochs", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "check" / "report.json").read_text())
+    spans = receiver.spans()
+    assert len({s["trace_id"] for s in spans}) == 1
+    (command,) = [s for s in spans if s["name"] == "torchrepro check"]
+    assert command["attributes"]["torchrepro.verdict"] == report["verdict"]
+    launches = {s["attributes"]["torchrepro.run.label"]: s for s in spans if s["name"] == "torchrepro launch"}
+    assert sorted(launches) == ["run-1", "run-2"]
+    assert all(s["parent"] == command["span_id"] and s["attributes"]["torchrepro.exit_code"] == 0
+               for s in launches.values())
+    rank_parents = sorted(s["parent"] for s in spans if s["name"] == "torchrepro rank")
+    assert rank_parents == sorted(s["span_id"] for s in launches.values())

@@ -263,8 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     from .cache.cli import add_parser as add_cache_parser
+    from .commands.watch import add_parser as add_watch_parser
 
     add_cache_parser(sub)
+    add_watch_parser(sub)
 
     env = sub.add_parser("env", help="versions, determinism switches, caches and risky settings")
     env.add_argument("--json", action="store_true", help="print machine-readable JSON")
