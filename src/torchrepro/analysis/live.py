@@ -8,7 +8,7 @@ clock (the caller passes ``now``), no torch.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
