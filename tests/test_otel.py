@@ -174,6 +174,7 @@ def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, 
     assert proc.returncode == code, proc.stderr[-2000:]
     assert (tmp_path / "params.pt").read_bytes() == params  # bit-identical with and without export
     assert not _warnings(proc.stderr), proc.stderr[-2000:]
+    assert "torchrepro ·" not in proc.stdout + proc.stderr  # no live status line when not on a terminal
     assert receiver.requests and all(h.get("content-encoding") == "gzip" for _, _, h in receiver.requests)
 
     report = json.loads((tmp_path / "run" / "report.json").read_text())

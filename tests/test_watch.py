@@ -125,3 +125,32 @@ def test_watch_bad_input_is_one_line_exit_2(tmp_path):
         assert proc.returncode == 2
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("torchrepro: error:")
+
+
+def test_doctor_shows_a_status_line_on_a_terminal_only(tmp_path):
+    import pty
+    import re
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "torchrepro", "doctor", "--out", str(tmp_path / "run"), str(TRAIN),
+                             "--", "--epochs", "2", "--sleep", "0.3", "--print"],
+                            stdin=slave, stdout=slave, stderr=slave, close_fds=True, cwd=tmp_path)
+    os.close(slave)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal closed: doctor and its children exited
+            break
+        if not chunk:
+            break
+        raw += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode("utf-8", "replace"))
+    assert re.search(r"torchrepro · 1/1 rank\(s\) · step \d+", text)  # the live status line was drawn
+    script_lines = (tmp_path / "run" / "logs" / "stdout.log").read_text().splitlines()
+    assert [line.split(",")[0] for line in script_lines] == ["epoch 0 done", "epoch 1 done"]
+    for line in script_lines:  # the script's own lines reach the terminal whole, on lines of their own
+        assert re.search(rf"(^|[\r\n]){re.escape(line)}\r?\n", text)
+    assert "report:" in text.rsplit("torchrepro ·", 1)[-1]  # the line is gone before the report prints

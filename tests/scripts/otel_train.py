@@ -1,6 +1,6 @@
 """A tiny compiled training run for the OpenTelemetry and watch tests.
 
-Usage: otel_train.py [--epochs E] [--save PATH] [--sleep S] [--backend B]
+Usage: otel_train.py [--epochs E] [--save PATH] [--sleep S] [--backend B] [--print]
 An explicit graph break in forward and a planted shape recompile (70 samples in batches of 16:
 a short last batch). Seeded, no dropout: the same parameters every run. `--sleep S` pauses after
 each step, so that a test can watch the run while it is written.
@@ -16,6 +16,7 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--save", default=None)
 parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--backend", default="aot_eager")
+parser.add_argument("--print", action="store_true", help="print one line per epoch")
 args = parser.parse_args()
 
 
@@ -43,5 +44,7 @@ for epoch in range(args.epochs):
         loss.backward()
         opt.step()
         time.sleep(args.sleep)
+    if args.print:
+        print(f"epoch {epoch} done, loss {loss.item():.4f}", flush=True)
 if args.save:
     torch.save(model.state_dict(), args.save)

@@ -175,11 +175,14 @@ def live_status(run_dir: Path, interval: float = 0.5) -> Iterator[None]:
         sys.stdout, sys.stderr = _Text(sys.stdout), _Text(sys.stderr)
 
         def refresh() -> None:
+            shown = ""
             while not stop.wait(interval):
                 try:
                     follower.poll()
-                    if follower.live.ranks:
-                        live.update(Text(status_line(follower.snapshot()), style="dim"), refresh=True)
+                    line = status_line(follower.snapshot()) if follower.live.ranks else ""
+                    if line != shown:
+                        live.update(Text(line, style="dim", no_wrap=True, overflow="ellipsis"), refresh=True)
+                        shown = line
                 except Exception:  # noqa: BLE001 - a status line must never stop the run it shows
                     return
 
