@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead import build, make_step  # noqa: E402 - the same model and step as bench/overhead.py
+from overhead import build, make_step  # the same model and step as bench/overhead.py
 
 CONFIGS = ("capture", "otlp", "otlp-down")
 
