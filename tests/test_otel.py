@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -42,9 +43,9 @@ def _attrs(key_values) -> dict:
 
 class Receiver:
     """An OTLP/HTTP collector: decodes /v1/traces and /v1/metrics, answers 503 to the first
-    ``fail_first`` trace requests."""
+    ``fail_first`` trace requests, and trace requests only after ``trace_delay`` seconds."""
 
-    def __init__(self, fail_first: int = 0):
+    def __init__(self, fail_first: int = 0, trace_delay: float = 0.0):
         self.requests: list[tuple[str, int, dict]] = []  # (path, status answered, headers)
         self.traces: list[ExportTraceServiceRequest] = []
         self.metric_requests: list[ExportMetricsServiceRequest] = []
@@ -61,6 +62,8 @@ class Receiver:
                     self.send_response(503)
                     self.end_headers()
                     return
+                if self.path == "/v1/traces":
+                    time.sleep(trace_delay)
                 if headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 if self.path == "/v1/traces":
@@ -81,7 +84,11 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # a client that gave up on a slow answer (the dropped-spans test)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -169,13 +176,15 @@ def baseline(tmp_path_factory):
 
 def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, receiver, baseline):
     proc = _cli(tmp_path, "doctor", "--out", str(tmp_path / "run"), "--otlp-endpoint", receiver.url, str(TRAIN),
-                "--", "--save", str(tmp_path / "params.pt"), env=_env(OTEL_EXPORTER_OTLP_COMPRESSION="gzip"))
+                "--", "--save", str(tmp_path / "params.pt"),
+                env=_env(OTEL_EXPORTER_OTLP_COMPRESSION="gzip", OTEL_EXPORTER_OTLP_HEADERS="x-tenant=team-a"))
     code, params, _ = baseline
     assert proc.returncode == code, proc.stderr[-2000:]
     assert (tmp_path / "params.pt").read_bytes() == params  # bit-identical with and without export
     assert not _warnings(proc.stderr), proc.stderr[-2000:]
     assert "torchrepro ·" not in proc.stdout + proc.stderr  # no live status line when not on a terminal
-    assert receiver.requests and all(h.get("content-encoding") == "gzip" for _, _, h in receiver.requests)
+    assert receiver.requests and all(h.get("content-encoding") == "gzip" and h.get("x-tenant") == "team-a"
+                                     for _, _, h in receiver.requests)
 
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     log = read_events(tmp_path / "run" / "rank-0" / "events.jsonl")
@@ -330,3 +339,36 @@ def test_check_runs_are_spans_of_one_trace(tmp_path, receiver):
                for s in launches.values())
     rank_parents = sorted(s["parent"] for s in spans if s["name"] == "torchrepro rank")
     assert rank_parents == sorted(s["span_id"] for s in launches.values())
+
+
+def test_ranks_launched_elsewhere_share_a_trace_from_the_job_id(tmp_path, receiver):
+    """``torchrepro run`` on every rank of a job someone else launched: no TRACEPARENT, one job id."""
+    procs = [subprocess.Popen([sys.executable, "-m", "torchrepro", "run", "--out", str(tmp_path / "run"),
+                               "--otlp-endpoint", receiver.url, str(TRAIN), "--", "--epochs", "1"],
+                              env=_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                                       TORCHELASTIC_RUN_ID="job-42"), stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    for proc in procs:
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()
+    ranks = [s for s in receiver.spans() if s["name"] == "torchrepro rank"]
+    assert sorted(s["resource"]["torchrepro.rank"] for s in ranks) == [0, 1]
+    assert len({s["trace_id"] for s in ranks}) == 1 and len({s["parent"] for s in ranks}) == 1
+    assert {s["resource"]["torchrepro.job.id"] for s in ranks} == {"job-42"}
+
+
+def test_a_full_queue_drops_and_counts_spans(tmp_path):
+    """A collector that takes 5 s per trace request and a queue of one span: spans are dropped
+    and counted, the run is not held up by more than the end's bounded wait."""
+    receiver = Receiver(trace_delay=5.0)
+    env = _env(OTEL_BSP_MAX_QUEUE_SIZE="1", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1")
+    try:
+        proc = _cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--otlp-endpoint", receiver.url, str(TRAIN),
+                    env=env)
+    finally:
+        receiver.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = read_events(tmp_path / "run" / "rank-0" / "events.jsonl")
+    made = len(log.of(Compile)) + 1  # a span per compile and the rank's
+    (dropped,) = receiver.metric("torchrepro.telemetry.dropped").values()
+    assert 1 <= dropped <= made - max(1, len(receiver.spans()))  # at least the first span was handed on
+    assert len(_warnings(proc.stderr)) == 1
