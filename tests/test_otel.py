@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from torchrepro.events import Compile, GraphBreak, Step, read_events
+from torchrepro.events import CacheLookup, Compile, End, GraphBreak, Header, Step, read_events, write_all
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = SCRIPTS / "otel_train.py"
@@ -249,6 +249,11 @@ def test_two_ranks_share_one_trace(tmp_path, receiver):
                   if s["name"] == "torch.compile" and s["attributes"]["torchrepro.compile.recompile"]}
     assert recompiled == {1}  # the script plants a recompile on rank 1 only
     assert set(receiver.metric("torchrepro.compiles")) == {0, 1}
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    codes = [f["code"] for f in report["findings"]]
+    assert "RANK_RECOMPILE_ASYMMETRY" in codes
+    for code in set(codes):  # cross-rank findings as counters, from the launcher
+        assert receiver.metric("torchrepro.findings", **{"torchrepro.finding.code": code}) == {-1: codes.count(code)}
 
 
 def test_refused_collector_costs_one_warning(tmp_path, baseline):
@@ -372,3 +377,24 @@ def test_a_full_queue_drops_and_counts_spans(tmp_path):
     (dropped,) = receiver.metric("torchrepro.telemetry.dropped").values()
     assert 1 <= dropped <= made - max(1, len(receiver.spans()))  # at least the first span was handed on
     assert len(_warnings(proc.stderr)) == 1
+
+
+def test_report_exports_cache_lookups_and_hit_ratio(tmp_path, receiver):
+    """A stored run with cache lookups (as inductor writes them): counters, the hit ratio, and the
+    compile span's cache attributes."""
+    lookups = [CacheLookup(compile_id="0/0", cache="fxgraph", status=status) for status in ("hit", "hit", "miss")]
+    lookups.append(CacheLookup(compile_id="0/0", cache="aotautograd", status="hit"))
+    compile_event = Compile(compile_id="0/0", function="forward", dynamo_s=0.5, cache={"fxgraph": {"hit": 2, "miss": 1}})
+    write_all(tmp_path / "run" / "rank-0" / "events.jsonl",
+              [Header(world_size=1), *lookups, compile_event, Step(index=0, time_s=0.1), End(step=1)])
+    proc = _cli(tmp_path, "report", str(tmp_path / "run"), "--otlp-endpoint", receiver.url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ratio = {cache: receiver.metric("torchrepro.cache.hit_ratio", **{"torchrepro.cache": cache})
+             for cache in ("fxgraph", "aotautograd")}
+    assert ratio == {"fxgraph": {0: pytest.approx(2 / 3)}, "aotautograd": {0: 1.0}}
+    assert receiver.metric("torchrepro.cache.lookups", **{"torchrepro.cache": "fxgraph",
+                                                          "torchrepro.cache.status": "miss"}) == {0: 1}
+    (span,) = [s for s in receiver.spans() if s["name"] == "torch.compile"]
+    assert span["attributes"]["torchrepro.cache.fxgraph.hit"] == 2
+    assert span["attributes"]["torchrepro.cache.fxgraph.miss"] == 1
+    assert span["end"] - span["start"] == pytest.approx(0.5e9, abs=1e3)
