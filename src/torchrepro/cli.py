@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import UserError
+from .otlp import add_otlp_option, export_stored_run, record_report, run_with_export
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -89,6 +90,7 @@ def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = Non
     if getattr(args, "json", None):
         write_json(Path(args.json), report)
     _write_html_option(report, args)
+    record_report(report)
     render_check(report, report_path=_report_paths(out) if out else getattr(args, "html", None))
     return report["exit_code"]
 
@@ -126,7 +128,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .analysis.doctor import Budgets
 
     run_dir = Path(args.run_dir)
-    return _finish(analyse_run_dir(run_dir, Budgets(strict=args.strict)), run_dir, args)
+    report = analyse_run_dir(run_dir, Budgets(strict=args.strict))
+    export_stored_run(run_dir)
+    return _finish(report, run_dir, args)
 
 
 def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
@@ -139,6 +143,7 @@ def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     if getattr(args, "junit", None):
         write_junit(report, Path(args.junit))
     _write_html_option(report, args)
+    record_report(report)
     render_doctor(report, report_path=_report_paths(run_dir))
     if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
         return 3
@@ -230,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
     _add_strict(doctor)
     _add_ranks(doctor)
+    add_otlp_option(doctor)
     _add_script(doctor, required=False)
     doctor.set_defaults(func=_cmd_doctor)
 
@@ -242,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
     _add_ranks(check)
+    add_otlp_option(check)
     _add_tolerance(check)
     _add_script(check)
     check.set_defaults(func=_cmd_check)
@@ -269,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--junit", metavar="FILE", help="write a JUnit XML result")
     _add_strict(report)
     _add_html(report)
+    add_otlp_option(report)
     report.set_defaults(func=_cmd_report)
 
     run = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")
@@ -284,12 +292,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
     run.add_argument("--replay-graphs", action="store_true",
                      help="with --replay-step: compare each inductor graph with its eager FX graph instead")
+    add_otlp_option(run, in_process=True)
     _add_script(run)
     run.set_defaults(func=_cmd_run)
 
     from .cache.cli import add_parser as add_cache_parser
+    from .commands.watch import add_parser as add_watch_parser
 
     add_cache_parser(sub)
+    add_watch_parser(sub)
 
     env = sub.add_parser("env", help="versions, determinism switches, caches and risky settings")
     env.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -309,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < (1 if name == "fingerprint_every" else 0):
             parser.error(f"--{name.replace('_', '-')} must be {'positive' if name == 'fingerprint_every' else '>= 0'}")
     try:
-        return args.func(args)
+        return run_with_export(args, args.func)
     except UserError as exc:
         print(f"torchrepro: error: {exc}", file=sys.stderr)
         return exc.exit_code

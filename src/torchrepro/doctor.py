@@ -86,8 +86,11 @@ def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: B
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
-    result = launch(run_dir, script, args, nproc=nproc, env=child_env(seed, env), stall_timeout=timeout, seed=seed,
-                    fingerprint_every=fingerprint_every)
+    from .commands.watch import live_status
+
+    with live_status(run_dir):  # a status line at the bottom of the terminal while the script runs
+        result = launch(run_dir, script, args, nproc=nproc, env=child_env(seed, env), stall_timeout=timeout,
+                        seed=seed, fingerprint_every=fingerprint_every)
     finish_meta(meta, result, run_dir)
     if not any(run_dir.glob("rank-*/events.jsonl")):
         tail = "; ".join(result.stderr_tail[-3:])

@@ -14,9 +14,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 SCHEMA = "torchrepro.events/1"
 EVENTS_FILE = "events.jsonl"
@@ -240,7 +241,9 @@ def _intern_step(data: dict[str, Any]) -> None:
 
 
 class EventWriter:
-    """Appends events to a JSONL file, one flushed line per event.
+    """Appends events to a JSONL file, one flushed line per event. Each of ``listeners`` (e.g. the
+    OpenTelemetry exporter) is called with every event right after its line is written; a listener
+    must return quickly and never raise.
 
     >>> with EventWriter(Path("run/rank-0/events.jsonl")) as w:  # doctest: +SKIP
     ...     w.write(Step(index=0, loss=1.5))
@@ -250,12 +253,15 @@ class EventWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fp = open(self.path, "a", encoding="utf-8")
+        self.listeners: list[Callable[[Event], None]] = []
 
     def write(self, event: Event) -> None:
         if self._fp.closed:
             return
         self._fp.write(json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n")
         self._fp.flush()
+        for listener in self.listeners:
+            listener(event)
 
     def close(self) -> None:
         self._fp.close()

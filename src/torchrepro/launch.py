@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import InputError
+from .otlp import launch_span
 
 STDERR_TAIL_LINES = 40
 
@@ -212,7 +213,10 @@ def launch(run_dir: Path, script: Path, args: list[str], *, nproc: int = 1, env:
                "--log-dir", str(logs), "--tee", "3", *run_cmd[1:]]
     else:
         cmd = run_cmd
-    result = run_child(cmd, run_dir / "logs", env=env, quiet=quiet, stall_timeout=stall_timeout, run_dir=run_dir)
+    with launch_span(run_dir, nproc) as trace:  # --otlp-endpoint: one span per launch, its context to every rank
+        result = run_child(cmd, run_dir / "logs", env=trace.child_env(env), quiet=quiet, stall_timeout=stall_timeout,
+                           run_dir=run_dir)
+        trace.exit_code = result.exit_code
     if nproc > 1:
         result.rank_exit_codes = torchrun_failures((run_dir / "logs" / "stderr.log").read_text(errors="replace"))
         for rank in range(nproc):

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header
+from ..otlp import attach_from_env
 from .compile import CompileCapture
 from .steps import StepConfig, StepRecorder
 
@@ -109,6 +110,7 @@ class CaptureSession:
 
     def start(self) -> None:
         self.writer = EventWriter(self.dir / EVENTS_FILE)
+        attach_from_env(self.writer)  # --otlp-endpoint: every event is also exported, live
         _ACTIVE["session"] = self
         self._install_signals()
         env, env_fp = environment()

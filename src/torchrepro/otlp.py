@@ -1,0 +1,149 @@
+"""``--otlp-endpoint``: how a command, its launches and every rank agree to export telemetry.
+
+Nothing here imports OpenTelemetry: the exporter itself (:mod:`torchrepro.report.otel`, the
+``torchrepro[otel]`` extra) is imported only once a run asks for it.
+
+The protocol between processes is the environment:
+
+- ``TORCHREPRO_OTLP_ENDPOINT`` — set by ``--otlp-endpoint`` in the command's process and
+  inherited by every rank; a capture session that sees it exports its events live.
+- ``TRACEPARENT`` — the W3C trace context of the launch span, given to every rank of a launch,
+  so that all ranks of a job share one trace (a trace context already in the command's own
+  environment, e.g. from CI, becomes the parent of the command's span).
+- ``TORCHREPRO_OTLP_WARN_ONCE`` — a file path: of all the processes of one job, only the one
+  that creates it prints the export-failure warning.
+
+The standard ``OTEL_*`` variables (``OTEL_EXPORTER_OTLP_HEADERS``, ``_TIMEOUT``,
+``_COMPRESSION``, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``,
+``OTEL_METRIC_EXPORT_INTERVAL`` ...) are read by the SDK itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
+WARN_ONCE_VAR = "TORCHREPRO_OTLP_WARN_ONCE"
+TRACEPARENT_VAR = "TRACEPARENT"
+INSTALL_HINT = "install the OpenTelemetry extra: pip install 'torchrepro[otel]'"
+_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                  "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+
+_launcher: Any = None  # the command's report.otel.Launcher while a launcher command exports
+
+
+def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False) -> None:
+    """Add ``--otlp-endpoint URL`` and ``--otel-service-name NAME`` to a command's parser.
+    ``in_process``: the command runs the capture session itself (``torchrepro run``), so the
+    session exports and there is no launcher span.
+
+    >>> add_otlp_option(sub.add_parser("doctor"))  # doctest: +SKIP
+    """
+    parser.add_argument("--otlp-endpoint", metavar="URL",
+                        help="export spans and metrics over OTLP/HTTP to this collector, live "
+                             "(e.g. http://localhost:4318; OTEL_EXPORTER_OTLP_* variables apply)")
+    parser.add_argument("--otel-service-name", metavar="NAME",
+                        help="service.name of the exported telemetry (default: OTEL_SERVICE_NAME, else torchrepro)")
+    parser.set_defaults(otlp_in_process=in_process)
+
+
+def _validate(endpoint: str) -> None:
+    if not endpoint.startswith(("http://", "https://")):
+        raise InputError(f"--otlp-endpoint {endpoint!r}: give the collector's http(s) URL, e.g. http://localhost:4318")
+    for var in _PROTOCOL_VARS:
+        value = os.environ.get(var, "").strip()
+        if value and value != "http/protobuf":
+            raise InputError(f"{var}={value}: torchrepro exports OTLP over HTTP with protobuf (http/protobuf) only")
+    try:
+        for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+            importlib.import_module(module)
+    except ImportError:
+        raise InputError(f"--otlp-endpoint needs OpenTelemetry: {INSTALL_HINT}") from None
+
+
+def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace], int]) -> int:
+    """Run a command, exporting its telemetry when ``args.otlp_endpoint`` is set: the command's
+    span is the root of the job's trace; the ranks it launches export their own events."""
+    endpoint = getattr(args, "otlp_endpoint", None)
+    if not endpoint:
+        return func(args)
+    _validate(endpoint)
+    os.environ[ENDPOINT_VAR] = endpoint
+    if args.otel_service_name:
+        os.environ["OTEL_SERVICE_NAME"] = args.otel_service_name
+    if args.otlp_in_process:
+        return func(args)
+    global _launcher
+    from .report.otel import Launcher
+
+    with tempfile.TemporaryDirectory(prefix="torchrepro-otlp-") as tmp:
+        os.environ[WARN_ONCE_VAR] = str(Path(tmp) / "warned")
+        _launcher = Launcher(endpoint, args.command, script=getattr(args, "script", None),
+                             nproc=getattr(args, "nproc", None))
+        code = None
+        try:
+            code = func(args)
+            return code
+        finally:
+            _launcher.close(code)
+            _launcher = None
+
+
+@dataclass
+class LaunchTrace:
+    """What one launch passes to its ranks: the trace context of its span (nothing when not
+    exporting), and how it ended."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    exit_code: int | None = None
+
+    def child_env(self, env: dict[str, str] | None) -> dict[str, str] | None:
+        """``env`` (None: this process's environment) plus the trace context."""
+        return env if not self.env else {**(os.environ if env is None else env), **self.env}
+
+
+@contextmanager
+def launch_span(run_dir: Path, nproc: int) -> Iterator[LaunchTrace]:
+    """A span around one launch of the script (one ``check`` run, a replay, a doctor run)."""
+    if _launcher is None:
+        yield LaunchTrace()
+        return
+    with _launcher.launch_span(run_dir, nproc) as trace:
+        yield trace
+
+
+def record_report(report: dict[str, Any]) -> None:
+    """Put a finished report's verdict and findings on the command's span and metrics."""
+    if _launcher is not None:
+        _launcher.record_report(report)
+
+
+def export_stored_run(run_dir: Path) -> None:
+    """Export a stored run's events (``torchrepro report RUN_DIR --otlp-endpoint URL``)."""
+    if _launcher is not None:
+        _launcher.export_run(run_dir)
+
+
+def attach_from_env(writer: Any) -> None:
+    """Export every event ``writer`` writes, live, when ``TORCHREPRO_OTLP_ENDPOINT`` is set."""
+    endpoint = os.environ.get(ENDPOINT_VAR)
+    if not endpoint:
+        return
+    try:
+        from .report.otel import live_exporter
+
+        writer.listeners.append(live_exporter(endpoint))
+    except Exception as exc:  # noqa: BLE001 - telemetry must never stop a run
+        hint = INSTALL_HINT if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+        print(f"torchrepro: warning: telemetry is not exported ({hint})", file=sys.stderr, flush=True)
