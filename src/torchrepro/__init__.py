@@ -22,6 +22,7 @@ _API = {
     "fingerprint": "fingerprint",
     "stable_uid": "fingerprint",
     "UserError": "errors",
+    "log_metric": "metrics",
 }
 
 __all__ = sorted(_API)

@@ -175,6 +175,15 @@ class Counters(Event):
 
 
 @dataclass(slots=True)
+class Metric(Event):
+    """A value the script reported with ``torchrepro.log_metric(name, value)``."""
+
+    kind: ClassVar[str] = "metric"
+    name: str = ""
+    value: float | None = None
+
+
+@dataclass(slots=True)
 class End(Event):
     """Last line of a log: how the script ended."""
 
@@ -196,7 +205,7 @@ _NAMES: dict[type, tuple[str, ...]] = {}
 
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability, Counters,
-                              End)
+                              Metric, End)
 }
 
 

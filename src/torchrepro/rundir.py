@@ -29,18 +29,22 @@ def replay_file(path: Path, rank: int, world_size: int) -> Path:
     return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file in the same folder, then rename)."""
+def write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temp file in the same folder, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            json.dump(data, fp, indent=2, default=str)
-            fp.write("\n")
+            fp.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (see :func:`write_text`)."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
