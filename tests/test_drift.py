@@ -25,7 +25,7 @@ def drift(tmp: Path, *args: str, expect: int | None = None, timeout: float = 900
                           cwd=tmp, timeout=timeout)
     if expect is not None:
         assert proc.returncode == expect, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    out = next((Path(a) for a, b in zip(args, args[1:]) if a == "--out"), None)
+    out = next((Path(b) for a, b in zip(args, args[1:]) if a == "--out"), None)
     if "--collect" in args:
         out = Path(args[args.index("--collect") + 1])
     report = tmp / out / "report.json" if out else None
