@@ -370,7 +370,8 @@ def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: 
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]
     section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
     drift = {
-        "metric": {"name": metric.label(), "source": metric.describe(), **asdict(metric)},
+        "metric": {"name": metric.label(), "source": metric.describe(), "log_metric": metric.name,
+                   "regex": metric.regex},
         "design": _design(plan),
         "runs": [{"index": r.index, "levels": {**r.seeds, **r.settings}, "seed": {"root": plan["seed"], **r.seeds},
                   "metric": r.metric, "status": r.status, "error": r.error, "dir": r.dir,
