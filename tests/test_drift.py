@@ -4,6 +4,7 @@ Each experiment is kept small (a tiny full-batch model, backend="eager", 2-18 ru
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -22,10 +23,10 @@ TOY = REPO / "tests" / "scripts" / "drift_toy.py"
 def drift(tmp: Path, *args: str, expect: int | None = None, timeout: float = 900) -> tuple[subprocess.CompletedProcess,
                                                                                             dict | None]:
     proc = subprocess.run([sys.executable, "-m", "torchrepro", "drift", *args], capture_output=True, text=True,
-                          cwd=tmp, timeout=timeout)
+                          cwd=tmp, timeout=timeout, check=False)
     if expect is not None:
         assert proc.returncode == expect, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    out = next((Path(b) for a, b in zip(args, args[1:]) if a == "--out"), None)
+    out = next((Path(b) for a, b in itertools.pairwise(args) if a == "--out"), None)
     if "--collect" in args:
         out = Path(args[args.index("--collect") + 1])
     report = tmp / out / "report.json" if out else None
@@ -122,7 +123,10 @@ def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path)
             str(crash_below)]
     proc = subprocess.Popen([sys.executable, "-m", "torchrepro", "drift", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    records = lambda: sorted((tmp_path / "exp" / "runs").glob("*/drift-run.json"))  # noqa: E731
+
+    def records() -> list[Path]:
+        return sorted((tmp_path / "exp" / "runs").glob("*/drift-run.json"))
+
     deadline = time.time() + 300
     while len(records()) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -165,3 +169,11 @@ def test_an_existing_directory_is_never_taken_over(tmp_path):
     proc, _ = drift(tmp_path, "--out", "mine", str(TOY), expect=2)
     assert "not a drift directory" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+def test_ray_launcher_on_a_local_cluster(tmp_path):
+    pytest.importorskip("ray")
+    _, report = drift(tmp_path, "--launcher", "ray", "--vary", "init", "--runs", "2", "--jobs", "2", "--out", "exp",
+                      str(TOY), expect=0)
+    assert report["run"]["ran"] == 2 and [r["status"] for r in report["drift"]["runs"]] == ["ok", "ok"]
+    assert len({r["metric"] for r in report["drift"]["runs"]}) == 2  # two init seeds, two results

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -223,9 +224,14 @@ class Runner:
                 proc = subprocess.Popen(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL, env=env,
                                         start_new_session=True)
                 self._live[proc.pid] = proc
-            code = proc.wait()
-            with self._lock:
-                self._live.pop(proc.pid, None)
+            try:
+                code = proc.wait()
+            except BaseException:  # Ctrl-C of a foreground --run-one, a cancelled Ray task
+                self.stop()
+                raise
+            finally:
+                with self._lock:
+                    self._live.pop(proc.pid, None)
         if self.stopping.is_set():
             return None
         tail = (logs / "stderr.log").read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
@@ -260,10 +266,10 @@ def _waited(proc: subprocess.Popen, deadline: float) -> bool:
         return False
 
 
-def run_all(out: Path, plan: dict[str, Any], jobs: int, console) -> dict[str, int]:
-    """Run every cell without a record, ``jobs`` at a time, with a live progress bar (ETA) on
-    ``console``. Returns counts ``{"planned", "reused", "ran", "crashed"}``; on Ctrl-C or SIGTERM the
-    live runs are ended (they rerun next time) and KeyboardInterrupt propagates."""
+def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str = "local") -> dict[str, int]:
+    """Run every cell without a record, ``jobs`` at a time (``launcher="ray"``: as Ray tasks), with a
+    live progress bar (ETA) on ``console``. Returns counts ``{"planned", "reused", "ran", "crashed"}``;
+    on Ctrl-C or SIGTERM the live runs are ended (they rerun next time) and KeyboardInterrupt propagates."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -278,31 +284,69 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console) -> dict[str, in
     counts = {"planned": len(cells), "reused": len(cells) - len(pending), "ran": 0, "crashed": 0}
     if not pending:
         return counts
-    runner = Runner(out, plan)
     columns = (TextColumn("drift"), BarColumn(), MofNCompleteColumn(), TextColumn("runs ·"), TimeElapsedColumn(),
                TextColumn("· ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("drift", total=len(pending))
-        pool = ThreadPoolExecutor(max_workers=jobs)
-        try:
-            futures = {pool.submit(runner.run, cell): cell for cell in pending}
-            for future in as_completed(futures):
-                record = future.result()
-                if record is None:
-                    continue
-                counts["ran"] += 1
-                if record["exit_code"]:
-                    counts["crashed"] += 1
-                    last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
-                    progress.console.print(f"run {record['index']} exited with {record['exit_code']}: "
-                                           f"{_printable(last)[:160]}", markup=False, highlight=False)
-                progress.advance(task)
-        except BaseException:
-            runner.stop()
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        finished = _on_ray(out, plan, pending, jobs) if launcher == "ray" else _locally(out, plan, pending, jobs)
+        for record in finished:
+            counts["ran"] += 1
+            if record["exit_code"]:
+                counts["crashed"] += 1
+                last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
+                progress.console.print(f"run {record['index']} exited with {record['exit_code']}: "
+                                       f"{_printable(last)[:160]}", markup=False, highlight=False)
+            progress.advance(task)
     return counts
+
+
+def _locally(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Iterator[dict[str, Any]]:
+    """The records of ``cells`` as they finish, ``jobs`` child processes at a time."""
+    runner = Runner(out, plan)
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for future in as_completed([pool.submit(runner.run, cell) for cell in cells]):
+            record = future.result()
+            if record is not None:
+                yield record
+    except BaseException:
+        runner.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Iterator[dict[str, Any]]:
+    """The records of ``cells`` run as Ray tasks (1 CPU each) on ``$RAY_ADDRESS``'s cluster, else on a
+    local one with ``jobs`` CPUs. ``--out`` (absolute here) must be on a filesystem every node sees."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--launcher ray needs Ray: pip install 'torchrepro[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs, "include_dashboard": False}
+        ray.init(log_to_driver=False, **local)
+    run_cell = ray.remote(num_cpus=1)(_run_cell)
+    waiting = [run_cell.remote(str(out.resolve()), plan, asdict(cell)) for cell in cells]
+    try:
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1)
+            record = ray.get(done[0])
+            if record is not None:
+                yield record
+    except BaseException:
+        for ref in waiting:
+            ray.cancel(ref)  # KeyboardInterrupt in the task: its Runner ends the run
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_cell(out: str, plan: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any] | None:
+    """One cell in a Ray worker."""
+    return Runner(Path(out), plan).run(Cell(**cell))
 
 
 def _printable(text: str) -> str:

@@ -42,6 +42,8 @@ def add_parser(sub) -> None:
                         help="one group (...) matched against the script's stdout, last match (default: final loss)")
     p.add_argument("--observed", type=float, metavar="X", help="place a difference you saw against the measured noise")
     p.add_argument("--target-effect", type=float, metavar="E", help="report the pairs needed to detect this difference")
+    p.add_argument("--launcher", choices=("local", "ray"), default="local",
+                   help="local child processes (default), or Ray tasks on $RAY_ADDRESS (else a local Ray cluster)")
     p.add_argument("--seed", type=int, default=0, help="root of the seed tree every stream derives from (default 0)")
     p.add_argument("--out", metavar="DIR", help="experiment directory; the same DIR again reuses finished runs")
     p.add_argument("--json", metavar="FILE", help="also write the report JSON here")
@@ -110,7 +112,7 @@ def _plan_and_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        counts = run_all(out, plan, args.jobs, console)
+        counts = run_all(out, plan, args.jobs, console, args.launcher)
     except KeyboardInterrupt:
         console.print(f"drift interrupted: finished runs are kept in {out}; run the same command again to continue",
                       markup=False, highlight=False)
