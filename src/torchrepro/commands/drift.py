@@ -66,7 +66,7 @@ def _metric(args: argparse.Namespace, plan: dict | None = None):
 
 def run(args: argparse.Namespace) -> int:
     """Plan, run (or one cell), collect and report, as the flags say."""
-    from ..drift import Runner, cells_of, load_plan
+    from ..drift import Runner, cells_of, load_plan, read_record
 
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1")
@@ -84,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
         cells = cells_of(plan)
         if not 0 <= args.run_one < len(cells):
             raise UserError(f"--run-one {args.run_one}: the plan has cells 0..{len(cells) - 1}")
-        record = Runner(out, plan).run(cells[args.run_one])
-        print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({out / cells[args.run_one].dir})")
+        cell = cells[args.run_one]
+        record = read_record(out, cell) or Runner(out, plan).run(cell)  # a finished cell is not rerun
+        print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({out / cell.dir})")
         return 3 if record["exit_code"] else 0
     return _plan_and_run(args)
 
