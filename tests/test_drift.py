@@ -177,3 +177,53 @@ def test_ray_launcher_on_a_local_cluster(tmp_path):
                       str(TOY), expect=0)
     assert report["run"]["ran"] == 2 and [r["status"] for r in report["drift"]["runs"]] == ["ok", "ok"]
     assert len({r["metric"] for r in report["drift"]["runs"]}) == 2  # two init seeds, two results
+
+
+PROBE = """
+import json, sys, torch
+from torch._dynamo import register_backend
+from torchrepro import factors
+from torchrepro.seed import active_plan
+
+calls = []
+
+@register_backend
+def probe(gm, example_inputs):
+    calls.append(len(gm.graph.nodes))
+    return gm.forward
+
+levels = json.loads(sys.argv[1])
+factors.apply(levels)
+theirs = torch.Generator().manual_seed(0)
+loader = torch.utils.data.DataLoader(list(range(32)), batch_size=32, shuffle=True, generator=theirs)
+order = next(iter(loader)).tolist()
+if levels.get("backend"):  # the script asks for inductor; the level wins
+    torch.compile(lambda x: x * 2, backend="inductor", mode="max-autotune")(torch.ones(3))
+print(json.dumps({"init": torch.rand(()).item(), "order": order, "augment": active_plan().root,
+                  "threads": torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
+                  "forced_backend": bool(calls), "replaced": loader.generator is not theirs}))
+"""
+
+
+def test_factor_levels_seed_their_own_streams_and_set_switches(tmp_path):
+    def probe(**levels) -> dict:
+        proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps({"root": 0, **levels})], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    base = probe(init=0, order=0, augment=0)
+    init = probe(init=1, order=0, augment=0)
+    order = probe(init=0, order=1, augment=0)
+    rest = probe(init=0, order=0, augment=1, threads=1, deterministic=True, backend="probe")
+    assert base["replaced"]
+    assert init["init"] != base["init"] and init["order"] == base["order"] and init["augment"] == base["augment"]
+    assert order["order"] != base["order"] and order["init"] == base["init"]  # the loader no longer draws globally
+    assert rest["augment"] != base["augment"] and (rest["init"], rest["order"]) == (base["init"], base["order"])
+    assert rest["threads"] == 1 and rest["deterministic"] and rest["forced_backend"]
+
+
+def test_log_metric_outside_torchrepro_does_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import torchrepro; torchrepro.log_metric('acc', 0.5); print('ok')"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -135,7 +135,14 @@ def make_plan(script: Path, args: list[str], factors: str, runs: int, seed: int,
 
 
 def cells_of(plan: dict[str, Any]) -> list[Cell]:
-    return [Cell(c["index"], c["key"], c["seeds"], c["settings"]) for c in plan["cells"]]
+    """The plan's cells; a key that is not 16 hex digits (a run folder name) is an input error."""
+    try:
+        cells = [Cell(int(c["index"]), str(c["key"]), dict(c["seeds"]), dict(c["settings"])) for c in plan["cells"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{PLAN_FILE}: malformed cell ({exc})") from None
+    if any(not re.fullmatch(r"[0-9a-f]{16}", c.key) for c in cells):
+        raise InputError(f"{PLAN_FILE}: a cell key is not 16 hex digits")
+    return cells
 
 
 def child_levels(plan: dict[str, Any], cell: Cell) -> tuple[str | None, dict[str, Any]]:
