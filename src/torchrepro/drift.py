@@ -15,6 +15,7 @@ ended: it is finished), ``report.json`` and one ``plot-<factor>.svg`` per factor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -26,7 +27,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -296,18 +297,19 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("drift", total=len(pending))
         finished = _on_ray(out, plan, pending, jobs) if launcher == "ray" else _locally(out, plan, pending, jobs)
-        for record in finished:
-            counts["ran"] += 1
-            if record["exit_code"]:
-                counts["crashed"] += 1
-                last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
-                progress.console.print(f"run {record['index']} exited with {record['exit_code']}: "
-                                       f"{_printable(last)[:160]}", markup=False, highlight=False)
-            progress.advance(task)
+        with contextlib.closing(finished):  # an interrupt anywhere here ends the live runs at once
+            for record in finished:
+                counts["ran"] += 1
+                if record["exit_code"]:
+                    counts["crashed"] += 1
+                    last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
+                    progress.console.print(f"run {record['index']} exited with {record['exit_code']}: "
+                                           f"{_printable(last)[:160]}", markup=False, highlight=False)
+                progress.advance(task)
     return counts
 
 
-def _locally(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Iterator[dict[str, Any]]:
+def _locally(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Generator[dict[str, Any], None, None]:
     """The records of ``cells`` as they finish, ``jobs`` child processes at a time."""
     runner = Runner(out, plan)
     pool = ThreadPoolExecutor(max_workers=jobs)
@@ -323,7 +325,7 @@ def _locally(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> I
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Iterator[dict[str, Any]]:
+def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Generator[dict[str, Any], None, None]:
     """The records of ``cells`` run as Ray tasks (1 CPU each) on ``$RAY_ADDRESS``'s cluster, else on a
     local one with ``jobs`` CPUs. ``--out`` (absolute here) must be on a filesystem every node sees."""
     try:

@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vary", default=None, metavar="FACTORS", help="comma-separated factors (default init,order,compile)")
     p.add_argument("--runs", type=int, default=None, metavar="N",
-                   help="seeds per random factor = pairs per binary factor (default 4)")
+                   help="seeds per random factor (default 4); binary factors are paired over every seed cell")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J",
                    help="runs in parallel (default: the number of cores)")
     metric = p.add_mutually_exclusive_group()
