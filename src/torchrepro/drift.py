@@ -435,6 +435,7 @@ def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: 
     report = {"schema": REPORT_SCHEMA, "kind": "drift",
               "run": {"script": plan["script"], "args": plan["args"], "out": str(out), "seed": plan["seed"],
                       "vary": plan["vary"], "levels_per_factor": plan["runs"], **(counts or {}),
+                      "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
                       "wall_s": wall_s}, "drift": drift}
     write_json(out / REPORT_FILE, report)
     return report
