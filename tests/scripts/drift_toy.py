@@ -2,7 +2,7 @@
 own generator, so only the model init and the data order can vary it).
 
 --planted        compiled forward halves the logits: a compile-only change (loss higher when compiled)
---rounding       compiled forward sums the matmul in two halves: only rounding differs
+--rounding       compiled forward computes the logits in float64: only rounding differs
 --global-order   mini-batches from a sampler that draws torch.randperm from the global RNG
 --constant-seed  torch.manual_seed(0) first: the script overrides every seed
 --crash-below U  fail when the first global random draw is below U
@@ -41,8 +41,8 @@ class Net(nn.Module):
 
     def forward(self, x):
         if args.rounding and torch.compiler.is_compiling():
-            w, b = self.lin.weight, self.lin.bias
-            logits = x[:, :4] @ w[:, :4].T + x[:, 4:] @ w[:, 4:].T + b
+            w, b = self.lin.weight.double(), self.lin.bias.double()
+            logits = (x.double() @ w.T + b).float()
         else:
             logits = self.lin(x)
         if args.planted and torch.compiler.is_compiling():
@@ -80,4 +80,4 @@ while step < args.steps:
 with torch.no_grad():
     acc = (model(X).argmax(1) == Y).float().mean()
 torchrepro.log_metric("acc", acc)
-print(f"loss={loss.item():.8f}")
+print(f"loss={loss.item()!r}")

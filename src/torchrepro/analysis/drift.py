@@ -385,8 +385,11 @@ def _fmt(x: float | None, ref: float | None = None) -> str:
     if x is None or not math.isfinite(x):
         return "n/a"
     ref = abs(ref) if ref else abs(x)
-    decimals = max(0, min(8, 1 - math.floor(math.log10(ref)))) if ref > 0 else 2
-    return f"{x:.{decimals}f}".replace("-", "−")
+    if ref and not 1e-3 <= ref < 1e5:
+        text = f"{x:.2g}"
+    else:
+        text = f"{x:.{max(0, 1 - math.floor(math.log10(ref))) if ref > 0 else 2}f}"
+    return "−" + text[1:] if text.startswith("-") else text
 
 
 def _pct(x: float | None) -> str:
