@@ -93,6 +93,8 @@ def test_plan_run_one_collect_and_a_constant_seed(tmp_path):
     d = report["drift"]
     assert [x["factors"] for x in d["not_separable"]] == [["init"]]
     assert "torch.manual_seed" in d["not_separable"][0]["reason"]
+    wrong, _ = drift(tmp_path, "--collect", "exp", "--metric", "nosuch", expect=2)
+    assert "no run produced the metric: no torchrepro.log_metric('nosuch') in the run" in wrong.stderr
 
 
 def _first_draws(levels: int) -> list[float]:

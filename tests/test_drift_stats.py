@@ -163,6 +163,8 @@ def test_separability_is_measured_from_rng_and_batches():
     assert not full_batch["not_separable"] and any("same batches" in n for n in full_batch["notes"])
     clean = d.analyse(_runs(metric), ["init", "order"], [], 6)
     assert not clean["not_separable"] and not clean["notes"]
+    small = d.analyse(_runs(metric, levels=3), ["init", "order"], [], 3)
+    assert any("intervals of the shares are wide" in n for n in small["notes"])
 
 
 def test_observed_difference_against_noise():

@@ -21,7 +21,9 @@ Pure numpy + scipy, no torch. Every number says how it was computed:
   the minimal detectable effect at this n (the difference a two-sided paired t-test at α = 0.05
   detects with power 0.8, from the noncentral t distribution and the measured std of the
   differences — the sign-flip test's power converges to the t-test's) and the n that detects a
-  given effect with that power.
+  given effect with that power. With a crossed seed grid the pairs share init or order levels; the
+  test treats the seed cells as exchangeable pairs (exact when the factor does not interact with
+  the seeds).
 - **An observed difference** (:func:`place_observed`): in units of the run-to-run std σ, and how
   often two runs differ at least that much — the fraction of all pairs of measured runs, and
   ``2(1 - Φ(|x| / (σ√2)))`` for normal noise.
@@ -460,6 +462,9 @@ def analyse(runs: list[DriftRun], random_factors: list[str], binary: list[Binary
             factors.append(comp)
         if not components:
             notes.append("too few complete runs for variance components")
+        elif min(grid.shape) < 5:
+            notes.append(f"{min(grid.shape)} levels per random factor: the bootstrap intervals of the shares are "
+                         "wide (--runs 8 narrows them)")
 
     effects = []
     for factor in binary:

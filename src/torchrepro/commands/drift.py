@@ -142,4 +142,6 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
     drift = report["drift"]
     if any(r["status"] == "crashed" for r in drift["excluded"]):
         return 3
+    if not drift["summary"]["n"] and drift["excluded"]:
+        raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
     return 1 if any(e["p_value"] is not None and e["p_value"] < e["alpha"] for e in drift["effects"]) else 0
