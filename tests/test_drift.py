@@ -229,3 +229,13 @@ def test_log_metric_outside_torchrepro_does_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import torchrepro; torchrepro.log_metric('acc', 0.5); print('ok')"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_strip_plot_is_valid_svg_with_escaped_text():
+    from torchrepro.report.svg import strip_plot
+
+    svg = strip_plot("<script>alert(1)</script> & \x1b[31m", "acc", [("a", [0.1, 0.2, 0.3]), ("b", [0.5])])
+    root = ET.fromstring(svg)
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "<script>alert(1)</script> & ?[31m" in texts and "<script>" not in svg
+    assert len(list(root.iter("{http://www.w3.org/2000/svg}circle"))) == 4

@@ -38,6 +38,7 @@ from .errors import InputError, UserError
 from .events import EVENTS_FILE, Metric, Step, read_events
 from .factors import FACTORS_VAR
 from .launch import STDERR_TAIL_LINES, child_env, run_command
+from .report.drift import printable
 from .rundir import REPORT_FILE, write_json
 
 RANDOM_FACTORS = ("init", "order", "augment")
@@ -304,7 +305,7 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
                     counts["crashed"] += 1
                     last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
                     progress.console.print(f"run {record['index']} exited with {record['exit_code']}: "
-                                           f"{_printable(last)[:160]}", markup=False, highlight=False)
+                                           f"{printable(last)[:160]}", markup=False, highlight=False)
                 progress.advance(task)
     return counts
 
@@ -358,10 +359,6 @@ def _run_cell(out: str, plan: dict[str, Any], cell: dict[str, Any]) -> dict[str,
     return Runner(Path(out), plan).run(Cell(**cell))
 
 
-def _printable(text: str) -> str:
-    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", "?", text)
-
-
 def _metric(spec: MetricSpec, events: list, stdout: Path) -> tuple[float | None, str | None]:
     if spec.name:
         values = [e.value for e in events if isinstance(e, Metric) and e.name == spec.name and e.value is not None]
@@ -403,7 +400,7 @@ def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRu
         if record.get("exit_code"):
             tail = record.get("stderr_tail") or []
             run.status = "crashed"
-            run.error = f"exit {record['exit_code']}" + (f": {_printable(tail[-1])[:300]}" if tail else "")
+            run.error = f"exit {record['exit_code']}" + (f": {printable(tail[-1])[:300]}" if tail else "")
             continue
         run.metric, problem = _metric(metric, events, out / cell.dir / "logs" / "stdout.log")
         if run.metric is not None and not math.isfinite(run.metric):

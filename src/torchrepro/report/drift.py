@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 
-def _clean(value: object) -> str:
+def printable(value: object) -> str:
+    """``value`` as text with control characters (escape sequences from a script's output) replaced."""
     return re.sub(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", "?", str(value))
 
 
@@ -28,8 +29,8 @@ def render_drift(report: dict[str, Any], console: Console | None = None, report_
     """Verdict first, then one table per kind of factor and every run that was left out."""
     console = console or Console()
     drift = report["drift"]
-    console.print(Text(_clean(drift["verdict"]), style="bold"), highlight=False)
-    console.print(Text(f"metric: {_clean(drift['metric']['source'])} · design: {drift['design']}", style="dim"),
+    console.print(Text(printable(drift["verdict"]), style="bold"), highlight=False)
+    console.print(Text(f"metric: {printable(drift['metric']['source'])} · design: {drift['design']}", style="dim"),
                   highlight=False)
     summary = drift["summary"]
     if summary["n"]:
@@ -59,9 +60,9 @@ def render_drift(report: dict[str, Any], console: Console | None = None, report_
         console.print(Text(f" ! not separable: {', '.join(item['factors'])} — {item['reason']}", style="yellow"),
                       highlight=False)
     for note in drift["notes"]:
-        console.print(Text(f" · {_clean(note)}", style="cyan"), highlight=False)
+        console.print(Text(f" · {printable(note)}", style="cyan"), highlight=False)
     for run in drift["excluded"]:
-        console.print(Text(f" ✗ run {run['index']} excluded ({run['status']}): {_clean(run['error'] or '')}"[:240],
+        console.print(Text(f" ✗ run {run['index']} excluded ({run['status']}): {printable(run['error'] or '')}"[:240],
                            style="red"), highlight=False)
     if report_path:
         plots = ", ".join(drift.get("plots", []))
