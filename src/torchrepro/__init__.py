@@ -25,6 +25,7 @@ _API = {  # name -> the submodule defining it (a submodule's own name: the submo
     "checkpoint": "checkpoint",
     "rng": "rng",
     "UserError": "errors",
+    "log_metric": "metrics",
 }
 
 __all__ = sorted(_API)

@@ -31,7 +31,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .capture.session import CaptureConfig
     from .capture.steps import StepConfig
-    from .launch import validate_script, run_in_process
+    from .launch import run_in_process, validate_script
 
     script = validate_script(args.script)
     run_dir = Path(args.out) if args.out else _shared_run_dir(script)
@@ -301,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cache_parser(sub)
     add_watch_parser(sub)
+    from .commands import drift as drift_command
+
+    drift_command.add_parser(sub)
 
     env = sub.add_parser("env", help="versions, determinism switches, caches and risky settings")
     env.add_argument("--json", action="store_true", help="print machine-readable JSON")

@@ -187,6 +187,15 @@ class Counters(Event):
 
 
 @dataclass(slots=True)
+class Metric(Event):
+    """A value the script reported with ``torchrepro.log_metric(name, value)``."""
+
+    kind: ClassVar[str] = "metric"
+    name: str = ""
+    value: float | None = None
+
+
+@dataclass(slots=True)
 class End(Event):
     """Last line of a log: how the script ended."""
 
@@ -208,7 +217,7 @@ _NAMES: dict[type, tuple[str, ...]] = {}
 
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability, Setting,
-                              Counters, End)
+                              Counters, Metric, End)
 }
 
 

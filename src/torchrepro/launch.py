@@ -51,6 +51,9 @@ def run_in_process(script: Path, args: list[str], config) -> int:
         from .seed import seed_everything
 
         seed_everything(config.seed)
+    from .factors import apply_from_env
+
+    apply_from_env()  # a drift run's factor levels: a seed per stream, threads, backend ...
     session = CaptureSession(config)
     session.start()
     sys.argv = [str(script), *args]

@@ -30,11 +30,6 @@ def replay_file(path: Path, rank: int, world_size: int) -> Path:
     return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file in the same folder, then rename)."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
 def write_text(path: Path, text: str) -> None:
     """Write a text file atomically (temp file in the same folder, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +49,11 @@ def write_report(directory: Path, report: dict[str, Any]) -> None:
 
     write_json(directory / REPORT_FILE, report)
     write_html(report, directory / HTML_FILE)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (see :func:`write_text`)."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:

@@ -1,0 +1,147 @@
+"""``torchrepro drift``: is a difference between runs real, and which factor causes it.
+
+Exit codes: 0 analysed; 1 a binary factor makes a real difference (p < 0.05); 2 usage or input
+error; 3 a run failed (it is reported and excluded from every statistic); 130 interrupted (rerun
+the same command: finished runs are reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+from ..errors import UserError
+
+EPILOG = """\
+factors: init (the global RNG the model is initialised from), order (DataLoader shuffling and samplers),
+augment (DataLoader workers and torchrepro.worker_rng), compile (eager vs as written), backend (aot_eager vs
+inductor), fallback-random (inductor's fallback_random), threads (1 vs default), deterministic
+(torchrepro.deterministic() on). Random factors (init, order, augment) get N seeds each, fully crossed;
+binary factors run on the same seeds as the script as written (paired).
+scheduler: drift --plan --out DIR SCRIPT writes DIR/plan.json; run each cell anywhere with
+drift --out DIR --run-one I; then drift --collect DIR.
+exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error, 3 a run failed, 130 interrupted.
+"""
+
+
+def add_parser(sub) -> None:
+    """Register ``drift``."""
+    p = sub.add_parser("drift", help="run N seeds per factor: is a difference real, which factor causes it",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vary", default=None, metavar="FACTORS", help="comma-separated factors (default init,order,compile)")
+    p.add_argument("--runs", type=int, default=None, metavar="N",
+                   help="seeds per random factor (default 4); binary factors are paired over every seed cell")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J",
+                   help="runs in parallel (default: the number of cores)")
+    metric = p.add_mutually_exclusive_group()
+    metric.add_argument("--metric", metavar="NAME", help="the last value logged with torchrepro.log_metric(NAME, v)")
+    metric.add_argument("--metric-regex", metavar="REGEX",
+                        help="one group (...) matched against the script's stdout, last match (default: final loss)")
+    p.add_argument("--observed", type=float, metavar="X", help="place a difference you saw against the measured noise")
+    p.add_argument("--target-effect", type=float, metavar="E", help="report the pairs needed to detect this difference")
+    p.add_argument("--launcher", choices=("local", "ray"), default="local",
+                   help="local child processes (default), or Ray tasks on $RAY_ADDRESS (else a local Ray cluster)")
+    p.add_argument("--seed", type=int, default=0, help="root of the seed tree every stream derives from (default 0)")
+    p.add_argument("--out", metavar="DIR", help="experiment directory; the same DIR again reuses finished runs")
+    p.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--plan", action="store_true", help="only write DIR/plan.json (the run matrix)")
+    mode.add_argument("--run-one", type=int, metavar="INDEX", help="run one cell of DIR/plan.json")
+    mode.add_argument("--collect", metavar="DIR", help="analyse the runs in DIR")
+    p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
+    p.set_defaults(func=run)
+
+
+def _metric(args: argparse.Namespace, plan: dict | None = None):
+    from ..drift import MetricSpec
+
+    if args.metric or args.metric_regex or plan is None:
+        return MetricSpec(args.metric, args.metric_regex)
+    return MetricSpec(**plan["metric"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, run (or one cell), collect and report, as the flags say."""
+    from ..drift import Runner, cells_of, load_plan, read_record
+
+    if args.jobs < 1:
+        raise UserError("--jobs must be at least 1")
+    if args.collect:
+        if args.script:
+            raise UserError("--collect DIR analyses stored runs: give no SCRIPT")
+        out = Path(args.collect)
+        plan = load_plan(out)
+        return _report(out, plan, args, None, None)
+    if args.run_one is not None:
+        if not args.out:
+            raise UserError("--run-one INDEX needs --out DIR (the directory holding plan.json)")
+        out = Path(args.out)
+        plan = load_plan(out)
+        cells = cells_of(plan)
+        if not 0 <= args.run_one < len(cells):
+            raise UserError(f"--run-one {args.run_one}: the plan has cells 0..{len(cells) - 1}")
+        cell = cells[args.run_one]
+        record = read_record(out, cell) or Runner(out, plan).run(cell)  # a finished cell is not rerun
+        print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({out / cell.dir})")
+        return 3 if record["exit_code"] else 0
+    return _plan_and_run(args)
+
+
+def _plan_and_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..drift import DEFAULT_FACTORS, make_plan, prepare_out, run_all
+    from ..launch import validate_script
+    from ..rundir import default_run_dir
+
+    if not args.script:
+        raise UserError("drift needs a SCRIPT (or --collect DIR, or --run-one INDEX --out DIR)")
+    script = validate_script(args.script)
+    plan = make_plan(script, args.args, args.vary or DEFAULT_FACTORS, args.runs or 4, args.seed, _metric(args))
+    out = Path(args.out) if args.out else default_run_dir(script, label="drift")
+    prepare_out(out, plan)
+    if args.plan:
+        n = len(plan["cells"])
+        print(f"{n} runs planned in {out / 'plan.json'}\nrun each cell: torchrepro drift --out {out} --run-one I "
+              f"(I = 0..{n - 1})\nthen: torchrepro drift --collect {out}")
+        return 0
+    console = Console(stderr=True)
+    t0 = time.perf_counter()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        counts = run_all(out, plan, args.jobs, console, args.launcher)
+    except KeyboardInterrupt:
+        console.print(f"drift interrupted: finished runs are kept in {out}; run the same command again to continue",
+                      markup=False, highlight=False)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return _report(out, plan, args, counts, round(time.perf_counter() - t0, 3))
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> int:
+    from ..drift import build_report, collect
+    from ..report.drift import render_drift
+    from ..rundir import REPORT_FILE, write_json
+
+    metric = _metric(args, plan)
+    runs = collect(out, plan, metric)
+    report = build_report(out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect,
+                          counts=counts, wall_s=wall_s)
+    if args.json:
+        write_json(Path(args.json), report)
+    render_drift(report, report_path=str(out / REPORT_FILE))
+    drift = report["drift"]
+    if any(r["status"] == "crashed" for r in drift["excluded"]):
+        return 3
+    if not drift["summary"]["n"] and drift["excluded"]:
+        raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
+    return 1 if any(e["p_value"] is not None and e["p_value"] < e["alpha"] for e in drift["effects"]) else 0

@@ -1,0 +1,447 @@
+"""``torchrepro drift``: run a script many times with its sources of variation set apart — a seed per
+stream (init, data order, augmentation) and switches (compile, backend, threads ...) — in parallel
+and resumably, then say which factor moves the metric (statistics: :mod:`torchrepro.analysis.drift`).
+
+The design: the random factors are fully crossed (``--runs N`` levels each: N² runs for init ×
+order); every binary factor is run one at a time against the script as written on the *same*
+seeds, so each of its levels is compared in pairs. With no random factor the N levels vary every
+stream at once. What a run does with its levels: :mod:`torchrepro.factors`.
+
+``--out`` holds ``plan.json`` (the run matrix), ``runs/<key>/`` (one ``torchrepro run`` per cell;
+``key`` hashes the script's content, its arguments, the root seed and the cell's levels, so a run
+is reused only for the same configuration), ``runs/<key>/drift-run.json`` (written when that run
+ended: it is finished), ``report.json`` and one ``plot-<factor>.svg`` per factor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .analysis.drift import BinaryFactor, DriftRun, analyse
+from .errors import InputError, UserError
+from .events import EVENTS_FILE, Metric, Step, read_events
+from .factors import FACTORS_VAR
+from .launch import STDERR_TAIL_LINES, child_env, run_command
+from .report.drift import printable
+from .rundir import REPORT_FILE, write_json
+
+RANDOM_FACTORS = ("init", "order", "augment")
+BINARY_FACTORS = {f.name: f for f in (
+    BinaryFactor("compile", ("eager", "compiled"), ({"compile": "eager"}, {})),
+    BinaryFactor("backend", ("aot_eager", "inductor"), ({"backend": "aot_eager"}, {"backend": "inductor"})),
+    BinaryFactor("fallback-random", ("as written", "fallback_random"), ({}, {"fallback-random": "on"})),
+    BinaryFactor("threads", ("1 thread", "default"), ({"threads": "1"}, {})),
+    BinaryFactor("deterministic", ("as written", "deterministic"), ({}, {"deterministic": "on"})),
+)}
+DEFAULT_FACTORS = "init,order,compile"
+ALL_SEEDS = "seeds"  # the one random axis when no random factor is named: every stream varied at once
+PLAN_FILE = "plan.json"
+PLAN_SCHEMA = "torchrepro.drift-plan/1"
+RECORD_FILE = "drift-run.json"
+
+
+@dataclass
+class MetricSpec:
+    """Where a run's metric comes from: a ``log_metric`` name, a regex over stdout, or the final loss."""
+
+    name: str | None = None
+    regex: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.regex is not None:
+            try:
+                groups = re.compile(self.regex).groups
+            except re.error as exc:
+                raise UserError(f"--metric-regex {self.regex!r} is not a regular expression: {exc}") from None
+            if groups != 1:
+                raise UserError(f"--metric-regex needs exactly one group (...) around the number, found {groups}")
+
+    def describe(self) -> str:
+        if self.name:
+            return f"the last value logged with torchrepro.log_metric({self.name!r})"
+        if self.regex:
+            return f"group 1 of the last stdout line matching {self.regex!r}"
+        return "the final training loss (the last step's loss)"
+
+    def label(self) -> str:
+        return self.name or ("metric" if self.regex else "final loss")
+
+
+@dataclass
+class Cell:
+    """One run of the matrix: its seed levels and settings (``{}``: the script as written)."""
+
+    index: int
+    key: str
+    seeds: dict[str, int]
+    settings: dict[str, str]
+
+    @property
+    def dir(self) -> str:
+        return f"runs/{self.key}"
+
+
+def parse_factors(text: str) -> tuple[list[str], list[str]]:
+    """``--vary`` → (random factors, binary factors), in the order given."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = (*RANDOM_FACTORS, *BINARY_FACTORS)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UserError(f"unknown factor(s) {', '.join(unknown) or '(none given)'}: --vary takes a comma-separated "
+                        f"list of {', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise UserError("--vary names a factor twice")
+    return [n for n in names if n in RANDOM_FACTORS], [n for n in names if n in BINARY_FACTORS]
+
+
+def _key(script_sha: str, args: list[str], root: int, seeds: dict[str, int], settings: dict[str, str]) -> str:
+    text = json.dumps({"script": script_sha, "args": args, "root": root, "seeds": seeds, "settings": settings},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def make_plan(script: Path, args: list[str], factors: str, runs: int, seed: int, metric: MetricSpec) -> dict[str, Any]:
+    """The run matrix (see the module docstring) as JSON: everything ``--run-one`` and ``--collect`` need."""
+    if runs < 2:
+        raise UserError("--runs must be at least 2 (levels per random factor, pairs per binary factor)")
+    random, binary = parse_factors(factors)
+    script_sha = hashlib.sha256(script.read_bytes()).hexdigest()
+    axes = random or [ALL_SEEDS]
+    settings_list: list[dict[str, str]] = [{}]
+    for name in binary:
+        settings_list += [s for s in BINARY_FACTORS[name].settings if s not in settings_list]
+    cells = []
+    for settings in settings_list:
+        for levels in itertools.product(range(runs), repeat=len(axes)):
+            seeds = dict(zip(axes, levels))
+            cells.append(Cell(len(cells), _key(script_sha, args, seed, seeds, settings), seeds, settings))
+    return {"schema": PLAN_SCHEMA, "script": str(script.resolve()), "script_sha256": script_sha, "args": list(args),
+            "seed": seed, "vary": [*random, *binary], "random": random, "binary": binary, "runs": runs,
+            "metric": asdict(metric), "cells": [{**asdict(c), "dir": c.dir} for c in cells]}
+
+
+def cells_of(plan: dict[str, Any]) -> list[Cell]:
+    """The plan's cells; a key that is not 16 hex digits (a run folder name) is an input error."""
+    try:
+        cells = [Cell(int(c["index"]), str(c["key"]), dict(c["seeds"]), dict(c["settings"])) for c in plan["cells"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{PLAN_FILE}: malformed cell ({exc})") from None
+    if any(not re.fullmatch(r"[0-9a-f]{16}", c.key) for c in cells):
+        raise InputError(f"{PLAN_FILE}: a cell key is not 16 hex digits")
+    return cells
+
+
+def child_levels(plan: dict[str, Any], cell: Cell) -> tuple[str | None, dict[str, Any]]:
+    """The ``--compile-mode`` and the factor levels (:mod:`torchrepro.factors`) of one run. Random
+    factors not varied stay at level 0: their streams are still separate."""
+    if ALL_SEEDS in cell.seeds:
+        streams = {name: cell.seeds[ALL_SEEDS] for name in RANDOM_FACTORS}
+    else:
+        streams = {name: cell.seeds.get(name, 0) for name in RANDOM_FACTORS}
+    levels: dict[str, Any] = {"root": plan["seed"], **streams}
+    compile_mode = None
+    for name, value in cell.settings.items():
+        if name == "compile":
+            compile_mode = "eager"
+        elif name == "fallback-random":
+            compile_mode = "fallback-random"
+        elif name == "threads":
+            levels["threads"] = int(value)
+        elif name == "deterministic":
+            levels["deterministic"] = True
+        elif name == "backend":
+            levels["backend"] = value
+    return compile_mode, levels
+
+
+def load_plan(out: Path) -> dict[str, Any]:
+    path = out / PLAN_FILE
+    if not path.is_file():
+        raise InputError(f"{out} holds no {PLAN_FILE}: not a drift directory (make one with torchrepro drift --plan)")
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(plan, dict) or plan.get("schema") != PLAN_SCHEMA:
+        raise InputError(f"{path}: not a {PLAN_SCHEMA} file")
+    return plan
+
+
+def prepare_out(out: Path, plan: dict[str, Any]) -> None:
+    """Write the plan into ``out``: a new or empty directory, or one holding a drift experiment of
+    the same script (its finished runs are reused). Anything else is never touched."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        old = load_plan(out) if (out / PLAN_FILE).exists() else None
+        if old is None:
+            raise InputError(f"{out} exists and is not a drift directory: choose another --out")
+        if old.get("script") != plan["script"]:
+            raise InputError(f"{out} holds a drift experiment of {old.get('script')}: choose another --out")
+    write_json(out / PLAN_FILE, plan)
+
+
+def read_record(out: Path, cell: Cell) -> dict[str, Any] | None:
+    """The record of a finished run (None: not run, or interrupted)."""
+    try:
+        record = json.loads((out / cell.dir / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("key") == cell.key else None
+
+
+class Runner:
+    """Runs cells as ``torchrepro run`` children (own process groups, output to the run's logs);
+    :meth:`stop` ends every live one."""
+
+    def __init__(self, out: Path, plan: dict[str, Any]):
+        self.out, self.plan = out, plan
+        self.script = Path(plan["script"])
+        self._live: dict[int, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self, cell: Cell) -> dict[str, Any] | None:
+        """Run one cell; its record, or None when stopped before it finished."""
+        run_dir = self.out / cell.dir
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # an attempt that never finished (drift was interrupted)
+        logs = run_dir / "logs"
+        logs.mkdir(parents=True)
+        compile_mode, levels = child_levels(self.plan, cell)
+        cmd = run_command(run_dir, self.script, self.plan["args"], compile_mode=compile_mode)
+        env = child_env(self.plan["seed"], {FACTORS_VAR: json.dumps(levels)})
+        t0 = time.perf_counter()
+        with open(logs / "stdout.log", "wb") as out_log, open(logs / "stderr.log", "wb") as err_log:
+            with self._lock:
+                if self.stopping.is_set():
+                    return None
+                proc = subprocess.Popen(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True)
+                self._live[proc.pid] = proc
+            try:
+                code = proc.wait()
+            except BaseException:  # Ctrl-C of a foreground --run-one, a cancelled Ray task
+                self.stop()
+                raise
+            finally:
+                with self._lock:
+                    self._live.pop(proc.pid, None)
+        if self.stopping.is_set():
+            return None
+        tail = (logs / "stderr.log").read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
+        record = {"key": cell.key, "index": cell.index, "seeds": cell.seeds, "settings": cell.settings,
+                  "levels": levels, "compile_mode": compile_mode, "exit_code": code,
+                  "wall_s": round(time.perf_counter() - t0, 3), "stderr_tail": tail}
+        write_json(run_dir / RECORD_FILE, record)
+        return record
+
+    def stop(self) -> None:
+        """End every live run: SIGTERM to its process group, SIGKILL after 5 s."""
+        self.stopping.set()
+        with self._lock:
+            live = list(self._live.values())
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for proc in live:
+                try:
+                    os.killpg(proc.pid, sig)
+                except OSError:
+                    pass
+            deadline = time.time() + 5
+            live = [p for p in live if not _waited(p, deadline)]
+            if not live:
+                return
+
+
+def _waited(proc: subprocess.Popen, deadline: float) -> bool:
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.time()))
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str = "local") -> dict[str, int]:
+    """Run every cell without a record, ``jobs`` at a time (``launcher="ray"``: as Ray tasks), with a
+    live progress bar (ETA) on ``console``. Returns counts ``{"planned", "reused", "ran", "crashed"}``;
+    on Ctrl-C or SIGTERM the live runs are ended (they rerun next time) and KeyboardInterrupt propagates."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    cells = cells_of(plan)
+    pending = [c for c in cells if read_record(out, c) is None]
+    counts = {"planned": len(cells), "reused": len(cells) - len(pending), "ran": 0, "crashed": 0}
+    if not pending:
+        return counts
+    columns = (TextColumn("drift"), BarColumn(), MofNCompleteColumn(), TextColumn("runs ·"), TimeElapsedColumn(),
+               TextColumn("· ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("drift", total=len(pending))
+        finished = _on_ray(out, plan, pending, jobs) if launcher == "ray" else _locally(out, plan, pending, jobs)
+        with contextlib.closing(finished):  # an interrupt anywhere here ends the live runs at once
+            for record in finished:
+                counts["ran"] += 1
+                if record["exit_code"]:
+                    counts["crashed"] += 1
+                    last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
+                    progress.console.print(f"run {record['index']} exited with {record['exit_code']}: "
+                                           f"{printable(last)[:160]}", markup=False, highlight=False)
+                progress.advance(task)
+    return counts
+
+
+def _locally(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Generator[dict[str, Any], None, None]:
+    """The records of ``cells`` as they finish, ``jobs`` child processes at a time."""
+    runner = Runner(out, plan)
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for future in as_completed([pool.submit(runner.run, cell) for cell in cells]):
+            record = future.result()
+            if record is not None:
+                yield record
+    except BaseException:
+        runner.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Generator[dict[str, Any], None, None]:
+    """The records of ``cells`` run as Ray tasks (1 CPU each) on ``$RAY_ADDRESS``'s cluster, else on a
+    local one with ``jobs`` CPUs. ``--out`` (absolute here) must be on a filesystem every node sees."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--launcher ray needs Ray: pip install 'torchrepro[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs, "include_dashboard": False}
+        ray.init(log_to_driver=False, **local)
+    run_cell = ray.remote(num_cpus=1)(_run_cell)
+    waiting = [run_cell.remote(str(out.resolve()), plan, asdict(cell)) for cell in cells]
+    try:
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1)
+            record = ray.get(done[0])
+            if record is not None:
+                yield record
+    except BaseException:
+        for ref in waiting:
+            ray.cancel(ref)  # KeyboardInterrupt in the task: its Runner ends the run
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_cell(out: str, plan: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any] | None:
+    """One cell in a Ray worker."""
+    return Runner(Path(out), plan).run(Cell(**cell))
+
+
+def _metric(spec: MetricSpec, events: list, stdout: Path) -> tuple[float | None, str | None]:
+    if spec.name:
+        values = [e.value for e in events if isinstance(e, Metric) and e.name == spec.name and e.value is not None]
+        return (values[-1], None) if values else (None, f"no torchrepro.log_metric({spec.name!r}) in the run")
+    if spec.regex:
+        try:
+            text = stdout.read_text(errors="replace")
+        except OSError:
+            text = ""
+        matches = list(re.finditer(spec.regex, text, re.MULTILINE))
+        if not matches:
+            return None, f"no stdout line matched {spec.regex!r}"
+        try:
+            return float(matches[-1].group(1)), None
+        except ValueError:
+            return None, f"the last match {matches[-1].group(1)[:40]!r} is not a number"
+    losses = [s.loss for s in events if isinstance(s, Step) and s.loss is not None]
+    return (losses[-1], None) if losses else (None, "no training step recorded a loss")
+
+
+def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRun]:
+    """Every cell as a :class:`DriftRun`: its metric and what capture observed, or why it is excluded."""
+    runs = []
+    for cell in cells_of(plan):
+        record = read_record(out, cell)
+        run = DriftRun(cell.index, cell.seeds, cell.settings, None, "missing", dir=str(out / cell.dir))
+        runs.append(run)
+        if record is None:
+            run.error = "not run (or interrupted)"
+            continue
+        log = out / cell.dir / "rank-0" / EVENTS_FILE
+        events = read_events(log).events if log.is_file() else []
+        steps = [e for e in events if isinstance(e, Step)]
+        if steps:
+            run.rng0 = (steps[0].rng_fps or {}).get("torch_cpu")
+            if any(s.batch_fp for s in steps):
+                run.batches = tuple(s.batch_fp or "" for s in steps)
+        run.extra["wall_s"] = record.get("wall_s")
+        if record.get("exit_code"):
+            tail = record.get("stderr_tail") or []
+            run.status = "crashed"
+            run.error = f"exit {record['exit_code']}" + (f": {printable(tail[-1])[:300]}" if tail else "")
+            continue
+        run.metric, problem = _metric(metric, events, out / cell.dir / "logs" / "stdout.log")
+        if run.metric is not None and not math.isfinite(run.metric):
+            run.metric, problem = None, f"the metric is {run.metric}"
+        run.status, run.error = ("ok", None) if problem is None else ("no_metric", problem)
+    return runs
+
+
+def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: MetricSpec, *,
+                 observed: float | None, target_effect: float | None,
+                 counts: dict[str, int] | None = None, wall_s: float | None = None) -> dict[str, Any]:
+    """Analyse the runs and write ``report.json`` (schema torchrepro.report/1, kind drift) and the plots."""
+    from .analysis.doctor import REPORT_SCHEMA
+    from .report.svg import write_drift_plots
+
+    random = plan["random"]
+    binary = [BINARY_FACTORS[name] for name in plan["binary"]]
+    section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
+    drift = {
+        "metric": {"name": metric.label(), "source": metric.describe(), "log_metric": metric.name,
+                   "regex": metric.regex},
+        "design": _design(plan),
+        "runs": [{"index": r.index, "levels": {**r.seeds, **r.settings}, "seed": {"root": plan["seed"], **r.seeds},
+                  "metric": r.metric, "status": r.status, "error": r.error, "dir": r.dir,
+                  "wall_s": r.extra.get("wall_s")} for r in runs],
+        **section,
+    }
+    drift["plots"] = write_drift_plots(out, drift, runs, random, binary)
+    report = {"schema": REPORT_SCHEMA, "kind": "drift",
+              "run": {"script": plan["script"], "args": plan["args"], "out": str(out), "seed": plan["seed"],
+                      "vary": plan["vary"], "levels_per_factor": plan["runs"], **(counts or {}),
+                      "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
+                      "wall_s": wall_s}, "drift": drift}
+    write_json(out / REPORT_FILE, report)
+    return report
+
+
+def _design(plan: dict[str, Any]) -> str:
+    n, random, binary = plan["runs"], plan["random"], plan["binary"]
+    text = (" × ".join(f"{name} ({n} seeds)" for name in random) + ", fully crossed") if random else \
+        f"{n} seed levels varying init, order and augment at once"
+    if binary:
+        text += "; " + ", ".join(binary) + " each run on the same seeds as the script as written (paired)"
+    return text + f"; {len(plan['cells'])} runs"

@@ -1,0 +1,106 @@
+"""Strip plots as self-contained SVG files, written by hand: every text escaped, no scripts, no
+external references."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+from ..rundir import write_text
+
+_WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
+
+
+def _text(value: object) -> str:
+    """Escaped XML text without the control characters XML 1.0 forbids."""
+    return escape(re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", "?", str(value)))
+
+
+def _tick(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def strip_plot(title: str, ylabel: str, groups: list[tuple[str, list[float]]], subtitle: str = "") -> str:
+    """One column of points per group (deterministic jitter), its mean as a bar and the 95 % interval
+    of the mean as a whisker."""
+    from ..analysis.drift import summarize
+
+    width = _LEFT + _RIGHT + _WIDTH_PER_GROUP * max(len(groups), 3)
+    values = [v for _, vs in groups for v in vs]
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    for _, vs in groups:
+        ci = summarize(vs)["ci95"]
+        if ci:
+            lo, hi = min(lo, ci[0]), max(hi, ci[1])
+    pad = (hi - lo) * 0.08 or max(abs(hi) * 0.01, 1e-9)
+    lo, hi = lo - pad, hi + pad
+    plot_h = _HEIGHT - _TOP - _BOTTOM
+    band = (width - _LEFT - _RIGHT) / max(len(groups), 1)
+
+    def y(v: float) -> float:
+        return _TOP + plot_h * (hi - v) / (hi - lo)
+
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{_HEIGHT}" '
+           f'viewBox="0 0 {width} {_HEIGHT}" font-family="sans-serif" font-size="11">'),
+           f'<rect width="{width}" height="{_HEIGHT}" fill="white"/>',
+           f'<text x="{_LEFT}" y="16" font-size="13" font-weight="bold">{_text(title)}</text>',
+           f'<text x="{_LEFT}" y="32" fill="#555">{_text(subtitle)}</text>',
+           f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{_TOP + plot_h}" stroke="#333"/>',
+           (f'<text transform="translate(14 {_TOP + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+           f'{_text(ylabel)}</text>')]
+    for i in range(5):
+        v = lo + (hi - lo) * i / 4
+        out.append(f'<line x1="{_LEFT - 4}" y1="{y(v):.1f}" x2="{width - _RIGHT}" y2="{y(v):.1f}" stroke="#eee"/>'
+                   f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_tick(v)}</text>')
+    for g, (label, vs) in enumerate(groups):
+        cx = _LEFT + band * (g + 0.5)
+        for k, v in enumerate(vs):
+            jitter = ((k * 0.6180339887) % 1 - 0.5) * band * 0.45
+            out.append(f'<circle cx="{cx + jitter:.1f}" cy="{y(v):.1f}" r="3" fill="#1f77b4" fill-opacity="0.6"/>')
+        s = summarize(vs)
+        if s["ci95"]:
+            out.append(f'<line x1="{cx:.1f}" y1="{y(s["ci95"][0]):.1f}" x2="{cx:.1f}" y2="{y(s["ci95"][1]):.1f}" '
+                       'stroke="#d62728" stroke-width="2"/>')
+        if s["mean"] is not None:
+            out.append(f'<line x1="{cx - band * 0.3:.1f}" y1="{y(s["mean"]):.1f}" x2="{cx + band * 0.3:.1f}" '
+                       f'y2="{y(s["mean"]):.1f}" stroke="#d62728" stroke-width="2"/>')
+        out.append(f'<text x="{cx:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle">{_text(label)}</text>'
+                   f'<text x="{cx:.1f}" y="{_TOP + plot_h + 30}" text-anchor="middle" fill="#555">n={len(vs)}</text>')
+    out.append(f'<text x="{_LEFT}" y="{_HEIGHT - 8}" fill="#555">points: runs · red: mean and 95 % CI</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_drift_plots(out: Path, drift: dict[str, Any], runs: list, random: list[str], binary: list) -> list[str]:
+    """``plot-<factor>.svg`` per factor in ``out``: random factors by seed level (the script as
+    written), binary factors by level over the paired seeds. Returns the file names."""
+    metric = drift["metric"]["name"]
+    ok = [r for r in runs if r.status == "ok" and r.metric is not None]
+    base = [r for r in ok if not r.settings]
+    files = []
+    for comp in drift["factors"]:
+        name = comp["name"]
+        if name not in random:
+            continue
+        groups = [(f"{name} {lvl}", [r.metric for r in base if r.seeds.get(name) == lvl])
+                  for lvl in sorted({r.seeds[name] for r in base})]
+        share = comp["variance_share"]
+        sub = f"variance share {100 * share:.0f} %" if share is not None else "not separable (see report.json)"
+        files.append(_plot(out, name, metric, groups, sub))
+    for factor, effect in zip(binary, drift["effects"]):
+        keys = [{tuple(sorted(r.seeds.items())) for r in ok if r.settings == s} for s in factor.settings]
+        common = keys[0] & keys[1]
+        groups = [(label, [r.metric for r in ok if r.settings == s and tuple(sorted(r.seeds.items())) in common])
+                  for label, s in zip(factor.labels, factor.settings)]
+        p = effect.get("p_value")
+        files.append(_plot(out, factor.name, metric, groups, f"paired over {len(common)} seeds, p = {p:.2g}"
+                           if p is not None else "no complete pairs"))
+    return files
+
+
+def _plot(out: Path, name: str, metric: str, groups: list[tuple[str, list[float]]], subtitle: str) -> str:
+    file = f"plot-{re.sub(r'[^A-Za-z0-9_-]', '_', name)}.svg"
+    write_text(out / file, strip_plot(f"{metric} by {name}", metric, groups, subtitle))
+    return file
