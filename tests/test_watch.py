@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torchrepro.analysis import compile as compile_analysis
 from torchrepro.events import GraphBreak, Header, Step, read_events, write_all
-from torchrepro.follow import RunFollower
+from torchrepro.tail import RunFollower
 
 TRAIN = Path(__file__).parent / "scripts" / "otel_train.py"
 

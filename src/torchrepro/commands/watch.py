@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import InputError
-from ..follow import RunFollower
+from ..tail import RunFollower
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
