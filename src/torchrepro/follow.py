@@ -46,15 +46,21 @@ def _mark_seen() -> None:
     os.environ[SEEN_VAR] = ":".join(os.environ.get(name, "") for name in RANK_VARS)
 
 
+def follow_env(config: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
+    """The variables that make a process (and those it starts) capture itself into ``config``'s run
+    directory once it becomes a rank; ``root_pid`` is the launched process, ``pythonpath`` the
+    ``PYTHONPATH`` to extend."""
+    path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
+    return {CONFIG_VAR: json.dumps({"run_dir": str(Path(config.run_dir).resolve()), "steps": asdict(config.steps),
+                                    "seed": config.seed, "compile_mode": config.compile_mode, "root_pid": root_pid}),
+            "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
+
+
 def propagate(config: Any) -> None:
     """Make every process the script starts capture itself once it becomes a rank (``config``: the
     :class:`~torchrepro.capture.session.CaptureConfig` of this process), and record the process
     group this process joins."""
-    os.environ[CONFIG_VAR] = json.dumps({
-        "run_dir": str(Path(config.run_dir).resolve()), "steps": asdict(config.steps), "seed": config.seed,
-        "compile_mode": config.compile_mode, "root_pid": os.getpid()})
-    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP_DIR), *path])
+    os.environ.update(follow_env(config, os.getpid(), os.environ.get("PYTHONPATH", "")))
     _mark_seen()
     hook_process_group()
 
