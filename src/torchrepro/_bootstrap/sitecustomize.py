@@ -72,7 +72,9 @@ class _WatchProcessGroup:
             exec_module(module)
             try:
                 from torchrepro import follow
-
+            except ImportError:  # another Python or environment: this process cannot be captured
+                return
+            try:
                 follow.hook_process_group()
             except Exception as exc:  # never break the user's import of torch
                 _note("capture could not watch torch.distributed", exc)
