@@ -25,8 +25,12 @@ def _note(what, exc):
 
 def _chain():
     """Run the next ``sitecustomize`` on ``sys.path``, as if this one were not there."""
-    from importlib.machinery import PathFinder
-    from importlib.util import module_from_spec
+    try:  # what importlib.machinery and importlib.util re-export, without importing them (~8 ms)
+        from _frozen_importlib import module_from_spec
+        from _frozen_importlib_external import PathFinder
+    except ImportError:
+        from importlib.machinery import PathFinder
+        from importlib.util import module_from_spec
 
     path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
     spec = PathFinder.find_spec("sitecustomize", path)
