@@ -126,6 +126,14 @@ def test_spawned_rank_that_dies_is_reported_as_crashed(tmp_path):
     assert report["run"]["ranks_present"] == [0, 1]
 
 
+def test_a_launcher_that_fails_after_its_ranks_finished_fails_the_run(tmp_path):
+    code, report, _ = doctor(tmp_path, str(SCRIPTS / "launch_spawn.py"), "--", "--fail-after")
+    assert code == 3 and report["run"]["failed"]
+    assert all(r["status"] == "ok" for r in report["run"]["ranks"].values())
+    failed = finding(report, "SCRIPT_FAILED")
+    assert failed["evidence"]["launcher"]["status"] == "error" and "evaluation failed" in failed["title"]
+
+
 def test_processes_a_rank_starts_are_not_ranks(tmp_path):
     """torchrun ranks start a Python helper and spawn-started DataLoader workers; both inherit
     RANK/WORLD_SIZE and import torch, and neither is captured."""

@@ -1,6 +1,6 @@
 """torch.multiprocessing.spawn with 2 ranks on gloo: DDP(torch.compile(model)), 6 steps.
 `--kill-rank1`: rank 1 is SIGKILLed after step 2. `--helper`: the parent first runs a
-non-training Python subprocess."""
+non-training Python subprocess. `--fail-after`: the parent fails after the ranks finished."""
 import os
 import signal
 import socket
@@ -41,3 +41,5 @@ if __name__ == "__main__":
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     mp.spawn(work, args=(free,), nprocs=2)
+    if flag("--fail-after"):
+        raise RuntimeError("evaluation failed")

@@ -10,7 +10,7 @@ from ..events import End, EventLog, Header, Step
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
-from .ranks import fault_findings, missing_ranks, placement, rank_findings, world_findings, world_size
+from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
 
 REPORT_SCHEMA = "torchrepro.report/1"
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
@@ -66,9 +66,11 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
             "duration_s": end.duration_s if end else None,
             **where[log.rank],
         }
+    launcher = launcher_finding({"ranks": ranks}, meta)
     return {
         **meta,
-        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta,
+        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta
+        or (launcher is not None and launcher.severity == "error"),
         "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
         "world_size": world_size(logs, meta),
         "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),

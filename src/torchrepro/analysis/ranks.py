@@ -106,9 +106,34 @@ def world_findings(logs: list[EventLog], meta: dict[str, Any]) -> list[Finding]:
         evidence={"world_size": size, "missing": missing, "ranks_present": sorted(log.rank for log in logs)})]
 
 
+_ABORT_HINT = ("A teardown abort after destroy_process_group (seen in ~4 % of 2-rank CPU launches): the run's "
+               "results stand. Deleting DDP/optimizer objects and gc.collect() before destroy_process_group avoids it.")
+
+
+def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | None:
+    """How the launched process ended when it only started the ranks (``mp.spawn``, ``accelerate
+    launch``; its log is ``RUN_DIR/launcher/``): a failure there fails the run, unless every rank
+    finished and the launcher only reports a rank's signal at exit (a teardown abort)."""
+    launcher = meta.get("launcher")
+    if not launcher or launcher.get("status") == "ok":
+        return None
+    error = launcher.get("error") or ""
+    evidence = {"launcher": launcher, "stderr_tail": (meta.get("stderr_tail") or [])[-10:]}
+    if run["ranks"] and all(r["status"] == "ok" for r in run["ranks"].values()) and "terminated with signal" in error:
+        return Finding("RANK_ABORTED_AFTER_COMPLETION", "warning",
+                       f"every rank finished its work, then the process that started them reported: {error}",
+                       hint=_ABORT_HINT, evidence=evidence)
+    return Finding("SCRIPT_FAILED", "error", f"the launched process, which started the ranks, exited with code "
+                   f"{launcher.get('exit_code')}" + (f": {error}" if error else ""),
+                   hint="Everything before the failure is analysed; its own log is RUN_DIR/launcher/events.jsonl.",
+                   evidence=evidence)
+
+
 def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
-    """One finding per rank that did not end well, judged by its last event, not by the launcher."""
-    findings = []
+    """One finding per rank that did not end well, judged by its last event, not by the launcher;
+    and one for the launched process if it only started the ranks and failed."""
+    launcher = launcher_finding(run, meta)
+    findings = [launcher] if launcher else []
     codes = {int(k): v for k, v in (meta.get("rank_exit_codes") or {}).items()}
     tails = {int(k): v for k, v in (meta.get("rank_stderr_tails") or {}).items()}
     stall = meta.get("stall")
@@ -121,9 +146,7 @@ def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
             findings.append(Finding(
                 "RANK_ABORTED_AFTER_COMPLETION", "warning",
                 f"rank {rank} finished its work, then the process ended with {_signal_name(codes[rank])}",
-                hint="A teardown abort after destroy_process_group (seen in ~4 % of 2-rank CPU launches): the run's "
-                     "results stand. Deleting DDP/optimizer objects and gc.collect() before "
-                     "destroy_process_group avoids it.", evidence=evidence | {"exit_code": codes[rank]}))
+                hint=_ABORT_HINT, evidence=evidence | {"exit_code": codes[rank]}))
         elif info["status"] == "terminated":
             findings.append(Finding(
                 "RANK_TERMINATED", "warning", f"rank {rank} was stopped by the launcher after step {step}",
