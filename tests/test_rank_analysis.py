@@ -94,3 +94,15 @@ def test_every_rank_present_is_not_missing_and_a_launcher_world_counts_too():
     logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
     assert missing_ranks(logs) == [] and analyse({}, logs, [])["verdict"].startswith("HEALTHY")
     assert missing_ranks(logs, {"world_size": 3}) == [2]  # torchrun --nproc 3, one rank never wrote
+
+
+def test_a_launcher_that_only_started_the_ranks_is_judged_by_how_it_ended():
+    logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
+    crashed = {"launcher": {"exit_code": 1, "status": "error", "error": "RuntimeError: evaluation failed"}}
+    report = analyse(crashed, logs, [])
+    assert report["run"]["failed"] and "SCRIPT_FAILED" in [f["code"] for f in report["findings"]]
+    teardown = {"launcher": {"exit_code": 1, "status": "error", "error": "ChildFailedError: ... rank : 0 (local_rank: "
+                             "0)\n  exitcode  : -6 (pid: 8256)  (SIGABRT)"}}
+    report = analyse(teardown, logs, [])
+    assert not report["run"]["failed"]
+    assert [(f["code"], f["severity"]) for f in report["findings"]] == [("RANK_ABORTED_AFTER_COMPLETION", "warning")]

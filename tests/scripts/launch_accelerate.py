@@ -1,5 +1,7 @@
 """Run by `accelerate launch --cpu --num_processes 2`: Accelerator on CPU (gloo), compiled inner
 model, 6 steps; rank 1's batch at step 3 is cut short (a planted one-rank recompile)."""
+import gc
+
 import torch
 from accelerate import Accelerator
 
@@ -18,4 +20,6 @@ for step in range(6):
     accelerator.backward(loss)
     opt.step()
 save_digest(net, rank)
+del ddp, opt
+gc.collect()  # before the process group goes: avoids the teardown abort (FINDINGS.md)
 accelerator.end_training()

@@ -1,6 +1,7 @@
 """torch.multiprocessing.spawn with 2 ranks on gloo: DDP(torch.compile(model)), 6 steps.
 `--kill-rank1`: rank 1 is SIGKILLed after step 2. `--helper`: the parent first runs a
 non-training Python subprocess. `--fail-after`: the parent fails after the ranks finished."""
+import gc
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ def work(rank: int, port: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
     save_digest(net, rank)
     del ddp, opt
+    gc.collect()  # before the process group goes: avoids the teardown abort (FINDINGS.md)
     dist.destroy_process_group()
 
 

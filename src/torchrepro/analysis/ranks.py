@@ -110,6 +110,10 @@ _ABORT_HINT = ("A teardown abort after destroy_process_group (seen in ~4 % of 2-
                "results stand. Deleting DDP/optimizer objects and gc.collect() before destroy_process_group avoids it.")
 
 
+# how mp.spawn (ProcessExitedException) and torchrun (ChildFailedError) say a rank died by a signal
+_RANK_SIGNALLED = re.compile(r"terminated with signal|exitcode\s*:\s*-\d+")
+
+
 def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | None:
     """How the launched process ended when it only started the ranks (``mp.spawn``, ``accelerate
     launch``; its log is ``RUN_DIR/launcher/``): a failure there fails the run, unless every rank
@@ -119,7 +123,7 @@ def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | Non
         return None
     error = launcher.get("error") or ""
     evidence = {"launcher": launcher, "stderr_tail": (meta.get("stderr_tail") or [])[-10:]}
-    if run["ranks"] and all(r["status"] == "ok" for r in run["ranks"].values()) and "terminated with signal" in error:
+    if run["ranks"] and all(r["status"] == "ok" for r in run["ranks"].values()) and _RANK_SIGNALLED.search(error):
         return Finding("RANK_ABORTED_AFTER_COMPLETION", "warning",
                        f"every rank finished its work, then the process that started them reported: {error}",
                        hint=_ABORT_HINT, evidence=evidence)
