@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchrepro.analysis.ranks import rank_findings, where
-from torchrepro.events import CacheLookup, Compile, EventLog, Header, Params, Step
+from torchrepro.analysis.doctor import analyse
+from torchrepro.analysis.ranks import missing_ranks, placement, rank_findings, where, world_size
+from torchrepro.events import CacheLookup, Compile, End, EventLog, Header, Params, Step, World
 
 
 def log(rank: int, events: list) -> EventLog:
@@ -69,3 +70,39 @@ def test_where_a_hung_rank_waits():
     assert where(frames) == "/home/me/train.py:42 in main, waiting in all_reduce (" \
                             "/x/site-packages/torch/distributed/distributed_c10d.py:3)"
     assert where([]) is None
+
+
+def test_the_world_the_process_group_reports_decides_which_ranks_are_missing():
+    """A launcher started rank 0 alone (header: world 1); its process group has 4 ranks; two logs arrived."""
+    alone = EventLog(Path("run/rank-0/events.jsonl"), [Header(rank=0, world_size=1, host="a"),
+                                                       World(rank=0, group_rank=0, world_size=4, host="a"), End()])
+    other = EventLog(Path("run/rank-2/events.jsonl"), [Header(rank=2, world_size=4, host="b"),
+                                                       World(rank=2, group_rank=2, world_size=4, local_rank=0,
+                                                             node=1, host="b"), End(rank=2)])
+    assert world_size([alone]) == 4 and missing_ranks([alone, other]) == [1, 3]
+    assert missing_ranks([alone], {"world_size": 1}) == [1, 2, 3]
+    assert placement([alone, other]) == {0: {"host": "a", "node": 0, "local_rank": 0},
+                                         2: {"host": "b", "node": 1, "local_rank": 0}}
+    report = analyse({}, [alone, other], [])
+    missing = next(f for f in report["findings"] if f["code"] == "RANKS_MISSING")
+    assert missing["severity"] == "error" and missing["evidence"]["missing"] == [1, 3]
+    assert report["failing_findings"] == ["RANKS_MISSING"] and report["verdict"].startswith("PROBLEMS")
+    assert report["run"]["world_size"] == 4 and report["run"]["ranks_missing"] == [1, 3]
+
+
+def test_every_rank_present_is_not_missing_and_a_launcher_world_counts_too():
+    logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
+    assert missing_ranks(logs) == [] and analyse({}, logs, [])["verdict"].startswith("HEALTHY")
+    assert missing_ranks(logs, {"world_size": 3}) == [2]  # torchrun --nproc 3, one rank never wrote
+
+
+def test_a_launcher_that_only_started_the_ranks_is_judged_by_how_it_ended():
+    logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
+    crashed = {"launcher": {"exit_code": 1, "status": "error", "error": "RuntimeError: evaluation failed"}}
+    report = analyse(crashed, logs, [])
+    assert report["run"]["failed"] and "SCRIPT_FAILED" in [f["code"] for f in report["findings"]]
+    teardown = {"launcher": {"exit_code": 1, "status": "error", "error": "ChildFailedError: ... rank : 0 (local_rank: "
+                             "0)\n  exitcode  : -6 (pid: 8256)  (SIGABRT)"}}
+    report = analyse(teardown, logs, [])
+    assert not report["run"]["failed"]
+    assert [(f["code"], f["severity"]) for f in report["findings"]] == [("RANK_ABORTED_AFTER_COMPLETION", "warning")]

@@ -11,7 +11,8 @@ from typing import Any
 
 from .analysis.doctor import Budgets, analyse
 from .errors import InputError
-from .events import Counters, End, Header, rank_logs, read_header, write_all
+from .events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
+from .follow import LAUNCHER_DIR
 from .launch import ChildResult, child_env, launch, validate_script
 from .provenance import launch_meta
 from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json, write_report
@@ -69,6 +70,11 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
                 stderr_tail=result.stderr_tail, env_fingerprint=header.env_fingerprint if header else None,
                 rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},
                 rank_stderr_tails={str(r): t[-15:] for r, t in result.rank_stderr_tails.items()})
+    launcher = run_dir / LAUNCHER_DIR / EVENTS_FILE
+    if launcher.exists():  # the launched process only started the ranks: how it ended (torchrepro.follow)
+        end = read_events(launcher).end
+        meta["launcher"] = {"exit_code": result.exit_code, "status": end.status if end else "incomplete",
+                            "error": end.error if end else None}
     if result.stalled_after_s is not None:
         meta["stall"] = {"after_s": result.stalled_after_s,
                          "stacks": {p.parent.name.split("-", 1)[1]: parse_stacks(p)

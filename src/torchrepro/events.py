@@ -57,6 +57,21 @@ class Header(Event):
 
 
 @dataclass(slots=True)
+class World(Event):
+    """The process group this process joined, once initialised: its rank there (``group_rank``;
+    ``rank`` is the log's), the world size, and the local rank and node where the launcher's
+    environment gives them (``LOCAL_RANK``; ``GROUP_RANK``/``NODE_RANK``)."""
+
+    kind: ClassVar[str] = "world"
+    group_rank: int = 0
+    world_size: int = 1
+    local_rank: int | None = None
+    node: int | None = None
+    host: str = ""
+    backend: str | None = None
+
+
+@dataclass(slots=True)
 class Compile(Event):
     """One Dynamo compile of a frame (``compile_id`` = ``frame/attempt`` as Dynamo numbers it)."""
 
@@ -216,8 +231,8 @@ def _names(cls: type) -> tuple[str, ...]:
 _NAMES: dict[type, tuple[str, ...]] = {}
 
 KINDS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Header, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability, Setting,
-                              Counters, Metric, End)
+    cls.kind: cls for cls in (Header, World, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability,
+                              Setting, Counters, Metric, End)
 }
 
 

@@ -42,20 +42,13 @@ def validate_script(script: str | os.PathLike) -> Path:
 def run_in_process(script: Path, args: list[str], config) -> int:
     """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`;
     returns its exit code. The session's end event records how it ended."""
-    from .cache.policy import configure_from_env
     from .capture.session import CaptureSession
+    from .follow import propagate
 
-    configure_from_env()  # --cache-policy / --warm-from of the launcher, per rank, before any compile
-    _apply_compile_mode(config.compile_mode)
-    if config.seed is not None:
-        from .seed import seed_everything
-
-        seed_everything(config.seed)
-    from .factors import apply_from_env
-
-    apply_from_env()  # a drift run's factor levels: a seed per stream, threads, backend ...
+    prepare(config)
     session = CaptureSession(config)
     session.start()
+    propagate(config)  # every process the script starts that becomes a rank captures itself
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(script.resolve().parent))
     code, error = 0, None
@@ -83,7 +76,24 @@ def _exit_code(value: object) -> int:
     return 1
 
 
-def _apply_compile_mode(mode: str | None) -> None:
+def prepare(config) -> None:
+    """Set a process up as ``torchrepro run`` does before capture starts: the launcher's
+    ``--cache-policy`` / ``--warm-from`` (per rank, before any compile), the compile mode, the seeds."""
+    from .cache.policy import configure_from_env
+
+    configure_from_env()
+    apply_compile_mode(config.compile_mode)
+    if config.seed is not None:
+        from .seed import seed_everything
+
+        seed_everything(config.seed)
+    from .factors import apply_from_env
+
+    apply_from_env()  # a drift run's factor levels: a seed per stream, threads, backend ...
+
+
+def apply_compile_mode(mode: str | None) -> None:
+    """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does."""
     if mode == "eager":
         import torch._dynamo
 
@@ -248,8 +258,11 @@ def run_command(run_dir: Path, script: Path, args: list[str], **options: Any) ->
 
 
 def child_env(seed: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a child run: ours, plus ``PYTHONHASHSEED`` when seeding."""
-    env = dict(os.environ)
+    """The environment for a child run: ours (less a capture around us, see :mod:`torchrepro.follow`),
+    plus ``PYTHONHASHSEED`` when seeding."""
+    from .follow import without_follow
+
+    env = without_follow(dict(os.environ))
     if seed is not None:
         env["PYTHONHASHSEED"] = str(seed % 2**32)
     env.update(extra or {})

@@ -1,4 +1,5 @@
-"""Run directories: ``RUN_DIR/run.json``, ``RUN_DIR/rank-<r>/events.jsonl``, ``RUN_DIR/report.json``.
+"""Run directories: ``RUN_DIR/run.json``, ``RUN_DIR/rank-<r>/events.jsonl``, ``RUN_DIR/report.json``,
+and ``RUN_DIR/launcher/`` when the launched process only started the ranks (see ``follow``).
 
 A report merges whatever rank directories are present, so folders copied together from
 several nodes make one run.

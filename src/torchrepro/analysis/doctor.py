@@ -12,14 +12,14 @@ from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
-from .ranks import fault_findings, rank_findings
+from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
 from .timeline import timeline
 
 REPORT_SCHEMA = "torchrepro.report/1"
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
-# that train on different parameters.
+# that train on different parameters, a report over fewer ranks than the job has.
 FAILING_CODES = ("RECOMPILE_LIMIT_HIT", "NO_GRAPH_COMPILED", "INIT_PARAMS_DIFFER", "REPLICAS_DIFFER_FROM_START",
-                 "REPLICAS_DIVERGE")
+                 "REPLICAS_DIVERGE", "RANKS_MISSING")
 
 
 @dataclass
@@ -58,6 +58,7 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
     headers: list[Header] = [h for h in (log.header for log in logs) if h is not None]
     first = headers[0] if headers else None
     ranks = {}
+    where = placement(logs)
     for log in logs:
         end: End | None = log.end
         steps = log.of(Step)
@@ -67,21 +68,25 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
             "error": end.error if end else None,
             "last_step": steps[-1].index if steps else None,
             "duration_s": end.duration_s if end else None,
+            **where[log.rank],
         }
+    launcher = launcher_finding({"ranks": ranks}, meta)
     return {
         **meta,
-        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta,
+        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta
+        or (launcher is not None and launcher.severity == "error"),
         "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
-        "world_size": meta.get("world_size") or (first.world_size if first else len(logs)),
+        "world_size": world_size(logs, meta),
         "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),
         "ranks_present": [log.rank for log in logs],
+        "ranks_missing": missing_ranks(logs, meta),
         "ranks": ranks,
         "problems": problems,
     }
 
 
-def _outcome_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
-    findings = fault_findings(run, meta)
+def _outcome_findings(run: dict[str, Any], meta: dict[str, Any], logs: list[EventLog]) -> list[Finding]:
+    findings = fault_findings(run, meta) + world_findings(logs, meta)
     if run["problems"]:
         findings.append(Finding("EVENT_LOG_DAMAGED", "warning",
                                 f"{len(run['problems'])} problem(s) reading the event logs",
@@ -181,7 +186,7 @@ def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bud
     run = run_summary(meta, logs, problems)
     compile_section, findings = compile_analysis.summarize(logs)
     steps = steps_summary(logs)
-    findings += _outcome_findings(run, meta) + _time_findings(compile_section, steps, run)
+    findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, steps, run)
     findings += _cache_findings(compile_section["cache"]) + rank_findings(logs) + rank_key_findings(logs)
     findings += capture_findings(logs)
     report = {

@@ -1,6 +1,7 @@
-"""Many ranks: how each rank ended (crash, launcher stop, hang, teardown abort) and what differs
-between ranks that should agree (initial parameters, replicated parameters, RNG streams,
-recompiles, cache decisions, compile stragglers)."""
+"""Many ranks: the world the ranks reported and who is missing from it, how each rank ended
+(crash, launcher stop, hang, teardown abort) and what differs between ranks that should agree
+(initial parameters, replicated parameters, RNG streams, recompiles, cache decisions, compile
+stragglers)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 from collections import defaultdict
 from typing import Any
 
-from ..events import CacheLookup, Compile, EventLog, InitParams, Params, Step
+from ..events import CacheLookup, Compile, EventLog, InitParams, Params, Step, World
 from .categories import guard_text
 from .compile import display_function
 from .findings import Finding
@@ -39,9 +40,105 @@ def where(frames: list[dict[str, Any]]) -> str | None:
     return text
 
 
+# --- the world ------------------------------------------------------------------------------
+
+def world_size(logs: list[EventLog], meta: dict[str, Any] | None = None) -> int:
+    """The job's world size: the largest any source gives, the process groups the ranks joined
+    (World events), the launcher's environment at each rank's start (headers) or the launcher
+    itself (``run.json``); at least the ranks present.
+
+    >>> world_size(load_run("RUN_DIR").logs)  # doctest: +SKIP
+    2
+    """
+    sizes = [w.world_size for log in logs for w in log.of(World)]
+    sizes += [log.header.world_size for log in logs if log.header is not None]
+    sizes.append(int((meta or {}).get("world_size") or 1))
+    return max([*sizes, max((log.rank + 1 for log in logs), default=1)])
+
+
+def missing_ranks(logs: list[EventLog], meta: dict[str, Any] | None = None) -> list[int]:
+    """Ranks that the world size says exist but that wrote no event log (see :func:`world_size`);
+    a verdict over the others says nothing about them.
+
+    >>> run = load_run("RUN_DIR"); missing_ranks(run.logs, run.meta)  # doctest: +SKIP
+    [1]
+    """
+    present = {log.rank for log in logs}
+    return [rank for rank in range(world_size(logs, meta)) if rank not in present]
+
+
+def placement(logs: list[EventLog]) -> dict[int, dict[str, Any]]:
+    """Where each rank ran: host, node and local rank, from its World event (the launcher's
+    environment) where it says, else from the hosts the ranks reported (nodes numbered in the
+    order their lowest rank appears, local ranks in rank order on each host)."""
+    hosts: dict[int, str] = {}
+    said: dict[int, World] = {}
+    for log in sorted(logs, key=lambda log: log.rank):
+        worlds = log.of(World)
+        if worlds:
+            said[log.rank] = worlds[-1]
+        hosts[log.rank] = (worlds[-1].host if worlds else "") or (log.header.host if log.header else "")
+    order = list(dict.fromkeys(hosts.values()))
+    seen: dict[str, int] = defaultdict(int)
+    out = {}
+    for rank, host in hosts.items():
+        world = said.get(rank)
+        node = world.node if world and world.node is not None else order.index(host)
+        local = world.local_rank if world and world.local_rank is not None else seen[host]
+        seen[host] += 1
+        out[rank] = {"host": host, "node": node, "local_rank": local}
+    return out
+
+
+def world_findings(logs: list[EventLog], meta: dict[str, Any]) -> list[Finding]:
+    """``RANKS_MISSING``: ranks the world size says exist but that wrote no log."""
+    missing = missing_ranks(logs, meta)
+    if not missing:
+        return []
+    size = world_size(logs, meta)
+    return [Finding(
+        "RANKS_MISSING", "error",
+        f"the job has {size} ranks but {len(missing)} wrote no event log (rank{'s' if len(missing) > 1 else ''} "
+        f"{', '.join(map(str, missing[:20]))}{', ...' if len(missing) > 20 else ''}): this report covers "
+        f"{size - len(missing)} of {size}",
+        hint="A rank without a log was not captured: its node's RUN_DIR/rank-*/ folders were not copied here, it "
+             "died before capture started, or it was started outside torchrepro's reach (another Python or "
+             "environment without torchrepro, python -I/-S). Nothing is known about the missing ranks.",
+        evidence={"world_size": size, "missing": missing, "ranks_present": sorted(log.rank for log in logs)})]
+
+
+_ABORT_HINT = ("A teardown abort after destroy_process_group (seen in ~4 % of 2-rank CPU launches): the run's "
+               "results stand. Deleting DDP/optimizer objects and gc.collect() before destroy_process_group avoids it.")
+
+
+# how mp.spawn (ProcessExitedException) and torchrun (ChildFailedError) say a rank died by a signal
+_RANK_SIGNALLED = re.compile(r"terminated with signal|exitcode\s*:\s*-\d+")
+
+
+def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | None:
+    """How the launched process ended when it only started the ranks (``mp.spawn``, ``accelerate
+    launch``; its log is ``RUN_DIR/launcher/``): a failure there fails the run, unless every rank
+    finished and the launcher only reports a rank's signal at exit (a teardown abort)."""
+    launcher = meta.get("launcher")
+    if not launcher or launcher.get("status") == "ok":
+        return None
+    error = launcher.get("error") or ""
+    evidence = {"launcher": launcher, "stderr_tail": (meta.get("stderr_tail") or [])[-10:]}
+    if run["ranks"] and all(r["status"] == "ok" for r in run["ranks"].values()) and _RANK_SIGNALLED.search(error):
+        return Finding("RANK_ABORTED_AFTER_COMPLETION", "warning",
+                       f"every rank finished its work, then the process that started them reported: {error}",
+                       hint=_ABORT_HINT, evidence=evidence)
+    return Finding("SCRIPT_FAILED", "error", f"the launched process, which started the ranks, exited with code "
+                   f"{launcher.get('exit_code')}" + (f": {error}" if error else ""),
+                   hint="Everything before the failure is analysed; its own log is RUN_DIR/launcher/events.jsonl.",
+                   evidence=evidence)
+
+
 def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
-    """One finding per rank that did not end well, judged by its last event, not by the launcher."""
-    findings = []
+    """One finding per rank that did not end well, judged by its last event, not by the launcher;
+    and one for the launched process if it only started the ranks and failed."""
+    launcher = launcher_finding(run, meta)
+    findings = [launcher] if launcher else []
     codes = {int(k): v for k, v in (meta.get("rank_exit_codes") or {}).items()}
     tails = {int(k): v for k, v in (meta.get("rank_stderr_tails") or {}).items()}
     stall = meta.get("stall")
@@ -54,9 +151,7 @@ def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
             findings.append(Finding(
                 "RANK_ABORTED_AFTER_COMPLETION", "warning",
                 f"rank {rank} finished its work, then the process ended with {_signal_name(codes[rank])}",
-                hint="A teardown abort after destroy_process_group (seen in ~4 % of 2-rank CPU launches): the run's "
-                     "results stand. Deleting DDP/optimizer objects and gc.collect() before "
-                     "destroy_process_group avoids it.", evidence=evidence | {"exit_code": codes[rank]}))
+                hint=_ABORT_HINT, evidence=evidence | {"exit_code": codes[rank]}))
         elif info["status"] == "terminated":
             findings.append(Finding(
                 "RANK_TERMINATED", "warning", f"rank {rank} was stopped by the launcher after step {step}",

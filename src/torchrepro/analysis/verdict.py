@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Capability, EventLog, Step
+from .ranks import missing_ranks, world_size
 
 VERDICTS = ("bit_exact", "within_tolerance", "diverged", "incomplete", "nothing_compared")
 PASSING = ("bit_exact", "within_tolerance")
@@ -72,11 +73,9 @@ def ending(label: str, meta: dict[str, Any], logs: list[EventLog]) -> Ending:
         stopped = next((c for c in log.of(Capability) if c.name == "capture_error"), None)
         if stopped is not None:
             out.problems.append(f"rank {log.rank}: {stopped.note} (at step {stopped.step}; later steps not recorded)")
-    worlds = [log.header.world_size for log in logs if log.header is not None and not log.unreadable]
-    world = max(worlds, default=len(logs))
-    missing = sorted(set(range(world)) - {log.rank for log in logs})
+    missing = missing_ranks(logs, meta)
     if missing:
-        out.problems.append(f"rank(s) {', '.join(map(str, missing))} of {world} wrote no event log")
+        out.problems.append(f"rank(s) {', '.join(map(str, missing))} of {world_size(logs, meta)} wrote no event log")
     code = meta.get("exit_code")
     if isinstance(code, int) and code != 0:
         out.problems.append(f"the job ended with {describe_exit(code)}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header
+from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
 from ..otlp import attach_from_env
 from .compile import CompileCapture
 from .steps import StepConfig, StepRecorder
@@ -60,9 +60,13 @@ def active_session() -> CaptureSession | None:
 class CaptureSession:
     """Start before the user's script, stop after it (also when it fails)."""
 
-    def __init__(self, config: CaptureConfig):
+    def __init__(self, config: CaptureConfig, rank: tuple[int, int, int] | None = None, rank_from: str | None = None):
+        """``rank``: (rank, world size, local rank) when known otherwise than from the torchrun
+        environment; ``rank_from`` says where it came from (``env``, ``process_group``, or
+        ``default``: rank 0 of 1 because nothing said otherwise)."""
         self.config = config
-        self.rank, self.world_size, self.local_rank = rank_info()
+        self.rank, self.world_size, self.local_rank = rank or rank_info()
+        self.rank_from = rank_from or ("env" if "RANK" in os.environ else "default")
         self.dir = Path(config.run_dir) / f"rank-{self.rank}"
         self.writer: EventWriter | None = None
         self.steps: StepRecorder | None = None
@@ -122,7 +126,7 @@ class CaptureSession:
             argv=list(sys.argv), torch_version=torch.__version__, python_version=platform.python_version(),
             env=env, env_fingerprint=env_fp,
             config={"seed": self.config.seed, "compile_mode": self.config.compile_mode,
-                    "steps": asdict(self.config.steps)},
+                    "steps": asdict(self.config.steps), "rank_from": self.rank_from},
         ))
         self.steps = StepRecorder(self.emit, self.rank, self.config.steps, snapshot_dir=self.dir / "snapshots")
         self.compiles = CompileCapture(self.emit, lambda: self.steps.completed if self.steps else None, self.rank)
@@ -153,6 +157,13 @@ class CaptureSession:
         self.writer.close()
         self.writer = None
         _ACTIVE.pop("session", None)
+
+    def joined(self, world: World) -> None:
+        """Record the process group this process joined (see :mod:`torchrepro.follow`)."""
+        self.world_size = world.world_size
+        if world.local_rank is not None:
+            self.local_rank = world.local_rank
+        self.emit(world)
 
     def note(self, name: str, available: bool, note: str) -> None:
         self.emit(Capability(name=name, available=available, note=note))

@@ -1,0 +1,108 @@
+"""torchrepro's start-up hook, put first on the ``PYTHONPATH`` of every process a captured script
+starts (see :mod:`torchrepro.follow`). Standard library only, and nearly free where capture is
+not wanted: without ``TORCHREPRO_FOLLOW`` in the environment it only runs the next
+``sitecustomize`` on the path (the user's own, or the distribution's), as Python would have.
+
+With it, a process is a rank from its start when it carries ``RANK`` / ``LOCAL_RANK`` /
+``WORLD_SIZE`` values other than those of the captured process it descends from (a launcher set
+them: Lightning, torchrun, accelerate): capture is installed now. Any other process (DataLoader
+workers, compile workers, helper scripts: they inherit their parent's values) only gets a hook
+that wraps ``torch.distributed.init_process_group`` if it ever imports torch; capture starts
+when it joins a process group.
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_C10D = "torch.distributed.distributed_c10d"
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as torchrepro.follow.RANK_VARS
+
+
+def _note(what, exc):
+    print(f"torchrepro: note: {what} in process {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _chain():
+    """Run the next ``sitecustomize`` on ``sys.path``, as if this one were not there."""
+    try:  # what importlib.machinery and importlib.util re-export, without importing them (~8 ms)
+        from _frozen_importlib import module_from_spec
+        from _frozen_importlib_external import PathFinder
+    except ImportError:
+        from importlib.machinery import PathFinder
+        from importlib.util import module_from_spec
+
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+def _start_rank():
+    """This process's rank when a launcher gave it one at start, else None."""
+    env = os.environ
+    own = ":".join(env.get(name, "") for name in RANK_VARS)
+    if own == "::" or own == env.get("TORCHREPRO_FOLLOW_SEEN"):
+        return None
+    if env.get("RANK", "").isdigit():
+        return int(env["RANK"])
+    node = env.get("GROUP_RANK") or env.get("NODE_RANK") or "0"
+    if env.get("LOCAL_RANK", "").isdigit() and node == "0":
+        return int(env["LOCAL_RANK"])  # Lightning's children on the first node
+    return None  # only the process group will say
+
+
+class _WatchProcessGroup:
+    """Wraps ``init_process_group`` as soon as ``torch.distributed`` defines it, then leaves
+    ``sys.meta_path``."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _C10D:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_and_hook(module):
+            exec_module(module)
+            try:
+                from torchrepro import follow
+            except ImportError:  # another Python or environment: this process cannot be captured
+                return
+            try:
+                follow.hook_process_group()
+            except Exception as exc:  # never break the user's import of torch
+                _note("capture could not watch torch.distributed", exc)
+
+        spec.loader.exec_module = exec_and_hook
+        return spec
+
+
+def _install():
+    if "TORCHREPRO_FOLLOW" not in os.environ:
+        return
+    rank = _start_rank()
+    if rank is None:
+        sys.meta_path.insert(0, _WatchProcessGroup())
+        return
+    try:
+        from torchrepro import follow
+
+        follow.activate_at_start(rank)
+    except Exception as exc:
+        _note(f"capture of rank {rank} not installed", exc)
+
+
+try:
+    _chain()
+finally:
+    _install()

@@ -1,0 +1,221 @@
+"""Capture follows the job: every process below a captured one that becomes a rank captures itself.
+
+Lightning starts ranks 1.. as subprocesses, ``torch.multiprocessing.spawn`` and ``accelerate
+launch`` start every rank below a process that is no rank at all. :func:`propagate` (called by
+``torchrepro run`` once its own capture runs) puts ``_bootstrap/`` first on ``PYTHONPATH`` and the
+capture configuration in ``TORCHREPRO_FOLLOW``; the ``sitecustomize`` there starts capture in a
+process that a launcher made a rank (:func:`activate_at_start`) and otherwise only wraps
+``torch.distributed.init_process_group``, so that a process starts capture when it joins a process
+group (:func:`hook_process_group`). Whoever captures records the group it joined as a
+:class:`~torchrepro.events.World` event and marks its rank variables as seen
+(``TORCHREPRO_FOLLOW_SEEN``): its own children inherit them and are not ranks (DataLoader and
+compile workers, helpers).
+
+The process ``torchrepro`` launched writes ``rank-0/`` until a descendant joins a group as rank 0
+while it never did (``mp.spawn``, ``accelerate launch``): its log then moves to ``launcher/``.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import socket
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+CONFIG_VAR = "TORCHREPRO_FOLLOW"
+SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomize.py
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
+LAUNCHER_DIR = "launcher"
+_WRAPPED = "__torchrepro_follows__"
+
+
+def _note(text: str) -> None:
+    print(f"torchrepro: note: {text} (process {os.getpid()})", file=sys.stderr)
+
+
+def _mark_seen() -> None:
+    """Children that inherit this process's rank variables are its helpers, not ranks."""
+    os.environ[SEEN_VAR] = ":".join(os.environ.get(name, "") for name in RANK_VARS)
+
+
+def follow_env(config: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
+    """The variables that make a process (and those it starts) capture itself into ``config``'s run
+    directory once it becomes a rank; ``root_pid`` is the launched process, ``pythonpath`` the
+    ``PYTHONPATH`` to extend."""
+    path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
+    return {CONFIG_VAR: json.dumps({"run_dir": str(Path(config.run_dir).resolve()), "steps": asdict(config.steps),
+                                    "seed": config.seed, "compile_mode": config.compile_mode, "root_pid": root_pid}),
+            "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
+
+
+def propagate(config: Any) -> None:
+    """Make every process the script starts capture itself once it becomes a rank (``config``: the
+    :class:`~torchrepro.capture.session.CaptureConfig` of this process), and record the process
+    group this process joins."""
+    os.environ.update(follow_env(config, os.getpid(), os.environ.get("PYTHONPATH", "")))
+    _mark_seen()
+    hook_process_group()
+
+
+def without_follow(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a new, separately captured run: nothing inherited from a capture around it."""
+    return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR)}
+
+
+def _config() -> tuple[Any, int]:
+    from .capture.session import CaptureConfig
+    from .capture.steps import StepConfig
+
+    data = json.loads(os.environ[CONFIG_VAR])
+    config = CaptureConfig(run_dir=Path(data["run_dir"]), steps=StepConfig(**data["steps"]), seed=data["seed"],
+                           compile_mode=data["compile_mode"])
+    return config, int(data["root_pid"])
+
+
+def activate_at_start(rank: int) -> None:
+    """Capture this process as ``rank`` from its start, prepared as ``torchrepro run`` prepares
+    its own (cache policy, compile mode, seed); called by the bootstrap ``sitecustomize``."""
+    from .launch import prepare
+
+    config, root_pid = _config()
+    prepare(config)
+    env = os.environ
+    _start(config, root_pid, (rank, int(env.get("WORLD_SIZE") or 1), int(env.get("LOCAL_RANK") or rank)), "env")
+    _mark_seen()
+    hook_process_group()
+
+
+def hook_process_group() -> None:
+    """Wrap ``init_process_group`` wherever torch.distributed has put it so far (once)."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    original = getattr(c10d, "init_process_group", None)
+    if original is None or getattr(original, _WRAPPED, False):
+        return
+    wrapped = _after(original, _joined)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch") and getattr(module, "init_process_group", None) is original:
+            module.init_process_group = wrapped
+
+
+def _after(function: Callable, then: Callable[[], None]) -> Callable:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = function(*args, **kwargs)
+        try:
+            then()
+        except Exception as exc:  # observation never breaks the user's script
+            _note(f"capture could not record the process group: {type(exc).__name__}: {exc}")
+        return result
+
+    setattr(wrapper, _WRAPPED, True)
+    return wrapper
+
+
+def _own_session() -> Any:
+    from .capture.session import active_session
+
+    session = active_session()
+    return session if session is not None and session._pid == os.getpid() else None  # not a forked parent's
+
+
+def _joined() -> None:
+    """After ``init_process_group``: record the world; a process not captured yet starts now."""
+    import torch.distributed as dist
+
+    from .events import World
+
+    env = os.environ
+    node = env.get("GROUP_RANK") or env.get("NODE_RANK")
+    world = World(group_rank=dist.get_rank(), world_size=dist.get_world_size(),
+                  local_rank=int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit() else None,
+                  node=int(node) if node and node.isdigit() else None, host=socket.gethostname(),
+                  backend=str(dist.get_backend()))
+    session = _own_session()
+    if session is None and CONFIG_VAR in env:
+        config, root_pid = _config()
+        from .launch import apply_compile_mode
+
+        apply_compile_mode(config.compile_mode)  # no seeding: the script has run; seeding now would change it
+        rank = (world.group_rank, world.world_size,
+                world.local_rank if world.local_rank is not None else world.group_rank)
+        session = _start(config, root_pid, rank, "process_group")
+    if session is not None:
+        session.joined(world)
+    _mark_seen()
+
+
+def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
+    """Make ``run_dir/rank-<rank>`` this process's: new, or held by the launched process (``root_pid``)
+    as the rank 0 it assumed but never joined a group as (its log then moves to ``launcher/``)."""
+    from .events import EVENTS_FILE, read_header
+
+    target = run_dir / f"rank-{rank}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir()
+        return True
+    except FileExistsError:
+        pass
+    log = target / EVENTS_FILE
+    header = read_header(log)
+    if (header is None or header.pid != root_pid or header.config.get("rank_from") != "default"
+            or b'"kind":"world"' in log.read_bytes()):
+        return False
+    moved, n = run_dir / LAUNCHER_DIR, 1
+    while moved.exists():
+        n += 1
+        moved = run_dir / f"{LAUNCHER_DIR}-{n}"
+    try:
+        os.rename(target, moved)  # the launched process keeps writing through its open files
+        target.mkdir()
+    except OSError:
+        return False
+    return True
+
+
+def _start(config: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
+    from .capture.session import CaptureSession
+
+    if not claim(Path(config.run_dir), rank[0], root_pid):
+        _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")
+        return None
+    session = CaptureSession(config, rank=rank, rank_from=rank_from)
+    session.start()
+    _end_at_exit(session)
+    return session
+
+
+def _end_at_exit(session: Any) -> None:
+    """Write the end event when the interpreter exits, with the exit code ``sys.exit`` was given
+    and the exception that ended the script (also the one ``torch.multiprocessing.spawn``'s worker
+    wrapper catches before its ``sys.exit(1)``)."""
+    outcome: dict[str, Any] = {"code": 0, "error": None}
+    real_exit, real_hook = sys.exit, sys.excepthook
+
+    def record(code: int, exc: BaseException | None) -> None:
+        outcome["code"] = code
+        if not code:
+            outcome["error"] = None
+        elif exc is not None and not isinstance(exc, SystemExit):
+            outcome["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        elif outcome["error"] is None:
+            outcome["error"] = f"SystemExit({code})"
+
+    def exit(code: Any = None) -> None:
+        record(code if isinstance(code, int) else (0 if code is None else 1), sys.exc_info()[1])
+        real_exit(code)
+
+    def excepthook(kind: type, value: BaseException, tb: Any) -> None:
+        record(1, value)
+        real_hook(kind, value, tb)
+
+    sys.exit, sys.excepthook = exit, excepthook
+    atexit.register(lambda: session.stop(outcome["code"], outcome["error"]))
