@@ -25,7 +25,7 @@ from .analysis.divergence import (
 from .analysis.cache import key_findings
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
-from .errors import InputError
+from .errors import InputError, Stopped
 from .events import CacheLookup, Compile, EventLog, Step
 from .launch import child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json
@@ -87,7 +87,11 @@ class Checker:
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
         write_json(run_dir / RUN_FILE, {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed,
                                         "script": str(self.script), "args": self.args, "exit_code": result.exit_code,
-                                        "stderr_tail": result.stderr_tail, "wall_s": self.timings[spec.label]})
+                                        "stderr_tail": result.stderr_tail, "wall_s": self.timings[spec.label],
+                                        "stopped_by": result.stopped_by})
+        if result.stopped_by:
+            raise Stopped(f"{spec.label}: stopped by {result.stopped_by}; the runs so far are in {self.out}",
+                          result.stopped_by)
         if not any(run_dir.glob("rank-*/events.jsonl")):
             raise InputError(f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
                              + "; ".join(result.stderr_tail[-3:]))

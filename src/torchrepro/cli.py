@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .errors import UserError
+from .errors import UserError, stop_exit_code
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -136,6 +136,8 @@ def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
     if getattr(args, "junit", None):
         write_junit(report, Path(args.junit))
     render_doctor(report, report_path=str(run_dir / REPORT_FILE))
+    if report["run"].get("stopped_by"):
+        return stop_exit_code(report["run"]["stopped_by"])
     if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
         return 3
     return 1 if report["budget_failures"] or report.get("failing_findings") else 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .analysis.doctor import Budgets, analyse
-from .errors import InputError
+from .errors import InputError, Stopped
 from .events import Counters, End, Header, rank_logs, read_header, write_all
 from .launch import ChildResult, child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
@@ -68,6 +68,8 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
                 stderr_tail=result.stderr_tail, env_fingerprint=header.env_fingerprint if header else None,
                 rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},
                 rank_stderr_tails={str(r): t[-15:] for r, t in result.rank_stderr_tails.items()})
+    if result.stopped_by:
+        meta["stopped_by"] = result.stopped_by
     if result.stalled_after_s is not None:
         meta["stall"] = {"after_s": result.stalled_after_s,
                          "stacks": {p.parent.name.split("-", 1)[1]: parse_stacks(p)
@@ -89,6 +91,8 @@ def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: B
                     fingerprint_every=fingerprint_every)
     finish_meta(meta, result, run_dir)
     if not any(run_dir.glob("rank-*/events.jsonl")):
+        if result.stopped_by:
+            raise Stopped(f"stopped by {result.stopped_by} before capture started", result.stopped_by)
         tail = "; ".join(result.stderr_tail[-3:])
         raise InputError(f"the script exited ({result.exit_code}) before capture started: {tail}")
     return analyse_run_dir(run_dir, budgets), run_dir

@@ -66,7 +66,8 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
         }
     return {
         **meta,
-        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta,
+        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta
+                  or "stopped_by" in meta,
         "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
         "world_size": meta.get("world_size") or (first.world_size if first else len(logs)),
         "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),
