@@ -351,15 +351,22 @@ def _report(det: dict[str, Any], against: str | None, run_dirs: dict[str, str], 
             "determinism": det, "findings": [f.to_json() for f in findings], "verdict": _verdict_line(det)}
 
 
+def _script_of(run: Run) -> str | None:
+    """The file name of the script a run ran, as its run.json says."""
+    script = run.meta.get("script")
+    return Path(str(script)).name if script else None
+
+
 def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
     """Compare two stored runs (no replay: the evidence in their logs and snapshots)."""
     tol = tolerance or Tolerance()
     run_a, run_b = load_run(path_a), load_run(path_b)
+    scripts = [_script_of(r) for r in (run_a, run_b)]
+    if None not in scripts and scripts[0] != scripts[1]:
+        raise InputError(f"{path_a} is a run of {scripts[0]}, {path_b} of {scripts[1]}: diff compares two runs of "
+                         "one script")
     div, notes = compare(run_a, run_b, tol)
     notes = run_a.problems + run_b.problems + notes
-    scripts = {Path(str(r.meta.get("script", ""))).name for r in (run_a, run_b)}
-    if len(scripts) > 1:
-        notes.append(f"the runs are of different scripts: {sorted(scripts)}")
     cause, evidence = decide(div, run_a, run_b) if div is not None else (None, {})
     if div is not None and cause == "unknown":
         modes = [r.meta.get("compile_mode") for r in (run_a, run_b)]

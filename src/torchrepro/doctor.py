@@ -17,15 +17,13 @@ from .launch import ChildResult, child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
 
 
-def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, Any]:
-    """Analyse a stored run and (re)write its ``report.json`` (a read-only run directory, e.g.
-    one copied from a cluster, is analysed all the same)."""
+def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, store: bool = True) -> dict[str, Any]:
+    """Analyse a stored run; with ``store``, write its ``report.json`` (a run that has just ended;
+    ``torchrepro report`` never replaces the stored one)."""
     run = load_run(run_dir)
     report = analyse(run.meta, run.logs, run.problems, budgets)
-    try:
+    if store:
         write_json(run_dir / REPORT_FILE, report)
-    except OSError as exc:
-        print(f"torchrepro: note: could not write {run_dir / REPORT_FILE}: {exc}", file=sys.stderr)
     return report
 
 

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import options
 from ..errors import UserError
+from ..safe_text import visible
 
 _EPILOG = ("Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
            "finds differing keys; 2 usage or input error (nothing is written).")
@@ -157,7 +159,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 def _cmd_unpack(args: argparse.Namespace) -> int:
     from .archive import unpack
 
-    result = unpack(args.pack, args.into, headers_into=args.headers_into, force=args.force)
+    result = unpack(args.pack, args.into, headers_into=args.headers_into, force=args.force, max_bytes=args.max_size)
     print(f"unpacked into {result['path']}: {result['added']} added, {result['replaced']} older replaced, "
           f"{result['kept']} kept (already there, as new or newer); every sha256 verified")
     _kernel_note(result["kernels_rebuilt"])
@@ -197,6 +199,11 @@ def _cmd_clear(args: argparse.Namespace) -> int:
     result = clear(args.dir, older_than=parse_age(args.older_than) if args.older_than else None, stale=args.stale,
                    yes=args.yes)
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(result["by_category"].items())) or "nothing"
+    if result["left_alone"]:
+        shown = ", ".join(visible(rel) for rel in result["left_alone"][:5])
+        more = f" and {len(result['left_alone']) - 5} more" if len(result["left_alone"]) > 5 else ""
+        print(f"left alone: {len(result['left_alone'])} file(s) or link(s) that are not inductor cache entries: "
+              f"{shown}{more}")
     if result["dry_run"]:
         print(f"would delete {result['files']} files ({_mb(result['bytes'])}) from {result['path']}: {kinds}; "
               "run again with --yes to delete")
@@ -249,6 +256,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="where precompiled headers go (default: where inductor reads them, "
                              "<torch's default cache dir>/precompiled_headers)")
     unpack.add_argument("--force", action="store_true", help="unpack a pack built for another torch/Python/platform")
+    unpack.add_argument("--max-size", type=options.size, metavar="SIZE",
+                        help="refuse a pack that unpacks to more than SIZE (500M, 20G; default: 20x the pack's size)")
     unpack.set_defaults(func=_cmd_unpack)
 
     verify = commands.add_parser("verify", help="check a pack or cache directory for damage, without unpacking",
