@@ -118,3 +118,15 @@ def test_a_subprocess_of_the_script_does_not_outlive_torchrepro(tmp_path):
     assert proc.returncode == 0, proc.stderr
     sleeper = int(pid_file.read_text())
     assert not _alive(sleeper), "sleep 123 outlived torchrepro"
+
+
+def test_sigterm_during_check_ends_the_check(tmp_path):
+    out = tmp_path / "check"
+    proc = _start(tmp_path, "check", "--out", str(out), str(LONG))
+    _wait_for_steps(out / "run-1", 1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("torchrepro: error: run-1: stopped by SIGTERM")
+    assert not (out / "run-2").exists()
+    assert json.loads((out / "run-1" / "run.json").read_text())["stopped_by"] == "SIGTERM"

@@ -27,7 +27,7 @@ from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
 from .errors import InputError, Stopped
 from .events import CacheLookup, Compile, EventLog, Step
-from .launch import child_env, launch, validate_script
+from .launch import ChildResult, child_env, launch, validate_script
 from .rundir import REPORT_FILE, RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json
 
 CAUSE_HINTS = {
@@ -89,9 +89,7 @@ class Checker:
                                         "script": str(self.script), "args": self.args, "exit_code": result.exit_code,
                                         "stderr_tail": result.stderr_tail, "wall_s": self.timings[spec.label],
                                         "stopped_by": result.stopped_by})
-        if result.stopped_by:
-            raise Stopped(f"{spec.label}: stopped by {result.stopped_by}; the runs so far are in {self.out}",
-                          result.stopped_by)
+        self._stopped(result, spec.label)
         if not any(run_dir.glob("rank-*/events.jsonl")):
             raise InputError(f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
                              + "; ".join(result.stderr_tail[-3:]))
@@ -100,6 +98,12 @@ class Checker:
         if result.exit_code:
             self.failures.append(f"{spec.label} exited with {result.exit_code}: compared the steps it recorded")
         return load_run(run_dir), result.exit_code
+
+    def _stopped(self, result: ChildResult, what: str) -> None:
+        """A signal to torchrepro stopped the job: the check ends here (exit 128 + N)."""
+        if result.stopped_by:
+            raise Stopped(f"{what}: stopped by {result.stopped_by}; the runs so far are in {self.out}",
+                          result.stopped_by)
 
     def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False,
                rank: int = 0) -> dict | None:
@@ -111,9 +115,10 @@ class Checker:
         self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
                            f"({tag})…[/]", highlight=False)
         t0 = time.perf_counter()
-        launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc, env=child_env(self.seed, self.env),
-               quiet=True, stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, compile_mode=mode,
-               replay_step=step, replay_out=out, replay_graphs=graphs)
+        result = launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc,
+                        env=child_env(self.seed, self.env), quiet=True, stall_timeout=self.timeout, seed=self.seed,
+                        fingerprint_every=1, compile_mode=mode, replay_step=step, replay_out=out, replay_graphs=graphs)
+        self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank, self.nproc)
         return json.loads(out.read_text()) if out.exists() else None
