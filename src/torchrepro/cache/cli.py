@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import options
 from ..errors import UserError
-from ..safe_text import visible
+from ..safe_text import visible, visible_tree
 
 _EPILOG = ("Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
            "finds differing keys; 2 usage or input error (nothing is written).")
@@ -56,6 +56,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         _print_json(report)
         return 1 if failing else 0
     console = _console()
+    report = visible_tree(report)  # file names and writers come from the cache directory
     perms, totals = report["permissions"], report["totals"]
     console.print(Text(f"inductor cache {report['path']} ({report['source']}): {totals['files']} files, "
                        f"{_mb(totals['bytes'])}; owner {perms['owner']}, mode {perms['mode']}"), highlight=False)
@@ -113,6 +114,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         _print_json(result)
         return code
     console = _console()
+    result = visible_tree(result)  # key components quote the user's code
     for side, label in (("a", label_a), ("b", label_b)):
         counts = ", ".join(f"{n} {status}" for status, n in sorted(result["lookups"][side].items()))
         console.print(Text(f"{side.upper()} = {label}: {counts}"), highlight=False)
