@@ -98,6 +98,8 @@ def test_report_does_not_replace_the_stored_report(tmp_path, capsys):
     assert cli(capsys, "report", run, "--json", run / "report.again.json")[0] == 0
     assert json.loads((run / "report.again.json").read_text())["schema"] == "torchrepro.report/1"
     assert stored.read_text() == '{"stored": true}'
+    assert cli(capsys, "report", run, "--junit", tmp_path / "new" / "dir" / "out.xml")[0] == 0  # folders made
+    ElementTree.parse(tmp_path / "new" / "dir" / "out.xml")
 
 
 def test_run_into_an_existing_run_is_refused(tmp_path):

@@ -1,7 +1,8 @@
 """The `torchrepro` command: parse arguments, dispatch, turn user errors into one line.
 
 Exit codes: 0 ok; 1 analysed and fails a budget, hits the recompile limit, or is not
-reproducible; 2 usage or input error; 3 the user's script failed.
+reproducible; 2 usage or input error; 3 the user's script failed; 128+N a signal N to torchrepro
+stopped the job (forwarded to all of it).
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = options.Parser(
         prog="torchrepro",
         description="Reproducible torch.compile training, and why a run is not.",
-        epilog="Exit codes: 0 ok, 1 fails a budget or not reproducible, 2 usage/input error, 3 script failed.",
+        epilog="Exit codes: 0 ok, 1 fails a budget or not reproducible, 2 usage/input error, 3 script failed, "
+               "128+N stopped by signal N (130 SIGINT, 143 SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

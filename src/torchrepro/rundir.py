@@ -7,6 +7,7 @@ several nodes make one run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -65,12 +66,18 @@ def write_json(path: Path, data: Any) -> None:
 
 def check_output(path: Path, *, force: bool = False, inputs: Iterable[Path] = ()) -> Path:
     """A file the user named for output (``--json``, ``--junit``), checked before anything runs:
-    :class:`InputError` if it is a directory, its folder does not exist, it is one of ``inputs``
-    (a script, or a file inside a run directory being read), or it exists and not ``force``."""
+    :class:`InputError` if it is a directory, cannot be created there (a regular file on the way,
+    a read-only or virtual file system), is one of ``inputs`` (a script, or a file inside a run
+    directory being read), or exists and not ``force``. Missing folders are created when written."""
     if path.is_dir():
         raise InputError(f"{path} is a directory: name a file to write")
-    if not path.parent.is_dir():
-        raise InputError(f"cannot write {path}: {path.parent} is not a directory")
+    folder = next(p for p in path.absolute().parents if p.exists())
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file")
+        tempfile.TemporaryFile(dir=folder).close()  # the one sure test (root passes access(), /proc refuses)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     target = path.resolve()
     for item in inputs:
         item = Path(item).resolve()
