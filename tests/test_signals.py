@@ -61,7 +61,7 @@ def test_stop_signal_stops_the_job_and_writes_the_report(tmp_path, sig):
     assert proc.returncode == 128 + sig, err
     assert not _alive(rank_pid), "the training kept running after torchrepro exited"
     end = _events(run_dir)[0][-1]
-    assert end["kind"] == "end" and end["status"] == "terminated" and end["exit_code"] == -signal.SIGTERM
+    assert end["kind"] == "end" and end["status"] == "terminated" and end["exit_code"] == -sig
     report = json.loads((run_dir / "report.json").read_text())
     assert report["run"]["stopped_by"] == sig.name and report["run"]["failed"]
     assert not report["verdict"].startswith("HEALTHY")

@@ -190,9 +190,9 @@ def end_group(pgid: int, grace: float = GRACE_S) -> None:
 
 
 class _ForwardStops:
-    """While a job runs, SIGINT/SIGTERM/SIGHUP sent to torchrepro stop the whole job (SIGTERM to its
-    process group, SIGKILL after :data:`GRACE_S` s or at a second signal) instead of leaving it
-    running; the run is then recorded as stopped and its report written."""
+    """While a job runs, SIGINT/SIGTERM/SIGHUP sent to torchrepro stop the whole job (the same signal
+    to its process group, SIGKILL after :data:`GRACE_S` s or at a second signal) instead of leaving
+    it running; the run is then recorded as stopped and its report written."""
 
     def __init__(self, pgid: int):
         self.pgid, self.signum, self.since = pgid, None, None
@@ -214,7 +214,7 @@ class _ForwardStops:
         first = self.signum is None
         if first:
             self.signum, self.since = signum, time.monotonic()
-        _signal_group(self.pgid, signal.SIGTERM if first else signal.SIGKILL)
+        _signal_group(self.pgid, signum if first else signal.SIGKILL)
 
     @property
     def name(self) -> str | None:
