@@ -221,13 +221,16 @@ def from_json(data: dict[str, Any]) -> Event | None:
         data["kind"] = kind
         return None
     types = _FIELD_TYPES[kind]
+    fields = {}
     for name, value in data.items():
         accepted = types.get(name)
-        if accepted is not None and not isinstance(value, accepted):
-            raise TypeError(f"{kind}.{name}: {type(value).__name__}")
+        if accepted is not None:
+            if not isinstance(value, accepted):
+                raise TypeError(f"{kind}.{name}: {type(value).__name__}")
+            fields[name] = value
     if kind == "step":
-        _intern_step(data)
-    return cls(**{k: v for k, v in data.items() if k in types})
+        _intern_step(fields)
+    return cls(**fields)
 
 
 def _intern_step(data: dict[str, Any]) -> None:
