@@ -159,13 +159,16 @@ def _bad_commands(tmp_path: Path) -> dict[str, list]:
         "--runs with --against": ["check", "--runs", "3", "--against", "eager", SMALL],
         "--warm-from non-tar": ["doctor", "--warm-from", notar, SMALL],
         "--nproc 0": ["check", "--nproc", "0", SMALL],
+        "--older-than 7x": ["cache", "clear", tmp_path, "--older-than", "7x"],
+        "--ranks -1": ["cache", "explain-miss", run, "--ranks", "-1", "0"],
+        "--max-size 2X": ["cache", "unpack", notar, "--max-size", "2X"],
     }
 
 
 @pytest.mark.parametrize("case", [
     "doctor --out /proc/x", "--out under a file", "report --json DIR", "report --junit /proc", "cache pack /proc",
     "cache pack zip", "--seed -1", "--cache-root FILE", "--timeout 0", "--timeout nan", "--rtol nan", "--atol nan",
-    "--runs with --against", "--warm-from non-tar", "--nproc 0"])
+    "--runs with --against", "--warm-from non-tar", "--nproc 0", "--older-than 7x", "--ranks -1", "--max-size 2X"])
 def test_bad_input_is_one_line_and_creates_nothing(tmp_path, case):
     args = _bad_commands(tmp_path)[case]
     (tmp_path / "cwd").mkdir()

@@ -58,6 +58,17 @@ def size(text: str) -> int:
     return int(float(match.group(1)) * 1024 ** _POWERS[match.group(2).lower()])
 
 
+def age(text: str) -> float:
+    """Seconds in an age such as ``7d``, ``12h``, ``30m`` (see :func:`torchrepro.cache.inventory.parse_age`)."""
+    from .cache.inventory import parse_age
+    from .errors import UserError
+
+    try:
+        return parse_age(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def directory(text: str) -> str:
     """A directory that exists or can be created: not an existing regular file (or under one)."""
     path = Path(text)

@@ -196,10 +196,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_clear(args: argparse.Namespace) -> int:
-    from .inventory import clear, parse_age
+    from .inventory import clear
 
-    result = clear(args.dir, older_than=parse_age(args.older_than) if args.older_than else None, stale=args.stale,
-                   yes=args.yes)
+    result = clear(args.dir, older_than=args.older_than, stale=args.stale, yes=args.yes)
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(result["by_category"].items())) or "nothing"
     if result["left_alone"]:
         shown = ", ".join(visible(rel) for rel in result["left_alone"][:5])
@@ -235,7 +234,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                   epilog=_EPILOG)
     explain.add_argument("run_a", metavar="RUN_A", help="the run that compiled (and filled the cache)")
     explain.add_argument("run_b", nargs="?", metavar="RUN_B", help="the run that missed (default: RUN_A, with --ranks)")
-    explain.add_argument("--ranks", nargs=2, type=int, metavar=("RA", "RB"),
+    explain.add_argument("--ranks", nargs=2, type=options.count, metavar=("RA", "RB"),
                          help="compare rank RA of RUN_A with rank RB of RUN_B (default: the lowest rank of each)")
     explain.add_argument("--json", action="store_true", help="print machine-readable JSON")
     explain.set_defaults(func=_cmd_explain)
@@ -270,7 +269,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     clear = commands.add_parser("clear", help="delete cache entries (a dry run unless --yes)", epilog=_EPILOG)
     clear.add_argument("dir", nargs="?", metavar="DIR", help="cache directory (default: the one in use)")
-    clear.add_argument("--older-than", metavar="AGE", help="only entries written more than AGE ago (7d, 12h, 30m)")
+    clear.add_argument("--older-than", type=options.age, metavar="AGE",
+                       help="only entries written more than AGE ago (7d, 12h, 30m)")
     clear.add_argument("--stale", action="store_true", help="only entries no current configuration can hit")
     clear.add_argument("--yes", action="store_true", help="really delete (default: list what would go)")
     clear.set_defaults(func=_cmd_clear)
