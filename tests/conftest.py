@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,47 @@ _CACHE.mkdir(mode=0o700, exist_ok=True)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_CACHE))
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Every process a test starts inherits this token, so one that outlives its test is found even
+# after it was reparented away from pytest.
+_TOKEN = f"TORCHREPRO_TEST_SESSION={os.getpid()}-{time.time_ns()}"
+os.environ["TORCHREPRO_TEST_SESSION"] = _TOKEN.split("=", 1)[1]
+
+
+def _marked_processes() -> dict[int, str]:
+    """Running processes (not zombies) started under this pytest session, except pytest itself
+    and inductor's compile workers (a pool pytest's own process keeps across tests)."""
+    found = {}
+    token = _TOKEN.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if token not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and "compile_worker" not in cmdline:
+            found[int(entry)] = cmdline.strip()
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test():
+    """Fail a test that leaves a process running (then end it, so the next test starts clean)."""
+    before = set(_marked_processes())
+    yield
+    deadline = time.monotonic() + 10
+    while (left := {p: c for p, c in _marked_processes().items() if p not in before}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"processes outlived the test: {left}"
 
 
 @pytest.fixture

@@ -214,7 +214,7 @@ def fake_cache(root: Path, torch_version: str = torch.__version__) -> Path:
         "aotautograd/akey/entry": b"\x80\x04\x8c\x34" + key.encode() + b".",
         "ab/cabc.cpp": b'extern "C" void kernel() {}\n',
         "ab/cabc.so": b"not an ELF file",
-        "ab/cmod.py": b"x = 1\n",
+        "ab/cabmod.py": b"x = 1\n",
         "locks/cabc.lock": b"",
     }
     for rel, data in files.items():

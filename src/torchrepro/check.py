@@ -27,11 +27,11 @@ from .analysis.divergence import (
 )
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
-from .analysis.verdict import Ending, compare_lengths, ending, judge, nothing_compared_because, verdict_line
 from .analysis.sides import side, step_comparison
-from .errors import InputError
+from .analysis.verdict import Ending, compare_lengths, ending, judge, nothing_compared_because, verdict_line
+from .errors import InputError, Stopped
 from .events import CacheLookup, Compile, Step
-from .launch import child_env, launch, validate_script
+from .launch import ChildResult, child_env, launch, validate_script
 from .provenance import launch_meta, provenance
 from .rundir import RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json, write_report
 
@@ -101,8 +101,10 @@ class Checker:
         meta = {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed, "script": str(self.script),
                 "args": self.args, "exit_code": result.exit_code, "stderr_tail": result.stderr_tail,
                 "rank_exit_codes": {str(r): c for r, c in result.rank_exit_codes.items()},
-                "stalled_after_s": result.stalled_after_s, "wall_s": self.timings[spec.label]}
+                "stalled_after_s": result.stalled_after_s, "wall_s": self.timings[spec.label],
+                "stopped_by": result.stopped_by}
         write_json(run_dir / RUN_FILE, meta)
+        self._stopped(result, spec.label)
         if not any(run_dir.glob("rank-*/events.jsonl")):
             raise InputError(f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
                              + "; ".join(result.stderr_tail[-3:]))
@@ -111,6 +113,12 @@ class Checker:
         run = load_run(run_dir)
         self.endings[spec.label] = ending(spec.label, run.meta, run.logs)
         return run, result.exit_code
+
+    def _stopped(self, result: ChildResult, what: str) -> None:
+        """A signal to torchrepro stopped the job: the check ends here (exit 128 + N)."""
+        if result.stopped_by:
+            raise Stopped(f"{what}: stopped by {result.stopped_by}; the runs so far are in {self.out}",
+                          result.stopped_by)
 
     def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False,
                rank: int = 0) -> dict | None:
@@ -122,9 +130,10 @@ class Checker:
         self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
                            f"({tag})…[/]", highlight=False)
         t0 = time.perf_counter()
-        launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc, env=child_env(self.seed, self.env),
-               quiet=True, stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, compile_mode=mode,
-               replay_step=step, replay_out=out, replay_graphs=graphs)
+        result = launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc,
+                        env=child_env(self.seed, self.env), quiet=True, stall_timeout=self.timeout, seed=self.seed,
+                        fingerprint_every=1, compile_mode=mode, replay_step=step, replay_out=out, replay_graphs=graphs)
+        self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank, self.nproc)
         return json.loads(out.read_text()) if out.exists() else None
@@ -410,17 +419,24 @@ def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str],
     return report
 
 
+def _script_of(run: Run) -> str | None:
+    """The file name of the script a run ran, as its run.json says."""
+    script = run.meta.get("script")
+    return Path(str(script)).name if script else None
+
+
 def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
     """Compare two stored runs (no replay: the evidence in their logs and snapshots)."""
     tol = tolerance or Tolerance()
     run_a, run_b = load_run(path_a), load_run(path_b)
+    scripts = [_script_of(r) for r in (run_a, run_b)]
+    if None not in scripts and scripts[0] != scripts[1]:
+        raise InputError(f"{path_a} is a run of {scripts[0]}, {path_b} of {scripts[1]}: diff compares two runs of "
+                         "one script")
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
     compare_lengths(*endings)
     div, within, notes = compare(run_a, run_b, tol)
     notes = run_a.problems + run_b.problems + notes
-    scripts = {Path(str(r.meta.get("script", ""))).name for r in (run_a, run_b)}
-    if len(scripts) > 1:
-        notes.append(f"the runs are of different scripts: {sorted(scripts)}")
     cause, evidence = decide(div, run_a, run_b) if div is not None else (None, {})
     if div is not None and cause == "unknown":
         modes = [r.meta.get("compile_mode") for r in (run_a, run_b)]

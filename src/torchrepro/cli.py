@@ -1,7 +1,8 @@
 """The `torchrepro` command: parse arguments, dispatch, turn user errors into one line.
 
 Exit codes: 0 ok; 1 analysed and fails a budget, hits the recompile limit, or is not
-reproducible; 2 usage or input error; 3 the user's script failed.
+reproducible; 2 usage or input error; 3 the user's script failed; 128+N a signal N to torchrepro
+stopped the job (forwarded to all of it).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
-from .errors import UserError
+from . import __version__, options
+from .errors import UserError, stop_exit_code
 from .otlp import add_otlp_option, export_stored_run, record_report, run_with_export
+from .safe_text import visible
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -29,12 +31,16 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .capture.session import CaptureConfig
+    from .capture.session import CaptureConfig, rank_info
     from .capture.steps import StepConfig
-    from .launch import run_in_process, validate_script
+    from .events import EVENTS_FILE
+    from .launch import validate_script, run_in_process
 
     script = validate_script(args.script)
     run_dir = Path(args.out) if args.out else _shared_run_dir(script)
+    log = run_dir / f"rank-{rank_info()[0]}" / EVENTS_FILE
+    if log.exists():
+        raise UserError(f"{run_dir} already holds a run ({log} exists): choose another --out, or delete it")
     config = CaptureConfig(
         run_dir=run_dir, seed=args.seed, compile_mode=args.compile_mode,
         steps=StepConfig(fingerprint_every=args.fingerprint_every, grads=args.grads,
@@ -53,8 +59,6 @@ def _shared_run_dir(script: Path) -> Path:
 def _budgets(args: argparse.Namespace):
     from .analysis.doctor import Budgets
 
-    if args.min_cache_hit_rate is not None and not 0 <= args.min_cache_hit_rate <= 1:
-        raise UserError("--min-cache-hit-rate must be between 0 and 1")
     return Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
 
 
@@ -78,8 +82,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _tolerance(args: argparse.Namespace):
     from .analysis.divergence import Tolerance
 
-    if args.rtol < 0 or args.atol < 0:
-        raise UserError("--rtol and --atol must be >= 0")
     return Tolerance(args.rtol, args.atol)
 
 
@@ -87,20 +89,21 @@ def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = Non
     from .report.terminal import render_check
     from .rundir import write_json
 
-    if getattr(args, "json", None):
+    if args.json:
         write_json(Path(args.json), report)
     _write_html_option(report, args)
     record_report(report)
-    render_check(report, report_path=_report_paths(out) if out else getattr(args, "html", None))
+    render_check(report, report_path=_report_paths(out) if out else (getattr(args, "html", None) or args.json))
     return report["exit_code"]
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from .check import check
 
-    if args.runs < 1:
-        raise UserError("--runs must be at least 2")
-    report, out = check(Path(args.script), args.args, runs=args.runs, seed=args.seed, against=args.against,
+    if args.runs is not None and args.against:
+        raise UserError("--runs counts runs of the script as written: with --against there are always two "
+                        "(the reference and the compiled run)")
+    report, out = check(Path(args.script), args.args, runs=args.runs or 2, seed=args.seed, against=args.against,
                         out=Path(args.out) if args.out else None, tolerance=_tolerance(args),
                         localize_divergence=not args.no_localize, nproc=args.nproc, timeout=args.timeout,
                         env=_cache_env(args))
@@ -128,23 +131,27 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .analysis.doctor import Budgets
 
     run_dir = Path(args.run_dir)
-    report = analyse_run_dir(run_dir, Budgets(strict=args.strict))
+    report = analyse_run_dir(run_dir, Budgets(strict=args.strict), store=False)
     export_stored_run(run_dir)
-    return _finish(report, run_dir, args)
+    return _finish(report, None, args)
 
 
-def _finish(report: dict, run_dir: Path, args: argparse.Namespace) -> int:
+def _finish(report: dict, run_dir: Path | None, args: argparse.Namespace) -> int:
+    """Write ``--json``/``--junit``, render, and the exit code; ``run_dir``: where the report was stored."""
     from .report.junit import write_junit
     from .report.terminal import render_doctor
     from .rundir import write_json
 
-    if getattr(args, "json", None):
+    if args.json:
         write_json(Path(args.json), report)
-    if getattr(args, "junit", None):
+    if args.junit:
         write_junit(report, Path(args.junit))
     _write_html_option(report, args)
     record_report(report)
-    render_doctor(report, report_path=_report_paths(run_dir))
+    render_doctor(report, report_path=_report_paths(run_dir) if run_dir else (
+        getattr(args, "html", None) or getattr(args, "json", None)))
+    if report["run"].get("stopped_by"):
+        return stop_exit_code(report["run"]["stopped_by"])
     if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
         return 3
     return 1 if report["budget_failures"] or report.get("failing_findings") else 0
@@ -168,17 +175,26 @@ def _write_html_option(report: dict, args: argparse.Namespace) -> None:
 
 def _add_html(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page here")
-    p.add_argument("--force", action="store_true", help="let --html replace a file that is not a torchrepro report")
+
+
+def _runs(text: str) -> int:
+    runs = options.positive_int(text)
+    if runs < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (there is nothing to compare with one run), got {text!r}")
+    return runs
 
 
 def _add_ranks(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=1, metavar="N", help="launch N ranks with torchrun (standalone)")
-    p.add_argument("--timeout", type=float, metavar="S",
+    p.add_argument("--nproc", type=options.positive_int, default=1, metavar="N",
+                   help="launch N ranks with torchrun (standalone)")
+    p.add_argument("--timeout", type=options.positive_float, metavar="S",
                    help="end the job after S seconds without progress, dumping every rank's Python stack")
     p.add_argument("--cache-policy", choices=("per-node", "shared", "per-rank"),
                    help="compile-cache directory per node (default when set), shared, or per rank")
-    p.add_argument("--cache-root", metavar="DIR", help="where --cache-policy puts the cache directories")
-    p.add_argument("--warm-from", metavar="PACK", help="unpack this torchrepro cache pack on every rank first")
+    p.add_argument("--cache-root", type=options.directory, metavar="DIR",
+                   help="where --cache-policy puts the cache directories")
+    p.add_argument("--warm-from", type=options.pack_file, metavar="PACK",
+                   help="unpack this torchrepro cache pack on every rank first")
 
 
 def _cache_env(args: argparse.Namespace) -> dict[str, str]:
@@ -186,8 +202,6 @@ def _cache_env(args: argparse.Namespace) -> dict[str, str]:
     from .cache.policy import POLICY_VAR, PREWARM_POLICY, ROOT_VAR, WARM_VAR
 
     env = {}
-    if args.warm_from and not Path(args.warm_from).is_file():
-        raise UserError(f"no such cache pack: {args.warm_from}")
     policy = args.cache_policy or (PREWARM_POLICY if args.warm_from else None)
     if policy:
         env[POLICY_VAR] = policy
@@ -203,9 +217,29 @@ def _add_strict(p: argparse.ArgumentParser) -> None:
                    help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, records unreadable)")
 
 
+def _add_outputs(p: argparse.ArgumentParser, junit: bool = False) -> None:
+    p.add_argument("--json", metavar="FILE", help="also write the report JSON here (a new file unless --force)")
+    if junit:
+        p.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI (a new file unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the --json/--junit/--html files if they exist")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse ``--json``/``--junit`` files that exist (unless ``--force``) or are inputs, before anything runs."""
+    from .rundir import check_output
+
+    named = ("script", "run_dir", "run_a", "run_b", "trace")
+    inputs = [Path(v) for v in (getattr(args, name, None) for name in named) if v]
+    paths = [Path(v) for v in (getattr(args, "json", None), getattr(args, "junit", None)) if isinstance(v, str)]
+    if len(paths) == 2 and paths[0].resolve() == paths[1].resolve():
+        raise UserError("--json and --junit name the same file")
+    for path in paths:
+        check_output(path, force=args.force, inputs=inputs)
+
+
 def _add_tolerance(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit-exact)")
-    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit-exact)")
+    p.add_argument("--rtol", type=options.tolerance, default=0.0, help="relative tolerance (default 0: bit-exact)")
+    p.add_argument("--atol", type=options.tolerance, default=0.0, help="absolute tolerance (default 0: bit-exact)")
 
 
 def _add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -214,23 +248,26 @@ def _add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = options.Parser(
         prog="torchrepro",
         description="Reproducible torch.compile training, and why a run is not.",
-        epilog="Exit codes: 0 ok, 1 fails a budget or not reproducible, 2 usage/input error, 3 script failed.",
+        epilog="Exit codes: 0 ok, 1 fails a budget or not reproducible, 2 usage/input error, 3 script failed, "
+               "128+N stopped by signal N (130 SIGINT, 143 SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     doctor = sub.add_parser("doctor", help="compile health of a real run: recompiles, graph breaks, caches")
-    doctor.add_argument("--out", metavar="RUN_DIR", help="run directory (default torchrepro-runs/<time>-<script>)")
-    doctor.add_argument("--json", metavar="FILE", help="also write the report JSON here")
-    doctor.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI")
-    doctor.add_argument("--max-graph-breaks", type=int, metavar="N", help="fail (exit 1) above N graph breaks")
-    doctor.add_argument("--max-recompiles", type=int, metavar="N", help="fail (exit 1) above N recompiles")
-    doctor.add_argument("--min-cache-hit-rate", type=float, metavar="F", help="fail (exit 1) below this hit rate")
-    doctor.add_argument("--seed", type=int, help="seed everything from this root before the script starts")
-    doctor.add_argument("--fingerprint-every", type=int, metavar="N",
+    doctor.add_argument("--out", type=options.directory, metavar="RUN_DIR",
+                        help="run directory (default torchrepro-runs/<time>-<script>)")
+    _add_outputs(doctor, junit=True)
+    doctor.add_argument("--max-graph-breaks", type=options.count, metavar="N",
+                        help="fail (exit 1) above N graph breaks")
+    doctor.add_argument("--max-recompiles", type=options.count, metavar="N", help="fail (exit 1) above N recompiles")
+    doctor.add_argument("--min-cache-hit-rate", type=options.fraction, metavar="F",
+                        help="fail (exit 1) below this hit rate")
+    doctor.add_argument("--seed", type=options.seed, help="seed everything from this root before the script starts")
+    doctor.add_argument("--fingerprint-every", type=options.positive_int, metavar="N",
                         help="fingerprint parameters every N steps (default: every step if that costs < 1%%)")
     doctor.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
     _add_strict(doctor)
@@ -240,12 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=_cmd_doctor)
 
     check = sub.add_parser("check", help="is it reproducible? run K times (or against eager) and explain")
-    check.add_argument("--runs", type=int, default=2, metavar="K", help="runs of the script as written (default 2)")
-    check.add_argument("--seed", type=int, help="seed everything (and PYTHONHASHSEED) from this root in every run")
+    check.add_argument("--runs", type=_runs, metavar="K", help="runs of the script as written (default 2)")
+    check.add_argument("--seed", type=options.seed,
+                       help="seed everything (and PYTHONHASHSEED) from this root in every run")
     check.add_argument("--against", choices=("eager", "fallback-random"),
                        help="compare with compilation disabled, or with inductor's fallback_random=True")
-    check.add_argument("--out", metavar="DIR", help="where the runs and report go (default torchrepro-runs/...)")
-    check.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    check.add_argument("--out", type=options.directory, metavar="DIR",
+                       help="where the runs and report go (default torchrepro-runs/...)")
+    _add_outputs(check)
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
     _add_ranks(check)
     add_otlp_option(check)
@@ -254,10 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_cmd_check)
 
     resume = sub.add_parser("check-resume", help="stop after step K, resume in a fresh process: bit-exact?")
-    resume.add_argument("--at", type=int, required=True, metavar="K", help="stop after step K and resume from there")
-    resume.add_argument("--seed", type=int, help="seed everything (and PYTHONHASHSEED) from this root in every run")
-    resume.add_argument("--out", metavar="DIR", help="where the runs, checkpoint and report go")
-    resume.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    resume.add_argument("--at", type=options.positive_int, required=True, metavar="K",
+                        help="stop after step K and resume from there")
+    resume.add_argument("--seed", type=options.seed,
+                        help="seed everything (and PYTHONHASHSEED) from this root in every run")
+    resume.add_argument("--out", type=options.directory, metavar="DIR", help="where the runs, checkpoint and report go")
+    _add_outputs(resume)
     _add_ranks(resume)
     _add_script(resume)
     resume.set_defaults(func=_cmd_check_resume)
@@ -265,30 +306,29 @@ def build_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", help="compare two stored runs")
     diff.add_argument("run_a", metavar="RUN_A")
     diff.add_argument("run_b", metavar="RUN_B")
-    diff.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    _add_outputs(diff)
     _add_html(diff)
     _add_tolerance(diff)
     diff.set_defaults(func=_cmd_diff)
 
     report = sub.add_parser("report", help="re-render a stored run")
     report.add_argument("run_dir", metavar="RUN_DIR")
-    report.add_argument("--json", metavar="FILE", help="also write the report JSON here")
-    report.add_argument("--junit", metavar="FILE", help="write a JUnit XML result")
+    _add_outputs(report, junit=True)
     _add_strict(report)
     _add_html(report)
     add_otlp_option(report)
     report.set_defaults(func=_cmd_report)
 
     run = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")
-    run.add_argument("--out", metavar="RUN_DIR", help="run directory shared by all ranks")
-    run.add_argument("--seed", type=int, help="seed everything from this root before the script starts")
-    run.add_argument("--fingerprint-every", type=int, metavar="N")
+    run.add_argument("--out", type=options.directory, metavar="RUN_DIR", help="run directory shared by all ranks")
+    run.add_argument("--seed", type=options.seed, help="seed everything from this root before the script starts")
+    run.add_argument("--fingerprint-every", type=options.positive_int, metavar="N")
     run.add_argument("--grads", action="store_true", help="also fingerprint gradients before each step")
     run.add_argument("--compile-mode", choices=("eager", "fallback-random"),
                      help="run compiled code eagerly, or with inductor's fallback_random")
     run.add_argument("--snapshots", action="store_true",
                      help="save parameter values (rank-<r>/snapshots) at steps 0-15, powers of two and the last")
-    run.add_argument("--replay-step", type=int, metavar="K", help="record every op of step K, then exit")
+    run.add_argument("--replay-step", type=options.count, metavar="K", help="record every op of step K, then exit")
     run.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
     run.add_argument("--replay-graphs", action="store_true",
                      help="with --replay-step: compare each inductor graph with its eager FX graph instead")
@@ -311,21 +351,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tolerant_streams() -> None:
+    """A terminal or pipe that cannot encode some character (PYTHONIOENCODING=ascii) gets an escape, not an error."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _check_torch_logs() -> None:
+    """An invalid TORCH_LOGS makes ``import torch`` fail: say so before anything is created."""
+    value = os.environ.get("TORCH_LOGS")
+    if not value:
+        return
+    try:
+        import torch  # noqa: F401
+    except ValueError as exc:
+        why = " ".join(str(exc).split("For more info")[0].split())
+        raise UserError(f"TORCH_LOGS={value!r}: {why} (TORCH_LOGS=help lists them)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "args", None) and args.args[0] == "--":
         args.args = args.args[1:]
-    if getattr(args, "nproc", 1) < 1 or (getattr(args, "timeout", None) or 1) <= 0:
-        parser.error("--nproc must be >= 1 and --timeout > 0")
-    for name in ("fingerprint_every", "max_graph_breaks", "max_recompiles"):
-        value = getattr(args, name, None)
-        if value is not None and value < (1 if name == "fingerprint_every" else 0):
-            parser.error(f"--{name.replace('_', '-')} must be {'positive' if name == 'fingerprint_every' else '>= 0'}")
     try:
+        _check_outputs(args)
+        _check_torch_logs()
         return run_with_export(args, args.func)
     except UserError as exc:
-        print(f"torchrepro: error: {exc}", file=sys.stderr)
+        print(f"torchrepro: error: {visible(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("torchrepro: interrupted", file=sys.stderr)

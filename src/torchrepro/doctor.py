@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import platform
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from .analysis.doctor import Budgets, analyse
-from .errors import InputError
+from .errors import InputError, Stopped
 from .events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
 from .follow import LAUNCHER_DIR
 from .launch import ChildResult, child_env, launch, validate_script
@@ -18,17 +17,15 @@ from .provenance import launch_meta
 from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json, write_report
 
 
-def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None) -> dict[str, Any]:
-    """Analyse a stored run and (re)write its ``report.json`` (a read-only run directory, e.g.
-    one copied from a cluster, is analysed all the same)."""
+def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, store: bool = True) -> dict[str, Any]:
+    """Analyse a stored run; with ``store``, write its ``report.json`` (a run that has just ended;
+    ``torchrepro report`` never replaces the stored one)."""
     run = load_run(run_dir)
     if all(log.unreadable for log in run.logs):
         raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)
-    try:
+    if store:
         write_report(run_dir, report)
-    except OSError as exc:
-        print(f"torchrepro: note: could not write the report into {run_dir}: {exc}", file=sys.stderr)
     return report
 
 
@@ -75,6 +72,8 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
         end = read_events(launcher).end
         meta["launcher"] = {"exit_code": result.exit_code, "status": end.status if end else "incomplete",
                             "error": end.error if end else None}
+    if result.stopped_by:
+        meta["stopped_by"] = result.stopped_by
     if result.stalled_after_s is not None:
         meta["stall"] = {"after_s": result.stalled_after_s,
                          "stacks": {p.parent.name.split("-", 1)[1]: parse_stacks(p)
@@ -99,6 +98,8 @@ def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: B
                         seed=seed, fingerprint_every=fingerprint_every)
     finish_meta(meta, result, run_dir)
     if not any(run_dir.glob("rank-*/events.jsonl")):
+        if result.stopped_by:
+            raise Stopped(f"stopped by {result.stopped_by} before capture started", result.stopped_by)
         tail = "; ".join(result.stderr_tail[-3:])
         raise InputError(f"the script exited ({result.exit_code}) before capture started: {tail}")
     return analyse_run_dir(run_dir, budgets), run_dir

@@ -203,6 +203,10 @@ def _cache_dir(name: str, path: str, source: str, note: str) -> CacheDir:
     entry = CacheDir(name, str(real), source, exists=False, note=note)
     try:
         entry.exists = real.is_dir()
+        if real.exists() and not entry.exists:
+            entry.risks.append(f"{real} exists and is not a directory: compiling fails, or the cache is silently "
+                               "unused; remove it or point the variable elsewhere")
+            return entry
         if entry.exists:
             st = real.stat()
             entry.owner = owner_name(st.st_uid)

@@ -15,3 +15,19 @@ class InputError(UserError):
 
 class RngStateError(UserError):
     """An RNG state file that cannot be loaded into this process."""
+
+
+
+def stop_exit_code(signal_name: str) -> int:
+    """The exit code for a job stopped by ``signal_name``: 128 + its number, as a shell reports it."""
+    import signal
+
+    return 128 + signal.Signals[signal_name].value
+
+
+class Stopped(UserError):
+    """A signal sent to torchrepro (SIGINT, SIGTERM, SIGHUP) stopped the job."""
+
+    def __init__(self, message: str, signal_name: str):
+        super().__init__(message)
+        self.exit_code = stop_exit_code(signal_name)

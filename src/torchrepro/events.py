@@ -236,20 +236,37 @@ KINDS: dict[str, type[Event]] = {
 }
 
 
-_FIELDS = {kind: frozenset(f.name for f in dataclasses.fields(cls)) for kind, cls in KINDS.items()}
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,),
+          "None": (type(None),), "Any": (object,)}
+
+
+def _accepted(annotation: str) -> tuple[type, ...]:
+    """The JSON types a field annotated ``float | None`` (``list[str]``, ...) accepts."""
+    return tuple(t for part in annotation.split("|") for t in _TYPES[part.strip().split("[", 1)[0]])
+
+
+_FIELD_TYPES = {kind: {f.name: _accepted(f.type) for f in dataclasses.fields(cls)} for kind, cls in KINDS.items()}
 
 
 def from_json(data: dict[str, Any]) -> Event | None:
-    """The event a JSON object describes; unknown fields are ignored, unknown kinds give None."""
+    """The event a JSON object describes; unknown fields are ignored, unknown kinds give None, a
+    field of the wrong JSON type raises ``TypeError`` (the reader skips that line)."""
     kind = data.pop("kind", "")
     cls = KINDS.get(kind)
     if cls is None:
         data["kind"] = kind
         return None
-    names = _FIELDS[kind]
+    types = _FIELD_TYPES[kind]
+    fields = {}
+    for name, value in data.items():
+        accepted = types.get(name)
+        if accepted is not None:
+            if not isinstance(value, accepted):
+                raise TypeError(f"{kind}.{name}: {type(value).__name__}")
+            fields[name] = value
     if kind == "step":
-        _intern_step(data)
-    return cls(**{k: v for k, v in data.items() if k in names})
+        _intern_step(fields)
+    return cls(**fields)
 
 
 def _intern_step(data: dict[str, Any]) -> None:
@@ -385,6 +402,8 @@ def _version() -> str:
 
 def read_header(path: str | os.PathLike) -> Header | None:
     """Only the header (first line) of a rank's log, without reading the rest."""
+    if not Path(path).is_file():  # a FIFO would block
+        return None
     try:
         with open(path, "rb") as fp:
             event = from_json(json.loads(fp.readline()))

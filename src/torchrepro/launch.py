@@ -107,13 +107,15 @@ def apply_compile_mode(mode: str | None) -> None:
 @dataclass
 class ChildResult:
     """How a launched run ended: its exit code, the tail of its stderr, and for several ranks each
-    rank's exit code (negative: killed by that signal) and stderr tail, and whether it stalled."""
+    rank's exit code (negative: killed by that signal) and stderr tail, whether it stalled, and
+    the signal (``"SIGTERM"``) sent to torchrepro that stopped it."""
 
     exit_code: int
     stderr_tail: list[str] = field(default_factory=list)
     rank_exit_codes: dict[int, int] = field(default_factory=dict)
     rank_stderr_tails: dict[int, list[str]] = field(default_factory=dict)
     stalled_after_s: float | None = None
+    stopped_by: str | None = None
 
 
 def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque | None) -> None:
@@ -154,27 +156,95 @@ def _stop_stalled(proc: subprocess.Popen, run_dir: Path) -> None:
         except OSError:
             pass
     time.sleep(2.0)
-    _kill_group(proc)
+    end_group(proc.pid)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+GRACE_S = 5.0  # between SIGTERM and SIGKILL when a job is ended
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:  # the group is gone
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still runs (zombies waiting for a reaper do not count)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(pgid, 0)
         except OSError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
+            return False
+        return True
+    for entry in entries:
+        if not entry.isdigit():
             continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def end_group(pgid: int, grace: float = GRACE_S) -> None:
+    """End every process left in group ``pgid`` (a job's session): SIGTERM, then SIGKILL after ``grace`` s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not group_alive(pgid):
+            return
+        _signal_group(pgid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.05)
+
+
+class _ForwardStops:
+    """While a job runs, SIGINT/SIGTERM/SIGHUP sent to torchrepro stop the whole job (the same signal
+    to its process group, SIGKILL after :data:`GRACE_S` s or at a second signal) instead of leaving
+    it running; the run is then recorded as stopped and its report written."""
+
+    def __init__(self, pgid: int):
+        self.pgid, self.signum, self.since = pgid, None, None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _ForwardStops:
+        if threading.current_thread() is threading.main_thread():
+            for name in STOP_SIGNALS:
+                if hasattr(signal, name):
+                    sig = getattr(signal, name)
+                    self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        first = self.signum is None
+        if first:
+            self.signum, self.since = signum, time.monotonic()
+        _signal_group(self.pgid, signum if first else signal.SIGKILL)
+
+    @property
+    def name(self) -> str | None:
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+    def overdue(self) -> bool:
+        return self.since is not None and time.monotonic() - self.since > GRACE_S
 
 
 def run_child(cmd: list[str], log_dir: Path, *, env: dict[str, str] | None = None, quiet: bool = False,
               stall_timeout: float | None = None, run_dir: Path | None = None) -> ChildResult:
-    """Run ``cmd`` in its own process group, showing its output live (unless ``quiet``) and keeping
-    it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job whose ranks
-    write no event into ``run_dir`` for that many seconds has its stacks dumped and is ended."""
+    """Run ``cmd`` in its own session (process group), showing its output live (unless ``quiet``)
+    and keeping it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job
+    whose ranks write no event into ``run_dir`` for that many seconds has its stacks dumped and is
+    ended. A stop signal sent to torchrepro is forwarded to the job (see :class:`_ForwardStops`);
+    whatever the job leaves running when it ends (a subprocess of the script) is ended too."""
     log_dir.mkdir(parents=True, exist_ok=True)
     tail: deque = deque(maxlen=STDERR_TAIL_LINES)
     stalled = None
@@ -187,24 +257,25 @@ def run_child(cmd: list[str], log_dir: Path, *, env: dict[str, str] | None = Non
                  threading.Thread(target=_pump, args=(proc.stderr, err_sinks, tail), daemon=True)]
         for pump in pumps:
             pump.start()
-        try:
-            while True:
-                try:
-                    code = proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    if stall_timeout is None or run_dir is None:
-                        continue
-                    quiet_for = time.time() - _last_progress(run_dir, started)
-                    if quiet_for > stall_timeout:
-                        stalled = round(quiet_for, 1)
-                        _stop_stalled(proc, run_dir)
-        except KeyboardInterrupt:
-            _kill_group(proc)
-            raise
-        for pump in pumps:
-            pump.join(timeout=10)
-    return ChildResult(code, list(tail), stalled_after_s=stalled)
+        with _ForwardStops(proc.pid) as stops:
+            try:
+                while True:
+                    try:
+                        code = proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        if stops.overdue():
+                            _signal_group(proc.pid, signal.SIGKILL)
+                        elif stops.signum is None and stall_timeout is not None and run_dir is not None:
+                            quiet_for = time.time() - _last_progress(run_dir, started)
+                            if quiet_for > stall_timeout:
+                                stalled = round(quiet_for, 1)
+                                _stop_stalled(proc, run_dir)
+            finally:
+                end_group(proc.pid)  # the script's own subprocesses, and the job itself on any error here
+        for pump in pumps:  # a process that left the group may still hold the pipes: do not wait for it
+            pump.join(timeout=2)
+    return ChildResult(code, list(tail), stalled_after_s=stalled, stopped_by=stops.name)
 
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)

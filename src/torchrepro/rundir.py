@@ -8,15 +8,17 @@ several nodes make one run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import InputError
 from .events import EventLog, rank_logs, read_events
@@ -31,17 +33,42 @@ def replay_file(path: Path, rank: int, world_size: int) -> Path:
     return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write a text file atomically (temp file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write a file atomically (temp file in the same folder, then rename), with the mode of the
+    file it replaces (a new one gets the mode ``open()`` would give it). :class:`InputError` if
+    it cannot be written."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            fp.write(text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as fp:
+            fp.write(data)
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.is_file() else _new_file_mode())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _new_file_mode() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (see :func:`write_bytes`)."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (see :func:`write_bytes`)."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def write_report(directory: Path, report: dict[str, Any]) -> None:
@@ -52,9 +79,28 @@ def write_report(directory: Path, report: dict[str, Any]) -> None:
     write_html(report, directory / HTML_FILE)
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (see :func:`write_text`)."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+def check_output(path: Path, *, force: bool = False, inputs: Iterable[Path] = ()) -> Path:
+    """A file the user named for output (``--json``, ``--junit``), checked before anything runs:
+    :class:`InputError` if it is a directory, cannot be created there (a regular file on the way,
+    a read-only or virtual file system), is one of ``inputs`` (a script, or a file inside a run
+    directory being read), or exists and not ``force``. Missing folders are created when written."""
+    if path.is_dir():
+        raise InputError(f"{path} is a directory: name a file to write")
+    folder = next(p for p in path.absolute().parents if p.exists())
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file")
+        tempfile.TemporaryFile(dir=folder).close()  # the one sure test (root passes access(), /proc refuses)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    target = path.resolve()
+    for item in inputs:
+        item = Path(item).resolve()
+        if target == item or (item.is_dir() and target.is_relative_to(item) and target.exists()):
+            raise InputError(f"{path} is an input of this command: write the output elsewhere")
+    if path.exists() and not force:
+        raise InputError(f"{path} already exists: choose another name, or pass --force to replace it")
+    return path
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
@@ -70,9 +116,12 @@ def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", la
 
 def create_run_dir(path: Path) -> Path:
     """Make a new, empty run directory; an existing non-empty one is an error (never overwritten)."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise InputError(f"{path} already exists and is not empty: choose another --out, or delete it")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise InputError(f"{path} already exists and is not empty: choose another --out, or delete it")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}") from None
     return path
 
 
@@ -118,6 +167,9 @@ def load_run(path: str | os.PathLike) -> Run:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
     with _no_gc():  # millions of small objects: the cyclic collector would rescan them again and again
         for file in files:
+            if not file.is_file():  # a FIFO or device would block or never end
+                run.problems.append(f"{file}: not a regular file, skipped")
+                continue
             try:
                 log = read_events(file)
             except OSError as exc:
@@ -127,4 +179,10 @@ def load_run(path: str | os.PathLike) -> Run:
             run.problems.extend(log.problems)
     if not run.logs:
         raise InputError(f"no readable event log in {path}")
+    seen: dict[int, Path] = {}
+    for log in run.logs:
+        if log.rank in seen:
+            raise InputError(f"{path}: rank {log.rank} is logged twice ({seen[log.rank].parent.name} and "
+                             f"{log.path.parent.name}): keep one folder per rank")
+        seen[log.rank] = log.path
     return run

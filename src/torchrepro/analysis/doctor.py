@@ -74,7 +74,7 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
     return {
         **meta,
         "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta
-        or (launcher is not None and launcher.severity == "error"),
+        or (launcher is not None and launcher.severity == "error") or "stopped_by" in meta,
         "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
         "world_size": world_size(logs, meta),
         "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),

@@ -141,21 +141,31 @@ def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
     findings = [launcher] if launcher else []
     codes = {int(k): v for k, v in (meta.get("rank_exit_codes") or {}).items()}
     tails = {int(k): v for k, v in (meta.get("rank_stderr_tails") or {}).items()}
-    stall = meta.get("stall")
+    stall, stopped = meta.get("stall"), meta.get("stopped_by")
+    if stopped:
+        steps = {r: info["last_step"] for r, info in run["ranks"].items()}
+        findings.append(Finding(
+            "RUN_STOPPED", "error", f"the run was stopped by {stopped} sent to torchrepro (last step "
+            + ", ".join(f"rank {r}: {s}" for r, s in steps.items()) + ")",
+            hint="torchrepro forwarded the signal to every process of the job; everything before it is analysed.",
+            evidence={"signal": stopped, "last_steps": steps}))
     for rank_s, info in run["ranks"].items():
         rank, step = int(rank_s), info["last_step"]
         evidence = {"rank": rank, "last_step": step, "stderr_tail": (tails.get(rank) or [])[-10:]}
-        if stall:
-            continue  # the hang finding below says where each rank was
+        if stall or stopped and info["status"] in ("terminated", "incomplete", "ok"):
+            continue  # the hang (or stop) finding says what happened to each rank
         if info["status"] == "ok" and codes.get(rank):
             findings.append(Finding(
                 "RANK_ABORTED_AFTER_COMPLETION", "warning",
                 f"rank {rank} finished its work, then the process ended with {_signal_name(codes[rank])}",
                 hint=_ABORT_HINT, evidence=evidence | {"exit_code": codes[rank]}))
         elif info["status"] == "terminated":
+            alone = run.get("world_size", 1) <= 1
+            how = "terminated by a signal" if alone else "stopped by the launcher"
             findings.append(Finding(
-                "RANK_TERMINATED", "warning", f"rank {rank} was stopped by the launcher after step {step}",
-                hint="Another rank failed first; torchrun then stops the others.", evidence=evidence))
+                "RANK_TERMINATED", "error" if alone else "warning", f"rank {rank} was {how} after step {step}",
+                hint="Something outside the job (a scheduler, kill) sent it SIGTERM or SIGHUP." if alone else
+                "Another rank failed first; torchrun then stops the others.", evidence=evidence))
         elif info["status"] == "incomplete":
             how = _signal_name(codes.get(rank)) if rank in codes else "no end record"
             findings.append(Finding(

@@ -6,9 +6,13 @@ and ``headers/<name>`` for each precompiled C++ header: inductor 2.13 (CPU) chec
 missing builds (~150 MB, seconds), these headers in torch's *default* cache directory before it
 loads a cached kernel, so a warm start on a new machine needs them too. ``unpack`` never trusts
 the archive: it refuses members that are not regular files or whose names are absolute or climb
-out (``..``), extracts into temporary directories next to the targets, checks every hash against
-the manifest, and only then moves the files in, keeping any newer file already there. A failure
-at any point leaves the targets as they were.
+out (``..``), and sizes it has not been promised: before writing anything it checks the total the
+manifest declares against a limit (:data:`MAX_EXPANSION` times the pack's size unless told
+otherwise: a small compressed pack that expands to gigabytes is refused) and against the free
+disk space, and each member's size against the manifest before writing it, reading no more than
+that. It extracts into temporary directories next to the targets, checks every hash against the
+manifest, and only then moves the files in, keeping any newer file already there. A failure at
+any point leaves the targets as they were.
 """
 
 from __future__ import annotations
@@ -35,6 +39,23 @@ MANIFEST = "torchrepro-pack.json"
 AREAS = ("cache", "headers")  # member name = <area>/<path>
 _CHUNK = 1 << 20
 _MANIFEST_LIMIT = 256 << 20
+MAX_EXPANSION = 20  # default limit on what a pack may unpack to, times its size on disk
+MIN_LIMIT = 64 << 20  # ... but never below this
+PACK_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def default_limit(pack: Path) -> int:
+    """How many bytes a pack may unpack to unless told otherwise."""
+    return max(MAX_EXPANSION * pack.stat().st_size, MIN_LIMIT)
+
+
+def format_size(n: float) -> str:
+    """``1.5 GB``: bytes for people (powers of 1000, as ``df -H``)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
 
 
 def _why(exc: BaseException) -> str:
@@ -59,9 +80,13 @@ class _Hashing:
         return data
 
 
-def _drain(reader: _Hashing) -> _Hashing:
-    while reader.read(_CHUNK):
-        pass
+def _drain(reader: _Hashing, limit: int | None = None, out: IO[bytes] | None = None) -> _Hashing:
+    """Read ``reader`` to its end (into ``out``), stopping once past ``limit`` bytes."""
+    while data := reader.read(_CHUNK):
+        if limit is not None and reader.size > limit:
+            break
+        if out is not None:
+            out.write(data)
     return reader
 
 
@@ -126,6 +151,8 @@ def pack(out: str | os.PathLike, source: str | os.PathLike | None = None, *, hea
     if not looks_like_cache(root):
         raise InputError(f"{root} does not look like an inductor cache (no fxgraph/, aotautograd/ or locks/)")
     out = Path(out).absolute()
+    if not out.name.endswith(PACK_SUFFIXES):
+        raise InputError(f"{out.name}: a pack is written as .tar, .tar.gz or .tgz (not {out.suffix or 'no suffix'})")
     if out.exists() and not force:
         raise UserError(f"{out} already exists: choose another name, or pass --force to replace it")
     if out.is_relative_to(root):
@@ -152,10 +179,13 @@ def pack(out: str | os.PathLike, source: str | os.PathLike | None = None, *, hea
     data = json.dumps(manifest, indent=1).encode()
     compression = _compression(out)
     options = {"compresslevel": 1} if compression else {}  # fast: the headers are most of the bytes
-    with _atomic_output(out) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
-        tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
-        for f in files:
-            _add_file(tar, root if f["area"] == "cache" else header_root, f)
+    try:
+        with _atomic_output(out) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
+            tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
+            for f in files:
+                _add_file(tar, root if f["area"] == "cache" else header_root, f)
+    except OSError as exc:
+        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
     return manifest
 
 
@@ -193,6 +223,8 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
     name = member.name
     if problem := unsafe_name(name):
         return problem
+    if member.issparse():
+        return f"{name!r}: a sparse file (torchrepro never packs one)"
     if member.issym() or member.islnk():
         return f"{name!r}: {'symbolic' if member.issym() else 'hard'} link to {member.linkname!r}"
     if not member.isfile():
@@ -280,10 +312,13 @@ def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo | None, path: P
 
 
 def check_pack(path: str | os.PathLike, extract_to: Callable[[str], Path] | None = None, *,
-               stop_early: bool = False, expect_build: dict[str, Any] | None = None) -> PackCheck:
+               stop_early: bool = False, expect_build: dict[str, Any] | None = None,
+               max_bytes: int | None = None) -> PackCheck:
     """Read a pack member by member, checking names, types, sizes and sha256 against its manifest;
     with ``extract_to``, also write each file to ``extract_to(area) / path``. With
-    ``expect_build``, a pack made for another build is a problem found before any file is read.
+    ``expect_build``, a pack made for another build is a problem found before any file is read; so
+    is a manifest declaring more than ``max_bytes`` in all (default :func:`default_limit`) or,
+    with ``extract_to``, more than the free disk space there.
     :class:`InputError` if it is not a pack at all; everything else is in ``problems``.
 
     >>> check_pack("warm.tar").ok  # doctest: +SKIP
@@ -300,6 +335,9 @@ def check_pack(path: str | os.PathLike, extract_to: Callable[[str], Path] | None
         result.manifest = _read_manifest(tar, first, path)
         if expect_build is not None and (diff := build_mismatches(result.manifest.get("build", {}), expect_build)):
             result.problems.append("built for another installation: " + "; ".join(diff))
+            return result
+        if problem := _size_problem(path, result.manifest["files"], max_bytes, extract_to):
+            result.problems.append(problem)
             return result
         expected = {f"{f['area']}/{f['path']}": f for f in result.manifest["files"]}
         seen: set[str] = set()
@@ -318,6 +356,28 @@ def check_pack(path: str | os.PathLike, extract_to: Callable[[str], Path] | None
     return result
 
 
+def _size_problem(path: Path, files: list[dict[str, Any]], max_bytes: int | None,
+                  extract_to: Callable[[str], Path] | None) -> str | None:
+    """Why the files a manifest declares are too big to unpack (over the limit, or the free space)."""
+    if any(f["size"] < 0 for f in files):
+        return "the manifest declares a negative file size"
+    total = sum(f["size"] for f in files)
+    limit = default_limit(path) if max_bytes is None else max_bytes
+    if total > limit:
+        how = "--max-size" if max_bytes is not None else f"{MAX_EXPANSION}x the pack's size; --max-size to raise it"
+        return f"the manifest declares {format_size(total)} of files, over the limit of {format_size(limit)} ({how})"
+    if extract_to is None:
+        return None
+    for area in AREAS:
+        needed = sum(f["size"] for f in files if f["area"] == area)
+        if needed:
+            where = extract_to(area).parent
+            free = shutil.disk_usage(where).free
+            if needed > free:
+                return f"{format_size(needed)} to unpack, but only {format_size(free)} free in {where}"
+    return None
+
+
 def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: dict[str, dict], seen: set[str],
                   result: PackCheck, extract_to: Callable[[str], Path] | None) -> None:
     name = member.name
@@ -329,9 +389,13 @@ def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: dict[
         return
     seen.add(name)
     spec = expected[name]
+    if member.size != spec["size"]:
+        result.problems.append(f"{name}: {format_size(member.size)} in the archive, the manifest says "
+                               f"{format_size(spec['size'])}")
+        return
     reader = _Hashing(tar.extractfile(member))
     if extract_to is None:
-        _drain(reader)
+        _drain(reader, spec["size"])
     else:
         target = extract_to(spec["area"]) / spec["path"]
         try:
@@ -340,7 +404,7 @@ def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: dict[
         except OSError as exc:
             raise InputError(f"cannot write {target}: {exc.strerror or exc}") from None
         with out:
-            shutil.copyfileobj(reader, out, _CHUNK)
+            _drain(reader, spec["size"], out)
         os.utime(target, (spec.get("mtime", member.mtime),) * 2)
     if reader.size != spec["size"] or reader.sha.hexdigest() != spec["sha256"]:
         result.problems.append(f"{name}: content does not match the manifest's sha256 (damaged or altered)")
@@ -382,7 +446,8 @@ class _Staging:
 
 
 def unpack(pack_path: str | os.PathLike, into: str | os.PathLike | None = None, *,
-           headers_into: str | os.PathLike | None = None, force: bool = False) -> dict[str, Any]:
+           headers_into: str | os.PathLike | None = None, force: bool = False,
+           max_bytes: int | None = None) -> dict[str, Any]:
     """Unpack a warm-start pack into an inductor cache directory (default: the one in use), and
     its precompiled headers into ``headers_into`` (default: where this process's inductor reads
     them, ``<torch's default cache dir>/precompiled_headers``).
@@ -390,7 +455,9 @@ def unpack(pack_path: str | os.PathLike, into: str | os.PathLike | None = None, 
     Every hash is checked before anything is moved in; a pack built for another torch, Python
     minor version, Triton or platform is refused unless ``force``; members that are links,
     devices, absolute or ``..`` paths are refused; a file already there that is as new or newer
-    is kept. Any failure raises :class:`InputError` and leaves both targets as they were.
+    is kept; a pack declaring more than ``max_bytes`` (default :func:`default_limit`) or more than
+    the free disk space is refused before anything is written. Any failure raises
+    :class:`InputError` and leaves both targets as they were.
     ``kernels_rebuilt`` says why the compiled kernels will not be reused (another torch path,
     Python, CPU capability or compiler) although the graphs still hit.
 
@@ -401,7 +468,8 @@ def unpack(pack_path: str | os.PathLike, into: str | os.PathLike | None = None, 
     targets = {"cache": cache_dir(into)[0], "headers": Path(headers_into).absolute() if headers_into else headers_dir()}
     staging = _Staging(targets)
     try:
-        check = check_pack(pack_path, staging, stop_early=True, expect_build=None if force else here)
+        check = check_pack(pack_path, staging, stop_early=True, expect_build=None if force else here,
+                           max_bytes=max_bytes)
         if check.problems:
             hint = " (pass --force to unpack anyway)" if check.problems[0].startswith("built for") else ""
             raise InputError(f"{check.path}: {check.problems[0]}{hint}; nothing was unpacked")

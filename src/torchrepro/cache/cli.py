@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import options
 from ..errors import UserError
+from ..safe_text import visible, visible_tree
 
 _EPILOG = ("Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
            "finds differing keys; 2 usage or input error (nothing is written).")
@@ -54,6 +56,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         _print_json(report)
         return 1 if failing else 0
     console = _console()
+    report = visible_tree(report)  # file names and writers come from the cache directory
     perms, totals = report["permissions"], report["totals"]
     console.print(Text(f"inductor cache {report['path']} ({report['source']}): {totals['files']} files, "
                        f"{_mb(totals['bytes'])}; owner {perms['owner']}, mode {perms['mode']}"), highlight=False)
@@ -111,6 +114,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         _print_json(result)
         return code
     console = _console()
+    result = visible_tree(result)  # key components quote the user's code
     for side, label in (("a", label_a), ("b", label_b)):
         counts = ", ".join(f"{n} {status}" for status, n in sorted(result["lookups"][side].items()))
         console.print(Text(f"{side.upper()} = {label}: {counts}"), highlight=False)
@@ -157,7 +161,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 def _cmd_unpack(args: argparse.Namespace) -> int:
     from .archive import unpack
 
-    result = unpack(args.pack, args.into, headers_into=args.headers_into, force=args.force)
+    result = unpack(args.pack, args.into, headers_into=args.headers_into, force=args.force, max_bytes=args.max_size)
     print(f"unpacked into {result['path']}: {result['added']} added, {result['replaced']} older replaced, "
           f"{result['kept']} kept (already there, as new or newer); every sha256 verified")
     _kernel_note(result["kernels_rebuilt"])
@@ -192,11 +196,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_clear(args: argparse.Namespace) -> int:
-    from .inventory import clear, parse_age
+    from .inventory import clear
 
-    result = clear(args.dir, older_than=parse_age(args.older_than) if args.older_than else None, stale=args.stale,
-                   yes=args.yes)
+    result = clear(args.dir, older_than=args.older_than, stale=args.stale, yes=args.yes)
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(result["by_category"].items())) or "nothing"
+    if result["left_alone"]:
+        shown = ", ".join(visible(rel) for rel in result["left_alone"][:5])
+        more = f" and {len(result['left_alone']) - 5} more" if len(result["left_alone"]) > 5 else ""
+        print(f"left alone: {len(result['left_alone'])} file(s) or link(s) that are not inductor cache entries: "
+              f"{shown}{more}")
     if result["dry_run"]:
         print(f"would delete {result['files']} files ({_mb(result['bytes'])}) from {result['path']}: {kinds}; "
               "run again with --yes to delete")
@@ -226,7 +234,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                   epilog=_EPILOG)
     explain.add_argument("run_a", metavar="RUN_A", help="the run that compiled (and filled the cache)")
     explain.add_argument("run_b", nargs="?", metavar="RUN_B", help="the run that missed (default: RUN_A, with --ranks)")
-    explain.add_argument("--ranks", nargs=2, type=int, metavar=("RA", "RB"),
+    explain.add_argument("--ranks", nargs=2, type=options.count, metavar=("RA", "RB"),
                          help="compare rank RA of RUN_A with rank RB of RUN_B (default: the lowest rank of each)")
     explain.add_argument("--json", action="store_true", help="print machine-readable JSON")
     explain.set_defaults(func=_cmd_explain)
@@ -249,6 +257,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="where precompiled headers go (default: where inductor reads them, "
                              "<torch's default cache dir>/precompiled_headers)")
     unpack.add_argument("--force", action="store_true", help="unpack a pack built for another torch/Python/platform")
+    unpack.add_argument("--max-size", type=options.size, metavar="SIZE",
+                        help="refuse a pack that unpacks to more than SIZE (500M, 20G; default: 20x the pack's size)")
     unpack.set_defaults(func=_cmd_unpack)
 
     verify = commands.add_parser("verify", help="check a pack or cache directory for damage, without unpacking",
@@ -259,7 +269,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     clear = commands.add_parser("clear", help="delete cache entries (a dry run unless --yes)", epilog=_EPILOG)
     clear.add_argument("dir", nargs="?", metavar="DIR", help="cache directory (default: the one in use)")
-    clear.add_argument("--older-than", metavar="AGE", help="only entries written more than AGE ago (7d, 12h, 30m)")
+    clear.add_argument("--older-than", type=options.age, metavar="AGE",
+                       help="only entries written more than AGE ago (7d, 12h, 30m)")
     clear.add_argument("--stale", action="store_true", help="only entries no current configuration can hit")
     clear.add_argument("--yes", action="store_true", help="really delete (default: list what would go)")
     clear.set_defaults(func=_cmd_clear)

@@ -190,7 +190,8 @@ def clear(path: str | os.PathLike | None = None, *, older_than: float | None = N
           yes: bool = False) -> dict[str, Any]:
     """Remove cache entries: all of them, those older than ``older_than`` seconds (by when they
     were written), and/or (``stale``) those no current configuration can hit. A dry run unless
-    ``yes``. Locks, links and files of unknown kind are never touched.
+    ``yes``. Locks, links and files that are not named as inductor names its entries are never
+    touched: ``left_alone`` lists the latter two.
 
     >>> clear(older_than=parse_age("30d"))["files"]  # doctest: +SKIP
     42
@@ -200,10 +201,12 @@ def clear(path: str | os.PathLike | None = None, *, older_than: float | None = N
         raise InputError(f"{root} ({source}) does not look like an inductor cache (no fxgraph/, aotautograd/ or "
                          "locks/): refusing to delete anything in it")
     now = time.time()
-    chosen = [e for e in scan(root) if _deletable(e, now)
+    entries = scan(root)
+    chosen = [e for e in entries if _deletable(e, now)
               and (older_than is None or now - e.mtime > older_than) and (not stale or e.unreachable)]
     result = {"path": str(root), "dry_run": not yes, "files": len(chosen), "bytes": sum(e.size for e in chosen),
-              "by_category": dict(Counter(e.category for e in chosen)), "errors": []}
+              "by_category": dict(Counter(e.category for e in chosen)), "errors": [],
+              "left_alone": [e.rel for e in entries if e.category in ("other", "link")]}
     if yes:
         for e in chosen:
             try:

@@ -172,7 +172,7 @@ def category_of(parts: tuple[str, ...]) -> str:
         return "locks" if len(parts) > 2 and parts[1] == "locks" else "headers"
     if top == "cache":
         return "autotune"
-    if len(parts) == 2 and len(top) == 2:
+    if len(parts) == 2 and len(top) == 2 and name.split(".", 1)[0][1:3] == top:  # inductor: <h1h2>/<c><h1h2>...
         if name.endswith(".best_config"):
             return "autotune"
         if name.endswith(_CPP_SUFFIXES):

@@ -50,6 +50,7 @@ def environment() -> tuple[dict[str, Any], str]:
 
 
 _ACTIVE: dict[str, CaptureSession] = {}
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 def active_session() -> CaptureSession | None:
@@ -87,18 +88,20 @@ class CaptureSession:
 
     def _install_signals(self) -> None:
         """SIGUSR1 dumps every thread's stack to ``stacks.txt`` (a launcher's --timeout asks for it);
-        SIGTERM (torchrun stopping the survivors of a failed rank) writes the end event first.
-        Only where the program left these signals at their defaults."""
+        SIGTERM (torchrun stopping the survivors of a failed rank, torchrepro forwarding a stop) and
+        SIGHUP write the end event first. Only where the program left these signals at their defaults."""
         if threading.current_thread() is not threading.main_thread():
             return
         if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
             self._stacks = open(self.dir / "stacks.txt", "w")
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        for sig in _STOP_SIGNALS:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.stop(-signum, "terminated by SIGTERM (the launcher stopped this rank)", status="terminated")
+        name = signal.Signals(signum).name
+        self.stop(-signum, f"terminated by {name} (the launcher stopped this rank)", status="terminated")
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
@@ -109,8 +112,9 @@ class CaptureSession:
             faulthandler.unregister(signal.SIGUSR1)
             self._stacks.close()
             self._stacks = None
-        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in _STOP_SIGNALS:
+            if signal.getsignal(sig) == self._on_sigterm:
+                signal.signal(sig, signal.SIG_DFL)
 
     def start(self) -> None:
         self.writer = EventWriter(self.dir / EVENTS_FILE)

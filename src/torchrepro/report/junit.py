@@ -6,20 +6,23 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from ..rundir import write_bytes
+from ..safe_text import visible
+
 
 def write_junit(report: dict[str, Any], path: Path) -> None:
-    """Write ``report`` as a JUnit test suite (budgets and error findings fail)."""
+    """Write ``report`` as a JUnit test suite (budgets and error findings fail). Text from the
+    user's script is escaped, control characters included, so the file is always well-formed."""
     suite = ET.Element("testsuite", name="torchrepro")
     cases = [("budgets", report.get("budget_failures", []))]
     cases += [(f["code"], [f["title"]]) for f in report["findings"] if f["severity"] == "error"]
     failures = 0
     for name, problems in cases:
-        case = ET.SubElement(suite, "testcase", classname="torchrepro.doctor", name=name)
+        case = ET.SubElement(suite, "testcase", classname="torchrepro.doctor", name=visible(name))
         if problems:
             failures += 1
-            failure = ET.SubElement(case, "failure", message=problems[0])
-            failure.text = "\n".join(problems)
+            failure = ET.SubElement(case, "failure", message=visible(problems[0]))
+            failure.text = visible("\n".join(problems), newlines=True)
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(failures))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    write_bytes(path, ET.tostring(suite, encoding="utf-8", xml_declaration=True))

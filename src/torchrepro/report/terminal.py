@@ -1,4 +1,6 @@
-"""A one-screen rich summary of a report."""
+"""A one-screen rich summary of a report. Every string of the report passes through
+:func:`~torchrepro.safe_text.visible` first and is printed without markup: text from the user's
+script (exception messages, guards, file names) cannot style or control the terminal."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from ..safe_text import visible_tree
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
@@ -28,12 +32,18 @@ def _short(path: str | None, width: int = 48) -> str:
     return path if len(path) <= width else "…" + path[-(width - 1):]
 
 
+def _row(table: Table, *cells: str) -> None:
+    table.add_row(*(Text(cell) for cell in cells))  # plain text: no markup in a guard or reason
+
+
 def render_findings(console: Console, findings: list[dict[str, Any]], limit: int = 8) -> None:
+    """The first ``limit`` findings, each with its fix."""
+    findings = visible_tree(findings)
     for f in findings[:limit]:
         console.print(Text(f" {_MARK[f['severity']]} ", style=_STYLE[f["severity"]]) + Text(f["title"]),
-                      highlight=False)
+                      highlight=False, markup=False)
         if f.get("hint"):
-            console.print(Text(f"   fix: {f['hint']}", style="dim"), highlight=False)
+            console.print(Text(f"   fix: {f['hint']}", style="dim"), highlight=False, markup=False)
     if len(findings) > limit:
         console.print(Text(f"   … {len(findings) - limit} more in report.json", style="dim"))
 
@@ -41,7 +51,8 @@ def render_findings(console: Console, findings: list[dict[str, Any]], limit: int
 def render_doctor(report: dict[str, Any], console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict, top findings with fixes, recompiles by category, graph breaks by location."""
     console = console or Console()
-    console.print(Text(report["verdict"], style=_verdict_style(report["verdict"])), highlight=False)
+    report = visible_tree(report)
+    console.print(Text(report["verdict"], style=_verdict_style(report["verdict"])), highlight=False, markup=False)
     c = report["compile"]
     if report["findings"]:
         render_findings(console, report["findings"])
@@ -52,7 +63,7 @@ def render_doctor(report: dict[str, Any], console: Console | None = None, report
         groups = Counter((e["function"], e["category"]) for e in c["recompile_events"])
         for (function, category), n in groups.most_common(8):
             first = next(e for e in c["recompile_events"] if (e["function"], e["category"]) == (function, category))
-            table.add_row(str(function), str(category), str(n), str(first["step"]), first["guard"][:60])
+            _row(table, str(function), str(category), str(n), str(first["step"]), first["guard"][:60])
         console.print(table)
     if c["graph_break_events"]:
         merged: dict[tuple, list] = {}
@@ -65,7 +76,7 @@ def render_doctor(report: dict[str, Any], console: Console | None = None, report
             table.add_column(col, overflow="fold")
         for (file, line, reason, gb_id), (count, ranks) in sorted(merged.items(), key=lambda kv: -kv[1][0])[:8]:
             where = f"{_short(file)}:{line}" + (f" (ranks {sorted(ranks)})" if len(report["run"]["ranks"]) > 1 else "")
-            table.add_row(where, str(count), reason[:60], gb_id or "")
+            _row(table, where, str(count), reason[:60], gb_id or "")
         console.print(table)
     if len(c["per_rank"]) > 1:
         table = Table(title="per rank", title_justify="left", show_edge=False, pad_edge=False)
@@ -75,18 +86,18 @@ def render_doctor(report: dict[str, Any], console: Console | None = None, report
             status = report["run"]["ranks"].get(rank, {}).get("status", "?")
             steps = report["steps"]["per_rank"].get(rank, {})
             ms = steps.get("median_step_s")
-            table.add_row(rank, status, str(steps.get("steps", 0)), str(figures["compiles"]),
-                          str(figures["recompiles"]), str(figures["graph_breaks"]), f"{figures['compile_time_s']:.2f}",
-                          "" if ms is None else f"{ms * 1e3:.1f}")
+            _row(table, rank, status, str(steps.get("steps", 0)), str(figures["compiles"]),
+                 str(figures["recompiles"]), str(figures["graph_breaks"]), f"{figures['compile_time_s']:.2f}",
+                 "" if ms is None else f"{ms * 1e3:.1f}")
         console.print(table)
     cache = ", ".join(f"{name} {v['hit']} hit/{v['miss']} miss" for name, v in c["cache"].items()) or "no lookups"
     console.print(f"compile time {c['compile_time_s']:.2f} s · unique graphs {c['unique_graphs']} · cache: {cache}",
-                  highlight=False)
+                  highlight=False, markup=False)
     for rank, s in report["steps"]["per_rank"].items() if len(c["per_rank"]) <= 1 else ():
         if s["steps"]:
             loss = f"loss {s['first_loss']:.4g} → {s['last_loss']:.4g}" if s["first_loss"] is not None else "no loss seen"
-            console.print(f"rank {rank}: {s['steps']} steps, median {s['median_step_s'] * 1e3:.1f} ms/step, {loss}",
-                          highlight=False)
+            ms = "no step times" if s["median_step_s"] is None else f"median {s['median_step_s'] * 1e3:.1f} ms/step"
+            console.print(f"rank {rank}: {s['steps']} steps, {ms}, {loss}", highlight=False, markup=False)
     missing = [cap for cap in report.get("capabilities", []) if not cap["available"]]
     for cap in missing:
         console.print(Text(f"not observed: {cap['name']} ({cap['note']})", style="dim"))
@@ -97,25 +108,26 @@ def render_doctor(report: dict[str, Any], console: Console | None = None, report
 def render_check(report: dict[str, Any], console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict on the first line, then the divergence, its cause, and the curve."""
     console = console or Console()
+    report = visible_tree(report)
     det = report["determinism"]
     console.print(Text(report["verdict"], style="bold green" if report.get("exit_code") == 0 else "bold red"),
-                  highlight=False)
+                  highlight=False, markup=False)
     render_findings(console, report["findings"])
     fd = det.get("first_divergence")
     if fd:
         because = fd["evidence"].get("because")
         if because:
-            console.print(f"evidence: {because}", highlight=False)
+            console.print(f"evidence: {because}", highlight=False, markup=False)
         for line in fd["evidence"].get("differences", [])[:6]:
-            console.print(f"  {line}", highlight=False)
+            console.print(f"  {line}", highlight=False, markup=False)
         if fd.get("phase"):
-            console.print(f"phase: {fd['phase']}", highlight=False)
+            console.print(f"phase: {fd['phase']}", highlight=False, markup=False)
     dec = det.get("decomposition")
     if dec:
         for name in ("total", "rng", "numerics"):
             d = dec[name]
             size = "bit-exact" if d["bit_exact"] else f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})"
-            console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False)
+            console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.get("curve"):
         table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("step", "max |Δparam|", "max rel", "|Δloss|"):
@@ -124,7 +136,7 @@ def render_check(report: dict[str, Any], console: Console | None = None, report_
         shown = curve if len(curve) <= 8 else curve[:4] + curve[-4:]
         for point in shown:
             loss = "" if point["loss_diff"] is None else f"{point['loss_diff']:.3g}"
-            table.add_row(str(point["step"]), f"{point['max_abs']:.3g}", f"{point['max_rel']:.3g}", loss)
+            _row(table, str(point["step"]), f"{point['max_abs']:.3g}", f"{point['max_rel']:.3g}", loss)
         console.print(table)
     for note in det.get("notes", [])[:5]:
         console.print(Text(f"note: {note}", style="dim"))

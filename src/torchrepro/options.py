@@ -1,0 +1,101 @@
+"""Option values checked once, at parse time: argparse ``type=`` functions with one message style
+(``torchrepro: error: argument --timeout: must be a number > 0, got 'nan'``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import tarfile
+from pathlib import Path
+from typing import Callable
+
+
+def _number(cast: Callable[[str], float], what: str, low: float, low_ok: bool, high: float | None = None):
+    bound = f"{'>=' if low_ok else '>'} {low:g}" + (f" and <= {high:g}" if high is not None else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < low or (value == low and not low_ok) or (
+                high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+positive_int = _number(int, "an integer", 1, True)
+count = _number(int, "an integer", 0, True)
+positive_float = _number(float, "a number", 0, False)
+tolerance = _number(float, "a number", 0, True)
+fraction = _number(float, "a number", 0, True, 1)
+
+
+def seed(text: str) -> int:
+    """A root seed: an integer in [0, 2**128) (what ``seed_everything`` accepts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**128:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (and < 2**128), got {text!r}")
+    return value
+
+
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgtp]?)i?b?", re.IGNORECASE)
+
+
+def size(text: str) -> int:
+    """Bytes from ``500M``, ``2G``, ``1.5T`` or a plain number (powers of 1024)."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"must be a size such as 500M, 2G or 1T, got {text!r}")
+    return int(float(match.group(1)) * 1024 ** _POWERS[match.group(2).lower()])
+
+
+def age(text: str) -> float:
+    """Seconds in an age such as ``7d``, ``12h``, ``30m`` (see :func:`torchrepro.cache.inventory.parse_age`)."""
+    from .cache.inventory import parse_age
+    from .errors import UserError
+
+    try:
+        return parse_age(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def directory(text: str) -> str:
+    """A directory that exists or can be created: not an existing regular file (or under one)."""
+    path = Path(text)
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(f"{parent} is a file, not a directory")
+            break
+    return text
+
+
+def pack_file(text: str) -> str:
+    """A torchrepro cache pack: an existing tar file (``.tar``, ``.tar.gz``)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such cache pack: {text}")
+    try:
+        is_tar = tarfile.is_tarfile(path)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror or exc}") from None
+    if not is_tar:
+        raise argparse.ArgumentTypeError(f"{text} is not a tar archive (make one with torchrepro cache pack)")
+    return text
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line, ``torchrepro: error: ...`` (exit 2), like every other error."""
+
+    def error(self, message: str):
+        self.exit(2, f"torchrepro: error: {message} (see {self.prog} --help)\n")

@@ -1,0 +1,34 @@
+"""Text from the user's script (exception messages, file names, guards, stderr) made safe to show:
+control characters become visible escapes, so nothing the script printed can move the cursor,
+clear the screen, retitle the terminal or break an XML file."""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls but tab and newline, DEL, C1 controls, bidirectional overrides and isolates, and the
+# code points XML 1.0 forbids (lone surrogates, U+FFFE, U+FFFF)
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
+_UNSAFE_LINE = re.compile(_UNSAFE.pattern[:-1] + "\n]")
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: object, newlines: bool = False) -> str:
+    """``text`` with every control character written as an escape (``\\x1b``); tabs stay, and
+    newlines too when ``newlines``."""
+    return (_UNSAFE if newlines else _UNSAFE_LINE).sub(_escape, str(text))
+
+
+def visible_tree(data: object) -> object:
+    """A copy of a JSON-like structure with every string passed through :func:`visible` (for renderers)."""
+    if isinstance(data, str):
+        return visible(data, newlines=True)
+    if isinstance(data, dict):
+        return {visible(k) if isinstance(k, str) else k: visible_tree(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [visible_tree(v) for v in data]
+    return data
