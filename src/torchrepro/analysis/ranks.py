@@ -204,8 +204,8 @@ def _replicated(logs: list[EventLog]) -> bool:
 def _init_findings(logs: list[EventLog]) -> list[Finding]:
     """Full parameters as each rank built them, just before ``fully_shard`` sharded them."""
     calls: dict[int, dict[int, InitParams]] = defaultdict(dict)
-    for log in logs:
-        for i, event in enumerate(log.of(InitParams)):
+    for log in logs:  # (first_forward fingerprints are this rank's shards: compared run to run, not across ranks)
+        for i, event in enumerate(e for e in log.of(InitParams) if e.source == "fully_shard"):
             calls[i][log.rank] = event
     for i, by_rank in sorted(calls.items()):
         ref_rank, ref = min(by_rank.items())
