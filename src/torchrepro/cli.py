@@ -126,8 +126,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .doctor import analyse_run_dir
 
     from .analysis.doctor import Budgets
+    from .commands.drift import rerender
 
     run_dir = Path(args.run_dir)
+    if (code := rerender(run_dir, args)) is not None:  # a drift experiment: its stored report
+        return code
     report = analyse_run_dir(run_dir, Budgets(strict=args.strict))
     export_stored_run(run_dir)
     return _finish(report, run_dir, args)
@@ -259,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--out", metavar="DIR", help="where the runs, checkpoint and report go")
     resume.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     _add_ranks(resume)
+    add_otlp_option(resume)
     _add_script(resume)
     resume.set_defaults(func=_cmd_check_resume)
 
