@@ -10,7 +10,7 @@ stream at once. What a run does with its levels: :mod:`torchrepro.factors`.
 ``--out`` holds ``plan.json`` (the run matrix), ``runs/<key>/`` (one ``torchrepro run`` per cell;
 ``key`` hashes the script's content, its arguments, the root seed and the cell's levels, so a run
 is reused only for the same configuration), ``runs/<key>/drift-run.json`` (written when that run
-ended: it is finished), ``report.json`` and one ``plot-<factor>.svg`` per factor.
+ended: it is finished), ``report.json``, ``report.html`` and one ``plot-<factor>.svg`` per factor.
 """
 
 from __future__ import annotations
