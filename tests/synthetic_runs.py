@@ -55,3 +55,28 @@ def write_run(root: Path, ranks: int, *, odd: tuple[int, ...] = (), crashed: tup
         write_all(root / f"rank-{rank}" / "events.jsonl",
                   rank_events(rank, ranks, odd=rank in odd, crash_at=10 if rank in crashed else None, **options))
     return root
+
+
+def drift_experiment(root: Path, markup: str) -> dict:
+    """A drift experiment analysed by the real drift code on metrics given here instead of trained:
+    ``init``, ``order`` (3 seeds each, crossed) and ``compile``. The script seeds its global RNG itself
+    (``init`` is not separable), compiling adds 0.05, and one eager run crashed with ``markup`` in its
+    message; the script's argument and the metric's name carry ``markup`` too."""
+    from torchrepro.analysis.drift import DriftRun
+    from torchrepro.drift import MetricSpec, build_report, cells_of, make_plan
+
+    root.mkdir(parents=True)
+    script = root / "<b onclick=x>train&.py"
+    script.write_text("print('loss=1.0')\n")
+    metric = MetricSpec(name=markup)
+    plan = make_plan(script, [markup], "init,order,compile", 3, 0, metric)
+    runs = []
+    for cell in cells_of(plan):
+        init, order = cell.seeds["init"], cell.seeds["order"]
+        value = 1 + 0.1 * init + 0.02 * order + 0.001 * (cell.index * 7 % 5) + (0 if cell.settings else 0.05)
+        run = DriftRun(cell.index, cell.seeds, cell.settings, value, "ok", dir=str(root / cell.dir), rng0="r",
+                       batches=(f"o{order}",))
+        if cell.settings and init == order == 0:
+            run.metric, run.status, run.error = None, "crashed", f"exit 1: RuntimeError: {markup}"
+        runs.append(run)
+    return build_report(root, plan, runs, metric, observed=0.05, target_effect=0.01)

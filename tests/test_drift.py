@@ -234,7 +234,10 @@ def test_log_metric_outside_torchrepro_does_nothing(tmp_path):
 def test_strip_plot_is_valid_svg_with_escaped_text():
     from torchrepro.report.svg import strip_plot
 
-    svg = strip_plot("<script>alert(1)</script> & \x1b[31m", "acc", [("a", [0.1, 0.2, 0.3]), ("b", [0.5])])
+    from torchrepro.analysis.drift import summarize
+
+    groups = [("a", [0.1, 0.2, 0.3]), ("b", [0.5])]
+    svg = strip_plot("<script>alert(1)</script> & \x1b[31m", "acc", [(g, v, summarize(v)) for g, v in groups])
     root = ET.fromstring(svg)
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert "<script>alert(1)</script> & ?[31m" in texts and "<script>" not in svg

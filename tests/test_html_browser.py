@@ -200,6 +200,18 @@ def check_run(tmp_path_factory) -> Path:
     return root / "check"
 
 
+@pytest.fixture(scope="module")
+def drift_run(tmp_path_factory) -> Path:
+    """A real tiny drift experiment (2 init seeds, each eager and compiled) of a script whose name has markup."""
+    root = tmp_path_factory.mktemp("drift")
+    script = root / "toy <b class=x> & 'q'.py"
+    script.write_text((SCRIPTS / "drift_toy.py").read_text())
+    proc = torchrepro("drift", "--vary", "init,compile", "--runs", "2", "--jobs", "2", "--out", str(root / "exp"),
+                      str(script), cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    return root / "exp"
+
+
 def _clean(browser: Browser, url: str) -> None:
     assert browser.errors() == []
     assert set(browser.requests()) <= {url}  # the page itself, nothing else
@@ -239,6 +251,19 @@ def test_check_page(browser, check_run, tmp_path):
     assert browser.js("document.querySelectorAll('#curves svg path').length") >= 3  # both losses and |Δloss|
     assert browser.js("document.querySelectorAll('#sides .side').length") == 2
     _check_screenshot(browser.screenshot(tmp_path / "check.png"))
+
+
+def test_drift_page(browser, drift_run, tmp_path):
+    d = json.loads((drift_run / "report.json").read_text())["drift"]
+    url = browser.open(drift_run / "report.html")
+    _clean(browser, url)
+    assert browser.js("document.querySelector('#verdict h1').textContent") == d["verdict"]
+    assert browser.js("document.querySelectorAll('#plots svg').length") == len(d["plots"]) == 2
+    assert browser.js("document.querySelectorAll('#plots svg circle').length") == 2 + 2 * 2  # runs, pairs
+    assert browser.js("document.querySelectorAll('#runs tr').length") == 1 + len(d["runs"]) == 5
+    assert browser.js("document.querySelectorAll('b.x, img, script').length") == 0
+    assert "toy <b class=x> & 'q'.py" in browser.js("document.querySelector('#verdict').innerText")
+    _check_screenshot(browser.screenshot(tmp_path / "drift.png"))
 
 
 def test_the_page_forbids_remote_loads(browser, doctor_run, tmp_path):

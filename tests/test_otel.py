@@ -398,3 +398,38 @@ def test_report_exports_cache_lookups_and_hit_ratio(tmp_path, receiver):
     assert span["attributes"]["torchrepro.cache.fxgraph.hit"] == 2
     assert span["attributes"]["torchrepro.cache.fxgraph.miss"] == 1
     assert span["end"] - span["start"] == pytest.approx(0.5e9, abs=1e3)
+
+
+def _command_and_launches(receiver: Receiver, command: str) -> tuple[dict, list[dict], list[dict]]:
+    """The command's span, its launch spans and the rank spans under those, all in one trace."""
+    spans = receiver.spans()
+    assert len({s["trace_id"] for s in spans}) == 1, spans
+    (root,) = [s for s in spans if s["name"] == f"torchrepro {command}"]
+    launches = [s for s in spans if s["name"] == "torchrepro launch"]
+    ranks = [s for s in spans if s["name"] == "torchrepro rank"]
+    assert root["parent"] == "" and all(s["parent"] == root["span_id"] for s in launches)
+    assert sorted(s["parent"] for s in ranks) == sorted(s["span_id"] for s in launches)
+    return root, launches, ranks
+
+
+def test_drift_exports_a_span_per_run_under_the_command(tmp_path, receiver):
+    proc = _cli(tmp_path, "drift", "--vary", "compile", "--runs", "2", "--jobs", "2", "--out", "exp",
+                "--otlp-endpoint", receiver.url, str(SCRIPTS / "drift_toy.py"))
+    assert proc.returncode == 0 and not _warnings(proc.stderr), proc.stderr[-2000:]
+    report = json.loads((tmp_path / "exp" / "report.json").read_text())
+    root, launches, _ = _command_and_launches(receiver, "drift")
+    assert root["attributes"]["torchrepro.verdict"] == report["drift"]["verdict"]
+    assert root["attributes"]["torchrepro.exit_code"] == 0
+    assert sorted(s["attributes"]["torchrepro.run_dir"] for s in launches) == sorted(r["dir"]
+                                                                                    for r in report["drift"]["runs"])
+    assert all(s["attributes"]["torchrepro.exit_code"] == 0 for s in launches)
+
+
+def test_check_resume_exports_its_verdict_and_both_launches(tmp_path, receiver):
+    proc = _cli(tmp_path, "check-resume", "--at", "5", "--out", "r", "--otlp-endpoint", receiver.url,
+                str(SCRIPTS / "resume_small.py"))
+    assert proc.returncode == 0 and not _warnings(proc.stderr), proc.stderr[-2000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    root, launches, ranks = _command_and_launches(receiver, "check-resume")
+    assert root["attributes"]["torchrepro.verdict"] == report["verdict"]
+    assert len(launches) >= 2 and len(ranks) == len(launches)  # the full run and the resumed one, at least

@@ -129,8 +129,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .doctor import analyse_run_dir
 
     from .analysis.doctor import Budgets
+    from .commands.drift import rerender
 
     run_dir = Path(args.run_dir)
+    if (code := rerender(run_dir, args)) is not None:  # a drift experiment: its stored report
+        return code
     report = analyse_run_dir(run_dir, Budgets(strict=args.strict), store=False)
     export_stored_run(run_dir)
     return _finish(report, None, args)
@@ -217,13 +220,6 @@ def _add_strict(p: argparse.ArgumentParser) -> None:
                    help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, records unreadable)")
 
 
-def _add_outputs(p: argparse.ArgumentParser, junit: bool = False) -> None:
-    p.add_argument("--json", metavar="FILE", help="also write the report JSON here (a new file unless --force)")
-    if junit:
-        p.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI (a new file unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the --json/--junit/--html files if they exist")
-
-
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse ``--json``/``--junit`` files that exist (unless ``--force``) or are inputs, before anything runs."""
     from .rundir import check_output
@@ -260,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="compile health of a real run: recompiles, graph breaks, caches")
     doctor.add_argument("--out", type=options.directory, metavar="RUN_DIR",
                         help="run directory (default torchrepro-runs/<time>-<script>)")
-    _add_outputs(doctor, junit=True)
+    options.add_outputs(doctor, junit=True)
     doctor.add_argument("--max-graph-breaks", type=options.count, metavar="N",
                         help="fail (exit 1) above N graph breaks")
     doctor.add_argument("--max-recompiles", type=options.count, metavar="N", help="fail (exit 1) above N recompiles")
@@ -284,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="compare with compilation disabled, or with inductor's fallback_random=True")
     check.add_argument("--out", type=options.directory, metavar="DIR",
                        help="where the runs and report go (default torchrepro-runs/...)")
-    _add_outputs(check)
+    options.add_outputs(check)
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
     _add_ranks(check)
     add_otlp_option(check)
@@ -298,22 +294,23 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--seed", type=options.seed,
                         help="seed everything (and PYTHONHASHSEED) from this root in every run")
     resume.add_argument("--out", type=options.directory, metavar="DIR", help="where the runs, checkpoint and report go")
-    _add_outputs(resume)
+    options.add_outputs(resume)
     _add_ranks(resume)
+    add_otlp_option(resume)
     _add_script(resume)
     resume.set_defaults(func=_cmd_check_resume)
 
     diff = sub.add_parser("diff", help="compare two stored runs")
     diff.add_argument("run_a", metavar="RUN_A")
     diff.add_argument("run_b", metavar="RUN_B")
-    _add_outputs(diff)
+    options.add_outputs(diff)
     _add_html(diff)
     _add_tolerance(diff)
     diff.set_defaults(func=_cmd_diff)
 
     report = sub.add_parser("report", help="re-render a stored run")
     report.add_argument("run_dir", metavar="RUN_DIR")
-    _add_outputs(report, junit=True)
+    options.add_outputs(report, junit=True)
     _add_strict(report)
     _add_html(report)
     add_otlp_option(report)

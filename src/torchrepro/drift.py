@@ -10,7 +10,7 @@ stream at once. What a run does with its levels: :mod:`torchrepro.factors`.
 ``--out`` holds ``plan.json`` (the run matrix), ``runs/<key>/`` (one ``torchrepro run`` per cell;
 ``key`` hashes the script's content, its arguments, the root seed and the cell's levels, so a run
 is reused only for the same configuration), ``runs/<key>/drift-run.json`` (written when that run
-ended: it is finished), ``report.json`` and one ``plot-<factor>.svg`` per factor.
+ended: it is finished), ``report.json``, ``report.html`` and one ``plot-<factor>.svg`` per factor.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from typing import Any
 
 from .analysis.drift import BinaryFactor, DriftRun, analyse
 from .errors import InputError, UserError
-from .events import EVENTS_FILE, Metric, Step, read_events
+from .events import EVENTS_FILE, Metric, Step, read_events, read_header
 from .factors import FACTORS_VAR
 from .launch import STDERR_TAIL_LINES, child_env, run_command
+from .otlp import launch_span
 from .report.drift import printable
-from .rundir import REPORT_FILE, write_json
+from .rundir import write_json, write_report
 
 RANDOM_FACTORS = ("init", "order", "augment")
 BINARY_FACTORS = {f.name: f for f in (
@@ -226,15 +227,16 @@ class Runner:
         cmd = run_command(run_dir, self.script, self.plan["args"], compile_mode=compile_mode)
         env = child_env(self.plan["seed"], {FACTORS_VAR: json.dumps(levels)})
         t0 = time.perf_counter()
-        with open(logs / "stdout.log", "wb") as out_log, open(logs / "stderr.log", "wb") as err_log:
+        with (launch_span(run_dir, 1) as trace,  # --otlp-endpoint: a span per run, its context to the child
+              open(logs / "stdout.log", "wb") as out_log, open(logs / "stderr.log", "wb") as err_log):
             with self._lock:
                 if self.stopping.is_set():
                     return None
-                proc = subprocess.Popen(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL, env=env,
-                                        start_new_session=True)
+                proc = subprocess.Popen(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL,
+                                        env=trace.child_env(env), start_new_session=True)
                 self._live[proc.pid] = proc
             try:
-                code = proc.wait()
+                code = trace.exit_code = proc.wait()
             except BaseException:  # Ctrl-C of a foreground --run-one, a cancelled Ray task
                 self.stop()
                 raise
@@ -412,8 +414,10 @@ def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRu
 def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: MetricSpec, *,
                  observed: float | None, target_effect: float | None,
                  counts: dict[str, int] | None = None, wall_s: float | None = None) -> dict[str, Any]:
-    """Analyse the runs and write ``report.json`` (schema torchrepro.report/1, kind drift) and the plots."""
+    """Analyse the runs and write ``report.json`` (schema torchrepro.report/1, kind drift), ``report.html``
+    and the plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference."""
     from .analysis.doctor import REPORT_SCHEMA
+    from .provenance import launch_meta, provenance
     from .report.svg import write_drift_plots
 
     random = plan["random"]
@@ -428,13 +432,20 @@ def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: 
                   "wall_s": r.extra.get("wall_s")} for r in runs],
         **section,
     }
-    drift["plots"] = write_drift_plots(out, drift, runs, random, binary)
-    report = {"schema": REPORT_SCHEMA, "kind": "drift",
+    drift["plots"] = write_drift_plots(out, drift)
+    logs = (Path(r.dir) / "rank-0" / EVENTS_FILE for r in runs)
+    header = next((h for log in logs if log.is_file() and (h := read_header(log)) is not None), None)
+    crashed = any(r["status"] == "crashed" for r in drift["excluded"])
+    real = any(e["p_value"] is not None and e["p_value"] < e["alpha"] for e in drift["effects"])
+    report = {"schema": REPORT_SCHEMA, "kind": "drift", "verdict": drift["verdict"],
+              "exit_code": 3 if crashed else int(real),
               "run": {"script": plan["script"], "args": plan["args"], "out": str(out), "seed": plan["seed"],
                       "vary": plan["vary"], "levels_per_factor": plan["runs"], **(counts or {}),
                       "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
-                      "wall_s": wall_s}, "drift": drift}
-    write_json(out / REPORT_FILE, report)
+                      "wall_s": wall_s}, "drift": drift,
+              "provenance": provenance({**launch_meta(Path(plan["script"])), "script": plan["script"],
+                                        "args": plan["args"]}, header)}
+    write_report(out, report)
     return report
 
 

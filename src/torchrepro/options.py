@@ -99,3 +99,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"torchrepro: error: {message} (see {self.prog} --help)\n")
+
+
+def add_outputs(p: argparse.ArgumentParser, junit: bool = False) -> None:
+    """``--json FILE`` (and ``--junit FILE``) with ``--force``: the files a command writes for the
+    user, checked before anything runs (``cli._check_outputs``)."""
+    p.add_argument("--json", metavar="FILE", help="also write the report JSON here (a new file unless --force)")
+    if junit:
+        p.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI (a new file unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the --json/--junit/--html files if they exist")

@@ -13,7 +13,9 @@ import signal
 import time
 from pathlib import Path
 
+from .. import options
 from ..errors import UserError
+from ..otlp import add_otlp_option
 
 EPILOG = """\
 factors: init (the global RNG the model is initialised from), order (DataLoader shuffling and samplers),
@@ -46,12 +48,13 @@ def add_parser(sub) -> None:
                    help="local child processes (default), or Ray tasks on $RAY_ADDRESS (else a local Ray cluster)")
     p.add_argument("--seed", type=int, default=0, help="root of the seed tree every stream derives from (default 0)")
     p.add_argument("--out", metavar="DIR", help="experiment directory; the same DIR again reuses finished runs")
-    p.add_argument("--json", metavar="FILE", help="also write the report JSON here")
+    options.add_outputs(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="only write DIR/plan.json (the run matrix)")
     mode.add_argument("--run-one", type=int, metavar="INDEX", help="run one cell of DIR/plan.json")
     mode.add_argument("--collect", metavar="DIR", help="analyse the runs in DIR")
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script")
+    add_otlp_option(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
     p.set_defaults(func=run)
 
@@ -129,19 +132,51 @@ def _interrupt(signum, frame) -> None:
 
 def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> int:
     from ..drift import build_report, collect
-    from ..report.drift import render_drift
-    from ..rundir import REPORT_FILE, write_json
 
     metric = _metric(args, plan)
     runs = collect(out, plan, metric)
     report = build_report(out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect,
                           counts=counts, wall_s=wall_s)
+    code = finish(report, out, args)
+    drift = report["drift"]
+    if code != 3 and not drift["summary"]["n"] and drift["excluded"]:
+        raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
+    return code
+
+
+def finish(report: dict, out: Path, args: argparse.Namespace) -> int:
+    """Show a drift report (``drift``, or ``report DIR`` on a drift experiment) and export it:
+    ``--json FILE``, ``--html FILE`` where the command has it, the span's verdict; its exit code."""
+    from ..otlp import record_report
+    from ..report.drift import render_drift
+    from ..rundir import HTML_FILE, REPORT_FILE, write_json
+
     if args.json:
         write_json(Path(args.json), report)
-    render_drift(report, report_path=str(out / REPORT_FILE))
-    drift = report["drift"]
-    if any(r["status"] == "crashed" for r in drift["excluded"]):
-        return 3
-    if not drift["summary"]["n"] and drift["excluded"]:
-        raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
-    return 1 if any(e["p_value"] is not None and e["p_value"] < e["alpha"] for e in drift["effects"]) else 0
+    if getattr(args, "html", None):
+        from ..report.html import write_html
+
+        write_html(report, Path(args.html), force=args.force)
+    record_report(report)
+    render_drift(report, report_path=f"{out / REPORT_FILE} · {out / HTML_FILE}")
+    return report.get("exit_code", 0)
+
+
+def rerender(directory: Path, args: argparse.Namespace) -> int | None:
+    """``torchrepro report DIR`` on a drift experiment: its stored report, re-rendered (the terminal
+    view, ``DIR/report.html``, ``--html``/``--json``), not recomputed. None when DIR holds no drift report."""
+    import json
+
+    from ..report.html import write_html
+    from ..rundir import HTML_FILE, REPORT_FILE, RUN_FILE
+
+    try:
+        report = json.loads((directory / REPORT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if (directory / RUN_FILE).exists() or not isinstance(report, dict) or report.get("kind") != "drift":
+        return None
+    if args.junit:
+        raise UserError(f"{directory} is a drift experiment: --junit is written for doctor reports")
+    write_html(report, directory / HTML_FILE)
+    return finish(report, directory, args)

@@ -28,6 +28,7 @@ GENERATOR = f"torchrepro {__version__}"
 MAX_FINDINGS = 60  # and "n more in report.json": the page stays small whatever the run did
 MAX_ROWS = 40
 MAX_LANES = 24
+MAX_RUNS = 500  # rows of a drift experiment's run table
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 
@@ -333,6 +334,24 @@ def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
                         "color": PALETTE[4]}], x_label="step", y_label="|Δloss|", log_y=True, label="loss difference")
 
 
+def drift_plots(drift: dict[str, Any]) -> list[Markup]:
+    """The drift report's strip plots (:func:`torchrepro.report.svg.drift_plots`, which escapes
+    every text it draws), inline."""
+    from .svg import drift_plots as plots
+
+    return [Markup(svg) for _, svg in plots(drift)]
+
+
+def fmt_ci(ci: Sequence[float] | None, scale: float = 1.0, unit: str = "") -> str:
+    """An interval as ``[lo, hi]`` (times ``scale``), or a dash."""
+    return f"[{fmt_num(ci[0] * scale)}, {fmt_num(ci[1] * scale)}]{unit}" if ci else "—"
+
+
+def fmt_percent(share: float | None) -> str:
+    """A share as ``42 %``, or a dash."""
+    return "—" if share is None or isinstance(share, ChainableUndefined) else f"{100 * share:.0f} %"
+
+
 # --- rendering ------------------------------------------------------------------------------
 
 def _environment() -> Environment:
@@ -342,18 +361,20 @@ def _environment() -> Environment:
     env.globals.update(compile_timeline=compile_timeline, bar_chart=bar_chart, verdict_class=verdict_class,
                        step_time_chart=step_time_chart, per_rank_step_times=per_rank_step_times,
                        divergence_chart=divergence_chart, loss_chart=loss_chart, loss_diff_chart=loss_diff_chart,
+                       drift_plots=drift_plots, ci=fmt_ci, percent=fmt_percent, max_runs=MAX_RUNS,
                        generator=GENERATOR, max_findings=MAX_FINDINGS, max_rows=MAX_ROWS, max_lanes=MAX_LANES)
     return env
 
 
 _ENV: Environment | None = None
+_TEMPLATES = {"check": "check.html.j2", "drift": "drift.html.j2"}
 
 
 def render_html(report: dict[str, Any], title: str | None = None) -> str:
-    """The HTML page for a ``doctor`` report or a ``check``/``check-resume``/``diff`` report."""
+    """The HTML page for a ``doctor``, ``check``/``check-resume``/``diff`` or ``drift`` report."""
     global _ENV
     _ENV = _ENV or _environment()
-    template = _ENV.get_template("check.html.j2" if report.get("kind") == "check" else "doctor.html.j2")
+    template = _ENV.get_template(_TEMPLATES.get(report.get("kind"), "doctor.html.j2"))
     return template.render(report=report, title=title)
 
 

@@ -22,16 +22,17 @@ def _tick(x: float) -> str:
     return f"{x:.4g}"
 
 
-def strip_plot(title: str, ylabel: str, groups: list[tuple[str, list[float]]], subtitle: str = "") -> str:
-    """One column of points per group (deterministic jitter), its mean as a bar and the 95 % interval
-    of the mean as a whisker."""
-    from ..analysis.drift import summarize
+Group = tuple[str, list[float], dict[str, Any]]  # label, the runs' values, their summary (mean, ci95)
 
+
+def strip_plot(title: str, ylabel: str, groups: list[Group], subtitle: str = "") -> str:
+    """One column of points per group (deterministic jitter), its mean as a bar and the 95 % interval
+    of the mean as a whisker, both taken from the group's summary (nothing is computed here)."""
     width = _LEFT + _RIGHT + _WIDTH_PER_GROUP * max(len(groups), 3)
-    values = [v for _, vs in groups for v in vs]
+    values = [v for _, vs, _ in groups for v in vs]
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    for _, vs in groups:
-        ci = summarize(vs)["ci95"]
+    for _, _, s in groups:
+        ci = s.get("ci95")
         if ci:
             lo, hi = min(lo, ci[0]), max(hi, ci[1])
     pad = (hi - lo) * 0.08 or max(abs(hi) * 0.01, 1e-9)
@@ -54,16 +55,15 @@ def strip_plot(title: str, ylabel: str, groups: list[tuple[str, list[float]]], s
         v = lo + (hi - lo) * i / 4
         out.append(f'<line x1="{_LEFT - 4}" y1="{y(v):.1f}" x2="{width - _RIGHT}" y2="{y(v):.1f}" stroke="#eee"/>'
                    f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_tick(v)}</text>')
-    for g, (label, vs) in enumerate(groups):
+    for g, (label, vs, s) in enumerate(groups):
         cx = _LEFT + band * (g + 0.5)
         for k, v in enumerate(vs):
             jitter = ((k * 0.6180339887) % 1 - 0.5) * band * 0.45
             out.append(f'<circle cx="{cx + jitter:.1f}" cy="{y(v):.1f}" r="3" fill="#1f77b4" fill-opacity="0.6"/>')
-        s = summarize(vs)
-        if s["ci95"]:
+        if s.get("ci95"):
             out.append(f'<line x1="{cx:.1f}" y1="{y(s["ci95"][0]):.1f}" x2="{cx:.1f}" y2="{y(s["ci95"][1]):.1f}" '
                        'stroke="#d62728" stroke-width="2"/>')
-        if s["mean"] is not None:
+        if s.get("mean") is not None:
             out.append(f'<line x1="{cx - band * 0.3:.1f}" y1="{y(s["mean"]):.1f}" x2="{cx + band * 0.3:.1f}" '
                        f'y2="{y(s["mean"]):.1f}" stroke="#d62728" stroke-width="2"/>')
         out.append(f'<text x="{cx:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle">{_text(label)}</text>'
@@ -73,34 +73,49 @@ def strip_plot(title: str, ylabel: str, groups: list[tuple[str, list[float]]], s
     return "\n".join(out) + "\n"
 
 
-def write_drift_plots(out: Path, drift: dict[str, Any], runs: list, random: list[str], binary: list) -> list[str]:
-    """``plot-<factor>.svg`` per factor in ``out``: random factors by seed level (the script as
-    written), binary factors by level over the paired seeds. Returns the file names."""
+def drift_plots(drift: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(plot-<factor>.svg, SVG text)`` per factor, drawn from the report's own ``drift`` section:
+    random factors by seed level over the runs of the script as written, binary factors by level
+    over the paired seeds; means and intervals are the report's ``per_level`` summaries."""
+    from ..drift import BINARY_FACTORS
+
     metric = drift["metric"]["name"]
-    ok = [r for r in runs if r.status == "ok" and r.metric is not None]
-    base = [r for r in ok if not r.settings]
-    files = []
+    ok = [_levels(r) for r in drift["runs"] if r["status"] == "ok" and r["metric"] is not None]
+    plots = []
     for comp in drift["factors"]:
-        name = comp["name"]
-        if name not in random:
+        if "per_level" not in comp:  # the interaction/residual component has no levels
             continue
-        groups = [(f"{name} {lvl}", [r.metric for r in base if r.seeds.get(name) == lvl])
-                  for lvl in sorted({r.seeds[name] for r in base})]
+        name = comp["name"]
+        base = [(m, seeds[name]) for m, seeds, _, settings in ok if not settings]
+        groups = [(f"{name} {s['level']}", [m for m, lvl in base if lvl == s["level"]], s) for s in comp["per_level"]]
         share = comp["variance_share"]
-        sub = f"variance share {100 * share:.0f} %" if share is not None else "not separable (see report.json)"
-        files.append(_plot(out, name, metric, groups, sub))
-    for factor, effect in zip(binary, drift["effects"]):
-        keys = [{tuple(sorted(r.seeds.items())) for r in ok if r.settings == s} for s in factor.settings]
-        common = keys[0] & keys[1]
-        groups = [(label, [r.metric for r in ok if r.settings == s and tuple(sorted(r.seeds.items())) in common])
-                  for label, s in zip(factor.labels, factor.settings)]
+        sub = f"variance share {100 * share:.0f} %" if share is not None else "not separable (see not_separable)"
+        plots.append(_plot(name, metric, groups, sub))
+    for effect in drift["effects"]:
+        name = effect["factor"]
+        sides = [{key: m for m, _, key, settings in ok if settings == s} for s in BINARY_FACTORS[name].settings]
+        common = sides[0].keys() & sides[1].keys()
+        groups = [(s["level"], [side[k] for k in sorted(common)], s) for s, side in zip(effect["per_level"], sides)]
         p = effect.get("p_value")
-        files.append(_plot(out, factor.name, metric, groups, f"paired over {len(common)} seeds, p = {p:.2g}"
+        plots.append(_plot(name, metric, groups, f"paired over {len(common)} seeds, p = {p:.2g}"
                            if p is not None else "no complete pairs"))
-    return files
+    return plots
 
 
-def _plot(out: Path, name: str, metric: str, groups: list[tuple[str, list[float]]], subtitle: str) -> str:
+def _levels(run: dict[str, Any]) -> tuple[float, dict[str, int], tuple, dict[str, Any]]:
+    """A report's run as (metric, its seed levels, the same as a hashable key, its settings)."""
+    seeds = {k: v for k, v in run["seed"].items() if k != "root"}
+    settings = {k: v for k, v in run["levels"].items() if k not in seeds}
+    return run["metric"], seeds, tuple(sorted(seeds.items())), settings
+
+
+def write_drift_plots(out: Path, drift: dict[str, Any]) -> list[str]:
+    """Write :func:`drift_plots` into ``out``; returns the file names."""
+    for file, svg in (plots := drift_plots(drift)):
+        write_text(out / file, svg)
+    return [file for file, _ in plots]
+
+
+def _plot(name: str, metric: str, groups: list[Group], subtitle: str) -> tuple[str, str]:
     file = f"plot-{re.sub(r'[^A-Za-z0-9_-]', '_', name)}.svg"
-    write_text(out / file, strip_plot(f"{metric} by {name}", metric, groups, subtitle))
-    return file
+    return file, strip_plot(f"{metric} by {name}", metric, groups, subtitle)
