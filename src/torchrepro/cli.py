@@ -39,7 +39,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         steps=StepConfig(fingerprint_every=args.fingerprint_every, grads=args.grads,
                          snapshots=args.snapshots),
         replay_step=args.replay_step, replay_out=Path(args.replay_out) if args.replay_out else None,
-        replay_graphs=args.replay_graphs)
+        replay_graphs=args.replay_graphs, replay_kernels=args.replay_kernels,
+        stop_after_step=args.stop_after_step, fix=args.fix)
     return run_in_process(script, args.args, config)
 
 
@@ -284,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
     run.add_argument("--replay-graphs", action="store_true",
                      help="with --replay-step: compare each inductor graph with its eager FX graph instead")
+    run.add_argument("--replay-kernels", action="store_true",
+                     help="with --replay-step: repeat each inductor graph (forward and backward) on identical inputs")
+    run.add_argument("--stop-after-step", type=int, metavar="K", help="end the script cleanly after step K")
+    run.add_argument("--fix", metavar="NAME", help="apply a candidate fix first (threads_1, deterministic, "
+                                                   "fallback_random, aot_eager[:FRAMES])")
     _add_script(run)
     run.set_defaults(func=_cmd_run)
 

@@ -42,10 +42,12 @@ def run_in_process(script: Path, args: list[str], config) -> int:
     """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`;
     returns its exit code. The session's end event records how it ended."""
     from .cache.policy import configure_from_env
+    from .capture.fixes import apply_fix
     from .capture.session import CaptureSession
 
     configure_from_env()  # --cache-policy / --warm-from of the launcher, per rank, before any compile
     _apply_compile_mode(config.compile_mode)
+    apply_fix(config.fix)
     if config.seed is not None:
         from .seed import seed_everything
 
