@@ -102,8 +102,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
     report, out = check(Path(args.script), args.args, runs=args.runs, seed=args.seed, against=args.against,
                         out=Path(args.out) if args.out else None, tolerance=_tolerance(args),
                         localize_divergence=not args.no_localize, nproc=args.nproc, timeout=args.timeout,
-                        env=_cache_env(args))
+                        env=_cache_env(args), fixes=False if args.no_fixes else (True if args.fixes else None),
+                        only_fixes=_fix_names(args.only_fixes))
     return _finish_check(report, args, out)
+
+
+def _fix_names(value: str | None) -> list[str] | None:
+    """``--only-fixes threads_1,eager`` → those names (checked); None → every candidate."""
+    from .analysis.fixes import LADDER
+
+    if not value:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LADDER]
+    if unknown:
+        raise UserError(f"--fixes: unknown fix {', '.join(unknown)} (choose from {', '.join(LADDER)})")
+    return names
 
 
 def _cmd_check_resume(args: argparse.Namespace) -> int:
@@ -242,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--out", metavar="DIR", help="where the runs and report go (default torchrepro-runs/...)")
     check.add_argument("--json", metavar="FILE", help="also write the report JSON here")
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
+    check.add_argument("--fixes", action="store_true",
+                       help="after any divergence, try the candidate fixes (default: when the cause is one a fix "
+                            "can address)")
+    check.add_argument("--only-fixes", metavar="NAMES",
+                       help="try only these fixes (comma list of threads_1, deterministic, fallback_random, "
+                            "aot_eager, eager)")
+    check.add_argument("--no-fixes", action="store_true", help="do not run the fix ladder")
     _add_ranks(check)
     _add_tolerance(check)
     _add_script(check)
