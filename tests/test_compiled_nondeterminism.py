@@ -102,7 +102,7 @@ def test_first_changing_backend_stage():
 
 
 WRAPPER = '''
-cpp_fused_add_embedding_dense_backward_sum_0 = async_compile.cpp_pybinding(['const float*', 'const int64_t*', 'float*'], r\'\'\'
+cpp_fused_add_embedding_dense_backward_0 = async_compile.cpp_pybinding(['const float*','const long*','float*'], r\'\'\'
 extern "C" void kernel(const float* in_ptr0, const int64_t* in_ptr1, float* out_ptr0)
 { atomic_add(&out_ptr0[tmp0], tmp1); }
 \'\'\')
@@ -115,7 +115,7 @@ class Runner:
         primals_1, tangents_1 = args
         args.clear()
         buf0 = empty_strided_cpu((96, 64), (64, 1), torch.float32)
-        cpp_fused_add_embedding_dense_backward_sum_0(tangents_1, primals_1, buf0)
+        cpp_fused_add_embedding_dense_backward_0(tangents_1, primals_1, buf0)
         buf1 = empty_strided_cpu((96, 64), (64, 1), torch.float32)
         extern_kernels.addmm(buf0, tangents_1, tangents_1, alpha=1, beta=1, out=buf1)
         buf2 = empty_strided_cpu((4, ), (1, ), torch.float32)
@@ -125,10 +125,85 @@ class Runner:
 
 
 def test_the_kernel_behind_an_output_is_found_in_inductors_wrapper_code():
-    assert producers(WRAPPER, 0) == ["extern_kernels.addmm", "cpp_fused_add_embedding_dense_backward_sum_0"]
+    assert producers(WRAPPER, 0) == ["extern_kernels.addmm", "cpp_fused_add_embedding_dense_backward_0"]
     assert producers(WRAPPER, 2) == ["cpp_fused_mul_1"]
     assert producers(WRAPPER, 1) == []
     assert fused_ops("cpp_fused_add_embedding_dense_backward_sum_0", ["add", "embedding_dense_backward", "sum",
                                                                       "embedding"]) == [
         "add", "embedding_dense_backward", "sum"]
     assert fused_ops("cpp_fused__unsafe_view_clone_3", ["_unsafe_view", "clone"]) == ["_unsafe_view", "clone"]
+
+
+# --- the patches of a kernel replay are undone -------------------------------------------------
+
+def test_kernel_repeater_undoes_every_patch():
+    import torch._functorch.config as functorch_config
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from torchrepro.capture.kernels import KernelRepeater
+
+    before = (compile_fx_module.compile_fx, functorch_config.enable_autograd_cache)
+    repeater = KernelRepeater()
+    assert repeater.install()
+    assert compile_fx_module.compile_fx is not before[0] and functorch_config.enable_autograd_cache is False
+    repeater.uninstall()
+    assert (compile_fx_module.compile_fx, functorch_config.enable_autograd_cache) == before
+
+
+# --- the GPT-style script: check localises it and the ladder finds a fix -----------------------
+
+GPT = SCRIPTS / "gpt_tied.py"
+
+
+def _line_of(text: str) -> int:
+    return next(i for i, line in enumerate(GPT.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.fixture(scope="module")
+def gpt_check(tmp_path_factory):
+    """One `check` of the GPT script (4 steps), trying two fixes: ~3-6 min on 2 loaded cores."""
+    out = tmp_path_factory.mktemp("gpt") / "check"
+    proc = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--out", str(out), "--only-fixes",
+                           "threads_1,deterministic", str(GPT), "--", "4"], capture_output=True, text=True,
+                          timeout=1500, cwd=out.parent)
+    return proc, json.loads((out / "report.json").read_text()), out
+
+
+@pytest.mark.inductor
+def test_check_names_graph_parameter_kernel_and_source(gpt_check):
+    proc, report, _ = gpt_check
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    det = report["determinism"]
+    fd = det["first_divergence"]
+    assert det["verdict"] == "diverged" and fd["step"] == 0 and fd["cause"] == "nondeterministic_op"
+    assert (fd["compile_id"], fd["graph"], fd["parameter"]) == ("0/0", "backward", "tok.weight")
+    assert fd["kernel"].startswith("cpp_fused_") and "embedding_dense_backward" in fd["kernel"]
+    assert "aten.embedding_dense_backward" in fd["kernel_fuses"] and fd["op"] == "aten.embedding_dense_backward"
+    assert fd["source"] == f"{GPT}:{_line_of('self.tok(idx)')}"
+    assert fd["node"] and fd["evidence"]["kernel_atomic_add"] is True
+    threads = fd["evidence"]["thread_dependence"]
+    assert threads["threads"] == 2 and threads["one_thread"] == "repeats bit for bit"
+    assert "compiled-nondeterminism.md" in report["findings"][0]["hint"]
+    replays = [k for k in report["run"]["timings_s"] if k.startswith("replay")]
+    assert sorted(replays) == ["replay kernels-a", "replay kernels-b"]  # no eager replay was needed
+
+
+@pytest.mark.inductor
+def test_the_ladder_finds_a_bit_exact_fix_and_recommends_only_that(gpt_check):
+    proc, report, out = gpt_check
+    det = report["determinism"]
+    rows = {r["name"]: r for r in det["fixes"]}
+    assert rows["deterministic"]["bit_exact"] is True and rows["deterministic"]["step_time_ratio"] > 0
+    assert rows["threads_1"]["status"] in ("bit_exact", "not_bit_exact")
+    assert {"fallback_random", "aot_eager", "eager"} <= set(rows)  # not tried here, still listed
+    best = det["fix_recommended"]
+    assert best["bit_exact"] is True and rows[best["name"]]["status"] == "bit_exact"
+    assert best["how"] in report["findings"][0]["hint"] and f"measured fix: {best['name']}" in report["verdict"]
+    for row in det["fixes"]:
+        if row["status"] == "not_bit_exact":
+            assert row["how"] not in report["findings"][0]["hint"].split("Tried")[0]
+    # the fix runs stopped cleanly two steps after the divergent step
+    ends = [json.loads(p.read_text())["exit_code"] for p in out.glob("fix-*/run.json")]
+    assert ends and all(code == 0 for code in ends)
+    page = (out / "report.html").read_text()
+    assert "tok.weight" in page and best["how"].split(" (")[0] in page and det["first_divergence"]["kernel"] in page
