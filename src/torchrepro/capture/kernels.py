@@ -340,7 +340,8 @@ class KernelRepeater:
             origin = culprit or node
             out["op"] = culprit["aten"] if culprit else f"aten.{node['target']}"
             out["source"] = origin.get("source")
-            out["module"] = origin.get("module")
+            out["module"] = origin.get("module") or (out["parameter"].rsplit(".", 1)[0] if "." in out.get(
+                "parameter", "") else None)
             if culprit:
                 out["accumulating_node"] = culprit["node"]
         kernel = name_kernel(info.get("source_code"), index, info.get("ops") or [])
