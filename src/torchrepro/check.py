@@ -98,13 +98,14 @@ class Checker:
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
 
-    def run(self, spec: RunSpec, env: dict[str, str] | None = None, **options: Any) -> tuple[Run, int]:
+    def run(self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None,
+            **options: Any) -> tuple[Run, int]:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         t0 = time.perf_counter()
         result = launch(run_dir, self.script, self.args, nproc=self.nproc, quiet=True,
                         env=child_env(self.seed, {**self.env, **(env or {})}),
-                        stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
+                        stall_timeout=timeout or self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
                         compile_mode=spec.compile_mode, snapshots=self.snapshots, **options)
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
         meta = {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed, "script": str(self.script),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .analysis.divergence import Divergence, Tolerance, first_divergence, settings, steps_compared
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from .check import Checker, RunSpec
 
 STEPS_AFTER = 2  # a fix's runs stop this many steps after the divergent step
+FIX_TIMEOUT_S = 300.0
 
 
 def _first_repeat_difference(calls: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
@@ -84,7 +86,8 @@ def _offending(runs: list[Run], compile_id: str | None) -> tuple[list[int] | Non
     if not compile_id:
         return None, None
     frame = compile_id.split("/")[0]
-    function = next((c.function for r in runs for log in r.logs for c in log.of(Compile)
+    function = next((f"{c.function} ({Path(c.file).name}:{c.line})" if c.file else c.function
+                     for r in runs for log in r.logs for c in log.of(Compile)
                      if c.compile_id == compile_id and c.function), None)
     return ([int(frame)] if frame.isdigit() else None), function
 
@@ -106,8 +109,8 @@ def _jobs(runs: list[Run]) -> int:
     return max(1, (os.cpu_count() or 1) // max(threads, 1))
 
 
-def _try(checker: Checker, candidate: Candidate, spec: RunSpec,
-         stop: int) -> tuple[list[FixRun], Run | None, Run | None]:
+def _try(checker: Checker, candidate: Candidate, spec: RunSpec, stop: int,
+         timeout: float) -> tuple[list[FixRun], Run | None, Run | None]:
     from .check import RunSpec
 
     results: list[FixRun] = []
@@ -117,7 +120,7 @@ def _try(checker: Checker, candidate: Candidate, spec: RunSpec,
         mode = candidate.compile_mode or spec.compile_mode
         try:
             run, _ = checker.run(RunSpec(label, mode, f"fix {candidate.name}, stopping after step {stop}"),
-                                 fix=candidate.spec, stop_after_step=stop)
+                                 timeout=timeout, fix=candidate.spec, stop_after_step=stop)
         except InputError as exc:
             results.append(FixRun(ok=False, problems=[str(exc)]))
             runs.append(None)
@@ -145,8 +148,11 @@ def run_fix_ladder(checker: Checker, spec: RunSpec, div: Divergence, cause: str,
     tried = [c for c in ladder if c.applicable]
     checker.console.print(f"[dim]· fix ladder: {', '.join(c.name for c in tried)} (2 runs each, to step {stop})[/]",
                           highlight=False)
+    # a fix that hangs is stopped: no event for 3x the slowest run as written (at least FIX_TIMEOUT_S)
+    timeout = max([FIX_TIMEOUT_S, *(3 * float(r.meta.get("wall_s") or 0) for r in as_written)])
     with ThreadPoolExecutor(max_workers=_jobs(as_written)) as pool:
-        outcomes = dict(zip([c.name for c in tried], pool.map(lambda c: _try(checker, c, spec, stop), tried)))
+        outcomes = dict(zip([c.name for c in tried],
+                            pool.map(lambda c: _try(checker, c, spec, stop, timeout), tried)))
     rows = []
     for candidate in ladder:
         if candidate.name not in outcomes:

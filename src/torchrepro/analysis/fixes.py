@@ -53,7 +53,7 @@ def candidates(*, compiled: bool, inductor: bool, random_ops: bool, frames: list
                   applicable=inductor and random_ops,
                   why_not=None if inductor and random_ops else "no random op in the compiled graphs"
                   if inductor else "no inductor graph"),
-        Candidate("aot_eager", f"torch.compile({target}, backend='aot_eager')", spec=frame_spec,
+        Candidate("aot_eager", f"torch.compile(..., backend='aot_eager') for {target}", spec=frame_spec,
                   applicable=inductor, why_not=None if inductor else "no inductor graph"),
         Candidate("eager", "torch._dynamo.config.disable = True (compilation off), or drop torch.compile",
                   compile_mode="eager", applicable=compiled, why_not=None if compiled else "nothing is compiled"),
