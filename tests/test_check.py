@@ -81,6 +81,12 @@ def test_inductor_dropout_against_eager_is_rng_and_remainder_is_numerics(tmp_pat
     # what fallback_random leaves is rounding: orders of magnitude below the RNG effect
     assert numerics["bit_exact"] or numerics["final_max_abs"] < dec["rng"]["final_max_abs"] / 100
     assert det["curve"] and det["curve"][0]["step"] == 0 and det["curve"][-1]["max_abs"] > 0
+    # the backend ladder: aot_eager is eager's own kernels, so results first change at inductor
+    stages = {s["name"]: s for s in det["backend_stages"]["stages"]}
+    assert stages["aot_eager"]["bit_exact_with_previous"] is True
+    assert stages["inductor"]["bit_exact_with_previous"] is False  # the RNG
+    first = "fallback-random" if stages["fallback-random"]["bit_exact_with_previous"] is False else "inductor"
+    assert det["backend_stages"]["first_change"]["stage"] == first and f"first change at {first}" in report["verdict"]
 
 
 @pytest.mark.inductor

@@ -27,6 +27,7 @@ from .analysis.divergence import (
 )
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
+from .analysis.fixes import fix_hint, recommend
 from .analysis.sides import side, step_comparison
 from .analysis.verdict import Ending, compare_lengths, ending, judge, nothing_compared_because, verdict_line
 from .errors import InputError, Stopped
@@ -47,6 +48,10 @@ CAUSE_HINTS = {
                 "and compiled code; compare with --rtol/--atol.",
     "nondeterministic_op": "An op gives different results on identical inputs: torch.use_deterministic_algorithms("
                            "True) (torchrepro.deterministic()) makes it deterministic or raises.",
+    "nondeterministic_kernel": "An inductor kernel accumulates floating-point sums with atomic adds from several "
+                               "threads (a scatter or index_put with accumulation, e.g. the backward of an embedding): "
+                               "the order of the additions, hence the rounding, changes from run to run. Why, and why "
+                               "inductor's deterministic mode does not cover it: docs/compiled-nondeterminism.md.",
     "nondeterministic_op_deterministic_on": "An op gives different results on identical inputs although deterministic "
                                             "algorithms were on: the op is not covered by them (e.g. a parallel "
                                             "reduction in compiled code); try one intra-op thread "
@@ -59,6 +64,10 @@ CAUSE_HINTS = {
     "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
     "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
 }
+
+
+LOCALISATION_KEYS = ("compile_id", "graph", "parameter", "output", "node", "kernel", "kernel_fuses")
+FIXABLE = ("nondeterministic_op", "numerics", "unknown")  # causes the fix ladder runs for unasked
 
 
 @dataclass
@@ -89,14 +98,15 @@ class Checker:
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
 
-    def run(self, spec: RunSpec, env: dict[str, str] | None = None) -> tuple[Run, int]:
+    def run(self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None,
+            **options: Any) -> tuple[Run, int]:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         t0 = time.perf_counter()
         result = launch(run_dir, self.script, self.args, nproc=self.nproc, quiet=True,
                         env=child_env(self.seed, {**self.env, **(env or {})}),
-                        stall_timeout=self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
-                        compile_mode=spec.compile_mode, snapshots=self.snapshots)
+                        stall_timeout=timeout or self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
+                        compile_mode=spec.compile_mode, snapshots=self.snapshots, **options)
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
         meta = {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed, "script": str(self.script),
                 "args": self.args, "exit_code": result.exit_code, "stderr_tail": result.stderr_tail,
@@ -121,18 +131,21 @@ class Checker:
                           result.stopped_by)
 
     def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False,
-               rank: int = 0) -> dict | None:
-        """Rerun ``spec`` up to ``step`` and record that step on ``rank``: every op, or every
-        compiled graph."""
+               rank: int = 0, kernels: bool = False) -> dict | None:
+        """Rerun ``spec`` up to ``step`` and record that step on ``rank``: every op, every compiled
+        graph against eager (``graphs``), or every compiled graph repeated on identical inputs
+        (``kernels``)."""
         out = self.out / "replays" / f"{tag}.json"
         mode = "eager" if eager else spec.compile_mode
-        what = "compiled graphs against eager" if graphs else "op capture"
+        what = ("compiled graphs repeated on identical inputs" if kernels else
+                "compiled graphs against eager" if graphs else "op capture")
         self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
                            f"({tag})…[/]", highlight=False)
         t0 = time.perf_counter()
         result = launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc,
                         env=child_env(self.seed, self.env), quiet=True, stall_timeout=self.timeout, seed=self.seed,
-                        fingerprint_every=1, compile_mode=mode, replay_step=step, replay_out=out, replay_graphs=graphs)
+                        fingerprint_every=1, compile_mode=mode, replay_step=step, replay_out=out, replay_graphs=graphs,
+                        replay_kernels=kernels)
         self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank, self.nproc)
@@ -296,6 +309,7 @@ def determinism_section(div: Divergence | None, within: bool, cause: str | None,
         first = {"step": div.step, "rank": div.rank, "what": div.what, "module": module,
                  "op": evidence.pop("op", None), "source": evidence.pop("source", None),
                  "phase": evidence.pop("phase", None), "cause": cause, "detail": div.detail, "evidence": evidence}
+        first |= {k: evidence[k] for k in LOCALISATION_KEYS if evidence.get(k) is not None}
         if div.what == "init_params":
             first["before_step"] = 0
     env = environment_differences(run_a.logs[0].header, run_b.logs[0].header) if run_a.logs and run_b.logs else []
@@ -317,9 +331,11 @@ def _step_clock(run: Run) -> str | None:
     return next((c.note for log in run.logs for c in log.events if getattr(c, "name", None) == "step_clock"), None)
 
 
-def _hint_key(cause: str, against: str | None, run: Run) -> str:
+def _hint_key(cause: str, against: str | None, run: Run, evidence: dict[str, Any] | None = None) -> str:
     if cause == "rng" and against:
         return "rng_compiled"
+    if cause == "nondeterministic_op" and (evidence or {}).get("kernel_atomic_add"):
+        return "nondeterministic_kernel"
     if cause == "nondeterministic_op" and any(settings(log).get("deterministic_algorithms") for log in run.logs):
         return "nondeterministic_op_deterministic_on"  # the usual fix was already in force
     return cause
@@ -332,8 +348,12 @@ def _findings(det: dict[str, Any], hint_key: str | None) -> list[Finding]:
                         "(its stderr is in the run's run.json) and check again.", evidence=e)
            for e in det["endings"] if not e["ended_normally"]]
     if det["verdict"] == "diverged" and fd is not None:
+        hint = CAUSE_HINTS[hint_key or fd["cause"]]
+        if det.get("fixes"):  # measured: recommend only what was tried and bit-exact
+            why = hint if hint_key == "nondeterministic_kernel" else ""
+            hint = " ".join(filter(None, [fix_hint(det["fixes"]), why]))
         out.insert(0, Finding(f"DIVERGED_{fd['cause'].upper()}", "error", verdict_line(det),
-                              hint=CAUSE_HINTS[hint_key or fd["cause"]],
+                              hint=hint,
                               evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]}))
     return out
 
@@ -341,8 +361,13 @@ def _findings(det: dict[str, Any], hint_key: str | None) -> list[Finding]:
 def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = None, against: str | None = None,
           out: Path | None = None, tolerance: Tolerance | None = None, localize_divergence: bool = True,
           console: Console | None = None, nproc: int = 1, timeout: float | None = None,
-          env: dict[str, str] | None = None) -> tuple[dict[str, Any], Path]:
-    """Run, compare, explain; returns the report (also written to ``OUT/report.json``)."""
+          env: dict[str, str] | None = None, fixes: bool | None = None,
+          only_fixes: list[str] | None = None) -> tuple[dict[str, Any], Path]:
+    """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
+    divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
+    False: never), limited to ``only_fixes`` when given."""
+    from .fix_ladder import backend_stages, localize_kernels, run_fix_ladder
+
     console = console or Console(stderr=True)
     tol = tolerance or Tolerance()
     script = validate_script(script)
@@ -376,16 +401,31 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
                     evidence.update(localize_graph(checker, spec_b, div))
             else:
                 cause, evidence = "numerics", {"because": "compiled without inductor RNG: the difference is rounding"}
-        if localize_divergence and (cause in ("unknown", "init_params") or against is None and cause == "numerics"):
+        kernels = None
+        if localize_divergence and against is None and cause == "unknown" and _uses_inductor(run_a):
+            kernels = localize_kernels(checker, spec_a, spec_b, div)
+            if kernels is not None:
+                cause, evidence = "nondeterministic_op", {**evidence, **kernels}
+        if kernels is None and localize_divergence and (
+                cause in ("unknown", "init_params") or against is None and cause == "numerics"):
             cause, more = localize(checker, spec_a, spec_b, div, cause)
             evidence.update(more)
+    ladder, stages = [], None
+    if div is not None and fixes is not False and against is None and (fixes or cause in FIXABLE):
+        ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
+    if decomposition is not None and against == "eager" and fixes is not False:
+        stages = backend_stages(checker, done)
     det = determinism_section(div, within, cause, evidence, [s.label for s in specs], run_a, run_b, notes, snapshots,
-                              list(checker.endings.values()), tol, unreadable_exit=3)
+                              [checker.endings[s.label] for s in specs], tol, unreadable_exit=3)
     if decomposition is not None:
         det["decomposition"] = decomposition
+    if ladder:
+        det["fixes"], det["fix_recommended"] = ladder, recommend(ladder)
+    if stages is not None:
+        det["backend_stages"] = stages
     det["against"] = against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
-    report = _report(det, _hint_key(cause, against, run_b) if cause else None, {
+    report = _report(det, _hint_key(cause, against, run_b, evidence) if cause else None, {
         s.label: str(out / s.label) for s in specs} | (
         {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
         {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
@@ -408,6 +448,13 @@ def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str],
     report = {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
               "determinism": det, "findings": [f.to_json() for f in findings], "verdict": verdict_line(det),
               "exit_code": det["exit_code"]}
+    best = det.get("fix_recommended")
+    if best:
+        ratio = f", {best['step_time_ratio']:.2f}x step time" if best.get("step_time_ratio") else ""
+        report["verdict"] += f"; measured fix: {best['name']} (bit-exact{ratio})"
+    first_change = (det.get("backend_stages") or {}).get("first_change")
+    if first_change:
+        report["verdict"] += f"; results first change at {first_change['stage']} (vs {first_change['previous']})"
     if compared:  # the two runs side by side (the HTML report draws them)
         a, b = compared
         report["provenance"] = provenance({**a.meta, **meta}, a.logs[0].header)

@@ -46,7 +46,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         steps=StepConfig(fingerprint_every=args.fingerprint_every, grads=args.grads,
                          snapshots=args.snapshots),
         replay_step=args.replay_step, replay_out=Path(args.replay_out) if args.replay_out else None,
-        replay_graphs=args.replay_graphs)
+        replay_graphs=args.replay_graphs, replay_kernels=args.replay_kernels,
+        stop_after_step=args.stop_after_step, fix=args.fix)
     return run_in_process(script, args.args, config)
 
 
@@ -106,8 +107,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
     report, out = check(Path(args.script), args.args, runs=args.runs or 2, seed=args.seed, against=args.against,
                         out=Path(args.out) if args.out else None, tolerance=_tolerance(args),
                         localize_divergence=not args.no_localize, nproc=args.nproc, timeout=args.timeout,
-                        env=_cache_env(args))
+                        env=_cache_env(args), fixes=False if args.no_fixes else (True if args.fixes else None),
+                        only_fixes=_fix_names(args.only_fixes))
     return _finish_check(report, args, out)
+
+
+def _fix_names(value: str | None) -> list[str] | None:
+    """``--only-fixes threads_1,eager`` → those names (checked); None → every candidate."""
+    from .analysis.fixes import LADDER
+
+    if not value:
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LADDER]
+    if unknown:
+        raise UserError(f"--fixes: unknown fix {', '.join(unknown)} (choose from {', '.join(LADDER)})")
+    return names
 
 
 def _cmd_check_resume(args: argparse.Namespace) -> int:
@@ -282,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where the runs and report go (default torchrepro-runs/...)")
     options.add_outputs(check)
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
+    check.add_argument("--fixes", action="store_true",
+                       help="after any divergence, try the candidate fixes (default: when the cause is one a fix "
+                            "can address)")
+    check.add_argument("--only-fixes", metavar="NAMES",
+                       help="try only these fixes (comma list of threads_1, deterministic, fallback_random, "
+                            "aot_eager, eager)")
+    check.add_argument("--no-fixes", action="store_true", help="do not run the fix ladder")
     _add_ranks(check)
     add_otlp_option(check)
     _add_tolerance(check)
@@ -329,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
     run.add_argument("--replay-graphs", action="store_true",
                      help="with --replay-step: compare each inductor graph with its eager FX graph instead")
+    run.add_argument("--replay-kernels", action="store_true",
+                     help="with --replay-step: repeat each inductor graph (forward and backward) on identical inputs")
+    run.add_argument("--stop-after-step", type=int, metavar="K", help="end the script cleanly after step K")
+    run.add_argument("--fix", metavar="NAME", help="apply a candidate fix first (threads_1, deterministic, "
+                                                   "fallback_random, aot_eager[:FRAMES])")
     add_otlp_option(run, in_process=True)
     _add_script(run)
     run.set_defaults(func=_cmd_run)

@@ -80,9 +80,11 @@ def prepare(config) -> None:
     """Set a process up as ``torchrepro run`` does before capture starts: the launcher's
     ``--cache-policy`` / ``--warm-from`` (per rank, before any compile), the compile mode, the seeds."""
     from .cache.policy import configure_from_env
+    from .capture.fixes import apply_fix
 
     configure_from_env()
     apply_compile_mode(config.compile_mode)
+    apply_fix(getattr(config, "fix", None))  # check's fix ladder: one candidate fix, before the script starts
     if config.seed is not None:
         from .seed import seed_everything
 

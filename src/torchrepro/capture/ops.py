@@ -113,11 +113,10 @@ def _node_info(node: Any) -> dict[str, Any]:
     if stack:
         fqn, cls = list(stack.values())[-1]
         module = f"{_clean_fqn(fqn)} ({getattr(cls, '__name__', cls)})"
-    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
-    source = next((ln.strip() for ln in reversed(trace) if ln.strip().startswith("File ")), None)
-    if source:
-        m = re.match(r'File "(.+)", line (\d+)', source)
-        source = f"{m.group(1)}:{m.group(2)}" if m else source
+    frames = re.findall(r'File "(.+?)", line (\d+)', node.meta.get("stack_trace") or "")
+    # the innermost frame of the user's code (not torch's, not torchrepro's own wrappers)
+    user = [f for f in frames if not f[0].startswith(_SKIP_DIRS)] or frames
+    source = f"{user[-1][0]}:{user[-1][1]}" if user else None
     return {"node": node.name, "target": _target(node), "module": module, "source": source}
 
 
@@ -224,16 +223,26 @@ class StepReplay:
     """Records step ``step`` — every op (eager replay) or every compiled graph against its eager
     FX graph (compiled replay) — and then ends the process (the rest is not needed)."""
 
-    def __init__(self, step: int, out: Path, graphs: bool = False, rank: int = 0, world_size: int = 1):
+    def __init__(self, step: int, out: Path, graphs: bool = False, rank: int = 0, world_size: int = 1,
+                 kernels: bool = False):
         self.step, self.out = step, replay_file(Path(out), rank, world_size)
         self.recorder: OpRecorder | None = None
         self.checker: GraphChecker | None = None
-        if graphs:
+        self.repeater = None
+        if kernels:
+            from .kernels import KernelRepeater
+
+            self.repeater = KernelRepeater()
+            if not self.repeater.install():
+                self.repeater = None
+        elif graphs:
             self.checker = GraphChecker()
             self.checker.install()
 
     def start(self) -> None:
-        if self.checker is not None:
+        if self.repeater is not None:
+            self.repeater.active = True
+        elif self.checker is not None:
             self.checker.active = True
         else:
             self.recorder = OpRecorder()
@@ -250,6 +259,10 @@ class StepReplay:
                 result["ops"] = self.recorder.ops
             if self.checker is not None:
                 result["graphs"] = self.checker.results
+            if self.repeater is not None:
+                self.repeater.active = False
+                result["kernels"] = self.repeater.summary()
+                self.repeater.uninstall()
             self.out.parent.mkdir(parents=True, exist_ok=True)
             self.out.write_text(json.dumps(result))
             sys.stdout.flush()

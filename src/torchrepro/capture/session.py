@@ -33,6 +33,9 @@ class CaptureConfig:
     replay_step: int | None = None  # record this step (capture.ops), then exit
     replay_out: Path | None = None
     replay_graphs: bool = False  # compare compiled graphs with their eager FX graphs instead of ops
+    replay_kernels: bool = False  # repeat each compiled graph (forward and backward) on identical inputs instead
+    stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
+    fix: str | None = None  # a candidate fix applied before the script (capture.fixes.apply_fix)
 
 
 def rank_info() -> tuple[int, int, int]:
@@ -140,10 +143,18 @@ class CaptureSession:
             from .ops import StepReplay
 
             replay = StepReplay(self.config.replay_step, self.config.replay_out or self.dir / "replay.json",
-                                graphs=self.config.replay_graphs, rank=self.rank, world_size=self.world_size)
+                                graphs=self.config.replay_graphs, kernels=self.config.replay_kernels,
+                                rank=self.rank, world_size=self.world_size)
             self.steps.listeners.append(replay.on_step_end)
             if self.config.replay_step == 0:
                 replay.start()
+        if self.config.stop_after_step is not None:
+            self.steps.listeners.append(self._stop_after)
+
+    def _stop_after(self, index: int) -> None:
+        """``stop_after_step``: the script ends cleanly (SystemExit(0)) once that step is recorded."""
+        if index >= self.config.stop_after_step:
+            raise SystemExit(0)
 
     def stop(self, exit_code: int, error: str | None = None, status: str | None = None) -> None:
         if self.writer is None:

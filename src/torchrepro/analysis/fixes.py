@@ -1,0 +1,135 @@
+"""The fix ladder's decisions: which candidate fixes apply to a divergence, what each re-run
+showed (bit-exact, not, crashed, timed out) and what it costs, which one to recommend, and — for
+``--against eager`` — at which backend stage results first change. Pure: recorded results in,
+rows and a recommendation out; nothing here imports torch.
+
+A fix is recommended only when it was tried and its runs were bit-exact: the cheapest such fix by
+median step time against the run as written (ties: the ladder's order). A fix that failed, timed
+out or was not bit-exact is reported as such and never recommended.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+DOC = "docs/compiled-nondeterminism.md"
+LADDER = ("threads_1", "deterministic", "fallback_random", "aot_eager", "eager")
+STAGES = ("eager", "aot_eager", "fallback-random", "inductor")
+
+
+@dataclass
+class Candidate:
+    """One candidate fix: its name, the exact line or variable a user sets, how the ladder's
+    runs apply it (``torchrepro run --fix SPEC`` or a compile mode), and whether it applies."""
+
+    name: str
+    how: str
+    spec: str | None = None
+    compile_mode: str | None = None
+    applicable: bool = True
+    why_not: str | None = None
+
+
+def candidates(*, compiled: bool, inductor: bool, random_ops: bool, frames: list[int] | None = None,
+               function: str | None = None) -> list[Candidate]:
+    """The ladder for a divergence: one intra-op thread, ``torchrepro.deterministic()``, inductor's
+    ``fallback_random`` (only when random ops are involved), the offending function (Dynamo
+    ``frames``) compiled with ``aot_eager``, compilation off.
+
+    >>> [c.name for c in candidates(compiled=True, inductor=True, random_ops=False) if c.applicable]
+    ['threads_1', 'deterministic', 'aot_eager', 'eager']
+    """
+    target = function or "the compiled function"
+    frame_spec = "aot_eager:" + ",".join(map(str, frames)) if frames else "aot_eager"
+    out = [
+        Candidate("threads_1", "torch.set_num_threads(1) (instead of the script's own set_num_threads; "
+                               "OMP_NUM_THREADS=1 when the script sets none)", spec="threads_1"),
+        Candidate("deterministic", "torchrepro.deterministic(compile='native') before compiling "
+                                   "(torch.use_deterministic_algorithms(True) + torch._inductor.config.deterministic "
+                                   "= True)", spec="deterministic"),
+        Candidate("fallback_random", "torch._inductor.config.fallback_random = True", spec="fallback_random",
+                  applicable=inductor and random_ops,
+                  why_not=None if inductor and random_ops else "no random op in the compiled graphs"
+                  if inductor else "no inductor graph"),
+        Candidate("aot_eager", f"torch.compile(..., backend='aot_eager') for {target}", spec=frame_spec,
+                  applicable=inductor, why_not=None if inductor else "no inductor graph"),
+        Candidate("eager", "torch._dynamo.config.disable = True (compilation off), or drop torch.compile",
+                  compile_mode="eager", applicable=compiled, why_not=None if compiled else "nothing is compiled"),
+    ]
+    return out
+
+
+@dataclass
+class FixRun:
+    """How one of a fix's runs ended and its step times (seconds, from step 0)."""
+
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    timed_out: bool = False
+    step_times: list[float] = field(default_factory=list)
+
+
+def median_step_time(step_times: list[float]) -> float | None:
+    """Median step time leaving out step 0 (it includes compilation) when there are later steps."""
+    times = [t for t in (step_times[1:] if len(step_times) > 1 else step_times) if t is not None]
+    return statistics.median(times) if times else None
+
+
+def judge_fix(candidate: Candidate, runs: list[FixRun], diverged: bool | None, steps_compared: int,
+              baseline_step_s: float | None) -> dict[str, Any]:
+    """One row of ``determinism.fixes``: ``{name, how, status, bit_exact, step_time_ratio, ...}``.
+    ``status`` is ``bit_exact``, ``not_bit_exact``, ``failed`` (a run crashed or exited non-zero),
+    ``timed_out``, ``nothing_compared`` or ``not_applicable``; ``bit_exact`` is True/False only when
+    the runs were compared, else None."""
+    row: dict[str, Any] = {"name": candidate.name, "how": candidate.how, "bit_exact": None, "step_time_ratio": None}
+    if not candidate.applicable:
+        return row | {"status": "not_applicable", "why": candidate.why_not}
+    problems = [p for r in runs for p in r.problems]
+    if any(r.timed_out for r in runs):
+        return row | {"status": "timed_out", "problems": problems[:3]}
+    if not runs or not all(r.ok for r in runs):
+        return row | {"status": "failed", "problems": problems[:3] or ["the fix's runs did not start"]}
+    medians = [m for r in runs for m in [median_step_time(r.step_times)] if m is not None]
+    if medians and baseline_step_s:
+        row["step_time_ratio"] = round(statistics.median(medians) / baseline_step_s, 3)
+    if steps_compared == 0 or diverged is None:
+        return row | {"status": "nothing_compared"}
+    row["bit_exact"] = not diverged
+    row["steps_compared"] = steps_compared
+    return row | {"status": "bit_exact" if not diverged else "not_bit_exact"}
+
+
+def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cheapest fix that was tried and bit-exact (lowest step-time ratio; unknown cost last,
+    then the ladder's order), or None."""
+    exact = [r for r in rows if r.get("status") == "bit_exact" and r.get("bit_exact") is True]
+    if not exact:
+        return None
+    order = {name: i for i, name in enumerate(LADDER)}
+    return min(exact, key=lambda r: (r["step_time_ratio"] is None, r["step_time_ratio"] or 0.0,
+                                     order.get(r["name"], len(order))))
+
+
+def fix_hint(rows: list[dict[str, Any]]) -> str | None:
+    """The hint line: the recommended fix with its cost, and which tried fixes did not work."""
+    if not rows:
+        return None
+    best = recommend(rows)
+    failed = [r["name"] for r in rows if r.get("status") not in ("bit_exact", "not_applicable")]
+    tail = f" Tried and not bit-exact or failed: {', '.join(failed)}." if failed else ""
+    if best is None:
+        return f"No candidate fix made the runs bit-exact.{tail} See {DOC}."
+    cost = f"{best['step_time_ratio']:.2f}x the step time" if best["step_time_ratio"] else "cost not measured"
+    return f"Measured fix: {best['how']} — bit-exact, {cost}.{tail} See {DOC}."
+
+
+def first_changing_stage(stages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``stages`` in order (eager → aot_eager → fallback-random → inductor), each ``{name,
+    bit_exact_with_previous}`` (None: not compared): the first stage whose results differ from the
+    stage before it, or None when every compared stage agrees."""
+    for prev, stage in zip(stages, stages[1:]):
+        if stage.get("bit_exact_with_previous") is False:
+            return {"stage": stage["name"], "previous": prev["name"]}
+    return None

@@ -1,0 +1,360 @@
+"""Run-to-run nondeterminism inside compiled code, localised in a replay of the divergent step.
+
+Every inductor graph (forward and backward: inductor's inner compile is wrapped through
+``compile_fx(..., inner_compile=...)``) called during the replayed step runs as usual, and then
+again on clones of the same inputs — repeated at the run's thread count and at one thread — and
+its inputs and outputs are digested, so that two replays in two processes can also be compared.
+An output that differs on identical inputs is named: which gradient (the parameter, by name) or
+activation it is, its FX node, the nondeterministic node behind it (a scatter with accumulation),
+the inductor kernel that computes that node (found in inductor's generated code) with the aten
+ops it fuses, and the user's source line.
+
+Inductor internals are feature-detected; every patch is undone by :meth:`KernelRepeater.uninstall`.
+Used only in replays (``torchrepro run --replay-step K --replay-kernels``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+import torch
+
+from ..digests import fingerprint
+from .ops import _clean_fqn, _node_info, _same
+
+REPEATS = 2  # extra calls per graph at the run's thread count (and as many at one thread)
+# aten ops whose CPU lowering in inductor accumulates with atomic adds (order depends on threads)
+ACCUMULATING = ("index_put", "_unsafe_masked_index_put_accumulate", "index_add", "scatter_add", "scatter_reduce",
+                "embedding_dense_backward", "_index_put_impl")
+
+
+def _opname(target: Any) -> str | None:
+    return getattr(target, "_opname", None) or getattr(target, "__name__", None)
+
+
+def _accumulates(node: Any) -> bool:
+    name = _opname(node.target) or ""
+    if not any(name.startswith(a) or name == a for a in ACCUMULATING):
+        return False
+    if name.startswith(("index_put", "_index_put_impl")):  # accumulate=True only
+        acc = node.kwargs.get("accumulate", node.args[3] if len(node.args) > 3 else False)
+        return bool(acc)
+    return True
+
+
+def _ancestors(node: Any) -> list[Any]:
+    seen, order, todo = set(), [], [node]
+    while todo:
+        for parent in todo.pop().all_input_nodes:
+            if parent.name not in seen:
+                seen.add(parent.name)
+                order.append(parent)
+                todo.append(parent)
+    return order
+
+
+def _source_name(placeholder: Any) -> str:
+    """``L['self']._modules['tok']._parameters['weight']`` → ``tok.weight`` (else the node name)."""
+    source = getattr(placeholder.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    if not isinstance(name, str):
+        return placeholder.name
+    name = re.sub(r"\._(?:parameters|buffers)\['([^']+)'\]", r".\1", name)
+    return _clean_fqn(name)
+
+
+def describe_outputs(gm: Any) -> dict[str, Any]:
+    """Per output of an (aten-level) FX graph: its node, and the accumulating nodes it depends on."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    outs = []
+    for value in values:
+        if not hasattr(value, "meta"):
+            outs.append(None)
+            continue
+        chain = [value, *_ancestors(value)]
+        culprits = [_node_info(n) | {"aten": _aten(n)} for n in chain if n.op == "call_function" and _accumulates(n)]
+        outs.append({**_node_info(value), "accumulating": culprits[:3]})
+    ops = set()
+    for n in gm.graph.nodes:
+        for t in (n.target, n.meta.get("original_aten")):
+            name = _opname(t) if n.op == "call_function" or t is not n.target else None
+            if name:
+                ops.add(name)
+    return {"outputs": outs, "ops": sorted(ops)}
+
+
+def _aten(node: Any) -> str:
+    original = node.meta.get("original_aten")
+    return f"aten.{_opname(original)}" if original is not None and _opname(original) else f"aten.{_opname(node.target)}"
+
+
+# --- inductor's generated wrapper code ---------------------------------------------------------
+
+_KERNEL_DEF = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\((\[.*?\]), r'''(.*?)'''", re.S | re.M)
+_NAME = re.compile(r"\b(buf\d+|[A-Za-z_]\w*)\b")
+
+
+def _split_args(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _base(arg: str) -> str | None:
+    m = re.match(r"(?:reinterpret_tensor\()?\s*([A-Za-z_]\w*)", arg)
+    return m.group(1) if m else None
+
+
+def kernels_of(source: str) -> dict[str, dict[str, Any]]:
+    """The C++ kernels defined in inductor's wrapper code: argument types and whether the body
+    accumulates with atomic adds."""
+    out = {}
+    for name, types, body in _KERNEL_DEF.findall(source):
+        try:
+            signature = ast.literal_eval(types)
+        except (ValueError, SyntaxError):
+            signature = []
+        out[name] = {"signature": signature, "atomic_add": "atomic_add" in body}
+    return out
+
+
+def producers(source: str, index: int) -> list[str]:
+    """The kernels (and extern calls) that compute output ``index`` of the wrapper's ``call``,
+    nearest first: a backward walk over the calls from the buffer it returns."""
+    kernels = kernels_of(source)
+    m = re.search(r"\n    def call\(self, args\):\n(.*?)\n        return \((.*?)\)\n", source, re.S)
+    if m is None:
+        return []
+    body, returned = m.group(1).splitlines(), _split_args(m.group(2))
+    if index >= len(returned) or _base(returned[index]) is None:
+        return []
+    wanted, found = {_base(returned[index])}, []
+    for line in reversed(body):
+        line = line.strip()
+        if line.startswith("#") or not line:
+            continue
+        assign = re.match(r"(\w+) = (.*)$", line.split(";")[0])
+        call = re.match(r"([\w.]+)\((.*)\)$", line)
+        if assign:
+            target, value = assign.groups()
+            if target in wanted and not line.endswith("# reuse"):
+                wanted.discard(target)
+                wanted |= {n for n in _NAME.findall(value) if n.startswith("buf") or n in kernels}
+                head = value.split("(")[0]
+                if "(" in value and head not in ("reinterpret_tensor", "empty_strided_cpu"):
+                    found.append(head)
+            continue
+        if call is None:
+            continue
+        name, args = call.groups()
+        parts = _split_args(args)
+        if name in kernels:
+            sig = kernels[name]["signature"]
+            written = {_base(a) for a, t in zip(parts, sig) if not str(t).startswith("const")}
+        else:
+            written = {_base(a.split("=", 1)[1]) for a in parts if a.startswith("out=")}
+        if written & wanted:
+            found.append(name)
+            wanted |= {_base(a.split("=", 1)[-1]) for a in parts} - {None}
+    return found
+
+
+def fused_ops(kernel: str, ops: list[str]) -> list[str]:
+    """``cpp_fused_add_embedding_dense_backward_sum_6`` → ``[add, embedding_dense_backward, sum]``
+    (longest matches against the graph's op names)."""
+    name = re.sub(r"_\d+$", "", re.sub(r"^cpp_fused_", "", kernel))
+    out, p = [], 0
+    while p < len(name):
+        match = max((o for o in ops if name.startswith(o, p) and (p + len(o) == len(name) or name[p + len(o)] == "_")),
+                    key=len, default=None)
+        if match is None:
+            match = name[p:].split("_", 1)[0] or name[p:]
+        out.append(match)
+        p += len(match) + 1
+    return out
+
+
+def name_kernel(source: str | None, index: int, ops: list[str]) -> dict[str, Any] | None:
+    """The kernel behind output ``index``: the nearest producer that accumulates with atomic adds,
+    else the nearest producer; with the aten ops it fuses."""
+    if not source:
+        return None
+    chain = producers(source, index)
+    kernels = kernels_of(source)
+    atomic = [k for k in chain if kernels.get(k, {}).get("atomic_add")]
+    kernel = (atomic or chain or [None])[0]
+    if kernel is None:
+        return None
+    return {"kernel": kernel, "atomic_add": bool(atomic), "fuses": fused_ops(kernel, ops) if kernel in kernels else [],
+            "producers": chain[:6]}
+
+
+# --- the repeater ------------------------------------------------------------------------------
+
+def _copy(x: Any) -> Any:
+    """A copy with the same sizes and strides (compiled graphs assert both)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    out = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+    return out.copy_(x.detach())
+
+
+class KernelRepeater:
+    """Wraps inductor's compile so every compiled forward and backward graph can be repeated."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.results: list[dict[str, Any]] = []
+        self.graphs: dict[str, dict[str, Any]] = {}  # "compile_id/forward" -> what describes it
+        self._undo: list[Any] = []
+
+    def install(self) -> bool:
+        """Patch inductor (feature-detected); False when this torch lacks what is needed."""
+        try:
+            import torch._inductor.compile_fx as compile_fx_module
+        except ImportError:
+            return False
+        if not hasattr(compile_fx_module, "compile_fx") or not hasattr(compile_fx_module, "compile_fx_inner"):
+            return False
+        original, depth = compile_fx_module.compile_fx, [0]
+
+        def compile_fx(gm, example_inputs, *args, **kwargs):
+            if depth[0] or args or "inner_compile" in kwargs:
+                return original(gm, example_inputs, *args, **kwargs)
+            compile_id = str(torch._guards.CompileContext.current_compile_id())
+            names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+            depth[0] += 1
+            try:
+                return original(gm, example_inputs, inner_compile=self._inner(compile_id, names,
+                                                                              compile_fx_module.compile_fx_inner),
+                                **kwargs)
+            finally:
+                depth[0] -= 1
+
+        compile_fx_module.compile_fx = compile_fx
+        self._undo.append(lambda: setattr(compile_fx_module, "compile_fx", original))
+        try:  # a cached AOTAutograd entry would skip inductor's inner compile (the FX cache still serves)
+            import torch._functorch.config as functorch_config
+
+            if getattr(functorch_config, "enable_autograd_cache", None):
+                functorch_config.enable_autograd_cache = False
+                self._undo.append(lambda: setattr(functorch_config, "enable_autograd_cache", True))
+        except ImportError:
+            pass
+        return True
+
+    def uninstall(self) -> None:
+        """Undo every patch."""
+        while self._undo:
+            self._undo.pop()()
+
+    def _inner(self, compile_id: str, names: list[str], inner: Any) -> Any:
+        def inner_compile(gm, example_inputs, *args, **kwargs):
+            graph = "backward" if kwargs.get("is_backward") else "forward"
+            described = describe_outputs(gm)  # before inductor's passes rewrite gm
+            compiled = inner(gm, example_inputs, *args, **kwargs)
+            key = f"{compile_id}/{graph}"
+            self.graphs[key] = {**described, "inputs": names, "source_code": getattr(compiled, "source_code", None)}
+            real = getattr(compiled, "current_callable", None)
+            if callable(real):
+                compiled.current_callable = self._wrap(real, compile_id, graph)
+            return compiled
+
+        return inner_compile
+
+    def _wrap(self, real: Any, compile_id: str, graph: str) -> Any:
+        def run(args: list) -> Any:
+            if not self.active:
+                return real(args)
+            saved = [_copy(x) for x in args]
+            out = real(args)
+            self.active = False  # the repeats below are ours
+            try:
+                self.results.append(self._repeat(real, saved, out, compile_id, graph))
+            finally:
+                self.active = True
+            return out
+
+        return run
+
+    def _repeat(self, real: Any, saved: list, out: Any, compile_id: str, graph: str) -> dict[str, Any]:
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        rng = torch.random.get_rng_state()
+        threads = torch.get_num_threads()
+
+        def again() -> list:
+            torch.random.set_rng_state(rng)
+            result = real([_copy(x) for x in saved])
+            return list(result) if isinstance(result, (list, tuple)) else [result]
+
+        def differing(a: list, b: list) -> dict[int, float | None]:
+            return {i: d for i, (x, y) in enumerate(zip(a, b)) for same, d in [_same(x, y)] if not same}
+
+        repeats: dict[int, float | None] = {}
+        for _ in range(REPEATS):
+            repeats |= differing(outs, again())
+        one_thread: dict[int, float | None] = {}
+        if threads > 1:
+            torch.set_num_threads(1)
+            try:
+                first = again()
+                for _ in range(REPEATS):
+                    one_thread |= differing(first, again())
+            finally:
+                torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+        digest = lambda xs: [fingerprint(x)[:16] if isinstance(x, torch.Tensor) else None for x in xs]  # noqa: E731
+        return {"compile_id": compile_id, "graph": graph, "threads": threads, "inputs": digest(saved),
+                "outputs": digest(outs), "repeat_differs": {str(i): d for i, d in sorted(repeats.items())},
+                "one_thread_differs": {str(i): d for i, d in sorted(one_thread.items())} if threads > 1 else None}
+
+    def explain(self, compile_id: str, graph: str, index: int) -> dict[str, Any]:
+        """What output ``index`` of a compiled graph is: parameter gradient or activation, FX node,
+        accumulating node, kernel and source line."""
+        info = self.graphs.get(f"{compile_id}/{graph}") or {}
+        outputs, names = info.get("outputs") or [], info.get("inputs") or []
+        node = outputs[index] if index < len(outputs) else None
+        out: dict[str, Any] = {"compile_id": compile_id, "graph": graph, "output_index": index}
+        if graph == "backward" and len(outputs) == len(names) and index < len(names):
+            out["parameter"] = names[index]  # the backward returns one gradient per forward input
+        if node:
+            out["node"] = node["node"]
+            module = f", {node['module']}" if node.get("module") else ""
+            out["output"] = f"{node['node']} ({node['target']}{module})"
+            culprit = (node.get("accumulating") or [None])[0]
+            origin = culprit or node
+            out["op"] = culprit["aten"] if culprit else f"aten.{node['target']}"
+            out["source"] = origin.get("source")
+            out["module"] = origin.get("module") or (out["parameter"].rsplit(".", 1)[0] if "." in out.get(
+                "parameter", "") else None)
+            if culprit:
+                out["accumulating_node"] = culprit["node"]
+        kernel = name_kernel(info.get("source_code"), index, info.get("ops") or [])
+        if kernel:
+            out["kernel"] = kernel["kernel"]
+            out["kernel_fuses"] = [f"aten.{o}" for o in kernel["fuses"]]
+            out["kernel_atomic_add"] = kernel["atomic_add"]
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The calls with their digests and repeat results, and every output of every graph called,
+        explained (so that replays in two processes can be compared afterwards)."""
+        called = sorted({(r["compile_id"], r["graph"]) for r in self.results})
+        explained = {f"{c}/{g}": [self.explain(c, g, i) for i in range(len(self.graphs.get(f"{c}/{g}", {}).get(
+            "outputs") or []))] for c, g in called}
+        return {"calls": self.results, "explained": explained}
