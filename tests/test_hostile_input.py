@@ -197,8 +197,10 @@ def test_report_on_a_fifo_does_not_block(tmp_path):
     fifo.unlink()
     os.mkfifo(fifo)
     proc = torchrepro("report", run, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert any("not a regular file" in p for p in json.loads((tmp_path / "r.json").read_text())["run"]["problems"])
+    assert proc.returncode == 1, proc.stderr  # rank 1's log could not be read: the report covers rank 0 only
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert any("not a regular file" in p for p in report["run"]["problems"])
+    assert "RANKS_MISSING" in report["failing_findings"]
 
 
 def test_diff_of_runs_of_different_scripts(tmp_path, capsys):
