@@ -90,7 +90,7 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
     (tmp_path / "count.py").write_text(HOST_READS)
     out = run_python(f"import sys, runpy; sys.argv = ['count.py', {clock!r}]; runpy.run_path('count.py')")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    steps = sum(1 for line in (tmp_path / "run/rank-0/events.jsonl").read_text().splitlines() if '"kind":"step"' in line)
+    steps = len(_step_lines(tmp_path))
     assert steps == 8
     entry = {"poll": 0, "fingerprint_later": 0, "live_fingerprints": 0, "_note_batch": 0, "init": 0}
     user = []  # reads by the script (and torch under it), not by capture
@@ -180,7 +180,7 @@ print("ok")
 def test_a_script_that_never_compiles_never_imports_dynamo(run_python, tmp_path):
     out = run_python(NO_COMPILE)
     assert "dynamo imported: False" in out.stdout
-    steps = [line for line in (tmp_path / "run/rank-0/events.jsonl").read_text().splitlines() if '"kind":"step"' in line]
+    steps = _step_lines(tmp_path)
     assert len(steps) == 4 and all('"batch_fp"' in s and '"loss"' in s and '"rng_fp"' in s for s in steps)
 
 
@@ -223,3 +223,7 @@ def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, 
     assert [s.index for s in got] == list(range(steps)) and not log.problems and log.end is None
     assert all(s.loss is not None and s.rng_fp and s.batch_fp for s in got)
     assert all(s.params_fp for s in got[:5])  # the automatic interval fingerprints its first steps
+
+
+def _step_lines(run_root) -> list[str]:
+    return [line for line in (run_root / "run/rank-0/events.jsonl").read_text().splitlines() if '"kind":"step"' in line]
