@@ -227,3 +227,29 @@ def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, 
 
 def _step_lines(run_root) -> list[str]:
     return [line for line in (run_root / "run/rank-0/events.jsonl").read_text().splitlines() if '"kind":"step"' in line]
+
+
+def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path):
+    """Step lines go through orjson unless a number is not finite (orjson would write null):
+    every value reads back as written, NaN and inf included; unknown fields are still ignored."""
+    import math
+
+    from torchrepro.events import EventWriter, Step, read_events
+
+    steps = [Step(index=0, step=0, loss=2.308467388153076, time_s=1e-05, rng_fps={"python": "ab"}, param_fps=["é"]),
+             Step(index=1, step=1, loss=float("nan"), grad_norm=float("inf")),
+             Step(index=2, step=2, loss=-0.0)]
+    path = tmp_path / "rank-0" / "events.jsonl"
+    from torchrepro.events import Header
+
+    with EventWriter(path) as writer:
+        writer.write(Header())
+        for step in steps:
+            writer.write(step)
+    with open(path, "a") as fp:
+        fp.write('{"kind":"step","index":3,"step":3,"loss":1.5,"from_the_future":1}\n')
+    got = read_events(path).of(Step)
+    assert [s.index for s in got] == [0, 1, 2, 3]
+    assert got[0].to_json() == steps[0].to_json()
+    assert math.isnan(got[1].loss) and got[1].grad_norm == math.inf
+    assert math.copysign(1, got[2].loss) == -1 and got[3].loss == 1.5

@@ -130,7 +130,7 @@ class StepRecorder:
         self._wrap_module_call()
         caps = [Capability(name="steps", available=True,
                            note="global optimizer step hook; backward() when no optimizer exists")]
-        caps += self._watch_fully_shard()
+        self._undo.append(when_imported("torch.distributed.fsdp", self._safe(self._watch_fully_shard)))
         if self.config.batches:
             iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
             if iter_cls is None:
@@ -209,15 +209,15 @@ class StepRecorder:
     def _note_optimizer(self, *args: Any, **kwargs: Any) -> None:
         self._optimizers_made += 1
 
-    def _watch_fully_shard(self) -> list[Capability]:
+    def _watch_fully_shard(self) -> None:
         """Fingerprint each module's full parameters just before FSDP2 shards them (FSDP2 does not
-        broadcast: ranks that built different parameters train a silent mix)."""
-        try:
-            import torch.distributed.fsdp as fsdp
-        except ImportError:
-            return []
+        broadcast: ranks that built different parameters train a silent mix). Installed once the
+        script imports ``torch.distributed.fsdp`` (importing it at start costs a second)."""
+        fsdp = sys.modules["torch.distributed.fsdp"]
         if not hasattr(fsdp, "fully_shard"):
-            return [Capability(name="fsdp2_init", available=False, note="no torch.distributed.fsdp.fully_shard")]
+            self._emit(Capability(rank=self.rank, name="fsdp2_init", available=False,
+                                  note="no torch.distributed.fsdp.fully_shard"))
+            return
 
         def before(module: Any, *args: Any, **kwargs: Any) -> None:
             named = [(n, p) for n, p in module.named_parameters() if not hasattr(p, "placements")]
@@ -226,7 +226,8 @@ class StepRecorder:
                                   module=type(module).__name__, names=[n for n, _ in named], fps=fps))
 
         self._wrap(fsdp, "fully_shard", self._safe(before), hide_from_dynamo=True)
-        return [Capability(name="fsdp2_init", available=True, note="fully_shard: full parameters before sharding")]
+        self._emit(Capability(rank=self.rank, name="fsdp2_init", available=True,
+                              note="fully_shard: full parameters before sharding"))
 
     def uninstall(self) -> None:
         while self._undo:
