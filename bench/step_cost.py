@@ -6,6 +6,8 @@
 A loop (MLP, AdamW, DataLoader batches, eager) runs under a default ``CaptureSession``. Two
 measures, printed, never asserted:
 
+- end to end: the loop's median step CPU time without and with capture, taking turns over
+  --rounds rounds; the median over rounds of the ratio within a round.
 - parts: capture's entry points (DataLoader batch, outermost module call, backward wrapper,
   optimizer post-step hook) and the pieces inside them (RNG digest, batch fingerprint, parameter
   fingerprints, read-back, event write) are timed with ``thread_time`` (CPU time: on a shared,
@@ -166,11 +168,28 @@ def _in_capture(frames: list[str]) -> bool:
     return last == len(frames) - 1 or not any(p in frames[last] for p in _PASSTHROUGH)
 
 
+def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, float, list[float]]:
+    """Median step CPU time without and with capture (ms), and the ratio of medians per round;
+    the two take turns, in an order swapped every round."""
+    plain: list[float] = []
+    captured: list[float] = []
+    ratios = []
+    for r in range(rounds):
+        pair = {}
+        for config in (("none", "capture") if r % 2 == 0 else ("capture", "none")):
+            times = loop(width, steps, tmp / f"e2e-{r}" if config == "capture" else None)[10:]
+            pair[config] = statistics.median(times)
+            (captured if config == "capture" else plain).extend(times)
+        ratios.append(pair["capture"] / pair["none"])
+    return statistics.median(plain) * 1e3, statistics.median(captured) * 1e3, ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--width", type=int, nargs="+", default=[640, 2600], help="hidden width (step size)")
+    parser.add_argument("--width", type=int, nargs="+", default=[900, 2600], help="hidden width (~10 and ~100 ms steps)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=6, help="end-to-end rounds (none and capture take turns)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -183,12 +202,13 @@ def main() -> None:
     for width in args.width:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
             tmp = Path(name)
-            plain = statistics.median(loop(width, min(args.steps, 200), None)[10:]) * 1e3
+            plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
             parts, step_ms = timed_parts(width, args.steps, tmp)
             steps = max(100, min(args.steps * 2, int(20000 / max(step_ms, 1))))
             share = spy_share(width, steps, tmp, rate=250)
         entry = sum(v for k, v in parts.items() if k.startswith("entry"))
-        print(f"\nwidth {width}: step {plain:.2f} ms without capture, {step_ms:.2f} ms with (median)")
+        print(f"\nwidth {width}: step {plain:.2f} ms CPU without capture, {captured:.2f} ms with (medians); "
+              f"ratio per round {' '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.4f}")
         for label, *_ in PARTS:
             print(f"  {label:40s} {parts.get(label, 0.0):8.1f} µs")
         print(f"  {'capture, all entry points':40s} {entry:8.1f} µs = {entry / 1e3 / plain * 100:.2f} % of a step")
