@@ -169,8 +169,11 @@ assert "torch._dynamo" not in sys.modules
 import torch._dynamo  # the script compiles after capture started: the wrappers are hidden from Dynamo now
 next_ = torch.utils.data.dataloader._BaseDataLoaderIter.__next__
 assert getattr(next_, "_torchdynamo_disable", False), "DataLoader wrapper not hidden from Dynamo"
+import torch.distributed.fsdp  # noqa: F401 - the fully_shard observer is installed now
 model = torch.compile(torch.nn.Linear(4, 1), backend="eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
 model(torch.randn(2, 4)).sum().backward()
+opt.step()
 session.stop(0)
 assert not getattr(torch.utils.data.dataloader._BaseDataLoaderIter.__next__, "_torchdynamo_disable", False)
 print("ok")
@@ -184,8 +187,16 @@ def test_a_script_that_never_compiles_never_imports_dynamo(run_python, tmp_path)
     assert len(steps) == 4 and all('"batch_fp"' in s and '"loss"' in s and '"rng_fp"' in s for s in steps)
 
 
-def test_dynamo_imported_after_start_still_gets_the_wrappers_hidden(run_python):
+def test_dynamo_imported_after_start_still_gets_the_wrappers_hidden(run_python, tmp_path):
+    """Importing Dynamo imports torch.distributed.fsdp, whose observer wraps fully_shard and asks
+    to hide it from Dynamo while Dynamo is still being imported: that waits until it is done."""
+    from torchrepro.events import Capability, Step, read_events
+
     assert "ok" in run_python(COMPILE_LATER).stdout
+    log = read_events(tmp_path / "run/rank-0/events.jsonl")
+    caps = {c.name: c for c in log.of(Capability)}
+    assert "capture_error" not in caps and caps["fsdp2_init"].available
+    assert len(log.of(Step)) == 1
 
 
 KILLED = r'''

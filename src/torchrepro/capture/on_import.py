@@ -15,9 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 
+_WAITING: dict[str, list[Callable[[], None]]] = {}  # module name -> callbacks, while its import is awaited
+
+
 class _Hook(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str, callback: Callable[[], None]):
-        self.name, self.callback = name, callback
+    def __init__(self, name: str):
+        self.name = name
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.name:
@@ -26,12 +29,14 @@ class _Hook(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = getattr(spec, "loader", None)
         if spec is None or not hasattr(loader, "exec_module"):
+            _WAITING.pop(fullname, None)
             return spec
-        exec_module, callback = loader.exec_module, self.callback
+        exec_module = loader.exec_module
 
         def exec_then_call(module: Any) -> None:
             exec_module(module)
-            callback()
+            for callback in _WAITING.pop(fullname, []):  # also those added while the module ran
+                callback()
 
         loader.exec_module = exec_then_call  # this spec's loader only: one module, loaded once
         return spec
@@ -44,10 +49,19 @@ def _remove(hook: _Hook) -> None:
 
 def when_imported(name: str, callback: Callable[[], None]) -> Callable[[], None]:
     """Call ``callback()`` once ``name`` is imported (now, if it is); returns a function that
-    cancels a callback still waiting."""
-    if name in sys.modules:
+    cancels a callback still waiting. A module still running its own code (it imported
+    something that asked) counts as not imported yet: the callback runs when it is done."""
+    if name in sys.modules and name not in _WAITING:
         callback()
         return lambda: None
-    hook = _Hook(name, callback)
-    sys.meta_path.insert(0, hook)
-    return lambda: _remove(hook)
+    if name not in _WAITING:
+        _WAITING[name] = []
+        sys.meta_path.insert(0, _Hook(name))
+    _WAITING[name].append(callback)
+
+    def cancel() -> None:
+        waiting = _WAITING.get(name, [])
+        if callback in waiting:
+            waiting.remove(callback)
+
+    return cancel

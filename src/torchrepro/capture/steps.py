@@ -165,7 +165,7 @@ class StepRecorder:
                 if getattr(owner, name) is wrapper:
                     setattr(owner, name, torch.compiler.disable(wrapper))
 
-            self._undo.append(when_imported("torch._dynamo", hide))
+            self._undo.append(when_imported("torch._dynamo", self._safe(hide)))
 
     def _wrap_module_call(self) -> None:
         """``nn.Module.__call__``: the outermost call of a step gives its inputs' fingerprint (when
@@ -186,7 +186,7 @@ class StepRecorder:
         __call__.__wrapped__ = original  # type: ignore[attr-defined]
         torch.nn.Module.__call__ = __call__
         self._undo.append(lambda: setattr(torch.nn.Module, "__call__", original))
-        self._undo.append(when_imported("torch._dynamo", lambda: _skip_frame(__call__)))
+        self._undo.append(when_imported("torch._dynamo", self._safe(lambda: _skip_frame(__call__))))
 
     def _note_module_call(self, module: Any, args: tuple, kwargs: dict) -> None:
         if self._pending_backward and self._backward_clocked():
