@@ -42,7 +42,7 @@ from ..events import Capability, Event, InitParams, Params, Setting, Step
 from ..digests import DeviceDigest, fingerprint, fingerprint_later, hash_bytes
 from ..rng import combine, live_fingerprints
 from .on_import import when_imported
-from .readback import Readback, as_float
+from .readback import Readback
 
 Digest = str | DeviceDigest  # a fingerprint, or one whose device sums are still to be read
 
@@ -462,14 +462,14 @@ def _grad_digest(grads: list[torch.Tensor]) -> tuple[list[Digest], torch.Tensor]
     return [fingerprint_later(g) for g in grads], torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
 
-def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, words: list[int]) -> None:
-    """Complete a step's event from its values read back as int64 words (in the order
-    ``_end_step`` queued them: loss, gradient norm, then the device sums of ``later``)."""
-    it = iter(words)
+def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, values: list[Any]) -> None:
+    """Complete a step's event from its values read back (in the order ``_end_step`` queued
+    them: loss, gradient norm, then the two device sums of each digest in ``later``)."""
+    it = iter(values)
     if has_loss:
-        event.loss = as_float(next(it))
+        event.loss = next(it)
     if "grads" in later:
-        event.grad_norm = round(as_float(next(it)), 9)
+        event.grad_norm = round(next(it), 9)
     done = {key: [[d if isinstance(d, str) else d.finish(next(it), next(it)) for d in group] for group in groups]
             for key, groups in later.items()}
     if "batch" in done:
