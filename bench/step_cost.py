@@ -186,7 +186,8 @@ def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, f
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--width", type=int, nargs="+", default=[900, 2600], help="hidden width (~10 and ~100 ms steps)")
+    parser.add_argument("--width", type=int, nargs="+", default=[900, 2600],
+                        help="hidden width (~10 and ~100 ms steps)")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6, help="end-to-end rounds (none and capture take turns)")
