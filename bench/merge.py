@@ -4,6 +4,9 @@ timed separately, with the time per event so linear scaling shows as a flat colu
 
     .venv/bin/python bench/merge.py                  # 2, 64 and 1024 ranks of 10 000 events
     .venv/bin/python bench/merge.py --ranks 2 8 --events 2000
+
+"vs json" is the whole time (read + analyse) over a bare ``json.loads`` of every line of the same
+logs, measured just before in the same process.
 """
 
 from __future__ import annotations
@@ -66,17 +69,29 @@ def make_run(root: Path, ranks: int, text: str) -> None:
         (folder / "events.jsonl").write_text(text.replace('"rank":0', f'"rank":{rank}').replace("BATCH", f"{rank:05x}"))
 
 
+def bare_json(root: Path) -> float:
+    """Seconds for a bare ``json.loads`` of every line of every rank's log (the yardstick)."""
+    t0 = time.perf_counter()
+    for file in sorted(root.glob("rank-*/events.jsonl")):
+        with open(file, "rb") as fp:
+            for line in fp:
+                json.loads(line)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 64, 1024])
     parser.add_argument("--events", type=int, default=10_000)
     args = parser.parse_args()
     text = rank_log(args.events)
-    print(f"{'ranks':>6} {'events':>11} {'read s':>8} {'analyse s':>10} {'total s':>8} {'µs/event':>9} {'max RSS MB':>10}")
+    print(f"{'ranks':>6} {'events':>11} {'json s':>7} {'read s':>8} {'analyse s':>10} {'total s':>8} {'vs json':>8} "
+          f"{'µs/event':>9} {'max RSS MB':>10}")
     for ranks in args.ranks:
         root = Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
         try:
             make_run(root, ranks, text)
+            bare = bare_json(root)
             t0 = time.perf_counter()
             run = load_run(root)
             t1 = time.perf_counter()
@@ -85,8 +100,8 @@ def main() -> None:
             assert report["steps"]["per_rank"]["0"]["steps"] > 0
             total = ranks * args.events
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(f"{ranks:>6} {total:>11,} {t1 - t0:>8.2f} {t2 - t1:>10.2f} {t2 - t0:>8.2f} "
-                  f"{(t2 - t0) / total * 1e6:>9.2f} {rss:>10.0f}", flush=True)
+            print(f"{ranks:>6} {total:>11,} {bare:>7.2f} {t1 - t0:>8.2f} {t2 - t1:>10.2f} {t2 - t0:>8.2f} "
+                  f"{(t2 - t0) / bare:>7.2f}x {(t2 - t0) / total * 1e6:>9.2f} {rss:>10.0f}", flush=True)
             del run, report
         finally:
             shutil.rmtree(root, ignore_errors=True)

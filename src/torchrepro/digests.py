@@ -45,7 +45,7 @@ import torch
 import xxhash
 from torch import nn
 
-__all__ = ["fingerprint", "fingerprints", "hash_bytes", "stable_uid"]
+__all__ = ["DeviceDigest", "fingerprint", "fingerprint_later", "fingerprints", "hash_bytes", "stable_uid"]
 
 
 def hash_bytes(*buffers) -> str:
@@ -68,6 +68,29 @@ def fingerprint(x: Any) -> str:
     Example: ``fingerprint(model) != fingerprint(model_after_one_step)``.
     """
     return xxhash.xxh3_128_hexdigest(_enc(x, stateful=True))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceDigest:
+    """A tensor fingerprint whose two device sums (`_device_digest`) have not reached the host
+    yet: ``finish`` turns them, once read, into what :func:`fingerprint` returns."""
+
+    sums: torch.Tensor  # int64[2], on the tensor's device
+    header: bytes
+
+    def finish(self, s1: int, s2: int) -> str:
+        """The fingerprint, from the two sums as read back (signed int64)."""
+        leaf = _xxh3(self.header, struct.pack("<qq", s1, s2))
+        return xxhash.xxh3_128_hexdigest(b"t" + leaf)
+
+
+def fingerprint_later(t: torch.Tensor) -> str | DeviceDigest:
+    """:func:`fingerprint` of a tensor without a device synchronisation: on the CPU the digest
+    itself; elsewhere a :class:`DeviceDigest` whose sums are read back when convenient."""
+    if t.layout != torch.strided or t.device.type in ("cpu", "meta"):
+        return fingerprint(t)
+    t = _dense(t)
+    return DeviceDigest(_device_sums(t), _header("device-sum64x2", t.dtype, t.shape))
 
 
 def stable_uid(obj: Any) -> str:
@@ -208,8 +231,14 @@ def _xxh3(*buffers) -> bytes:
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
-    """`t` detached, with its logical values laid out contiguously (copied only if needed)."""
-    return t.detach().resolve_conj().resolve_neg().contiguous()
+    """`t` detached, with its logical values laid out contiguously (copied only if needed; the
+    checks first, as each call through the dispatcher costs a step's capture a few µs)."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -239,6 +268,12 @@ def _device_digest(t: torch.Tensor, chunk_words: int = 1 << 23) -> bytes:
     chunks of `chunk_words` words, bounding temporary memory.
     """
     t = _dense(t)
+    sums = _device_sums(t, chunk_words).cpu().numpy().astype("<i8")
+    return _xxh3(_header("device-sum64x2", t.dtype, t.shape), sums.tobytes())
+
+
+def _device_sums(t: torch.Tensor, chunk_words: int = 1 << 23) -> torch.Tensor:
+    """The two sums of `_device_digest` for a dense tensor, as int64[2] on its device."""
     data = _bytes(t)
     s1 = s2 = torch.zeros((), dtype=torch.int64, device=t.device)
     for start in range(0, data.numel(), 8 * chunk_words):
@@ -252,5 +287,4 @@ def _device_digest(t: torch.Tensor, chunk_words: int = 1 << 23) -> bytes:
         x.bitwise_xor_((x >> 32) & _LOW32).mul_(_MIX)
         x.bitwise_xor_((x >> 29) & _LOW35)
         s2 = s2 + x.sum()
-    sums = torch.stack([s1, s2]).cpu().numpy().astype("<i8")
-    return _xxh3(_header("device-sum64x2", t.dtype, t.shape), sums.tobytes())
+    return torch.stack([s1, s2])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -18,6 +19,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+try:
+    import orjson as _orjson
+except ImportError:  # optional: the standard library reads and writes the same lines
+    _orjson = None
 
 SCHEMA = "torchrepro.events/1"
 EVENTS_FILE = "events.jsonl"
@@ -281,6 +287,17 @@ def _intern_step(data: dict[str, Any]) -> None:
         data["rng_fps"] = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v for k, v in data["rng_fps"].items()}
 
 
+def _line(event: Event) -> str:
+    """One event as a JSON line. Step events (the hot path) go through orjson when it is
+    installed and their numbers are finite; the rest, and NaN/inf (orjson would write null),
+    through json."""
+    data = event.to_json()
+    if _orjson is not None and type(event) is Step and all(
+            type(v) is not float or math.isfinite(v) for v in data.values()):
+        return _orjson.dumps(data, default=str).decode() + "\n"
+    return json.dumps(data, separators=(",", ":"), default=str) + "\n"
+
+
 class EventWriter:
     """Appends events to a JSONL file, one flushed line per event. Each of ``listeners`` (e.g. the
     OpenTelemetry exporter) is called with every event right after its line is written; a listener
@@ -299,7 +316,7 @@ class EventWriter:
     def write(self, event: Event) -> None:
         if self._fp.closed:
             return
-        self._fp.write(json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n")
+        self._fp.write(_line(event))
         self._fp.flush()
         for listener in self.listeners:
             listener(event)
@@ -353,6 +370,17 @@ def _rank_from_dir(name: str) -> int:
         return 0
 
 
+def _loads(raw: bytes) -> Any:
+    """json.loads, by orjson when installed (the standard library for what orjson refuses:
+    NaN and Infinity, which the writer keeps)."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(raw)
+        except ValueError:
+            pass
+    return json.loads(raw)
+
+
 def read_events(path: str | os.PathLike) -> EventLog:
     """Read one rank's log, tolerating damage: see the module docstring."""
     path = Path(path)
@@ -364,7 +392,7 @@ def read_events(path: str | os.PathLike) -> EventLog:
         if not raw.strip():
             continue
         try:
-            data = json.loads(raw)
+            data = _loads(raw)
             if not isinstance(data, dict):
                 raise ValueError("not an object")
             event = from_json(data)

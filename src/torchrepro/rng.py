@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import random
-import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from .errors import RngStateError
 from .digests import hash_bytes
+from .rng_raw import numpy_bytes, numpy_state_bytes, python_bytes, python_state_bytes
 
 SCHEMA = "torchrepro.rng/1"
 
@@ -148,8 +148,8 @@ class RngState:
         ``generator:<name>``), equal to :func:`live_fingerprints` taken at capture time."""
         words = _unb64(self.numpy["words"])
         raw = {
-            "python": _python_bytes(self.python),
-            "numpy": _numpy_bytes(words, self.numpy["pos"], self.numpy["has_gauss"], self.numpy["cached_gaussian"]),
+            "python": python_bytes(tuple(self.python)),
+            "numpy": numpy_bytes(words, self.numpy["pos"], self.numpy["has_gauss"], self.numpy["cached_gaussian"]),
             "torch_cpu": _unb64(self.torch_cpu),
         }
         raw.update({f"cuda:{i}": _unb64(s) for i, s in enumerate(self.cuda)})
@@ -215,11 +215,9 @@ class RngState:
 def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[str, str]:
     """Per-generator digests of the current state, without building an :class:`RngState`
     (cheap enough for every training step; CUDA only if it is already initialised)."""
-    key, words, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    version, internal, gauss = random.getstate()
     raw = {
-        "python": _python_bytes([version, internal, gauss]),
-        "numpy": _numpy_bytes(words.astype("<u4").tobytes(), pos, has_gauss, cached),
+        "python": python_state_bytes(),
+        "numpy": numpy_state_bytes(),
         "torch_cpu": torch.get_rng_state().numpy().tobytes(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -243,16 +241,6 @@ def _fork_states() -> dict[str, dict[str, Any]]:
 def combine(fingerprints: dict[str, str]) -> str:
     """One digest over per-generator digests (order-independent)."""
     return hash_bytes(_canonical(fingerprints))[:16]
-
-
-def _python_bytes(state: list[Any]) -> bytes:
-    version, internal, gauss = state
-    return struct.pack(f"<q{len(internal)}Qd", version, *internal, -1.0 if gauss is None else gauss) + bytes(
-        [gauss is None])
-
-
-def _numpy_bytes(words: bytes, pos: int, has_gauss: int, cached: float) -> bytes:
-    return words + struct.pack("<qqd", int(pos), int(has_gauss), float(cached))
 
 
 def _rank_file(path: Path, rank: int) -> Path:

@@ -9,6 +9,7 @@ turns them into events. Feature-detected: on a torch without that logger, a
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 
 from ..events import Capability, Counters, Event
@@ -81,10 +82,7 @@ class CompileCapture:
 
     def counters(self) -> Counters:
         """Dynamo's own counters now (a cross-check written at the end of a run)."""
-        try:
-            from torch._dynamo.utils import counters
-        except ImportError:
-            return Counters()
+        counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", {})  # not imported: nothing compiled
         snapshot = {group: {str(k): int(v) for k, v in values.items()} for group, values in counters.items()
                     if group in ("stats", "graph_break", "unimplemented", "frames", "inductor", "aot_autograd")}
         snapshot["torchrepro"] = {"unique_graphs_traced": self.translator.unique_graphs,

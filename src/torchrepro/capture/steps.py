@@ -16,7 +16,8 @@
   :mod:`torchrepro.rng`.
 
 Every wrapper calls straight through when Dynamo is tracing, so compiled code sees exactly the
-functions it would see without torchrepro.
+functions it would see without torchrepro. Dynamo is told to skip or not trace them once it is
+imported (:mod:`.on_import`): a script that never compiles never imports it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +39,12 @@ import numpy as np
 import torch
 
 from ..events import Capability, Event, InitParams, Params, Setting, Step
-from ..digests import fingerprint, hash_bytes
+from ..digests import DeviceDigest, fingerprint, fingerprint_later, hash_bytes
 from ..rng import combine, live_fingerprints
+from .on_import import when_imported
+from .readback import Readback
+
+Digest = str | DeviceDigest  # a fingerprint, or one whose device sums are still to be read
 
 _AUTO_WARMUP = 5  # steps fingerprinted every time while the cost of a fingerprint is measured
 _OVERHEAD_BUDGET = 0.01  # automatic interval: all capture work at most 1 % of step time ...
@@ -62,7 +68,8 @@ class StepRecorder:
 
     def __init__(self, emit: Callable[[Event], None], rank: int = 0, config: StepConfig | None = None,
                  snapshot_dir: Path | None = None):
-        self._emit, self.rank, self.snapshot_dir = emit, rank, snapshot_dir
+        self._readback = Readback(emit)  # step values read back in batches (no device sync per step)
+        self._emit, self.rank, self.snapshot_dir = self._readback.emit, rank, snapshot_dir
         self.config = config or StepConfig()
         self.completed = 0
         self.every = self.config.fingerprint_every
@@ -70,7 +77,7 @@ class StepRecorder:
         self._params: list[torch.Tensor] | None = None
         self._losses: list[torch.Tensor] = []
         self._batch_fps: list[str] = []
-        self._grads: tuple[str, float] | None = None
+        self._grads: tuple[list[Digest], torch.Tensor] | None = None
         self._compiles = 0
         self._start = time.perf_counter()
         self._rng_fps: dict[str, str] | None = None
@@ -87,7 +94,7 @@ class StepRecorder:
         self.clock: str | None = None  # "optimizer" or "backward", once known
         self._optimizers_made = 0
         self._pending_backward = False  # backward clock: a step has begun and not ended yet
-        self._input_fps: list[str] = []
+        self._input_fps: list[list[Digest]] = []
         self._in_module = False
         self._init_done = False
         self._first_index = 0
@@ -123,7 +130,7 @@ class StepRecorder:
         self._wrap_module_call()
         caps = [Capability(name="steps", available=True,
                            note="global optimizer step hook; backward() when no optimizer exists")]
-        caps += self._watch_fully_shard()
+        self._undo.append(when_imported("torch.distributed.fsdp", self._safe(self._watch_fully_shard)))
         if self.config.batches:
             iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
             if iter_cls is None:
@@ -151,10 +158,14 @@ class StepRecorder:
             return result
 
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-        if hide_from_dynamo:
-            wrapper = torch.compiler.disable(wrapper)
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
+        if hide_from_dynamo:
+            def hide() -> None:
+                if getattr(owner, name) is wrapper:
+                    setattr(owner, name, torch.compiler.disable(wrapper))
+
+            self._undo.append(when_imported("torch._dynamo", self._safe(hide)))
 
     def _wrap_module_call(self) -> None:
         """``nn.Module.__call__``: the outermost call of a step gives its inputs' fingerprint (when
@@ -173,9 +184,9 @@ class StepRecorder:
                 self._in_module = False
 
         __call__.__wrapped__ = original  # type: ignore[attr-defined]
-        _skip_frame(__call__)
         torch.nn.Module.__call__ = __call__
         self._undo.append(lambda: setattr(torch.nn.Module, "__call__", original))
+        self._undo.append(when_imported("torch._dynamo", self._safe(lambda: _skip_frame(__call__))))
 
     def _note_module_call(self, module: Any, args: tuple, kwargs: dict) -> None:
         if self._pending_backward and self._backward_clocked():
@@ -192,21 +203,21 @@ class StepRecorder:
         if self.config.batches and not self._batch_fps:
             tensors = _tensors((args, kwargs))
             if tensors:
-                self._input_fps.append(hash_bytes(*(fingerprint(_local(t)).encode() for t in tensors))[:16])
+                self._input_fps.append([fingerprint_later(_local(t)) for t in tensors])
         self._own += time.perf_counter() - t0
 
     def _note_optimizer(self, *args: Any, **kwargs: Any) -> None:
         self._optimizers_made += 1
 
-    def _watch_fully_shard(self) -> list[Capability]:
+    def _watch_fully_shard(self) -> None:
         """Fingerprint each module's full parameters just before FSDP2 shards them (FSDP2 does not
-        broadcast: ranks that built different parameters train a silent mix)."""
-        try:
-            import torch.distributed.fsdp as fsdp
-        except ImportError:
-            return []
+        broadcast: ranks that built different parameters train a silent mix). Installed once the
+        script imports ``torch.distributed.fsdp`` (importing it at start costs a second)."""
+        fsdp = sys.modules["torch.distributed.fsdp"]
         if not hasattr(fsdp, "fully_shard"):
-            return [Capability(name="fsdp2_init", available=False, note="no torch.distributed.fsdp.fully_shard")]
+            self._emit(Capability(rank=self.rank, name="fsdp2_init", available=False,
+                                  note="no torch.distributed.fsdp.fully_shard"))
+            return
 
         def before(module: Any, *args: Any, **kwargs: Any) -> None:
             named = [(n, p) for n, p in module.named_parameters() if not hasattr(p, "placements")]
@@ -215,7 +226,8 @@ class StepRecorder:
                                   module=type(module).__name__, names=[n for n, _ in named], fps=fps))
 
         self._wrap(fsdp, "fully_shard", self._safe(before), hide_from_dynamo=True)
-        return [Capability(name="fsdp2_init", available=True, note="fully_shard: full parameters before sharding")]
+        self._emit(Capability(rank=self.rank, name="fsdp2_init", available=True,
+                              note="fully_shard: full parameters before sharding"))
 
     def uninstall(self) -> None:
         while self._undo:
@@ -302,26 +314,32 @@ class StepRecorder:
                               kinds=[_kind(p) for p in self._params]))
         event = Step(rank=self.rank, step=index, index=index, time_s=round(step_time, 6),
                      backward_calls=len(self._losses), compiles=self._compiles)
+        parts: list[torch.Tensor] = []  # read back at the batch point (readback.py), then filled in
         if self._losses:
-            event.loss = float(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
-        batch_fps = self._batch_fps or self._input_fps
-        if batch_fps:
-            event.batches = len(batch_fps)
-            event.batch_fp = hash_bytes(*(f.encode() for f in batch_fps))[:16]
+            losses = [x.float().reshape(()) for x in self._losses]
+            parts.append(losses[0] if len(losses) == 1 else torch.stack(losses).mean())
+        later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
+        if self._batch_fps:
+            event.batches = len(self._batch_fps)
+            event.batch_fp = hash_bytes(*(f.encode() for f in self._batch_fps))[:16]
+        elif self._input_fps:
+            event.batches = len(self._input_fps)
+            later["batch"] = self._input_fps
         if self._grads is not None:
-            event.grads_fp, event.grad_norm = self._grads[0], round(self._grads[1], 9)
+            parts.append(self._grads[1])
+            later["grads"] = [self._grads[0]]
         if self._rng_fps is not None:
             event.rng_fps, event.rng_fp, event.rng_at = self._rng_fps, combine(self._rng_fps), self._rng_at
         fp_cost = 0.0
         if self._params and self._should_fingerprint(index):
             t0 = time.perf_counter()
-            digests = [fingerprint(_local(p)) for p in self._params]
-            event.param_fps = [d[:16] for d in digests]
-            event.params_fp = hash_bytes(*(d.encode() for d in digests))[:16]
+            later["params"] = [[fingerprint_later(_local(p)) for p in self._params]]
             fp_cost = time.perf_counter() - t0
+        parts += [d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)]
+        self._readback.add(event, parts, partial(_fill, bool(self._losses), later))
         if self._params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
-        self._emit(event)
+        self._readback.poll()
         if index == self._first_index:
             self._emit_settings(index)
         own = self._own + (time.perf_counter() - now) - fp_cost
@@ -391,6 +409,7 @@ class StepRecorder:
         snapshot the final parameters if the schedule skipped them."""
         if self._pending_backward and self._backward_clocked() and not self.failed:
             self._safe(self._end_step)("backward")
+        self._readback.poll(force=True)
         if self.config.snapshots and self._params is not None and self.completed:
             if self._last_snapshot != self.completed - 1:
                 self._snapshot(self.completed - 1)
@@ -434,14 +453,36 @@ def _leaves_of(loss: torch.Tensor) -> list[torch.Tensor]:
     return leaves
 
 
-def _grad_digest(grads: list[torch.Tensor]) -> tuple[str, float] | None:
-    """(fingerprint, global norm) of gradients, or None when there are none."""
+def _grad_digest(grads: list[torch.Tensor]) -> tuple[list[Digest], torch.Tensor] | None:
+    """(per-gradient digests, global norm as a tensor) of gradients, or None when there are none."""
     grads = [_local(g).detach() for g in grads]
     if not grads:
         return None
     norms = torch._foreach_norm(grads)
-    norm = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
-    return hash_bytes(*(fingerprint(g).encode() for g in grads))[:16], norm
+    return [fingerprint_later(g) for g in grads], torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, values: list[Any]) -> None:
+    """Complete a step's event from its values read back (in the order ``_end_step`` queued
+    them: loss, gradient norm, then the two device sums of each digest in ``later``)."""
+    it = iter(values)
+    if has_loss:
+        event.loss = next(it)
+    if "grads" in later:
+        event.grad_norm = round(next(it), 9)
+    done = {key: [[d if isinstance(d, str) else d.finish(next(it), next(it)) for d in group] for group in groups]
+            for key, groups in later.items()}
+    if "batch" in done:
+        event.batch_fp = _combined([_combined(group) for group in done["batch"]])
+    if "grads" in done:
+        event.grads_fp = _combined(done["grads"][0])
+    if "params" in done:
+        event.param_fps = [d[:16] for d in done["params"][0]]
+        event.params_fp = _combined(done["params"][0])
+
+
+def _combined(digests: list[str]) -> str:
+    return hash_bytes(*(d.encode() for d in digests))[:16]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,222 @@
+"""What default capture costs a small training step: its parts in µs, and its share of samples.
+
+    python bench/step_cost.py                       # ~10 ms and ~100 ms steps, 1 thread
+    python bench/step_cost.py --width 256 --steps 300
+
+A loop (MLP, AdamW, DataLoader batches, eager) runs under a default ``CaptureSession``. Two
+measures, printed, never asserted:
+
+- end to end: the loop's median step CPU time without and with capture, taking turns over
+  --rounds rounds; the median over rounds of the ratio within a round.
+- parts: capture's entry points (DataLoader batch, outermost module call, backward wrapper,
+  optimizer post-step hook) and the pieces inside them (RNG digest, batch fingerprint, parameter
+  fingerprints, read-back, event write) are timed with ``thread_time`` (CPU time: on a shared,
+  oversubscribed machine wall time inflates short intervals whenever the thread is preempted
+  inside them) in the same process; µs
+  per step each (inclusive: a piece's time is also inside its entry point), and the entry points'
+  sum as a share of the loop's median step time. The first 10 steps are dropped (names, the
+  automatic interval's measuring steps).
+- share: the same loop in a child process under ``py-spy record`` (250 samples/s,
+  raw format); the share of the loop's samples with a torchrepro frame on the stack. Needs
+  py-spy (``pip install py-spy``); skipped without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def loop(width: int, steps: int, run_dir: Path | None, timers: dict[str, list[float]] | None = None) -> list[float]:
+    """Train ``steps`` steps (under capture when ``run_dir``); the CPU time of each step (this
+    thread's: with one intra-op thread it holds the compute, and a shared machine's other jobs
+    do not inflate it as they do wall time)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    data = TensorDataset(torch.randn(64 * 32, 256), torch.randint(0, 10, (64 * 32,)))
+    session = None
+    if run_dir is not None:
+        from torchrepro.capture.session import CaptureConfig, CaptureSession
+
+        session = CaptureSession(CaptureConfig(run_dir=run_dir))
+        session.start()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times: list[float] = []
+    while len(times) < steps:
+        for x, y in DataLoader(data, batch_size=64, shuffle=True):
+            t0 = time.thread_time()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            times.append(time.thread_time() - t0)
+            if len(times) == steps:
+                break
+    if session is not None:
+        session.stop(0)
+    return times
+
+
+PARTS = [  # (label, owner module, attribute, owner class or None); entry points first
+    ("entry: DataLoader batch", "torchrepro.capture.steps", "_note_batch", "StepRecorder"),
+    ("entry: module call", "torchrepro.capture.steps", "_note_module_call", "StepRecorder"),
+    ("entry: backward wrapper", "torchrepro.capture.steps", "_note_backward", "StepRecorder"),
+    ("entry: after backward", "torchrepro.capture.steps", "_after_backward", "StepRecorder"),
+    ("entry: optimizer post-step", "torchrepro.capture.steps", "_on_step", "StepRecorder"),
+    ("  RNG digest (live_fingerprints)", "torchrepro.capture.steps", "live_fingerprints", None),
+    ("  RNG combine", "torchrepro.capture.steps", "combine", None),
+    ("  batch fingerprint", "torchrepro.capture.steps", "fingerprint", None),
+    ("  parameter fingerprints (amortized)", "torchrepro.capture.steps", "fingerprint_later", None),
+    ("  read-back queue (add)", "torchrepro.capture.readback", "add", "Readback"),
+    ("  read-back batch point (poll)", "torchrepro.capture.readback", "poll", "Readback"),
+    ("  event write (JSON line + flush)", "torchrepro.events", "write", "EventWriter"),
+]
+
+
+def timed_parts(width: int, steps: int, tmp: Path) -> tuple[dict[str, float], float]:
+    """µs per kept step for each part, and the median step time (ms) under capture."""
+    import importlib
+
+    totals: dict[str, float] = defaultdict(float)
+    counting = [False]
+
+    def timer(label: str, fn):
+        def timed(*args, **kwargs):
+            if not counting[0]:
+                return fn(*args, **kwargs)
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[label] += time.thread_time() - t0
+
+        return timed
+
+    for label, module, attr, cls in PARTS:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        setattr(owner, attr, timer(label, getattr(owner, attr)))
+    from torchrepro.capture import steps as steps_mod
+
+    original_end = steps_mod.StepRecorder._end_step
+    kept = [0]
+
+    def end_step(self, clock):  # count from the 11th step on
+        counting[0] = self.completed + 1 >= 10
+        kept[0] += counting[0]
+        return original_end(self, clock)
+
+    steps_mod.StepRecorder._end_step = end_step
+    times = loop(width, steps, tmp / "parts")
+    return {k: v / max(kept[0], 1) * 1e6 for k, v in totals.items()}, statistics.median(times[10:]) * 1e3
+
+
+def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, float, int] | None:
+    """Shares of the loop's py-spy samples in capture's own code (per step, and once per run at
+    its first step), and the number of loop samples."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return None
+    raw = tmp / "spy.txt"
+    subprocess.run([spy, "record", "-r", str(rate), "--format", "raw", "-o", str(raw), "--", sys.executable,
+                    __file__, "--child", "--width", str(width), "--steps", str(steps), "--out", str(tmp / "spy")],
+                   check=True, capture_output=True)
+    in_loop = ours = once = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        start = next((i for i, f in enumerate(frames) if f.startswith("loop (")), None)
+        if start is None:
+            continue
+        inner = frames[start + 1:]
+        in_loop += int(count)
+        if any(f.startswith(("CaptureSession.start (", "CaptureSession.stop (")) for f in inner):
+            continue  # once per run, not per step
+        if _in_capture(inner):
+            if any(f.startswith(_ONCE) for f in inner):
+                once += int(count)
+            else:
+                ours += int(count)
+    return ours / max(in_loop, 1), once / max(in_loop, 1), in_loop
+
+
+# once per run, at the first step: parameter names (a scan of live objects), capture's own lazy imports
+_ONCE = ("_param_names (", "<module> (", "_calibrate (")
+
+
+_PASSTHROUGH = ("._wrap.<locals>.wrapper (", "._wrap_module_call.<locals>.__call__ (", ".<locals>.exec_then_call (")
+
+
+def _in_capture(frames: list[str]) -> bool:
+    """A sample is capture's own work when its innermost torchrepro frame is capture code, not
+    a wrapper calling through to the original (the user's forward, backward, batch fetch)."""
+    ours = [i for i, f in enumerate(frames) if "torchrepro/" in f]
+    if not ours:
+        return False
+    last = ours[-1]
+    return last == len(frames) - 1 or not any(p in frames[last] for p in _PASSTHROUGH)
+
+
+def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, float, list[float]]:
+    """Median step CPU time without and with capture (ms), and the ratio of medians per round;
+    the two take turns, in an order swapped every round."""
+    plain: list[float] = []
+    captured: list[float] = []
+    ratios = []
+    for r in range(rounds):
+        pair = {}
+        for config in (("none", "capture") if r % 2 == 0 else ("capture", "none")):
+            times = loop(width, steps, tmp / f"e2e-{r}" if config == "capture" else None)[10:]
+            pair[config] = statistics.median(times)
+            (captured if config == "capture" else plain).extend(times)
+        ratios.append(pair["capture"] / pair["none"])
+    return statistics.median(plain) * 1e3, statistics.median(captured) * 1e3, ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--width", type=int, nargs="+", default=[900, 2600],
+                        help="hidden width (~10 and ~100 ms steps)")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=6, help="end-to-end rounds (none and capture take turns)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.child:
+        loop(args.width[0], args.steps, args.out)
+        return
+    for width in args.width:
+        with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
+            tmp = Path(name)
+            plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
+            parts, step_ms = timed_parts(width, args.steps, tmp)
+            steps = max(100, min(args.steps * 2, int(20000 / max(step_ms, 1))))
+            share = spy_share(width, steps, tmp, rate=250)
+        entry = sum(v for k, v in parts.items() if k.startswith("entry"))
+        print(f"\nwidth {width}: step {plain:.2f} ms CPU without capture, {captured:.2f} ms with (medians); "
+              f"ratio per round {' '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.4f}")
+        for label, *_ in PARTS:
+            print(f"  {label:40s} {parts.get(label, 0.0):8.1f} µs")
+        print(f"  {'capture, all entry points':40s} {entry:8.1f} µs = {entry / 1e3 / plain * 100:.2f} % of a step")
+        if share is not None:
+            print(f"  py-spy: {share[0] * 100:.2f} % of {share[2]} loop samples in capture per step, "
+                  f"+{share[1] * 100:.2f} % once (first step: parameter names, lazy imports)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

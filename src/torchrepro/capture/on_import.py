@@ -1,0 +1,67 @@
+"""Run a callback once a module has been imported, without importing it.
+
+Capture tells Dynamo to skip or not trace its wrappers; importing ``torch._dynamo`` for that at
+start costs a script that never compiles about a second. Instead the callback runs as soon as
+the script (or torch) imports Dynamo, before anything can be compiled: right away if it is
+imported already, else from an import hook, just after the module's own code has run.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+_WAITING: dict[str, list[Callable[[], None]]] = {}  # module name -> callbacks, while its import is awaited
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        _remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if spec is None or not hasattr(loader, "exec_module"):
+            _WAITING.pop(fullname, None)
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_call(module: Any) -> None:
+            exec_module(module)
+            for callback in _WAITING.pop(fullname, []):  # also those added while the module ran
+                callback()
+
+        loader.exec_module = exec_then_call  # this spec's loader only: one module, loaded once
+        return spec
+
+
+def _remove(hook: _Hook) -> None:
+    if hook in sys.meta_path:
+        sys.meta_path.remove(hook)
+
+
+def when_imported(name: str, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback()`` once ``name`` is imported (now, if it is); returns a function that
+    cancels a callback still waiting. A module still running its own code (it imported
+    something that asked) counts as not imported yet: the callback runs when it is done."""
+    if name in sys.modules and name not in _WAITING:
+        callback()
+        return lambda: None
+    if name not in _WAITING:
+        _WAITING[name] = []
+        sys.meta_path.insert(0, _Hook(name))
+    _WAITING[name].append(callback)
+
+    def cancel() -> None:
+        waiting = _WAITING.get(name, [])
+        if callback in waiting:
+            waiting.remove(callback)
+
+    return cancel

@@ -1,0 +1,267 @@
+"""Invariants behind capture's low cost (docs/performance.md): the in-place RNG reads give the
+official state's bytes, no host reads of step tensors outside the batch point, the event log
+survives SIGKILL, and a script that never compiles does not import Dynamo."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from torchrepro import rng_raw
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_in_place_rng_reads_equal_the_official_state(seed):
+    assert rng_raw._PY_LAYOUT is not None and rng_raw._NP_AUG >= 0, "calibration fell back to the slow path"
+    py, npr = random.getstate(), np.random.get_state()
+    try:
+        random.seed(seed)
+        np.random.seed(seed)
+        for draw in (lambda: None, random.random, lambda: random.gauss(0, 1), lambda: np.random.rand(7),
+                     np.random.standard_normal, np.random.standard_normal, lambda: np.random.seed(seed + 1)):
+            draw()
+            assert rng_raw.python_state_bytes() == rng_raw.python_bytes(random.getstate())
+            _, words, pos, has_gauss, cached = np.random.get_state(legacy=True)
+            assert rng_raw.numpy_state_bytes() == rng_raw.numpy_bytes(words.astype("<u4").tobytes(), pos, has_gauss,
+                                                                      cached)
+    finally:
+        random.setstate(py)
+        np.random.set_state(npr)
+
+
+HOST_READS = r'''
+import json, sys, traceback
+from pathlib import Path
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.data import DataLoader, TensorDataset
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+from torchrepro.capture.steps import StepConfig
+
+READS = {"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy", "__array__"}
+reads = []
+
+class CountHostReads(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_cpu = name == "to" and any(str(a) == "cpu" for a in [*args[1:], *kwargs.values()])
+        if name in READS or to_cpu:
+            chain = [f.name for f in traceback.extract_stack() if "/torchrepro/" in f.filename]
+            reads.append([name, chain])
+        return func(*args, **kwargs)
+
+torch.manual_seed(0)
+optimizer_mode = sys.argv[1] == "optimizer"
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=8)
+session = CaptureSession(CaptureConfig(run_dir=Path("run"), steps=StepConfig(fingerprint_every=1, grads=True)))
+session.start()
+opt = torch.optim.SGD(model.parameters(), lr=0.1) if optimizer_mode else None
+with CountHostReads():
+    for x, y in data:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if opt:
+            opt.step()
+            opt.zero_grad()
+        else:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+    float(loss)  # the script's own read: proves the counter sees float()
+    session.stop(0)
+print(json.dumps({"reads": reads, "batch_reads": session.steps._readback.reads,
+                  "params": len(list(model.parameters()))}))
+'''
+
+
+@pytest.mark.parametrize("clock", ["optimizer", "backward"])
+def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path, clock):
+    """Under capture every host read of a tensor (item/float/tolist/cpu/numpy...) comes from an
+    allowed place: the batch point (Readback.poll), hashing host memory on the CPU path of
+    fingerprint_later (a DeviceDigest on other devices), the RNG states (host tensors), the
+    DataLoader's host batches, and the initial parameters once."""
+    import json
+
+    (tmp_path / "count.py").write_text(HOST_READS)
+    out = run_python(f"import sys, runpy; sys.argv = ['count.py', {clock!r}]; runpy.run_path('count.py')")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    steps = len(_step_lines(tmp_path))
+    assert steps == 8
+    entry = {"poll": 0, "fingerprint_later": 0, "live_fingerprints": 0, "_note_batch": 0, "init": 0}
+    user = []  # reads by the script (and torch under it), not by capture
+    for name, chain in result["reads"]:
+        if not chain:
+            user.append(name)
+            continue
+        found = next((e for e in ("poll", "fingerprint_later", "live_fingerprints", "_note_batch") if e in chain), None)
+        if found is None:
+            assert chain[-2:] == ["_note_module_call", "fingerprint"] or "_note_module_call" in chain, chain
+            found = "init"
+        assert name in ("item", "tolist") if found == "poll" else name == "numpy", (name, chain)
+        entry[found] += 1
+    assert "__float__" in user  # the script's float(loss): the counter sees float()
+    assert result["batch_reads"] == steps  # on the CPU: one batch point per step, at its end
+    assert entry["poll"] == 2 * steps  # there: the loss and the gradient norm
+    assert entry["init"] <= result["params"]  # the InitParams event, once
+    assert entry["fingerprint_later"] > 0 and entry["live_fingerprints"] > 0
+
+
+def test_a_device_digest_read_back_later_equals_the_fingerprint_of_the_same_sums():
+    """fingerprint_later's DeviceDigest (sums read at the batch point) gives what the immediate
+    device path gives; computed here on the CPU, where both paths run too."""
+    import torch
+    import xxhash
+
+    from torchrepro import digests
+    from torchrepro.capture.readback import as_float, as_int64
+
+    for t in (torch.randn(3, 5), torch.arange(7, dtype=torch.int16), torch.randn(4, 4).t()):
+        dense = digests._dense(t)
+        later = digests.DeviceDigest(digests._device_sums(dense), digests._header("device-sum64x2", t.dtype, t.shape))
+        s1, s2 = later.sums.tolist()
+        assert later.finish(s1, s2) == xxhash.xxh3_128_hexdigest(b"t" + digests._device_digest(t))
+    assert digests.fingerprint_later(torch.ones(3)) == digests.fingerprint(torch.ones(3))  # CPU: at once
+    for value in (2.308467388153076, float("nan"), -0.0, 1e-300):
+        word = as_int64(torch.tensor(value, dtype=torch.float64)).tolist()[0]
+        assert struct_bits(as_float(word)) == struct_bits(value)
+
+
+def struct_bits(x: float) -> bytes:
+    import struct
+
+    return struct.pack("<d", x)
+
+
+NO_COMPILE = r'''
+import sys
+from pathlib import Path
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+
+session = CaptureSession(CaptureConfig(run_dir=Path("run")))
+session.start()
+assert "torch._dynamo" not in sys.modules, "capture imported Dynamo at start"
+model = torch.nn.Linear(4, 1)
+for x, y in DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    with torch.no_grad():
+        model.weight -= 0.1 * model.weight.grad
+        model.weight.grad = None
+session.stop(0)
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+'''
+
+COMPILE_LATER = r'''
+import sys
+from pathlib import Path
+import torch
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+
+session = CaptureSession(CaptureConfig(run_dir=Path("run")))
+session.start()
+assert "torch._dynamo" not in sys.modules
+import torch._dynamo  # the script compiles after capture started: the wrappers are hidden from Dynamo now
+next_ = torch.utils.data.dataloader._BaseDataLoaderIter.__next__
+assert getattr(next_, "_torchdynamo_disable", False), "DataLoader wrapper not hidden from Dynamo"
+import torch.distributed.fsdp  # noqa: F401 - the fully_shard observer is installed now
+model = torch.compile(torch.nn.Linear(4, 1), backend="eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.randn(2, 4)).sum().backward()
+opt.step()
+session.stop(0)
+assert not getattr(torch.utils.data.dataloader._BaseDataLoaderIter.__next__, "_torchdynamo_disable", False)
+print("ok")
+'''
+
+
+def test_a_script_that_never_compiles_never_imports_dynamo(run_python, tmp_path):
+    out = run_python(NO_COMPILE)
+    assert "dynamo imported: False" in out.stdout
+    steps = _step_lines(tmp_path)
+    assert len(steps) == 4 and all('"batch_fp"' in s and '"loss"' in s and '"rng_fp"' in s for s in steps)
+
+
+def test_dynamo_imported_after_start_still_gets_the_wrappers_hidden(run_python, tmp_path):
+    """Importing Dynamo imports torch.distributed.fsdp, whose observer wraps fully_shard and asks
+    to hide it from Dynamo while Dynamo is still being imported: that waits until it is done."""
+    from torchrepro.events import Capability, Step, read_events
+
+    assert "ok" in run_python(COMPILE_LATER).stdout
+    log = read_events(tmp_path / "run/rank-0/events.jsonl")
+    caps = {c.name: c for c in log.of(Capability)}
+    assert "capture_error" not in caps and caps["fsdp2_init"].available
+    assert len(log.of(Step)) == 1
+
+
+KILLED = r'''
+import os, signal, sys
+from pathlib import Path
+import torch
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+
+session = CaptureSession(CaptureConfig(run_dir=Path("run")))
+session.start()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(int(sys.argv[1])):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    opt.step()  # the step ends here: its event must be in the log from now on
+    opt.zero_grad()
+os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.parametrize("steps", [1, 7, 40])
+def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, steps):
+    import signal
+
+    from torchrepro.events import Step, read_events
+
+    (tmp_path / "killed.py").write_text(KILLED)
+    proc = run_python(f"import sys, runpy; sys.argv = ['killed.py', '{steps}']; runpy.run_path('killed.py')",
+                      check=False)
+    assert proc.returncode == -signal.SIGKILL
+    log = read_events(tmp_path / "run/rank-0/events.jsonl")
+    got = log.of(Step)
+    assert [s.index for s in got] == list(range(steps)) and not log.problems and log.end is None
+    assert all(s.loss is not None and s.rng_fp and s.batch_fp for s in got)
+    assert all(s.params_fp for s in got[:5])  # the automatic interval fingerprints its first steps
+
+
+def _step_lines(run_root) -> list[str]:
+    return [line for line in (run_root / "run/rank-0/events.jsonl").read_text().splitlines() if '"kind":"step"' in line]
+
+
+def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path):
+    """Step lines go through orjson unless a number is not finite (orjson would write null):
+    every value reads back as written, NaN and inf included; unknown fields are still ignored."""
+    import math
+
+    from torchrepro.events import EventWriter, Step, read_events
+
+    steps = [Step(index=0, step=0, loss=2.308467388153076, time_s=1e-05, rng_fps={"python": "ab"}, param_fps=["é"]),
+             Step(index=1, step=1, loss=float("nan"), grad_norm=float("inf")),
+             Step(index=2, step=2, loss=-0.0)]
+    path = tmp_path / "rank-0" / "events.jsonl"
+    from torchrepro.events import Header
+
+    with EventWriter(path) as writer:
+        writer.write(Header())
+        for step in steps:
+            writer.write(step)
+    with open(path, "a") as fp:
+        fp.write('{"kind":"step","index":3,"step":3,"loss":1.5,"from_the_future":1}\n')
+    got = read_events(path).of(Step)
+    assert [s.index for s in got] == [0, 1, 2, 3]
+    assert got[0].to_json() == steps[0].to_json()
+    assert math.isnan(got[1].loss) and got[1].grad_norm == math.inf
+    assert math.copysign(1, got[2].loss) == -1 and got[3].loss == 1.5
