@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import markupsafe
 import pytest
 
 from torchrepro.analysis.fixes import (Candidate, FixRun, candidates, first_changing_stage, fix_hint, judge_fix,
@@ -205,4 +206,5 @@ def test_the_ladder_finds_a_bit_exact_fix_and_recommends_only_that(gpt_check):
     ends = [json.loads(p.read_text())["exit_code"] for p in out.glob("fix-*/run.json")]
     assert ends and all(code == 0 for code in ends)
     page = (out / "report.html").read_text()
-    assert "tok.weight" in page and best["how"].split(" (")[0] in page and det["first_divergence"]["kernel"] in page
+    shown = str(markupsafe.escape(best["how"].split(" (")[0]))  # as the page escapes it (quotes too)
+    assert "tok.weight" in page and shown in page and det["first_divergence"]["kernel"] in page
