@@ -18,13 +18,23 @@ def _escape(match: re.Match) -> str:
 
 
 def visible(text: object, newlines: bool = False) -> str:
-    """``text`` with every control character written as an escape (``\\x1b``); tabs stay, and
-    newlines too when ``newlines``."""
+    r"""``text`` with every control character written as an escape (``\x1b``); tabs stay, and
+    newlines too when ``newlines``.
+
+    >>> visible("loss\x1b[2J nan\tok")
+    'loss\\x1b[2J nan\tok'
+    >>> visible("a\nb"), visible("a\nb", newlines=True)
+    ('a\\x0ab', 'a\nb')
+    """
     return (_UNSAFE if newlines else _UNSAFE_LINE).sub(_escape, str(text))
 
 
 def visible_tree(data: object) -> object:
-    """A copy of a JSON-like structure with every string passed through :func:`visible` (for renderers)."""
+    r"""A copy of a JSON-like structure with every string passed through :func:`visible` (for renderers).
+
+    >>> visible_tree({"title\x07": ["\u202eevil", 3]})
+    {'title\\x07': ['\\u202eevil', 3]}
+    """
     if isinstance(data, str):
         return visible(data, newlines=True)
     if isinstance(data, dict):
