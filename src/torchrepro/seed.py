@@ -139,7 +139,7 @@ class SeedPlan:
     workers: bool = True
     deterministic: str | None = None
     streams: dict[str, StreamSeeds] = field(default_factory=dict)
-    _fork_states: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _fork_states: dict[str, _state.TorchStates] = field(default_factory=dict, repr=False)
 
     def stream(self, role: str, **coords: int) -> StreamSeeds:
         """Derive (and record in the plan) the seeds of ``role`` at ``coords``."""
@@ -282,7 +282,8 @@ def seed_everything(
     """Seed Python, numpy, torch CPU and every CUDA device from one root; return the plan.
 
     The global generators get the ``"global"`` stream, identical on every rank (replicated
-    parameter init). ``rank`` defaults to ``torch.distributed``'s rank, else ``$RANK``, else 0.
+    parameter init). ``rank`` defaults to this process's (:mod:`torchrepro._dist`: the process
+    group's, else the launcher's environment's, else 0).
     With ``workers=True`` every DataLoader with ``num_workers > 0`` seeds its workers from
     ``("worker", rank, worker, epoch)`` with no code change (its ``worker_init_fn`` is wrapped,
     keeping the user's own). ``deterministic="strict"|"warn"`` also calls
