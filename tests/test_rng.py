@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from torchrepro import _state
 from torchrepro import rng as rngmod
 from torchrepro.errors import RngStateError
 from torchrepro.rng import RngState, register
@@ -17,7 +18,7 @@ from torchrepro.rng import RngState, register
 @pytest.fixture(autouse=True)
 def _clean_registry():
     yield
-    rngmod._REGISTRY.clear()
+    _state.clear_generators()
 
 
 def _dropout_model():
@@ -71,7 +72,7 @@ def test_registered_generators_are_captured_and_restored():
 def test_restore_refuses_unregistered_generator():
     register("sampler", torch.Generator())
     state = RngState.capture()
-    rngmod._REGISTRY.clear()
+    _state.clear_generators()
     with pytest.raises(RngStateError, match="sampler"):
         state.restore()
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from torchrepro import _state
 from torchrepro import seed as seedmod
 from torchrepro.seed import derive, seed_everything, worker_rng
 
@@ -18,7 +19,7 @@ from torchrepro.seed import derive, seed_everything, worker_rng
 def _restore_loader_patch():
     yield
     seedmod._unpatch_dataloader()
-    seedmod._ACTIVE_PLAN.clear()
+    _state.reset()
 
 
 class Draws(Dataset):

@@ -21,15 +21,18 @@ iterator and skipping the batches already consumed — :meth:`Resume.apply` does
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _dist, _state
 from .errors import RngStateError
-from .rng import RngState, _world
+from .rng import RngState
 from .rundir import write_json
+from .seed import derive
 
 POSITION_SCHEMA = "torchrepro.position/1"
 ENV_STOP_AT = "TORCHREPRO_STOP_AT"
@@ -91,9 +94,7 @@ class Resume:
         if self.rng is not None:
             self.rng.restore()
         else:  # re-derived for another world size: reproducible, not bit-exact
-            from .seed import derive
-
-            derive(self.seed or 0, "resume", step=self.step, rank=_world()[0]).seed_globals()
+            derive(self.seed or 0, "resume", step=self.step, rank=_dist.rank()).seed_globals()
         self.applied = True
         _align_step_clock(self.step)
 
@@ -110,12 +111,10 @@ def save(path: str | os.PathLike, *, step: int, epoch: int = 0, batch: int = 0,
 
     >>> save("ckpt", step=120, epoch=2, batch=17)  # doctest: +SKIP
     """
-    from .seed import active_plan
-
     path = Path(path)
     state = RngState.capture()
     state.save(path)
-    seed_plan = active_plan()
+    seed_plan = _state.seed_plan()
     position = {"schema": POSITION_SCHEMA, "step": step, "epoch": epoch, "batch": batch,
                 "world_size": state.world_size, "rank": state.rank,
                 "seed": seed_plan.root if seed_plan else None, "extra": extra or {}}
@@ -130,10 +129,9 @@ def load(path: str | os.PathLike, *, rederive: bool = False) -> Resume:
     ``rederive=True``: RNG streams are then re-derived from the saved root seed (reproducible,
     not bit-exact).
     """
-    import json
-
     path = Path(path)
-    rank, world = _world()
+    here = _dist.placement()
+    rank, world = here.rank, here.world_size
     file = _position_file(path, rank)
     if not file.exists():
         saved = sorted(p.name for p in path.glob("position-rank*.json")) if path.is_dir() else []
@@ -160,9 +158,7 @@ def load(path: str | os.PathLike, *, rederive: bool = False) -> Resume:
 
 def _align_step_clock(step: int) -> None:
     """Under torchrepro capture, number the resumed run's steps from where the checkpoint stopped."""
-    from .capture.session import active_session
-
-    session = active_session()
+    session = _state.session()
     if session is not None and session.steps is not None:
         session.steps.restart_at(step)
 

@@ -31,14 +31,15 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .capture.session import CaptureConfig, rank_info
+    from ._dist import rank
+    from .capture.session import CaptureConfig
     from .capture.steps import StepConfig
     from .events import EVENTS_FILE
     from .launch import validate_script, run_in_process
 
     script = validate_script(args.script)
     run_dir = Path(args.out) if args.out else _shared_run_dir(script)
-    log = run_dir / f"rank-{rank_info()[0]}" / EVENTS_FILE
+    log = run_dir / f"rank-{rank()}" / EVENTS_FILE
     if log.exists():
         raise UserError(f"{run_dir} already holds a run ({log} exists): choose another --out, or delete it")
     config = CaptureConfig(

@@ -29,6 +29,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+from ._dist import from_env, placement
+
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
 SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomize.py
@@ -87,8 +89,8 @@ def activate_at_start(rank: int) -> None:
 
     config, root_pid = _config()
     prepare(config)
-    env = os.environ
-    _start(config, root_pid, (rank, int(env.get("WORLD_SIZE") or 1), int(env.get("LOCAL_RANK") or rank)), "env")
+    here = from_env()
+    _start(config, root_pid, (rank, here.world_size, rank if here.local_rank is None else here.local_rank), "env")
     _mark_seen()
     hook_process_group()
 
@@ -132,14 +134,11 @@ def _joined() -> None:
 
     from .events import World
 
-    env = os.environ
-    node = env.get("GROUP_RANK") or env.get("NODE_RANK")
-    world = World(group_rank=dist.get_rank(), world_size=dist.get_world_size(),
-                  local_rank=int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit() else None,
-                  node=int(node) if node and node.isdigit() else None, host=socket.gethostname(),
-                  backend=str(dist.get_backend()))
+    here = placement()
+    world = World(group_rank=here.rank, world_size=here.world_size, local_rank=here.local_rank, node=here.node,
+                  host=socket.gethostname(), backend=str(dist.get_backend()))
     session = _own_session()
-    if session is None and CONFIG_VAR in env:
+    if session is None and CONFIG_VAR in os.environ:
         config, root_pid = _config()
         from .launch import apply_compile_mode
 

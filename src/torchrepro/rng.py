@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import random
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
@@ -21,14 +20,15 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from .errors import RngStateError
+from . import _dist, _state
 from .digests import hash_bytes
+from .errors import RngStateError
 from .rng_raw import numpy_bytes, numpy_state_bytes, python_bytes, python_state_bytes
+from .rundir import write_text
 
 SCHEMA = "torchrepro.rng/1"
 
 Generator = Union[torch.Generator, np.random.Generator]
-_REGISTRY: dict[str, Generator] = {}
 
 
 def register(name: str, generator: Generator) -> Generator:
@@ -39,13 +39,13 @@ def register(name: str, generator: Generator) -> Generator:
     """
     if not isinstance(generator, (torch.Generator, np.random.Generator)):
         raise TypeError(f"cannot register {type(generator).__name__}: need torch.Generator or numpy Generator")
-    _REGISTRY[name] = generator
+    _state.add_generator(name, generator)
     return generator
 
 
 def registered() -> dict[str, Generator]:
     """The registered generators, by name."""
-    return dict(_REGISTRY)
+    return _state.generators()
 
 
 def _b64(data: bytes) -> str:
@@ -54,13 +54,6 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"), validate=True)
-
-
-def _world() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass
@@ -92,25 +85,25 @@ class RngState:
         cuda = []
         if torch.cuda.is_available():
             cuda = [_b64(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
-        rank, world = _world()
+        here = _dist.placement()
         return cls(
             python=[version, list(internal), gauss],
             numpy={"key": key, "words": _b64(words.astype("<u4").tobytes()), "pos": int(pos),
                    "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
             torch_cpu=_b64(torch.get_rng_state().numpy().tobytes()),
             cuda=cuda,
-            generators={name: _generator_state(g) for name, g in {**_REGISTRY, **(generators or {})}.items()},
+            generators={name: _generator_state(g) for name, g in {**registered(), **(generators or {})}.items()},
             forks={key: {"cpu": _b64(st["cpu"].numpy().tobytes()),
                          "cuda": [_b64(c.numpy().tobytes()) for c in st.get("cuda", [])]}
-                   for key, st in _fork_states().items()},
-            rank=rank,
-            world_size=world,
+                   for key, st in _state.fork_states().items()},
+            rank=here.rank,
+            world_size=here.world_size,
         )
 
     def restore(self, generators: dict[str, Generator] | None = None) -> None:
         """Put every generator back into this state. A generator in the state that is not
         registered (nor in ``generators``) is an error, not silently skipped."""
-        targets = {**_REGISTRY, **(generators or {})}
+        targets = {**registered(), **(generators or {})}
         missing = sorted(set(self.generators) - set(targets))
         if missing:
             raise RngStateError(f"the RNG state has generators {missing} that are not registered here: "
@@ -129,13 +122,10 @@ class RngState:
         for name, saved in self.generators.items():
             _set_generator_state(name, targets[name], saved)
         if self.forks:
-            from .seed import active_plan
-
-            plan = active_plan()
-            if plan is None:
+            if _state.seed_plan() is None:
                 raise RngStateError("the RNG state holds plan.fork() streams: call torchrepro.seed_everything(seed) "
                                     "before restoring it")
-            plan._fork_states.update({key: {"cpu": _byte_tensor(st["cpu"]),
+            _state.fork_states().update({key: {"cpu": _byte_tensor(st["cpu"]),
                                             **({"cuda": [_byte_tensor(c) for c in st["cuda"]]} if st["cuda"] else {})}
                                       for key, st in self.forks.items()})
 
@@ -154,7 +144,7 @@ class RngState:
         }
         raw.update({f"cuda:{i}": _unb64(s) for i, s in enumerate(self.cuda)})
         for name, saved in self.generators.items():
-            raw[f"generator:{name}"] = _unb64(saved["state"]) if saved["kind"] == "torch" else _canonical(saved["state"])
+            raw[f"generator:{name}"] = _generator_bytes(saved)
         for key, st in self.forks.items():
             raw[f"fork:{key}"] = _unb64(st["cpu"]) + b"".join(_unb64(c) for c in st["cuda"])
         return {name: hash_bytes(data)[:16] for name, data in raw.items()}
@@ -171,11 +161,7 @@ class RngState:
         """Write this state atomically; a directory gets ``rng-rank<r>.json`` (one file per
         global rank). Returns the file written."""
         target = _rank_file(Path(path), self.rank)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fp:
-            json.dump(self.to_json(), fp)
-        os.replace(tmp, target)
+        write_text(target, json.dumps(self.to_json()))
         return target
 
     @classmethod
@@ -184,9 +170,9 @@ class RngState:
         """Read a state saved by :meth:`save` for this rank (``rank``/``world_size`` default to
         this process's). A different world size, another torch version (unless
         ``allow_version_mismatch``), a truncated or edited file raise :class:`RngStateError`."""
-        here_rank, here_world = _world()
-        rank = here_rank if rank is None else rank
-        world_size = here_world if world_size is None else world_size
+        here = _dist.placement()
+        rank = here.rank if rank is None else rank
+        world_size = here.world_size if world_size is None else world_size
         file = _rank_file(Path(path), rank)
         try:
             doc = json.loads(file.read_text())
@@ -222,20 +208,11 @@ def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[st
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         raw.update({f"cuda:{i}": s.numpy().tobytes() for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    for name, g in {**_REGISTRY, **(generators or {})}.items():
-        state = _generator_state(g)
-        raw[f"generator:{name}"] = _unb64(state["state"]) if state["kind"] == "torch" else _canonical(state["state"])
-    for key, st in _fork_states().items():
+    for name, g in {**registered(), **(generators or {})}.items():
+        raw[f"generator:{name}"] = _generator_bytes(_generator_state(g))
+    for key, st in _state.fork_states().items():
         raw[f"fork:{key}"] = st["cpu"].numpy().tobytes() + b"".join(c.numpy().tobytes() for c in st.get("cuda", []))
     return {name: hash_bytes(data)[:16] for name, data in raw.items()}
-
-
-def _fork_states() -> dict[str, dict[str, Any]]:
-    """The saved states of the active seed plan's ``fork()`` streams."""
-    from .seed import active_plan
-
-    plan = active_plan()
-    return dict(plan._fork_states) if plan is not None else {}
 
 
 def combine(fingerprints: dict[str, str]) -> str:
@@ -259,6 +236,11 @@ def _generator_state(g: Generator) -> dict[str, Any]:
     if isinstance(g, torch.Generator):
         return {"kind": "torch", "device": str(g.device), "state": _b64(g.get_state().numpy().tobytes())}
     return {"kind": "numpy", "state": _jsonable(g.bit_generator.state)}
+
+
+def _generator_bytes(saved: dict[str, Any]) -> bytes:
+    """What a generator's fingerprint digests: its torch state bytes, or its numpy state as canonical JSON."""
+    return _unb64(saved["state"]) if saved["kind"] == "torch" else _canonical(saved["state"])
 
 
 def _set_generator_state(name: str, g: Generator, saved: dict[str, Any]) -> None:

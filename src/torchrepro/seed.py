@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _dist, _state
+
 _MAX_ROOT = 2**128
 
 
@@ -137,7 +139,7 @@ class SeedPlan:
     workers: bool = True
     deterministic: str | None = None
     streams: dict[str, StreamSeeds] = field(default_factory=dict)
-    _fork_states: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _fork_states: dict[str, _state.TorchStates] = field(default_factory=dict, repr=False)
 
     def stream(self, role: str, **coords: int) -> StreamSeeds:
         """Derive (and record in the plan) the seeds of ``role`` at ``coords``."""
@@ -176,10 +178,8 @@ class SeedPlan:
 
         >>> sampler = torch.utils.data.RandomSampler(data, generator=plan.make_generator("sampler"))  # doctest: +SKIP
         """
-        from .rng import register
-
         generator = self.stream(name, **coords).torch_generator(device)
-        register(name, generator)
+        _state.add_generator(name, generator)
         return generator
 
     def worker_init_fn(self, user_fn: Callable[[int], Any] | None = None) -> WorkerSeeder:
@@ -243,8 +243,7 @@ class WorkerSeeder:
     def __call__(self, worker_id: int) -> None:
         seeds = self.seeds(worker_id)
         seeds.seed_globals()
-        _WORKER_RNG.clear()
-        _WORKER_RNG.update(pid=os.getpid(), seeds=seeds)
+        _state.set_worker(_state.WorkerStream(pid=os.getpid(), seeds=seeds))
         if self.user_fn is not None:
             self.user_fn(worker_id)
 
@@ -257,35 +256,20 @@ def worker_rng() -> np.random.Generator:
     worker it is the ``("data", rank)`` stream of the active plan, else a generator seeded from
     numpy's global RNG. Cached per process.
     """
-    if _WORKER_RNG.get("pid") != os.getpid() or "gen" not in _WORKER_RNG:
-        seeds = _WORKER_RNG.get("seeds") if _WORKER_RNG.get("pid") == os.getpid() else None
+    stream = _state.worker()
+    if stream is None or stream.pid != os.getpid():
         plan = active_plan()
-        if seeds is None and plan is not None:
-            seeds = plan.stream("data", rank=plan.rank)
-        if seeds is not None:
-            gen = seeds.numpy_generator()
-        else:
-            gen = np.random.default_rng(np.random.randint(0, 2**32, size=4, dtype=np.uint64).tolist())
-        _WORKER_RNG.update(pid=os.getpid(), gen=gen)
-    return _WORKER_RNG["gen"]
-
-
-_WORKER_RNG: dict[str, Any] = {}
-_ACTIVE_PLAN: dict[str, SeedPlan] = {}
+        stream = _state.WorkerStream(pid=os.getpid(), seeds=plan.stream("data", rank=plan.rank) if plan else None)
+        _state.set_worker(stream)
+    if stream.generator is None:
+        stream.generator = stream.seeds.numpy_generator() if stream.seeds is not None else (
+            np.random.default_rng(np.random.randint(0, 2**32, size=4, dtype=np.uint64).tolist()))
+    return stream.generator
 
 
 def active_plan() -> SeedPlan | None:
     """The plan of the last ``seed_everything`` call in this process, if any."""
-    return _ACTIVE_PLAN.get("plan")
-
-
-def _resolve_rank_world(rank: int | None) -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        world = dist.get_world_size()
-        return (dist.get_rank() if rank is None else rank), world
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return (int(os.environ.get("RANK", "0")) if rank is None else rank), world
+    return _state.seed_plan()
 
 
 def seed_everything(
@@ -298,7 +282,8 @@ def seed_everything(
     """Seed Python, numpy, torch CPU and every CUDA device from one root; return the plan.
 
     The global generators get the ``"global"`` stream, identical on every rank (replicated
-    parameter init). ``rank`` defaults to ``torch.distributed``'s rank, else ``$RANK``, else 0.
+    parameter init). ``rank`` defaults to this process's (:mod:`torchrepro._dist`: the process
+    group's, else the launcher's environment's, else 0).
     With ``workers=True`` every DataLoader with ``num_workers > 0`` seeds its workers from
     ``("worker", rank, worker, epoch)`` with no code change (its ``worker_init_fn`` is wrapped,
     keeping the user's own). ``deterministic="strict"|"warn"`` also calls
@@ -307,14 +292,15 @@ def seed_everything(
     >>> plan = seed_everything(1234)
     >>> print(plan)  # doctest: +SKIP
     """
-    rank, world = _resolve_rank_world(rank)
-    plan = SeedPlan(root=seed, rank=rank, world_size=world, workers=workers, deterministic=deterministic)
+    here = _dist.placement()
+    rank = here.rank if rank is None else rank
+    plan = SeedPlan(root=seed, rank=rank, world_size=here.world_size, workers=workers, deterministic=deterministic)
     plan.stream("global").seed_globals()
     if deterministic is not None:
         from .determinism import deterministic as set_deterministic
 
         set_deterministic(mode=deterministic)
-    _ACTIVE_PLAN["plan"] = plan
+    _state.set_seed_plan(plan, plan._fork_states)
     if workers:
         _patch_dataloader()
     else:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from .._dist import from_env
 from ..errors import InputError, UserError
 
 POLICIES = ("per-node", "shared", "per-rank")
@@ -58,8 +59,8 @@ def _default_root(environ: Mapping[str, str]) -> Path:
 
 def plan(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None,
          environ: Mapping[str, str] | None = None) -> CachePlan:
-    """Where this process (rank from ``RANK``, node from ``GROUP_RANK`` or the host name) would
-    compile under ``policy``; sets and creates nothing. ``root`` defaults to
+    """Where this process (rank from :func:`torchrepro._dist.from_env`, node from ``GROUP_RANK`` or the
+    host name) would compile under ``policy``; sets and creates nothing. ``root`` defaults to
     ``TORCHREPRO_CACHE_ROOT`` (which :func:`configure` sets, so calling it again, or in a child
     process, gives the same directory), else ``TORCHINDUCTOR_CACHE_DIR``, else torch's default.
 
@@ -71,9 +72,9 @@ def plan(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None,
     environ = os.environ if environ is None else environ
     base = Path(root).expanduser().absolute() if root is not None else _default_root(environ)
     try:
-        rank = int(environ.get("RANK", "0"))
-    except ValueError:
-        raise UserError(f"RANK={environ.get('RANK')!r} is not an integer") from None
+        rank = from_env(environ).rank
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     node = environ.get("GROUP_RANK") or socket.gethostname() or "node"
     directory = {"shared": base, "per-node": base / f"node-{node}", "per-rank": base / f"rank-{rank}"}[policy]
     return CachePlan(policy, base, directory, directory / "triton", rank, node)

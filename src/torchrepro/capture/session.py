@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import _dist, _state
 from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
 from ..otlp import attach_from_env
 from .compile import CompileCapture
@@ -38,12 +39,6 @@ class CaptureConfig:
     fix: str | None = None  # a candidate fix applied before the script (capture.fixes.apply_fix)
 
 
-def rank_info() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the torchrun environment (0, 1, 0 alone)."""
-    env = os.environ
-    return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0"))
-
-
 def environment() -> tuple[dict[str, Any], str]:
     """What changes numerics or cache keys in this process, and its fingerprint."""
     from ..envinfo import collect
@@ -52,13 +47,12 @@ def environment() -> tuple[dict[str, Any], str]:
     return info, str(info.get("env_fingerprint", ""))
 
 
-_ACTIVE: dict[str, CaptureSession] = {}
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 def active_session() -> CaptureSession | None:
     """The capture session running in this process, if any."""
-    return _ACTIVE.get("session")
+    return _state.session()
 
 
 class CaptureSession:
@@ -69,8 +63,8 @@ class CaptureSession:
         environment; ``rank_from`` says where it came from (``env``, ``process_group``, or
         ``default``: rank 0 of 1 because nothing said otherwise)."""
         self.config = config
-        self.rank, self.world_size, self.local_rank = rank or rank_info()
-        self.rank_from = rank_from or ("env" if "RANK" in os.environ else "default")
+        self.rank, self.world_size, self.local_rank = rank or (_dist.rank(), _dist.world_size(), _dist.local_rank())
+        self.rank_from = rank_from or _dist.placement().source
         self.dir = Path(config.run_dir) / f"rank-{self.rank}"
         self.writer: EventWriter | None = None
         self.steps: StepRecorder | None = None
@@ -122,7 +116,7 @@ class CaptureSession:
     def start(self) -> None:
         self.writer = EventWriter(self.dir / EVENTS_FILE)
         attach_from_env(self.writer)  # --otlp-endpoint: every event is also exported, live
-        _ACTIVE["session"] = self
+        _state.set_session(self)
         self._install_signals()
         env, env_fp = environment()
         from .. import __version__
@@ -171,7 +165,7 @@ class CaptureSession:
                       error=error, duration_s=round(time.time() - self._t0, 6)))
         self.writer.close()
         self.writer = None
-        _ACTIVE.pop("session", None)
+        _state.set_session(None)
 
     def joined(self, world: World) -> None:
         """Record the process group this process joined (see :mod:`torchrepro.follow`)."""
