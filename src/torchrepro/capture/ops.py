@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..digests import fingerprint
+from ..follow import group_world, wait_for_child_ranks
 from ..rundir import replay_file
 
 _UNINITIALISED = re.compile(r"\bempty|_empty")
@@ -225,7 +226,7 @@ class StepReplay:
 
     def __init__(self, step: int, out: Path, graphs: bool = False, rank: int = 0, world_size: int = 1,
                  kernels: bool = False):
-        self.step, self.out = step, replay_file(Path(out), rank, world_size)
+        self.step, self.out, self.where = step, Path(out), (rank, world_size)  # the group's, once joined
         self.recorder: OpRecorder | None = None
         self.checker: GraphChecker | None = None
         self.repeater = None
@@ -263,8 +264,10 @@ class StepReplay:
                 self.repeater.active = False
                 result["kernels"] = self.repeater.summary()
                 self.repeater.uninstall()
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.out.write_text(json.dumps(result))
+            out = replay_file(self.out, *group_world(self.where))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result))
+            wait_for_child_ranks()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
