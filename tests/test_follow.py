@@ -122,8 +122,9 @@ def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tm
     results = {}
     for spawned in (True, False):
         store = tmp_path / f"store-{spawned}"
-        env = {**base, **follow_env(CaptureConfig(run_dir=tmp_path / f"run-{spawned}", seed=5), 1,
-                                    base.get("PYTHONPATH", "")), SEEN_VAR: "::", **({SPAWN_VAR: "1"} if spawned else {})}
+        config = CaptureConfig(run_dir=tmp_path / f"run-{spawned}", seed=5)
+        env = {**base, **follow_env(config, 1, base.get("PYTHONPATH", "")), SEEN_VAR: "::",
+               **({SPAWN_VAR: "1"} if spawned else {})}
         code = SPAWNED.format(store=store, var=SPAWN_VAR)
         procs = [subprocess.Popen([sys.executable, "-c", code, str(rank)], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env) for rank in (0, 1)]

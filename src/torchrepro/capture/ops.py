@@ -90,8 +90,10 @@ class OpRecorder(TorchDispatchMode):
             module, source = self._origin.get(id(node), (None, None))
             module = f"{module} ({node.name()})" if module else node.name()
         name = str(func)
-        # garbage memory is not a divergence; nor are a collective's buffers, still being filled when it returns
-        outputs = None if _UNINITIALISED.search(name) or name.startswith("c10d.") else _digests(out)
+        # garbage memory is not a divergence (nor views of it: a view holds no data of its own, what made
+        # or writes its memory is compared); nor are a collective's buffers, still being filled when it returns
+        skip = _UNINITIALISED.search(name) or name.startswith("c10d.") or getattr(func, "is_view", False)
+        outputs = None if skip else _digests(out)
         self.ops.append({"i": len(self.ops), "op": name, "module": module, "phase": phase, "source": source,
                          "inputs": inputs, "outputs": outputs})
         if phase == "forward":
