@@ -134,3 +134,17 @@ def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tm
     assert results[True] == [["None", "True", "(0,", "1)", "(0,", "2)"], ["None", "True", "(0,", "1)", "(1,", "2)"]]
     assert [r[:3] for r in results[False]] == [["None", "False", "None"]] * 2
     assert sorted(p.name for p in (tmp_path / "run-True").iterdir()) == ["rank-0", "rank-1"]
+
+
+def test_the_rank_whose_loss_differs_is_named_before_ranks_that_got_it_through_all_reduce():
+    from torchrepro.analysis.divergence import Tolerance, first_divergence
+    from torchrepro.events import EventLog, Header, Step
+
+    def run(loss1: float, grads: str) -> list[EventLog]:
+        steps = [Step(rank=0, index=0, loss=1.0, grads_fp=grads), Step(rank=1, index=0, loss=loss1, grads_fp=grads)]
+        return [EventLog(Path(f"rank-{s.rank}/events.jsonl"), [Header(rank=s.rank, world_size=2), s]) for s in steps]
+
+    div, _ = first_divergence(run(2.0, "g"), run(2.5, "h"), Tolerance())
+    assert (div.step, div.rank, div.what) == (0, 1, "loss")
+    div, _ = first_divergence(run(2.0, "g"), run(2.0, "h"), Tolerance())  # no rank's loss differs: the lowest
+    assert (div.step, div.rank, div.what) == (0, 0, "grads")
