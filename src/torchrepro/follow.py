@@ -43,7 +43,7 @@ RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomi
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 LAUNCHER_DIR = "launcher"
 _WRAPPED = "__torchrepro_follows__"
-_PREPARED: dict[str, Any] = {}  # the seed plan prepare() made in this process, before its rank was known
+_PREPARED: dict[str, Any] = {}  # how this process was prepared before its rank was known: plan, factors, spawned
 
 
 def _note(text: str) -> None:
@@ -70,7 +70,10 @@ def propagate(config: Any, factors: str | None = None) -> None:
     """Make every process the script starts capture itself once it becomes a rank (``config``: the
     :class:`~torchrepro.capture.session.CaptureConfig` of this process, ``factors``: the drift
     factor levels it applied), and record the process group this process joins."""
+    from .seed import active_plan
+
     os.environ.update(follow_env(config, os.getpid(), os.environ.get("PYTHONPATH", ""), factors))
+    _PREPARED["plan"] = active_plan()  # made before the script ran: it takes the rank of a group joined later
     _mark_seen()
     hook_process_group()
     hook_spawn()
@@ -82,6 +85,8 @@ def without_follow(env: dict[str, str]) -> dict[str, str]:
 
 
 def _config() -> tuple[Any, int]:
+    """The capture configuration of the launched process and its pid (its drift factor levels
+    are kept for :func:`_prepare`)."""
     from .capture.session import CaptureConfig
     from .capture.steps import StepConfig
 
