@@ -95,3 +95,13 @@ def test_drift_on_spawned_ranks_sees_both_ranks(tmp_path):
         assert len(batches) == 1, "the two ranks were not seeded alike"
         first_batches.append(batches.pop())
     assert first_batches[0] != first_batches[1]
+
+
+def test_check_resume_on_spawned_ranks_is_bit_exact(tmp_path):
+    """Each spawned rank saves and loads its own RNG states and position (the group's rank)."""
+    code, report = torchrepro(tmp_path, "check-resume", "--at", "3", str(SCRIPTS / "spawn_resume.py"))
+    assert code == 0, report["findings"]
+    assert report["verdict"].startswith("BIT-EXACT RESUME")
+    saved = tmp_path / "out" / "checkpoint"
+    assert sorted(p.name for p in saved.glob("position-rank*.json")) == ["position-rank0.json", "position-rank1.json"]
+    assert rank_steps(tmp_path / "out" / "resumed") == {"rank-0": 5, "rank-1": 5}
