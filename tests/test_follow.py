@@ -75,3 +75,76 @@ def test_a_new_launch_does_not_inherit_a_capture_around_it(monkeypatch):
     monkeypatch.setenv(SEEN_VAR, "::")
     env = child_env()
     assert CONFIG_VAR not in env and SEEN_VAR not in env
+
+
+def test_the_whole_capture_configuration_travels(tmp_path, monkeypatch):
+    """A replay's step and record, a fix and a drift run's factor levels reach the ranks the script starts."""
+    from torchrepro import follow
+
+    config = CaptureConfig(run_dir=tmp_path / "run", seed=7, replay_step=2, replay_out=Path("replays/a.json"),
+                           replay_graphs=True, stop_after_step=4, fix="threads_1")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(CONFIG_VAR, follow_env(config, 1, factors='{"init": 1}')[CONFIG_VAR])
+    travelled, root_pid = follow._config()
+    assert root_pid == 1 and follow._PREPARED["factors"] == '{"init": 1}'
+    assert travelled == CaptureConfig(**{**vars(config), "run_dir": (tmp_path / "run").resolve(),
+                                         "replay_out": (tmp_path / "replays" / "a.json").resolve()})
+
+
+def test_a_replay_record_is_found_whatever_the_world(tmp_path):
+    from torchrepro.rundir import replay_file
+
+    out = tmp_path / "a.json"
+    assert replay_file(out, 0, 1) == out and replay_file(out, 1, 2) == tmp_path / "a.rank1.json"
+    assert replay_file(out, 0) == out and replay_file(out, 1) == tmp_path / "a.rank1.json"
+    (tmp_path / "a.rank0.json").write_text("{}")  # a world of several ranks the script started itself
+    assert replay_file(out, 0) == tmp_path / "a.rank0.json"
+
+
+SPAWNED = """
+import os, sys, torch, torch.distributed as dist
+from torchrepro.seed import active_plan, derive
+seeded = torch.initial_seed() == derive(5, "global").torch
+before = active_plan() and (active_plan().rank, active_plan().world_size)
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2)
+print(os.environ.get("{var}"), seeded, before, active_plan() and (active_plan().rank, active_plan().world_size))
+dist.destroy_process_group()
+"""
+
+
+def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tmp_path):
+    """What torch.multiprocessing.spawn starts for the captured process (TORCHREPRO_FOLLOW_SPAWN) is
+    seeded from --seed before the script runs, as torchrun ranks are; other processes are not."""
+    from torchrepro.follow import SPAWN_VAR
+
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
+    results = {}
+    for spawned in (True, False):
+        store = tmp_path / f"store-{spawned}"
+        config = CaptureConfig(run_dir=tmp_path / f"run-{spawned}", seed=5)
+        env = {**base, **follow_env(config, 1, base.get("PYTHONPATH", "")), SEEN_VAR: "::",
+               **({SPAWN_VAR: "1"} if spawned else {})}
+        code = SPAWNED.format(store=store, var=SPAWN_VAR)
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(rank)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env) for rank in (0, 1)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        results[spawned] = [out.split() for out, _ in outs]
+    assert results[True] == [["None", "True", "(0,", "1)", "(0,", "2)"], ["None", "True", "(0,", "1)", "(1,", "2)"]]
+    assert [r[:3] for r in results[False]] == [["None", "False", "None"]] * 2
+    assert sorted(p.name for p in (tmp_path / "run-True").iterdir()) == ["rank-0", "rank-1"]
+
+
+def test_the_rank_whose_loss_differs_is_named_before_ranks_that_got_it_through_all_reduce():
+    from torchrepro.analysis.divergence import Tolerance, first_divergence
+    from torchrepro.events import EventLog, Header, Step
+
+    def run(loss1: float, grads: str) -> list[EventLog]:
+        steps = [Step(rank=0, index=0, loss=1.0, grads_fp=grads), Step(rank=1, index=0, loss=loss1, grads_fp=grads)]
+        return [EventLog(Path(f"rank-{s.rank}/events.jsonl"), [Header(rank=s.rank, world_size=2), s]) for s in steps]
+
+    div, _ = first_divergence(run(2.0, "g"), run(2.5, "h"), Tolerance())
+    assert (div.step, div.rank, div.what) == (0, 1, "loss")
+    div, _ = first_divergence(run(2.0, "g"), run(2.0, "h"), Tolerance())  # no rank's loss differs: the lowest
+    assert (div.step, div.rank, div.what) == (0, 0, "grads")

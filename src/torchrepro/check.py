@@ -148,7 +148,7 @@ class Checker:
                         replay_kernels=kernels)
         self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
-        out = replay_file(out, rank, self.nproc)
+        out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)
         return json.loads(out.read_text()) if out.exists() else None
 
 

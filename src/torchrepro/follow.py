@@ -13,6 +13,13 @@ compile workers, helpers).
 
 The process ``torchrepro`` launched writes ``rank-0/`` until a descendant joins a group as rank 0
 while it never did (``mp.spawn``, ``accelerate launch``): its log then moves to ``launcher/``.
+
+A process that ``torch.multiprocessing.spawn`` (or ``start_processes``) starts is a rank-to-be
+whose rank only the process group will say: the captured process marks it (``TORCHREPRO_FOLLOW_SPAWN``
+while it starts processes, :func:`hook_spawn`), and it is prepared at interpreter start as a
+torchrun rank is (``--seed``, a drift run's factor levels, compile mode: :func:`prepare_spawned`);
+the seed plan takes its rank from the group when it joins. The whole capture configuration
+travels (a replay's step and record, a fix), so ``check``'s replays reach these ranks too.
 Importing this module does not import torch.
 """
 
@@ -33,10 +40,12 @@ from ._dist import from_env, placement
 
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
 SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
+SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as in _bootstrap/sitecustomize.py
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomize.py
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 LAUNCHER_DIR = "launcher"
 _WRAPPED = "__torchrepro_follows__"
+_PREPARED: dict[str, Any] = {}  # how this process was prepared before its rank was known: plan, factors, spawned
 
 
 def _note(text: str) -> None:
@@ -48,51 +57,106 @@ def _mark_seen() -> None:
     os.environ[SEEN_VAR] = ":".join(os.environ.get(name, "") for name in RANK_VARS)
 
 
-def follow_env(config: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
+def follow_env(config: Any, root_pid: int, pythonpath: str = "", factors: str | None = None) -> dict[str, str]:
     """The variables that make a process (and those it starts) capture itself into ``config``'s run
     directory once it becomes a rank; ``root_pid`` is the launched process, ``pythonpath`` the
-    ``PYTHONPATH`` to extend."""
+    ``PYTHONPATH`` to extend, ``factors`` a drift run's factor levels (JSON) for every rank."""
     path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
-    return {CONFIG_VAR: json.dumps({"run_dir": str(Path(config.run_dir).resolve()), "steps": asdict(config.steps),
-                                    "seed": config.seed, "compile_mode": config.compile_mode, "root_pid": root_pid}),
-            "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
+    data = {**asdict(config), "run_dir": str(Path(config.run_dir).resolve()), "root_pid": root_pid, "factors": factors}
+    if config.replay_out is not None:
+        data["replay_out"] = str(Path(config.replay_out).resolve())
+    return {CONFIG_VAR: json.dumps(data), "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
 
 
-def propagate(config: Any) -> None:
+def propagate(config: Any, factors: str | None = None) -> None:
     """Make every process the script starts capture itself once it becomes a rank (``config``: the
-    :class:`~torchrepro.capture.session.CaptureConfig` of this process), and record the process
-    group this process joins."""
-    os.environ.update(follow_env(config, os.getpid(), os.environ.get("PYTHONPATH", "")))
+    :class:`~torchrepro.capture.session.CaptureConfig` of this process, ``factors``: the drift
+    factor levels it applied), and record the process group this process joins."""
+    from .seed import active_plan
+
+    os.environ.update(follow_env(config, os.getpid(), os.environ.get("PYTHONPATH", ""), factors))
+    _PREPARED["plan"] = active_plan()  # made before the script ran: it takes the rank of a group joined later
     _mark_seen()
     hook_process_group()
+    hook_spawn()
 
 
 def without_follow(env: dict[str, str]) -> dict[str, str]:
     """``env`` for a new, separately captured run: nothing inherited from a capture around it."""
-    return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR)}
+    return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR, SPAWN_VAR)}
 
 
 def _config() -> tuple[Any, int]:
+    """The capture configuration of the launched process and its pid (its drift factor levels
+    are kept for :func:`_prepare`)."""
     from .capture.session import CaptureConfig
     from .capture.steps import StepConfig
 
     data = json.loads(os.environ[CONFIG_VAR])
-    config = CaptureConfig(run_dir=Path(data["run_dir"]), steps=StepConfig(**data["steps"]), seed=data["seed"],
-                           compile_mode=data["compile_mode"])
-    return config, int(data["root_pid"])
+    root_pid, factors = int(data.pop("root_pid")), data.pop("factors", None)
+    config = CaptureConfig(**{**data, "run_dir": Path(data["run_dir"]), "steps": StepConfig(**data["steps"]),
+                              "replay_out": Path(data["replay_out"]) if data.get("replay_out") else None})
+    _PREPARED["factors"] = factors
+    return config, root_pid
+
+
+def _prepare(config: Any) -> None:
+    """``launch.prepare`` with the launched process's drift factor levels; remembers the seed
+    plan it makes, whose rank the process group will say (:func:`_joined`)."""
+    from .factors import FACTORS_VAR
+    from .launch import prepare
+    from .seed import active_plan
+
+    if _PREPARED.get("factors"):
+        os.environ[FACTORS_VAR] = _PREPARED["factors"]  # prepare() applies and removes them
+    prepare(config)
+    _PREPARED["plan"] = active_plan()
 
 
 def activate_at_start(rank: int) -> None:
     """Capture this process as ``rank`` from its start, prepared as ``torchrepro run`` prepares
     its own (cache policy, compile mode, seed); called by the bootstrap ``sitecustomize``."""
-    from .launch import prepare
-
     config, root_pid = _config()
-    prepare(config)
+    _prepare(config)
     here = from_env()
     _start(config, root_pid, (rank, here.world_size, rank if here.local_rank is None else here.local_rank), "env")
     _mark_seen()
     hook_process_group()
+    hook_spawn()
+
+
+def prepare_spawned() -> None:
+    """A process ``torch.multiprocessing`` spawned for the captured one (see :func:`hook_spawn`):
+    prepared now as a torchrun rank is at its start (seeded with ``--seed`` before the script's
+    module is imported again); capture starts when it joins a process group. Called by the
+    bootstrap ``sitecustomize``."""
+    config, _ = _config()
+    _prepare(config)
+    _PREPARED["spawned"] = True
+
+
+def hook_spawn() -> None:
+    """Wrap ``torch.multiprocessing.start_processes`` (``spawn`` calls it) so that the processes it
+    starts know they are spawned ranks-to-be (``TORCHREPRO_FOLLOW_SPAWN`` while it runs)."""
+    spawn = sys.modules.get("torch.multiprocessing.spawn")
+    original = getattr(spawn, "start_processes", None)
+    if original is None or getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
+        had = os.environ.get(SPAWN_VAR)
+        os.environ[SPAWN_VAR] = "1"
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if had is None:
+                os.environ.pop(SPAWN_VAR, None)
+
+    setattr(start_processes, _WRAPPED, True)
+    for module in (spawn, sys.modules.get("torch.multiprocessing")):
+        if getattr(module, "start_processes", None) is original:
+            module.start_processes = start_processes
 
 
 def hook_process_group() -> None:
@@ -142,13 +206,54 @@ def _joined() -> None:
         config, root_pid = _config()
         from .launch import apply_compile_mode
 
-        apply_compile_mode(config.compile_mode)  # no seeding: the script has run; seeding now would change it
+        if not _PREPARED.get("spawned"):  # no seeding: the script has run; seeding now would change it
+            apply_compile_mode(config.compile_mode)
         rank = (world.group_rank, world.world_size,
                 world.local_rank if world.local_rank is not None else world.group_rank)
         session = _start(config, root_pid, rank, "process_group")
     if session is not None:
         session.joined(world)
+    _rank_the_plan(world.group_rank, world.world_size)
     _mark_seen()
+
+
+def _rank_the_plan(rank: int, world_size: int) -> None:
+    """The seed plan made before this process knew its rank takes the group's (per-rank streams:
+    DataLoader workers, ``plan.fork``); a plan the script made itself is left as it is."""
+    from .seed import active_plan
+
+    plan = active_plan()
+    if plan is not None and plan is _PREPARED.get("plan"):
+        plan.rank, plan.world_size = rank, world_size
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def wait_for_child_ranks(timeout: float = 120.0) -> None:
+    """Before this process ends itself early (a replay's ``os._exit``): wait, up to ``timeout`` s,
+    for the ranks of its capture's run that are its own children (Lightning starts ranks 1.. below
+    rank 0), which the launcher would otherwise stop before they finish the same step."""
+    import time
+
+    from .events import rank_logs, read_header
+
+    session = _own_session()
+    if session is None:
+        return
+    headers = (read_header(log) for log in rank_logs(session.config.run_dir))
+    children = [h.pid for h in headers if h is not None and h.pid and _parent(h.pid) == os.getpid()]
+    deadline = time.monotonic() + timeout
+    for pid in children:
+        try:
+            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except ChildProcessError:  # already reaped
+            continue
 
 
 def claim(run_dir: Path, rank: int, root_pid: int) -> bool:

@@ -43,12 +43,14 @@ def run_in_process(script: Path, args: list[str], config) -> int:
     """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`;
     returns its exit code. The session's end event records how it ended."""
     from .capture.session import CaptureSession
+    from .factors import FACTORS_VAR
     from .follow import propagate
 
+    factors = os.environ.get(FACTORS_VAR)  # prepare() applies and removes them; ranks the script starts get them
     prepare(config)
     session = CaptureSession(config)
     session.start()
-    propagate(config)  # every process the script starts that becomes a rank captures itself
+    propagate(config, factors)  # every process the script starts that becomes a rank captures itself
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(script.resolve().parent))
     code, error = 0, None

@@ -28,9 +28,14 @@ REPORT_FILE = "report.json"
 HTML_FILE = "report.html"
 
 
-def replay_file(path: Path, rank: int, world_size: int) -> Path:
-    """Where rank ``rank`` writes a replay's record (one file per rank when there are several)."""
-    return path if world_size <= 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+def replay_file(path: Path, rank: int, world_size: int | None = None) -> Path:
+    """Where rank ``rank`` writes a replay's record (one file per rank when there are several).
+    ``world_size=None`` reads one back when the world size was not known in advance (ranks the
+    script started itself): the rank's own file where it exists, else the single process's."""
+    own = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    if world_size is None:
+        return own if rank or own.exists() else path
+    return path if world_size <= 1 else own
 
 
 def write_bytes(path: Path, data: bytes) -> None:

@@ -8,7 +8,9 @@ With it, a process is a rank from its start when it carries ``RANK`` / ``LOCAL_R
 them: Lightning, torchrun, accelerate): capture is installed now. Any other process (DataLoader
 workers, compile workers, helper scripts: they inherit their parent's values) only gets a hook
 that wraps ``torch.distributed.init_process_group`` if it ever imports torch; capture starts
-when it joins a process group.
+when it joins a process group. A process ``torch.multiprocessing.spawn`` started for a captured
+one (``TORCHREPRO_FOLLOW_SPAWN``, taken out of the environment so that its own children do not
+inherit it) is also prepared now, as a torchrun rank is: seeded with ``--seed``.
 """
 
 import os
@@ -17,6 +19,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _C10D = "torch.distributed.distributed_c10d"
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as torchrepro.follow.RANK_VARS
+SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as torchrepro.follow.SPAWN_VAR
 
 
 def _note(what, exc):
@@ -90,9 +93,17 @@ class _WatchProcessGroup:
 def _install():
     if "TORCHREPRO_FOLLOW" not in os.environ:
         return
+    spawned = os.environ.pop(SPAWN_VAR, None) is not None
     rank = _start_rank()
     if rank is None:
         sys.meta_path.insert(0, _WatchProcessGroup())
+        if spawned:
+            try:
+                from torchrepro import follow
+
+                follow.prepare_spawned()
+            except Exception as exc:
+                _note("the spawned process could not be prepared (seeded)", exc)
         return
     try:
         from torchrepro import follow

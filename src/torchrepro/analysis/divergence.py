@@ -129,8 +129,9 @@ def settings(log: EventLog) -> dict[str, object]:
 
 
 def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance) -> tuple[Divergence | None, list[str]]:
-    """Earliest divergence over all ranks present in both runs (lowest rank on ties): the initial
-    parameters first, then steps matched by index; and notes on what could not be compared."""
+    """Earliest divergence over all ranks present in both runs: the initial parameters first, then
+    steps matched by index (at the same step the rank whose earliest aspect differs, then the lowest
+    rank); and notes on what could not be compared."""
     by_rank_b = {log.rank: log for log in logs_b}
     inits = [d for log in logs_a if log.rank in by_rank_b for d in [init_divergence(log, by_rank_b[log.rank])] if d]
     notes, found = [], []
@@ -154,7 +155,12 @@ def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolera
                 break
     if not found:
         return None, notes
-    return min(found, key=lambda d: (d.step, d.rank)), notes
+    # within one step, a rank whose input or loss differs started it; gradients and parameters that
+    # differ on the others came through the collective (DDP's all-reduce)
+    return min(found, key=lambda d: (d.step, _ASPECTS.index(d.what), d.rank)), notes
+
+
+_ASPECTS = ("batch", "rng", "loss", "grads", "params")
 
 
 def _param_detail(log: EventLog, a: Step, b: Step) -> dict[str, Any]:

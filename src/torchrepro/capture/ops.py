@@ -20,6 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..digests import fingerprint
+from .._dist import placement
+from ..follow import wait_for_child_ranks
 from ..rundir import replay_file
 
 _UNINITIALISED = re.compile(r"\bempty|_empty")
@@ -89,7 +91,10 @@ class OpRecorder(TorchDispatchMode):
             module, source = self._origin.get(id(node), (None, None))
             module = f"{module} ({node.name()})" if module else node.name()
         name = str(func)
-        outputs = None if _UNINITIALISED.search(name) else _digests(out)  # garbage memory is not a divergence
+        # garbage memory is not a divergence (nor views of it: a view holds no data of its own, what made
+        # or writes its memory is compared); nor are a collective's buffers, still being filled when it returns
+        skip = _UNINITIALISED.search(name) or name.startswith("c10d.") or getattr(func, "is_view", False)
+        outputs = None if skip else _digests(out)
         self.ops.append({"i": len(self.ops), "op": name, "module": module, "phase": phase, "source": source,
                          "inputs": inputs, "outputs": outputs})
         if phase == "forward":
@@ -223,9 +228,8 @@ class StepReplay:
     """Records step ``step`` — every op (eager replay) or every compiled graph against its eager
     FX graph (compiled replay) — and then ends the process (the rest is not needed)."""
 
-    def __init__(self, step: int, out: Path, graphs: bool = False, rank: int = 0, world_size: int = 1,
-                 kernels: bool = False):
-        self.step, self.out = step, replay_file(Path(out), rank, world_size)
+    def __init__(self, step: int, out: Path, graphs: bool = False, kernels: bool = False):
+        self.step, self.out = step, Path(out)
         self.recorder: OpRecorder | None = None
         self.checker: GraphChecker | None = None
         self.repeater = None
@@ -263,8 +267,11 @@ class StepReplay:
                 self.repeater.active = False
                 result["kernels"] = self.repeater.summary()
                 self.repeater.uninstall()
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.out.write_text(json.dumps(result))
+            here = placement()  # the group's rank once joined (a rank Lightning started did not know it at start)
+            out = replay_file(self.out, here.rank, here.world_size)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result))
+            wait_for_child_ranks()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

@@ -137,8 +137,7 @@ class CaptureSession:
             from .ops import StepReplay
 
             replay = StepReplay(self.config.replay_step, self.config.replay_out or self.dir / "replay.json",
-                                graphs=self.config.replay_graphs, kernels=self.config.replay_kernels,
-                                rank=self.rank, world_size=self.world_size)
+                                graphs=self.config.replay_graphs, kernels=self.config.replay_kernels)
             self.steps.listeners.append(replay.on_step_end)
             if self.config.replay_step == 0:
                 replay.start()
