@@ -95,15 +95,15 @@ def prepare(config) -> None:
 
 
 def apply_compile_mode(mode: str | None) -> None:
-    """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does."""
-    if mode == "eager":
-        import torch._dynamo
+    """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does
+    (both undone when capture stops)."""
+    from ._compat import dynamo_config, inductor_config, patch
 
-        torch._dynamo.config.disable = True
-    elif mode == "fallback-random":
-        import torch._inductor.config
-
-        torch._inductor.config.fallback_random = True
+    config, name = {"eager": (dynamo_config, "disable"), "fallback-random": (inductor_config, "fallback_random")}.get(
+        mode or "", (lambda: None, ""))
+    module = config()
+    if module is not None:
+        patch(module, name, True)
 
 
 @dataclass
