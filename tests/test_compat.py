@@ -9,8 +9,6 @@ import json
 import logging
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +28,8 @@ PROBES = {
     "compile_id": _compat.current_compile_id, "lookup_backend": _compat.lookup_backend,
     "inductor_config": _compat.inductor_config, "dynamo_config": _compat.dynamo_config,
     "functorch_config": _compat.functorch_config, "skip_code": _compat.skip_code,
-    "dynamo_counters": _compat.dynamo_counters, "foreach_norm": lambda: _compat.foreach_norm([torch.ones(2)]),
+    "dynamo_counters": _compat.dynamo_counters, "dataloader_iterator": _compat.dataloader_iterator,
+    "foreach_norm": lambda: _compat.foreach_norm([torch.ones(2)]),
 }
 
 

@@ -129,6 +129,13 @@ def current_autograd_node() -> Callable[[], Any] | None:
                   _attribute("torch._C", "_current_autograd_node"))
 
 
+def dataloader_iterator() -> type | None:
+    """``torch.utils.data.dataloader._BaseDataLoaderIter``: every DataLoader batch passes its
+    ``__next__``."""
+    return _probe("dataloader_iterator", "torch.utils.data.dataloader._BaseDataLoaderIter",
+                  "batches are not fingerprinted", _attribute("torch.utils.data.dataloader", "_BaseDataLoaderIter"))
+
+
 def ops_replay() -> bool:
     """Whether this torch has all an op replay needs (dispatch mode, pytree, autograd node)."""
     return all(probe() is not None for probe in (dispatch_mode, tree_flatten, current_autograd_node))

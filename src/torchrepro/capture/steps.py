@@ -133,7 +133,7 @@ class StepRecorder:
                            note="global optimizer step hook; backward() when no optimizer exists")]
         self._undo.append(when_imported("torch.distributed.fsdp", self._safe(self._watch_fully_shard)))
         if self.config.batches:
-            iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
+            iter_cls = compat.dataloader_iterator()
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
             else:
