@@ -99,11 +99,10 @@ def apply_compile_mode(mode: str | None) -> None:
     (both undone when capture stops)."""
     from ._compat import dynamo_config, inductor_config, patch
 
-    config, name = {"eager": (dynamo_config, "disable"), "fallback-random": (inductor_config, "fallback_random")}.get(
-        mode or "", (lambda: None, ""))
-    module = config()
-    if module is not None:
-        patch(module, name, True)
+    if mode == "eager" and (config := dynamo_config()) is not None:
+        patch(config, "disable", True)
+    elif mode == "fallback-random" and (config := inductor_config()) is not None:
+        patch(config, "fallback_random", True)
 
 
 @dataclass
