@@ -17,7 +17,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -230,7 +230,7 @@ class Patch:
     name: str
     original: Any
     replacement: Any
-    done: bool = field(default=False)
+    done: bool = False
 
     def undo(self) -> None:
         """Put the original back (once), unless something replaced ours since: theirs stays."""
