@@ -22,8 +22,7 @@ def rank_events(rank: int, world: int, *, steps: int = 30, recompiles: int = 0, 
         nonlocal t
         t += 0.3
         events.append(Compile(t=t, rank=rank, step=step, compile_id=f"0/{n}", function="forward", file="train.py",
-                              line=10, dynamo_s=0.25, recompile_reasons=[reason] if reason else [],
-                              category="shape" if reason else None))
+                              line=10, dynamo_s=0.25, recompile_reasons=[reason] if reason else []))
         events.append(CacheLookup(t=t, rank=rank, step=step, compile_id=f"0/{n}", cache="fxgraph",
                                   status="miss" if n == 0 else "hit", key=f"k{n}"))
 

@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from torchrepro.analysis.categories import category_of
 from torchrepro.events import CacheLookup, Compile, End, GraphBreak, Header, Step, read_events, write_all
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -212,7 +213,7 @@ def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, 
         assert attributes["torchrepro.compile.dynamo_s"] == pytest.approx(c.dynamo_s)
         if c.is_recompile:
             assert attributes["torchrepro.recompile.reason"] == c.recompile_reasons[0]
-            assert attributes["torchrepro.recompile.category"] == c.category
+            assert attributes["torchrepro.recompile.category"] == category_of(c)
     recompile_spans = [s for s in compile_spans.values() if s["attributes"]["torchrepro.compile.recompile"]]
     assert len(recompile_spans) == report["compile"]["recompiles"] >= 1
     assert {s["attributes"]["torchrepro.recompile.category"] for s in recompile_spans} == {"shape"}

@@ -10,7 +10,6 @@ compiles, so code compiled earlier keeps the old behaviour. In torch 2.13
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import warnings
@@ -38,7 +37,6 @@ Scalar = bool | int | str | None
 CUBLAS_VAR = "CUBLAS_WORKSPACE_CONFIG"
 _CUBLAS_VALUE = ":4096:8"
 _CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two values cuBLAS documents as deterministic
-_INDUCTOR_CONFIG = "torch._inductor.config"
 
 # Set by `deterministic` when it had to set CUBLAS_VAR after CUDA was initialised.
 _cublas_set_late = False
@@ -54,12 +52,9 @@ class DeterminismWarning(UserWarning):
 
 def _inductor_config(load: bool) -> ModuleType | None:
     """`torch._inductor.config`, imported only when `load`; None when absent or broken."""
-    if not load:
-        return sys.modules.get(_INDUCTOR_CONFIG)
-    try:
-        return importlib.import_module(_INDUCTOR_CONFIG)
-    except Exception:  # a private module: it may move or fail to import in other releases
-        return None
+    from ._compat import inductor_config
+
+    return inductor_config(load)
 
 
 class deterministic:  # noqa: N801  (used like a function, as torch.no_grad is)

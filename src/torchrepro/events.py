@@ -95,8 +95,7 @@ class Compile(Event):
     guards: int | None = None
     graph_ops: int | None = None
     cache: dict[str, dict[str, int]] = field(default_factory=dict)
-    recompile_reasons: list[str] = field(default_factory=list)
-    category: str | None = None
+    recompile_reasons: list[str] = field(default_factory=list)  # as Dynamo said them (no category: analysis's)
     fail_type: str | None = None
     fail_reason: str | None = None
     limit_hit: str | None = None

@@ -25,6 +25,8 @@ import json
 import os
 from typing import Any
 
+from ._compat import patch
+
 FACTORS_VAR = "TORCHREPRO_DRIFT_FACTORS"
 
 
@@ -82,7 +84,7 @@ def _order_loaders(root: int, level: int) -> None:
                 sampler.seed = stream.torch % 2**62
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    cls.__init__ = __init__
+    patch(cls, "__init__", __init__)
 
 
 def _force_backend(backend: str) -> None:
@@ -98,4 +100,4 @@ def _force_backend(backend: str) -> None:
         return original(model, **kwargs)
 
     compile.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.compile = compile
+    patch(torch, "compile", compile)

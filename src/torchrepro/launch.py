@@ -97,15 +97,14 @@ def prepare(config) -> None:
 
 
 def apply_compile_mode(mode: str | None) -> None:
-    """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does."""
-    if mode == "eager":
-        import torch._dynamo
+    """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does
+    (both undone when capture stops)."""
+    from ._compat import dynamo_config, inductor_config, patch
 
-        torch._dynamo.config.disable = True
-    elif mode == "fallback-random":
-        import torch._inductor.config
-
-        torch._inductor.config.fallback_random = True
+    if mode == "eager" and (config := dynamo_config()) is not None:
+        patch(config, "disable", True)
+    elif mode == "fallback-random" and (config := inductor_config()) is not None:
+        patch(config, "fallback_random", True)
 
 
 @dataclass

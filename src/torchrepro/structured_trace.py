@@ -4,7 +4,9 @@ The same :class:`TraceTranslator` serves two inputs: records seen live by a hand
 ``torch.__trace`` logger (``capture.compile``), and ``TORCH_TRACE`` log files written by a job
 that ran without torchrepro (:func:`read_trace_dir`). A record is a metadata dict plus an
 optional payload string. Record types this module does not use are counted, never fatal, so
-newer torch versions that add records keep working. Nothing here imports torch.
+newer torch versions that add records keep working. Events keep what torch said (a recompile's
+reasons, not their category: :mod:`torchrepro.analysis.categories` reads them). Nothing here
+imports torch or analysis.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .analysis.categories import categorize
 from .events import CacheLookup, Compile, Event, GraphBreak
 
 _CONTEXT_KEYS = {"frame_id", "frame_compile_id", "attempt", "rank", "has_payload", "stack",
@@ -209,7 +210,6 @@ class TraceTranslator:
             graph_ops=m.get("graph_op_count"),
             cache=_cache_counts(m),
             recompile_reasons=reasons,
-            category=categorize(reasons[0]) if reasons else None,
             fail_type=m.get("fail_type"),
             fail_reason=_first_line(fail_reason),
             limit_hit=limit,

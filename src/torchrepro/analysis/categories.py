@@ -1,8 +1,15 @@
-"""Which kind of guard failed: a recompile reason → one category of a fixed set."""
+"""Which kind of guard failed: a recompile reason → one category of a fixed set.
+
+Computed when analysing, from the reasons the event log keeps as Dynamo said them (logs written
+by earlier versions also hold a ``category`` field: it is ignored, and recomputed).
+"""
 
 from __future__ import annotations
 
+import functools
 import re
+
+from ..events import Compile
 
 CATEGORIES = (
     "shape", "dtype", "device", "stride", "requires_grad", "grad_mode", "autocast", "global_state",
@@ -42,6 +49,12 @@ def guard_text(reason: str) -> str:
     return re.split(r"\s{2,}# ", first, maxsplit=1)[0].strip()
 
 
+def category_of(compile: Compile) -> str | None:
+    """The category of a recompile (of its first failed guard); None for a first compile."""
+    return categorize(compile.recompile_reasons[0]) if compile.recompile_reasons else None
+
+
+@functools.lru_cache(maxsize=4096)  # the same guards fail on every rank
 def categorize(reason: str) -> str:
     """The category of a guard-failure reason, e.g. ``"shape"`` for
     ``"tensor 'x' size mismatch at index 0. expected 4, actual 5"``."""

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak
-from .categories import guard_text
+from .categories import category_of, guard_text
 from .findings import Finding
 
 RECOMPILE_HINTS = {
@@ -134,7 +134,7 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
         "rank": c.rank, "compile_id": c.compile_id, "function": display_function(c), "code": c.function,
         "file": c.file, "line": c.line,
         "step": c.step, "reason": c.recompile_reasons[0], "guard": guard_text(c.recompile_reasons[0]),
-        "category": c.category,
+        "category": category_of(c),
     } for c in recompiles]
 
     grouped: dict[tuple, dict[str, Any]] = {}
@@ -162,7 +162,7 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
                                   "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None}
                                  for c in compiles if c.limit_hit],
         "recompile_events": recompile_events,
-        "recompiles_by_category": dict(Counter(c.category for c in recompiles)),
+        "recompiles_by_category": dict(Counter(category_of(c) for c in recompiles)),
         "graph_break_events": list(grouped.values()),
         "per_rank": _per_rank(logs),
     }
@@ -229,7 +229,7 @@ def _per_rank(logs: list[EventLog]) -> dict[str, dict[str, Any]]:
 def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
     groups: dict[tuple, list[Compile]] = defaultdict(list)
     for c in recompiles:
-        groups[(display_function(c), c.category)].append(c)
+        groups[(display_function(c), category_of(c))].append(c)
     findings = []
     for (function, category), items in groups.items():
         file, line = items[0].file, items[0].line

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..events import Compile, EventLog, Header, InitParams, Params, Setting, Step
+from ..random_ops import is_random_op
 
 # Causes (a fixed set): data_order, rng, numerics, nondeterministic_op, environment, recompile,
 # unknown. A divergent step is attributed to, in the order a step happens: its batch, the RNG it
@@ -273,16 +274,6 @@ def final_within(curve: list[dict[str, Any]], tol: Tolerance, dir_a: Path, dir_b
 
 
 # --- op-level replay comparison --------------------------------------------------------------
-
-RANDOM_OPS = ("bernoulli", "dropout", "uniform", "normal", "rand", "randn", "randint", "randperm", "multinomial",
-              "exponential", "geometric", "cauchy", "log_normal", "random_", "poisson", "philox")
-
-
-def is_random_op(name: str) -> bool:
-    """Whether an aten op draws random numbers (``aten.native_dropout.default`` → True)."""
-    base = name.split(".")[1] if "." in name else name
-    return any(base.startswith(token) or f"_{token}" in base for token in RANDOM_OPS)
-
 
 def compare_replays(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first op whose outputs differ between two replays of the same step, and what that

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from ..events import CacheLookup, Compile, EventLog, GraphBreak, Step
-from .categories import guard_text
+from .categories import category_of, guard_text
 from .compile import display_function
 
 
@@ -37,7 +37,7 @@ def rank_ranges(ranks: list[int]) -> str:
 
 def _compile_key(c: Compile) -> tuple:
     guard = guard_text(c.recompile_reasons[0]) if c.recompile_reasons else None
-    return (display_function(c), guard, c.category, c.step, c.limit_hit)
+    return (display_function(c), guard, category_of(c), c.step, c.limit_hit)
 
 
 def _behaviour(log: EventLog) -> tuple:

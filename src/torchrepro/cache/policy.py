@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,10 +81,9 @@ def plan(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None,
 
 def _compiles_so_far() -> int:
     """Compile-cache lookups this process has made (0 before torch.compile ran)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    if counters is None:
-        return 0
+    from .._compat import dynamo_counters
+
+    counters = dynamo_counters()
     return sum(sum(counters.get(group, {}).values()) for group in ("inductor", "aot_autograd")
                if group in counters)
 

@@ -9,13 +9,11 @@ turns them into events. Feature-detected: on a torch without that logger, a
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 
+from .._compat import dynamo_counters, trace_logger
 from ..events import Capability, Counters, Event
 from ..structured_trace import TraceTranslator
-
-TRACE_LOGGER = "torch.__trace"
 
 
 class _TraceHandler(logging.Handler):
@@ -48,6 +46,7 @@ class CompileCapture:
         self._emit, self._clock = emit, clock
         self.translator = TraceTranslator(rank=rank)
         self._handler: _TraceHandler | None = None
+        self._logger: logging.Logger | None = None
         self._old_level: int | None = None
         self._old_propagate = False
 
@@ -57,13 +56,11 @@ class CompileCapture:
 
     def install(self) -> list[Capability]:
         """Start observing; returns what is and is not observable on this torch."""
-        import torch._logging._internal as internal
-
-        logger = logging.getLogger(TRACE_LOGGER)
-        if getattr(internal, "trace_log", None) is not logger:
+        logger = trace_logger()
+        if logger is None:
             return [Capability(name="compile_events", available=False,
                                note="this torch has no structured-trace logger; compiles are not observed")]
-        self._handler = _TraceHandler(self)
+        self._handler, self._logger = _TraceHandler(self), logger
         self._old_level, self._old_propagate = logger.level, logger.propagate
         logger.setLevel(logging.DEBUG)
         logger.propagate = False  # these DEBUG records must never reach the user's own log handlers
@@ -71,9 +68,9 @@ class CompileCapture:
         return [Capability(name="compile_events", available=True, note="structured trace (torch.__trace)")]
 
     def uninstall(self) -> None:
-        if self._handler is None:
+        logger = self._logger
+        if self._handler is None or logger is None:
             return
-        logger = logging.getLogger(TRACE_LOGGER)
         logger.removeHandler(self._handler)
         if self._old_level is not None and not logger.handlers:
             logger.setLevel(self._old_level)
@@ -82,7 +79,7 @@ class CompileCapture:
 
     def counters(self) -> Counters:
         """Dynamo's own counters now (a cross-check written at the end of a run)."""
-        counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", {})  # not imported: nothing compiled
+        counters = dynamo_counters()
         snapshot = {group: {str(k): int(v) for k, v in values.items()} for group, values in counters.items()
                     if group in ("stats", "graph_break", "unimplemented", "frames", "inductor", "aot_autograd")}
         snapshot["torchrepro"] = {"unique_graphs_traced": self.translator.unique_graphs,

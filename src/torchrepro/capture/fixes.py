@@ -3,7 +3,8 @@
 
 Each fix changes how the script computes, on purpose; it is only ever applied to the ladder's
 own truncated runs, never to the runs being compared. The names and the line a user would write
-live in :mod:`torchrepro.analysis.fixes`.
+live in :mod:`torchrepro.analysis.fixes`. Its patches are undone when capture stops
+(:func:`torchrepro._compat.undo_patches`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from .._compat import compile_fx_module, current_compile_id, inductor_config, lookup_backend, patch
 
 
 def _one_thread() -> None:
@@ -21,7 +24,7 @@ def _one_thread() -> None:
     def set_num_threads(n: int) -> None:  # the script asks for n; the fix keeps 1
         real(1)
 
-    torch.set_num_threads = set_num_threads
+    patch(torch, "set_num_threads", set_num_threads)
 
 
 def _deterministic() -> None:
@@ -31,30 +34,29 @@ def _deterministic() -> None:
 
 
 def _fallback_random() -> None:
-    import torch._inductor.config
-
-    torch._inductor.config.fallback_random = True
+    config = inductor_config()
+    if config is not None:
+        patch(config, "fallback_random", True)
 
 
 def _aot_eager(frames: set[int] | None) -> None:
     """Compile with ``aot_eager`` instead of inductor: the Dynamo frames in ``frames`` (compile ids
     ``F/*``), or every frame when ``frames`` is None. Inductor's entry point is replaced for the
     process (the dynamo inductor backend and torch.compile's inductor wrapper both import it at call
-    time); where a frame is not chosen the real inductor runs."""
-    import torch._inductor.compile_fx as compile_fx_module
-    from torch._dynamo.backends.registry import lookup_backend
-
-    inductor = compile_fx_module.compile_fx
-    aot_eager = lookup_backend("aot_eager")
+    time); where a frame is not chosen the real inductor runs. Not applied where this torch lacks
+    either entry point."""
+    module, lookup = compile_fx_module(), lookup_backend()
+    if module is None or lookup is None:
+        return
+    inductor, aot_eager = module.compile_fx, lookup("aot_eager")
 
     def compile_fx(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        compile_id = torch._guards.CompileContext.current_compile_id()
-        frame = getattr(compile_id, "frame_id", None)
+        frame = getattr(current_compile_id(), "frame_id", None)
         if frames is None or frame in frames:
             return aot_eager(gm, example_inputs)
         return inductor(gm, example_inputs, *args, **kwargs)
 
-    compile_fx_module.compile_fx = compile_fx
+    patch(module, "compile_fx", compile_fx)
 
 
 def apply_fix(spec: str | None) -> None:

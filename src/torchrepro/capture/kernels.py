@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from .._compat import compile_fx_module, current_compile_id, functorch_config, patch
 from ..digests import fingerprint
-from .ops import _clean_fqn, _node_info, _same
+from .fx_nodes import clean_fqn, node_info, same
 
 REPEATS = 2  # extra calls per graph at the run's thread count (and as many at one thread)
 # aten ops whose CPU lowering in inductor accumulates with atomic adds (order depends on threads)
@@ -63,7 +64,7 @@ def _source_name(placeholder: Any) -> str:
     if not isinstance(name, str):
         return placeholder.name
     name = re.sub(r"\._(?:parameters|buffers)\['([^']+)'\]", r".\1", name)
-    return _clean_fqn(name)
+    return clean_fqn(name)
 
 
 def describe_outputs(gm: Any) -> dict[str, Any]:
@@ -76,8 +77,8 @@ def describe_outputs(gm: Any) -> dict[str, Any]:
             outs.append(None)
             continue
         chain = [value, *_ancestors(value)]
-        culprits = [_node_info(n) | {"aten": _aten(n)} for n in chain if n.op == "call_function" and _accumulates(n)]
-        outs.append({**_node_info(value), "accumulating": culprits[:3]})
+        culprits = [node_info(n) | {"aten": _aten(n)} for n in chain if n.op == "call_function" and _accumulates(n)]
+        outs.append({**node_info(value), "accumulating": culprits[:3]})
     ops = set()
     for n in gm.graph.nodes:
         for t in (n.target, n.meta.get("original_aten")):
@@ -225,37 +226,27 @@ class KernelRepeater:
 
     def install(self) -> bool:
         """Patch inductor (feature-detected); False when this torch lacks what is needed."""
-        try:
-            import torch._inductor.compile_fx as compile_fx_module
-        except ImportError:
+        module = compile_fx_module()
+        if module is None:
             return False
-        if not hasattr(compile_fx_module, "compile_fx") or not hasattr(compile_fx_module, "compile_fx_inner"):
-            return False
-        original, depth = compile_fx_module.compile_fx, [0]
+        original, depth = module.compile_fx, [0]
 
         def compile_fx(gm, example_inputs, *args, **kwargs):
             if depth[0] or args or "inner_compile" in kwargs:
                 return original(gm, example_inputs, *args, **kwargs)
-            compile_id = str(torch._guards.CompileContext.current_compile_id())
+            compile_id = str(current_compile_id())
             names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+            inner = self._inner(compile_id, names, module.compile_fx_inner)
             depth[0] += 1
             try:
-                return original(gm, example_inputs, inner_compile=self._inner(compile_id, names,
-                                                                              compile_fx_module.compile_fx_inner),
-                                **kwargs)
+                return original(gm, example_inputs, inner_compile=inner, **kwargs)
             finally:
                 depth[0] -= 1
 
-        compile_fx_module.compile_fx = compile_fx
-        self._undo.append(lambda: setattr(compile_fx_module, "compile_fx", original))
-        try:  # a cached AOTAutograd entry would skip inductor's inner compile (the FX cache still serves)
-            import torch._functorch.config as functorch_config
-
-            if getattr(functorch_config, "enable_autograd_cache", None):
-                functorch_config.enable_autograd_cache = False
-                self._undo.append(lambda: setattr(functorch_config, "enable_autograd_cache", True))
-        except ImportError:
-            pass
+        self._undo.append(patch(module, "compile_fx", compile_fx).undo)
+        config = functorch_config()  # a cached AOTAutograd entry would skip inductor's inner compile
+        if getattr(config, "enable_autograd_cache", None):  # (the FX cache still serves)
+            self._undo.append(patch(config, "enable_autograd_cache", False).undo)
         return True
 
     def uninstall(self) -> None:
@@ -303,7 +294,7 @@ class KernelRepeater:
             return list(result) if isinstance(result, (list, tuple)) else [result]
 
         def differing(a: list, b: list) -> dict[int, float | None]:
-            return {i: d for i, (x, y) in enumerate(zip(a, b)) for same, d in [_same(x, y)] if not same}
+            return {i: d for i, (x, y) in enumerate(zip(a, b)) for equal, d in [same(x, y)] if not equal}
 
         repeats: dict[int, float | None] = {}
         for _ in range(REPEATS):

@@ -63,5 +63,9 @@ def when_imported(name: str, callback: Callable[[], None]) -> Callable[[], None]
         waiting = _WAITING.get(name, [])
         if callback in waiting:
             waiting.remove(callback)
+        if name in _WAITING and not waiting:  # nothing left to call: the import hook goes too
+            del _WAITING[name]
+            for hook in [h for h in sys.meta_path if isinstance(h, _Hook) and h.name == name]:
+                _remove(hook)
 
     return cancel

@@ -16,20 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from .._compat import (compile_fx_module, current_autograd_node, current_compile_id, dispatch_mode, ops_replay, patch,
+                       tree_flatten)
 from ..digests import fingerprint
 from .._dist import placement
 from ..follow import wait_for_child_ranks
+from ..random_ops import is_random_op
 from ..rundir import replay_file
+from .fx_nodes import SKIP_DIRS, node_info, same, target_name
 
 _UNINITIALISED = re.compile(r"\bempty|_empty")
-_SKIP_DIRS = tuple(str(Path(m.__file__).parent) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))
 
 
 def _digests(values: Any) -> list[str | None]:
-    leaves, _ = tree_flatten(values)
+    leaves, _ = tree_flatten()(values)
     return [fingerprint(v)[:16] if isinstance(v, torch.Tensor) else None for v in leaves
             if isinstance(v, torch.Tensor)]
 
@@ -38,14 +39,15 @@ def _user_source() -> str | None:
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP_DIRS) and not filename.startswith("<"):
+        if not filename.startswith(SKIP_DIRS) and not filename.startswith("<"):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 
 
-class OpRecorder(TorchDispatchMode):
-    """Records each op: index, name, module FQN, phase (forward/backward), source, digests."""
+class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
+    """Records each op: index, name, module FQN, phase (forward/backward), source, digests
+    (only where :func:`~torchrepro._compat.ops_replay` says this torch has what it needs)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,7 +85,7 @@ class OpRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         inputs = _digests((args, kwargs))
         out = func(*args, **kwargs)
-        node = torch._C._current_autograd_node()
+        node = current_autograd_node()()
         if node is None:
             phase, module, source = "forward", (self.module_stack[-1] if self.module_stack else None), _user_source()
         else:
@@ -98,41 +100,11 @@ class OpRecorder(TorchDispatchMode):
         self.ops.append({"i": len(self.ops), "op": name, "module": module, "phase": phase, "source": source,
                          "inputs": inputs, "outputs": outputs})
         if phase == "forward":
-            for leaf in tree_flatten(out)[0]:
+            for leaf in tree_flatten()(out)[0]:
                 grad_fn = getattr(leaf, "grad_fn", None) if isinstance(leaf, torch.Tensor) else None
                 if grad_fn is not None:
                     self._origin[id(grad_fn)] = (module, source)
         return out
-
-
-def _clean_fqn(fqn: str) -> str:
-    """Dynamo's ``L['fn']._modules['4']`` / ``L['self'].body.0`` → ``4`` / ``body.0``."""
-    fqn = re.sub(r"\._modules\['([^']+)'\]", r".\1", fqn)
-    fqn = re.sub(r"^L\['(self|fn|mod|model)'\]\.?", "", fqn)
-    return fqn or "<root>"
-
-
-def _node_info(node: Any) -> dict[str, Any]:
-    stack = node.meta.get("nn_module_stack") or {}
-    module = None
-    if stack:
-        fqn, cls = list(stack.values())[-1]
-        module = f"{_clean_fqn(fqn)} ({getattr(cls, '__name__', cls)})"
-    frames = re.findall(r'File "(.+?)", line (\d+)', node.meta.get("stack_trace") or "")
-    # the innermost frame of the user's code (not torch's, not torchrepro's own wrappers)
-    user = [f for f in frames if not f[0].startswith(_SKIP_DIRS)] or frames
-    source = f"{user[-1][0]}:{user[-1][1]}" if user else None
-    return {"node": node.name, "target": _target(node), "module": module, "source": source}
-
-
-def _same(x: Any, y: Any) -> tuple[bool, float | None]:
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        return x == y, None
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False, None
-    if torch.equal(x.view(torch.uint8) if x.is_contiguous() else x, y.view(torch.uint8) if y.is_contiguous() else y):
-        return True, 0.0
-    return False, float((x.detach().double() - y.detach().double()).abs().max()) if x.numel() else 0.0
 
 
 class GraphChecker:
@@ -143,15 +115,16 @@ class GraphChecker:
     def __init__(self) -> None:
         self.active = False
         self.results: list[dict[str, Any]] = []
+        self._patch: Any = None
 
-    def install(self) -> None:
+    def install(self) -> bool:
+        """Wrap inductor's entry point; False when this torch lacks it."""
         import copy
 
-        import torch._inductor.compile_fx as compile_fx_module
-
-        original = compile_fx_module.compile_fx
-
-        depth = [0]
+        module = compile_fx_module()
+        if module is None:
+            return False
+        original, depth = module.compile_fx, [0]
 
         def compile_fx(gm, example_inputs, *args, **kwargs):
             if depth[0]:  # compile_fx calls itself (config patches, inference graphs): wrap the outer call only
@@ -162,10 +135,15 @@ class GraphChecker:
                 compiled = original(gm, example_inputs, *args, **kwargs)
             finally:
                 depth[0] -= 1
-            compile_id = str(torch._guards.CompileContext.current_compile_id())
-            return self._wrap(compiled, reference, compile_id)
+            return self._wrap(compiled, reference, str(current_compile_id()))
 
-        compile_fx_module.compile_fx = compile_fx
+        self._patch = patch(module, "compile_fx", compile_fx)
+        return True
+
+    def uninstall(self) -> None:
+        """Put inductor's entry point back."""
+        if self._patch is not None:
+            self._patch.undo()
 
     def _wrap(self, compiled: Any, reference: Any, compile_id: str) -> Any:
         def run(*args: Any) -> Any:
@@ -192,16 +170,14 @@ class GraphChecker:
         wanted = list(expected) if isinstance(expected, (list, tuple)) else [expected]
         nodes = [n for n in reference.graph.nodes if n.op == "output"][0].args[0]
         nodes = list(nodes) if isinstance(nodes, (list, tuple)) else [nodes]
-        from ..analysis.divergence import is_random_op
-
-        random = [_node_info(n) for n in reference.graph.nodes
-                  if n.op in ("call_function", "call_method", "call_module") and is_random_op(f"x.{_target(n)}")]
+        random = [node_info(n) for n in reference.graph.nodes
+                  if n.op in ("call_function", "call_method", "call_module") and is_random_op(f"x.{target_name(n)}")]
         entry: dict[str, Any] = {"compile_id": compile_id, "outputs": len(outputs), "random_nodes": random[:5]}
         for i, (x, y) in enumerate(zip(outputs, wanted)):
-            same, diff = _same(x, y)
-            if not same:
+            equal, diff = same(x, y)
+            if not equal:
                 node = nodes[i] if i < len(nodes) and hasattr(nodes[i], "meta") else None
-                entry.update(first_differing_output=i, max_abs=diff, **(_node_info(node) if node else {}))
+                entry.update(first_differing_output=i, max_abs=diff, **(node_info(node) if node else {}))
                 if node is not None:
                     ancestors = _ancestors(node)
                     entry["depends_on_random"] = [r for r in random if r["node"] in ancestors]
@@ -219,14 +195,11 @@ def _ancestors(node: Any) -> set[str]:
     return seen
 
 
-def _target(node: Any) -> str:
-    target = node.target
-    return getattr(target, "__name__", None) or str(target).split(".")[-1]
-
-
 class StepReplay:
     """Records step ``step`` — every op (eager replay) or every compiled graph against its eager
-    FX graph (compiled replay) — and then ends the process (the rest is not needed)."""
+    FX graph (compiled replay) — and then ends the process (the rest is not needed). Where this
+    torch lacks what a compiled replay needs, the ops are recorded; where it lacks what that
+    needs, nothing is (the ``torch_api`` capability events say which API was missing)."""
 
     def __init__(self, step: int, out: Path, graphs: bool = False, kernels: bool = False):
         self.step, self.out = step, Path(out)
@@ -241,14 +214,15 @@ class StepReplay:
                 self.repeater = None
         elif graphs:
             self.checker = GraphChecker()
-            self.checker.install()
+            if not self.checker.install():
+                self.checker = None
 
     def start(self) -> None:
         if self.repeater is not None:
             self.repeater.active = True
         elif self.checker is not None:
             self.checker.active = True
-        else:
+        elif ops_replay():
             self.recorder = OpRecorder()
             self.recorder.__enter__()
 
@@ -263,6 +237,7 @@ class StepReplay:
                 result["ops"] = self.recorder.ops
             if self.checker is not None:
                 result["graphs"] = self.checker.results
+                self.checker.uninstall()
             if self.repeater is not None:
                 self.repeater.active = False
                 result["kernels"] = self.repeater.summary()

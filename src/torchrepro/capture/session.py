@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import _dist, _state
+from .._compat import undo_patches, watch
 from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
 from ..otlp import attach_from_env
 from .compile import CompileCapture
@@ -73,6 +74,7 @@ class CaptureSession:
         self._stacks: Any = None
         self._pid = os.getpid()
         self._t0 = time.time()
+        self._unwatch: Any = None
 
     def emit(self, event: Event) -> None:
         if self.writer is None or os.getpid() != self._pid:  # DataLoader workers fork us: stay quiet there
@@ -129,6 +131,7 @@ class CaptureSession:
             config={"seed": self.config.seed, "compile_mode": self.config.compile_mode,
                     "steps": asdict(self.config.steps), "rank_from": self.rank_from},
         ))
+        self._unwatch = watch(lambda probe: self.emit(probe.event()))  # private torch APIs: found or not
         self.steps = StepRecorder(self.emit, self.rank, self.config.steps, snapshot_dir=self.dir / "snapshots")
         self.compiles = CompileCapture(self.emit, lambda: self.steps.completed if self.steps else None, self.rank)
         for capability in [*self.compiles.install(), *self.steps.install()]:
@@ -159,6 +162,9 @@ class CaptureSession:
         if self.compiles is not None:
             self.emit(self.compiles.counters())
             self.compiles.uninstall()
+        if self._unwatch is not None:
+            self._unwatch()
+        undo_patches()  # also those made before capture started (compile mode, fix, drift factors)
         status = status or ("ok" if exit_code == 0 else "error")
         self.emit(End(step=self.steps.completed if self.steps else None, exit_code=exit_code, status=status,
                       error=error, duration_s=round(time.time() - self._t0, 6)))

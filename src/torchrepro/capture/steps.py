@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _compat as compat
 from ..events import Capability, Event, InitParams, Params, Setting, Step
 from ..digests import DeviceDigest, fingerprint, fingerprint_later, hash_bytes
 from ..rng import combine, live_fingerprints
@@ -132,7 +133,7 @@ class StepRecorder:
                            note="global optimizer step hook; backward() when no optimizer exists")]
         self._undo.append(when_imported("torch.distributed.fsdp", self._safe(self._watch_fully_shard)))
         if self.config.batches:
-            iter_cls = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
+            iter_cls = compat.dataloader_iterator()
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
             else:
@@ -354,7 +355,7 @@ class StepRecorder:
         """The switches in force once the script has set itself up (read after its first step)."""
         settings = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
                     "num_threads": torch.get_num_threads()}
-        inductor = sys.modules.get("torch._inductor.config")
+        inductor = compat.inductor_config(load=False)
         if inductor is not None:
             settings |= {"inductor.fallback_random": bool(getattr(inductor, "fallback_random", False)),
                          "inductor.deterministic": bool(getattr(inductor, "deterministic", False))}
@@ -419,11 +420,9 @@ def _skip_frame(fn: Callable[..., Any]) -> None:
     """Dynamo compiles the frame a compiled module starts in: let it skip ours and compile the
     original ``nn.Module.__call__`` beneath, as it would without torchrepro (same function, same
     guards, same graph breaks)."""
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # another torch: calls are still observed; compile events may then name our frame
-        return
-    skip_code(fn.__code__)
+    skip_code = compat.skip_code()
+    if skip_code is not None:  # else (another torch) calls are still observed; compile events may name our frame
+        skip_code(fn.__code__)
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -458,7 +457,7 @@ def _grad_digest(grads: list[torch.Tensor]) -> tuple[list[Digest], torch.Tensor]
     grads = [_local(g).detach() for g in grads]
     if not grads:
         return None
-    norms = torch._foreach_norm(grads)
+    norms = compat.foreach_norm(grads)
     return [fingerprint_later(g) for g in grads], torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
 

@@ -55,6 +55,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCod
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
+from ..analysis.categories import category_of
 from ..analysis.compile import display_function
 from ..events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
 from ..otlp import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
@@ -387,7 +388,7 @@ class RankExporter:
         }
         if c.recompile_reasons:
             attributes["torchrepro.recompile.reason"] = c.recompile_reasons[0]
-            attributes["torchrepro.recompile.category"] = c.category
+            attributes["torchrepro.recompile.category"] = category_of(c)
         for phase in ("dynamo", "backend", "inductor", "build", "backward"):
             attributes[f"torchrepro.compile.{phase}_s"] = getattr(c, f"{phase}_s")
         for cache, counts in c.cache.items():
@@ -411,7 +412,7 @@ class RankExporter:
             return
         self.compiles.add(1, {"torchrepro.function": function})
         if c.is_recompile:
-            self.recompiles.add(1, {"torchrepro.function": function, "torchrepro.recompile.category": c.category
+            self.recompiles.add(1, {"torchrepro.function": function, "torchrepro.recompile.category": category_of(c)
                                     or "other"})
         if c.dynamo_s is not None:
             self.compile_duration.record(c.dynamo_s, {"torchrepro.function": function})

@@ -1,0 +1,258 @@
+"""Every private torch API torchrepro uses, looked up here and nowhere else.
+
+Each is probed once per process, the first time it is needed, and never earlier: Dynamo and
+inductor are not imported for a probe a run does not need (importing them costs about a second,
+and fixes inductor's cache directory). What each probe found is kept as a :class:`Probe`; capture
+writes every probe as a ``capability`` event (``torch_api.<name>``), so a report can say what could
+not be observed on this torch version. A probe that finds nothing gives None, and its caller does
+without.
+
+Capture changes torch objects only through :func:`patch`; :func:`undo_patches` (called when
+capture stops) puts every original back. Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from .events import Capability
+
+TRACE_LOGGER = "torch.__trace"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one lookup of a private torch API found: ``name`` (torchrepro's), ``where`` (torch's
+    private name), whether it is there, what torchrepro cannot do without it, and the names
+    expected on it that are missing (a config module without ``fallback_random``)."""
+
+    name: str
+    where: str
+    available: bool
+    lost: str
+    missing: tuple[str, ...] = ()
+
+    def event(self) -> Capability:
+        """This probe as the event capture writes."""
+        if not self.available:
+            note = f"{self.where} is not in torch {_torch_version()}: {self.lost}"
+        elif self.missing:
+            note = f"{self.where} lacks {', '.join(self.missing)} in torch {_torch_version()}: {self.lost}"
+        else:
+            note = self.where
+        return Capability(name=f"torch_api.{self.name}", available=self.available and not self.missing, note=note)
+
+
+def _torch_version() -> str:
+    return str(getattr(sys.modules.get("torch"), "__version__", "?"))
+
+
+_FOUND: dict[str, Any] = {}
+_PROBES: dict[str, Probe] = {}
+_WATCHERS: list[Callable[[Probe], None]] = []
+
+
+def _probe(name: str, where: str, lost: str, find: Callable[[], Any], names: Sequence[str] = ()) -> Any:
+    """The value ``find()`` gives (None when it raises), looked up once; ``names``: attributes
+    the value should have (recorded when missing, the value is still given)."""
+    if name not in _PROBES:
+        try:
+            value = find()
+        except Exception:  # a private API: moved, renamed, or failing to import in another release
+            value = None
+        _FOUND[name] = value
+        missing = tuple(n for n in names if value is not None and not hasattr(value, n))
+        probe = _PROBES[name] = Probe(name, where, value is not None, lost, missing)
+        for watcher in list(_WATCHERS):
+            watcher(probe)
+    return _FOUND[name]
+
+
+def probes() -> list[Probe]:
+    """Every probe made in this process so far, in the order they were made."""
+    return list(_PROBES.values())
+
+
+def watch(callback: Callable[[Probe], None]) -> Callable[[], None]:
+    """Call ``callback(probe)`` for every probe made so far and each one made later; returns a
+    function that stops it."""
+    for probe in probes():
+        callback(probe)
+    _WATCHERS.append(callback)
+    return lambda: _WATCHERS.remove(callback) if callback in _WATCHERS else None
+
+
+def _attribute(module: str, *path: str) -> Callable[[], Any]:
+    def find() -> Any:
+        value: Any = importlib.import_module(module)
+        for name in path:
+            value = getattr(value, name)
+        return value
+
+    return find
+
+
+# --- the probes ------------------------------------------------------------------------------
+
+def trace_logger() -> logging.Logger | None:
+    """PyTorch's structured-trace logger (``torch._logging._internal.trace_log``): every compile,
+    recompile reason, graph break and cache lookup is logged there."""
+
+    def find() -> logging.Logger | None:
+        logger = _attribute("torch._logging._internal", "trace_log")()
+        return logger if logger is logging.getLogger(TRACE_LOGGER) else None
+
+    return _probe("trace_log", "torch._logging._internal.trace_log", "compiles are not observed", find)
+
+
+def dispatch_mode() -> type | None:
+    """``torch.utils._python_dispatch.TorchDispatchMode``: sees every aten op (op replays)."""
+    return _probe("dispatch_mode", "torch.utils._python_dispatch.TorchDispatchMode",
+                  "an op replay records no ops", _attribute("torch.utils._python_dispatch", "TorchDispatchMode"))
+
+
+def tree_flatten() -> Callable[[Any], tuple[list[Any], Any]] | None:
+    """``torch.utils._pytree.tree_flatten``: the leaves of an op's nested arguments."""
+    return _probe("tree_flatten", "torch.utils._pytree.tree_flatten", "an op replay records no ops",
+                  _attribute("torch.utils._pytree", "tree_flatten"))
+
+
+def current_autograd_node() -> Callable[[], Any] | None:
+    """``torch._C._current_autograd_node``: the backward node running now (None in forward)."""
+    return _probe("autograd_node", "torch._C._current_autograd_node", "an op replay records no ops",
+                  _attribute("torch._C", "_current_autograd_node"))
+
+
+def dataloader_iterator() -> type | None:
+    """``torch.utils.data.dataloader._BaseDataLoaderIter``: every DataLoader batch passes its
+    ``__next__``."""
+    return _probe("dataloader_iterator", "torch.utils.data.dataloader._BaseDataLoaderIter",
+                  "batches are not fingerprinted", _attribute("torch.utils.data.dataloader", "_BaseDataLoaderIter"))
+
+
+def ops_replay() -> bool:
+    """Whether this torch has all an op replay needs (dispatch mode, pytree, autograd node)."""
+    return all(probe() is not None for probe in (dispatch_mode, tree_flatten, current_autograd_node))
+
+
+def compile_fx_module() -> ModuleType | None:
+    """``torch._inductor.compile_fx`` (imports inductor), when it has both entry points capture
+    wraps: ``compile_fx`` and ``compile_fx_inner``."""
+
+    def find() -> ModuleType | None:
+        module = importlib.import_module("torch._inductor.compile_fx")
+        return module if callable(getattr(module, "compile_fx", None)) and callable(
+            getattr(module, "compile_fx_inner", None)) else None
+
+    return _probe("compile_fx", "torch._inductor.compile_fx.compile_fx/compile_fx_inner",
+                  "compiled graphs cannot be replayed, nor inductor swapped for aot_eager", find)
+
+
+def current_compile_id() -> Any:
+    """The id of the compile running now (``CompileId``, printed ``0/1``), or None: none is
+    running, or this torch cannot say (``torch._guards.CompileContext.current_compile_id``)."""
+    get = _probe("compile_id", "torch._guards.CompileContext.current_compile_id",
+                 "replayed graphs are not told apart by compile id",
+                 _attribute("torch._guards", "CompileContext", "current_compile_id"))
+    return get() if get is not None else None
+
+
+def lookup_backend() -> Callable[[str], Any] | None:
+    """``torch._dynamo.backends.registry.lookup_backend`` (imports Dynamo)."""
+    return _probe("lookup_backend", "torch._dynamo.backends.registry.lookup_backend",
+                  "the aot_eager fix cannot be applied",
+                  _attribute("torch._dynamo.backends.registry", "lookup_backend"))
+
+
+def inductor_config(load: bool = True) -> ModuleType | None:
+    """``torch._inductor.config``; with ``load=False`` only when something imported it already
+    (importing it costs about a second), else None."""
+    if not load and "torch._inductor.config" not in sys.modules:
+        return None
+    return _probe("inductor_config", "torch._inductor.config", "inductor's determinism switches are not set or read",
+                  _attribute("torch._inductor.config"), names=("fallback_random", "deterministic"))
+
+
+def dynamo_config() -> ModuleType | None:
+    """``torch._dynamo.config`` (imports Dynamo)."""
+    return _probe("dynamo_config", "torch._dynamo.config", "compilation cannot be switched off (--compile-mode eager)",
+                  _attribute("torch._dynamo.config"), names=("disable",))
+
+
+def functorch_config() -> ModuleType | None:
+    """``torch._functorch.config`` (``enable_autograd_cache``)."""
+    return _probe("functorch_config", "torch._functorch.config",
+                  "a kernel replay may be served from the AOTAutograd cache", _attribute("torch._functorch.config"),
+                  names=("enable_autograd_cache",))
+
+
+def skip_code() -> Callable[[Any], None] | None:
+    """``torch._dynamo.eval_frame.skip_code``: Dynamo skips a code object (capture's wrappers)."""
+    return _probe("skip_code", "torch._dynamo.eval_frame.skip_code",
+                  "compile events may name torchrepro's module wrapper",
+                  _attribute("torch._dynamo.eval_frame", "skip_code"))
+
+
+def dynamo_counters() -> dict[str, Any]:
+    """Dynamo's own counters (``torch._dynamo.utils.counters``); empty while Dynamo is not
+    loaded (nothing compiled), never importing it."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return {}
+    return _probe("dynamo_counters", "torch._dynamo.utils.counters", "no cross-check against Dynamo's counters",
+                  _attribute("torch._dynamo.utils", "counters")) or {}
+
+
+def foreach_norm(tensors: list[Any]) -> list[Any]:
+    """The norm of each tensor: ``torch._foreach_norm`` (one kernel per device and dtype), else
+    one ``torch.linalg.vector_norm`` each."""
+    norm = _probe("foreach_norm", "torch._foreach_norm", "gradient norms take one kernel per gradient",
+                  _attribute("torch", "_foreach_norm"))
+    if norm is not None:
+        return norm(tensors)
+    import torch
+
+    return [torch.linalg.vector_norm(t) for t in tensors]
+
+
+# --- patches ---------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Patch:
+    """``owner.name`` replaced by capture; :meth:`undo` puts the original back."""
+
+    owner: Any
+    name: str
+    original: Any
+    replacement: Any
+    done: bool = False
+
+    def undo(self) -> None:
+        """Put the original back (once), unless something replaced ours since: theirs stays."""
+        if self in _PATCHES:
+            _PATCHES.remove(self)
+        if not self.done and getattr(self.owner, self.name, None) is self.replacement:
+            setattr(self.owner, self.name, self.original)
+        self.done = True
+
+
+_PATCHES: list[Patch] = []
+
+
+def patch(owner: Any, name: str, replacement: Any) -> Patch:
+    """Set ``owner.name = replacement`` until :func:`undo_patches` (or the patch's own undo)."""
+    handle = Patch(owner, name, getattr(owner, name), replacement)
+    setattr(owner, name, replacement)
+    _PATCHES.append(handle)
+    return handle
+
+
+def undo_patches() -> None:
+    """Undo every patch still in place, the latest first."""
+    while _PATCHES:
+        _PATCHES[-1].undo()

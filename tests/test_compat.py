@@ -1,0 +1,210 @@
+"""The one probe of private torch APIs (``torchrepro._compat``): each is found on this torch, looked
+up once, written as a capability event, and every patch capture installs is undone when it stops.
+Also: the event log keeps what torch said (recompile reasons, no category), and a log written
+with categories in it analyses as before."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchrepro import _compat
+from torchrepro.analysis.doctor import analyse
+from torchrepro.events import Capability, Compile, read_events, write_all
+from torchrepro.rundir import load_run
+from torchrepro.structured_trace import TraceTranslator
+
+from synthetic_runs import rank_events
+
+# every probe torchrepro has, and how to make it (those needing inductor import it)
+PROBES = {
+    "trace_log": _compat.trace_logger, "dispatch_mode": _compat.dispatch_mode, "tree_flatten": _compat.tree_flatten,
+    "autograd_node": _compat.current_autograd_node, "compile_fx": _compat.compile_fx_module,
+    "compile_id": _compat.current_compile_id, "lookup_backend": _compat.lookup_backend,
+    "inductor_config": _compat.inductor_config, "dynamo_config": _compat.dynamo_config,
+    "functorch_config": _compat.functorch_config, "skip_code": _compat.skip_code,
+    "dynamo_counters": _compat.dynamo_counters, "dataloader_iterator": _compat.dataloader_iterator,
+    "foreach_norm": lambda: _compat.foreach_norm([torch.ones(2)]),
+}
+
+
+def test_every_private_api_is_found_on_this_torch():
+    for make in PROBES.values():
+        make()
+    probes = {p.name: p for p in _compat.probes()}
+    assert set(PROBES) <= set(probes)
+    for name in PROBES:
+        probe = probes[name]
+        assert probe.available and not probe.missing, probe
+        event = probe.event()
+        assert (event.name, event.available, event.note) == (f"torch_api.{name}", True, probe.where)
+    assert _compat.trace_logger() is logging.getLogger("torch.__trace")
+    assert _compat.ops_replay()
+    assert torch.equal(torch.stack(_compat.foreach_norm([torch.ones(4), torch.zeros(3)])), torch.tensor([2.0, 0.0]))
+
+
+@pytest.fixture
+def made_up_probes():
+    """Probes this test makes up are forgotten after it (later captures in this process would report them)."""
+    yield
+    for name in ("test_missing", "test_names"):
+        _compat._PROBES.pop(name, None)
+        _compat._FOUND.pop(name, None)
+
+
+def test_a_missing_api_is_looked_up_once_and_said_with_what_is_lost(made_up_probes):
+    looked, heard = [], []
+
+    def find():
+        looked.append(1)
+        return torch.no_such_private_api  # AttributeError, as on a torch that moved it
+
+    stop = _compat.watch(heard.append)
+    try:
+        assert _compat._probe("test_missing", "torch.no_such_private_api", "nothing is lost", find) is None
+        assert _compat._probe("test_missing", "torch.no_such_private_api", "nothing is lost", find) is None
+    finally:
+        stop()
+    assert looked == [1]
+    assert [p.name for p in heard if p.name == "test_missing"] == ["test_missing"]
+    event = heard[-1].event()
+    assert event.available is False and event.name == "torch_api.test_missing"
+    assert event.note == f"torch.no_such_private_api is not in torch {torch.__version__}: nothing is lost"
+    config = _compat._probe("test_names", "torch.nn", "some names", lambda: torch.nn, names=("Linear", "NoSuch"))
+    assert config is torch.nn
+    names = next(p for p in _compat.probes() if p.name == "test_names")
+    assert names.missing == ("NoSuch",) and names.event().available is False and "lacks NoSuch" in names.event().note
+
+
+def test_a_patch_is_undone_unless_something_replaced_it_since():
+    class Owner:
+        value = "original"
+
+    first = _compat.patch(Owner, "value", "ours")
+    assert Owner.value == "ours"
+    _compat.undo_patches()
+    assert Owner.value == "original"
+    first.undo()  # twice: nothing happens
+    assert Owner.value == "original"
+    _compat.patch(Owner, "value", "ours")
+    Owner.value = "theirs"  # the script replaced it after us: theirs stays
+    _compat.undo_patches()
+    assert Owner.value == "theirs"
+
+
+# --- capture started and stopped in one process: every original is back ----------------------
+
+PROCESS = r"""
+import json, logging, sys
+from pathlib import Path
+import torch, torch._dynamo, torch._functorch.config, torch._inductor.compile_fx, torch._inductor.config
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+from torchrepro import _compat
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+from torchrepro.launch import prepare
+
+compile_mode, fix, replay, run_dir = sys.argv[1:]
+trace = logging.getLogger("torch.__trace")
+fx, dynamo, inductor = torch._inductor.compile_fx, torch._dynamo.config, torch._inductor.config
+
+
+def state():
+    return {"compile_fx": fx.compile_fx, "compile_fx_inner": fx.compile_fx_inner,
+            "set_num_threads": torch.set_num_threads, "compile": torch.compile,
+            "Module.__call__": torch.nn.Module.__call__, "backward": torch.autograd.backward,
+            "Optimizer.__init__": torch.optim.Optimizer.__init__, "DataLoader.__next__": _BaseDataLoaderIter.__next__,
+            "fallback_random": inductor.fallback_random, "disable": dynamo.disable,
+            "autograd_cache": torch._functorch.config.enable_autograd_cache,
+            "trace": (trace.level, trace.propagate, ours(trace.handlers)), "meta_path": ours(sys.meta_path)}
+
+
+def ours(objects):  # torch removes its own lazy trace handler once it knows TORCH_TRACE is unset
+    return [o for o in objects if type(o).__module__.startswith("torchrepro")]
+
+
+before = state()
+threads = torch.get_num_threads()
+config = CaptureConfig(run_dir=Path(run_dir), compile_mode=compile_mode, fix=fix, replay_step=50,
+                       replay_graphs=replay == "graphs", replay_kernels=replay == "kernels")
+prepare(config)
+session = CaptureSession(config)
+session.start()
+during = state()
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+compiled = torch.compile(model, backend="eager")
+for (x,) in DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4):
+    compiled(x).sum().backward()
+    opt.step()
+session.stop(0)
+after = state()
+torch.set_num_threads(threads)
+print(json.dumps({"changed": sorted(k for k in before if during[k] != before[k]),
+                  "not_restored": sorted(k for k in before if after[k] != before[k])}))
+"""
+
+
+@pytest.mark.parametrize("compile_mode, fix, replay", [("fallback-random", "aot_eager", "kernels"),
+                                                       ("eager", "threads_1", "graphs")])
+def test_capture_undoes_every_patch_when_it_stops(tmp_path, compile_mode, fix, replay):
+    proc = subprocess.run([sys.executable, "-c", PROCESS, compile_mode, fix, replay, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["not_restored"] == []
+    patched = {"set_num_threads", "disable"} if fix == "threads_1" else {"compile_fx", "fallback_random"}
+    if replay == "kernels":
+        patched |= {"autograd_cache"}
+    # what capture itself wraps (and more) was changed while it ran: the comparison can fail
+    assert patched | {"Module.__call__", "backward", "Optimizer.__init__", "DataLoader.__next__", "trace"} <= set(
+        result["changed"])
+    capabilities = {c.name: c for c in read_events(tmp_path / "run" / "rank-0" / "events.jsonl").of(Capability)}
+    assert {"torch_api.trace_log", "torch_api.skip_code", "torch_api.compile_fx"} <= set(capabilities)
+    assert all(c.available for name, c in capabilities.items() if name.startswith("torch_api."))
+
+
+# --- the event log keeps what torch said ------------------------------------------------------
+
+REASON = "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5"
+
+
+def test_a_recompile_event_keeps_dynamos_reason_and_no_category():
+    translator = TraceTranslator()
+    translator.feed({"dynamo_start": {"stack": [{"name": "forward", "filename": "train.py", "line": 3}]},
+                     "frame_id": 0, "frame_compile_id": 1})
+    translator.feed({"artifact": {"name": "recompile_reasons", "encoding": "json"}, "frame_id": 0,
+                     "frame_compile_id": 1}, json.dumps([REASON]))
+    (event,) = translator.feed({"compilation_metrics": {"co_name": "forward"}, "frame_id": 0, "frame_compile_id": 1})
+    assert isinstance(event, Compile) and event.recompile_reasons == [REASON.removeprefix("0/0: ")]
+    assert "category" not in event.to_json()
+
+
+def test_a_log_written_with_categories_analyses_as_before(tmp_path):
+    """Logs written before the event log was raw hold a ``category`` per recompile: ignored (even
+    a wrong one), recomputed from the reason."""
+    runs = {}
+    for name in ("raw", "with_category"):
+        run_dir = tmp_path / name
+        write_all(run_dir / "rank-0" / "events.jsonl", rank_events(0, 1, steps=6, recompiles=3))
+        (run_dir / "run.json").write_text(json.dumps({"command": "doctor", "exit_code": 0, "world_size": 1}))
+        runs[name] = run_dir
+    path = runs["with_category"] / "rank-0" / "events.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        if line["kind"] == "compile":
+            line["category"] = "dtype" if line["recompile_reasons"] else None  # what no analysis says
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    reports = {}
+    for name, run_dir in runs.items():
+        run = load_run(run_dir)
+        reports[name] = json.loads(json.dumps(analyse(run.meta, run.logs, run.problems)).replace(str(run_dir), "RUN"))
+    assert reports["raw"] == reports["with_category"]
+    assert reports["raw"]["compile"]["recompiles_by_category"] == {"shape": 3}
+    assert {e["category"] for e in reports["raw"]["compile"]["recompile_events"]} == {"shape"}
