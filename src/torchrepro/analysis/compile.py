@@ -289,9 +289,13 @@ def _failure_findings(compiles: list[Compile]) -> list[Finding]:
 
 
 def capabilities(logs: list[EventLog]) -> list[dict[str, Any]]:
-    """What capture could and could not observe, per name (first rank's word)."""
+    """What capture could and could not observe, per name (first rank's word). The private torch
+    APIs capture found (``torch_api.*``, all of them on a supported torch) stay in the event log;
+    the report names those it did not."""
     seen: dict[str, dict[str, Any]] = {}
     for log in logs:
         for cap in log.of(Capability):
+            if cap.available and cap.name.startswith("torch_api."):
+                continue
             seen.setdefault(cap.name, {"name": cap.name, "available": cap.available, "note": cap.note})
     return list(seen.values())
