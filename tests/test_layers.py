@@ -28,7 +28,6 @@ WRITERS = ("torchrepro.capture", "torchrepro.structured_trace")  # torch in, eve
 
 # (importer, imported) edges that close a cycle today, in modules being reshaped by other sessions
 KNOWN_CYCLE_EDGES = {
-    ("torchrepro.seed", "torchrepro.rng"),  # seed <-> rng: _state.py removes it
     ("torchrepro.fix_ladder", "torchrepro.check"),  # check <-> fix_ladder: the command layer
     ("torchrepro.launch", "torchrepro.follow"),  # launch <-> follow
     ("torchrepro.rundir", "torchrepro.report.html"),  # rundir writes the page: report <-> rundir

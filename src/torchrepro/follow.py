@@ -189,7 +189,7 @@ def _own_session() -> Any:
     from .capture.session import active_session
 
     session = active_session()
-    return session if session is not None and session._pid == os.getpid() else None  # not a forked parent's
+    return session if session is not None and session.pid == os.getpid() else None  # not a forked parent's
 
 
 def _joined() -> None:
@@ -225,35 +225,6 @@ def _rank_the_plan(rank: int, world_size: int) -> None:
     plan = active_plan()
     if plan is not None and plan is _PREPARED.get("plan"):
         plan.rank, plan.world_size = rank, world_size
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def wait_for_child_ranks(timeout: float = 120.0) -> None:
-    """Before this process ends itself early (a replay's ``os._exit``): wait, up to ``timeout`` s,
-    for the ranks of its capture's run that are its own children (Lightning starts ranks 1.. below
-    rank 0), which the launcher would otherwise stop before they finish the same step."""
-    import time
-
-    from .events import rank_logs, read_header
-
-    session = _own_session()
-    if session is None:
-        return
-    headers = (read_header(log) for log in rank_logs(session.config.run_dir))
-    children = [h.pid for h in headers if h is not None and h.pid and _parent(h.pid) == os.getpid()]
-    deadline = time.monotonic() + timeout
-    for pid in children:
-        try:
-            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
-                time.sleep(0.05)
-        except ChildProcessError:  # already reaped
-            continue
 
 
 def claim(run_dir: Path, rank: int, root_pid: int) -> bool:

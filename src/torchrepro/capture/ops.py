@@ -20,8 +20,8 @@ import torch
 from .._compat import (compile_fx_module, current_autograd_node, current_compile_id, dispatch_mode, ops_replay, patch,
                        tree_flatten)
 from ..digests import fingerprint
+from .. import _state
 from .._dist import placement
-from ..follow import wait_for_child_ranks
 from ..random_ops import is_random_op
 from ..rundir import replay_file
 from .fx_nodes import SKIP_DIRS, node_info, same, target_name
@@ -195,6 +195,35 @@ def _ancestors(node: Any) -> set[str]:
     return seen
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _wait_for_child_ranks(timeout: float = 120.0) -> None:
+    """Before this process ends itself early (a replay's ``os._exit``): wait, up to ``timeout`` s,
+    for the ranks of its capture's run that are its own children (Lightning starts ranks 1.. below
+    rank 0), which the launcher would otherwise stop before they finish the same step."""
+    import time
+
+    from ..events import rank_logs, read_header
+
+    session = _state.session()
+    if session is None or session.pid != os.getpid():
+        return
+    headers = (read_header(log) for log in rank_logs(session.config.run_dir))
+    children = [h.pid for h in headers if h is not None and h.pid and _parent(h.pid) == os.getpid()]
+    deadline = time.monotonic() + timeout
+    for pid in children:
+        try:
+            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except ChildProcessError:  # already reaped
+            continue
+
+
 class StepReplay:
     """Records step ``step`` — every op (eager replay) or every compiled graph against its eager
     FX graph (compiled replay) — and then ends the process (the rest is not needed). Where this
@@ -246,7 +275,7 @@ class StepReplay:
             out = replay_file(self.out, here.rank, here.world_size)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result))
-            wait_for_child_ranks()
+            _wait_for_child_ranks()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

@@ -72,12 +72,12 @@ class CaptureSession:
         self.compiles: CompileCapture | None = None
         self._lock = threading.Lock()
         self._stacks: Any = None
-        self._pid = os.getpid()
+        self.pid = os.getpid()
         self._t0 = time.time()
         self._unwatch: Any = None
 
     def emit(self, event: Event) -> None:
-        if self.writer is None or os.getpid() != self._pid:  # DataLoader workers fork us: stay quiet there
+        if self.writer is None or os.getpid() != self.pid:  # DataLoader workers fork us: stay quiet there
             return
         event.rank = self.rank
         if isinstance(event, Compile) and self.steps is not None:
@@ -124,7 +124,7 @@ class CaptureSession:
         from .. import __version__
 
         self.emit(Header(
-            torchrepro_version=__version__, world_size=self.world_size, local_rank=self.local_rank, pid=self._pid,
+            torchrepro_version=__version__, world_size=self.world_size, local_rank=self.local_rank, pid=self.pid,
             host=socket.gethostname(),
             argv=list(sys.argv), torch_version=torch.__version__, python_version=platform.python_version(),
             env=env, env_fingerprint=env_fp,
