@@ -1,6 +1,7 @@
 """`torchrepro check` and `torchrepro diff`: run a script several times (or eager against
 compiled), compare step by step, decide the cause of the first divergence, and localise it by
-replaying the divergent step with op-level capture."""
+replaying the divergent step with op-level capture. This module launches the runs and replays and
+reads them; the decisions are pure (:mod:`torchrepro.analysis.determinism`)."""
 
 from __future__ import annotations
 
