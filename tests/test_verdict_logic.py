@@ -89,17 +89,16 @@ def test_verdict_lines_say_only_what_was_shown():
 
 
 def test_hint_never_repeats_a_fix_already_in_force():
-    from torchrepro.check import CAUSE_HINTS, _hint_key
+    from torchrepro.analysis.determinism import CAUSE_HINTS, hint_key
     from torchrepro.events import Setting
-    from torchrepro.rundir import Run
 
     on = log()
     on.events.insert(1, Setting(name="deterministic_algorithms", value=True))
-    assert _hint_key("nondeterministic_op", None, Run(Path("."), logs=[on])) == "nondeterministic_op_deterministic_on"
+    assert hint_key("nondeterministic_op", None, [on]) == "nondeterministic_op_deterministic_on"
     assert "use_deterministic_algorithms" not in CAUSE_HINTS["nondeterministic_op_deterministic_on"].split(
         "although")[0]
-    assert _hint_key("nondeterministic_op", None, Run(Path("."), logs=[log()])) == "nondeterministic_op"
-    assert _hint_key("rng", "eager", Run(Path("."), logs=[log()])) == "rng_compiled"
+    assert hint_key("nondeterministic_op", None, [log()]) == "nondeterministic_op"
+    assert hint_key("rng", "eager", [log()]) == "rng_compiled"
 
 
 # --- the public API as documented ---------------------------------------------------------

@@ -1,6 +1,7 @@
 """`torchrepro check` and `torchrepro diff`: run a script several times (or eager against
 compiled), compare step by step, decide the cause of the first divergence, and localise it by
-replaying the divergent step with op-level capture."""
+replaying the divergent step with op-level capture. This module launches the runs and replays and
+reads them; the decisions are pure (:mod:`torchrepro.analysis.determinism`)."""
 
 from __future__ import annotations
 
@@ -13,62 +14,32 @@ from typing import Any
 from rich.console import Console
 
 from .analysis.cache import key_findings
-from .analysis.divergence import (
-    Divergence,
-    Tolerance,
-    compare_replays,
-    compile_differences,
-    divergence_curve,
-    environment_differences,
-    final_within,
-    first_divergence,
-    settings,
-    steps_compared,
+from .analysis.determinism import (
+    FIXABLE,
+    cause_from_decomposition,
+    cause_from_kernels,
+    cause_from_replays,
+    compare,
+    decide,
+    determinism_section,
+    divergence_findings,
+    graph_evidence,
+    hint_key,
+    numerics_of_modes,
+    numerics_without_inductor,
+    uses_inductor,
 )
+from .analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
 from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
-from .analysis.fixes import fix_hint, recommend
+from .analysis.fixes import recommend
 from .analysis.sides import side, step_comparison
-from .analysis.verdict import Ending, compare_lengths, ending, judge, nothing_compared_because, verdict_line
+from .analysis.verdict import Ending, compare_lengths, ending, verdict_line
 from .errors import InputError, Stopped
-from .events import CacheLookup, Compile, Step
+from .events import CacheLookup, Step
 from .launch import ChildResult, child_env, launch, validate_script
 from .provenance import launch_meta, provenance
 from .rundir import RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json, write_report
-
-CAUSE_HINTS = {
-    "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
-                  "and DataLoader workers; or DataLoader(generator=torchrepro.make_generator('loader'))) and never "
-                  "seed from the clock.",
-    "rng": "A random stream is not derived from the run's seed: create generators with "
-           "torchrepro.make_generator or plan.fork, and call seed_everything at start.",
-    "rng_compiled": "Inductor's random numbers differ from eager's: set torch._inductor.config.fallback_random = "
-                    "True (torchrepro.deterministic(compile='match-eager')) when compiled must match eager.",
-    "numerics": "Rounding differences (fused or reordered reductions) that grow over steps: expected between eager "
-                "and compiled code; compare with --rtol/--atol.",
-    "nondeterministic_op": "An op gives different results on identical inputs: torch.use_deterministic_algorithms("
-                           "True) (torchrepro.deterministic()) makes it deterministic or raises.",
-    "nondeterministic_kernel": "An inductor kernel accumulates floating-point sums with atomic adds from several "
-                               "threads (a scatter or index_put with accumulation, e.g. the backward of an embedding): "
-                               "the order of the additions, hence the rounding, changes from run to run. Why, and why "
-                               "inductor's deterministic mode does not cover it: docs/compiled-nondeterminism.md.",
-    "nondeterministic_op_deterministic_on": "An op gives different results on identical inputs although deterministic "
-                                            "algorithms were on: the op is not covered by them (e.g. a parallel "
-                                            "reduction in compiled code); try one intra-op thread "
-                                            "(torch.set_num_threads(1)) or compile it with backend='aot_eager'.",
-    "init_params": "The parameters differ before the first step: the model was initialised from an unseeded RNG (e.g. "
-                   "built before Trainer or set_seed seeds). Seed before building the model "
-                   "(torchrepro.seed_everything(seed), transformers.set_seed(seed)), or load the initial weights "
-                   "from a checkpoint (under DDP/FSDP, broadcast them from rank 0).",
-    "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
-    "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
-    "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
-}
-
-
-LOCALISATION_KEYS = ("compile_id", "graph", "parameter", "output", "node", "kernel", "kernel_fuses")
-FIXABLE = ("nondeterministic_op", "numerics", "unknown")  # causes the fix ladder runs for unasked
-
 
 @dataclass
 class RunSpec:
@@ -157,40 +128,6 @@ def _snaps(run: Run) -> Path:
     return run.logs[0].path.parent / "snapshots"
 
 
-def _module_of_parameter(name: str | None) -> str | None:
-    return name.rsplit(".", 1)[0] if name and "." in name else None
-
-
-def _uses_inductor(run: Run) -> bool:
-    return any(c.inductor_s is not None or c.cache.get("fxgraph") for log in run.logs for c in log.of(Compile))
-
-
-def decide(div: Divergence, a: Run, b: Run, same_config: bool = True) -> tuple[str, dict[str, Any]]:
-    """The cause that step-level evidence proves, or ``unknown`` (then localisation decides).
-    Runs of different compile configurations are expected to compile differently."""
-    if div.what == "init_params":
-        return "init_params", {"because": "the parameters differ before the first forward "
-                                          f"({div.detail.get('parameters_differing')} tensor(s), first "
-                                          f"{div.detail.get('first_parameter')})"}
-    if div.what == "batch":
-        return "data_order", {"because": f"the batches of step {div.step} differ"}
-    # Read at backward(), the state already reflects the forward pass: between different compile
-    # configurations that is a consequence (inductor draws its seed from the global generator).
-    if div.what == "rng" and (same_config or div.detail.get("read_at") != "backward"):
-        at = {"batch": "when its first batch was fetched", "backward": "at its first backward()"}.get(
-            div.detail.get("read_at"), "at its start")
-        return "rng", {"because": f"the torch RNG state of step {div.step} differs ({at}): "
-                                  + ", ".join(div.detail.get("streams") or []), "streams": div.detail.get("streams")}
-    # a configuration's own switch (fallback_random) is not an environment difference
-    env = environment_differences(a.logs[0].header, b.logs[0].header, ignore=() if same_config else ("fallback_random",))
-    if env:
-        return "environment", {"because": "the runs' environments differ", "differences": env}
-    graphs = [d for la, lb in zip(a.logs, b.logs) for d in compile_differences(la, lb)] if same_config else []
-    if graphs:
-        return "recompile", {"because": "the runs compiled different graphs", "differences": graphs}
-    return "unknown", {}
-
-
 def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence,
              cause: str) -> tuple[str, dict[str, Any]]:
     """Replay the divergent step in both configurations with op capture (eagerly first when the
@@ -198,38 +135,13 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
     same_config = spec_a.compile_mode == spec_b.compile_mode
     replay_a = checker.replay(spec_a, div.step, "a", eager=same_config, rank=div.rank)
     replay_b = checker.replay(spec_b, div.step, "b", eager=same_config, rank=div.rank)
-    if replay_a is None or replay_b is None:
-        return cause, {"localisation": "the replay did not reach the divergent step"}
-    found = compare_replays(replay_a["ops"], replay_b["ops"])
-    if found is None:
-        where = "inside compiled code (the eager replays agree)" if same_config else "not reproduced in replay"
-        return ("nondeterministic_op" if same_config and cause == "unknown" else cause), {"localisation": where}
-    kind = found.pop("kind")
-    new_cause = cause if cause == "init_params" else {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(
-        kind, cause)
-    return new_cause, {"localisation": kind, **found}
+    return cause_from_replays(cause, replay_a, replay_b, same_config)
 
 
 def localize_graph(checker: Checker, spec: RunSpec, div: Divergence) -> dict[str, Any]:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
     graph: names the first graph (compile id) whose outputs differ, the output and its FX node."""
-    replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
-    if replay is None:
-        return {"localisation": "the replay did not reach the divergent step"}
-    graphs = replay.get("graphs", [])
-    first = next((g for g in graphs if "first_differing_output" in g), None)
-    if first is None:
-        return {"localisation": f"the {len(graphs)} compiled graph call(s) of step {div.step} match their eager "
-                                "FX graphs in the forward pass (the difference arises in backward)"}
-    origin = (first.get("depends_on_random") or [first])[0]  # a random op the output depends on, else the output
-    evidence = {"localisation": "compiled_graph", "compile_id": first["compile_id"],
-                "output": f"output {first['first_differing_output']} ({first.get('target')}, FX node "
-                          f"{first.get('node')})", "output_max_abs": first.get("max_abs"),
-                "op": f"{origin.get('target')} (FX node {origin.get('node')}, compiled graph {first['compile_id']})",
-                "module": origin.get("module"), "source": origin.get("source")}
-    if first.get("depends_on_random"):
-        evidence["random_nodes"] = first["depends_on_random"]
-    return evidence
+    return graph_evidence(checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank), div.step)
 
 
 def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> dict[str, Any] | None:
@@ -250,112 +162,17 @@ def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], again
     return out
 
 
-def _cause_from_decomposition(dec: dict[str, Any], against: str) -> tuple[str, dict[str, Any]]:
-    rng, numerics = dec["rng"], dec["numerics"]
-    if against == "fallback-random" or (not rng["bit_exact"] and (
-            numerics["bit_exact"] or (rng["final_max_abs"] or 0) > 10 * (numerics["final_max_abs"] or 0))):
-        because = ("with fallback_random=True the compiled run matches eager bit for bit" if numerics["bit_exact"]
-                   else f"fallback_random=True removes most of the difference; {_fmt(numerics['final_max_abs'])} "
-                        "remains (numerics)")
-        if against == "fallback-random":
-            because = "the runs differ only in inductor's RNG implementation (fallback_random)"
-        return "rng", {"because": because, "remaining_numerics": numerics}
-    return "numerics", {"because": "fallback_random=True does not remove the difference: rounding, not RNG",
-                        "magnitude": numerics}
+def _curve(run_a: Run, run_b: Run) -> list[dict[str, Any]]:
+    """The parameter difference per snapshot step, read from the two runs' snapshots (rank 0)."""
+    return divergence_curve(_snaps(run_a), _snaps(run_b), run_a.logs[0], run_b.logs[0])
 
 
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
-def compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None, bool, list[str]]:
-    """The first divergence beyond ``tol``, whether the runs differ at all (bit for bit) while
-    staying within it, and notes. Parameters are held to ``tol`` on the final snapshot."""
-    notes = [f"ranks {run_a.ranks} vs {run_b.ranks}"] if run_a.ranks != run_b.ranks else []
-    exact, more = first_divergence(run_a.logs, run_b.logs, Tolerance())
-    if exact is None or tol.exact:
-        return exact, False, notes + more
-    tolerant, _ = first_divergence(run_a.logs, run_b.logs, tol)
-    if tolerant is None:
-        if _snaps(run_a).is_dir() and _snaps(run_b).is_dir():
-            if not final_within([], tol, _snaps(run_a), _snaps(run_b)):
-                tolerant = exact
-        else:
-            more.append("no parameter snapshots: only losses and gradient norms were held to the tolerance")
-    return tolerant, tolerant is None, notes + more
-
-
-def _largest_difference(curve: list[dict[str, Any]], run_a: Run, run_b: Run) -> dict[str, Any]:
-    """The largest parameter (from snapshots) and loss (from every step) differences seen."""
-    losses_b = {(log.rank, s.index): s.loss for log in run_b.logs for s in log.of(Step)}
-    loss = [abs(s.loss - losses_b[(log.rank, s.index)]) for log in run_a.logs for s in log.of(Step)
-            if s.loss is not None and losses_b.get((log.rank, s.index)) is not None]
-    return {"params_max_abs": max((c["max_abs"] for c in curve), default=None),
-            "loss_max_abs": max(loss, default=None)}
-
-
-def determinism_section(div: Divergence | None, within: bool, cause: str | None, evidence: dict[str, Any],
-                        labels: list[str], run_a: Run, run_b: Run, notes: list[str], snapshots: bool,
-                        endings: list[Ending], tol: Tolerance, unreadable_exit: int) -> dict[str, Any]:
-    """The report's ``determinism`` section for one pair of runs, its verdict earned from what was
-    compared and from how every run ended (:mod:`torchrepro.analysis.verdict`)."""
-    curve = divergence_curve(_snaps(run_a), _snaps(run_b), run_a.logs[0], run_b.logs[0]) if snapshots else []
-    compared = steps_compared(run_a.logs, run_b.logs)
-    verdict, exit_code = judge(div is not None, within, compared, endings, unreadable_exit)
-    first = None
-    if div is not None:
-        module = evidence.pop("module", None) or div.detail.get("module") if div.what == "init_params" else (
-            evidence.pop("module", None) or _module_of_parameter(div.detail.get("first_parameter")))
-        first = {"step": div.step, "rank": div.rank, "what": div.what, "module": module,
-                 "op": evidence.pop("op", None), "source": evidence.pop("source", None),
-                 "phase": evidence.pop("phase", None), "cause": cause, "detail": div.detail, "evidence": evidence}
-        first |= {k: evidence[k] for k in LOCALISATION_KEYS if evidence.get(k) is not None}
-        if div.what == "init_params":
-            first["before_step"] = 0
-    env = environment_differences(run_a.logs[0].header, run_b.logs[0].header) if run_a.logs and run_b.logs else []
-    det = {"verdict": verdict, "exit_code": exit_code, "runs": labels, "first_divergence": first, "curve": curve,
-           "notes": notes, "rtol": tol.rtol, "atol": tol.atol, "steps_compared": compared,
-           "endings": [e.to_json() for e in endings], "environment_differences": env,
-           "step_clock": _step_clock(run_a)}
-    if verdict == "nothing_compared":
-        det["nothing_compared_because"] = nothing_compared_because(endings)
-    if verdict == "within_tolerance":
-        det["largest_difference"] = _largest_difference(curve, run_a, run_b)
-    if env and div is None:
-        notes.append("the environments differ (" + "; ".join(env[:3]) + "), yet the compared steps agree")
-    return det
-
-
-def _step_clock(run: Run) -> str | None:
-    """What ended each step: ``optimizer.step()`` or ``backward()`` (no optimizer)."""
-    return next((c.note for log in run.logs for c in log.events if getattr(c, "name", None) == "step_clock"), None)
-
-
-def _hint_key(cause: str, against: str | None, run: Run, evidence: dict[str, Any] | None = None) -> str:
-    if cause == "rng" and against:
-        return "rng_compiled"
-    if cause == "nondeterministic_op" and (evidence or {}).get("kernel_atomic_add"):
-        return "nondeterministic_kernel"
-    if cause == "nondeterministic_op" and any(settings(log).get("deterministic_algorithms") for log in run.logs):
-        return "nondeterministic_op_deterministic_on"  # the usual fix was already in force
-    return cause
-
-
-def _findings(det: dict[str, Any], hint_key: str | None) -> list[Finding]:
-    fd = det["first_divergence"]
-    out = [Finding("RUN_DID_NOT_END_NORMALLY", "error", f"{e['run']} did not end normally: {'; '.join(e['problems'])}",
-                   hint="The steps it recorded were compared; the verdict cannot cover the whole run. Fix the failure "
-                        "(its stderr is in the run's run.json) and check again.", evidence=e)
-           for e in det["endings"] if not e["ended_normally"]]
-    if det["verdict"] == "diverged" and fd is not None:
-        hint = CAUSE_HINTS[hint_key or fd["cause"]]
-        if det.get("fixes"):  # measured: recommend only what was tried and bit-exact
-            why = hint if hint_key == "nondeterministic_kernel" else ""
-            hint = " ".join(filter(None, [fix_hint(det["fixes"]), why]))
-        out.insert(0, Finding(f"DIVERGED_{fd['cause'].upper()}", "error", verdict_line(det),
-                              hint=hint,
-                              evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]}))
-    return out
+def _compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None, bool, list[str]]:
+    """:func:`~torchrepro.analysis.determinism.compare` of two runs, their final parameters held to
+    ``tol`` on their last common snapshot when both have snapshots."""
+    a, b = _snaps(run_a), _snaps(run_b)
+    return compare(run_a.logs, run_b.logs, tol, (lambda: final_within([], tol, a, b)) if a.is_dir() and b.is_dir()
+                   else None)
 
 
 def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = None, against: str | None = None,
@@ -384,7 +201,7 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
     div, within, notes, pair = None, False, [], pairs[0]
     for (sa, ra), (sb, rb) in pairs:  # the earliest divergence over all pairs with the first run
         compare_lengths(checker.endings[sa.label], checker.endings[sb.label])
-        d, w, n = compare(ra, rb, tol)
+        d, w, n = _compare(ra, rb, tol)
         notes += n
         within = within or w
         if d is not None and (div is None or (d.step, d.rank) < (div.step, div.rank)):
@@ -392,20 +209,20 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
     (spec_a, run_a), (spec_b, run_b) = pair
     cause, evidence, decomposition = None, {}, None
     if div is not None:
-        cause, evidence = decide(div, run_a, run_b, same_config=spec_a.compile_mode == spec_b.compile_mode)
+        cause, evidence = decide(div, run_a.logs, run_b.logs, same_config=spec_a.compile_mode == spec_b.compile_mode)
         if against is not None and cause == "unknown":
-            if _uses_inductor(run_b):
+            if uses_inductor(run_b.logs):
                 decomposition = _decomposition(checker, done, against)
-                cause, evidence = _cause_from_decomposition(decomposition, against)
+                cause, evidence = cause_from_decomposition(decomposition, against)
                 if localize_divergence:
                     evidence.update(localize_graph(checker, spec_b, div))
             else:
-                cause, evidence = "numerics", {"because": "compiled without inductor RNG: the difference is rounding"}
+                cause, evidence = numerics_without_inductor()
         kernels = None
-        if localize_divergence and against is None and cause == "unknown" and _uses_inductor(run_a):
+        if localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
             kernels = localize_kernels(checker, spec_a, spec_b, div)
             if kernels is not None:
-                cause, evidence = "nondeterministic_op", {**evidence, **kernels}
+                cause, evidence = cause_from_kernels(evidence, kernels)
         if kernels is None and localize_divergence and (
                 cause in ("unknown", "init_params") or against is None and cause == "numerics"):
             cause, more = localize(checker, spec_a, spec_b, div, cause)
@@ -415,7 +232,8 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
         ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
     if decomposition is not None and against == "eager" and fixes is not False:
         stages = backend_stages(checker, done)
-    det = determinism_section(div, within, cause, evidence, [s.label for s in specs], run_a, run_b, notes, snapshots,
+    det = determinism_section(div, within, cause, evidence, [s.label for s in specs], run_a.logs, run_b.logs,
+                              _curve(run_a, run_b) if snapshots else [], notes,
                               [checker.endings[s.label] for s in specs], tol, unreadable_exit=3)
     if decomposition is not None:
         det["decomposition"] = decomposition
@@ -425,7 +243,7 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
         det["backend_stages"] = stages
     det["against"] = against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
-    report = _report(det, _hint_key(cause, against, run_b, evidence) if cause else None, {
+    report = _report(det, hint_key(cause, against, run_b.logs, evidence) if cause else None, {
         s.label: str(out / s.label) for s in specs} | (
         {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
         {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
@@ -444,7 +262,7 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
 
 def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str], timings: dict[str, float],
             meta: dict[str, Any], extra: list[Finding] = (), compared: tuple[Run, Run] | None = None) -> dict[str, Any]:
-    findings = _findings(det, hint_key) + list(extra)
+    findings = divergence_findings(det, hint_key) + list(extra)
     report = {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
               "determinism": det, "findings": [f.to_json() for f in findings], "verdict": verdict_line(det),
               "exit_code": det["exit_code"]}
@@ -482,17 +300,16 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict
                          "one script")
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
     compare_lengths(*endings)
-    div, within, notes = compare(run_a, run_b, tol)
+    div, within, notes = _compare(run_a, run_b, tol)
     notes = run_a.problems + run_b.problems + notes
-    cause, evidence = decide(div, run_a, run_b) if div is not None else (None, {})
+    cause, evidence = decide(div, run_a.logs, run_b.logs) if div is not None else (None, {})
     if div is not None and cause == "unknown":
-        modes = [r.meta.get("compile_mode") for r in (run_a, run_b)]
-        if modes[0] != modes[1]:
-            cause, evidence = "numerics", {"because": f"compile modes differ ({modes[0]} vs {modes[1]})"}
+        cause, evidence = numerics_of_modes(run_a.meta.get("compile_mode"), run_b.meta.get("compile_mode")) or (
+            cause, evidence)
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
-    det = determinism_section(div, within, cause, evidence, [str(path_a), str(path_b)], run_a, run_b, notes, snapshots,
-                              endings, tol, unreadable_exit=2)
-    return _report(det, _hint_key(cause, None, run_b) if cause else None, {"a": str(path_a), "b": str(path_b)}, {},
+    det = determinism_section(div, within, cause, evidence, [str(path_a), str(path_b)], run_a.logs, run_b.logs,
+                              _curve(run_a, run_b) if snapshots else [], notes, endings, tol, unreadable_exit=2)
+    return _report(det, hint_key(cause, None, run_b.logs) if cause else None, {"a": str(path_a), "b": str(path_b)}, {},
                    {**launch_meta(None), "diff": [str(path_a), str(path_b)]},
                    cache_key_findings("A", run_a, "B", run_b), (run_a, run_b))
 
@@ -533,9 +350,9 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
         raise InputError(f"the script saved no checkpoint after step {at}: it must call torchrepro.checkpoint.save() "
                          "when checkpoint.plan().should_stop(step) (see examples/resume_ddp.py)")
     resumed, _ = checker.run(RunSpec("resumed", None, f"resumed after step {at}"), env={ENV_RESUME_FROM: str(saved)})
-    div, _, notes = compare(full, resumed, Tolerance())
+    div, _, notes = _compare(full, resumed, Tolerance())
     notes = [n for n in notes if "with the same index" not in n]  # a resumed run has only the later steps
-    before, _, _ = compare(full, stopped, Tolerance())
+    before, _, _ = _compare(full, stopped, Tolerance())
     if before is not None:
         notes.append(f"the run is not reproducible before the checkpoint (step {before.step} differs between two "
                      "runs): fix that first (torchrepro check)")
@@ -550,9 +367,9 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
                                                    f"{last}")
     cause, evidence = (None, {})
     if div is not None:
-        cause, evidence = decide(div, full, resumed)
+        cause, evidence = decide(div, full.logs, resumed.logs)
         evidence["hint"] = RESUME_HINTS.get(cause, RESUME_HINTS["unknown"])
-    det = determinism_section(div, False, cause, evidence, ["full", "resumed"], full, resumed, notes, False,
+    det = determinism_section(div, False, cause, evidence, ["full", "resumed"], full.logs, resumed.logs, [], notes,
                               list(checker.endings.values()), Tolerance(), unreadable_exit=3)
     det["resume_at"] = at
     report = _report(det, None, {"full": str(out / "full"), "stopped": str(out / "stopped"),
