@@ -6,20 +6,25 @@ timed separately, with the time per event so linear scaling shows as a flat colu
     .venv/bin/python bench/merge.py --ranks 2 8 --events 2000
 
 "vs json" is the whole time (read + analyse) over a bare ``json.loads`` of every line of the same
-logs, measured just before in the same process.
+logs, measured just before in the same child process (one per row, whose own peak RSS is printed:
+the yardstick reads one line at a time, so the peak is read + analyse). ``--baseline OTHER/src`` times another source tree on the same logs right
+after (before/after side by side); ``--keep DIR`` keeps the logs (and reuses them).
+
+    .venv/bin/python bench/merge.py --ranks 64 --events 3000 --baseline /work/main/src
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from torchrepro.analysis.doctor import analyse
 from torchrepro.events import (
     CacheLookup,
     Compile,
@@ -30,7 +35,6 @@ from torchrepro.events import (
     Params,
     Step,
 )
-from torchrepro.rundir import load_run
 
 
 def rank_log(events: int) -> str:
@@ -79,32 +83,59 @@ def bare_json(root: Path) -> float:
     return time.perf_counter() - t0
 
 
+# A fresh interpreter per measurement, so its peak RSS is its own: the yardstick, then read + analyse.
+_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from torchrepro.analysis.doctor import analyse
+from torchrepro.rundir import load_run
+sys.path.insert(0, sys.argv[2])
+from merge import bare_json
+bare = bare_json(Path(sys.argv[1]))
+t0 = time.perf_counter()
+run = load_run(sys.argv[1])
+t1 = time.perf_counter()
+report = analyse(run.meta, run.logs, run.problems)
+t2 = time.perf_counter()
+assert report["steps"]["per_rank"]["0"]["steps"] > 0
+rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"json": bare, "read": t1 - t0, "analyse": t2 - t1, "rss_mb": rss_mb}))
+"""
+
+
+def report_child(root: Path, src: str | None) -> dict[str, float]:
+    """Read + analyse ``root`` in a child process (``src``: the torchrepro source tree it imports)."""
+    env = dict(os.environ, **({"PYTHONPATH": src} if src else {}))
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent)], env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 64, 1024])
     parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--baseline", metavar="SRC", help="also time the torchrepro source tree SRC (e.g. another "
+                        "checkout's src/) on the same logs, right after, in the same run")
+    parser.add_argument("--keep", metavar="DIR", type=Path, help="write the logs under DIR (reused if it holds them)")
     args = parser.parse_args()
     text = rank_log(args.events)
-    print(f"{'ranks':>6} {'events':>11} {'json s':>7} {'read s':>8} {'analyse s':>10} {'total s':>8} {'vs json':>8} "
-          f"{'µs/event':>9} {'max RSS MB':>10}")
+    print(f"{'ranks':>6} {'events':>11} {'tree':>8} {'json s':>7} {'read s':>8} {'analyse s':>10} {'total s':>8} "
+          f"{'vs json':>8} {'µs/event':>9} {'peak RSS MB':>11}")
+    trees = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     for ranks in args.ranks:
-        root = Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
+        root = args.keep / f"{ranks}x{args.events}" if args.keep else Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
         try:
-            make_run(root, ranks, text)
-            bare = bare_json(root)
-            t0 = time.perf_counter()
-            run = load_run(root)
-            t1 = time.perf_counter()
-            report = analyse(run.meta, run.logs, run.problems)
-            t2 = time.perf_counter()
-            assert report["steps"]["per_rank"]["0"]["steps"] > 0
+            if not (root / f"rank-{ranks - 1}" / "events.jsonl").exists():
+                make_run(root, ranks, text)
             total = ranks * args.events
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(f"{ranks:>6} {total:>11,} {bare:>7.2f} {t1 - t0:>8.2f} {t2 - t1:>10.2f} {t2 - t0:>8.2f} "
-                  f"{(t2 - t0) / bare:>7.2f}x {(t2 - t0) / total * 1e6:>9.2f} {rss:>10.0f}", flush=True)
-            del run, report
+            for name, src in trees:
+                r = report_child(root, src)
+                both, bare = r["read"] + r["analyse"], r["json"]
+                print(f"{ranks:>6} {total:>11,} {name:>8} {bare:>7.2f} {r['read']:>8.2f} {r['analyse']:>10.2f} "
+                      f"{both:>8.2f} {both / bare:>7.2f}x {both / total * 1e6:>9.2f} {r['rss_mb']:>11.0f}", flush=True)
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

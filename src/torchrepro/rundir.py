@@ -165,13 +165,14 @@ def load_run(path: str | os.PathLike) -> Run:
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
+    shared: dict[int, tuple] = {}  # step fields that agree across ranks: one object each
     with _no_gc():  # millions of small objects: the cyclic collector would rescan them again and again
         for file in files:
             if not file.is_file():  # a FIFO or device would block or never end
                 run.problems.append(f"{file}: not a regular file, skipped")
                 continue
             try:
-                log = read_events(file)
+                log = read_events(file, shared)
             except OSError as exc:
                 run.problems.append(f"{file}: unreadable ({exc})")
                 continue

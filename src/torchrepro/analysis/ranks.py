@@ -237,6 +237,8 @@ def _param_findings(logs: list[EventLog]) -> list[Finding]:
         ref = steps[ref_rank][index].param_fps
         for rank in sorted(steps):
             fps = steps[rank][index].param_fps
+            if fps == ref:  # replicas that agree (most often the same list: the reader shares it)
+                continue
             differing = [n for n, a, b in zip(names, ref, fps) if a != b]
             if differing:
                 first_step = index == common[0]
@@ -269,11 +271,13 @@ def _rng_findings(logs: list[EventLog]) -> list[Finding]:
     def torch_stream(s: Step) -> str | None:
         return (s.rng_fps or {}).get("torch_cpu") or (s.rng_fps or {}).get("cuda:0")
 
-    same_rng = all(len({torch_stream(d[i]) for d in per_rank}) == 1 for i in common)
-    consumed = len({torch_stream(per_rank[0][i]) for i in common}) > 1
-    batches = [{d[i].batch_fp for d in per_rank} for i in common]
-    split = all(None not in b and len(b) == len(per_rank) for b in batches)
-    duplicated = all(None not in b and len(b) == 1 for b in batches)
+    streams = [[torch_stream(d[i]) for i in common] for d in per_rank]
+    same_rng = all(s == streams[0] for s in streams)
+    consumed = len(set(streams[0])) > 1
+    batches = [[d[i].batch_fp for i in common] for d in per_rank]
+    none = any(None in b for b in batches)
+    split = not none and all(len(set(at_step)) == len(per_rank) for at_step in zip(*batches))
+    duplicated = not none and all(b == batches[0] for b in batches)
     findings = []
     if same_rng and consumed and split:
         findings.append(Finding(
