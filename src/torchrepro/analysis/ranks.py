@@ -232,13 +232,14 @@ def _param_findings(logs: list[EventLog]) -> list[Finding]:
     names = logs[0].of(Params)[0].names
     steps = {log.rank: {s.index: s for s in log.of(Step) if s.param_fps} for log in logs}
     common = sorted(set.intersection(*(set(v) for v in steps.values())))
-    for index in common:
-        ref_rank = min(steps)
-        ref = steps[ref_rank][index].param_fps
-        for rank in sorted(steps):
-            fps = steps[rank][index].param_fps
-            if fps == ref:  # replicas that agree (most often the same list: the reader shares it)
-                continue
+    ref_rank = min(steps)
+    ref_fps = [steps[ref_rank][index].param_fps for index in common]
+    # the ranks whose fingerprints differ somewhere (compared whole: the reader shares what agrees)
+    odd = {rank: fps for rank in sorted(steps) if (fps := [steps[rank][i].param_fps for i in common]) != ref_fps}
+    for at, index in enumerate(common):
+        ref = ref_fps[at]
+        for rank, all_fps in odd.items():
+            fps = all_fps[at]
             differing = [n for n, a, b in zip(names, ref, fps) if a != b]
             if differing:
                 first_step = index == common[0]
