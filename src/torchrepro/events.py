@@ -469,7 +469,8 @@ def read_events(path: str | os.PathLike, shared: dict[int, tuple] | None = None)
         log.unreadable = "no header line: not a torchrepro event log"
     elif header.schema != SCHEMA:
         by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
-        log.unreadable = f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
+        log.unreadable = (f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads "
+                          f"{SCHEMA!r}")
         log.events = [header]  # nothing else is trusted: field meanings may have changed
     if log.unreadable:
         log.problems.append(f"{path}: {log.unreadable}")
