@@ -282,8 +282,8 @@ def _checked(kind: str, data: dict[str, Any]) -> Event:
     return KINDS[kind](**fields)
 
 
-# Step fields that agree across data-parallel replicas: a reader given a table of them (``shared``)
-# keeps one object per step index and value for all ranks (memory for thousands of ranks).
+# Step fields that agree across data-parallel replicas: a reader given a :class:`Shared` keeps one
+# object per step index and value for all ranks (memory for thousands of ranks).
 _REPLICATED = ("params_fp", "grads_fp", "rng_fp", "param_fps", "rng_fps")
 
 
@@ -311,10 +311,12 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
     if cls is Step:
         scope["_share"] = _share
         lines += ["    if type(rng_at) is str: rng_at = _intern(rng_at)",
+                  "    if step == index and type(step) is type(index): step = index",
                   "    if shared is not None:",
-                  "        ref = shared.get(index)",
+                  "        if type(rank) is int: rank = shared.ranks.setdefault(rank, rank)",
+                  "        ref = shared.steps.get(index)",
                   "        if ref is None:",
-                  f"            shared[index] = ({', '.join(_REPLICATED)})",
+                  f"            shared.steps[index] = ({', '.join(_REPLICATED)})",
                   "        else:",
                   f"            {', '.join(f'r_{n}' for n in _REPLICATED)} = ref",
                   *(f"            if {n} == r_{n}: {n} = r_{n}" for n in _REPLICATED)]
@@ -323,11 +325,25 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
     return scope["build"]
 
 
-def _share(step: Step, shared: dict[int, tuple] | None) -> Step:
-    """``step`` holding the objects of ``shared`` where its replicated fields equal them (the
-    builders' slow path does what their fast path does)."""
+@dataclass(slots=True)
+class Shared:
+    """What repeats across the ranks of one run, kept once while reading them: the replicated
+    step fields by step index (the first rank's), and rank numbers (ints above 256 are objects
+    of their own in every event)."""
+
+    steps: dict[int, tuple] = field(default_factory=dict)
+    ranks: dict[int, int] = field(default_factory=dict)
+
+
+def _share(step: Step, shared: Shared | None) -> Step:
+    """``step`` holding the objects of ``shared`` where its fields equal them (the builders' slow
+    path does what their fast path does)."""
+    if type(step.step) is type(step.index) and step.step == step.index:
+        step.step = step.index
     if shared is not None:
-        ref = shared.setdefault(step.index, tuple(getattr(step, n) for n in _REPLICATED))
+        if type(step.rank) is int:
+            step.rank = shared.ranks.setdefault(step.rank, step.rank)
+        ref = shared.steps.setdefault(step.index, tuple(getattr(step, n) for n in _REPLICATED))
         for name, value in zip(_REPLICATED, ref):
             if getattr(step, name) == value:
                 setattr(step, name, value)
@@ -430,9 +446,9 @@ def _rank_from_dir(name: str) -> int:
         return 0
 
 
-def read_events(path: str | os.PathLike, shared: dict[int, tuple] | None = None) -> EventLog:
-    """Read one rank's log, tolerating damage: see the module docstring. ``shared`` (one dict
-    passed for every rank of a run) lets step fields that agree across ranks share one object."""
+def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventLog:
+    """Read one rank's log, tolerating damage: see the module docstring. ``shared`` (one
+    :class:`Shared` for every rank of a run) keeps what repeats across ranks once."""
     path = Path(path)
     log = EventLog(path)
     with open(path, "rb") as fp:
