@@ -113,6 +113,9 @@ def test_the_lowest_diverging_rank_is_named_and_a_missing_batch_fingerprint_prov
     logs = [log(r, [PARAMS, *steps(4, params=diverge, rank=r)]) for r in (3, 0, 2)]
     evidence = codes(logs)["REPLICAS_DIVERGE"]
     assert evidence["step"] == 2 and evidence["ranks"] == [0, 2]
+    shorter = log(4, [PARAMS, *steps(4, params=diverge, rank=4)[1:3]])  # steps 1 and 2 only
+    evidence = codes([*logs, shorter])["REPLICAS_DIVERGE"]
+    assert evidence["step"] == 2 and evidence["ranks"] == [0, 2]
     one_unknown = [log(r, [PARAMS, *steps(4, batch=lambda i, r: None if (i, r) == (3, 1) else f"b{i}", rank=r)])
                    for r in (0, 1)]
     assert not {"RNG_IDENTICAL_ACROSS_RANKS", "DUPLICATE_BATCHES_ACROSS_RANKS"} & set(codes(one_unknown))

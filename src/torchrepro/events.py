@@ -289,25 +289,25 @@ _REPLICATED = ("params_fp", "grads_fp", "rng_fp", "param_fps", "rng_fps")
 
 def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
     """A function compiled for one kind that builds its event from a line holding exactly its
-    fields (what the writer writes), checking each value's exact JSON type in line, and falls
-    back to :func:`_checked` for anything else: the reader's hot path, same result."""
+    fields in the writer's order, checking each value's exact JSON type in line, and falls back
+    to :func:`_checked` for anything else: the reader's hot path, same result."""
     names = _names(cls)
-    scope: dict[str, Any] = {"_cls": cls, "_keys": frozenset(names), "_checked": _checked, "_kind": kind,
+    scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind,
                              "_intern": sys.intern}
-    checks = []
+    checks, types = [], []
     for i, name in enumerate(names):
         accepted = _FIELD_TYPES[kind][name]
         if object not in accepted:  # json gives exact types; bool is an int to isinstance
             scope[f"_T{i}"] = frozenset(accepted + ((bool,) if int in accepted else ()))
-            checks.append(f"type({name}) not in _T{i}")
-    lines = ["def build(data, shared=None):",
-             "    if data.keys() != _keys:",
-             "        return _share(_checked(_kind, data), shared)" if cls is Step else
-             "        return _checked(_kind, data)",
-             *(f"    {name} = data[{name!r}]" for name in names),
+            checks.append(f"_type({name}) not in _T{i}")
+            types.append(f"_T{i}=_T{i}")
+    slow = f"        return {'_share(_checked(_kind, data), shared)' if cls is Step else '_checked(_kind, data)'}"
+    lines = [f"def build(data, shared=None, _type=type, {', '.join(types)}):",
+             "    if tuple(data) != _names:",
+             slow,
+             f"    {', '.join(names)}, = data.values()",
              f"    if {' or '.join(checks) or 'False'}:",
-             "        return _share(_checked(_kind, data), shared)" if cls is Step else
-             "        return _checked(_kind, data)"]
+             slow]
     if cls is Step:
         scope["_share"] = _share
         lines += ["    if type(rng_at) is str: rng_at = _intern(rng_at)",

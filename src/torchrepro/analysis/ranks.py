@@ -262,22 +262,20 @@ def _param_findings(logs: list[EventLog]) -> list[Finding]:
 
 
 def _at_common_steps(logs: list[EventLog], values: tuple[Callable[[Step], Any], ...],
-                     kept: Callable[[Step], bool] = lambda s: True) -> tuple[list[int], list[list[list[Any]]]]:
+                     kept: Callable[[Step], bool] | None = None) -> tuple[list[int], list[list[list[Any]]]]:
     """The step indices every rank has a ``kept`` step for (sorted), and for each of ``values``
     per rank (in the order of ``logs``) its value at each of those steps (the last step of an
-    index repeated), holding one rank's steps by index at a time."""
-    common: set[int] | None = None
-    for log in logs:
-        indices = {s.index for s in log.of(Step) if kept(s)}
-        common = indices if common is None else common & indices
-    order = sorted(common or ())
-    out: list[list[list[Any]]] = [[] for _ in values]
-    for log in logs:
-        at = {s.index: s for s in log.of(Step) if kept(s)}
-        steps = [at[i] for i in order]
-        for column, value in zip(out, values):
-            column.append([value(s) for s in steps])
-    return order, out
+    index repeated)."""
+    steps = [[s for s in log.of(Step) if kept(s)] if kept else log.of(Step) for log in logs]
+    indices = [[s.index for s in of_rank] for of_rank in steps]
+    order = indices[0] if indices else []
+    if not all(i == order for i in indices) or order != sorted(set(order)):  # not every rank the same steps
+        common = set.intersection(*map(set, indices))
+        order = sorted(common)
+        for at, of_rank in enumerate(steps):
+            by_index = {s.index: s for s in of_rank}
+            steps[at] = [by_index[i] for i in order]
+    return order, [[[value(s) for s in of_rank] for of_rank in steps] for value in values]
 
 
 def _torch_stream(s: Step) -> str | None:
