@@ -426,8 +426,8 @@ class EventLog:
         return header.rank if header else _rank_from_dir(self.path.parent.name)
 
     def of(self, cls: type[Event]) -> list[Any]:
-        """The events of one type, in order (a new list; sorted by type once per change of
-        ``events``' length, so the analyses' many calls cost little)."""
+        """The events of one type, in order (a new list; the events are grouped by type once, again
+        when ``events`` changes, so the analyses' many calls cost little)."""
         if cls not in _LEAF_TYPES:
             return [e for e in self.events if isinstance(e, cls)]
         cached = self._by_type
