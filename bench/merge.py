@@ -6,20 +6,27 @@ timed separately, with the time per event so linear scaling shows as a flat colu
     .venv/bin/python bench/merge.py --ranks 2 8 --events 2000
 
 "vs json" is the whole time (read + analyse) over a bare ``json.loads`` of every line of the same
-logs, measured just before in the same process.
+logs, measured just before in the same child process (one per row, whose own peak RSS is printed:
+the yardstick reads one line at a time, so the peak is read + analyse), in CPU seconds and on the
+wall clock. ``--baseline OTHER/src`` times another source tree on the same logs right
+after (before/after side by side); ``--keep DIR`` keeps the logs (and reuses them).
+
+    .venv/bin/python bench/merge.py --ranks 64 --events 3000 --baseline /work/main/src
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from torchrepro.analysis.doctor import analyse
 from torchrepro.events import (
     CacheLookup,
     Compile,
@@ -30,7 +37,6 @@ from torchrepro.events import (
     Params,
     Step,
 )
-from torchrepro.rundir import load_run
 
 
 def rank_log(events: int) -> str:
@@ -79,32 +85,70 @@ def bare_json(root: Path) -> float:
     return time.perf_counter() - t0
 
 
+# A fresh interpreter per measurement, so its peak RSS is its own: the yardstick, then read + analyse,
+# each timed on the wall clock and in CPU seconds (process_time: what a shared, loaded machine
+# perturbs least).
+_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from torchrepro.analysis.doctor import analyse
+from torchrepro.rundir import load_run
+sys.path.insert(0, sys.argv[2])
+from merge import bare_json
+def clocks():
+    return time.perf_counter(), time.process_time()
+c0 = clocks()
+bare_json(Path(sys.argv[1]))
+c1 = clocks()
+run = load_run(sys.argv[1])
+c2 = clocks()
+report = analyse(run.meta, run.logs, run.problems)
+c3 = clocks()
+assert report["steps"]["per_rank"]["0"]["steps"] > 0
+rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"wall": [c1[0] - c0[0], c2[0] - c1[0], c3[0] - c2[0]],
+                  "cpu": [c1[1] - c0[1], c2[1] - c1[1], c3[1] - c2[1]], "rss_mb": rss_mb}))
+"""
+
+
+def report_child(root: Path, src: str | None) -> dict[str, Any]:
+    """Time json, read and analyse of ``root`` in a child process (``src``: the torchrepro source
+    tree it imports)."""
+    env = dict(os.environ, **({"PYTHONPATH": src} if src else {}))
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 64, 1024])
     parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--baseline", metavar="SRC", help="also time the torchrepro source tree SRC (e.g. another "
+                        "checkout's src/) on the same logs, right after, in the same run")
+    parser.add_argument("--keep", metavar="DIR", type=Path, help="write the logs under DIR (reused if it holds them)")
     args = parser.parse_args()
     text = rank_log(args.events)
-    print(f"{'ranks':>6} {'events':>11} {'json s':>7} {'read s':>8} {'analyse s':>10} {'total s':>8} {'vs json':>8} "
-          f"{'µs/event':>9} {'max RSS MB':>10}")
+    print("CPU seconds (wall seconds in the last columns)")
+    print(f"{'ranks':>6} {'events':>11} {'tree':>8} {'json s':>7} {'read s':>7} {'analyse s':>9} {'total s':>7} "
+          f"{'vs json':>7} {'µs/event':>8} {'wall s':>7} {'vs json':>7} {'peak RSS MB':>11}")
+    trees = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     for ranks in args.ranks:
-        root = Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
+        root = args.keep / f"{ranks}x{args.events}" if args.keep else Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
         try:
-            make_run(root, ranks, text)
-            bare = bare_json(root)
-            t0 = time.perf_counter()
-            run = load_run(root)
-            t1 = time.perf_counter()
-            report = analyse(run.meta, run.logs, run.problems)
-            t2 = time.perf_counter()
-            assert report["steps"]["per_rank"]["0"]["steps"] > 0
+            if not (root / f"rank-{ranks - 1}" / "events.jsonl").exists():
+                make_run(root, ranks, text)
             total = ranks * args.events
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            print(f"{ranks:>6} {total:>11,} {bare:>7.2f} {t1 - t0:>8.2f} {t2 - t1:>10.2f} {t2 - t0:>8.2f} "
-                  f"{(t2 - t0) / bare:>7.2f}x {(t2 - t0) / total * 1e6:>9.2f} {rss:>10.0f}", flush=True)
-            del run, report
+            for name, src in trees:
+                r = report_child(root, src)
+                (bare, read, analysed), wall = r["cpu"], r["wall"]
+                both, wall_both = read + analysed, wall[1] + wall[2]
+                print(f"{ranks:>6} {total:>11,} {name:>8} {bare:>7.2f} {read:>7.2f} {analysed:>9.2f} {both:>7.2f} "
+                      f"{both / bare:>6.2f}x {both / total * 1e6:>8.2f} {wall_both:>7.2f} {wall_both / wall[0]:>6.2f}x "
+                      f"{r['rss_mb']:>11.0f}", flush=True)
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

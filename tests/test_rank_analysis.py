@@ -106,3 +106,19 @@ def test_a_launcher_that_only_started_the_ranks_is_judged_by_how_it_ended():
     report = analyse(teardown, logs, [])
     assert not report["run"]["failed"]
     assert [(f["code"], f["severity"]) for f in report["findings"]] == [("RANK_ABORTED_AFTER_COMPLETION", "warning")]
+
+
+def test_the_lowest_diverging_rank_is_named_and_a_missing_batch_fingerprint_proves_nothing():
+    diverge = lambda i, r: f"p{i}" if i < 2 or r == 0 else f"x{i}-{r}"  # noqa: E731
+    logs = [log(r, [PARAMS, *steps(4, params=diverge, rank=r)]) for r in (3, 0, 2)]
+    evidence = codes(logs)["REPLICAS_DIVERGE"]
+    assert evidence["step"] == 2 and evidence["ranks"] == [0, 2]
+    shorter = log(4, [PARAMS, *steps(4, params=diverge, rank=4)[1:3]])  # steps 1 and 2 only
+    evidence = codes([*logs, shorter])["REPLICAS_DIVERGE"]
+    assert evidence["step"] == 2 and evidence["ranks"] == [0, 2]
+    one_unknown = [log(r, [PARAMS, *steps(4, batch=lambda i, r: None if (i, r) == (3, 1) else f"b{i}", rank=r)])
+                   for r in (0, 1)]
+    assert not {"RNG_IDENTICAL_ACROSS_RANKS", "DUPLICATE_BATCHES_ACROSS_RANKS"} & set(codes(one_unknown))
+    shared_batch = [log(r, [PARAMS, *steps(4, batch=lambda i, r: "b" if i == 2 and r else f"b{i}-{r}", rank=r)])
+                    for r in (0, 1, 2)]
+    assert "RNG_IDENTICAL_ACROSS_RANKS" not in codes(shared_batch)  # two ranks trained on one batch at step 2

@@ -250,6 +250,7 @@ def _accepted(annotation: str) -> tuple[type, ...]:
     return tuple(t for part in annotation.split("|") for t in _TYPES[part.strip().split("[", 1)[0]])
 
 
+_LEAF_TYPES = frozenset(KINDS.values())  # no event type derives from another: of() may look them up by type
 _FIELD_TYPES = {kind: {f.name: _accepted(f.type) for f in dataclasses.fields(cls)} for kind, cls in KINDS.items()}
 
 
@@ -257,10 +258,16 @@ def from_json(data: dict[str, Any]) -> Event | None:
     """The event a JSON object describes; unknown fields are ignored, unknown kinds give None, a
     field of the wrong JSON type raises ``TypeError`` (the reader skips that line)."""
     kind = data.pop("kind", "")
-    cls = KINDS.get(kind)
-    if cls is None:
+    build = _BUILDERS.get(kind)
+    if build is None:
         data["kind"] = kind
         return None
+    return build(data)
+
+
+def _checked(kind: str, data: dict[str, Any]) -> Event:
+    """The event of ``kind`` from ``data``, every field's JSON type checked one by one (lines with
+    missing, extra or mistyped fields; the builders take this path for them)."""
     types = _FIELD_TYPES[kind]
     fields = {}
     for name, value in data.items():
@@ -269,21 +276,80 @@ def from_json(data: dict[str, Any]) -> Event | None:
             if not isinstance(value, accepted):
                 raise TypeError(f"{kind}.{name}: {type(value).__name__}")
             fields[name] = value
-    if kind == "step":
-        _intern_step(fields)
-    return cls(**fields)
+    if kind == "step" and isinstance(fields.get("rng_at"), str):
+        fields["rng_at"] = sys.intern(fields["rng_at"])
+    return KINDS[kind](**fields)
 
 
-def _intern_step(data: dict[str, Any]) -> None:
-    """Fingerprints repeat across ranks (replicas agree): share one string each (memory for
-    thousands of ranks)."""
-    for key in ("params_fp", "grads_fp", "batch_fp", "rng_fp", "rng_at"):
-        if isinstance(data.get(key), str):
-            data[key] = sys.intern(data[key])
-    if isinstance(data.get("param_fps"), list):
-        data["param_fps"] = [sys.intern(x) if isinstance(x, str) else x for x in data["param_fps"]]
-    if isinstance(data.get("rng_fps"), dict):
-        data["rng_fps"] = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v for k, v in data["rng_fps"].items()}
+# Step fields that agree across data-parallel replicas: a reader given a :class:`Shared` keeps one
+# object per step index and value for all ranks (memory for thousands of ranks).
+_REPLICATED = ("params_fp", "grads_fp", "rng_fp", "param_fps", "rng_fps")
+
+
+def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
+    """A function compiled for one kind that builds its event from a line holding exactly its
+    fields in the writer's order, checking each value's exact JSON type in line, and falls back
+    to :func:`_checked` for anything else: the reader's hot path, same result."""
+    names = _names(cls)
+    scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind,
+                             "_intern": sys.intern}
+    checks, types = [], []
+    for i, name in enumerate(names):
+        accepted = _FIELD_TYPES[kind][name]
+        if object not in accepted:  # json gives exact types; bool is an int to isinstance
+            scope[f"_T{i}"] = frozenset(accepted + ((bool,) if int in accepted else ()))
+            checks.append(f"_type({name}) not in _T{i}")
+            types.append(f"_T{i}=_T{i}")
+    slow = f"        return {'_share(_checked(_kind, data), shared)' if cls is Step else '_checked(_kind, data)'}"
+    lines = [f"def build(data, shared=None, _type=type, {', '.join(types)}):",
+             "    if tuple(data) != _names:",
+             slow,
+             f"    {', '.join(names)}, = data.values()",
+             f"    if {' or '.join(checks) or 'False'}:",
+             slow]
+    if cls is Step:
+        scope["_share"] = _share
+        lines += ["    if type(rng_at) is str: rng_at = _intern(rng_at)",
+                  "    if step == index and type(step) is type(index): step = index",
+                  "    if shared is not None:",
+                  "        if type(rank) is int: rank = shared.ranks.setdefault(rank, rank)",
+                  "        ref = shared.steps.get(index)",
+                  "        if ref is None:",
+                  f"            shared.steps[index] = ({', '.join(_REPLICATED)})",
+                  "        else:",
+                  f"            {', '.join(f'r_{n}' for n in _REPLICATED)} = ref",
+                  *(f"            if {n} == r_{n}: {n} = r_{n}" for n in _REPLICATED)]
+    lines.append(f"    return _cls({', '.join(names)})")
+    exec("\n".join(lines), scope)  # noqa: S102 -- source built above from the dataclasses' own field names
+    return scope["build"]
+
+
+@dataclass(slots=True)
+class Shared:
+    """What repeats across the ranks of one run, kept once while reading them: the replicated
+    step fields by step index (the first rank's), and rank numbers (ints above 256 are objects
+    of their own in every event)."""
+
+    steps: dict[int, tuple] = field(default_factory=dict)
+    ranks: dict[int, int] = field(default_factory=dict)
+
+
+def _share(step: Step, shared: Shared | None) -> Step:
+    """``step`` holding the objects of ``shared`` where its fields equal them (the builders' slow
+    path does what their fast path does)."""
+    if type(step.step) is type(step.index) and step.step == step.index:
+        step.step = step.index
+    if shared is not None:
+        if type(step.rank) is int:
+            step.rank = shared.ranks.setdefault(step.rank, step.rank)
+        ref = shared.steps.setdefault(step.index, tuple(getattr(step, n) for n in _REPLICATED))
+        for name, value in zip(_REPLICATED, ref):
+            if getattr(step, name) == value:
+                setattr(step, name, value)
+    return step
+
+
+_BUILDERS = {kind: _builder(kind, cls) for kind, cls in KINDS.items()}
 
 
 def _line(event: Event) -> str:
@@ -343,6 +409,7 @@ class EventLog:
     bad_lines: int = 0
     truncated: bool = False
     unreadable: str | None = None
+    _by_type: tuple[list[Event], int, dict[type, list[Event]]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def header(self) -> Header | None:
@@ -358,8 +425,17 @@ class EventLog:
         return header.rank if header else _rank_from_dir(self.path.parent.name)
 
     def of(self, cls: type[Event]) -> list[Any]:
-        """The events of one type, in order."""
-        return [e for e in self.events if isinstance(e, cls)]
+        """The events of one type, in order (a new list; the events are grouped by type once, again
+        when ``events`` changes, so the analyses' many calls cost little)."""
+        if cls not in _LEAF_TYPES:
+            return [e for e in self.events if isinstance(e, cls)]
+        cached = self._by_type
+        if cached is None or cached[0] is not self.events or cached[1] != len(self.events):
+            by_type: dict[type, list[Event]] = {}
+            for event in self.events:
+                by_type.setdefault(type(event), []).append(event)
+            cached = self._by_type = (self.events, len(self.events), by_type)
+        return list(cached[2].get(cls, ()))
 
 
 def _rank_from_dir(name: str) -> int:
@@ -369,44 +445,38 @@ def _rank_from_dir(name: str) -> int:
         return 0
 
 
-def _loads(raw: bytes) -> Any:
-    """json.loads, by orjson when installed (the standard library for what orjson refuses:
-    NaN and Infinity, which the writer keeps)."""
-    if _orjson is not None:
-        try:
-            return _orjson.loads(raw)
-        except ValueError:
-            pass
-    return json.loads(raw)
-
-
-def read_events(path: str | os.PathLike) -> EventLog:
-    """Read one rank's log, tolerating damage: see the module docstring."""
+def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventLog:
+    """Read one rank's log, tolerating damage: see the module docstring. ``shared`` (one
+    :class:`Shared` for every rank of a run) keeps what repeats across ranks once."""
     path = Path(path)
     log = EventLog(path)
     with open(path, "rb") as fp:
         lines = fp.read().split(b"\n")
     last = len(lines) - 1
+    loads, builders, events = _orjson.loads if _orjson is not None else json.loads, _BUILDERS, log.events
     for number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
         try:
-            data = _loads(raw)
-            if not isinstance(data, dict):
+            try:
+                data = loads(raw)
+            except ValueError:  # orjson refuses NaN and Infinity, which the writer keeps
+                data = json.loads(raw)
+            if type(data) is not dict:
                 raise ValueError("not an object")
-            event = from_json(data)
+            kind = data.pop("kind", "")
+            build = builders.get(kind)
+            if build is None:
+                kind = str(kind)
+                log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
+                continue
+            events.append(build(data, shared))
         except (ValueError, TypeError, UnicodeDecodeError):
             log.bad_lines += 1
             log.truncated = number - 1 == last
             if log.bad_lines <= 5:
                 what = "truncated last line" if log.truncated else f"unreadable line {number}"
                 log.problems.append(f"{path}: {what} skipped")
-            continue
-        if event is None:
-            kind = str(data.get("kind"))
-            log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
-            continue
-        log.events.append(event)
     if log.bad_lines > 5:
         log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
     header = log.header
@@ -414,7 +484,8 @@ def read_events(path: str | os.PathLike) -> EventLog:
         log.unreadable = "no header line: not a torchrepro event log"
     elif header.schema != SCHEMA:
         by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
-        log.unreadable = f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
+        log.unreadable = (f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads "
+                          f"{SCHEMA!r}")
         log.events = [header]  # nothing else is trusted: field meanings may have changed
     if log.unreadable:
         log.problems.append(f"{path}: {log.unreadable}")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .errors import InputError
-from .events import EventLog, rank_logs, read_events
+from .events import EventLog, Shared, rank_logs, read_events
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
@@ -170,13 +170,14 @@ def load_run(path: str | os.PathLike) -> Run:
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
+    shared = Shared()  # what agrees across ranks, one object each
     with _no_gc():  # millions of small objects: the cyclic collector would rescan them again and again
         for file in files:
             if not file.is_file():  # a FIFO or device would block or never end
                 run.problems.append(f"{file}: not a regular file, skipped")
                 continue
             try:
-                log = read_events(file)
+                log = read_events(file, shared)
             except OSError as exc:
                 run.problems.append(f"{file}: unreadable ({exc})")
                 continue

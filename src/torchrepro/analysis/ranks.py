@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import signal
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from ..events import CacheLookup, Compile, EventLog, InitParams, Params, Step, World
@@ -176,7 +177,8 @@ def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
             findings.append(Finding(
                 "SCRIPT_FAILED", "error", f"rank {rank}: the script exited with code {info['exit_code']}"
                 + (f": {info['error']}" if info["error"] else ""),
-                hint="Everything before the failure is analysed.", evidence=evidence | {"exit_code": info["exit_code"]}))
+                hint="Everything before the failure is analysed.",
+                evidence=evidence | {"exit_code": info["exit_code"]}))
     if stall:
         places = {rank: where(frames) for rank, frames in stall.get("stacks", {}).items()}
         lines = [f"rank {r} (last step {run['ranks'].get(r, {}).get('last_step')}): {w or 'no stack dumped'}"
@@ -230,13 +232,16 @@ def _param_findings(logs: list[EventLog]) -> list[Finding]:
     if len(logs) < 2 or not _replicated(logs):
         return []
     names = logs[0].of(Params)[0].names
-    steps = {log.rank: {s.index: s for s in log.of(Step) if s.param_fps} for log in logs}
-    common = sorted(set.intersection(*(set(v) for v in steps.values())))
-    for index in common:
-        ref_rank = min(steps)
-        ref = steps[ref_rank][index].param_fps
-        for rank in sorted(steps):
-            fps = steps[rank][index].param_fps
+    common, (columns,) = _at_common_steps(logs, (lambda s: s.param_fps,), lambda s: bool(s.param_fps))
+    fingerprints = dict(zip((log.rank for log in logs), columns))
+    ref_rank = min(fingerprints)
+    ref_fps = fingerprints[ref_rank]
+    # the ranks whose fingerprints differ somewhere (compared whole: the reader shares what agrees)
+    odd = {rank: fingerprints[rank] for rank in sorted(fingerprints) if fingerprints[rank] != ref_fps}
+    for at, index in enumerate(common):
+        ref = ref_fps[at]
+        for rank, all_fps in odd.items():
+            fps = all_fps[at]
             differing = [n for n, a, b in zip(names, ref, fps) if a != b]
             if differing:
                 first_step = index == common[0]
@@ -256,24 +261,40 @@ def _param_findings(logs: list[EventLog]) -> list[Finding]:
     return []
 
 
+def _at_common_steps(logs: list[EventLog], values: tuple[Callable[[Step], Any], ...],
+                     kept: Callable[[Step], bool] | None = None) -> tuple[list[int], list[list[list[Any]]]]:
+    """The step indices every rank has a ``kept`` step for (sorted), and for each of ``values``
+    per rank (in the order of ``logs``) its value at each of those steps (the last step of an
+    index repeated)."""
+    steps = [[s for s in log.of(Step) if kept(s)] if kept else log.of(Step) for log in logs]
+    indices = [[s.index for s in of_rank] for of_rank in steps]
+    order = indices[0] if indices else []
+    if not all(i == order for i in indices) or order != sorted(set(order)):  # not every rank the same steps
+        common = set.intersection(*map(set, indices))
+        order = sorted(common)
+        for at, of_rank in enumerate(steps):
+            by_index = {s.index: s for s in of_rank}
+            steps[at] = [by_index[i] for i in order]
+    return order, [[[value(s) for s in of_rank] for of_rank in steps] for value in values]
+
+
+def _torch_stream(s: Step) -> str | None:
+    return (s.rng_fps or {}).get("torch_cpu") or (s.rng_fps or {}).get("cuda:0")
+
+
 def _rng_findings(logs: list[EventLog]) -> list[Finding]:
     """Different data on each rank but the same torch RNG stream, consumed step after step:
     every rank draws the same dropout masks."""
     if len(logs) < 2:
         return []
-    per_rank = [{s.index: s for s in log.of(Step)} for log in logs]
-    common = sorted(set.intersection(*(set(d) for d in per_rank)))
+    common, (streams, batches) = _at_common_steps(logs, (_torch_stream, lambda s: s.batch_fp))
     if len(common) < 2:
         return []
-
-    def torch_stream(s: Step) -> str | None:
-        return (s.rng_fps or {}).get("torch_cpu") or (s.rng_fps or {}).get("cuda:0")
-
-    same_rng = all(len({torch_stream(d[i]) for d in per_rank}) == 1 for i in common)
-    consumed = len({torch_stream(per_rank[0][i]) for i in common}) > 1
-    batches = [{d[i].batch_fp for d in per_rank} for i in common]
-    split = all(None not in b and len(b) == len(per_rank) for b in batches)
-    duplicated = all(None not in b and len(b) == 1 for b in batches)
+    same_rng = all(s == streams[0] for s in streams)
+    consumed = len(set(streams[0])) > 1
+    none = any(None in b for b in batches)
+    split = not none and all(len(set(at_step)) == len(logs) for at_step in zip(*batches))
+    duplicated = not none and all(b == batches[0] for b in batches)
     findings = []
     if same_rng and consumed and split:
         findings.append(Finding(

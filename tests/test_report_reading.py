@@ -1,0 +1,185 @@
+"""The report's reader (compiled per-kind builders, step fields shared across ranks, events looked
+up by type) gives the same events and the same report as a plain reader: the standard library's
+json and every field checked one by one (``events._checked``), nothing shared. Compared on a real
+2-rank run and on synthetic many-rank logs with damage of every kind the reader tolerates."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrepro.analysis.doctor import analyse
+from torchrepro.events import (
+    KINDS,
+    CacheLookup,
+    Compile,
+    End,
+    EventLog,
+    GraphBreak,
+    Header,
+    Params,
+    Step,
+    _checked,
+    _names,
+    from_json,
+    read_events,
+    write_all,
+)
+from torchrepro.rundir import load_run
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def plain_events(path: Path) -> tuple[list, int, dict[str, int]]:
+    """The events, bad line count and unknown kinds of one log, read the plain way."""
+    events, bad, unknown = [], 0, {}
+    for raw in path.read_bytes().split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+            kind = data.pop("kind", "")
+            if kind not in KINDS:
+                unknown[str(kind)] = unknown.get(str(kind), 0) + 1
+                continue
+            events.append(_checked(kind, data))
+        except (ValueError, TypeError, UnicodeDecodeError):
+            bad += 1
+    return events, bad, unknown
+
+
+def same(a: object, b: object) -> bool:
+    """Equal, NaN included (a NaN loss is the same NaN on both sides)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def assert_read_alike(run_dir: Path) -> dict:
+    """Every log reads alike both ways, and the report over them is the same; returns it."""
+    run = load_run(run_dir)
+    plain_logs = []
+    for log in run.logs:
+        events, bad, unknown = plain_events(log.path)
+        assert (log.bad_lines, log.unknown_kinds) == (bad, unknown), log.path
+        if not log.unreadable:
+            assert same([e.to_json() for e in log.events], [e.to_json() for e in events]), log.path
+        plain_logs.append(dataclasses.replace(log, events=log.events if log.unreadable else events, _by_type=None))
+    report = analyse(run.meta, run.logs, run.problems)
+    assert same(report, analyse(run.meta, plain_logs, run.problems))
+    return report
+
+
+def test_a_real_two_rank_run_reports_alike(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torchrepro", "doctor", "--nproc", "2", "--out", str(out),
+                           str(SCRIPTS / "ddp_compile.py")], capture_output=True, text=True, cwd=tmp_path,
+                          env=os.environ, timeout=300)
+    assert (out / "report.json").exists(), proc.stdout + proc.stderr
+    report = assert_read_alike(out)
+    assert report["run"]["ranks_present"] == [0, 1]
+    assert "RANK_RECOMPILE_ASYMMETRY" in {f["code"] for f in report["findings"]}
+    stored = json.loads((out / "report.json").read_text())  # written by doctor when the run ended
+    assert same(report["findings"], stored["findings"]) and same(report["steps"], stored["steps"])
+
+
+def synthetic_run(root: Path, ranks: int = 12, steps: int = 120, foreign: int | None = None) -> None:
+    """A data-parallel run: replicas agree (but rank 5 diverges at step 60), the same RNG stream on
+    every rank, batches per rank; rank 7 recompiles; and damaged logs (rank ``foreign``'s written
+    by another schema)."""
+    names = [f"layer{i}.weight" for i in range(4)]
+    for rank in range(ranks):
+        events = [Header(rank=rank, world_size=ranks), Params(rank=rank, names=names, shapes=[[4, 4]] * 4,
+                                                             dtypes=["float32"] * 4, kinds=["tensor"] * 4),
+                  Compile(rank=rank, step=0, compile_id="0/0", function="forward", file="train.py", line=3,
+                          dynamo_s=0.3 + rank / 100),
+                  CacheLookup(rank=rank, step=0, compile_id="0/0", cache="fxgraph", status="hit" if rank else "miss")]
+        for i in range(steps):
+            fps = [f"{i:08x}{j}" if rank != 5 or i < 60 else f"x{i}{j}" for j in range(4)]
+            events.append(Step(rank=rank, step=i, index=i, loss=float("nan") if (rank, i) == (2, 9) else 1 / (i + 1),
+                               time_s=0.01 + rank / 1000, params_fp=fps[0], param_fps=fps if i % 3 == 0 else None,
+                               batch_fp=f"b{rank}-{i}", rng_fp=f"r{i}", rng_fps={"torch_cpu": f"r{i}", "numpy": "n"},
+                               rng_at="batch", compiles=int(i == 0)))
+            if rank == 7 and i == 40:
+                events.append(Compile(rank=rank, step=i, compile_id="0/1", function="forward", file="train.py",
+                                      line=3, recompile_reasons=["tensor 'x' size mismatch at index 0"],
+                                      category="shape"))
+                events.append(GraphBreak(rank=rank, step=i, compile_id="0/1", reason="Data-dependent branching",
+                                         file="train.py", line=5))
+        events.append(End(rank=rank, step=steps, duration_s=2.0))
+        path = root / f"rank-{rank}" / "events.jsonl"
+        write_all(path, events)
+        lines = path.read_text().splitlines(keepends=True)
+        if rank == 3:  # killed mid-write: no end, a truncated last line
+            lines = lines[:-2] + [lines[-2][:30]]
+        if rank == 9:  # garbled, mistyped, unknown, extra and missing fields, a bare value
+            step = json.loads(lines[20])
+            lines[20:21] = [
+                "{not json\n", json.dumps({**step, "loss": "high"}) + "\n", '{"kind":"future_kind","t":1}\n',
+                json.dumps({**step, "index": 200, "new_field": [1]}) + "\n",
+                json.dumps({k: v for k, v in step.items() if k not in ("rng_fps", "param_fps")}) + "\n",
+                "[1, 2]\n", json.dumps({**step, "index": True, "batches": False}) + "\n"]
+        path.write_text("".join(lines))
+    if foreign is not None:
+        (root / f"rank-{foreign}" / "events.jsonl").write_text(
+            f'{{"kind":"header","schema":"torchrepro.events/99","rank":{foreign}}}\n')
+
+
+def test_many_damaged_ranks_report_alike(tmp_path):
+    synthetic_run(tmp_path)
+    report = assert_read_alike(tmp_path)
+    codes = {f["code"] for f in report["findings"]}
+    assert {"REPLICAS_DIVERGE", "RANK_RECOMPILE_ASYMMETRY", "RANK_CRASHED", "EVENT_LOG_DAMAGED"} <= codes
+    assert report["run"]["ranks"]["3"]["status"] == "incomplete"
+    synthetic_run(tmp_path / "foreign", foreign=4)
+    assert_read_alike(tmp_path / "foreign")
+
+
+def test_the_reader_shares_what_replicas_agree_on_and_nothing_else(tmp_path):
+    synthetic_run(tmp_path)
+    logs = load_run(tmp_path).logs
+    a, b, diverged = (logs[r].of(Step) for r in (0, 1, 5))
+    assert all(x.rng_fps is y.rng_fps and x.params_fp is y.params_fp for x, y in zip(a, b))
+    assert a[3].param_fps is b[3].param_fps and a[3].batch_fp != b[3].batch_fp
+    assert diverged[63].param_fps == [f"x63{j}" for j in range(4)] != a[63].param_fps
+    assert diverged[3].param_fps is a[3].param_fps
+
+
+# one value of every JSON type (lists and objects of strings and of numbers)
+VALUES = [None, True, 0, 3, 1.5, "s", [], ["s"], [1], [[4, 4]], {}, {"a": "b"}, {"a": 1}, {"a": {"b": 1}}]
+
+
+def built(kind: str, build, fields: dict) -> object:
+    try:
+        event = build(kind, dict(fields))
+    except TypeError:
+        return TypeError
+    out = event.to_json()
+    if "t" not in fields:  # both take the time of reading
+        out.pop("t")
+    return json.dumps(out, sort_keys=True)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_compiled_builder_accepts_and_refuses_what_the_field_checks_do(kind):
+    names = _names(KINDS[kind])
+    default = KINDS[kind]()
+    written = {n: json.loads(json.dumps(getattr(default, n))) for n in names}
+    cases = [{**written, name: value} for name in names for value in VALUES]
+    cases += [{k: v for k, v in case.items() if k != gone} for case in cases[::7] for gone in names[::3]]
+    cases += [{**case, "extra": 1} for case in cases[::5]] + [dict(reversed(case.items())) for case in cases[::5]]
+    for fields in cases:
+        fast = built(kind, lambda k, d: from_json({"kind": k, **d}), fields)
+        assert fast == built(kind, _checked, fields), fields
+
+
+def test_an_unreadable_log_keeps_its_header_only(tmp_path):
+    synthetic_run(tmp_path, ranks=5, steps=4, foreign=4)
+    log: EventLog = read_events(tmp_path / "rank-4" / "events.jsonl")
+    assert log.unreadable and "schema" in log.unreadable and [type(e) for e in log.events] == [Header]
