@@ -108,8 +108,7 @@ def synthetic_run(root: Path, ranks: int = 12, steps: int = 120, foreign: int | 
                                rng_at="batch", compiles=int(i == 0)))
             if rank == 7 and i == 40:
                 events.append(Compile(rank=rank, step=i, compile_id="0/1", function="forward", file="train.py",
-                                      line=3, recompile_reasons=["tensor 'x' size mismatch at index 0"],
-                                      category="shape"))
+                                      line=3, recompile_reasons=["tensor 'x' size mismatch at index 0"]))
                 events.append(GraphBreak(rank=rank, step=i, compile_id="0/1", reason="Data-dependent branching",
                                          file="train.py", line=5))
         events.append(End(rank=rank, step=steps, duration_s=2.0))
