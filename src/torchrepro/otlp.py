@@ -27,15 +27,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .trace_context import WARN_ONCE_VAR, LaunchTrace
 
 ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
-WARN_ONCE_VAR = "TORCHREPRO_OTLP_WARN_ONCE"
-TRACEPARENT_VAR = "TRACEPARENT"
 INSTALL_HINT = "install the OpenTelemetry extra: pip install 'torchrepro[otel]'"
 _PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
                   "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
@@ -98,19 +96,6 @@ def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace
         finally:
             _launcher.close(code)
             _launcher = None
-
-
-@dataclass
-class LaunchTrace:
-    """What one launch passes to its ranks: the trace context of its span (nothing when not
-    exporting), and how it ended."""
-
-    env: dict[str, str] = field(default_factory=dict)
-    exit_code: int | None = None
-
-    def child_env(self, env: dict[str, str] | None) -> dict[str, str] | None:
-        """``env`` (None: this process's environment) plus the trace context."""
-        return env if not self.env else {**(os.environ if env is None else env), **self.env}
 
 
 @contextmanager

@@ -58,7 +58,7 @@ from .. import __version__
 from ..analysis.categories import category_of
 from ..analysis.compile import display_function
 from ..events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
-from ..otlp import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
+from ..trace_context import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
 
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
