@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torchrepro.capture.session import CaptureConfig
+from torchrepro.run_options import RunOptions
 from torchrepro.follow import CONFIG_VAR, SEEN_VAR, follow_env
 from torchrepro.launch import child_env
 
@@ -20,7 +20,7 @@ PROBE = "import sys; print('torchrepro' in sys.modules, sys.modules['sitecustomi
 def child(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` as a process below a captured one (run dir tmp_path/run), with ``env``."""
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
-    variables = follow_env(CaptureConfig(run_dir=tmp_path / "run"), root_pid=1, pythonpath=base.get("PYTHONPATH", ""))
+    variables = follow_env(RunOptions(run_dir=tmp_path / "run"), root_pid=1, pythonpath=base.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
                           env={**base, **variables, SEEN_VAR: "::", **env})
 
@@ -34,7 +34,7 @@ def test_the_users_own_sitecustomize_runs_and_nothing_is_imported(tmp_path):
     own.mkdir()
     (own / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
     proc = child(tmp_path, PROBE + "; import os; print(os.environ.get('USER_SITE_RAN'))",
-                 PYTHONPATH=os.pathsep.join([follow_env(CaptureConfig(run_dir=tmp_path), 1)["PYTHONPATH"], str(own),
+                 PYTHONPATH=os.pathsep.join([follow_env(RunOptions(run_dir=tmp_path), 1)["PYTHONPATH"], str(own),
                                              os.environ.get("PYTHONPATH", "")]))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", str(own / "sitecustomize.py"), "1"]

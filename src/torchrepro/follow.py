@@ -25,7 +25,6 @@ import os
 import socket
 import sys
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,21 +45,20 @@ def _mark_seen() -> None:
     os.environ[SEEN_VAR] = ":".join(os.environ.get(name, "") for name in RANK_VARS)
 
 
-def follow_env(config: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
-    """The variables that make a process (and those it starts) capture itself into ``config``'s run
-    directory once it becomes a rank; ``root_pid`` is the launched process, ``pythonpath`` the
-    ``PYTHONPATH`` to extend."""
+def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
+    """The variables that make a process (and those it starts) capture itself as ``options`` (a
+    :class:`~torchrepro.run_options.RunOptions`, its run directory set) say once it becomes a rank;
+    ``root_pid`` is the launched process, ``pythonpath`` the ``PYTHONPATH`` to extend."""
     path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
-    return {CONFIG_VAR: json.dumps({"run_dir": str(Path(config.run_dir).resolve()), "steps": asdict(config.steps),
-                                    "seed": config.seed, "compile_mode": config.compile_mode, "root_pid": root_pid}),
+    return {CONFIG_VAR: json.dumps({"options": options.followed().to_json(), "root_pid": root_pid}),
             "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
 
 
-def propagate(config: Any) -> None:
-    """Make every process the script starts capture itself once it becomes a rank (``config``: the
-    :class:`~torchrepro.capture.session.CaptureConfig` of this process), and record the process
+def propagate(options: Any) -> None:
+    """Make every process the script starts capture itself once it becomes a rank (``options``:
+    the :class:`~torchrepro.run_options.RunOptions` of this process), and record the process
     group this process joins."""
-    os.environ.update(follow_env(config, os.getpid(), os.environ.get("PYTHONPATH", "")))
+    os.environ.update(follow_env(options, os.getpid(), os.environ.get("PYTHONPATH", "")))
     _mark_seen()
     hook_process_group()
 
@@ -71,13 +69,10 @@ def without_follow(env: dict[str, str]) -> dict[str, str]:
 
 
 def _config() -> tuple[Any, int]:
-    from .capture.session import CaptureConfig
-    from .capture.steps import StepConfig
+    from .run_options import RunOptions
 
     data = json.loads(os.environ[CONFIG_VAR])
-    config = CaptureConfig(run_dir=Path(data["run_dir"]), steps=StepConfig(**data["steps"]), seed=data["seed"],
-                           compile_mode=data["compile_mode"])
-    return config, int(data["root_pid"])
+    return RunOptions.from_json(data["options"]), int(data["root_pid"])
 
 
 def activate_at_start(rank: int) -> None:
@@ -85,10 +80,10 @@ def activate_at_start(rank: int) -> None:
     its own (cache policy, compile mode, seed); called by the bootstrap ``sitecustomize``."""
     from .launch import prepare
 
-    config, root_pid = _config()
-    prepare(config)
+    options, root_pid = _config()
+    prepare(options)
     env = os.environ
-    _start(config, root_pid, (rank, int(env.get("WORLD_SIZE") or 1), int(env.get("LOCAL_RANK") or rank)), "env")
+    _start(options, root_pid, (rank, int(env.get("WORLD_SIZE") or 1), int(env.get("LOCAL_RANK") or rank)), "env")
     _mark_seen()
     hook_process_group()
 
@@ -140,13 +135,13 @@ def _joined() -> None:
                   backend=str(dist.get_backend()))
     session = _own_session()
     if session is None and CONFIG_VAR in env:
-        config, root_pid = _config()
+        options, root_pid = _config()
         from .launch import apply_compile_mode
 
-        apply_compile_mode(config.compile_mode)  # no seeding: the script has run; seeding now would change it
+        apply_compile_mode(options.compile_mode)  # no seeding: the script has run; seeding now would change it
         rank = (world.group_rank, world.world_size,
                 world.local_rank if world.local_rank is not None else world.group_rank)
-        session = _start(config, root_pid, rank, "process_group")
+        session = _start(options, root_pid, rank, "process_group")
     if session is not None:
         session.joined(world)
     _mark_seen()
@@ -181,13 +176,13 @@ def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
     return True
 
 
-def _start(config: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
-    from .capture.session import CaptureSession
+def _start(options: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
+    from .capture.session import CaptureConfig, CaptureSession
 
-    if not claim(Path(config.run_dir), rank[0], root_pid):
+    if not claim(Path(options.run_dir), rank[0], root_pid):
         _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")
         return None
-    session = CaptureSession(config, rank=rank, rank_from=rank_from)
+    session = CaptureSession(CaptureConfig.from_options(options), rank=rank, rank_from=rank_from)
     session.start()
     _end_at_exit(session)
     return session
