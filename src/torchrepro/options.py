@@ -141,7 +141,8 @@ def add_ranks(p: argparse.ArgumentParser) -> None:
 def add_strict(p: argparse.ArgumentParser) -> None:
     """``--strict``: degraded capture fails the command."""
     p.add_argument("--strict", action="store_true",
-                   help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, records unreadable)")
+                   help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, "
+                        "records unreadable)")
 
 
 def add_tolerance(p: argparse.ArgumentParser) -> None:
