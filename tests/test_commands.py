@@ -24,14 +24,14 @@ MODULES = [name for _, name, _ in pkgutil.iter_modules(torchrepro.commands.__pat
 
 # Python's own RNG is seeded from the OS at start: the value differs between runs unless torchrepro seeds.
 DRAWS = """\
-import random, sys
+import json, os, random, sys
 import torch
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(6):
     loss = model(torch.ones(2, 4)).sum()
     opt.zero_grad(); loss.backward(); opt.step()
-open(sys.argv[1], "w").write(repr(random.random()))
+open(sys.argv[1], "w").write(json.dumps({"draw": random.random(), "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
 """
 
 
@@ -42,6 +42,10 @@ def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subp
 
 def header(run_dir: Path) -> dict:
     return json.loads((run_dir / "rank-0" / "events.jsonl").read_text().splitlines()[0])
+
+
+def seen(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
 def steps(run_dir: Path) -> list[dict]:
@@ -112,11 +116,22 @@ def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     proc = torchrepro("run", "--seed", "7", "--fingerprint-every", "3", "--out", "direct", str(script),
                       str(tmp_path / "direct.txt"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "direct.txt").read_text() == (tmp_path / "launched.txt").read_text()  # seeded alike
+    assert seen(tmp_path / "direct.txt")["draw"] == seen(tmp_path / "launched.txt")["draw"]  # seeded alike
     assert [s["params_fp"] for s in steps(tmp_path / "direct")] == [s["params_fp"] for s in launched]
     proc = torchrepro("run", "--seed", "8", "--out", "other", str(script), str(tmp_path / "other.txt"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "other.txt").read_text() != (tmp_path / "launched.txt").read_text()
+    assert seen(tmp_path / "other.txt")["draw"] != seen(tmp_path / "launched.txt")["draw"]
+
+
+def test_the_cache_policy_reaches_the_child(tmp_path):
+    script = tmp_path / "draws.py"
+    script.write_text(DRAWS)
+    root = tmp_path / "caches"
+    proc = torchrepro("doctor", "--cache-policy", "per-rank", "--cache-root", "caches", "--out", "run", str(script),
+                      str(tmp_path / "seen.json"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert seen(tmp_path / "seen.json")["cache"] == str(root / "rank-0")
+    assert (root / "rank-0").is_dir()
 
 
 def test_run_refuses_flags_beside_handed_options_and_bad_options(tmp_path):
