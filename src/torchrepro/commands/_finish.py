@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import stop_exit_code
 from ..otlp import record_report
@@ -19,7 +19,7 @@ class Outcome:
     check-resume and diff; ``drift``) and the directory it was stored in (None: not stored)."""
 
     report: dict[str, Any]
-    kind: str
+    kind: Literal["doctor", "check", "drift"]
     stored_in: Path | None = None
 
 
