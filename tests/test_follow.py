@@ -8,9 +8,10 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from torchrepro.capture.session import CaptureConfig
+from torchrepro.run_options import RunOptions
 from torchrepro.follow import CONFIG_VAR, SEEN_VAR, follow_env
 from torchrepro.launch import child_env
 
@@ -20,7 +21,7 @@ PROBE = "import sys; print('torchrepro' in sys.modules, sys.modules['sitecustomi
 def child(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` as a process below a captured one (run dir tmp_path/run), with ``env``."""
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
-    variables = follow_env(CaptureConfig(run_dir=tmp_path / "run"), root_pid=1, pythonpath=base.get("PYTHONPATH", ""))
+    variables = follow_env(RunOptions(run_dir=tmp_path / "run"), root_pid=1, pythonpath=base.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
                           env={**base, **variables, SEEN_VAR: "::", **env})
 
@@ -34,7 +35,7 @@ def test_the_users_own_sitecustomize_runs_and_nothing_is_imported(tmp_path):
     own.mkdir()
     (own / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
     proc = child(tmp_path, PROBE + "; import os; print(os.environ.get('USER_SITE_RAN'))",
-                 PYTHONPATH=os.pathsep.join([follow_env(CaptureConfig(run_dir=tmp_path), 1)["PYTHONPATH"], str(own),
+                 PYTHONPATH=os.pathsep.join([follow_env(RunOptions(run_dir=tmp_path), 1)["PYTHONPATH"], str(own),
                                              os.environ.get("PYTHONPATH", "")]))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", str(own / "sitecustomize.py"), "1"]
@@ -81,14 +82,14 @@ def test_the_whole_capture_configuration_travels(tmp_path, monkeypatch):
     """A replay's step and record, a fix and a drift run's factor levels reach the ranks the script starts."""
     from torchrepro import follow
 
-    config = CaptureConfig(run_dir=tmp_path / "run", seed=7, replay_step=2, replay_out=Path("replays/a.json"),
-                           replay_graphs=True, stop_after_step=4, fix="threads_1")
+    options = RunOptions(run_dir=Path("run"), seed=7, replay_step=2, replay_out=Path("replays/a.json"),
+                         replay_graphs=True, stop_after_step=4, fix="threads_1", factors={"init": 1})
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(CONFIG_VAR, follow_env(config, 1, factors='{"init": 1}')[CONFIG_VAR])
+    monkeypatch.setenv(CONFIG_VAR, follow_env(options, 1)[CONFIG_VAR])
     travelled, root_pid = follow._config()
-    assert root_pid == 1 and follow._PREPARED["factors"] == '{"init": 1}'
-    assert travelled == CaptureConfig(**{**vars(config), "run_dir": (tmp_path / "run").resolve(),
-                                         "replay_out": (tmp_path / "replays" / "a.json").resolve()})
+    assert root_pid == 1
+    assert travelled == replace(options, run_dir=(tmp_path / "run").resolve(),
+                                replay_out=(tmp_path / "replays" / "a.json").resolve())
 
 
 def test_a_replay_record_is_found_whatever_the_world(tmp_path):
@@ -122,7 +123,7 @@ def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tm
     results = {}
     for spawned in (True, False):
         store = tmp_path / f"store-{spawned}"
-        config = CaptureConfig(run_dir=tmp_path / f"run-{spawned}", seed=5)
+        config = RunOptions(run_dir=tmp_path / f"run-{spawned}", seed=5)
         env = {**base, **follow_env(config, 1, base.get("PYTHONPATH", "")), SEEN_VAR: "::",
                **({SPAWN_VAR: "1"} if spawned else {})}
         code = SPAWNED.format(store=store, var=SPAWN_VAR)

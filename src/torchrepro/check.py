@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from .analysis.verdict import Ending, compare_lengths, ending, verdict_line
 from .errors import InputError, Stopped
 from .events import CacheLookup, Step
 from .launch import ChildResult, child_env, launch, validate_script
+from .run_options import RunOptions
 from .provenance import launch_meta, provenance
 from .rundir import RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json, write_report
 
@@ -60,11 +61,11 @@ def plan_runs(runs: int, against: str | None) -> list[RunSpec]:
 class Checker:
     """Runs, compares and explains; one instance per ``check`` invocation."""
 
-    def __init__(self, script: Path, args: list[str], out: Path, *, seed: int | None, snapshots: bool,
-                 console: Console, nproc: int = 1, timeout: float | None = None, env: dict[str, str] | None = None):
+    def __init__(self, script: Path, args: list[str], out: Path, *, options: RunOptions, snapshots: bool,
+                 console: Console, nproc: int = 1, timeout: float | None = None):
+        """``options``: what every run starts from (the seed, the cache policy)."""
         self.script, self.args, self.out, self.nproc, self.timeout = script, args, out, nproc, timeout
-        self.env = env or {}
-        self.seed, self.snapshots = seed, snapshots
+        self.options, self.seed, self.snapshots = options, options.seed, snapshots
         self.console = console
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
@@ -74,10 +75,11 @@ class Checker:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         t0 = time.perf_counter()
-        result = launch(run_dir, self.script, self.args, nproc=self.nproc, quiet=True,
-                        env=child_env(self.seed, {**self.env, **(env or {})}),
-                        stall_timeout=timeout or self.timeout, seed=self.seed, fingerprint_every=1, grads=True,
-                        compile_mode=spec.compile_mode, snapshots=self.snapshots, **options)
+        result = launch(run_dir, self.script, self.args,
+                        replace(self.options, fingerprint_every=1, grads=True, compile_mode=spec.compile_mode,
+                                snapshots=self.snapshots, **options),
+                        nproc=self.nproc, quiet=True, env=child_env(self.seed, env),
+                        stall_timeout=timeout or self.timeout)
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
         meta = {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed, "script": str(self.script),
                 "args": self.args, "exit_code": result.exit_code, "stderr_tail": result.stderr_tail,
@@ -113,10 +115,10 @@ class Checker:
         self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
                            f"({tag})…[/]", highlight=False)
         t0 = time.perf_counter()
-        result = launch(self.out / "replays" / tag, self.script, self.args, nproc=self.nproc,
-                        env=child_env(self.seed, self.env), quiet=True, stall_timeout=self.timeout, seed=self.seed,
-                        fingerprint_every=1, compile_mode=mode, replay_step=step, replay_out=out, replay_graphs=graphs,
-                        replay_kernels=kernels)
+        result = launch(self.out / "replays" / tag, self.script, self.args,
+                        replace(self.options, fingerprint_every=1, compile_mode=mode, replay_step=step, replay_out=out,
+                                replay_graphs=graphs, replay_kernels=kernels),
+                        nproc=self.nproc, env=child_env(self.seed), quiet=True, stall_timeout=self.timeout)
         self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)
@@ -175,14 +177,14 @@ def _compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None,
                    else None)
 
 
-def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = None, against: str | None = None,
-          out: Path | None = None, tolerance: Tolerance | None = None, localize_divergence: bool = True,
-          console: Console | None = None, nproc: int = 1, timeout: float | None = None,
-          env: dict[str, str] | None = None, fixes: bool | None = None,
+def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions = RunOptions(),
+          against: str | None = None, out: Path | None = None, tolerance: Tolerance | None = None,
+          localize_divergence: bool = True, console: Console | None = None, nproc: int = 1,
+          timeout: float | None = None, fixes: bool | None = None,
           only_fixes: list[str] | None = None) -> tuple[dict[str, Any], Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
     divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
-    False: never), limited to ``only_fixes`` when given."""
+    False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from."""
     from .fix_ladder import backend_stages, localize_kernels, run_fix_ladder
 
     console = console or Console(stderr=True)
@@ -192,8 +194,9 @@ def check(script: Path, args: list[str], *, runs: int = 2, seed: int | None = No
         raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
     out = create_run_dir(out or default_run_dir(script, label="check"))
     snapshots = against is not None or not tol.exact
-    checker = Checker(script, args, out, seed=seed, snapshots=snapshots, console=console, nproc=nproc,
-                      timeout=timeout, env=env)
+    seed = options.seed
+    checker = Checker(script, args, out, options=options, snapshots=snapshots, console=console, nproc=nproc,
+                      timeout=timeout)
     specs = plan_runs(runs, against)
     done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
@@ -324,11 +327,12 @@ RESUME_HINTS = {
 }
 
 
-def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = None, out: Path | None = None,
-                 nproc: int = 1, timeout: float | None = None, env: dict[str, str] | None = None,
+def check_resume(script: Path, args: list[str], *, at: int, options: RunOptions = RunOptions(),
+                 out: Path | None = None, nproc: int = 1, timeout: float | None = None,
                  console: Console | None = None) -> tuple[dict[str, Any], Path]:
     """Run to the end; run again stopping after step ``at`` with a checkpoint; resume from it in a
-    fresh process; compare every step after ``at`` and the final parameters bit for bit."""
+    fresh process; compare every step after ``at`` and the final parameters bit for bit.
+    ``options``: what every run starts from."""
     from .checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
 
     console = console or Console(stderr=True)
@@ -336,8 +340,9 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
     if at < 1:
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
     out = create_run_dir(out or default_run_dir(script, label="resume"))
-    checker = Checker(script, args, out, seed=seed, snapshots=False,
-                      console=console, nproc=nproc, timeout=timeout, env=env)
+    seed = options.seed
+    checker = Checker(script, args, out, options=options, snapshots=False, console=console, nproc=nproc,
+                      timeout=timeout)
     full, _ = checker.run(RunSpec("full", None, "to the end"))
     steps = min((len(log.of(Step)) for log in full.logs), default=0)
     if at >= steps and checker.endings["full"].ok:

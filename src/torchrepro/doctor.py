@@ -13,6 +13,7 @@ from .errors import InputError, Stopped
 from .events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
 from .follow import LAUNCHER_DIR
 from .launch import ChildResult, child_env, launch, validate_script
+from .run_options import RunOptions
 from .provenance import launch_meta
 from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json, write_report
 
@@ -82,11 +83,12 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
     return meta
 
 
-def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, seed: int | None = None,
-                  fingerprint_every: int | None = None, nproc: int = 1, timeout: float | None = None,
-                  env: dict[str, str] | None = None) -> tuple[dict[str, Any], Path]:
-    """Run ``script`` under capture (one process, or ``nproc`` ranks via torchrun); analyse and
-    write the report. ``timeout``: end the job after that many seconds without progress."""
+def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, options: RunOptions,
+                  nproc: int = 1, timeout: float | None = None) -> tuple[dict[str, Any], Path]:
+    """Run ``script`` under capture as ``options`` say (one process, or ``nproc`` ranks via
+    torchrun); analyse and write the report. ``timeout``: end the job after that many seconds
+    without progress."""
+    seed = options.seed
     script = validate_script(script)
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
@@ -94,8 +96,7 @@ def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: B
     from .commands.watch import live_status
 
     with live_status(run_dir):  # a status line at the bottom of the terminal while the script runs
-        result = launch(run_dir, script, args, nproc=nproc, env=child_env(seed, env), stall_timeout=timeout,
-                        seed=seed, fingerprint_every=fingerprint_every)
+        result = launch(run_dir, script, args, options, nproc=nproc, env=child_env(seed), stall_timeout=timeout)
     finish_meta(meta, result, run_dir)
     if not any(run_dir.glob("rank-*/events.jsonl")):
         if result.stopped_by:

@@ -36,9 +36,9 @@ from typing import Any
 from .analysis.drift import BinaryFactor, DriftRun, analyse
 from .errors import InputError, UserError
 from .events import EVENTS_FILE, Metric, Step, read_events, read_header
-from .factors import FACTORS_VAR
 from .launch import STDERR_TAIL_LINES, child_env, run_command
 from .otlp import launch_span
+from .run_options import RunOptions
 from .report.drift import printable
 from .rundir import write_json, write_report
 
@@ -224,8 +224,8 @@ class Runner:
         logs = run_dir / "logs"
         logs.mkdir(parents=True)
         compile_mode, levels = child_levels(self.plan, cell)
-        cmd = run_command(run_dir, self.script, self.plan["args"], compile_mode=compile_mode)
-        env = child_env(self.plan["seed"], {FACTORS_VAR: json.dumps(levels)})
+        cmd = run_command(self.script, self.plan["args"])
+        env = child_env(self.plan["seed"], RunOptions(run_dir=run_dir, compile_mode=compile_mode, factors=levels).env())
         t0 = time.perf_counter()
         with (launch_span(run_dir, 1) as trace,  # --otlp-endpoint: a span per run, its context to the child
               open(logs / "stdout.log", "wb") as out_log, open(logs / "stderr.log", "wb") as err_log):

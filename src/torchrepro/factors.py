@@ -1,7 +1,7 @@
 """The factor levels of one ``torchrepro drift`` run, applied in its process before the script starts.
 
-``drift`` passes them as JSON in ``TORCHREPRO_DRIFT_FACTORS`` (``run_in_process`` calls
-:func:`apply_from_env`); ``compile`` and ``fallback-random`` go through ``--compile-mode``. Every
+``drift`` passes them in the run's :class:`~torchrepro.run_options.RunOptions` (``factors``,
+applied by ``launch.prepare``); ``compile`` and ``fallback-random`` are its ``compile_mode``. Every
 stream comes from the seed tree (:mod:`torchrepro.seed`) of the experiment's root seed:
 
 - ``init``: Python ``random``, numpy's global RNG and torch (CPU and CUDA) from the stream
@@ -21,24 +21,9 @@ stream comes from the seed tree (:mod:`torchrepro.seed`) of the experiment's roo
 from __future__ import annotations
 
 import itertools
-import json
-import os
 from typing import Any
 
 from ._compat import patch
-
-FACTORS_VAR = "TORCHREPRO_DRIFT_FACTORS"
-
-
-def apply_from_env() -> dict[str, Any] | None:
-    """Apply the levels in ``$TORCHREPRO_DRIFT_FACTORS`` (removed from the environment, so the
-    script's own subprocesses do not inherit them); None when unset."""
-    text = os.environ.pop(FACTORS_VAR, None)
-    if not text:
-        return None
-    levels = json.loads(text)
-    apply(levels)
-    return levels
 
 
 def apply(levels: dict[str, Any]) -> None:

@@ -32,7 +32,6 @@ import os
 import socket
 import sys
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,24 +56,23 @@ def _mark_seen() -> None:
     os.environ[SEEN_VAR] = ":".join(os.environ.get(name, "") for name in RANK_VARS)
 
 
-def follow_env(config: Any, root_pid: int, pythonpath: str = "", factors: str | None = None) -> dict[str, str]:
-    """The variables that make a process (and those it starts) capture itself into ``config``'s run
-    directory once it becomes a rank; ``root_pid`` is the launched process, ``pythonpath`` the
-    ``PYTHONPATH`` to extend, ``factors`` a drift run's factor levels (JSON) for every rank."""
+def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
+    """The variables that make a process (and those it starts) capture itself as ``options`` (a
+    :class:`~torchrepro.run_options.RunOptions`, its run directory set) say once it becomes a rank:
+    the same capture, seed, compile mode, cache, replay, fix and drift factor levels;
+    ``root_pid`` is the launched process, ``pythonpath`` the ``PYTHONPATH`` to extend."""
     path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
-    data = {**asdict(config), "run_dir": str(Path(config.run_dir).resolve()), "root_pid": root_pid, "factors": factors}
-    if config.replay_out is not None:
-        data["replay_out"] = str(Path(config.replay_out).resolve())
-    return {CONFIG_VAR: json.dumps(data), "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
+    return {CONFIG_VAR: json.dumps({"options": options.absolute().to_json(), "root_pid": root_pid}),
+            "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
 
 
-def propagate(config: Any, factors: str | None = None) -> None:
-    """Make every process the script starts capture itself once it becomes a rank (``config``: the
-    :class:`~torchrepro.capture.session.CaptureConfig` of this process, ``factors``: the drift
-    factor levels it applied), and record the process group this process joins."""
+def propagate(options: Any) -> None:
+    """Make every process the script starts capture itself once it becomes a rank (``options``:
+    the :class:`~torchrepro.run_options.RunOptions` of this process), and record the process
+    group this process joins."""
     from .seed import active_plan
 
-    os.environ.update(follow_env(config, os.getpid(), os.environ.get("PYTHONPATH", ""), factors))
+    os.environ.update(follow_env(options, os.getpid(), os.environ.get("PYTHONPATH", "")))
     _PREPARED["plan"] = active_plan()  # made before the script ran: it takes the rank of a group joined later
     _mark_seen()
     hook_process_group()
@@ -87,39 +85,30 @@ def without_follow(env: dict[str, str]) -> dict[str, str]:
 
 
 def _config() -> tuple[Any, int]:
-    """The capture configuration of the launched process and its pid (its drift factor levels
-    are kept for :func:`_prepare`)."""
-    from .capture.session import CaptureConfig
-    from .capture.steps import StepConfig
+    """The run options of the launched process and its pid."""
+    from .run_options import RunOptions
 
     data = json.loads(os.environ[CONFIG_VAR])
-    root_pid, factors = int(data.pop("root_pid")), data.pop("factors", None)
-    config = CaptureConfig(**{**data, "run_dir": Path(data["run_dir"]), "steps": StepConfig(**data["steps"]),
-                              "replay_out": Path(data["replay_out"]) if data.get("replay_out") else None})
-    _PREPARED["factors"] = factors
-    return config, root_pid
+    return RunOptions.from_json(data["options"]), int(data["root_pid"])
 
 
-def _prepare(config: Any) -> None:
-    """``launch.prepare`` with the launched process's drift factor levels; remembers the seed
-    plan it makes, whose rank the process group will say (:func:`_joined`)."""
-    from .factors import FACTORS_VAR
+def _prepare(options: Any) -> None:
+    """``launch.prepare``; remembers the seed plan it makes, whose rank the process group will say
+    (:func:`_joined`)."""
     from .launch import prepare
     from .seed import active_plan
 
-    if _PREPARED.get("factors"):
-        os.environ[FACTORS_VAR] = _PREPARED["factors"]  # prepare() applies and removes them
-    prepare(config)
+    prepare(options)
     _PREPARED["plan"] = active_plan()
 
 
 def activate_at_start(rank: int) -> None:
     """Capture this process as ``rank`` from its start, prepared as ``torchrepro run`` prepares
     its own (cache policy, compile mode, seed); called by the bootstrap ``sitecustomize``."""
-    config, root_pid = _config()
-    _prepare(config)
+    options, root_pid = _config()
+    _prepare(options)
     here = from_env()
-    _start(config, root_pid, (rank, here.world_size, rank if here.local_rank is None else here.local_rank), "env")
+    _start(options, root_pid, (rank, here.world_size, rank if here.local_rank is None else here.local_rank), "env")
     _mark_seen()
     hook_process_group()
     hook_spawn()
@@ -130,8 +119,8 @@ def prepare_spawned() -> None:
     prepared now as a torchrun rank is at its start (seeded with ``--seed`` before the script's
     module is imported again); capture starts when it joins a process group. Called by the
     bootstrap ``sitecustomize``."""
-    config, _ = _config()
-    _prepare(config)
+    options, _ = _config()
+    _prepare(options)
     _PREPARED["spawned"] = True
 
 
@@ -203,14 +192,14 @@ def _joined() -> None:
                   host=socket.gethostname(), backend=str(dist.get_backend()))
     session = _own_session()
     if session is None and CONFIG_VAR in os.environ:
-        config, root_pid = _config()
+        options, root_pid = _config()
         from .launch import apply_compile_mode
 
         if not _PREPARED.get("spawned"):  # no seeding: the script has run; seeding now would change it
-            apply_compile_mode(config.compile_mode)
+            apply_compile_mode(options.compile_mode)
         rank = (world.group_rank, world.world_size,
                 world.local_rank if world.local_rank is not None else world.group_rank)
-        session = _start(config, root_pid, rank, "process_group")
+        session = _start(options, root_pid, rank, "process_group")
     if session is not None:
         session.joined(world)
     _rank_the_plan(world.group_rank, world.world_size)
@@ -256,13 +245,13 @@ def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
     return True
 
 
-def _start(config: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
-    from .capture.session import CaptureSession
+def _start(options: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
+    from .capture.session import CaptureConfig, CaptureSession
 
-    if not claim(Path(config.run_dir), rank[0], root_pid):
+    if not claim(Path(options.run_dir), rank[0], root_pid):
         _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")
         return None
-    session = CaptureSession(config, rank=rank, rank_from=rank_from)
+    session = CaptureSession(CaptureConfig.from_options(options), rank=rank, rank_from=rank_from)
     session.start()
     _end_at_exit(session)
     return session

@@ -14,12 +14,13 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from .errors import InputError
 from .otlp import launch_span
+from .run_options import RunOptions
 
 STDERR_TAIL_LINES = 40
 
@@ -39,18 +40,17 @@ def validate_script(script: str | os.PathLike) -> Path:
     return path
 
 
-def run_in_process(script: Path, args: list[str], config) -> int:
-    """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`;
-    returns its exit code. The session's end event records how it ended."""
-    from .capture.session import CaptureSession
-    from .factors import FACTORS_VAR
+def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
+    """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`
+    set up as ``options`` say (``options.run_dir`` is set); returns its exit code. The session's
+    end event records how it ended."""
+    from .capture.session import CaptureConfig, CaptureSession
     from .follow import propagate
 
-    factors = os.environ.get(FACTORS_VAR)  # prepare() applies and removes them; ranks the script starts get them
-    prepare(config)
-    session = CaptureSession(config)
+    prepare(options)
+    session = CaptureSession(CaptureConfig.from_options(options))
     session.start()
-    propagate(config, factors)  # every process the script starts that becomes a rank captures itself
+    propagate(options)  # every process the script starts that becomes a rank captures itself
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(script.resolve().parent))
     code, error = 0, None
@@ -78,22 +78,36 @@ def _exit_code(value: object) -> int:
     return 1
 
 
-def prepare(config) -> None:
-    """Set a process up as ``torchrepro run`` does before capture starts: the launcher's
-    ``--cache-policy`` / ``--warm-from`` (per rank, before any compile), the compile mode, the seeds."""
-    from .cache.policy import configure_from_env
+def prepare(options: RunOptions) -> None:
+    """Set a process up as ``torchrepro run`` does before capture starts: the cache policy (per
+    rank, before any compile), the compile mode, a candidate fix, the seeds, a drift run's factors."""
     from .capture.fixes import apply_fix
+    from .factors import apply
 
-    configure_from_env()
-    apply_compile_mode(config.compile_mode)
-    apply_fix(getattr(config, "fix", None))  # check's fix ladder: one candidate fix, before the script starts
-    if config.seed is not None:
+    _apply_cache(options)
+    apply_compile_mode(options.compile_mode)
+    apply_fix(options.fix)  # check's fix ladder: one candidate fix, before the script starts
+    if options.seed is not None:
         from .seed import seed_everything
 
-        seed_everything(config.seed)
-    from .factors import apply_from_env
+        seed_everything(options.seed)
+    if options.factors is not None:
+        apply(options.factors)  # a drift run's factor levels: a seed per stream, threads, backend ...
 
-    apply_from_env()  # a drift run's factor levels: a seed per stream, threads, backend ...
+
+def _apply_cache(options: RunOptions) -> None:
+    """``--cache-policy`` / ``--cache-root`` / ``--warm-from``; without them, the
+    ``TORCHREPRO_CACHE_*`` variables a user set (docs/cache.md)."""
+    from .cache.policy import PREWARM_POLICY, ROOT_VAR, configure, configure_from_env, prewarm
+
+    if options.cache_root:
+        os.environ[ROOT_VAR] = options.cache_root  # also where the script's own cache.configure() goes
+    if options.warm_from:
+        prewarm(options.warm_from, options.cache_policy or PREWARM_POLICY)
+    elif options.cache_policy:
+        configure(options.cache_policy)
+    else:
+        configure_from_env()
 
 
 def apply_compile_mode(mode: str | None) -> None:
@@ -289,17 +303,19 @@ def torchrun_failures(stderr: str) -> dict[int, int]:
     return {int(rank): int(code) for rank, code in _FAILURE.findall(stderr)}
 
 
-def launch(run_dir: Path, script: Path, args: list[str], *, nproc: int = 1, env: dict[str, str] | None = None,
-           quiet: bool = False, stall_timeout: float | None = None, **options: Any) -> ChildResult:
+def launch(run_dir: Path, script: Path, args: list[str], options: RunOptions, *, nproc: int = 1,
+           env: dict[str, str] | None = None, quiet: bool = False, stall_timeout: float | None = None) -> ChildResult:
     """Run ``script`` under capture in fresh processes: one, or ``nproc`` ranks through torchrun
-    (standalone rendezvous, gloo/NCCL as the script chooses). ``options`` are ``torchrepro run`` flags."""
-    run_cmd = run_command(run_dir, script, args, **options)
+    (standalone rendezvous, gloo/NCCL as the script chooses), each set up as ``options`` say and
+    writing into ``run_dir``. ``env``: the children's environment (None: ours)."""
+    run_cmd = run_command(script, args)
     if nproc > 1:
         logs = run_dir / "torchrun"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                "--log-dir", str(logs), "--tee", "3", *run_cmd[1:]]
     else:
         cmd = run_cmd
+    env = {**(os.environ if env is None else env), **replace(options, run_dir=run_dir).env()}
     with launch_span(run_dir, nproc) as trace:  # --otlp-endpoint: one span per launch, its context to every rank
         result = run_child(cmd, run_dir / "logs", env=trace.child_env(env), quiet=quiet, stall_timeout=stall_timeout,
                            run_dir=run_dir)
@@ -318,17 +334,10 @@ def launch(run_dir: Path, script: Path, args: list[str], *, nproc: int = 1, env:
     return result
 
 
-def run_command(run_dir: Path, script: Path, args: list[str], **options: Any) -> list[str]:
-    """The ``python -m torchrepro run ...`` command line for a child process; ``options`` are
-    that command's flags (``seed=0`` → ``--seed 0``, ``grads=True`` → ``--grads``)."""
-    cmd = [sys.executable, "-m", "torchrepro", "run", "--out", str(run_dir)]
-    for name, value in options.items():
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            cmd.append(flag)
-        elif value is not None and value is not False:
-            cmd += [flag, str(value)]
-    return [*cmd, "--", str(script), *args]
+def run_command(script: Path, args: list[str]) -> list[str]:
+    """The ``python -m torchrepro run -- SCRIPT ARGS`` command line of a child process; its
+    :class:`RunOptions` go in its environment (:meth:`RunOptions.env`)."""
+    return [sys.executable, "-m", "torchrepro", "run", "--", str(script), *args]
 
 
 def child_env(seed: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:

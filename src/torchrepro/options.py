@@ -103,8 +103,68 @@ class Parser(argparse.ArgumentParser):
 
 def add_outputs(p: argparse.ArgumentParser, junit: bool = False) -> None:
     """``--json FILE`` (and ``--junit FILE``) with ``--force``: the files a command writes for the
-    user, checked before anything runs (``cli._check_outputs``)."""
+    user, checked before anything runs (:func:`check_outputs`)."""
     p.add_argument("--json", metavar="FILE", help="also write the report JSON here (a new file unless --force)")
     if junit:
         p.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI (a new file unless --force)")
     p.add_argument("--force", action="store_true", help="replace the --json/--junit/--html files if they exist")
+
+
+def runs(text: str) -> int:
+    """``check --runs K``: at least 2 (there is nothing to compare with one run)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (there is nothing to compare with one run), got {text!r}")
+    return value
+
+
+def add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """``SCRIPT [ARGS...]``: the training script and its arguments."""
+    p.add_argument("script", nargs=None if required else "?", metavar="SCRIPT", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
+
+
+def add_ranks(p: argparse.ArgumentParser) -> None:
+    """How a command launches its runs: ranks, stall timeout, compile-cache policy."""
+    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                   help="launch N ranks with torchrun (standalone)")
+    p.add_argument("--timeout", type=positive_float, metavar="S",
+                   help="end the job after S seconds without progress, dumping every rank's Python stack")
+    p.add_argument("--cache-policy", choices=("per-node", "shared", "per-rank"),
+                   help="compile-cache directory per node (default when set), shared, or per rank")
+    p.add_argument("--cache-root", type=directory, metavar="DIR",
+                   help="where --cache-policy puts the cache directories")
+    p.add_argument("--warm-from", type=pack_file, metavar="PACK",
+                   help="unpack this torchrepro cache pack on every rank first")
+
+
+def add_strict(p: argparse.ArgumentParser) -> None:
+    """``--strict``: degraded capture fails the command."""
+    p.add_argument("--strict", action="store_true",
+                   help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, "
+                        "records unreadable)")
+
+
+def add_tolerance(p: argparse.ArgumentParser) -> None:
+    """``--rtol`` / ``--atol`` (default 0: bit-exact)."""
+    p.add_argument("--rtol", type=tolerance, default=0.0, help="relative tolerance (default 0: bit-exact)")
+    p.add_argument("--atol", type=tolerance, default=0.0, help="absolute tolerance (default 0: bit-exact)")
+
+
+def add_html(p: argparse.ArgumentParser) -> None:
+    """``--html FILE``: the report as one HTML page."""
+    p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page here")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse ``--json``/``--junit`` files that exist (unless ``--force``) or are inputs, before anything runs."""
+    from .errors import UserError
+    from .rundir import check_output
+
+    named = ("script", "run_dir", "run_a", "run_b", "trace")
+    inputs = [Path(v) for v in (getattr(args, name, None) for name in named) if v]
+    paths = [Path(v) for v in (getattr(args, "json", None), getattr(args, "junit", None)) if isinstance(v, str)]
+    if len(paths) == 2 and paths[0].resolve() == paths[1].resolve():
+        raise UserError("--json and --junit name the same file")
+    for path in paths:
+        check_output(path, force=args.force, inputs=inputs)

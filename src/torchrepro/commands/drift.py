@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import options
 from ..errors import UserError
 from ..otlp import add_otlp_option
+from ._finish import Outcome, finish
 
 EPILOG = """\
 factors: init (the global RNG the model is initialised from), order (DataLoader shuffling and samplers),
@@ -137,34 +138,16 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
     runs = collect(out, plan, metric)
     report = build_report(out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect,
                           counts=counts, wall_s=wall_s)
-    code = finish(report, out, args)
+    code = finish(Outcome(report, "drift", out), args)
     drift = report["drift"]
     if code != 3 and not drift["summary"]["n"] and drift["excluded"]:
         raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
     return code
 
 
-def finish(report: dict, out: Path, args: argparse.Namespace) -> int:
-    """Show a drift report (``drift``, or ``report DIR`` on a drift experiment) and export it:
-    ``--json FILE``, ``--html FILE`` where the command has it, the span's verdict; its exit code."""
-    from ..otlp import record_report
-    from ..report.drift import render_drift
-    from ..rundir import HTML_FILE, REPORT_FILE, write_json
-
-    if args.json:
-        write_json(Path(args.json), report)
-    if getattr(args, "html", None):
-        from ..report.html import write_html
-
-        write_html(report, Path(args.html), force=args.force)
-    record_report(report)
-    render_drift(report, report_path=f"{out / REPORT_FILE} · {out / HTML_FILE}")
-    return report.get("exit_code", 0)
-
-
-def rerender(directory: Path, args: argparse.Namespace) -> int | None:
-    """``torchrepro report DIR`` on a drift experiment: its stored report, re-rendered (the terminal
-    view, ``DIR/report.html``, ``--html``/``--json``), not recomputed. None when DIR holds no drift report."""
+def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
+    """``torchrepro report DIR`` on a drift experiment: its stored report, to re-render (the terminal
+    view, ``DIR/report.html``, ``--html``/``--json``), not recompute. None when DIR holds no drift report."""
     import json
 
     from ..report.html import write_html
@@ -179,4 +162,4 @@ def rerender(directory: Path, args: argparse.Namespace) -> int | None:
     if args.junit:
         raise UserError(f"{directory} is a drift experiment: --junit is written for doctor reports")
     write_html(report, directory / HTML_FILE)
-    return finish(report, directory, args)
+    return Outcome(report, "drift", directory)

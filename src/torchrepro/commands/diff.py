@@ -1,0 +1,29 @@
+"""``torchrepro diff RUN_A RUN_B``: compare two stored runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .. import options
+from ._finish import Outcome
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``diff``."""
+    p = sub.add_parser("diff", help="compare two stored runs")
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    options.add_outputs(p)
+    options.add_html(p)
+    options.add_tolerance(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    """Where the two runs diverge, and why."""
+    from ..analysis.divergence import Tolerance
+    from ..check import diff
+
+    return Outcome(diff(Path(args.run_a), Path(args.run_b), Tolerance(args.rtol, args.atol)), "check")

@@ -1,0 +1,53 @@
+"""``torchrepro doctor``: compile health of a real run (recompiles, graph breaks, caches), or of
+``TORCH_TRACE`` logs a job wrote without torchrepro."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .. import options
+from ..errors import UserError
+from ..otlp import add_otlp_option
+from ..run_options import RunOptions
+from ._finish import Outcome
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``doctor``."""
+    p = sub.add_parser("doctor", help="compile health of a real run: recompiles, graph breaks, caches")
+    p.add_argument("--out", type=options.directory, metavar="RUN_DIR",
+                   help="run directory (default torchrepro-runs/<time>-<script>)")
+    options.add_outputs(p, junit=True)
+    p.add_argument("--max-graph-breaks", type=options.count, metavar="N", help="fail (exit 1) above N graph breaks")
+    p.add_argument("--max-recompiles", type=options.count, metavar="N", help="fail (exit 1) above N recompiles")
+    p.add_argument("--min-cache-hit-rate", type=options.fraction, metavar="F", help="fail (exit 1) below this hit rate")
+    p.add_argument("--seed", type=options.seed, help="seed everything from this root before the script starts")
+    p.add_argument("--fingerprint-every", type=options.positive_int, metavar="N",
+                   help="fingerprint parameters every N steps (default: every step if that costs < 1%%)")
+    p.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
+    options.add_strict(p)
+    options.add_ranks(p)
+    add_otlp_option(p)
+    options.add_script(p, required=False)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    """Run the script under capture (or read ``--trace``) and analyse it."""
+    from ..analysis.doctor import Budgets
+    from ..doctor import doctor_from_trace, doctor_script
+
+    budgets = Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
+    out = Path(args.out) if args.out else None
+    if args.trace:
+        if args.script:
+            raise UserError("give either --trace DIR or a SCRIPT, not both")
+        report, run_dir = doctor_from_trace(Path(args.trace), out, budgets)
+    else:
+        if not args.script:
+            raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
+        report, run_dir = doctor_script(Path(args.script), args.args, out=out, budgets=budgets,
+                                        options=RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout)
+    return Outcome(report, "doctor", run_dir)

@@ -1,0 +1,26 @@
+"""``torchrepro env``: versions, determinism switches, caches and risky settings."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``env``."""
+    p = sub.add_parser("env", help="versions, determinism switches, caches and risky settings")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print this environment (as JSON with ``--json``)."""
+    from .. import envinfo
+
+    info = envinfo.collect()
+    if args.json:
+        envinfo.write_json(info, sys.stdout)
+    else:
+        envinfo.render(info)
+    return 0

@@ -1,0 +1,36 @@
+"""``torchrepro report RUN_DIR``: re-render a stored run (a drift experiment: its stored report)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .. import options
+from ..otlp import add_otlp_option, export_stored_run
+from ._finish import Outcome
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``report``."""
+    p = sub.add_parser("report", help="re-render a stored run")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    options.add_outputs(p, junit=True)
+    options.add_strict(p)
+    options.add_html(p)
+    add_otlp_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    """The stored run analysed again (nothing is written into it)."""
+    from ..analysis.doctor import Budgets
+    from ..doctor import analyse_run_dir
+    from .drift import stored_report
+
+    run_dir = Path(args.run_dir)
+    if (drift := stored_report(run_dir, args)) is not None:  # a drift experiment: its stored report
+        return drift
+    report = analyse_run_dir(run_dir, Budgets(strict=args.strict), store=False)
+    export_stored_run(run_dir)
+    return Outcome(report, "doctor")

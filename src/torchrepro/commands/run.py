@@ -1,0 +1,68 @@
+"""``torchrepro run [options] SCRIPT``: run a script with capture in this process (what each
+torchrun rank runs). Launched by torchrepro, it takes its :class:`~torchrepro.run_options.RunOptions`
+from the environment; called directly (e.g. under the user's own torchrun), from its flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .. import options
+from ..errors import UserError
+from ..otlp import add_otlp_option
+from ..run_options import OPTIONS_VAR, RunOptions
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``run``."""
+    p = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")
+    p.add_argument("--out", dest="run_dir", type=options.directory, metavar="RUN_DIR",
+                   help="run directory shared by all ranks")
+    p.add_argument("--seed", type=options.seed, help="seed everything from this root before the script starts")
+    p.add_argument("--fingerprint-every", type=options.positive_int, metavar="N")
+    p.add_argument("--grads", action="store_true", help="also fingerprint gradients before each step")
+    p.add_argument("--compile-mode", choices=("eager", "fallback-random"),
+                   help="run compiled code eagerly, or with inductor's fallback_random")
+    p.add_argument("--snapshots", action="store_true",
+                   help="save parameter values (rank-<r>/snapshots) at steps 0-15, powers of two and the last")
+    p.add_argument("--replay-step", type=options.count, metavar="K", help="record every op of step K, then exit")
+    p.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
+    p.add_argument("--replay-graphs", action="store_true",
+                   help="with --replay-step: compare each inductor graph with its eager FX graph instead")
+    p.add_argument("--replay-kernels", action="store_true",
+                   help="with --replay-step: repeat each inductor graph (forward and backward) on identical inputs")
+    p.add_argument("--stop-after-step", type=int, metavar="K", help="end the script cleanly after step K")
+    p.add_argument("--fix", metavar="NAME", help="apply a candidate fix first (threads_1, deterministic, "
+                                                 "fallback_random, aot_eager[:FRAMES])")
+    add_otlp_option(p, in_process=True)
+    options.add_script(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the script under capture; its exit code."""
+    from .._dist import rank
+    from ..events import EVENTS_FILE
+    from ..launch import run_in_process, validate_script
+
+    given = RunOptions.from_args(args)
+    handed = RunOptions.from_env()
+    if handed is not None and given != RunOptions():
+        raise UserError(f"{OPTIONS_VAR} holds this run's options: give torchrepro run no options as well")
+    chosen = handed or given
+    script = validate_script(args.script)
+    run_dir = Path(chosen.run_dir) if chosen.run_dir else _shared_run_dir(script)
+    log = run_dir / f"rank-{rank()}" / EVENTS_FILE
+    if log.exists():
+        raise UserError(f"{run_dir} already holds a run ({log} exists): choose another --out, or delete it")
+    return run_in_process(script, args.args, replace(chosen, run_dir=run_dir))
+
+
+def _shared_run_dir(script: Path) -> Path:
+    """Under torchrun every rank must agree on the directory: key it by the job's run id."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    return Path("torchrepro-runs") / f"{script.stem}-{run_id}"
