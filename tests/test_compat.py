@@ -108,6 +108,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torchrepro import _compat
 from torchrepro.capture.session import CaptureConfig, CaptureSession
 from torchrepro.launch import prepare
+from torchrepro.run_options import RunOptions
 
 compile_mode, fix, replay, run_dir = sys.argv[1:]
 trace = logging.getLogger("torch.__trace")
@@ -130,10 +131,10 @@ def ours(objects):  # torch removes its own lazy trace handler once it knows TOR
 
 before = state()
 threads = torch.get_num_threads()
-config = CaptureConfig(run_dir=Path(run_dir), compile_mode=compile_mode, fix=fix, replay_step=50,
-                       replay_graphs=replay == "graphs", replay_kernels=replay == "kernels")
-prepare(config)
-session = CaptureSession(config)
+options = RunOptions(run_dir=Path(run_dir), compile_mode=compile_mode, fix=fix, replay_step=50,
+                     replay_graphs=replay == "graphs", replay_kernels=replay == "kernels")
+prepare(options)
+session = CaptureSession(CaptureConfig.from_options(options))
 session.start()
 during = state()
 model = torch.nn.Linear(4, 2)
