@@ -12,11 +12,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__, options
-from .errors import UserError, stop_exit_code
+from .errors import UserError
 from .otlp import add_otlp_option, export_stored_run, record_report, run_with_export
 from .safe_text import visible
+
+if TYPE_CHECKING:
+    from .report.model import CheckReport, DoctorReport, Report
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -86,16 +90,16 @@ def _tolerance(args: argparse.Namespace):
     return Tolerance(args.rtol, args.atol)
 
 
-def _finish_check(report: dict, args: argparse.Namespace, out: Path | None = None) -> int:
+def _finish_check(report: CheckReport, args: argparse.Namespace, out: Path | None = None) -> int:
     from .report.terminal import render_check
     from .rundir import write_json
 
     if args.json:
-        write_json(Path(args.json), report)
+        write_json(Path(args.json), report.to_json())
     _write_html_option(report, args)
     record_report(report)
     render_check(report, report_path=_report_paths(out) if out else (getattr(args, "html", None) or args.json))
-    return report["exit_code"]
+    return report.exit_code
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -154,25 +158,21 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return _finish(report, None, args)
 
 
-def _finish(report: dict, run_dir: Path | None, args: argparse.Namespace) -> int:
+def _finish(report: DoctorReport, run_dir: Path | None, args: argparse.Namespace) -> int:
     """Write ``--json``/``--junit``, render, and the exit code; ``run_dir``: where the report was stored."""
     from .report.junit import write_junit
     from .report.terminal import render_doctor
     from .rundir import write_json
 
     if args.json:
-        write_json(Path(args.json), report)
+        write_json(Path(args.json), report.to_json())
     if args.junit:
         write_junit(report, Path(args.junit))
     _write_html_option(report, args)
     record_report(report)
     render_doctor(report, report_path=_report_paths(run_dir) if run_dir else (
         getattr(args, "html", None) or getattr(args, "json", None)))
-    if report["run"].get("stopped_by"):
-        return stop_exit_code(report["run"]["stopped_by"])
-    if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
-        return 3
-    return 1 if report["budget_failures"] or report.get("failing_findings") else 0
+    return report.exit_code
 
 
 def _report_paths(directory: Path) -> str:
@@ -183,7 +183,7 @@ def _report_paths(directory: Path) -> str:
     return ", ".join(written) or str(directory / REPORT_FILE)
 
 
-def _write_html_option(report: dict, args: argparse.Namespace) -> None:
+def _write_html_option(report: Report, args: argparse.Namespace) -> None:
     """``--html FILE`` (report, diff): the HTML page there; an existing non-report file needs --force."""
     if getattr(args, "html", None):
         from .report.html import write_html

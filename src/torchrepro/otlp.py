@@ -29,9 +29,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
+
+if TYPE_CHECKING:
+    from .report.model import Report
 
 ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
 WARN_ONCE_VAR = "TORCHREPRO_OTLP_WARN_ONCE"
@@ -123,7 +126,7 @@ def launch_span(run_dir: Path, nproc: int) -> Iterator[LaunchTrace]:
         yield trace
 
 
-def record_report(report: dict[str, Any]) -> None:
+def record_report(report: Report) -> None:
     """Put a finished report's verdict and findings on the command's span and metrics."""
     if _launcher is not None:
         _launcher.record_report(report)

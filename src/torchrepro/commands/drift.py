@@ -12,10 +12,14 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import options
 from ..errors import UserError
 from ..otlp import add_otlp_option
+
+if TYPE_CHECKING:
+    from ..report.model import DriftReport
 
 EPILOG = """\
 factors: init (the global RNG the model is initialised from), order (DataLoader shuffling and samplers),
@@ -138,13 +142,13 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
     report = build_report(out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect,
                           counts=counts, wall_s=wall_s)
     code = finish(report, out, args)
-    drift = report["drift"]
+    drift = report.drift
     if code != 3 and not drift["summary"]["n"] and drift["excluded"]:
         raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
     return code
 
 
-def finish(report: dict, out: Path, args: argparse.Namespace) -> int:
+def finish(report: DriftReport, out: Path, args: argparse.Namespace) -> int:
     """Show a drift report (``drift``, or ``report DIR`` on a drift experiment) and export it:
     ``--json FILE``, ``--html FILE`` where the command has it, the span's verdict; its exit code."""
     from ..otlp import record_report
@@ -152,14 +156,14 @@ def finish(report: dict, out: Path, args: argparse.Namespace) -> int:
     from ..rundir import HTML_FILE, REPORT_FILE, write_json
 
     if args.json:
-        write_json(Path(args.json), report)
+        write_json(Path(args.json), report.to_json())
     if getattr(args, "html", None):
         from ..report.html import write_html
 
         write_html(report, Path(args.html), force=args.force)
     record_report(report)
     render_drift(report, report_path=f"{out / REPORT_FILE} · {out / HTML_FILE}")
-    return report.get("exit_code", 0)
+    return report.exit_code
 
 
 def rerender(directory: Path, args: argparse.Namespace) -> int | None:
@@ -168,14 +172,16 @@ def rerender(directory: Path, args: argparse.Namespace) -> int | None:
     import json
 
     from ..report.html import write_html
+    from ..report.model import load_report, report_kind
     from ..rundir import HTML_FILE, REPORT_FILE, RUN_FILE
 
     try:
-        report = json.loads((directory / REPORT_FILE).read_text())
+        data = json.loads((directory / REPORT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if (directory / RUN_FILE).exists() or not isinstance(report, dict) or report.get("kind") != "drift":
+    if (directory / RUN_FILE).exists() or report_kind(data) != "drift":
         return None
+    report = load_report(data, str(directory / REPORT_FILE))
     if args.junit:
         raise UserError(f"{directory} is a drift experiment: --junit is written for doctor reports")
     write_html(report, directory / HTML_FILE)
