@@ -25,12 +25,13 @@ if TYPE_CHECKING:
 
 def _cmd_env(args: argparse.Namespace) -> int:
     from . import envinfo
+    from .report.env import render_env
 
     info = envinfo.collect()
     if args.json:
         envinfo.write_json(info, sys.stdout)
     else:
-        envinfo.render(info)
+        render_env(info)
     return 0
 
 
