@@ -97,7 +97,7 @@ def main() -> None:
             t1 = time.perf_counter()
             report = analyse(run.meta, run.logs, run.problems)
             t2 = time.perf_counter()
-            assert report["steps"]["per_rank"]["0"]["steps"] > 0
+            assert report.steps.per_rank["0"].steps > 0
             total = ranks * args.events
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             print(f"{ranks:>6} {total:>11,} {bare:>7.2f} {t1 - t0:>8.2f} {t2 - t1:>10.2f} {t2 - t0:>8.2f} "
