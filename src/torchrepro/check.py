@@ -559,8 +559,8 @@ def check_resume(script: Path, args: list[str], *, at: int, seed: int | None = N
                      {**launch_meta(script), "script": str(script), "args": args, "seed": seed,
                       "resume_at": at, "nproc": nproc}, compared=(full, resumed))
     if det["verdict"] == "bit_exact":
-        report.verdict_line = (f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives the "
-                             f"same {det['steps_compared']} steps and final parameters")
+        report.verdict_line = (f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives "
+                               f"the same {det['steps_compared']} steps and final parameters")
     elif div is not None:
         report.findings[0].hint = evidence["hint"]
     write_report(out, report)
