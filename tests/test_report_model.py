@@ -105,7 +105,8 @@ def test_check_reports_read_back_equal_with_their_verdicts(check_runs):
         assert report.verdict is verdict and exit_code == report.exit_code == code == data["exit_code"]
         assert data["determinism"]["exit_code"] == code and render_html(report) == (out / HTML_FILE).read_text()
     noisy = load_report(_stored(check_runs["noisy"][0]))
-    assert noisy.determinism.first_divergence["step"] == 0 and noisy.findings[0].code.startswith("DIVERGED_")
+    # the nudge comes after step 0's update
+    assert noisy.determinism.first_divergence["step"] == 1 and noisy.findings[0].code.startswith("DIVERGED_")
 
 
 def test_diff_report_of_stored_runs_reads_back_equal(check_runs, tmp_path):
@@ -169,7 +170,8 @@ def test_broken_reports_are_refused(doctor_run, tmp_path):
     with pytest.raises(InputError, match="damaged check report"):
         load_report({"schema": SCHEMAS["check"], "kind": "check"})
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({**data, "verdict": 7, "findings": [{"code": "x"}]}))
+    finding = {"code": "X", "severity": "fatal", "title": "t", "hint": "", "evidence": {}}
+    broken.write_text(json.dumps({**data, "verdict": 7, "findings": [finding]}))
     problems = schema_problems(broken)
     broken.unlink()  # (the autouse check would refuse it too)
     assert any("/verdict" in p for p in problems) and any("/findings/0" in p for p in problems)
