@@ -115,7 +115,8 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
     if dec:
         for name in ("total", "rng", "numerics"):
             d = dec[name]
-            size = "bit-exact" if d["bit_exact"] else f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})"
+            size = "bit-exact" if d["bit_exact"] else (
+                f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})")
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.curve:
         table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
