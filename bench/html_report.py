@@ -32,7 +32,7 @@ def measure(root: Path, label: str) -> None:
     t2 = time.perf_counter()
     page = render_html(report)
     t3 = time.perf_counter()
-    print(f"{label:>22} {len(report['rank_groups']['groups']):>7} {report['compile']['compiles']:>9} "
+    print(f"{label:>22} {len(report.rank_groups['groups']):>7} {report.compile['compiles']:>9} "
           f"{t1 - t0:>7.2f} {t2 - t1:>10.2f} {t3 - t2:>9.3f} {t3 - t0:>8.2f} {len(page.encode()) / 1e3:>9.1f}")
 
 

@@ -1,4 +1,5 @@
-"""Shared test setup: one inductor cache for the whole run (cold compiles cost 10-20 s)."""
+"""Shared test setup: one inductor cache for the whole run (cold compiles cost 10-20 s); every
+report a test writes is checked against the JSON Schema of its kind."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 # Set before anything imports torch._inductor; subprocesses started by tests inherit it.
@@ -58,6 +60,45 @@ def no_process_outlives_its_test():
         except OSError:
             pass
     assert not left, f"processes outlived the test: {left}"
+
+
+_VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}
+_LARGEST_REPORT = 64 << 20
+
+
+def schema_problems(path: Path) -> list[str]:
+    """Where the torchrepro report in ``path`` breaks the schema of its kind (empty when it
+    validates, or when ``path`` holds no torchrepro report)."""
+    import json
+
+    from torchrepro.report.model import report_kind, schema_path
+
+    try:
+        if not path.is_file() or path.stat().st_size > _LARGEST_REPORT:
+            return []
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # unreadable on purpose (hostile-input tests), or not JSON
+        return []
+    kind = report_kind(data)
+    if kind is None:
+        return []
+    if kind not in _VALIDATORS:
+        schema = json.loads(schema_path(kind).read_text())
+        _VALIDATORS[kind] = jsonschema.Draft202012Validator(schema)
+    errors = sorted(_VALIDATORS[kind].iter_errors(data), key=lambda e: list(e.absolute_path))
+    return [f"{kind} report at /{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in errors[:5]]
+
+
+@pytest.fixture(autouse=True)
+def reports_match_their_schema(request):
+    """After a test, every torchrepro report under its ``tmp_path`` (``report.json``, ``--json``
+    files) validates against the published JSON Schema of its kind (``torchrepro/schemas``)."""
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if root is None or not root.is_dir():
+        return
+    problems = [f"{path}: {problem}" for path in sorted(root.rglob("*.json")) for problem in schema_problems(path)]
+    assert not problems, "reports that break their schema:\n" + "\n".join(problems)
 
 
 @pytest.fixture

@@ -594,7 +594,7 @@ def run_scenario(scenario: Scenario, run_dir: Path) -> Outcome:
         metrics = list(get_compilation_metrics())
         torch._dynamo.reset()
     run = load_run(run_dir)
-    return Outcome(analyse(run.meta, run.logs, run.problems), snapshot, metrics,
+    return Outcome(analyse(run.meta, run.logs, run.problems).to_json(), snapshot, metrics,
                    [e for log in run.logs for e in log.events])
 
 

@@ -37,7 +37,7 @@ def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found
     # Full batch: the order seeds only permute rows inside the one batch. Compiled, the forward halves its logits.
     proc, report = drift(tmp_path, "--vary", "init,order,compile", "--runs", "3", "--jobs", "2", "--out", "exp",
                          str(TOY), "--", "--planted", expect=1)
-    assert report["schema"] == "torchrepro.report/1" and report["kind"] == "drift"
+    assert report["schema"] == "torchrepro.drift/1" and report["kind"] == "drift"
     d = report["drift"]
     assert len(d["runs"]) == 18 and all(r["status"] == "ok" for r in d["runs"])
     assert d["not_separable"] == [] and d["metric"]["name"] == "final loss"

@@ -14,6 +14,7 @@ import torch
 from rich.console import Console
 
 from torchrepro import envinfo
+from torchrepro.report.env import render_env
 
 
 def _run(*args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -165,7 +166,7 @@ def test_render_marks_switches_and_risks(tmp_path, monkeypatch):
     shared.chmod(0o777)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
     buf = io.StringIO()
-    envinfo.render(envinfo.collect(), Console(file=buf, width=300))
+    render_env(envinfo.collect(), Console(file=buf, width=300))
     out = buf.getvalue()
     assert torch.__version__ in out
     assert "✗" in out and "Determinism switches" in out and str(shared) in out

@@ -82,7 +82,7 @@ def test_json_and_junit_never_replace_a_file_without_force(tmp_path):
     assert "--force" in line and mine.read_text() == "keep"
     proc = torchrepro("report", run, "--json", mine, "--force", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(mine.read_text())["schema"] == "torchrepro.report/1"
+    assert json.loads(mine.read_text())["schema"] == "torchrepro.doctor/1"
     assert stat.S_IMODE(mine.stat().st_mode) == 0o640  # the mode it had
     line = one_line_error(torchrepro("report", run, "--force", "--json", run / "rank-0" / "events.jsonl",
                                      cwd=tmp_path))
@@ -96,7 +96,7 @@ def test_report_does_not_replace_the_stored_report(tmp_path, capsys):
     assert cli(capsys, "report", run)[0] == 0
     assert stored.read_text() == '{"stored": true}'
     assert cli(capsys, "report", run, "--json", run / "report.again.json")[0] == 0
-    assert json.loads((run / "report.again.json").read_text())["schema"] == "torchrepro.report/1"
+    assert json.loads((run / "report.again.json").read_text())["schema"] == "torchrepro.doctor/1"
     assert stored.read_text() == '{"stored": true}'
     assert cli(capsys, "report", run, "--junit", tmp_path / "new" / "dir" / "out.xml")[0] == 0  # folders made
     ElementTree.parse(tmp_path / "new" / "dir" / "out.xml")

@@ -17,6 +17,7 @@ from torchrepro.cli import main
 from torchrepro.doctor import analyse_run_dir
 from torchrepro.events import CacheLookup, Compile, End, Header, write_all
 from torchrepro.report.html import fmt_num, fmt_value, render_html, visible, write_html
+from torchrepro.report.model import Verdict, load_report
 from torchrepro.rundir import HTML_FILE, REPORT_FILE, RUN_FILE, write_json
 
 MARKUP = "<img src=x onerror=alert(1)> & \"quoted\" 'single' \x1b[31mred\x1b[0m"
@@ -55,7 +56,7 @@ def test_doctor_page_escapes_script_names_guards_and_exceptions(tmp_path):
     _assert_safe(page)
     assert "&lt;script&gt;alert(&#39;name&#39;)&lt;/script&gt;&amp;.py" in page
     assert "RuntimeError: &lt;img" in page  # the exception message, as text
-    assert "SCRIPT_FAILED" in page and report["verdict"].split(":")[0] in page
+    assert "SCRIPT_FAILED" in page and report.verdict_line.split(":")[0] in page
 
 
 def test_diff_page_escapes_and_shows_both_runs(tmp_path):
@@ -64,9 +65,9 @@ def test_diff_page_escapes_and_shows_both_runs(tmp_path):
     report = diff(a, b)
     page = render_html(report)
     _assert_safe(page)
-    assert report["verdict"].startswith("DIVERGED") and "DIVERGED at step 0" in page
+    assert report.verdict_line.startswith("DIVERGED") and "DIVERGED at step 0" in page
     assert page.count('class="side"') == 2
-    assert len(report["step_comparison"]) == 6 and report["step_comparison"][0]["loss_diff"] == pytest.approx(0.25)
+    assert len(report.step_comparison) == 6 and report.step_comparison[0]["loss_diff"] == pytest.approx(0.25)
     assert "loss of each run" in page and "|Δloss| per step" in page
 
 
@@ -86,9 +87,9 @@ def test_control_characters_are_shown_not_sent():
 
 def test_ranks_that_agree_are_one_group(tmp_path):
     report = analyse_run_dir(write_run(tmp_path / "run", 12, odd=(7,), crashed=(10,)))
-    groups = report["rank_groups"]["groups"]
+    groups = report.rank_groups["groups"]
     assert [g["ranks_text"] for g in groups] == ["0–6, 8–9, 11", "7", "10"]
-    summary = report["rank_groups"]["summary"]
+    summary = report.rank_groups["summary"]
     assert summary.startswith("ranks 0–6, 8–9, 11 agree; rank 7 recompiled forward at step 5: tensor 'x' size "
                               "mismatch at index 0") and "rank 10 ended incomplete" in summary
     assert str(escape(summary)) in render_html(report)
@@ -99,7 +100,7 @@ def test_size_grows_with_behaviours_not_ranks(tmp_path):
     small = render_html(analyse_run_dir(write_run(tmp_path / "small", 16, odd=(7,), crashed=(10,))))
     large_report = analyse_run_dir(write_run(tmp_path / "large", 1024, odd=(7,), crashed=(1000,)))
     large = render_html(large_report)
-    assert len(large_report["rank_groups"]["groups"]) == 3
+    assert len(large_report.rank_groups["groups"]) == 3
     assert len(large.encode()) < 5_000_000
     assert len(large) < 1.3 * len(small), (len(small), len(large))
 
@@ -107,7 +108,7 @@ def test_size_grows_with_behaviours_not_ranks(tmp_path):
 def test_eight_ranks_fifty_compiles_fit_in_five_megabytes(tmp_path):
     run = write_run(tmp_path / "run", 8, steps=60, recompiles=49, odd=(3,))
     report = analyse_run_dir(run)
-    assert all(r["compiles"] >= 50 for r in report["compile"]["per_rank"].values())
+    assert all(r["compiles"] >= 50 for r in report.compile["per_rank"].values())
     size = (run / HTML_FILE).stat().st_size
     assert 10_000 < size < 5_000_000
     # every compile of the first rank group is drawn in the timeline
@@ -127,7 +128,7 @@ def test_no_user_file_is_replaced(tmp_path, capsys):
     assert "torchrepro" in mine.read_text()
     # a report written before is ours to replace
     assert main(["report", str(run), "--html", str(mine)]) == 0
-    report = json.loads((run / "report.json").read_text())
+    report = load_report(json.loads((run / "report.json").read_text()))
     write_html(report, run / HTML_FILE)  # beside report.json: replaced in place
 
 
@@ -142,18 +143,18 @@ def test_cache_misses_show_the_key_component_that_differed(tmp_path):
             CacheLookup(rank=rank, compile_id="0/0", cache="fxgraph", status="hit" if rank == 0 else "miss",
                         key=f"k{rank}", components=components)])
     report = analyse_run_dir(run)
-    [finding] = [f for f in report["findings"] if f["code"] == "CACHE_KEY_DIFFERS"]
+    [finding] = [f for f in report.findings if f.code == "CACHE_KEY_DIFFERS"]
     page = render_html(report)
     table = page[page.index('<table class="cache-keys">'):]
     table = table[:table.index("</table>")]
     assert "cpp_runtime_thread_count" in table and "rank 1 cannot reuse rank 0" in table
-    assert str(escape(fmt_value(finding["evidence"]["a"]))) in table
+    assert str(escape(fmt_value(finding.evidence["a"]))) in table
     assert "fxgraph cache hits" in page
 
 
 def test_identical_runs_say_so_instead_of_an_empty_chart(tmp_path):
     report = diff(write_run(tmp_path / "a", 1, steps=5), write_run(tmp_path / "b", 1, steps=5))
-    assert report["determinism"]["verdict"] == "bit_exact"
+    assert report.verdict is Verdict.BIT_EXACT
     page = render_html(report)
     assert 'class="verdict ok"' in page and "|Δloss| is 0 at every step shown." in page
 
@@ -166,7 +167,7 @@ def test_drift_page_shows_the_experiment_escaped_and_self_contained(tmp_path):
     assert not re.search(r"<(script|link|iframe|object|embed|img)\b", page) and "onclick=x>" not in page
     assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
     assert "default-src 'none'" in page and 'class="verdict bad"' in page  # a run crashed: exit code 3
-    d = report["drift"]
+    d = report.drift
     assert page.index(str(escape(d["verdict"]))) < page.index('id="plots"')  # the verdict first
     # one inline strip plot per factor, as drift wrote them to plot-*.svg; the crashed run is left out
     plots = re.findall(r"<svg xmlns.*?</svg>", page, re.S)
@@ -189,9 +190,9 @@ def test_report_rerenders_a_stored_drift_experiment(tmp_path, capsys):
     (tmp_path / "exp" / HTML_FILE).unlink()
     copy = tmp_path / "copy.html"
     assert main(["report", str(tmp_path / "exp"), "--html", str(copy)]) == 3  # the report's own exit code
-    report = json.loads(stored)
+    report = load_report(json.loads(stored))
     assert copy.read_text() == render_html(report) == (tmp_path / "exp" / HTML_FILE).read_text()
     assert (tmp_path / "exp" / REPORT_FILE).read_text() == stored  # re-rendered, not recomputed
-    assert report["drift"]["verdict"].split(";")[0] in " ".join(capsys.readouterr().out.split())
+    assert report.verdict_line.split(";")[0] in " ".join(capsys.readouterr().out.split())
     assert main(["report", str(tmp_path / "exp"), "--junit", str(tmp_path / "j.xml")]) == 2
     assert "--junit is written for doctor reports" in capsys.readouterr().err

@@ -84,15 +84,15 @@ def test_the_world_the_process_group_reports_decides_which_ranks_are_missing():
     assert placement([alone, other]) == {0: {"host": "a", "node": 0, "local_rank": 0},
                                          2: {"host": "b", "node": 1, "local_rank": 0}}
     report = analyse({}, [alone, other], [])
-    missing = next(f for f in report["findings"] if f["code"] == "RANKS_MISSING")
-    assert missing["severity"] == "error" and missing["evidence"]["missing"] == [1, 3]
-    assert report["failing_findings"] == ["RANKS_MISSING"] and report["verdict"].startswith("PROBLEMS")
-    assert report["run"]["world_size"] == 4 and report["run"]["ranks_missing"] == [1, 3]
+    missing = next(f for f in report.findings if f.code == "RANKS_MISSING")
+    assert missing.severity == "error" and missing.evidence["missing"] == [1, 3]
+    assert report.failing_findings == ["RANKS_MISSING"] and report.verdict_line.startswith("PROBLEMS")
+    assert report.run.world_size == 4 and report.run.ranks_missing == [1, 3] and report.exit_code == 1
 
 
 def test_every_rank_present_is_not_missing_and_a_launcher_world_counts_too():
     logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
-    assert missing_ranks(logs) == [] and analyse({}, logs, [])["verdict"].startswith("HEALTHY")
+    assert missing_ranks(logs) == [] and analyse({}, logs, []).verdict_line.startswith("HEALTHY")
     assert missing_ranks(logs, {"world_size": 3}) == [2]  # torchrun --nproc 3, one rank never wrote
 
 
@@ -100,14 +100,12 @@ def test_a_launcher_that_only_started_the_ranks_is_judged_by_how_it_ended():
     logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
     crashed = {"launcher": {"exit_code": 1, "status": "error", "error": "RuntimeError: evaluation failed"}}
     report = analyse(crashed, logs, [])
-    assert report["run"]["failed"] and "SCRIPT_FAILED" in [f["code"] for f in report["findings"]]
+    assert report.run.failed and "SCRIPT_FAILED" in [f.code for f in report.findings]
     teardown = {"launcher": {"exit_code": 1, "status": "error", "error": "ChildFailedError: ... rank : 0 (local_rank: "
                              "0)\n  exitcode  : -6 (pid: 8256)  (SIGABRT)"}}
     report = analyse(teardown, logs, [])
-    assert not report["run"]["failed"]
-    assert [(f["code"], f["severity"]) for f in report["findings"]] == [("RANK_ABORTED_AFTER_COMPLETION", "warning")]
-
-
+    assert not report.run.failed
+    assert [(f.code, f.severity) for f in report.findings] == [("RANK_ABORTED_AFTER_COMPLETION", "warning")]
 def test_the_lowest_diverging_rank_is_named_and_a_missing_batch_fingerprint_proves_nothing():
     diverge = lambda i, r: f"p{i}" if i < 2 or r == 0 else f"x{i}-{r}"  # noqa: E731
     logs = [log(r, [PARAMS, *steps(4, params=diverge, rank=r)]) for r in (3, 0, 2)]

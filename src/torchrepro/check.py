@@ -30,7 +30,6 @@ from .analysis.determinism import (
     uses_inductor,
 )
 from .analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
-from .analysis.doctor import REPORT_SCHEMA
 from .analysis.findings import Finding
 from .analysis.fixes import recommend
 from .analysis.sides import side, step_comparison
@@ -40,6 +39,7 @@ from .events import CacheLookup, Step
 from .launch import ChildResult, child_env, launch, validate_script
 from .run_options import RunOptions
 from .provenance import launch_meta, provenance
+from .report.model import CheckReport, CheckRun, Determinism
 from .rundir import RUN_FILE, Run, create_run_dir, default_run_dir, load_run, replay_file, write_json, write_report
 
 @dataclass
@@ -181,7 +181,7 @@ def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions =
           against: str | None = None, out: Path | None = None, tolerance: Tolerance | None = None,
           localize_divergence: bool = True, console: Console | None = None, nproc: int = 1,
           timeout: float | None = None, fixes: bool | None = None,
-          only_fixes: list[str] | None = None) -> tuple[dict[str, Any], Path]:
+          only_fixes: list[str] | None = None) -> tuple[CheckReport, Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
     divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
     False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from."""
@@ -264,26 +264,25 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
 
 
 def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str], timings: dict[str, float],
-            meta: dict[str, Any], extra: list[Finding] = (), compared: tuple[Run, Run] | None = None) -> dict[str, Any]:
-    findings = divergence_findings(det, hint_key) + list(extra)
-    report = {"schema": REPORT_SCHEMA, "kind": "check", "run": {**meta, "run_dirs": run_dirs, "timings_s": timings},
-              "determinism": det, "findings": [f.to_json() for f in findings], "verdict": verdict_line(det),
-              "exit_code": det["exit_code"]}
+            meta: dict[str, Any], extra: list[Finding] = (), compared: tuple[Run, Run] | None = None) -> CheckReport:
+    line = verdict_line(det)
     best = det.get("fix_recommended")
     if best:
         ratio = f", {best['step_time_ratio']:.2f}x step time" if best.get("step_time_ratio") else ""
-        report["verdict"] += f"; measured fix: {best['name']} (bit-exact{ratio})"
+        line += f"; measured fix: {best['name']} (bit-exact{ratio})"
     first_change = (det.get("backend_stages") or {}).get("first_change")
     if first_change:
-        report["verdict"] += f"; results first change at {first_change['stage']} (vs {first_change['previous']})"
+        line += f"; results first change at {first_change['stage']} (vs {first_change['previous']})"
+    report = CheckReport(CheckRun(run_dirs, timings, meta), Determinism.from_json(det),
+                         divergence_findings(det, hint_key) + list(extra), line)
     if compared:  # the two runs side by side (the HTML report draws them)
         a, b = compared
-        report["provenance"] = provenance({**a.meta, **meta}, a.logs[0].header)
-        report["sides"] = [side(label, str(r.path), r.meta, r.logs) for label, r in zip(det["runs"], compared)]
+        report.provenance = provenance({**a.meta, **meta}, a.logs[0].header)
+        report.sides = [side(label, str(r.path), r.meta, r.logs) for label, r in zip(det["runs"], compared)]
         rank = (det["first_divergence"] or {}).get("rank", a.logs[0].rank)
         log_a = next((log for log in a.logs if log.rank == rank), a.logs[0])
         log_b = next((log for log in b.logs if log.rank == log_a.rank), b.logs[0])
-        report["step_comparison"] = step_comparison(log_a, log_b)
+        report.step_comparison = step_comparison(log_a, log_b)
     return report
 
 
@@ -293,7 +292,7 @@ def _script_of(run: Run) -> str | None:
     return Path(str(script)).name if script else None
 
 
-def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> dict[str, Any]:
+def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> CheckReport:
     """Compare two stored runs (no replay: the evidence in their logs and snapshots)."""
     tol = tolerance or Tolerance()
     run_a, run_b = load_run(path_a), load_run(path_b)
@@ -329,7 +328,7 @@ RESUME_HINTS = {
 
 def check_resume(script: Path, args: list[str], *, at: int, options: RunOptions = RunOptions(),
                  out: Path | None = None, nproc: int = 1, timeout: float | None = None,
-                 console: Console | None = None) -> tuple[dict[str, Any], Path]:
+                 console: Console | None = None) -> tuple[CheckReport, Path]:
     """Run to the end; run again stopping after step ``at`` with a checkpoint; resume from it in a
     fresh process; compare every step after ``at`` and the final parameters bit for bit.
     ``options``: what every run starts from."""
@@ -382,10 +381,10 @@ def check_resume(script: Path, args: list[str], *, at: int, options: RunOptions 
                      {**launch_meta(script), "script": str(script), "args": args, "seed": seed,
                       "resume_at": at, "nproc": nproc}, compared=(full, resumed))
     if det["verdict"] == "bit_exact":
-        report["verdict"] = (f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives the "
-                             f"same {det['steps_compared']} steps and final parameters")
+        report.verdict_line = (f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives "
+                               f"the same {det['steps_compared']} steps and final parameters")
     elif div is not None:
-        report["findings"][0]["hint"] = evidence["hint"]
+        report.findings[0].hint = evidence["hint"]
     write_report(out, report)
     return report, out
 

@@ -15,10 +15,11 @@ from .follow import LAUNCHER_DIR
 from .launch import ChildResult, child_env, launch, validate_script
 from .run_options import RunOptions
 from .provenance import launch_meta
+from .report.model import DoctorReport
 from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json, write_report
 
 
-def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, store: bool = True) -> dict[str, Any]:
+def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, store: bool = True) -> DoctorReport:
     """Analyse a stored run; with ``store``, write its ``report.json`` (a run that has just ended;
     ``torchrepro report`` never replaces the stored one)."""
     run = load_run(run_dir)
@@ -84,7 +85,7 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
 
 
 def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, options: RunOptions,
-                  nproc: int = 1, timeout: float | None = None) -> tuple[dict[str, Any], Path]:
+                  nproc: int = 1, timeout: float | None = None) -> tuple[DoctorReport, Path]:
     """Run ``script`` under capture as ``options`` say (one process, or ``nproc`` ranks via
     torchrun); analyse and write the report. ``timeout``: end the job after that many seconds
     without progress."""
@@ -106,7 +107,7 @@ def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: B
     return analyse_run_dir(run_dir, budgets), run_dir
 
 
-def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tuple[dict[str, Any], Path]:
+def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tuple[DoctorReport, Path]:
     """Build the doctor report from ``TORCH_TRACE`` logs written by a job without torchrepro."""
     from .structured_trace import trace_files, translate_file
 

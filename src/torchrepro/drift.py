@@ -40,6 +40,7 @@ from .launch import STDERR_TAIL_LINES, child_env, run_command
 from .otlp import launch_span
 from .run_options import RunOptions
 from .report.drift import printable
+from .report.model import DriftReport
 from .rundir import write_json, write_report
 
 RANDOM_FACTORS = ("init", "order", "augment")
@@ -413,10 +414,9 @@ def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRu
 
 def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: MetricSpec, *,
                  observed: float | None, target_effect: float | None,
-                 counts: dict[str, int] | None = None, wall_s: float | None = None) -> dict[str, Any]:
-    """Analyse the runs and write ``report.json`` (schema torchrepro.report/1, kind drift), ``report.html``
-    and the plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference."""
-    from .analysis.doctor import REPORT_SCHEMA
+                 counts: dict[str, int] | None = None, wall_s: float | None = None) -> DriftReport:
+    """Analyse the runs and write ``report.json`` (schema torchrepro.drift/1), ``report.html`` and the
+    plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference."""
     from .provenance import launch_meta, provenance
     from .report.svg import write_drift_plots
 
@@ -435,16 +435,13 @@ def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: 
     drift["plots"] = write_drift_plots(out, drift)
     logs = (Path(r.dir) / "rank-0" / EVENTS_FILE for r in runs)
     header = next((h for log in logs if log.is_file() and (h := read_header(log)) is not None), None)
-    crashed = any(r["status"] == "crashed" for r in drift["excluded"])
-    real = any(e["p_value"] is not None and e["p_value"] < e["alpha"] for e in drift["effects"])
-    report = {"schema": REPORT_SCHEMA, "kind": "drift", "verdict": drift["verdict"],
-              "exit_code": 3 if crashed else int(real),
-              "run": {"script": plan["script"], "args": plan["args"], "out": str(out), "seed": plan["seed"],
-                      "vary": plan["vary"], "levels_per_factor": plan["runs"], **(counts or {}),
-                      "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
-                      "wall_s": wall_s}, "drift": drift,
-              "provenance": provenance({**launch_meta(Path(plan["script"])), "script": plan["script"],
-                                        "args": plan["args"]}, header)}
+    report = DriftReport(
+        run={"script": plan["script"], "args": plan["args"], "out": str(out), "seed": plan["seed"],
+             "vary": plan["vary"], "levels_per_factor": plan["runs"], **(counts or {}),
+             "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
+             "wall_s": wall_s}, drift=drift,
+        provenance=provenance({**launch_meta(Path(plan["script"])), "script": plan["script"], "args": plan["args"]},
+                              header))
     write_report(out, report)
     return report
 

@@ -1,4 +1,5 @@
-"""What `torchrepro env` shows: versions, determinism switches, compile caches, risky variables.
+"""What `torchrepro env` shows (drawn by :func:`torchrepro.report.env.render_env`): versions,
+determinism switches, compile caches, risky variables.
 
 `collect()` gathers plain JSON data and an `env_fingerprint` over everything that changes
 numerics or compile-cache keys, so two runs (or two ranks) can be compared by one string.
@@ -16,20 +17,17 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import torch
 
 from . import __version__
 from .determinism import CUBLAS_VAR, audit
 from .digests import stable_uid
+from .report.env import NOT_AVAILABLE
 
-if TYPE_CHECKING:
-    from rich.console import Console
+__all__ = ["CacheDir", "EnvVar", "collect", "write_json"]
 
-__all__ = ["CacheDir", "EnvVar", "collect", "render", "write_json"]
-
-NOT_AVAILABLE = "not available"
 _KERNEL_RISK = ("anyone who can write there can run code in your training job: "
                 "compiled kernels are loaded from it")
 
@@ -418,66 +416,3 @@ def write_json(info: dict[str, Any], fp: TextIO) -> None:
     """
     json.dump(info, fp, indent=2)
     fp.write("\n")
-
-
-def render(info: dict[str, Any], console: Console | None = None) -> None:
-    """Print `collect()` output as rich tables; risky rows in red.
-
-    Example: ``render(collect())``, or ``render(info, Console(file=buf))`` to capture it.
-    """
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = console or Console()
-
-    title = f"torchrepro {info['torchrepro']} — env fingerprint {info['env_fingerprint']}"
-    versions = Table(title=title, show_header=False, title_justify="left")
-    versions.add_column(style="bold")
-    versions.add_column()
-    for key, value in info["versions"].items():
-        versions.add_row(key, Text(value), style="dim" if value == NOT_AVAILABLE else None)
-    hardware = info["hardware"]
-    for key in ("platform", "cpu_capability"):
-        versions.add_row(key, Text(str(hardware[key])))
-    versions.add_row("cpus", f"{hardware['cpus_usable']} usable of {hardware['cpu_count']}")
-    versions.add_row("gpus", Text(", ".join(hardware["gpus"]) or "none"))
-    threads = info["threads"]
-    versions.add_row("threads", f"{threads['intra_op']} intra-op, {threads['inter_op']} inter-op")
-    console.print(versions)
-
-    marks = {"ok": ("✓", "green"), "risk": ("✗", "bold red"), "info": ("–", "dim")}
-    audit_table = Table(title="Determinism switches", title_justify="left")
-    for column in ("", "switch", "value", "recommended", "note"):
-        audit_table.add_column(column)
-    for s in info["determinism"]:
-        mark, style = marks[s["status"]]
-        recommended = "" if s["recommended"] is None else s["recommended"]
-        audit_table.add_row(Text(mark, style=style),
-                            *_cells(s["name"], s["value"], recommended, s["note"]),
-                            style="red" if s["status"] == "risk" else None)
-    console.print(audit_table)
-
-    caches = Table(title="Compile caches", title_justify="left")
-    for column in ("cache", "path", "from", "exists", "owner", "mode", "risk"):
-        caches.add_column(column)
-    for c in info["caches"]:
-        risk = "\n".join(c["risks"]) or c["note"]
-        caches.add_row(*_cells(c["name"], c["path"], c["source"], "yes" if c["exists"] else "no",
-                               c["owner"] or "", c["mode"] or "", risk),
-                       style="bold red" if c["risks"] else None)
-    console.print(caches)
-
-    env = Table(title="Environment variables", title_justify="left")
-    for column in ("variable", "value", "note"):
-        env.add_column(column)
-    for v in info["env_vars"]:
-        env.add_row(*_cells(v["name"], v["value"], v["note"]), style="red" if v["risky"] else None)
-    console.print(env)
-
-
-def _cells(*values: Any) -> list[Any]:
-    """Table cells as plain text (no rich markup from paths or values); None shows as 'unset'."""
-    from rich.text import Text
-
-    return [Text("unset" if v is None else str(v)) for v in values]

@@ -28,10 +28,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 from .trace_context import WARN_ONCE_VAR, LaunchTrace
+
+if TYPE_CHECKING:
+    from .report.model import Report
 
 ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
 INSTALL_HINT = "install the OpenTelemetry extra: pip install 'torchrepro[otel]'"
@@ -108,7 +111,7 @@ def launch_span(run_dir: Path, nproc: int) -> Iterator[LaunchTrace]:
         yield trace
 
 
-def record_report(report: dict[str, Any]) -> None:
+def record_report(report: Report) -> None:
     """Put a finished report's verdict and findings on the command's span and metrics."""
     if _launcher is not None:
         _launcher.record_report(report)

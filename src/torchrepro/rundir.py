@@ -18,10 +18,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from .errors import InputError
 from .events import EventLog, Shared, rank_logs, read_events
+
+if TYPE_CHECKING:
+    from .report.model import Report
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
@@ -76,11 +79,11 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def write_report(directory: Path, report: dict[str, Any]) -> None:
+def write_report(directory: Path, report: Report) -> None:
     """Write ``report.json`` and, beside it, ``report.html`` (the one place reports are saved)."""
     from .report.html import write_html
 
-    write_json(directory / REPORT_FILE, report)
+    write_json(directory / REPORT_FILE, report.to_json())
     write_html(report, directory / HTML_FILE)
 
 

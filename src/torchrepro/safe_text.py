@@ -4,7 +4,9 @@ clear the screen, retitle the terminal or break an XML file."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from enum import Enum
 
 # C0 controls but tab and newline, DEL, C1 controls, bidirectional overrides and isolates, and the
 # code points XML 1.0 forbids (lone surrogates, U+FFFE, U+FFFF)
@@ -30,11 +32,17 @@ def visible(text: object, newlines: bool = False) -> str:
 
 
 def visible_tree(data: object) -> object:
-    r"""A copy of a JSON-like structure with every string passed through :func:`visible` (for renderers).
+    r"""A copy of a JSON-like structure (or a dataclass of them, such as a typed report) with every
+    string passed through :func:`visible` (for renderers).
 
     >>> visible_tree({"title\x07": ["\u202eevil", 3]})
     {'title\\x07': ['\\u202eevil', 3]}
     """
+    if isinstance(data, Enum):
+        return data
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return dataclasses.replace(data, **{f.name: visible_tree(getattr(data, f.name))
+                                            for f in dataclasses.fields(data) if f.init})
     if isinstance(data, str):
         return visible(data, newlines=True)
     if isinstance(data, dict):

@@ -1,4 +1,5 @@
-"""The doctor report: compile health, steps, the run's outcome, and budgets — from events."""
+"""The doctor report (:class:`~torchrepro.report.model.DoctorReport`): compile health, steps, the run's
+outcome, and budgets — from events."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from ..events import Capability, Counters, End, EventLog, Header, Step
 from ..provenance import provenance
+from ..report.model import DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
@@ -15,7 +17,6 @@ from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
 from .timeline import timeline
 
-REPORT_SCHEMA = "torchrepro.report/1"
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
 # that train on different parameters, a report over fewer ranks than the job has.
 FAILING_CODES = ("RECOMPILE_LIMIT_HIT", "NO_GRAPH_COMPILED", "INIT_PARAMS_DIFFER", "REPLICAS_DIFFER_FROM_START",
@@ -32,7 +33,7 @@ class Budgets:
     strict: bool = False  # capture that degraded (CAPTURE_DEGRADED) fails the run too
 
 
-def steps_summary(logs: list[EventLog]) -> dict[str, Any]:
+def steps_summary(logs: list[EventLog]) -> StepsSummary:
     """Per rank: step count, first/last loss, median step time, steps that compiled."""
     per_rank = {}
     for log in logs:
@@ -40,17 +41,16 @@ def steps_summary(logs: list[EventLog]) -> dict[str, Any]:
         times = [s.time_s for s in steps if s.time_s is not None]
         quiet = [s.time_s for s in steps if s.time_s is not None and not s.compiles]
         losses = [s.loss for s in steps if s.loss is not None]
-        per_rank[str(log.rank)] = {
-            "steps": len(steps),
-            "first_loss": losses[0] if losses else None,
-            "last_loss": losses[-1] if losses else None,
-            "total_time_s": round(sum(times), 3),
-            "median_step_s": round(statistics.median(quiet or times), 6) if times else None,
-            "compile_steps": [s.index for s in steps if s.compiles][:50],
-            "fingerprinted_steps": sum(s.params_fp is not None for s in steps),
-        }
-    counts = [r["steps"] for r in per_rank.values()]
-    return {"steps": max(counts) if counts else 0, "per_rank": per_rank}
+        per_rank[str(log.rank)] = RankSteps(
+            steps=len(steps),
+            first_loss=losses[0] if losses else None,
+            last_loss=losses[-1] if losses else None,
+            total_time_s=round(sum(times), 3),
+            median_step_s=round(statistics.median(quiet or times), 6) if times else None,
+            compile_steps=[s.index for s in steps if s.compiles][:50],
+            fingerprinted_steps=sum(s.params_fp is not None for s in steps),
+        )
+    return StepsSummary(max((r.steps for r in per_rank.values()), default=0), per_rank)
 
 
 def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str]) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
     return out
 
 
-def _time_findings(compile_section: dict[str, Any], steps: dict[str, Any], run: dict[str, Any]) -> list[Finding]:
+def _time_findings(compile_section: dict[str, Any], run: dict[str, Any]) -> list[Finding]:
     durations = [r["duration_s"] for r in run["ranks"].values() if r["duration_s"]]
     if not durations or not compile_section["compile_time_s"]:
         return []
@@ -150,9 +150,9 @@ def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
             for name, c in cache.items() if c["miss"]]
 
 
-def budget_failures(report: dict[str, Any], budgets: Budgets) -> list[str]:
+def budget_failures(compile_section: dict[str, Any], budgets: Budgets) -> list[str]:
     """Reasons the run fails its budgets (empty when it passes)."""
-    c = report["compile"]
+    c = compile_section
     out = []
     if budgets.max_graph_breaks is not None and c["graph_breaks"] > budgets.max_graph_breaks:
         out.append(f"{c['graph_breaks']} graph breaks > budget {budgets.max_graph_breaks}")
@@ -166,44 +166,41 @@ def budget_failures(report: dict[str, Any], budgets: Budgets) -> list[str]:
     return out
 
 
-def verdict(report: dict[str, Any]) -> str:
+def verdict_line(verdict: Verdict, findings: list[Finding], budget_failures: list[str], compile_section: dict[str, Any],
+                 steps: StepsSummary) -> str:
     """The one-line summary at the top of the report."""
-    c = report["compile"]
-    counts = {s: sum(f["severity"] == s for f in report["findings"]) for s in ("error", "warning")}
+    c = compile_section
+    counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning")}
     figures = (f"{c['compiles']} compile(s), {c['recompiles']} recompile(s), {c['graph_breaks']} graph "
-               f"break(s), {c['compile_time_s']:.1f} s compiling, {report['steps']['steps']} step(s)")
-    if report.get("budget_failures"):
-        return f"FAILS BUDGET ({'; '.join(report['budget_failures'])}): {figures}"
-    if counts["error"]:
+               f"break(s), {c['compile_time_s']:.1f} s compiling, {steps.steps} step(s)")
+    if verdict is Verdict.FAILS_BUDGET:
+        return f"FAILS BUDGET ({'; '.join(budget_failures)}): {figures}"
+    if verdict is Verdict.PROBLEMS:
         return f"PROBLEMS ({counts['error']} error(s), {counts['warning']} warning(s)): {figures}"
-    if counts["warning"]:
+    if verdict is Verdict.WARNINGS:
         return f"WARNINGS ({counts['warning']}): {figures}"
     return f"HEALTHY: {figures}"
 
 
-def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None = None) -> dict:
-    """The whole doctor report (schema ``torchrepro.report/1``) from a run's events."""
+def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str],
+            budgets: Budgets | None = None) -> DoctorReport:
+    """The whole doctor report from a run's events."""
     run = run_summary(meta, logs, problems)
     compile_section, findings = compile_analysis.summarize(logs)
     steps = steps_summary(logs)
-    findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, steps, run)
+    findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
     findings += _cache_findings(compile_section["cache"]) + rank_findings(logs) + rank_key_findings(logs)
     findings += capture_findings(logs)
-    report = {
-        "schema": REPORT_SCHEMA,
-        "run": run,
-        "compile": compile_section,
-        "steps": steps,
-        "findings": [f.to_json() for f in sort_findings(findings)],
-        "capabilities": compile_analysis.capabilities(logs),
-    }
-    report["budget_failures"] = budget_failures(report, budgets or Budgets())
+    findings = sort_findings(findings)
+    failures = budget_failures(compile_section, budgets or Budgets())
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())
-    report["failing_findings"] = [f["code"] for f in report["findings"] if f["code"] in failing]
-    report["verdict"] = verdict(report)
-    report["rank_groups"] = rank_groups(logs)
-    compile_section["timeline"] = timeline(logs, report["rank_groups"]["groups"])
+    verdict = Verdict.of_doctor(findings, failures)
+    groups = rank_groups(logs)
+    compile_section["timeline"] = timeline(logs, groups["groups"])
     compile_section["recompile_groups"] = recompile_groups(compile_section["recompile_events"])
     compile_section["graph_break_groups"] = graph_break_groups(compile_section["graph_break_events"])
-    report["provenance"] = provenance(meta, next((log.header for log in logs if log.header), None))
-    return report
+    return DoctorReport(run=DoctorRun.from_json(run), compile=compile_section, steps=steps, findings=findings,
+                        verdict=verdict, verdict_line=verdict_line(verdict, findings, failures, compile_section, steps),
+                        capabilities=compile_analysis.capabilities(logs), budget_failures=failures,
+                        failing_findings=[f.code for f in findings if f.code in failing], rank_groups=groups,
+                        provenance=provenance(meta, next((log.header for log in logs if log.header), None)))

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Capability, EventLog, Step
+from ..report.model import Verdict, comparison_exit_code
 from .ranks import missing_ranks, world_size
 
 VERDICTS = ("bit_exact", "within_tolerance", "diverged", "incomplete", "nothing_compared")
-PASSING = ("bit_exact", "within_tolerance")
 
 
 @dataclass
@@ -124,11 +124,8 @@ def judge(diverged: bool, within_tolerance: bool, steps_compared: int, endings: 
         verdict = "incomplete"
     else:
         verdict = "within_tolerance" if within_tolerance else "bit_exact"
-    if any(e.unreadable for e in endings):
-        return verdict, unreadable_exit
-    if any(not e.ok for e in endings):
-        return verdict, 3
-    return verdict, 0 if verdict in PASSING else 1
+    return verdict, comparison_exit_code(Verdict(verdict), all(e.ok for e in endings),
+                                         any(e.unreadable for e in endings), unreadable_exit)
 
 
 def _fmt(x: float | None) -> str:

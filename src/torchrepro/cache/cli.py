@@ -15,27 +15,11 @@ from typing import Any
 
 from .. import options
 from ..errors import UserError
-from ..safe_text import visible, visible_tree
+from ..report.cache import size_text
+from ..safe_text import visible
 
 _EPILOG = ("Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
            "finds differing keys; 2 usage or input error (nothing is written).")
-
-
-def _console():
-    from rich.console import Console
-
-    return Console()
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 def _print_json(data: Any) -> None:
@@ -44,10 +28,7 @@ def _print_json(data: Any) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from rich.table import Table
-    from rich.text import Text
-
-    from ..report.terminal import render_findings
+    from ..report.cache import render_status
     from .inventory import status
 
     report = status(args.dir)
@@ -55,29 +36,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
         return 1 if failing else 0
-    console = _console()
-    report = visible_tree(report)  # file names and writers come from the cache directory
-    perms, totals = report["permissions"], report["totals"]
-    console.print(Text(f"inductor cache {report['path']} ({report['source']}): {totals['files']} files, "
-                       f"{_mb(totals['bytes'])}; owner {perms['owner']}, mode {perms['mode']}"), highlight=False)
-    table = Table(show_edge=False, pad_edge=False)
-    for column in ("kind", "files", "keys", "size", "oldest", "newest", "never hit"):
-        table.add_column(column, justify="left" if column == "kind" else "right")
-    for name, row in report["categories"].items():
-        table.add_row(name, str(row["files"]), str(row.get("keys", "")), _mb(row["bytes"]),
-                      _age(row["oldest_age_s"]), _age(row["newest_age_s"]), str(row["unreachable"] or ""))
-    console.print(table)
-    build = report["this_build"]
-    for what, counts in report["written_by"].items():
-        shown = ", ".join(f"{value} ({n})" for value, n in counts.items())
-        console.print(Text(f"written by {what}: {shown}   (this process: {build.get(what)})", style="dim"),
-                      highlight=False)
-    for group in report["unreachable"]:
-        console.print(Text(f"never hit: {group['files']} {group['category']} file(s): {group['why']}",
-                           style="yellow"), highlight=False)
-    render_findings(console, report["findings"])
-    if not report["findings"]:
-        console.print(Text("no findings: only you can write to this cache", style="green"))
+    render_status(report)
     return 1 if failing else 0
 
 
@@ -98,9 +57,8 @@ def _events(run: str, rank: int | None):
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from rich.text import Text
-
     from ..analysis.cache import explain_misses
+    from ..report.cache import render_explain
 
     if args.run_b is None and not args.ranks:
         raise UserError("give two runs (RUN_A RUN_B), or one run and --ranks RA RB to compare two of its ranks")
@@ -113,36 +71,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return code
-    console = _console()
-    result = visible_tree(result)  # key components quote the user's code
-    for side, label in (("a", label_a), ("b", label_b)):
-        counts = ", ".join(f"{n} {status}" for status, n in sorted(result["lookups"][side].items()))
-        console.print(Text(f"{side.upper()} = {label}: {counts}"), highlight=False)
-    if not result["causes"] and not result["same_key_misses"] and not result["bypassed"]:
-        console.print(Text("same keys: B could reuse every entry A compiled", style="green")
-                      if not result["keys_differ"] else
-                      Text(f"{result['keys_differ']} key(s) differ, but neither run recorded key components",
-                           style="yellow"))
-    for cause in result["causes"]:
-        refs = sorted({f"{result['pairs'][i]['b']['cache']} {result['pairs'][i]['b']['compile_id']}"
-                       for i in cause["lookups"]})
-        console.print(Text(f" ✗ {cause['detail']}", style="bold red") +
-                      Text(f"   ({len(cause['lookups'])} lookup(s): {', '.join(refs)})", style="dim"),
-                      highlight=False)
-        console.print(Text(f"   component: {cause['component']}\n   fix: {cause['fix']}", style="dim"),
-                      highlight=False)
-    notes = {row["note"] for row in result["pairs"] if row["note"]}
-    for note in notes:
-        console.print(Text(f" · {note}", style="dim"), highlight=False)
-    if result["same_key_misses"]:
-        console.print(Text(f" · B missed {result['same_key_misses']} lookup(s) with A's exact key: the entries were "
-                           "not in B's cache directory (another TORCHINDUCTOR_CACHE_DIR, a cleared cache)",
-                           style="yellow"), highlight=False)
-    for side in ("a", "b"):
-        if result[f"only_{side}"]:
-            ids = ", ".join(sorted({x["compile_id"] for x in result[f"only_{side}"]}))
-            console.print(Text(f" · compiles only in {side.upper()}: {ids} (a recompile or graph one run did not "
-                               "make)", style="dim"), highlight=False)
+    render_explain(result)
     return code
 
 
@@ -152,7 +81,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     manifest = pack(args.out, args.source, headers=not args.no_headers, headers_from=args.headers_from,
                     force=args.force)
     left, totals = manifest["left_out"], manifest["totals"]
-    print(f"packed {totals['files']} files ({_mb(totals['bytes'])}, {totals['headers']} of them precompiled "
+    print(f"packed {totals['files']} files ({size_text(totals['bytes'])}, {totals['headers']} of them precompiled "
           f"headers) from {manifest['source']} into {Path(args.out).absolute()}; left out {left['unreachable']} "
           f"unreachable, {left['locks_partial_links']} locks/partial/links")
     return 0
@@ -188,7 +117,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     made = f", built with torch {built.get('torch')} on {built.get('system')} {built.get('machine')}" if built else ""
     verdict = "FAILED" if result["problems"] else "ok"
     print(f"verify {verdict}: {result['kind']} {result['path']}: {result['files']} files, "
-          f"{_mb(result['bytes'])}{made}")
+          f"{size_text(result['bytes'])}{made}")
     if result["mismatches"]:
         print(f"note: unpack here would refuse it without --force: {'; '.join(result['mismatches'])}")
     _kernel_note(result["kernels_rebuilt"])
@@ -206,10 +135,10 @@ def _cmd_clear(args: argparse.Namespace) -> int:
         print(f"left alone: {len(result['left_alone'])} file(s) or link(s) that are not inductor cache entries: "
               f"{shown}{more}")
     if result["dry_run"]:
-        print(f"would delete {result['files']} files ({_mb(result['bytes'])}) from {result['path']}: {kinds}; "
+        print(f"would delete {result['files']} files ({size_text(result['bytes'])}) from {result['path']}: {kinds}; "
               "run again with --yes to delete")
         return 0
-    print(f"deleted {result['files'] - len(result['errors'])} files ({_mb(result['bytes'])}) from "
+    print(f"deleted {result['files'] - len(result['errors'])} files ({size_text(result['bytes'])}) from "
           f"{result['path']}: {kinds}")
     for error in result["errors"]:
         print(f"torchrepro: could not delete {error}", file=sys.stderr)

@@ -1,25 +1,22 @@
 """What a command hands back when it produced a report, and the one place reports are finished:
 written where ``--json``/``--junit``/``--html`` say, put on the telemetry span, rendered, and
-turned into the exit code."""
+turned into the exit code (which the typed report derives itself)."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
-from ..errors import stop_exit_code
 from ..otlp import record_report
+from ..report.model import CheckReport, DriftReport, Report
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """A report a command produced: its ``kind`` (``doctor``: doctor and report; ``check``: check,
-    check-resume and diff; ``drift``) and the directory it was stored in (None: not stored)."""
+    """A report a command produced and the directory it was stored in (None: not stored)."""
 
-    report: dict[str, Any]
-    kind: Literal["doctor", "check", "drift"]
+    report: Report
     stored_in: Path | None = None
 
 
@@ -27,41 +24,33 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
     """A command's exit code; for a report, after writing, recording and rendering it."""
     if isinstance(outcome, int):
         return outcome
-    report, kind, where = outcome.report, outcome.kind, outcome.stored_in
+    report, where = outcome.report, outcome.stored_in
     _write_outputs(report, args)
-    if kind == "drift":
+    if isinstance(report, DriftReport):
         from ..report.drift import render_drift
         from ..rundir import HTML_FILE, REPORT_FILE
 
         render_drift(report, report_path=f"{where / REPORT_FILE} · {where / HTML_FILE}")
-        return report.get("exit_code", 0)
+        return report.exit_code
     shown = _report_paths(where) if where else (getattr(args, "html", None) or getattr(args, "json", None))
-    if kind == "check":
+    if isinstance(report, CheckReport):
         from ..report.terminal import render_check
 
         render_check(report, report_path=shown)
-        return report["exit_code"]
-    from ..report.terminal import render_doctor
+    else:
+        from ..report.terminal import render_doctor
 
-    render_doctor(report, report_path=shown)
-    return _doctor_exit_code(report)
-
-
-def _doctor_exit_code(report: dict[str, Any]) -> int:
-    if report["run"].get("stopped_by"):
-        return stop_exit_code(report["run"]["stopped_by"])
-    if report["run"].get("failed"):  # judged per rank by its last event: a teardown abort is not a failure
-        return 3
-    return 1 if report["budget_failures"] or report.get("failing_findings") else 0
+        render_doctor(report, report_path=shown)
+    return report.exit_code
 
 
-def _write_outputs(report: dict[str, Any], args: argparse.Namespace) -> None:
+def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     """``--json FILE``, ``--junit FILE``, ``--html FILE`` (an existing non-report file needs
     ``--force``), and the report's verdict on the command's span."""
     from ..rundir import write_json
 
     if getattr(args, "json", None):
-        write_json(Path(args.json), report)
+        write_json(Path(args.json), report.to_json())
     if getattr(args, "junit", None):
         from ..report.junit import write_junit
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> Outcome:
                         nproc=args.nproc, timeout=args.timeout,
                         fixes=False if args.no_fixes else (True if args.fixes else None),
                         only_fixes=_fix_names(args.only_fixes))
-    return Outcome(report, "check", out)
+    return Outcome(report, out)
 
 
 def _fix_names(value: str | None) -> list[str] | None:

@@ -32,4 +32,4 @@ def run(args: argparse.Namespace) -> Outcome:
 
     report, out = check_resume(Path(args.script), args.args, at=args.at, options=RunOptions.from_args(args),
                                out=Path(args.out) if args.out else None, nproc=args.nproc, timeout=args.timeout)
-    return Outcome(report, "check", out)
+    return Outcome(report, out)

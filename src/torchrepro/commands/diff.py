@@ -26,4 +26,4 @@ def run(args: argparse.Namespace) -> Outcome:
     from ..analysis.divergence import Tolerance
     from ..check import diff
 
-    return Outcome(diff(Path(args.run_a), Path(args.run_b), Tolerance(args.rtol, args.atol)), "check")
+    return Outcome(diff(Path(args.run_a), Path(args.run_b), Tolerance(args.rtol, args.atol)))

@@ -50,4 +50,4 @@ def run(args: argparse.Namespace) -> Outcome:
             raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
         report, run_dir = doctor_script(Path(args.script), args.args, out=out, budgets=budgets,
                                         options=RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout)
-    return Outcome(report, "doctor", run_dir)
+    return Outcome(report, run_dir)

@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from pathlib import Path
-
 from .. import options
 from ..errors import UserError
 from ..otlp import add_otlp_option
@@ -138,8 +137,8 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
     runs = collect(out, plan, metric)
     report = build_report(out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect,
                           counts=counts, wall_s=wall_s)
-    code = finish(Outcome(report, "drift", out), args)
-    drift = report["drift"]
+    code = finish(Outcome(report, out), args)
+    drift = report.drift
     if code != 3 and not drift["summary"]["n"] and drift["excluded"]:
         raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
     return code
@@ -151,15 +150,17 @@ def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
     import json
 
     from ..report.html import write_html
+    from ..report.model import load_report, report_kind
     from ..rundir import HTML_FILE, REPORT_FILE, RUN_FILE
 
     try:
-        report = json.loads((directory / REPORT_FILE).read_text())
+        data = json.loads((directory / REPORT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if (directory / RUN_FILE).exists() or not isinstance(report, dict) or report.get("kind") != "drift":
+    if (directory / RUN_FILE).exists() or report_kind(data) != "drift":
         return None
+    report = load_report(data, str(directory / REPORT_FILE))
     if args.junit:
         raise UserError(f"{directory} is a drift experiment: --junit is written for doctor reports")
     write_html(report, directory / HTML_FILE)
-    return Outcome(report, "drift", directory)
+    return Outcome(report, directory)

@@ -17,10 +17,11 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print this environment (as JSON with ``--json``)."""
     from .. import envinfo
+    from ..report.env import render_env
 
     info = envinfo.collect()
     if args.json:
         envinfo.write_json(info, sys.stdout)
     else:
-        envinfo.render(info)
+        render_env(info)
     return 0

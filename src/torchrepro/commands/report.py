@@ -33,4 +33,4 @@ def run(args: argparse.Namespace) -> Outcome:
         return drift
     report = analyse_run_dir(run_dir, Budgets(strict=args.strict), store=False)
     export_stored_run(run_dir)
-    return Outcome(report, "doctor")
+    return Outcome(report)

@@ -5,11 +5,12 @@ and without control characters."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from .model import DriftReport
 
 
 def printable(value: object) -> str:
@@ -25,11 +26,11 @@ def _ci(ci: list[float] | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
     return "n/a" if not ci else "[" + ", ".join(fmt.format(v * scale) for v in ci) + "]"
 
 
-def render_drift(report: dict[str, Any], console: Console | None = None, report_path: str | None = None) -> None:
+def render_drift(report: DriftReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict first, then one table per kind of factor and every run that was left out."""
     console = console or Console()
-    drift = report["drift"]
-    console.print(Text(printable(drift["verdict"]), style="bold"), highlight=False)
+    drift = report.drift
+    console.print(Text(printable(report.verdict_line), style="bold"), highlight=False)
     console.print(Text(f"metric: {printable(drift['metric']['source'])} · design: {drift['design']}", style="dim"),
                   highlight=False)
     summary = drift["summary"]

@@ -23,6 +23,7 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..rundir import write_text
+from .model import Report
 
 GENERATOR = f"torchrepro {__version__}"
 MAX_FINDINGS = 60  # and "n more in report.json": the page stays small whatever the run did
@@ -280,17 +281,6 @@ def bar_chart(items: Sequence[tuple[str, float]], *, unit: str = "", label: str 
 
 # --- the report's series as chart input (no new figures: only the report's own) -------------
 
-def verdict_class(report: dict[str, Any]) -> str:
-    """``ok``, ``warn`` or ``bad``: the colour of the verdict banner (from the report's exit code
-    where it has one)."""
-    if report.get("exit_code") is not None:
-        return "ok" if report["exit_code"] == 0 else "bad"
-    text = str(report.get("verdict") or "")
-    if text.startswith(("HEALTHY", "BIT-EXACT", "WITHIN TOLERANCE")):
-        return "ok"
-    return "bad" if text.startswith(("PROBLEMS", "FAILS", "DIVERGED")) else "warn"
-
-
 def _lane_name(ranks_text: str) -> str:
     return ("rank " if ranks_text.isdigit() else "ranks ") + ranks_text
 
@@ -358,7 +348,7 @@ def _environment() -> Environment:
     env = Environment(loader=PackageLoader("torchrepro.report", "templates"), autoescape=True,
                       undefined=ChainableUndefined, finalize=_finalize, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(num=fmt_num, seconds=fmt_seconds, value=fmt_value)
-    env.globals.update(compile_timeline=compile_timeline, bar_chart=bar_chart, verdict_class=verdict_class,
+    env.globals.update(compile_timeline=compile_timeline, bar_chart=bar_chart,
                        step_time_chart=step_time_chart, per_rank_step_times=per_rank_step_times,
                        divergence_chart=divergence_chart, loss_chart=loss_chart, loss_diff_chart=loss_diff_chart,
                        drift_plots=drift_plots, ci=fmt_ci, percent=fmt_percent, max_runs=MAX_RUNS,
@@ -367,15 +357,15 @@ def _environment() -> Environment:
 
 
 _ENV: Environment | None = None
-_TEMPLATES = {"check": "check.html.j2", "drift": "drift.html.j2"}
 
 
-def render_html(report: dict[str, Any], title: str | None = None) -> str:
-    """The HTML page for a ``doctor``, ``check``/``check-resume``/``diff`` or ``drift`` report."""
+def render_html(report: Report, title: str | None = None) -> str:
+    """The HTML page for a ``doctor``, ``check``/``check-resume``/``diff`` or ``drift`` report: the
+    template of its kind, over its JSON document, the verdict banner coloured by its verdict."""
     global _ENV
     _ENV = _ENV or _environment()
-    template = _ENV.get_template(_TEMPLATES.get(report.get("kind"), "doctor.html.j2"))
-    return template.render(report=report, title=title)
+    template = _ENV.get_template(f"{report.kind}.html.j2")
+    return template.render(report=report.to_json(), tone=report.verdict.tone, title=title)
 
 
 def is_torchrepro_html(path: Path) -> bool:
@@ -388,7 +378,7 @@ def is_torchrepro_html(path: Path) -> bool:
     return b'<meta name="generator" content="torchrepro' in head
 
 
-def write_html(report: dict[str, Any], path: Path, *, force: bool = False, title: str | None = None) -> Path:
+def write_html(report: Report, path: Path, *, force: bool = False, title: str | None = None) -> Path:
     """Render ``report`` into ``path`` atomically. An existing file that is not a torchrepro
     report is never replaced unless ``force``: :class:`InputError` instead."""
     path = Path(path)

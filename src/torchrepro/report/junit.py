@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 from xml.etree import ElementTree as ET
 
 from ..rundir import write_bytes
 from ..safe_text import visible
+from .model import DoctorReport
 
 
-def write_junit(report: dict[str, Any], path: Path) -> None:
+def write_junit(report: DoctorReport, path: Path) -> None:
     """Write ``report`` as a JUnit test suite (budgets and error findings fail). Text from the
     user's script is escaped, control characters included, so the file is always well-formed."""
     suite = ET.Element("testsuite", name="torchrepro")
-    cases = [("budgets", report.get("budget_failures", []))]
-    cases += [(f["code"], [f["title"]]) for f in report["findings"] if f["severity"] == "error"]
+    cases = [("budgets", report.budget_failures)]
+    cases += [(f.code, [f.title]) for f in report.findings if f.severity == "error"]
     failures = 0
     for name, problems in cases:
         case = ET.SubElement(suite, "testcase", classname="torchrepro.doctor", name=visible(name))

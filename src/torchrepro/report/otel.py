@@ -59,6 +59,7 @@ from ..analysis.categories import category_of
 from ..analysis.compile import display_function
 from ..events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
 from ..trace_context import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
+from .model import Report
 
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
@@ -498,13 +499,12 @@ class Launcher:
                     span.set_status(Status(StatusCode.ERROR, f"exit code {launch.exit_code}"))
             span.end()
 
-    def record_report(self, report: dict[str, Any]) -> None:
-        verdict = report.get("verdict") or (report.get("determinism") or {}).get("verdict")
-        self.span.set_attributes(_attrs({"torchrepro.verdict": verdict}))
-        for finding in report.get("findings", []):
-            attributes = {"torchrepro.finding.code": finding["code"], "torchrepro.finding.severity": finding["severity"]}
+    def record_report(self, report: Report) -> None:
+        self.span.set_attributes(_attrs({"torchrepro.verdict": report.verdict_line}))
+        for finding in report.findings:
+            attributes = {"torchrepro.finding.code": finding.code, "torchrepro.finding.severity": finding.severity}
             self.findings.add(1, attributes)
-            self.span.add_event("finding", _attrs({**attributes, "torchrepro.finding.title": finding.get("title")}))
+            self.span.add_event("finding", _attrs({**attributes, "torchrepro.finding.title": finding.title}))
 
     def export_run(self, run_dir: Path) -> None:
         """Every rank's stored events, as if exported live, under this command's span."""

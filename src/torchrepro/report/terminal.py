@@ -4,22 +4,17 @@ script (exception messages, guards, file names) cannot style or control the term
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..analysis.findings import Finding
 from ..safe_text import visible_tree
+from .model import CheckReport, DoctorReport
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
-
-
-def _verdict_style(verdict: str) -> str:
-    return "bold green" if verdict.startswith(("HEALTHY", "BIT-EXACT")) else "bold red" if verdict.startswith(
-        ("PROBLEMS", "FAILS", "DIVERGED")) else "bold yellow"
+_TONE = {"ok": "bold green", "warn": "bold yellow", "bad": "bold red"}  # the verdict's colour, by Verdict.tone
 
 
 def _num(x: float | None) -> str:
@@ -36,84 +31,78 @@ def _row(table: Table, *cells: str) -> None:
     table.add_row(*(Text(cell) for cell in cells))  # plain text: no markup in a guard or reason
 
 
-def render_findings(console: Console, findings: list[dict[str, Any]], limit: int = 8) -> None:
+def render_findings(console: Console, findings: list[Finding], limit: int = 8) -> None:
     """The first ``limit`` findings, each with its fix."""
     findings = visible_tree(findings)
     for f in findings[:limit]:
-        console.print(Text(f" {_MARK[f['severity']]} ", style=_STYLE[f["severity"]]) + Text(f["title"]),
+        console.print(Text(f" {_MARK[f.severity]} ", style=_STYLE[f.severity]) + Text(f.title),
                       highlight=False, markup=False)
-        if f.get("hint"):
-            console.print(Text(f"   fix: {f['hint']}", style="dim"), highlight=False, markup=False)
+        if f.hint:
+            console.print(Text(f"   fix: {f.hint}", style="dim"), highlight=False, markup=False)
     if len(findings) > limit:
         console.print(Text(f"   … {len(findings) - limit} more in report.json", style="dim"))
 
 
-def render_doctor(report: dict[str, Any], console: Console | None = None, report_path: str | None = None) -> None:
-    """Verdict, top findings with fixes, recompiles by category, graph breaks by location."""
+def render_doctor(report: DoctorReport, console: Console | None = None, report_path: str | None = None) -> None:
+    """Verdict, top findings with fixes, recompiles by function, category and guard, graph breaks by location."""
     console = console or Console()
     report = visible_tree(report)
-    console.print(Text(report["verdict"], style=_verdict_style(report["verdict"])), highlight=False, markup=False)
-    c = report["compile"]
-    if report["findings"]:
-        render_findings(console, report["findings"])
-    if c["recompile_events"]:
+    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
+    c = report.compile
+    if report.findings:
+        render_findings(console, report.findings)
+    if c["recompile_groups"]:
         table = Table(title="recompiles", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("function", "category", "count", "first step", "guard"):
             table.add_column(col, overflow="fold")
-        groups = Counter((e["function"], e["category"]) for e in c["recompile_events"])
-        for (function, category), n in groups.most_common(8):
-            first = next(e for e in c["recompile_events"] if (e["function"], e["category"]) == (function, category))
-            _row(table, str(function), str(category), str(n), str(first["step"]), first["guard"][:60])
+        for row in c["recompile_groups"][:8]:
+            _row(table, str(row["function"]), str(row["category"]), str(row["count"]), str(row["steps"][0]),
+                 row["guard"][:60])
         console.print(table)
-    if c["graph_break_events"]:
-        merged: dict[tuple, list] = {}
-        for e in c["graph_break_events"]:
-            row = merged.setdefault((e["file"], e["line"], e["reason"], e["gb_id"]), [0, set()])
-            row[0] += e["count"]
-            row[1].add(e["rank"])
+    if c["graph_break_groups"]:
         table = Table(title="graph breaks", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("location", "count", "reason", "id"):
             table.add_column(col, overflow="fold")
-        for (file, line, reason, gb_id), (count, ranks) in sorted(merged.items(), key=lambda kv: -kv[1][0])[:8]:
-            where = f"{_short(file)}:{line}" + (f" (ranks {sorted(ranks)})" if len(report["run"]["ranks"]) > 1 else "")
-            _row(table, where, str(count), reason[:60], gb_id or "")
+        for row in c["graph_break_groups"][:8]:
+            where = f"{_short(row['file'])}:{row['line']}" + (
+                f" (ranks {row['ranks_text']})" if len(report.run.ranks) > 1 else "")
+            _row(table, where, str(row["count"]), row["reason"][:60], row["gb_id"] or "")
         console.print(table)
+    steps = report.steps.per_rank
     if len(c["per_rank"]) > 1:
         table = Table(title="per rank", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("rank", "status", "steps", "compiles", "recompiles", "breaks", "compile s", "ms/step"):
             table.add_column(col, justify="right")
         for rank, figures in sorted(c["per_rank"].items(), key=lambda kv: int(kv[0])):
-            status = report["run"]["ranks"].get(rank, {}).get("status", "?")
-            steps = report["steps"]["per_rank"].get(rank, {})
-            ms = steps.get("median_step_s")
-            _row(table, rank, status, str(steps.get("steps", 0)), str(figures["compiles"]),
-                 str(figures["recompiles"]), str(figures["graph_breaks"]), f"{figures['compile_time_s']:.2f}",
-                 "" if ms is None else f"{ms * 1e3:.1f}")
+            outcome, rank_steps = report.run.ranks.get(rank), steps.get(rank)
+            ms = rank_steps.median_step_s if rank_steps else None
+            _row(table, rank, outcome.status if outcome else "?", str(rank_steps.steps if rank_steps else 0),
+                 str(figures["compiles"]), str(figures["recompiles"]), str(figures["graph_breaks"]),
+                 f"{figures['compile_time_s']:.2f}", "" if ms is None else f"{ms * 1e3:.1f}")
         console.print(table)
     cache = ", ".join(f"{name} {v['hit']} hit/{v['miss']} miss" for name, v in c["cache"].items()) or "no lookups"
     console.print(f"compile time {c['compile_time_s']:.2f} s · unique graphs {c['unique_graphs']} · cache: {cache}",
                   highlight=False, markup=False)
-    for rank, s in report["steps"]["per_rank"].items() if len(c["per_rank"]) <= 1 else ():
-        if s["steps"]:
-            loss = f"loss {s['first_loss']:.4g} → {s['last_loss']:.4g}" if s["first_loss"] is not None else "no loss seen"
-            ms = "no step times" if s["median_step_s"] is None else f"median {s['median_step_s'] * 1e3:.1f} ms/step"
-            console.print(f"rank {rank}: {s['steps']} steps, {ms}, {loss}", highlight=False, markup=False)
-    missing = [cap for cap in report.get("capabilities", []) if not cap["available"]]
-    for cap in missing:
-        console.print(Text(f"not observed: {cap['name']} ({cap['note']})", style="dim"))
+    for rank, s in steps.items() if len(c["per_rank"]) <= 1 else ():
+        if s.steps:
+            loss = f"loss {s.first_loss:.4g} → {s.last_loss:.4g}" if s.first_loss is not None else "no loss seen"
+            ms = "no step times" if s.median_step_s is None else f"median {s.median_step_s * 1e3:.1f} ms/step"
+            console.print(f"rank {rank}: {s.steps} steps, {ms}, {loss}", highlight=False, markup=False)
+    for cap in report.capabilities:
+        if not cap["available"]:
+            console.print(Text(f"not observed: {cap['name']} ({cap['note']})", style="dim"))
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
 
 
-def render_check(report: dict[str, Any], console: Console | None = None, report_path: str | None = None) -> None:
+def render_check(report: CheckReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict on the first line, then the divergence, its cause, and the curve."""
     console = console or Console()
     report = visible_tree(report)
-    det = report["determinism"]
-    console.print(Text(report["verdict"], style="bold green" if report.get("exit_code") == 0 else "bold red"),
-                  highlight=False, markup=False)
-    render_findings(console, report["findings"])
-    fd = det.get("first_divergence")
+    det = report.determinism
+    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
+    render_findings(console, report.findings)
+    fd = det.first_divergence
     if fd:
         because = fd["evidence"].get("because")
         if because:
@@ -122,23 +111,24 @@ def render_check(report: dict[str, Any], console: Console | None = None, report_
             console.print(f"  {line}", highlight=False, markup=False)
         if fd.get("phase"):
             console.print(f"phase: {fd['phase']}", highlight=False, markup=False)
-    dec = det.get("decomposition")
+    dec = det.more.get("decomposition")
     if dec:
         for name in ("total", "rng", "numerics"):
             d = dec[name]
-            size = "bit-exact" if d["bit_exact"] else f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})"
+            size = "bit-exact" if d["bit_exact"] else (
+                f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})")
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
-    if det.get("curve"):
+    if det.curve:
         table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("step", "max |Δparam|", "max rel", "|Δloss|"):
             table.add_column(col, justify="right")
-        curve = det["curve"]
+        curve = det.curve
         shown = curve if len(curve) <= 8 else curve[:4] + curve[-4:]
         for point in shown:
             loss = "" if point["loss_diff"] is None else f"{point['loss_diff']:.3g}"
             _row(table, str(point["step"]), f"{point['max_abs']:.3g}", f"{point['max_rel']:.3g}", loss)
         console.print(table)
-    for note in det.get("notes", [])[:5]:
+    for note in det.notes[:5]:
         console.print(Text(f"note: {note}", style="dim"))
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))

@@ -1,0 +1,410 @@
+"""Typed reports: what ``doctor``, ``check`` (``check-resume``, ``diff``) and ``drift`` conclude,
+as data. Analysis builds them, :mod:`torchrepro.rundir` saves them as ``report.json``, and the
+renderers (terminal, JUnit, HTML, OpenTelemetry) read them; none of those computes a verdict or an
+exit code of its own: both are derived here, from the report's content.
+
+``to_json()`` gives the ``report.json`` document and ``from_json()`` (or :func:`load_report`, which
+picks the kind) reads one back, including reports written before the schemas were per kind
+(``torchrepro.report/1``). The top level and the sections a verdict rests on (the run and how it
+ended, steps, findings, the comparison) are typed; sections only shown (compile details, curves,
+rank groups, provenance) stay JSON objects. Each kind has a JSON Schema in
+``torchrepro/schemas/<kind>.schema.json`` (:func:`schema_path`). Nothing here imports torch.
+
+>>> Verdict.BIT_EXACT.tone, Verdict("warnings").tone
+('ok', 'warn')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, Union
+
+from ..analysis.findings import Finding
+from ..errors import InputError, stop_exit_code
+
+LEGACY_SCHEMA = "torchrepro.report/1"  # shared by every kind before the schemas were split (still read)
+SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drift": "torchrepro.drift/1"}
+
+
+class Verdict(str, Enum):
+    """Every verdict a report can reach. Doctor: ``healthy``, ``warnings``, ``problems``,
+    ``fails_budget``; a comparison of runs (:mod:`torchrepro.analysis.verdict`): ``bit_exact``,
+    ``within_tolerance``, ``diverged``, ``incomplete``, ``nothing_compared``; drift:
+    ``noise`` (no factor makes a real difference), ``real_difference``, ``run_failed``."""
+
+    HEALTHY = "healthy"
+    WARNINGS = "warnings"
+    PROBLEMS = "problems"
+    FAILS_BUDGET = "fails_budget"
+    BIT_EXACT = "bit_exact"
+    WITHIN_TOLERANCE = "within_tolerance"
+    DIVERGED = "diverged"
+    INCOMPLETE = "incomplete"
+    NOTHING_COMPARED = "nothing_compared"
+    NOISE = "noise"
+    REAL_DIFFERENCE = "real_difference"
+    RUN_FAILED = "run_failed"
+
+    @property
+    def passing(self) -> bool:
+        """Whether a comparison with this verdict passes (exit 0 when every run ended normally)."""
+        return self in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE)
+
+    @property
+    def tone(self) -> str:
+        """``ok``, ``warn`` or ``bad``: how a renderer colours it."""
+        if self in (Verdict.HEALTHY, Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.NOISE):
+            return "ok"
+        return "warn" if self is Verdict.WARNINGS else "bad"
+
+    @classmethod
+    def of_doctor(cls, findings: list[Finding], budget_failures: list[str]) -> Verdict:
+        """A doctor report's verdict: a failed budget, then error findings, then warnings."""
+        if budget_failures:
+            return cls.FAILS_BUDGET
+        severities = {f.severity for f in findings}
+        return cls.PROBLEMS if "error" in severities else cls.WARNINGS if "warning" in severities else cls.HEALTHY
+
+
+def comparison_exit_code(verdict: Verdict, ended_normally: bool, unreadable: bool, unreadable_exit: int) -> int:
+    """A comparison's exit code: ``unreadable_exit`` when a log cannot be read (2 for stored runs
+    given as input, 3 for runs a check launched), 3 when a run did not end normally, else 0 for a
+    passing verdict and 1 otherwise.
+
+    >>> comparison_exit_code(Verdict.DIVERGED, True, False, 3)
+    1
+    """
+    if unreadable:
+        return unreadable_exit
+    if not ended_normally:
+        return 3
+    return 0 if verdict.passing else 1
+
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], data: dict[str, Any], **overrides: Any) -> T:
+    """``cls`` from the keys of ``data`` it has fields for (missing ones take their defaults)."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names and k not in overrides}, **overrides)
+
+
+def _rest(cls: type, data: dict[str, Any], *also: str) -> dict[str, Any]:
+    """The keys of ``data`` that ``cls`` has no field for (kept, as they were, in ``meta``/``more``)."""
+    names = {f.name for f in dataclasses.fields(cls)} | set(also)
+    return {k: v for k, v in data.items() if k not in names}
+
+
+def _findings(items: list[dict[str, Any]]) -> list[Finding]:
+    return [_build(Finding, f) for f in items]
+
+
+# --- doctor -------------------------------------------------------------------------------------
+
+@dataclass
+class RankOutcome:
+    """How one rank ended, and where it ran."""
+
+    exit_code: int | None = None
+    status: str = "incomplete"  # ok, imported, failed, incomplete, ...
+    error: str | None = None
+    last_step: int | None = None
+    duration_s: float | None = None
+    host: str | None = None
+    node: int | None = None
+    local_rank: int | None = None
+
+
+@dataclass
+class DoctorRun:
+    """The ``run`` section: ``meta`` is the run's ``run.json`` (script, arguments, how the job
+    ended: ``stopped_by``, ``stall``, ``launcher``...); the rest is judged from the event logs."""
+
+    failed: bool
+    ranks: dict[str, RankOutcome]
+    torch_version: str | None = None
+    world_size: int = 1
+    env_fingerprint: str | None = None
+    ranks_present: list[int] = field(default_factory=list)
+    ranks_missing: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.meta, "failed": self.failed, "torch_version": self.torch_version, "world_size": self.world_size,
+                "env_fingerprint": self.env_fingerprint, "ranks_present": self.ranks_present,
+                "ranks_missing": self.ranks_missing, "ranks": {r: dataclasses.asdict(o) for r, o in self.ranks.items()},
+                "problems": self.problems}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DoctorRun:
+        ranks = {r: _build(RankOutcome, o) for r, o in data["ranks"].items()}
+        return _build(cls, data, ranks=ranks, meta=_rest(cls, data))
+
+
+@dataclass
+class RankSteps:
+    """One rank's steps: count, first and last loss, times, which steps compiled."""
+
+    steps: int
+    first_loss: float | None = None
+    last_loss: float | None = None
+    total_time_s: float = 0.0
+    median_step_s: float | None = None
+    compile_steps: list[int] = field(default_factory=list)
+    fingerprinted_steps: int = 0
+
+
+@dataclass
+class StepsSummary:
+    """The ``steps`` section: the most steps any rank recorded, and per rank."""
+
+    steps: int
+    per_rank: dict[str, RankSteps]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "per_rank": {r: dataclasses.asdict(s) for r, s in self.per_rank.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepsSummary:
+        return cls(data["steps"], {r: _build(RankSteps, s) for r, s in data["per_rank"].items()})
+
+
+@dataclass
+class DoctorReport:
+    """``torchrepro doctor`` (and ``report``): compile health, steps, how the run ended, budgets.
+    ``compile``, ``rank_groups`` and ``provenance`` are the analysis' JSON sections as they are."""
+
+    kind: ClassVar[str] = "doctor"
+    run: DoctorRun
+    compile: dict[str, Any]
+    steps: StepsSummary
+    findings: list[Finding]
+    verdict: Verdict
+    verdict_line: str
+    capabilities: list[dict[str, Any]] = field(default_factory=list)
+    budget_failures: list[str] = field(default_factory=list)
+    failing_findings: list[str] = field(default_factory=list)  # codes of findings that fail the run
+    rank_groups: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """128+N when a signal N stopped the job, 3 when the script failed, 1 when it fails a
+        budget or a failing finding, else 0."""
+        if self.run.meta.get("stopped_by"):
+            return stop_exit_code(self.run.meta["stopped_by"])
+        if self.run.failed:  # judged per rank by its last event: a teardown abort is not a failure
+            return 3
+        return 1 if self.budget_failures or self.failing_findings else 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``report.json`` document."""
+        return {"schema": SCHEMAS["doctor"], "run": self.run.to_json(), "compile": self.compile,
+                "steps": self.steps.to_json(), "findings": [f.to_json() for f in self.findings],
+                "capabilities": self.capabilities, "budget_failures": self.budget_failures,
+                "failing_findings": self.failing_findings, "verdict": self.verdict_line,
+                "rank_groups": self.rank_groups, "provenance": self.provenance}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DoctorReport:
+        """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
+        findings = _findings(data["findings"])
+        budget_failures = data.get("budget_failures", [])
+        return cls(run=DoctorRun.from_json(data["run"]), compile=data["compile"],
+                   steps=StepsSummary.from_json(data["steps"]), findings=findings,
+                   verdict=Verdict.of_doctor(findings, budget_failures), verdict_line=data["verdict"],
+                   capabilities=data.get("capabilities", []), budget_failures=budget_failures,
+                   failing_findings=data.get("failing_findings", []), rank_groups=data.get("rank_groups", {}),
+                   provenance=data.get("provenance", {}))
+
+
+# --- check, check-resume, diff ----------------------------------------------------------------
+
+@dataclass
+class RunEnding:
+    """How one compared run ended (:class:`torchrepro.analysis.verdict.Ending`, as reported)."""
+
+    run: str
+    ended_normally: bool
+    problems: list[str] = field(default_factory=list)
+    unreadable: bool = False
+    steps: dict[str, int] = field(default_factory=dict)  # rank -> steps recorded
+
+
+@dataclass
+class Determinism:
+    """The ``determinism`` section: what was compared, how every run ended, the first divergence
+    (a JSON object: step, rank, what, cause, evidence...). ``more``: what only some checks add
+    (``decomposition``, ``fixes``, ``fix_recommended``, ``backend_stages``, ``against``,
+    ``resume_at``, ``largest_difference``, ``nothing_compared_because``)."""
+
+    verdict: Verdict
+    runs: list[str]
+    steps_compared: int
+    endings: list[RunEnding]
+    first_divergence: dict[str, Any] | None = None
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rtol: float = 0.0
+    atol: float = 0.0
+    environment_differences: list[str] = field(default_factory=list)
+    step_clock: str | None = None
+    more: dict[str, Any] = field(default_factory=dict)
+
+    def exit_code(self, unreadable_exit: int) -> int:
+        """See :func:`comparison_exit_code`."""
+        return comparison_exit_code(self.verdict, all(e.ended_normally for e in self.endings),
+                                    any(e.unreadable for e in self.endings), unreadable_exit)
+
+    def to_json(self, unreadable_exit: int) -> dict[str, Any]:
+        return {"verdict": self.verdict.value, "exit_code": self.exit_code(unreadable_exit), "runs": self.runs,
+                "first_divergence": self.first_divergence, "curve": self.curve, "notes": self.notes,
+                "rtol": self.rtol, "atol": self.atol, "steps_compared": self.steps_compared,
+                "endings": [dataclasses.asdict(e) for e in self.endings],
+                "environment_differences": self.environment_differences, "step_clock": self.step_clock, **self.more}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Determinism:
+        endings = [_build(RunEnding, e) for e in data["endings"]]
+        return _build(cls, data, verdict=Verdict(data["verdict"]), endings=endings, more=_rest(cls, data, "exit_code"))
+
+
+@dataclass
+class CheckRun:
+    """The ``run`` section of a comparison: the command's settings (``meta``: script, arguments,
+    seed, runs...; ``diff`` for a diff of stored runs), each run's directory and wall time."""
+
+    run_dirs: dict[str, str]
+    timings_s: dict[str, float] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.meta, "run_dirs": self.run_dirs, "timings_s": self.timings_s}
+
+
+@dataclass
+class CheckReport:
+    """``torchrepro check``, ``check-resume`` and ``diff``: is the run reproducible, and why not.
+    ``sides`` and ``step_comparison``: the two compared runs side by side (JSON, for the HTML page)."""
+
+    kind: ClassVar[str] = "check"
+    run: CheckRun
+    determinism: Determinism
+    findings: list[Finding]
+    verdict_line: str
+    provenance: dict[str, Any] | None = None
+    sides: list[dict[str, Any]] | None = None
+    step_comparison: list[dict[str, Any]] | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.determinism.verdict
+
+    @property
+    def unreadable_exit(self) -> int:
+        """The exit code for an unreadable log: 2 when it was an input (``diff``), 3 when launched."""
+        return 2 if "diff" in self.run.meta else 3
+
+    @property
+    def exit_code(self) -> int:
+        """See :func:`comparison_exit_code`."""
+        return self.determinism.exit_code(self.unreadable_exit)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``report.json`` document."""
+        out = {"schema": SCHEMAS["check"], "kind": "check", "run": self.run.to_json(),
+               "determinism": self.determinism.to_json(self.unreadable_exit),
+               "findings": [f.to_json() for f in self.findings], "verdict": self.verdict_line,
+               "exit_code": self.exit_code}
+        for name in ("provenance", "sides", "step_comparison"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckReport:
+        """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
+        run = data["run"]
+        return cls(run=CheckRun(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(CheckRun, run)),
+                   determinism=Determinism.from_json(data["determinism"]), findings=_findings(data["findings"]),
+                   verdict_line=data["verdict"], provenance=data.get("provenance"), sides=data.get("sides"),
+                   step_comparison=data.get("step_comparison"))
+
+
+# --- drift --------------------------------------------------------------------------------------
+
+@dataclass
+class DriftReport:
+    """``torchrepro drift``: ``run`` (the experiment's settings) and ``drift`` (metric, design,
+    runs, effects, variance shares, excluded runs: :func:`torchrepro.analysis.drift.analyse`)."""
+
+    kind: ClassVar[str] = "drift"
+    run: dict[str, Any]
+    drift: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+    findings: ClassVar[tuple[Finding, ...]] = ()  # drift reports state effects, not findings
+
+    @property
+    def verdict_line(self) -> str:
+        return self.drift["verdict"]
+
+    @property
+    def verdict(self) -> Verdict:
+        """``run_failed`` when a run crashed, ``real_difference`` when a binary factor makes one
+        (p below its alpha), else ``noise``."""
+        if any(r["status"] == "crashed" for r in self.drift["excluded"]):
+            return Verdict.RUN_FAILED
+        real = any(e["p_value"] is not None and e["p_value"] < e["alpha"] for e in self.drift["effects"])
+        return Verdict.REAL_DIFFERENCE if real else Verdict.NOISE
+
+    @property
+    def exit_code(self) -> int:
+        """3 when a run crashed, 1 when a binary factor makes a real difference, else 0."""
+        return {Verdict.RUN_FAILED: 3, Verdict.REAL_DIFFERENCE: 1}.get(self.verdict, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``report.json`` document."""
+        return {"schema": SCHEMAS["drift"], "kind": "drift", "verdict": self.verdict_line, "exit_code": self.exit_code,
+                "run": self.run, "drift": self.drift, "provenance": self.provenance}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DriftReport:
+        """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
+        return cls(run=data["run"], drift=data["drift"], provenance=data.get("provenance", {}))
+
+
+Report = Union[DoctorReport, CheckReport, DriftReport]
+_KINDS: dict[str, type] = {"doctor": DoctorReport, "check": CheckReport, "drift": DriftReport}
+
+
+def report_kind(data: Any) -> str | None:
+    """The kind of a ``report.json`` document (``doctor``, ``check``, ``drift``), or None when it
+    is not one: per-kind schemas, and the shared ``torchrepro.report/1`` with its ``kind`` key."""
+    if not isinstance(data, dict):
+        return None
+    schema = data.get("schema")
+    if schema == LEGACY_SCHEMA:
+        return data.get("kind", "doctor") if data.get("kind", "doctor") in _KINDS else None
+    return next((kind for kind, name in SCHEMAS.items() if name == schema), None)
+
+
+def load_report(data: Any, source: str = "report") -> Report:
+    """The typed report of a ``report.json`` document; :class:`InputError` when it is not one."""
+    kind = report_kind(data)
+    if kind is None:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise InputError(f"{source} is not a torchrepro report (schema {schema!r})")
+    try:
+        return _KINDS[kind].from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
+
+
+def schema_path(kind: str) -> Path:
+    """The JSON Schema of ``kind``'s ``report.json`` (shipped in the package)."""
+    return Path(__file__).resolve().parent.parent / "schemas" / f"{kind}.schema.json"
