@@ -24,7 +24,7 @@ import torch
 from . import __version__
 from .determinism import CUBLAS_VAR, audit
 from .digests import stable_uid
-from .report.env import NOT_AVAILABLE
+from .events import NOT_AVAILABLE
 
 __all__ = ["CacheDir", "EnvVar", "collect", "write_json"]
 

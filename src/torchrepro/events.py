@@ -27,6 +27,7 @@ except ImportError:  # optional: the standard library reads and writes the same 
 
 SCHEMA = "torchrepro.events/1"
 EVENTS_FILE = "events.jsonl"
+NOT_AVAILABLE = "not available"  # a version or capability of the environment (Header.env) this machine lacks
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-NOT_AVAILABLE = "not available"  # a version or capability this machine lacks (shown dimmed)
+from ..events import NOT_AVAILABLE
 
 
 def render_env(info: dict[str, Any], console: Console | None = None) -> None:
