@@ -107,7 +107,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torchrepro import _compat
 from torchrepro.capture.session import CaptureConfig, CaptureSession
-from torchrepro.launch import prepare
+from torchrepro.prepare import prepare
 from torchrepro.run_options import RunOptions
 
 compile_mode, fix, replay, run_dir = sys.argv[1:]
@@ -205,7 +205,7 @@ def test_a_log_written_with_categories_analyses_as_before(tmp_path):
     reports = {}
     for name, run_dir in runs.items():
         run = load_run(run_dir)
-        reports[name] = json.loads(json.dumps(analyse(run.meta, run.logs, run.problems)).replace(str(run_dir), "RUN"))
+        reports[name] = json.loads(json.dumps(analyse(run.meta, run.logs, run.problems).to_json()).replace(str(run_dir), "RUN"))
     assert reports["raw"] == reports["with_category"]
     assert reports["raw"]["compile"]["recompiles_by_category"] == {"shape": 3}
     assert {e["category"] for e in reports["raw"]["compile"]["recompile_events"]} == {"shape"}

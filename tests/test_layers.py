@@ -27,20 +27,11 @@ READERS = ("torchrepro.analysis", "torchrepro.report")  # events in, findings an
 WRITERS = ("torchrepro.capture", "torchrepro.structured_trace")  # torch in, events out
 
 # (importer, imported) edges that close a cycle today, in modules being reshaped by other sessions
-KNOWN_CYCLE_EDGES = {
-    ("torchrepro.fix_ladder", "torchrepro.check"),  # check <-> fix_ladder: the command layer
-    ("torchrepro.launch", "torchrepro.follow"),  # launch <-> follow
-    ("torchrepro.rundir", "torchrepro.report.html"),  # rundir writes the page: report <-> rundir
-    ("torchrepro.report.svg", "torchrepro.drift"),  # drift <-> report.svg (also a layer breach, below)
-}
+KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
 # (importer, imported) edges through which a layer reaches what it must not, today
-KNOWN_LAYER_EDGES = {
-    ("torchrepro.report.svg", "torchrepro.drift"),  # the drift launcher, for BINARY_FACTORS
-    ("torchrepro.capture.session", "torchrepro.otlp"),  # the live OTLP exporter (report.otel), when asked
-    ("torchrepro.rundir", "torchrepro.report.html"),  # write_report renders the page: capture -> rundir -> report
-}
+KNOWN_LAYER_EDGES: set[tuple[str, str]] = set()
 # modules other than _compat that still read a private torch name
-KNOWN_PRIVATE = {("torchrepro.seed", "torch.utils.data.DataLoader._get_iterator")}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

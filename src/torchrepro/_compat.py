@@ -136,6 +136,22 @@ def dataloader_iterator() -> type | None:
                   "batches are not fingerprinted", _attribute("torch.utils.data.dataloader", "_BaseDataLoaderIter"))
 
 
+def dataloader_get_iterator() -> Callable[[Any], Any] | None:
+    """``torch.utils.data.DataLoader._get_iterator``: where a DataLoader starts its worker
+    processes (``seed_everything`` seeds each worker there, per rank and epoch)."""
+    return _probe("dataloader_get_iterator", "torch.utils.data.DataLoader._get_iterator",
+                  "DataLoader workers are seeded by torch alone, not per rank and epoch",
+                  _attribute("torch.utils.data", "DataLoader", "_get_iterator"))
+
+
+def set_dataloader_get_iterator(function: Callable[[Any], Any]) -> None:
+    """Make ``function`` the DataLoader's ``_get_iterator`` (the seed plan's wrapper, or the
+    original back); the library's own patch, kept while a seed plan is active, not undone with capture."""
+    import torch.utils.data
+
+    torch.utils.data.DataLoader._get_iterator = function
+
+
 def ops_replay() -> bool:
     """Whether this torch has all an op replay needs (dispatch mode, pytree, autograd node)."""
     return all(probe() is not None for probe in (dispatch_mode, tree_flatten, current_autograd_node))

@@ -16,7 +16,8 @@ from .launch import ChildResult, child_env, launch, validate_script
 from .run_options import RunOptions
 from .provenance import launch_meta
 from .report.model import DoctorReport
-from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json, write_report
+from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
+from .report.save import write_report
 
 
 def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, store: bool = True) -> DoctorReport:

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .analysis.drift import BinaryFactor, DriftRun, analyse
+from .analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, analyse
 from .errors import InputError, UserError
 from .events import EVENTS_FILE, Metric, Step, read_events, read_header
 from .launch import STDERR_TAIL_LINES, child_env, run_command
@@ -41,17 +41,9 @@ from .otlp import launch_span
 from .run_options import RunOptions
 from .report.drift import printable
 from .report.model import DriftReport
-from .rundir import write_json, write_report
+from .rundir import write_json
+from .report.save import write_report
 
-RANDOM_FACTORS = ("init", "order", "augment")
-BINARY_FACTORS = {f.name: f for f in (
-    BinaryFactor("compile", ("eager", "compiled"), ({"compile": "eager"}, {})),
-    BinaryFactor("backend", ("aot_eager", "inductor"), ({"backend": "aot_eager"}, {"backend": "inductor"})),
-    BinaryFactor("fallback-random", ("as written", "fallback_random"), ({}, {"fallback-random": "on"})),
-    BinaryFactor("threads", ("1 thread", "default"), ({"threads": "1"}, {})),
-    BinaryFactor("deterministic", ("as written", "deterministic"), ({}, {"deterministic": "on"})),
-)}
-DEFAULT_FACTORS = "init,order,compile"
 ALL_SEEDS = "seeds"  # the one random axis when no random factor is named: every stream varied at once
 PLAN_FILE = "plan.json"
 PLAN_SCHEMA = "torchrepro.drift-plan/1"

@@ -1,7 +1,7 @@
 """The factor levels of one ``torchrepro drift`` run, applied in its process before the script starts.
 
 ``drift`` passes them in the run's :class:`~torchrepro.run_options.RunOptions` (``factors``,
-applied by ``launch.prepare``); ``compile`` and ``fallback-random`` are its ``compile_mode``. Every
+applied by ``prepare.prepare``); ``compile`` and ``fallback-random`` are its ``compile_mode``. Every
 stream comes from the seed tree (:mod:`torchrepro.seed`) of the experiment's root seed:
 
 - ``init``: Python ``random``, numpy's global RNG and torch (CPU and CUDA) from the stream

@@ -20,7 +20,7 @@ from .events import Compile, Step
 from .rundir import Run
 
 if TYPE_CHECKING:
-    from .check import Checker, RunSpec
+    from .checker import Checker, RunSpec
 
 STEPS_AFTER = 2  # a fix's runs stop this many steps after the divergent step
 FIX_TIMEOUT_S = 300.0
@@ -111,7 +111,7 @@ def _jobs(runs: list[Run]) -> int:
 
 def _try(checker: Checker, candidate: Candidate, spec: RunSpec, stop: int,
          timeout: float) -> tuple[list[FixRun], Run | None, Run | None]:
-    from .check import RunSpec
+    from .checker import RunSpec
 
     results: list[FixRun] = []
     runs: list[Run | None] = []
@@ -170,7 +170,7 @@ def run_fix_ladder(checker: Checker, spec: RunSpec, div: Divergence, cause: str,
 def backend_stages(checker: Checker, done: dict[str, tuple[RunSpec, Run]]) -> dict[str, Any]:
     """``--against eager``: eager → aot_eager → inductor with fallback_random → inductor, each
     compared bit for bit with the stage before; the first stage at which results change."""
-    from .check import RunSpec
+    from .checker import RunSpec
 
     if "aot_eager" not in done:
         spec = RunSpec("aot_eager", None, "every compiled frame with backend='aot_eager'")

@@ -93,9 +93,9 @@ def _config() -> tuple[Any, int]:
 
 
 def _prepare(options: Any) -> None:
-    """``launch.prepare``; remembers the seed plan it makes, whose rank the process group will say
+    """``prepare.prepare``; remembers the seed plan it makes, whose rank the process group will say
     (:func:`_joined`)."""
-    from .launch import prepare
+    from .prepare import prepare
     from .seed import active_plan
 
     prepare(options)
@@ -193,7 +193,7 @@ def _joined() -> None:
     session = _own_session()
     if session is None and CONFIG_VAR in os.environ:
         options, root_pid = _config()
-        from .launch import apply_compile_mode
+        from .prepare import apply_compile_mode
 
         if not _PREPARED.get("spawned"):  # no seeding: the script has run; seeding now would change it
             apply_compile_mode(options.compile_mode)
@@ -247,11 +247,13 @@ def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
 
 def _start(options: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
     from .capture.session import CaptureConfig, CaptureSession
+    from .otlp import live_listeners
 
     if not claim(Path(options.run_dir), rank[0], root_pid):
         _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")
         return None
-    session = CaptureSession(CaptureConfig.from_options(options), rank=rank, rank_from=rank_from)
+    session = CaptureSession(CaptureConfig.from_options(options), rank=rank, rank_from=rank_from,
+                             listeners=live_listeners())
     session.start()
     _end_at_exit(session)
     return session

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import InputError
-from .otlp import launch_span
+from .otlp import launch_span, live_listeners
 from .run_options import RunOptions
 
 STDERR_TAIL_LINES = 40
@@ -46,9 +46,10 @@ def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
     end event records how it ended."""
     from .capture.session import CaptureConfig, CaptureSession
     from .follow import propagate
+    from .prepare import prepare
 
     prepare(options)
-    session = CaptureSession(CaptureConfig.from_options(options))
+    session = CaptureSession(CaptureConfig.from_options(options), listeners=live_listeners())
     session.start()
     propagate(options)  # every process the script starts that becomes a rank captures itself
     sys.argv = [str(script), *args]
@@ -76,49 +77,6 @@ def _exit_code(value: object) -> int:
         return value
     print(value, file=sys.stderr)
     return 1
-
-
-def prepare(options: RunOptions) -> None:
-    """Set a process up as ``torchrepro run`` does before capture starts: the cache policy (per
-    rank, before any compile), the compile mode, a candidate fix, the seeds, a drift run's factors."""
-    from .capture.fixes import apply_fix
-    from .factors import apply
-
-    _apply_cache(options)
-    apply_compile_mode(options.compile_mode)
-    apply_fix(options.fix)  # check's fix ladder: one candidate fix, before the script starts
-    if options.seed is not None:
-        from .seed import seed_everything
-
-        seed_everything(options.seed)
-    if options.factors is not None:
-        apply(options.factors)  # a drift run's factor levels: a seed per stream, threads, backend ...
-
-
-def _apply_cache(options: RunOptions) -> None:
-    """``--cache-policy`` / ``--cache-root`` / ``--warm-from``; without them, the
-    ``TORCHREPRO_CACHE_*`` variables a user set (docs/cache.md)."""
-    from .cache.policy import PREWARM_POLICY, ROOT_VAR, configure, configure_from_env, prewarm
-
-    if options.cache_root:
-        os.environ[ROOT_VAR] = options.cache_root  # also where the script's own cache.configure() goes
-    if options.warm_from:
-        prewarm(options.warm_from, options.cache_policy or PREWARM_POLICY)
-    elif options.cache_policy:
-        configure(options.cache_policy)
-    else:
-        configure_from_env()
-
-
-def apply_compile_mode(mode: str | None) -> None:
-    """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does
-    (both undone when capture stops)."""
-    from ._compat import dynamo_config, inductor_config, patch
-
-    if mode == "eager" and (config := dynamo_config()) is not None:
-        patch(config, "disable", True)
-    elif mode == "fallback-random" and (config := inductor_config()) is not None:
-        patch(config, "fallback_random", True)
 
 
 @dataclass

@@ -123,15 +123,17 @@ def export_stored_run(run_dir: Path) -> None:
         _launcher.export_run(run_dir)
 
 
-def attach_from_env(writer: Any) -> None:
-    """Export every event ``writer`` writes, live, when ``TORCHREPRO_OTLP_ENDPOINT`` is set."""
+def live_listeners() -> list[Callable[[Any], None]]:
+    """What a capture session hands every event it writes when ``TORCHREPRO_OTLP_ENDPOINT`` is set:
+    the live exporter (nothing otherwise, or with a warning when it cannot be made)."""
     endpoint = os.environ.get(ENDPOINT_VAR)
     if not endpoint:
-        return
+        return []
     try:
         from .report.otel import live_exporter
 
-        writer.listeners.append(live_exporter(endpoint))
+        return [live_exporter(endpoint)]
     except Exception as exc:  # noqa: BLE001 - telemetry must never stop a run
         hint = INSTALL_HINT if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
         print(f"torchrepro: warning: telemetry is not exported ({hint})", file=sys.stderr, flush=True)
+        return []

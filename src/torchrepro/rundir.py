@@ -18,13 +18,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import InputError
 from .events import EventLog, Shared, rank_logs, read_events
-
-if TYPE_CHECKING:
-    from .report.model import Report
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
@@ -77,14 +74,6 @@ def write_text(path: Path, text: str) -> None:
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (see :func:`write_bytes`)."""
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def write_report(directory: Path, report: Report) -> None:
-    """Write ``report.json`` and, beside it, ``report.html`` (the one place reports are saved)."""
-    from .report.html import write_html
-
-    write_json(directory / REPORT_FILE, report.to_json())
-    write_html(report, directory / HTML_FILE)
 
 
 def check_output(path: Path, *, force: bool = False, inputs: Iterable[Path] = ()) -> Path:

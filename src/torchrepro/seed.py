@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from . import _dist, _state
+from ._compat import dataloader_get_iterator, set_dataloader_get_iterator
 
 _MAX_ROOT = 2**128
 
@@ -341,10 +342,9 @@ def _loader_epoch(loader: torch.utils.data.DataLoader, seeder: WorkerSeeder) -> 
 
 
 def _patch_dataloader() -> None:
-    cls = torch.utils.data.DataLoader
-    if "fn" in _ORIGINAL_GET_ITERATOR or not hasattr(cls, "_get_iterator"):
+    original = dataloader_get_iterator()
+    if "fn" in _ORIGINAL_GET_ITERATOR or original is None:
         return
-    original = cls._get_iterator
     _ORIGINAL_GET_ITERATOR["fn"] = original
 
     def _get_iterator(self):
@@ -358,10 +358,10 @@ def _patch_dataloader() -> None:
             seeder.starts += 1
         return original(self)
 
-    cls._get_iterator = _get_iterator
+    set_dataloader_get_iterator(_get_iterator)
 
 
 def _unpatch_dataloader() -> None:
     original = _ORIGINAL_GET_ITERATOR.pop("fn", None)
     if original is not None:
-        torch.utils.data.DataLoader._get_iterator = original
+        set_dataloader_get_iterator(original)

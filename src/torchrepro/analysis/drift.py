@@ -302,6 +302,17 @@ class BinaryFactor:
     settings: tuple[dict[str, str], dict[str, str]]
 
 
+RANDOM_FACTORS = ("init", "order", "augment")
+BINARY_FACTORS = {f.name: f for f in (
+    BinaryFactor("compile", ("eager", "compiled"), ({"compile": "eager"}, {})),
+    BinaryFactor("backend", ("aot_eager", "inductor"), ({"backend": "aot_eager"}, {"backend": "inductor"})),
+    BinaryFactor("fallback-random", ("as written", "fallback_random"), ({}, {"fallback-random": "on"})),
+    BinaryFactor("threads", ("1 thread", "default"), ({"threads": "1"}, {})),
+    BinaryFactor("deterministic", ("as written", "deterministic"), ({}, {"deterministic": "on"})),
+)}
+DEFAULT_FACTORS = "init,order,compile"
+
+
 @dataclass
 class DriftRun:
     """One run as analysed: its seed levels, settings, outcome and what capture observed."""

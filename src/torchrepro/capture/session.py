@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,7 +20,6 @@ import torch
 from .. import _dist, _state
 from .._compat import undo_patches, watch
 from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
-from ..otlp import attach_from_env
 from ..run_options import RunOptions
 from .compile import CompileCapture
 from .steps import StepConfig, StepRecorder
@@ -68,11 +68,14 @@ def active_session() -> CaptureSession | None:
 class CaptureSession:
     """Start before the user's script, stop after it (also when it fails)."""
 
-    def __init__(self, config: CaptureConfig, rank: tuple[int, int, int] | None = None, rank_from: str | None = None):
+    def __init__(self, config: CaptureConfig, rank: tuple[int, int, int] | None = None, rank_from: str | None = None,
+                 listeners: list[Callable[[Event], None]] = ()):
         """``rank``: (rank, world size, local rank) when known otherwise than from the torchrun
         environment; ``rank_from`` says where it came from (``env``, ``process_group``, or
-        ``default``: rank 0 of 1 because nothing said otherwise)."""
+        ``default``: rank 0 of 1 because nothing said otherwise); ``listeners`` get every event
+        written (the launcher's live OpenTelemetry export, :func:`torchrepro.otlp.live_listeners`)."""
         self.config = config
+        self.listeners = list(listeners)
         self.rank, self.world_size, self.local_rank = rank or (_dist.rank(), _dist.world_size(), _dist.local_rank())
         self.rank_from = rank_from or _dist.placement().source
         self.dir = Path(config.run_dir) / f"rank-{self.rank}"
@@ -126,7 +129,7 @@ class CaptureSession:
 
     def start(self) -> None:
         self.writer = EventWriter(self.dir / EVENTS_FILE)
-        attach_from_env(self.writer)  # --otlp-endpoint: every event is also exported, live
+        self.writer.listeners.extend(self.listeners)
         _state.set_session(self)
         self._install_signals()
         env, env_fp = environment()

@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
 def _plan_and_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..drift import DEFAULT_FACTORS, make_plan, prepare_out, run_all
+    from ..analysis.drift import DEFAULT_FACTORS
+    from ..drift import make_plan, prepare_out, run_all
     from ..launch import validate_script
     from ..rundir import default_run_dir
 

@@ -2,7 +2,7 @@
 
 Built on the official SDK (the ``torchrepro[otel]`` extra). One :class:`RankExporter` per rank
 turns that rank's events into telemetry, live (a listener on the capture session's event writer,
-see :func:`torchrepro.otlp.attach_from_env`) or afterwards from a stored run (``torchrepro
+see :func:`torchrepro.otlp.live_listeners`) or afterwards from a stored run (``torchrepro
 report RUN_DIR --otlp-endpoint URL``). The command that launches the ranks has a
 :class:`Launcher`: its span is the root of the job's trace, each launch (a ``check`` run, a
 replay) a child span, and every rank's span a child of its launch (``TRACEPARENT``).

@@ -77,7 +77,7 @@ def drift_plots(drift: dict[str, Any]) -> list[tuple[str, str]]:
     """``(plot-<factor>.svg, SVG text)`` per factor, drawn from the report's own ``drift`` section:
     random factors by seed level over the runs of the script as written, binary factors by level
     over the paired seeds; means and intervals are the report's ``per_level`` summaries."""
-    from ..drift import BINARY_FACTORS
+    from ..analysis.drift import BINARY_FACTORS
 
     metric = drift["metric"]["name"]
     ok = [_levels(r) for r in drift["runs"] if r["status"] == "ok" and r["metric"] is not None]

@@ -1,0 +1,53 @@
+"""A process set up before the user's script starts, as its :class:`~torchrepro.run_options.RunOptions`
+say: the compile cache, the compile mode, a candidate fix, the seeds, a drift run's factor levels.
+Run by ``torchrepro run`` (:mod:`torchrepro.launch`) and in every rank capture follows into
+(:mod:`torchrepro.follow`)."""
+
+from __future__ import annotations
+
+import os
+
+from .run_options import RunOptions
+
+
+def prepare(options: RunOptions) -> None:
+    """Set a process up as ``torchrepro run`` does before capture starts: the cache policy (per
+    rank, before any compile), the compile mode, a candidate fix, the seeds, a drift run's factors."""
+    from .capture.fixes import apply_fix
+    from .factors import apply
+
+    _apply_cache(options)
+    apply_compile_mode(options.compile_mode)
+    apply_fix(options.fix)  # check's fix ladder: one candidate fix, before the script starts
+    if options.seed is not None:
+        from .seed import seed_everything
+
+        seed_everything(options.seed)
+    if options.factors is not None:
+        apply(options.factors)  # a drift run's factor levels: a seed per stream, threads, backend ...
+
+
+def _apply_cache(options: RunOptions) -> None:
+    """``--cache-policy`` / ``--cache-root`` / ``--warm-from``; without them, the
+    ``TORCHREPRO_CACHE_*`` variables a user set (docs/cache.md)."""
+    from .cache.policy import PREWARM_POLICY, ROOT_VAR, configure, configure_from_env, prewarm
+
+    if options.cache_root:
+        os.environ[ROOT_VAR] = options.cache_root  # also where the script's own cache.configure() goes
+    if options.warm_from:
+        prewarm(options.warm_from, options.cache_policy or PREWARM_POLICY)
+    elif options.cache_policy:
+        configure(options.cache_policy)
+    else:
+        configure_from_env()
+
+
+def apply_compile_mode(mode: str | None) -> None:
+    """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does
+    (both undone when capture stops)."""
+    from ._compat import dynamo_config, inductor_config, patch
+
+    if mode == "eager" and (config := dynamo_config()) is not None:
+        patch(config, "disable", True)
+    elif mode == "fallback-random" and (config := inductor_config()) is not None:
+        patch(config, "fallback_random", True)
