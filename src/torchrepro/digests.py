@@ -203,12 +203,21 @@ def _sized(b: bytes) -> bytes:
 
 
 def _tensor_digest(t: torch.Tensor) -> bytes:
+    if type(t) in _PLAIN and t.is_cpu and t.layout == torch.strided and t.dtype in _NUMPY_DTYPES and (
+            t.is_contiguous() and not (t.is_conj() or t.is_neg())):  # a batch, a parameter: hashed as numpy sees it
+        return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), (t.detach() if t.requires_grad else t).numpy())
     if t.layout != torch.strided or t.device.type == "meta":
         raise TypeError(f"cannot fingerprint a {t.layout} tensor on {t.device}")
     if t.device.type != "cpu":
         return _device_digest(t)
     t = _dense(t)
     return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), _bytes(t).numpy())
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)  # not subclasses (DTensor, fake tensors): those take the general path
+# dtypes whose tensors .numpy() can view: their buffer holds the tensor's logical bytes, row-major
+_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128, torch.bool,
+                           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
 
 def _array_digest(a: np.ndarray) -> bytes:
@@ -218,8 +227,22 @@ def _array_digest(a: np.ndarray) -> bytes:
 
 
 def _header(kind: str, dtype: Any, shape: tuple[int, ...]) -> bytes:
-    """Length-prefixed ``"<kind> <dtype> <shape tuple>"``, e.g. ``cpu-xxh3 torch.float32 (2, 3)``."""
-    return _sized(f"{kind} {dtype} {tuple(shape)}".encode())
+    """Length-prefixed ``"<kind> <dtype> <shape tuple>"``, e.g. ``cpu-xxh3 torch.float32 (2, 3)``
+    (remembered: a training step hashes tensors of the same few shapes again and again)."""
+    key = (kind, dtype, shape)
+    try:
+        return _HEADERS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable numpy descr (structured dtypes): not remembered
+        return _sized(f"{kind} {dtype} {tuple(shape)}".encode())
+    if len(_HEADERS) > 4096:
+        _HEADERS.clear()
+    header = _HEADERS[key] = _sized(f"{kind} {dtype} {tuple(shape)}".encode())
+    return header
+
+
+_HEADERS: dict[tuple, bytes] = {}
 
 
 def _xxh3(*buffers) -> bytes:

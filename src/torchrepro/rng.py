@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import random
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,21 +221,32 @@ def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[st
         "numpy": numpy_state_bytes(),
         "torch_cpu": torch.get_rng_state().numpy().tobytes(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # implies is_available(), which costs more
         raw.update({f"cuda:{i}": s.numpy().tobytes() for i, s in enumerate(torch.cuda.get_rng_state_all())})
     for name, g in {**_REGISTRY, **(generators or {})}.items():
         state = _generator_state(g)
         raw[f"generator:{name}"] = _unb64(state["state"]) if state["kind"] == "torch" else _canonical(state["state"])
     for key, st in _fork_states().items():
         raw[f"fork:{key}"] = st["cpu"].numpy().tobytes() + b"".join(c.numpy().tobytes() for c in st.get("cuda", []))
-    return {name: hash_bytes(data)[:16] for name, data in raw.items()}
+    return {name: _short_digest(name, data) for name, data in raw.items()}
+
+
+_LAST_DIGESTS: dict[str, tuple[bytes, str]] = {}
+
+
+def _short_digest(name: str, data: bytes) -> str:
+    """``hash_bytes(data)[:16]``; the last digest of generator ``name`` again if its state is unchanged."""
+    last = _LAST_DIGESTS.get(name)
+    if last is None or (last[0] is not data and last[0] != data):
+        last = _LAST_DIGESTS[name] = (data, hash_bytes(data)[:16])
+    return last[1]
 
 
 def _fork_states() -> dict[str, dict[str, Any]]:
-    """The saved states of the active seed plan's ``fork()`` streams."""
-    from .seed import active_plan
-
-    plan = active_plan()
+    """The saved states of the active seed plan's ``fork()`` streams (none before
+    :mod:`torchrepro.seed` is imported)."""
+    seed = sys.modules.get(f"{__package__}.seed")
+    plan = seed.active_plan() if seed is not None else None
     return dict(plan._fork_states) if plan is not None else {}
 
 
