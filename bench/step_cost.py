@@ -12,10 +12,11 @@ measures, printed, never asserted:
   optimizer post-step hook) and the pieces inside them (RNG digest, batch fingerprint, parameter
   fingerprints, read-back, event write) are timed with ``thread_time`` (CPU time: on a shared,
   oversubscribed machine wall time inflates short intervals whenever the thread is preempted
-  inside them) in the same process; µs
-  per step each (inclusive: a piece's time is also inside its entry point), and the entry points'
-  sum as a share of the loop's median step time. The first 10 steps are dropped (names, the
-  automatic interval's measuring steps).
+  inside them) in the same process; µs per step each (inclusive: a piece's time is also inside
+  its entry point). Two passes: the entry points alone (``alone``: their sum, as a share of the
+  loop's median step time, is capture's fixed cost), then every part (``all timed``: each timer
+  adds its own two cold ``thread_time`` calls to the parts around it). The first 10 steps are
+  dropped (names, the automatic interval's measuring steps).
 - share: the same loop in a child process under ``py-spy record`` (250 samples/s,
   raw format); the share of the loop's samples with a torchrepro frame on the stack. Needs
   py-spy (``pip install py-spy``); skipped without it.
@@ -84,8 +85,10 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
 ]
 
 
-def timed_parts(width: int, steps: int, tmp: Path) -> tuple[dict[str, float], float]:
-    """µs per kept step for each part, and the median step time (ms) under capture."""
+def timed_parts(width: int, steps: int, tmp: Path, parts: list[tuple[str, str, str, str | None]]
+                ) -> tuple[dict[str, float], float]:
+    """µs per kept step for each of ``parts`` (timed in place, restored after), and the median
+    step time (ms) under capture."""
     import importlib
 
     totals: dict[str, float] = defaultdict(float)
@@ -103,13 +106,16 @@ def timed_parts(width: int, steps: int, tmp: Path) -> tuple[dict[str, float], fl
 
         return timed
 
-    for label, module, attr, cls in PARTS:
-        owner = importlib.import_module(module)
-        owner = getattr(owner, cls) if cls else owner
-        setattr(owner, attr, timer(label, getattr(owner, attr)))
     from torchrepro.capture import steps as steps_mod
 
+    originals = []
+    for label, module, attr, cls in parts:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        originals.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, timer(label, getattr(owner, attr)))
     original_end = steps_mod.StepRecorder._end_step
+    originals.append((steps_mod.StepRecorder, "_end_step", original_end))
     kept = [0]
 
     def end_step(self, clock):  # count from the 11th step on
@@ -118,7 +124,11 @@ def timed_parts(width: int, steps: int, tmp: Path) -> tuple[dict[str, float], fl
         return original_end(self, clock)
 
     steps_mod.StepRecorder._end_step = end_step
-    times = loop(width, steps, tmp / "parts")
+    try:
+        times = loop(width, steps, tmp / f"parts-{len(parts)}")
+    finally:
+        for owner, attr, fn in reversed(originals):
+            setattr(owner, attr, fn)
     return {k: v / max(kept[0], 1) * 1e6 for k, v in totals.items()}, statistics.median(times[10:]) * 1e3
 
 
@@ -204,14 +214,17 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
             tmp = Path(name)
             plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
-            parts, step_ms = timed_parts(width, args.steps, tmp)
+            entries, _ = timed_parts(width, args.steps, tmp, [p for p in PARTS if p[0].startswith("entry")])
+            parts, step_ms = timed_parts(width, args.steps, tmp, PARTS)
             steps = max(100, min(args.steps * 2, int(20000 / max(step_ms, 1))))
             share = spy_share(width, steps, tmp, rate=250)
-        entry = sum(v for k, v in parts.items() if k.startswith("entry"))
+        entry = sum(entries.values())
         print(f"\nwidth {width}: step {plain:.2f} ms CPU without capture, {captured:.2f} ms with (medians); "
               f"ratio per round {' '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.4f}")
+        print(f"  {'':40s} {'alone':>8s} {'all timed':>11s}")
         for label, *_ in PARTS:
-            print(f"  {label:40s} {parts.get(label, 0.0):8.1f} µs")
+            alone = f"{entries.get(label, 0.0):8.1f}" if label in entries else " " * 8
+            print(f"  {label:40s} {alone} {parts.get(label, 0.0):8.1f} µs")
         print(f"  {'capture, all entry points':40s} {entry:8.1f} µs = {entry / 1e3 / plain * 100:.2f} % of a step")
         if share is not None:
             print(f"  py-spy: {share[0] * 100:.2f} % of {share[2]} loop samples in capture per step, "
