@@ -14,8 +14,11 @@ measures, printed, never asserted:
   oversubscribed machine wall time inflates short intervals whenever the thread is preempted
   inside them) in the same process; µs per step each (inclusive: a piece's time is also inside
   its entry point). Two passes: the entry points alone (``alone``: their sum, as a share of the
-  loop's median step time, is capture's fixed cost), then every part (``all timed``: each timer
-  adds its own two cold ``thread_time`` calls to the parts around it). The first 10 steps are
+  loop's median step time, is capture's cost; less the parameter fingerprints, timed in the
+  same pass, its fixed cost), then every part (``all timed``: each timer adds its own two cold
+  ``thread_time`` calls to the parts around it). The automatic interval of the parameter
+  fingerprints budgets 1 % of the *wall* step time of steps 1-5: on a loaded machine it is
+  shorter and their amortized cost larger. The first 10 steps are
   dropped (names, the automatic interval's measuring steps).
 - share: the same loop in a child process under ``py-spy record`` (250 samples/s,
   raw format); the share of the loop's samples with a torchrepro frame on the stack. Needs
@@ -83,6 +86,9 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  read-back batch point (poll)", "torchrepro.capture.readback", "poll", "Readback"),
     ("  event write (JSON line + flush)", "torchrepro.events", "write", "EventWriter"),
 ]
+
+
+PARAMS = "  parameter fingerprints (amortized)"
 
 
 def timed_parts(width: int, steps: int, tmp: Path, parts: list[tuple[str, str, str, str | None]]
@@ -214,18 +220,21 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
             tmp = Path(name)
             plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
-            entries, _ = timed_parts(width, args.steps, tmp, [p for p in PARTS if p[0].startswith("entry")])
+            entries, _ = timed_parts(width, args.steps, tmp, [p for p in PARTS if p[0].startswith("entry")
+                                                              or p[0] == PARAMS])
             parts, step_ms = timed_parts(width, args.steps, tmp, PARTS)
             steps = max(100, min(args.steps * 2, int(20000 / max(step_ms, 1))))
             share = spy_share(width, steps, tmp, rate=250)
-        entry = sum(entries.values())
+        entry = sum(v for k, v in entries.items() if k.startswith("entry"))
+        fixed = entry - entries.get(PARAMS, 0.0)
         print(f"\nwidth {width}: step {plain:.2f} ms CPU without capture, {captured:.2f} ms with (medians); "
               f"ratio per round {' '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.4f}")
         print(f"  {'':40s} {'alone':>8s} {'all timed':>11s}")
         for label, *_ in PARTS:
-            alone = f"{entries.get(label, 0.0):8.1f}" if label in entries else " " * 8
+            alone = f"{entries.get(label, 0.0):8.1f}" if label.startswith("entry") or label == PARAMS else " " * 8
             print(f"  {label:40s} {alone} {parts.get(label, 0.0):8.1f} µs")
         print(f"  {'capture, all entry points':40s} {entry:8.1f} µs = {entry / 1e3 / plain * 100:.2f} % of a step")
+        print(f"  {'  fixed part: all but parameter fps':40s} {fixed:8.1f} µs = {fixed / 1e3 / plain * 100:.2f} %")
         if share is not None:
             print(f"  py-spy: {share[0] * 100:.2f} % of {share[2]} loop samples in capture per step, "
                   f"+{share[1] * 100:.2f} % once (first step: parameter names, lazy imports)", flush=True)

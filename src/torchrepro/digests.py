@@ -155,6 +155,8 @@ def _enc(x: Any, stateful: bool) -> bytes:
     """The canonical encoding described in the module docstring (common types first)."""
     if isinstance(x, torch.Tensor):
         return b"t" + _tensor_digest(x)
+    if type(x) is list:  # a batch: exactly a list, so none of the types tested before lists below
+        return b"l" + _u64(len(x)) + b"".join([_enc(v, stateful) for v in x])
     if x is None:
         return b"N"
     if isinstance(x, bool):

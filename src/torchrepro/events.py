@@ -291,11 +291,15 @@ def _line(event: Event) -> bytes:
     """One event as a JSON line, UTF-8. Step events (the hot path) go through orjson when it is
     installed and their numbers are finite (orjson serializes the dataclass itself, fields in
     order, after ``kind``); the rest, and NaN/inf (orjson would write null), through json."""
-    if _orjson is not None and type(event) is Step and all(
-            v is None or type(v) is float and math.isfinite(v) or type(v) is int
-            for v in (event.t, event.loss, event.time_s, event.grad_norm)):
+    if _orjson is not None and type(event) is Step and _finite(event.loss) and _finite(event.grad_norm) and _finite(
+            event.time_s) and _finite(event.t):
         return b'{"kind":"step",' + _orjson.dumps(event, default=str)[1:] + b"\n"
     return (json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n").encode()
+
+
+def _finite(v: Any) -> bool:
+    """None, an int, or a finite float: what orjson writes as json would."""
+    return v is None or type(v) is float and math.isfinite(v) or type(v) is int
 
 
 class EventWriter:
