@@ -205,9 +205,13 @@ def _sized(b: bytes) -> bytes:
 
 
 def _tensor_digest(t: torch.Tensor) -> bytes:
-    if type(t) in _PLAIN and t.is_cpu and t.layout == torch.strided and t.dtype in _NUMPY_DTYPES and (
-            t.is_contiguous() and not (t.is_conj() or t.is_neg())):  # a batch, a parameter: hashed as numpy sees it
-        return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), (t.detach() if t.requires_grad else t).numpy())
+    if type(t) in _PLAIN:  # a batch, a parameter: hashed in place when numpy can view it row-major
+        try:  # numpy() refuses other devices and layouts, conjugate and negative bits, dtypes numpy lacks
+            a = (t.detach() if t.requires_grad else t).numpy()
+        except (RuntimeError, TypeError):
+            a = None
+        if a is not None and a.flags.c_contiguous:
+            return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), a)
     if t.layout != torch.strided or t.device.type == "meta":
         raise TypeError(f"cannot fingerprint a {t.layout} tensor on {t.device}")
     if t.device.type != "cpu":
@@ -217,9 +221,6 @@ def _tensor_digest(t: torch.Tensor) -> bytes:
 
 
 _PLAIN = (torch.Tensor, nn.Parameter)  # not subclasses (DTensor, fake tensors): those take the general path
-# dtypes whose tensors .numpy() can view: their buffer holds the tensor's logical bytes, row-major
-_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128, torch.bool,
-                           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
 
 def _array_digest(a: np.ndarray) -> bytes:
