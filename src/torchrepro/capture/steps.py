@@ -332,7 +332,7 @@ class StepRecorder:
             parts.append(self._grads[1])
             later["grads"] = [self._grads[0]]
         if self._rng_fps is not None:
-            if self._rng_fps != self._rng_last[0]:  # most steps leave most generators as they were
+            if self._rng_fps != self._rng_last[0]:  # often no generator changed (no dropout, no augmentation)
                 self._rng_last = (self._rng_fps, combine(self._rng_fps))
             event.rng_fps, event.rng_fp, event.rng_at = self._rng_fps, self._rng_last[1], self._rng_at
         fp_cost = 0.0
