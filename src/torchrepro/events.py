@@ -2,7 +2,7 @@
 
 One file per rank, ``RUN_DIR/rank-<r>/events.jsonl``; the first line is a :class:`Header`
 carrying ``"schema": "torchrepro.events/1"``. Every line is one JSON object with a ``kind``.
-The writer flushes each event, so a crash keeps everything before it. The reader skips
+The writer hands each event to the kernel with one ``write``, so a crash keeps everything before it. The reader skips
 garbled lines and a truncated last line and says so in ``EventLog.problems``; events of
 kinds it does not know are counted, not fatal. Nothing here imports torch.
 """
