@@ -87,7 +87,7 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  parameter fingerprints (amortized)", "torchrepro.capture.steps", "fingerprint_later", None),
     ("  read-back queue (add)", "torchrepro.capture.readback", "add", "Readback"),
     ("  read-back batch point (poll)", "torchrepro.capture.readback", "poll", "Readback"),
-    ("  event write (JSON line + flush)", "torchrepro.events", "write", "EventWriter"),
+    ("  event write (JSON line + write)", "torchrepro.events", "write", "EventWriter"),
 ]
 
 
