@@ -10,12 +10,18 @@ measures, printed, never asserted:
   --rounds rounds; the median over rounds of the ratio within a round.
 - parts: capture's entry points (DataLoader batch, outermost module call, backward wrapper,
   optimizer post-step hook) and the pieces inside them (RNG digest, batch fingerprint, parameter
-  fingerprints, read-back, event write) are timed with ``thread_time`` (CPU time: on a shared,
-  oversubscribed machine wall time inflates short intervals whenever the thread is preempted
-  inside them) in the same process; µs
-  per step each (inclusive: a piece's time is also inside its entry point), and the entry points'
-  sum as a share of the loop's median step time. The first 10 steps are dropped (names, the
-  automatic interval's measuring steps).
+  fingerprints, read-back, event write) are timed with ``perf_counter`` in the same process,
+  summed per step, and the median over steps taken (a shared, oversubscribed machine preempts
+  the thread inside some intervals: the median drops those steps; ``thread_time`` would not
+  see preemption, but it is a system call, whose own cost under load, 5-20 µs, swamped the
+  parts); inclusive: a piece's time is also inside its entry point. Two passes: the entry
+  points alone (``alone``: the median of their per-step sum, as a share of the loop's median
+  step time, is capture's cost; less the parameter fingerprints, timed in the same pass, its
+  fixed cost), then every part (``all timed``: each timer adds its own cost to the parts
+  around it). The automatic interval of the parameter
+  fingerprints budgets 1 % of the *wall* step time of steps 1-5: on a loaded machine it is
+  shorter and their amortized cost larger. The first 10 steps are
+  dropped (names, the automatic interval's measuring steps).
 - share: the same loop in a child process under ``py-spy record`` (250 samples/s,
   raw format); the share of the loop's samples with a torchrepro frame on the stack. Needs
   py-spy (``pip install py-spy``); skipped without it.
@@ -31,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -80,46 +87,72 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  parameter fingerprints (amortized)", "torchrepro.capture.steps", "fingerprint_later", None),
     ("  read-back queue (add)", "torchrepro.capture.readback", "add", "Readback"),
     ("  read-back batch point (poll)", "torchrepro.capture.readback", "poll", "Readback"),
-    ("  event write (JSON line + flush)", "torchrepro.events", "write", "EventWriter"),
+    ("  event write (JSON line + write)", "torchrepro.events", "write", "EventWriter"),
 ]
 
 
-def timed_parts(width: int, steps: int, tmp: Path) -> tuple[dict[str, float], float]:
-    """µs per kept step for each part, and the median step time (ms) under capture."""
+PARAMS = "  parameter fingerprints (amortized)"
+
+
+@dataclass
+class Timed:
+    """µs per kept step: each part's median (parameter fingerprints: mean, they run every N
+    steps), the median of the entry points' sum, and of that sum less the parameter fingerprints."""
+
+    parts: dict[str, float]
+    total: float
+    fixed: float
+    step_ms: float
+
+
+def timed_parts(width: int, steps: int, tmp: Path, parts: list[tuple[str, str, str, str | None]]) -> Timed:
+    """Time each of ``parts`` in place (restored after) under capture, step by step."""
     import importlib
 
-    totals: dict[str, float] = defaultdict(float)
-    counting = [False]
+    per_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    recorder: list = [None]
 
     def timer(label: str, fn):
         def timed(*args, **kwargs):
-            if not counting[0]:
+            rec = recorder[0]
+            if rec is None or rec.completed < 10:
                 return fn(*args, **kwargs)
-            t0 = time.thread_time()
+            index, t0 = rec.completed, time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                totals[label] += time.thread_time() - t0
+                per_step[index][label] += time.perf_counter() - t0
 
         return timed
 
-    for label, module, attr, cls in PARTS:
-        owner = importlib.import_module(module)
-        owner = getattr(owner, cls) if cls else owner
-        setattr(owner, attr, timer(label, getattr(owner, attr)))
     from torchrepro.capture import steps as steps_mod
 
+    originals = []
+    for label, module, attr, cls in parts:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        originals.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, timer(label, getattr(owner, attr)))
     original_end = steps_mod.StepRecorder._end_step
-    kept = [0]
+    originals.append((steps_mod.StepRecorder, "_end_step", original_end))
 
-    def end_step(self, clock):  # count from the 11th step on
-        counting[0] = self.completed + 1 >= 10
-        kept[0] += counting[0]
+    def end_step(self, clock):  # steps are counted from the 11th on
+        recorder[0] = self
         return original_end(self, clock)
 
     steps_mod.StepRecorder._end_step = end_step
-    times = loop(width, steps, tmp / "parts")
-    return {k: v / max(kept[0], 1) * 1e6 for k, v in totals.items()}, statistics.median(times[10:]) * 1e3
+    try:
+        times = loop(width, steps, tmp / f"parts-{len(parts)}")
+    finally:
+        for owner, attr, fn in reversed(originals):
+            setattr(owner, attr, fn)
+    kept = [per_step[i] for i in sorted(per_step)[:-1]]  # the last: the session's stop, no step
+    medians = {label: (statistics.mean if label == PARAMS else statistics.median)([s[label] for s in kept]) * 1e6
+               for label, *_ in parts}
+    totals = [sum(v for k, v in s.items() if k.startswith("entry")) for s in kept]
+    fixed = [t - s[PARAMS] for t, s in zip(totals, kept)]
+    return Timed(medians, statistics.median(totals) * 1e6, statistics.median(fixed) * 1e6,
+                 statistics.median(times[10:]) * 1e3)
 
 
 def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, float, int] | None:
@@ -204,15 +237,20 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
             tmp = Path(name)
             plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
-            parts, step_ms = timed_parts(width, args.steps, tmp)
-            steps = max(100, min(args.steps * 2, int(20000 / max(step_ms, 1))))
+            alone = timed_parts(width, args.steps, tmp, [p for p in PARTS if p[0].startswith("entry")
+                                                         or p[0] == PARAMS])
+            every = timed_parts(width, args.steps, tmp, PARTS)
+            steps = max(100, min(args.steps * 2, int(20000 / max(every.step_ms, 1))))
             share = spy_share(width, steps, tmp, rate=250)
-        entry = sum(v for k, v in parts.items() if k.startswith("entry"))
         print(f"\nwidth {width}: step {plain:.2f} ms CPU without capture, {captured:.2f} ms with (medians); "
               f"ratio per round {' '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.4f}")
+        print(f"  {'':40s} {'alone':>8s} {'all timed':>11s}")
         for label, *_ in PARTS:
-            print(f"  {label:40s} {parts.get(label, 0.0):8.1f} µs")
-        print(f"  {'capture, all entry points':40s} {entry:8.1f} µs = {entry / 1e3 / plain * 100:.2f} % of a step")
+            mark = f"{alone.parts[label]:8.1f}" if label in alone.parts else " " * 8
+            print(f"  {label:40s} {mark} {every.parts[label]:8.1f} µs")
+        for name, value in (("capture, all entry points", alone.total),
+                            ("  fixed part: all but parameter fps", alone.fixed)):
+            print(f"  {name:40s} {value:8.1f} µs = {value / 1e3 / plain * 100:.2f} % of a step")
         if share is not None:
             print(f"  py-spy: {share[0] * 100:.2f} % of {share[2]} loop samples in capture per step, "
                   f"+{share[1] * 100:.2f} % once (first step: parameter names, lazy imports)", flush=True)

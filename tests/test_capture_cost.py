@@ -20,7 +20,9 @@ def test_in_place_rng_reads_equal_the_official_state(seed):
         random.seed(seed)
         np.random.seed(seed)
         for draw in (lambda: None, random.random, lambda: random.gauss(0, 1), lambda: np.random.rand(7),
-                     np.random.standard_normal, np.random.standard_normal, lambda: np.random.seed(seed + 1)):
+                     np.random.standard_normal, np.random.standard_normal, lambda: np.random.seed(seed + 1),
+                     lambda: None, lambda: random.seed(seed), lambda: random.setstate(py),  # states read before
+                     lambda: np.random.set_state(npr)):
             draw()
             assert rng_raw.python_state_bytes() == rng_raw.python_bytes(random.getstate())
             _, words, pos, has_gauss, cached = np.random.get_state(legacy=True)

@@ -155,6 +155,8 @@ def _enc(x: Any, stateful: bool) -> bytes:
     """The canonical encoding described in the module docstring (common types first)."""
     if isinstance(x, torch.Tensor):
         return b"t" + _tensor_digest(x)
+    if type(x) is list:  # a batch: exactly a list, so none of the types tested before lists below
+        return b"l" + _u64(len(x)) + b"".join([_enc(v, stateful) for v in x])
     if x is None:
         return b"N"
     if isinstance(x, bool):
@@ -203,12 +205,22 @@ def _sized(b: bytes) -> bytes:
 
 
 def _tensor_digest(t: torch.Tensor) -> bytes:
+    if type(t) in _PLAIN:  # a batch, a parameter: hashed in place when numpy can view it row-major
+        try:  # numpy() refuses other devices and layouts, conjugate and negative bits, dtypes numpy lacks
+            a = (t.detach() if t.requires_grad else t).numpy()
+        except (RuntimeError, TypeError):
+            a = None
+        if a is not None and a.flags.c_contiguous:
+            return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), a)
     if t.layout != torch.strided or t.device.type == "meta":
         raise TypeError(f"cannot fingerprint a {t.layout} tensor on {t.device}")
     if t.device.type != "cpu":
         return _device_digest(t)
     t = _dense(t)
     return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), _bytes(t).numpy())
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)  # not subclasses (DTensor, fake tensors): those take the general path
 
 
 def _array_digest(a: np.ndarray) -> bytes:
@@ -218,8 +230,22 @@ def _array_digest(a: np.ndarray) -> bytes:
 
 
 def _header(kind: str, dtype: Any, shape: tuple[int, ...]) -> bytes:
-    """Length-prefixed ``"<kind> <dtype> <shape tuple>"``, e.g. ``cpu-xxh3 torch.float32 (2, 3)``."""
-    return _sized(f"{kind} {dtype} {tuple(shape)}".encode())
+    """Length-prefixed ``"<kind> <dtype> <shape tuple>"``, e.g. ``cpu-xxh3 torch.float32 (2, 3)``
+    (remembered: a training step hashes tensors of the same few shapes again and again)."""
+    key = (kind, dtype, shape)
+    try:
+        return _HEADERS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable numpy descr (structured dtypes): not remembered
+        return _sized(f"{kind} {dtype} {tuple(shape)}".encode())
+    if len(_HEADERS) > 4096:
+        _HEADERS.clear()
+    header = _HEADERS[key] = _sized(f"{kind} {dtype} {tuple(shape)}".encode())
+    return header
+
+
+_HEADERS: dict[tuple, bytes] = {}
 
 
 def _xxh3(*buffers) -> bytes:

@@ -206,13 +206,24 @@ def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[st
         "numpy": numpy_state_bytes(),
         "torch_cpu": torch.get_rng_state().numpy().tobytes(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # implies is_available(), which costs more
         raw.update({f"cuda:{i}": s.numpy().tobytes() for i, s in enumerate(torch.cuda.get_rng_state_all())})
     for name, g in {**registered(), **(generators or {})}.items():
         raw[f"generator:{name}"] = _generator_bytes(_generator_state(g))
     for key, st in _state.fork_states().items():
         raw[f"fork:{key}"] = st["cpu"].numpy().tobytes() + b"".join(c.numpy().tobytes() for c in st.get("cuda", []))
-    return {name: hash_bytes(data)[:16] for name, data in raw.items()}
+    return {name: _short_digest(name, data) for name, data in raw.items()}
+
+
+_LAST_DIGESTS: dict[str, tuple[bytes, str]] = {}
+
+
+def _short_digest(name: str, data: bytes) -> str:
+    """``hash_bytes(data)[:16]``; the last digest of generator ``name`` again if its state is unchanged."""
+    last = _LAST_DIGESTS.get(name)
+    if last is None or (last[0] is not data and last[0] != data):
+        last = _LAST_DIGESTS[name] = (data, hash_bytes(data)[:16])
+    return last[1]
 
 
 def combine(fingerprints: dict[str, str]) -> str:

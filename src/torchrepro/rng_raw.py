@@ -16,6 +16,9 @@ import ctypes
 import random
 import struct
 import sys
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 __all__ = ["python_state_bytes", "numpy_state_bytes", "python_bytes", "numpy_bytes"]
@@ -44,24 +47,52 @@ def _numpy_slow(gen: np.random.RandomState) -> bytes:
     return numpy_bytes(words.astype("<u4").tobytes(), pos, has_gauss, cached)
 
 
-def _python_fast(gen: random.Random) -> bytes:
+def _python_spans(gen: random.Random) -> tuple[tuple[int, int], ...]:
     # _random.Random holds uint32_t state[624] and int index (getstate() = (*state, index)); their
     # offsets differ between CPython versions and are found by _calibrate()
-    raw = ctypes.string_at(id(gen) + _PY_LAYOUT[0], 4 * _WORDS)
-    index = ctypes.string_at(id(gen) + _PY_LAYOUT[1], 4)
-    gauss = gen.gauss_next
+    return (id(gen) + _PY_LAYOUT[0], 4 * _WORDS), (id(gen) + _PY_LAYOUT[1], 4)
+
+
+def _numpy_spans(gen: np.random.RandomState) -> tuple[tuple[int, int], ...]:
+    # mt19937_state: uint32 key[624], int pos; after the RandomState's pointer to its own bitgen,
+    # aug_bitgen_t: int has_gauss, double gauss
+    return (gen._bit_generator.ctypes.state_address, 4 * _WORDS + 4), (id(gen) + _NP_AUG, 16)
+
+
+def _arrays(spans: tuple[tuple[int, int], ...]) -> tuple[ctypes.Array, ...]:
+    """ctypes char arrays over (address, size) spans: ``.raw`` copies the bytes, no foreign call."""
+    return tuple((ctypes.c_char * size).from_address(address) for address, size in spans)
+
+
+def _python_raw(gen: random.Random, arrays: tuple[ctypes.Array, ...] | None = None
+                ) -> tuple[bytes, bytes, float | None]:
+    state, index = arrays or _arrays(_python_spans(gen))
+    return state.raw, index.raw, gen.gauss_next
+
+
+def _python_canonical(raw: bytes, index: bytes, gauss: float | None) -> bytes:
     tail = np.frombuffer(raw + index, dtype="<u4").astype("<u8").tobytes()
     return (struct.pack("<q", 3) + tail + struct.pack("<d", -1.0 if gauss is None else gauss)
             + bytes([gauss is None]))
 
 
-def _numpy_fast(gen: np.random.RandomState) -> bytes:
-    bitgen = gen._bit_generator
-    raw = ctypes.string_at(bitgen.ctypes.state_address, 4 * _WORDS + 4)  # mt19937_state: key[624], int pos
-    aug = ctypes.string_at(id(gen) + _NP_AUG, 16)  # aug_bitgen_t after its pointer: int has_gauss, double gauss
+def _python_fast(gen: random.Random) -> bytes:
+    return _python_canonical(*_python_raw(gen))
+
+
+def _numpy_raw(gen: np.random.RandomState, arrays: tuple[ctypes.Array, ...] | None = None) -> tuple[bytes, bytes]:
+    state, aug = arrays or _arrays(_numpy_spans(gen))
+    return state.raw, aug.raw
+
+
+def _numpy_canonical(raw: bytes, aug: bytes) -> bytes:
     pos = int.from_bytes(raw[-4:], "little", signed=True)
     has_gauss, cached = int.from_bytes(aug[:4], "little", signed=True), struct.unpack("<d", aug[8:])[0]
     return numpy_bytes(raw[:-4], pos, has_gauss, cached)
+
+
+def _numpy_fast(gen: np.random.RandomState) -> bytes:
+    return _numpy_canonical(*_numpy_raw(gen))
 
 
 _PY_LAYOUTS = ((16, 16 + 4 * _WORDS), (20, 16))  # (state, index) offsets: state first (3.12+), index first
@@ -111,17 +142,44 @@ def _find_aug(gen: np.random.RandomState) -> int:
     return -1
 
 
+# Per global generator object: its arrays (made once; the object is kept, so its memory stays
+# where they point), and the last raw state read with its canonical bytes: a state that has not
+# changed since (the common case for ``random`` and numpy in a torch training loop) is compared,
+# not converted again, and the same bytes object is returned, so digests of it can be reused too.
+_ARRAYS: dict[str, tuple[tuple[Any, ...], tuple[ctypes.Array, ...]]] = {}
+_LAST: dict[str, tuple[tuple, bytes]] = {}
+
+
+def _live_arrays(name: str, owners: tuple[Any, ...], spans: Callable[[], tuple]) -> tuple[ctypes.Array, ...]:
+    cached = _ARRAYS.get(name)
+    if cached is None or any(a is not b for a, b in zip(cached[0], owners)):
+        cached = _ARRAYS[name] = (owners, _arrays(spans()))
+    return cached[1]
+
+
+def _memo(name: str, raw: tuple, canonical: Callable[..., bytes]) -> bytes:
+    last = _LAST.get(name)
+    if last is None or last[0] != raw:
+        last = _LAST[name] = (raw, canonical(*raw))
+    return last[1]
+
+
 def python_state_bytes() -> bytes:
     """The global ``random`` state as canonical bytes (see :func:`python_bytes`)."""
     gen = random._inst
-    return _python_fast(gen) if _PY_LAYOUT is not None and type(gen) is random.Random else _python_slow(gen)
+    if _PY_LAYOUT is not None and type(gen) is random.Random:
+        arrays = _live_arrays("python", (gen,), lambda: _python_spans(gen))
+        return _memo("python", _python_raw(gen, arrays), _python_canonical)
+    return _python_slow(gen)
 
 
 def numpy_state_bytes() -> bytes:
     """numpy's global legacy state as canonical bytes (see :func:`numpy_bytes`)."""
     gen = np.random.mtrand._rand
-    if _NP_AUG >= 0 and type(gen) is np.random.RandomState and type(gen._bit_generator) is np.random.MT19937:
-        return _numpy_fast(gen)
+    bitgen = gen._bit_generator
+    if _NP_AUG >= 0 and type(gen) is np.random.RandomState and type(bitgen) is np.random.MT19937:
+        arrays = _live_arrays("numpy", (gen, bitgen), lambda: _numpy_spans(gen))
+        return _memo("numpy", _numpy_raw(gen, arrays), _numpy_canonical)
     return _numpy_slow(gen)
 
 

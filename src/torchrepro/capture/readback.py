@@ -74,7 +74,7 @@ class Readback:
             fill(event, [])
             self.emit(event)
             return
-        if all(p.device.type == "cpu" for p in parts):
+        if all(p.is_cpu for p in parts):
             self._queue.append(_Waiting(event, fill, parts=parts))
             return
         words = [as_int64(p) for p in parts]

@@ -83,6 +83,7 @@ class StepRecorder:
         self._start = time.perf_counter()
         self._rng_fps: dict[str, str] | None = None
         self._rng_at: str | None = None
+        self._rng_last: tuple[dict[str, str] | None, str] = (None, "")  # the last RNG digests and their combination
         self._own = 0.0
         self._step_times: list[float] = []
         self._fp_costs: list[float] = []
@@ -316,9 +317,11 @@ class StepRecorder:
         event = Step(rank=self.rank, step=index, index=index, time_s=round(step_time, 6),
                      backward_calls=len(self._losses), compiles=self._compiles)
         parts: list[torch.Tensor] = []  # read back at the batch point (readback.py), then filled in
-        if self._losses:
-            losses = [x.float().reshape(()) for x in self._losses]
-            parts.append(losses[0] if len(losses) == 1 else torch.stack(losses).mean())
+        if len(self._losses) == 1:
+            loss = self._losses[0]
+            parts.append(loss if loss.dtype == torch.float32 else loss.float())
+        elif self._losses:
+            parts.append(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         if self._batch_fps:
             event.batches = len(self._batch_fps)
@@ -330,7 +333,9 @@ class StepRecorder:
             parts.append(self._grads[1])
             later["grads"] = [self._grads[0]]
         if self._rng_fps is not None:
-            event.rng_fps, event.rng_fp, event.rng_at = self._rng_fps, combine(self._rng_fps), self._rng_at
+            if self._rng_fps != self._rng_last[0]:  # often no generator changed (no dropout, no augmentation)
+                self._rng_last = (self._rng_fps, combine(self._rng_fps))
+            event.rng_fps, event.rng_fp, event.rng_at = self._rng_fps, self._rng_last[1], self._rng_at
         fp_cost = 0.0
         if self._params and self._should_fingerprint(index):
             t0 = time.perf_counter()
