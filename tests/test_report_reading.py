@@ -62,7 +62,7 @@ def same(a: object, b: object) -> bool:
 
 
 def assert_read_alike(run_dir: Path) -> dict:
-    """Every log reads alike both ways, and the report over them is the same; returns it."""
+    """Every log reads alike both ways, and the report over them is the same; returns it (as JSON)."""
     run = load_run(run_dir)
     plain_logs = []
     for log in run.logs:
@@ -71,8 +71,8 @@ def assert_read_alike(run_dir: Path) -> dict:
         if not log.unreadable:
             assert same([e.to_json() for e in log.events], [e.to_json() for e in events]), log.path
         plain_logs.append(dataclasses.replace(log, events=log.events if log.unreadable else events, _by_type=None))
-    report = analyse(run.meta, run.logs, run.problems)
-    assert same(report, analyse(run.meta, plain_logs, run.problems))
+    report = analyse(run.meta, run.logs, run.problems).to_json()
+    assert same(report, analyse(run.meta, plain_logs, run.problems).to_json())
     return report
 
 
