@@ -36,7 +36,7 @@ Scalar = bool | int | str | None
 
 CUBLAS_VAR = "CUBLAS_WORKSPACE_CONFIG"
 _CUBLAS_VALUE = ":4096:8"
-_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two values cuBLAS documents as deterministic
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two values cuBLAS documents as deterministic
 
 # Set by `deterministic` when it had to set CUBLAS_VAR after CUDA was initialised.
 _cublas_set_late = False
@@ -223,11 +223,11 @@ def _cuda_switches(cuda: bool, cudnn: bool) -> list[Switch]:
         cublas_switch = Switch(CUBLAS_VAR, cublas, _CUBLAS_VALUE, False, "info",
                                "no CUDA: cuBLAS is not used")
     else:
-        ok = cublas in _CUBLAS_DETERMINISTIC and not _cublas_set_late
+        ok = cublas in CUBLAS_DETERMINISTIC and not _cublas_set_late
         if cublas is None:
             note = "unset: cuBLAS may vary run to run; deterministic algorithms then raise"
-        elif cublas not in _CUBLAS_DETERMINISTIC:
-            note = f"not one of {', '.join(_CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run"
+        elif cublas not in CUBLAS_DETERMINISTIC:
+            note = f"not one of {', '.join(CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run"
         elif _cublas_set_late:
             note = "set after CUDA was initialised: may not reach cuBLAS"
         elif torch.cuda.is_initialized():

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import torch
 
 from . import __version__
-from .determinism import CUBLAS_VAR, audit
+from .determinism import CUBLAS_DETERMINISTIC, CUBLAS_VAR, audit
 from .digests import stable_uid
 from .events import NOT_AVAILABLE
 
@@ -289,9 +289,9 @@ def _env_var(name: str, value: str | None) -> EnvVar:
         if value is None:
             return EnvVar(name, None, "unset: cuBLAS may vary run to run; deterministic algorithms "
                           "raise on cuBLAS ops", risky=True)
-        ok = value in (":4096:8", ":16:8")
+        ok = value in CUBLAS_DETERMINISTIC
         return EnvVar(name, value, "fixed cuBLAS workspace: deterministic" if ok
-                      else "not :4096:8 or :16:8: cuBLAS may vary run to run", risky=not ok)
+                      else f"not {' or '.join(CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run", risky=not ok)
     if name == "CUDA_LAUNCH_BLOCKING":
         return EnvVar(name, value, "serialises every kernel launch: much slower, numerics unchanged "
                       "(usually left over from debugging)", risky=on, in_fingerprint=False)

@@ -38,26 +38,30 @@ def replay_file(path: Path, rank: int, world_size: int | None = None) -> Path:
     return path if world_size <= 1 else own
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write a file atomically (temp file in the same folder, then rename), with the mode of the
-    file it replaces (a new one gets the mode ``open()`` would give it). :class:`InputError` if
-    it cannot be written."""
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write; it replaces ``path`` (with the mode
+    of the file it replaces, or the mode ``open()`` gives a new one) only if the block succeeds,
+    and is removed otherwise. The one way torchrepro writes a file another process may read."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fp:
-            fp.write(data)
+        yield Path(tmp)
         os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.is_file() else _new_file_mode())
         os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write a file atomically (:func:`atomic_path`). :class:`InputError` if it cannot be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _new_file_mode() -> int:

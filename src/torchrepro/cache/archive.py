@@ -25,13 +25,13 @@ import shutil
 import tarfile
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable
 
 from .. import __version__
 from ..errors import InputError, UserError
+from ..rundir import atomic_path
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"
@@ -104,19 +104,6 @@ def _tarinfo(name: str, size: int, mtime: float) -> tarfile.TarInfo:
     return info
 
 
-@contextmanager
-def _atomic_output(out: Path) -> Iterator[Path]:
-    """A temp path next to ``out`` that replaces it only if the block succeeds."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _header_files(directory: Path) -> list[Path]:
     """The precompiled headers (``*.h`` and ``*.h.gch``) in ``directory``: regular files only."""
     if not directory.is_dir():
@@ -180,7 +167,7 @@ def pack(out: str | os.PathLike, source: str | os.PathLike | None = None, *, hea
     compression = _compression(out)
     options = {"compresslevel": 1} if compression else {}  # fast: the headers are most of the bytes
     try:
-        with _atomic_output(out) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
+        with atomic_path(out) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
             tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
             for f in files:
                 _add_file(tar, root if f["area"] == "cache" else header_root, f)

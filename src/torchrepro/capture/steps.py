@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ from .. import _compat as compat
 from ..events import Capability, Event, InitParams, Params, Setting, Step
 from ..digests import DeviceDigest, fingerprint, fingerprint_later, hash_bytes
 from ..rng import combine, live_fingerprints
+from ..rundir import atomic_path
 from .on_import import when_imported
 from .readback import Readback
 
@@ -405,9 +405,8 @@ class StepRecorder:
         arrays = {name: _to_numpy(p) for name, p in zip(self._names, self._params)}
         folder = Path(self.snapshot_dir or "snapshots")
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".step-{index:07d}.tmp.npz"
-        np.savez(tmp, **arrays)
-        os.replace(tmp, folder / f"step-{index:07d}.npz")
+        with atomic_path(folder / f"step-{index:07d}.npz") as tmp, open(tmp, "wb") as fp:
+            np.savez(fp, **arrays)
         self._last_snapshot = index
 
     def flush(self) -> None:
