@@ -51,7 +51,7 @@ def rank_log(events: int) -> str:
                 out.append(Compile(step=step, compile_id=f"0/{i // 150}", function="forward", file="train.py", line=10,
                                    dynamo_s=0.2, guards=40, graph_ops=30,
                                    recompile_reasons=["tensor 'x' size mismatch at index 0. expected 32, actual 8"]
-                                   if i else [], category="shape" if i else None))
+                                   if i else []))
             elif kind == 1:
                 out.append(GraphBreak(step=step, compile_id="0/0", reason="Data-dependent branching", gb_id="GB0170",
                                       file="train.py", line=12))
@@ -104,7 +104,6 @@ run = load_run(sys.argv[1])
 c2 = clocks()
 report = analyse(run.meta, run.logs, run.problems)
 c3 = clocks()
-assert report["steps"]["per_rank"]["0"]["steps"] > 0
 rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"wall": [c1[0] - c0[0], c2[0] - c1[0], c3[0] - c2[0]],
                   "cpu": [c1[1] - c0[1], c2[1] - c1[1], c3[1] - c2[1]], "rss_mb": rss_mb}))

@@ -445,7 +445,11 @@ class EventLog:
         if cached is None or cached[0] is not self.events or cached[1] != len(self.events):
             by_type: dict[type, list[Event]] = {}
             for event in self.events:
-                by_type.setdefault(type(event), []).append(event)
+                kind = type(event)
+                if kind in by_type:
+                    by_type[kind].append(event)
+                else:
+                    by_type[kind] = [event]
             cached = self._by_type = (self.events, len(self.events), by_type)
         return list(cached[2].get(cls, ()))
 

@@ -138,12 +138,19 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
     } for c in recompiles]
 
     grouped: dict[tuple, dict[str, Any]] = {}
+    sources: dict[tuple, str | None] = {}  # (file, line): its text, read once per analysis
     for b in breaks:
         key = (b.rank, b.reason, b.gb_id, b.file, b.line)
-        entry = grouped.setdefault(key, {"rank": b.rank, "reason": b.reason, "gb_id": b.gb_id, "file": b.file,
-                                         "line": b.line, "source": b.source or source_line(b.file, b.line),
-                                         "count": 0, "first_step": b.step,
-                                         "hint": _graph_break_hint(b)})
+        entry = grouped.get(key)
+        if entry is None:
+            source, where = b.source, (b.file, b.line)
+            if not source:
+                if where not in sources:
+                    sources[where] = source_line(b.file, b.line)
+                source = sources[where]
+            entry = grouped[key] = {"rank": b.rank, "reason": b.reason, "gb_id": b.gb_id, "file": b.file,
+                                    "line": b.line, "source": source, "count": 0, "first_step": b.step,
+                                    "hint": _graph_break_hint(b)}
         entry["count"] += 1
 
     cache = _cache_summary(lookups, done)

@@ -3,8 +3,10 @@ outcome, and budgets — from events."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from ..events import Capability, Counters, End, EventLog, Header, Step
@@ -15,7 +17,7 @@ from .cache import rank_key_findings
 from .findings import Finding, sort_findings
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
-from .timeline import timeline
+from .timeline import quiet_step_times, timeline
 
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
 # that train on different parameters, a report over fewer ranks than the job has.
@@ -33,22 +35,25 @@ class Budgets:
     strict: bool = False  # capture that degraded (CAPTURE_DEGRADED) fails the run too
 
 
+_TIME_S, _PARAMS_FP = attrgetter("time_s"), attrgetter("params_fp")
+
+
 def steps_summary(logs: list[EventLog]) -> StepsSummary:
     """Per rank: step count, first/last loss, median step time, steps that compiled."""
     per_rank = {}
-    for log in logs:
+    for log in logs:  # few passes over a rank's steps, at C speed where they can be (1024 ranks x 10 000 steps)
         steps: list[Step] = log.of(Step)
-        times = [s.time_s for s in steps if s.time_s is not None]
-        quiet = [s.time_s for s in steps if s.time_s is not None and not s.compiles]
-        losses = [s.loss for s in steps if s.loss is not None]
+        compiled = [s for s in steps if s.compiles]
+        times = [t for t in map(_TIME_S, steps) if t is not None]
+        quiet = quiet_step_times(steps) if compiled else times
         per_rank[str(log.rank)] = RankSteps(
             steps=len(steps),
-            first_loss=losses[0] if losses else None,
-            last_loss=losses[-1] if losses else None,
+            first_loss=next((s.loss for s in steps if s.loss is not None), None),
+            last_loss=next((s.loss for s in reversed(steps) if s.loss is not None), None),
             total_time_s=round(sum(times), 3),
             median_step_s=round(statistics.median(quiet or times), 6) if times else None,
-            compile_steps=[s.index for s in steps if s.compiles][:50],
-            fingerprinted_steps=sum(s.params_fp is not None for s in steps),
+            compile_steps=[s.index for s in compiled[:50]],
+            fingerprinted_steps=len(steps) - list(map(_PARAMS_FP, steps)).count(None),
         )
     return StepsSummary(max((r.steps for r in per_rank.values()), default=0), per_rank)
 
@@ -185,6 +190,16 @@ def verdict_line(verdict: Verdict, findings: list[Finding], budget_failures: lis
 def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str],
             budgets: Budgets | None = None) -> DoctorReport:
     """The whole doctor report from a run's events."""
+    # The events just read are millions of acyclic objects (1024 ranks x 10 000 steps): frozen, the
+    # cyclic collector does not traverse them in every collection the analysis triggers.
+    gc.freeze()
+    try:
+        return _analyse(meta, logs, problems, budgets)
+    finally:
+        gc.unfreeze()
+
+
+def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None) -> DoctorReport:
     run = run_summary(meta, logs, problems)
     compile_section, findings = compile_analysis.summarize(logs)
     steps = steps_summary(logs)

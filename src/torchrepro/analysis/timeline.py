@@ -46,8 +46,13 @@ def _thin(steps: list[Step]) -> list[Step]:
     return [s for i, s in enumerate(steps) if i in keep]
 
 
+def quiet_step_times(steps: list[Step]) -> list[float]:
+    """The host times of the steps that did not compile (that have one)."""
+    return [s.time_s for s in steps if not s.compiles and s.time_s is not None]
+
+
 def _median_step(log: EventLog) -> float | None:
-    times = [s.time_s for s in log.of(Step) if s.time_s is not None and not s.compiles]
+    times = quiet_step_times(log.of(Step))
     return statistics.median(times) if times else None
 
 
