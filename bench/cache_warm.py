@@ -40,9 +40,15 @@ def _model(name: str):
     torch.manual_seed(0)
     if name == "cnn":
         model = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-            torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+            torch.nn.Conv2d(3, 16, 3, padding=1),
+            torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 10),
+        )
         return model, torch.randn(8, 3, 32, 32)
     layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
     return layer, torch.randn(4, 16, 64)
@@ -68,19 +74,33 @@ def child(args: argparse.Namespace) -> None:
     if args.mega_save:
         artifacts = torch.compiler.save_cache_artifacts()
         Path(args.mega_save).write_bytes(artifacts[0] if artifacts else b"")
-    print(json.dumps({
-        "first_step_s": first, "prep_s": prep, "headers_dir": str(headers_dir()),
-        "fx": {k.rsplit("_", 1)[1]: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache_")},
-        "aot": {k.rsplit("_", 1)[1]: v for k, v in counters["aot_autograd"].items()
-                if k.startswith("autograd_cache_")},
-    }))
+    print(
+        json.dumps(
+            {
+                "first_step_s": first,
+                "prep_s": prep,
+                "headers_dir": str(headers_dir()),
+                "fx": {
+                    k.rsplit("_", 1)[1]: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache_")
+                },
+                "aot": {
+                    k.rsplit("_", 1)[1]: v
+                    for k, v in counters["aot_autograd"].items()
+                    if k.startswith("autograd_cache_")
+                },
+            }
+        )
+    )
 
 
 def _env(cache: Path | None = None, machine: Path | None = None) -> dict[str, str]:
     """The children's environment; ``machine``: their TMPDIR, which holds inductor's default
     directory and so its precompiled headers (a fresh one is a new machine)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
-                                                            "TORCHREPRO_CACHE_ROOT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHREPRO_CACHE_ROOT")
+    }
     env["OMP_NUM_THREADS"] = THREADS
     if cache is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
@@ -91,16 +111,23 @@ def _env(cache: Path | None = None, machine: Path | None = None) -> dict[str, st
 
 def _run_child(model: str, cache: Path, machine: Path, *extra: str) -> dict:
     machine.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, __file__, "--child", model, *extra], capture_output=True, text=True,
-                          env=_env(cache, machine), timeout=900)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", model, *extra],
+        capture_output=True,
+        text=True,
+        env=_env(cache, machine),
+        timeout=900,
+    )
     if proc.returncode:
         raise SystemExit(f"child failed ({model}, {cache}):\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _hits(result: dict) -> str:
-    return (f"fx {result['fx'].get('hit', 0)}/{result['fx'].get('hit', 0) + result['fx'].get('miss', 0)}, "
-            f"aot {result['aot'].get('hit', 0)}/{result['aot'].get('hit', 0) + result['aot'].get('miss', 0)}")
+    return (
+        f"fx {result['fx'].get('hit', 0)}/{result['fx'].get('hit', 0) + result['fx'].get('miss', 0)}, "
+        f"aot {result['aot'].get('hit', 0)}/{result['aot'].get('hit', 0) + result['aot'].get('miss', 0)}"
+    )
 
 
 def _median(runs: list[dict]) -> dict:
@@ -133,16 +160,38 @@ def bench_model(model: str, work: Path, repeat: int) -> dict[str, dict]:
     rows["pack"] = _median([from_pack("warm.tar", f"pack-{i}") for i in range(repeat)])
     rows["pack-bare"] = from_pack("bare.tar", "bare")
     rows["mega"] = _run_child(model, base / "from-mega", machine_a, "--mega-load", str(mega))
-    rows["sizes"] = {"pack": (base / "warm.tar").stat().st_size, "bare": (base / "bare.tar").stat().st_size,
-                     "mega": mega.stat().st_size}
+    rows["sizes"] = {
+        "pack": (base / "warm.tar").stat().st_size,
+        "bare": (base / "bare.tar").stat().st_size,
+        "mega": mega.stat().st_size,
+    }
     return rows
 
 
 def _torchrun(out: Path, model: str, policy: str, root: Path, warm_from: Path | None = None) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(DDP_SCRIPT),
-           str(out), "--model", model, "--policy", policy, "--root", str(root)]
-    proc = subprocess.run(cmd + (["--warm-from", str(warm_from)] if warm_from else []), capture_output=True,
-                          text=True, env=_env(), timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(DDP_SCRIPT),
+        str(out),
+        "--model",
+        model,
+        "--policy",
+        policy,
+        "--root",
+        str(root),
+    ]
+    proc = subprocess.run(
+        cmd + (["--warm-from", str(warm_from)] if warm_from else []),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=900,
+    )
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     if len(ranks) != 2:
         raise SystemExit(f"DDP run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -153,8 +202,11 @@ def _summary(ranks: list[dict]) -> dict:
     """The job's first step (its slowest rank), the hit rate over all ranks, and how many ranks compiled."""
     hit = sum(r["fx"].get("hit", 0) + r["aot"].get("hit", 0) for r in ranks)
     looked = hit + sum(r["fx"].get("miss", 0) + r["aot"].get("miss", 0) for r in ranks)
-    return {"first_step_s": max(r["job_first_step_s"] for r in ranks), "hit_rate": hit / looked if looked else None,
-            "compiled_ranks": sum(bool(r["fx"].get("miss")) for r in ranks)}
+    return {
+        "first_step_s": max(r["job_first_step_s"] for r in ranks),
+        "hit_rate": hit / looked if looked else None,
+        "compiled_ranks": sum(bool(r["fx"].get("miss")) for r in ranks),
+    }
 
 
 def _size(path: Path) -> int:
@@ -173,17 +225,33 @@ def bench_policies(model: str, work: Path, repeat: int) -> dict[str, dict]:
             root = base / f"{policy}-{i}"
             colds.append(_summary(_torchrun(root / "cold-results", model, policy, root / "cache")))
             restarts.append(_summary(_torchrun(root / "restart-results", model, policy, root / "cache")))
-        rows[policy] = {"cold": _median(colds), "restart": _median(restarts),
-                        "disk_bytes": _size(base / f"{policy}-0" / "cache")}
+        rows[policy] = {
+            "cold": _median(colds),
+            "restart": _median(restarts),
+            "disk_bytes": _size(base / f"{policy}-0" / "cache"),
+        }
     # The prewarm flow: a build step compiled once (the shared cold run above), pack it, and start
     # fresh directories from the pack: no rank compiles.
     warm = base / "warm.tar"
     pack(warm, base / "shared-0" / "cache", headers=False)  # same machine: its headers are there
     for policy in ("per-rank", "per-node"):
-        firsts = [_summary(_torchrun(base / f"{policy}-prewarm-{i}" / "results", model, policy,
-                                     base / f"{policy}-prewarm-{i}" / "cache", warm)) for i in range(repeat)]
-        rows[f"{policy}+prewarm"] = {"cold": _median(firsts), "restart": None,
-                                     "disk_bytes": _size(base / f"{policy}-prewarm-0" / "cache")}
+        firsts = [
+            _summary(
+                _torchrun(
+                    base / f"{policy}-prewarm-{i}" / "results",
+                    model,
+                    policy,
+                    base / f"{policy}-prewarm-{i}" / "cache",
+                    warm,
+                )
+            )
+            for i in range(repeat)
+        ]
+        rows[f"{policy}+prewarm"] = {
+            "cold": _median(firsts),
+            "restart": None,
+            "disk_bytes": _size(base / f"{policy}-prewarm-0" / "cache"),
+        }
     return rows
 
 
@@ -194,33 +262,45 @@ def _print_warm_starts(results: dict[str, dict[str, dict]]) -> None:
         cold = rows["cold"]["first_step_s"]
         for name, r in rows.items():
             total = r["first_step_s"] + r["prep_s"]
-            print(f"{model:12} {name:10} {r['first_step_s']:9.2f}s {r['prep_s']:6.2f}s {cold / total:7.1f}x  "
-                  f"{_hits(r)}")
-        print(f"{'':12} sizes: pack {sizes['pack'] / 1e6:.1f} MB, without headers {sizes['bare'] / 1e6:.2f} MB, "
-              f"mega-cache {sizes['mega'] / 1e6:.2f} MB")
-    speedups = [rows["cold"]["first_step_s"] / (rows["pack"]["first_step_s"] + rows["pack"]["prep_s"])
-                for rows in results.values()]
-    print(f"pack vs cold: {statistics.mean(speedups):.1f}x on average (speedup counts prep: unpack, or "
-          "load_cache_artifacts)")
+            print(
+                f"{model:12} {name:10} {r['first_step_s']:9.2f}s {r['prep_s']:6.2f}s {cold / total:7.1f}x  {_hits(r)}"
+            )
+        print(
+            f"{'':12} sizes: pack {sizes['pack'] / 1e6:.1f} MB, without headers {sizes['bare'] / 1e6:.2f} MB, "
+            f"mega-cache {sizes['mega'] / 1e6:.2f} MB"
+        )
+    speedups = [
+        rows["cold"]["first_step_s"] / (rows["pack"]["first_step_s"] + rows["pack"]["prep_s"])
+        for rows in results.values()
+    ]
+    print(
+        f"pack vs cold: {statistics.mean(speedups):.1f}x on average (speedup counts prep: unpack, or "
+        "load_cache_artifacts)"
+    )
 
 
 def _print_policies(results: dict[str, dict[str, dict]]) -> None:
-    print(f"\n2-rank DDP (torchrun, gloo); a job's first step ends when its slowest rank's does\n"
-          f"{'model':12} {'policy':17} {'cold step':>9} {'hits':>5} {'compiled':>8}  {'restart':>8} {'hits':>5}  "
-          f"{'disk':>7}")
+    print(
+        f"\n2-rank DDP (torchrun, gloo); a job's first step ends when its slowest rank's does\n"
+        f"{'model':12} {'policy':17} {'cold step':>9} {'hits':>5} {'compiled':>8}  {'restart':>8} {'hits':>5}  "
+        f"{'disk':>7}"
+    )
     for model, rows in results.items():
         for policy, row in rows.items():
             c, r = row["cold"], row["restart"]
             again = f"{r['first_step_s']:7.2f}s {r['hit_rate']:5.0%}" if r else f"{'-':>8} {'-':>5}"
-            print(f"{model:12} {policy:17} {c['first_step_s']:8.2f}s {c['hit_rate']:5.0%} {c['compiled_ranks']:>6}/2  "
-                  f"{again}  {row['disk_bytes'] / 1e6:5.2f}MB")
+            print(
+                f"{model:12} {policy:17} {c['first_step_s']:8.2f}s {c['hit_rate']:5.0%} {c['compiled_ranks']:>6}/2  "
+                f"{again}  {row['disk_bytes'] / 1e6:5.2f}MB"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="cnn,transformer", help="models of the warm-start runs ('' skips them)")
-    parser.add_argument("--ddp-models", default="mlp,transformer",
-                        help="models of the 2-rank DDP policy runs ('' skips them)")
+    parser.add_argument(
+        "--ddp-models", default="mlp,transformer", help="models of the 2-rank DDP policy runs ('' skips them)"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each warm start and policy (median shown)")
     parser.add_argument("--work", help="keep the caches here (default: a temporary directory, removed)")
     parser.add_argument("--child", help=argparse.SUPPRESS)

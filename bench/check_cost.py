@@ -45,8 +45,11 @@ def main() -> None:
             order = (("plain", plain), ("check", check)) if r % 2 == 0 else (("check", check), ("plain", plain))
             took = {name: timed(cmd, Path(tmp)) for name, cmd in order}
         ratios.append(took["check"][1] / took["plain"][1])
-        print(f"round {r + 1}: plain {took['plain'][0]:.2f} s wall {took['plain'][1]:.2f} s CPU, check "
-              f"{took['check'][0]:.2f} s wall {took['check'][1]:.2f} s CPU; CPU ratio {ratios[-1]:.3f}", flush=True)
+        print(
+            f"round {r + 1}: plain {took['plain'][0]:.2f} s wall {took['plain'][1]:.2f} s CPU, check "
+            f"{took['check'][0]:.2f} s wall {took['check'][1]:.2f} s CPU; CPU ratio {ratios[-1]:.3f}",
+            flush=True,
+        )
     print(f"median CPU ratio check / plain: {statistics.median(ratios):.3f}")
 
 

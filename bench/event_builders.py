@@ -49,9 +49,11 @@ def main() -> None:
     this = events_module(Path(__file__).parents[1] / "src", "events_this")
     base = events_module(args.baseline, "events_baseline")
     gc.disable()
-    print(f"from_json per step event (CPU µs): this {per_step_us(lambda d, _: this.from_json(d), lines):.2f}, "
-          f"baseline {per_step_us(lambda d, _: base.from_json(d), lines):.2f}; "
-          f"orjson.loads of the line {per_step_us(lambda _, line: orjson.loads(line), lines):.2f}")
+    print(
+        f"from_json per step event (CPU µs): this {per_step_us(lambda d, _: this.from_json(d), lines):.2f}, "
+        f"baseline {per_step_us(lambda d, _: base.from_json(d), lines):.2f}; "
+        f"orjson.loads of the line {per_step_us(lambda _, line: orjson.loads(line), lines):.2f}"
+    )
 
 
 if __name__ == "__main__":

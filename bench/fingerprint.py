@@ -43,11 +43,9 @@ def gbps(fns: list[Callable[[], object]], nbytes: int, repeats: int) -> list[flo
 
 def cases(nbytes: int) -> list[tuple[str, nn.Module | torch.Tensor, list[torch.Tensor]]]:
     module = nn.Module()
-    module.params = nn.ParameterList(nn.Parameter(torch.randn(PARAM_BYTES // 4))
-                                     for _ in range(nbytes // PARAM_BYTES))
+    module.params = nn.ParameterList(nn.Parameter(torch.randn(PARAM_BYTES // 4)) for _ in range(nbytes // PARAM_BYTES))
     tensor = torch.randn(nbytes // 4)
-    return [(f"module ({len(module.params)} params)", module, list(module.parameters())),
-            ("tensor", tensor, [tensor])]
+    return [(f"module ({len(module.params)} params)", module, list(module.parameters())), ("tensor", tensor, [tensor])]
 
 
 def main() -> None:
@@ -65,10 +63,16 @@ def main() -> None:
         for name, obj, tensors in cases(nbytes):
             targets = [torch.empty_like(t) for t in tensors]
             with torch.no_grad():
-                fp, cl, cp, dev = gbps([lambda: fingerprint(obj),
-                                        lambda: [t.clone() for t in tensors],
-                                        lambda: [d.copy_(t) for d, t in zip(targets, tensors)],
-                                        lambda: [_device_digest(t) for t in tensors]], nbytes, args.repeats)
+                fp, cl, cp, dev = gbps(
+                    [
+                        lambda: fingerprint(obj),
+                        lambda: [t.clone() for t in tensors],
+                        lambda: [d.copy_(t) for d, t in zip(targets, tensors)],
+                        lambda: [_device_digest(t) for t in tensors],
+                    ],
+                    nbytes,
+                    args.repeats,
+                )
             print(f"{mib:>4} MB  {name:<21} {fp:>7.2f} {cl:>7.2f} {fp / cl:>7.2f}x {cp:>7.2f} {dev:>7.2f}")
 
 

@@ -34,8 +34,11 @@ def main() -> None:
     args = parser.parse_args()
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     with tempfile.TemporaryDirectory() as tmp:
-        followed = {**base, **follow_env(CaptureConfig(run_dir=Path(tmp)), os.getpid(), base.get("PYTHONPATH", "")),
-                    SEEN_VAR: "::"}
+        followed = {
+            **base,
+            **follow_env(CaptureConfig(run_dir=Path(tmp)), os.getpid(), base.get("PYTHONPATH", "")),
+            SEEN_VAR: "::",
+        }
         print(f"{'command':<16} {'plain s':>9} {'followed s':>11} {'ratio':>7}   (best of {args.rounds})")
         for name, code in COMMANDS.items():
             plain, hooked = [], []

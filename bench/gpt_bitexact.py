@@ -3,6 +3,7 @@ digests of its final parameters (the script must leave its model in a global nam
 
     python bench/gpt_bitexact.py tests/scripts/gpt_tied.py 10 -- 2     # 10 runs of 2 steps
 """
+
 import hashlib
 import subprocess
 import sys

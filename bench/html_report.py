@@ -32,21 +32,26 @@ def measure(root: Path, label: str) -> None:
     t2 = time.perf_counter()
     page = render_html(report)
     t3 = time.perf_counter()
-    print(f"{label:>22} {len(report.rank_groups['groups']):>7} {report.compile['compiles']:>9} "
-          f"{t1 - t0:>7.2f} {t2 - t1:>10.2f} {t3 - t2:>9.3f} {t3 - t0:>8.2f} {len(page.encode()) / 1e3:>9.1f}")
+    print(
+        f"{label:>22} {len(report.rank_groups['groups']):>7} {report.compile['compiles']:>9} "
+        f"{t1 - t0:>7.2f} {t2 - t1:>10.2f} {t3 - t2:>9.3f} {t3 - t0:>8.2f} {len(page.encode()) / 1e3:>9.1f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 1024])
     args = parser.parse_args()
-    print(f"{'run':>22} {'groups':>7} {'compiles':>9} {'read s':>7} {'analyse s':>10} {'render s':>9} "
-          f"{'total s':>8} {'page KB':>9}")
+    print(
+        f"{'run':>22} {'groups':>7} {'compiles':>9} {'read s':>7} {'analyse s':>10} {'render s':>9} "
+        f"{'total s':>8} {'page KB':>9}"
+    )
     work = Path(tempfile.mkdtemp(prefix="torchrepro-html-"))
     try:
         for ranks in args.ranks:
-            measure(write_run(work / f"r{ranks}", ranks, odd=(min(7, ranks - 1),), crashed=(ranks - 2,)),
-                    f"{ranks} ranks")
+            measure(
+                write_run(work / f"r{ranks}", ranks, odd=(min(7, ranks - 1),), crashed=(ranks - 2,)), f"{ranks} ranks"
+            )
         measure(write_run(work / "compiles", 8, steps=60, recompiles=49, odd=(3,)), "8 ranks x 50 compiles")
     finally:
         shutil.rmtree(work)

@@ -41,28 +41,62 @@ from torchrepro.events import (
 
 def rank_log(events: int) -> str:
     """One rank's log as text (rank 0); every 50th event a compile-side event, the rest steps."""
-    out = [Header(world_size=1), Params(names=[f"layer{i}.weight" for i in range(8)], shapes=[[64, 64]] * 8,
-                                        dtypes=["float32"] * 8, kinds=["tensor"] * 8)]
+    out = [
+        Header(world_size=1),
+        Params(
+            names=[f"layer{i}.weight" for i in range(8)],
+            shapes=[[64, 64]] * 8,
+            dtypes=["float32"] * 8,
+            kinds=["tensor"] * 8,
+        ),
+    ]
     step = 0
     for i in range(events - 4):
         if i % 50 == 0:
             kind = (i // 50) % 3
             if kind == 0:
-                out.append(Compile(step=step, compile_id=f"0/{i // 150}", function="forward", file="train.py", line=10,
-                                   dynamo_s=0.2, guards=40, graph_ops=30,
-                                   recompile_reasons=["tensor 'x' size mismatch at index 0. expected 32, actual 8"]
-                                   if i else []))
+                out.append(
+                    Compile(
+                        step=step,
+                        compile_id=f"0/{i // 150}",
+                        function="forward",
+                        file="train.py",
+                        line=10,
+                        dynamo_s=0.2,
+                        guards=40,
+                        graph_ops=30,
+                        recompile_reasons=["tensor 'x' size mismatch at index 0. expected 32, actual 8"] if i else [],
+                    )
+                )
             elif kind == 1:
-                out.append(GraphBreak(step=step, compile_id="0/0", reason="Data-dependent branching", gb_id="GB0170",
-                                      file="train.py", line=12))
+                out.append(
+                    GraphBreak(
+                        step=step,
+                        compile_id="0/0",
+                        reason="Data-dependent branching",
+                        gb_id="GB0170",
+                        file="train.py",
+                        line=12,
+                    )
+                )
             else:
                 out.append(CacheLookup(step=step, compile_id="0/0", cache="fxgraph", status="hit", key="abc"))
         else:
             # like a DDP run: parameters and RNG agree across ranks, batches are per rank (BATCH)
             fp = f"{step:016x}"
-            out.append(Step(step=step, index=step, loss=1.0 / (step + 1), time_s=0.05, params_fp=fp,
-                            param_fps=[f"{step:012x}{j:04x}" for j in range(8)], batch_fp="BATCH" + fp[5:],
-                            rng_fp=fp, rng_fps={"torch_cpu": fp, "numpy": fp, "python": fp}))
+            out.append(
+                Step(
+                    step=step,
+                    index=step,
+                    loss=1.0 / (step + 1),
+                    time_s=0.05,
+                    params_fp=fp,
+                    param_fps=[f"{step:012x}{j:04x}" for j in range(8)],
+                    batch_fp="BATCH" + fp[5:],
+                    rng_fp=fp,
+                    rng_fps={"torch_cpu": fp, "numpy": fp, "python": fp},
+                )
+            )
             step += 1
     out += [Counters(counters={"stats": {"unique_graphs": 3}}), End(step=step, duration_s=10.0)]
     return "".join(json.dumps(e.to_json(), separators=(",", ":")) + "\n" for e in out)
@@ -114,8 +148,13 @@ def report_child(root: Path, src: str | None) -> dict[str, Any]:
     """Time json, read and analyse of ``root`` in a child process (``src``: the torchrepro source
     tree it imports)."""
     env = dict(os.environ, **({"PYTHONPATH": src} if src else {}))
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent)], env=env, check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.splitlines()[-1])
 
 
@@ -123,14 +162,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 64, 1024])
     parser.add_argument("--events", type=int, default=10_000)
-    parser.add_argument("--baseline", metavar="SRC", help="also time the torchrepro source tree SRC (e.g. another "
-                        "checkout's src/) on the same logs, right after, in the same run")
+    parser.add_argument(
+        "--baseline",
+        metavar="SRC",
+        help="also time the torchrepro source tree SRC (e.g. another "
+        "checkout's src/) on the same logs, right after, in the same run",
+    )
     parser.add_argument("--keep", metavar="DIR", type=Path, help="write the logs under DIR (reused if it holds them)")
     args = parser.parse_args()
     text = rank_log(args.events)
     print("CPU seconds (wall seconds in the last columns)")
-    print(f"{'ranks':>6} {'events':>11} {'tree':>8} {'json s':>7} {'read s':>7} {'analyse s':>9} {'total s':>7} "
-          f"{'vs json':>7} {'µs/event':>8} {'wall s':>7} {'vs json':>7} {'peak RSS MB':>11}")
+    print(
+        f"{'ranks':>6} {'events':>11} {'tree':>8} {'json s':>7} {'read s':>7} {'analyse s':>9} {'total s':>7} "
+        f"{'vs json':>7} {'µs/event':>8} {'wall s':>7} {'vs json':>7} {'peak RSS MB':>11}"
+    )
     trees = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     for ranks in args.ranks:
         root = args.keep / f"{ranks}x{args.events}" if args.keep else Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
@@ -142,9 +187,12 @@ def main() -> None:
                 r = report_child(root, src)
                 (bare, read, analysed), wall = r["cpu"], r["wall"]
                 both, wall_both = read + analysed, wall[1] + wall[2]
-                print(f"{ranks:>6} {total:>11,} {name:>8} {bare:>7.2f} {read:>7.2f} {analysed:>9.2f} {both:>7.2f} "
-                      f"{both / bare:>6.2f}x {both / total * 1e6:>8.2f} {wall_both:>7.2f} {wall_both / wall[0]:>6.2f}x "
-                      f"{r['rss_mb']:>11.0f}", flush=True)
+                print(
+                    f"{ranks:>6} {total:>11,} {name:>8} {bare:>7.2f} {read:>7.2f} {analysed:>9.2f} {both:>7.2f} "
+                    f"{both / bare:>6.2f}x {both / total * 1e6:>8.2f} {wall_both:>7.2f} {wall_both / wall[0]:>6.2f}x "
+                    f"{r['rss_mb']:>11.0f}",
+                    flush=True,
+                )
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)

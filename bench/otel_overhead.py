@@ -82,8 +82,11 @@ def run(args: argparse.Namespace) -> None:
         os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", str(args.export_every))
         os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", str(args.export_every))
     receiver = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdout=subprocess.PIPE, text=True)
-    endpoints = {"capture": None, "otlp": f"http://127.0.0.1:{receiver.stdout.readline().strip()}",
-                 "otlp-down": f"http://127.0.0.1:{_free_port()}"}
+    endpoints = {
+        "capture": None,
+        "otlp": f"http://127.0.0.1:{receiver.stdout.readline().strip()}",
+        "otlp-down": f"http://127.0.0.1:{_free_port()}",
+    }
     model, compiled, optimizer, batches = build(args)
     step = make_step(compiled, optimizer, batches)
     for _ in range(3):  # compile and warm up, uncaptured
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="torchrepro-bench-otel-") as tmp:
             for r in range(args.rounds):
-                for config in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
+                for config in CONFIGS[r % 3 :] + CONFIGS[: r % 3]:
                     os.environ.pop(ENDPOINT_VAR, None)
                     if endpoints[config]:
                         os.environ[ENDPOINT_VAR] = endpoints[config]
@@ -101,25 +104,33 @@ def run(args: argparse.Namespace) -> None:
                     session.start()
                     timed = [_Timed(listener) for listener in session.writer.listeners]
                     session.writer.listeners[:] = timed
-                    kept = [step()[0] for _ in range(args.warmup + args.steps)][args.warmup:]
+                    kept = [step()[0] for _ in range(args.warmup + args.steps)][args.warmup :]
                     session.stop(0)
                     times[config].append(kept)
-                    direct[config] += [x for t in timed for x in t.samples[args.warmup:]]
-                print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
-                    f"{c} {statistics.median(times[c][-1]) * 1e3:.2f} ms" for c in CONFIGS), flush=True)
+                    direct[config] += [x for t in timed for x in t.samples[args.warmup :]]
+                print(
+                    f"  round {r + 1}/{args.rounds}: "
+                    + ", ".join(f"{c} {statistics.median(times[c][-1]) * 1e3:.2f} ms" for c in CONFIGS),
+                    flush=True,
+                )
     finally:
         os.environ.pop(ENDPOINT_VAR, None)
         receiver.kill()
         receiver.wait()
     base = statistics.median(t for turn in times["capture"] for t in turn)
-    print(f"\n{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, {torch.get_num_threads()} "
-          f"thread(s), {args.rounds} rounds x {args.steps} steps, backend {args.backend}, exports every "
-          f"{args.export_every or 'default'} ms")
-    print(f"{'config':<10} {'median step':>12} {'ratio':>7} {'ratio (median per round)':>25} {'listener/step med/mean':>22}")
+    print(
+        f"\n{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, {torch.get_num_threads()} "
+        f"thread(s), {args.rounds} rounds x {args.steps} steps, backend {args.backend}, exports every "
+        f"{args.export_every or 'default'} ms"
+    )
+    print(
+        f"{'config':<10} {'median step':>12} {'ratio':>7} {'ratio (median per round)':>25} {'listener/step med/mean':>22}"
+    )
     for config in CONFIGS:
         median = statistics.median(t for turn in times[config] for t in turn)
-        per_round = statistics.median(statistics.median(a) / statistics.median(b)
-                                      for a, b in zip(times[config], times["capture"]))
+        per_round = statistics.median(
+            statistics.median(a) / statistics.median(b) for a, b in zip(times[config], times["capture"])
+        )
         d = direct[config]
         listener = f"{statistics.median(d) * 1e6:.1f} / {statistics.mean(d) * 1e6:.1f} us" if d else "-"
         print(f"{config:<10} {median * 1e3:>9.2f} ms {median / base:>7.3f} {per_round:>25.3f} {listener:>22}")
@@ -137,8 +148,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
-    p.add_argument("--export-every", type=int, default=200, metavar="MS",
-                   help="OTEL_BSP_SCHEDULE_DELAY and OTEL_METRIC_EXPORT_INTERVAL (0: the defaults, 5 s and 10 s)")
+    p.add_argument(
+        "--export-every",
+        type=int,
+        default=200,
+        metavar="MS",
+        help="OTEL_BSP_SCHEDULE_DELAY and OTEL_METRIC_EXPORT_INTERVAL (0: the defaults, 5 s and 10 s)",
+    )
     return p.parse_args(argv)
 
 

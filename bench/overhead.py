@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from itertools import cycle
 from pathlib import Path
 
 CONFIGS = ("none", "default", "every-1")
@@ -74,8 +73,9 @@ def build(args: argparse.Namespace):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     n = args.batch_size * 16
     data = TensorDataset(torch.randn(n, args.in_features), torch.randint(0, args.classes, (n,)))
-    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        data, batch_size=args.batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(0)
+    )
 
     def batches():
         while True:  # a new iterator per epoch, as in a real loop
@@ -171,7 +171,7 @@ def steady_state(args: argparse.Namespace) -> dict:
     chosen: list[int] = []
     with tempfile.TemporaryDirectory(prefix="torchrepro-bench-") as tmp:
         for r in range(args.rounds):
-            order = CONFIGS[r % 3:] + CONFIGS[:r % 3]
+            order = CONFIGS[r % 3 :] + CONFIGS[: r % 3]
             for config in order:
                 timer = HookTimer()
                 timer.before_start()
@@ -189,13 +189,22 @@ def steady_state(args: argparse.Namespace) -> dict:
                         chosen.append(session.steps.every)
                     session.stop(0)
                 stopped = time.perf_counter() - t0
-                times[config].append(kept[args.warmup:])
-                hooks[config] += timer.samples[args.warmup:]
+                times[config].append(kept[args.warmup :])
+                hooks[config] += timer.samples[args.warmup :]
                 one_time[config].append((started, kept[0][0], stopped))
-            print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{c} {_median(w for w, _ in times[c][-1]) * 1e3:.1f} ms" for c in CONFIGS), flush=True)
-    return {"params": params, "times": times, "hooks": hooks, "one_time": one_time, "chosen": chosen,
-            "threads": torch.get_num_threads()}
+            print(
+                f"  round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{c} {_median(w for w, _ in times[c][-1]) * 1e3:.1f} ms" for c in CONFIGS),
+                flush=True,
+            )
+    return {
+        "params": params,
+        "times": times,
+        "hooks": hooks,
+        "one_time": one_time,
+        "chosen": chosen,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _median(values) -> float:
@@ -209,14 +218,20 @@ def print_steady(result: dict, args: argparse.Namespace) -> None:
         return sorted(t[i] for rnd in times[config] for t in rnd)
 
     def per_round(config: str) -> float:
-        return _median(_median(t[0] for t in a) / _median(t[0] for t in b) for a, b in zip(times[config], times["none"]))
+        return _median(
+            _median(t[0] for t in a) / _median(t[0] for t in b) for a, b in zip(times[config], times["none"])
+        )
 
     base, base_data = _median(flat("none", 0)), _median(flat("none", 1))
-    print(f"\nsteady state: {result['params'] / 1e6:.1f} M parameters, batch {args.batch_size}, backend "
-          f"{args.backend}, {result['threads']} thread(s); {args.rounds} rounds x {args.steps} kept steps per "
-          f"configuration (first {args.warmup} of each turn dropped)")
-    print(f"{'config':<9} {'step ms':>8} {'p10-p90 ms':>11} {'ratio':>7} {'rounds':>7} {'hook ms':>8} "
-          f"{'data ms':>8} {'direct':>7} {'start/stop ms':>14} {'1st step ms':>11}")
+    print(
+        f"\nsteady state: {result['params'] / 1e6:.1f} M parameters, batch {args.batch_size}, backend "
+        f"{args.backend}, {result['threads']} thread(s); {args.rounds} rounds x {args.steps} kept steps per "
+        f"configuration (first {args.warmup} of each turn dropped)"
+    )
+    print(
+        f"{'config':<9} {'step ms':>8} {'p10-p90 ms':>11} {'ratio':>7} {'rounds':>7} {'hook ms':>8} "
+        f"{'data ms':>8} {'direct':>7} {'start/stop ms':>14} {'1st step ms':>11}"
+    )
     timer = statistics.fmean(result["hooks"]["none"])  # our two hooks with nothing between them
     for config in CONFIGS:
         wall = flat(config, 0)
@@ -224,19 +239,26 @@ def print_steady(result: dict, args: argparse.Namespace) -> None:
         data = _median(flat(config, 1)) - base_data
         starts, firsts, stops = zip(*result["one_time"][config])
         p10, p90 = wall[len(wall) // 10], wall[(len(wall) * 9) // 10]
-        print(f"{config:<9} {_median(wall) * 1e3:>8.2f} {f'{p10 * 1e3:.3g}-{p90 * 1e3:.3g}':>11} "
-              f"{_median(wall) / base:>7.4f} {per_round(config):>7.4f} {hook * 1e3:>8.3f} {data * 1e3:>+8.3f} "
-              f"{1 + (hook + data) / base:>7.4f} {_median(starts) * 1e3:>6.1f}/{_median(stops) * 1e3:<7.1f} "
-              f"{_median(firsts) * 1e3:>11.1f}")
+        print(
+            f"{config:<9} {_median(wall) * 1e3:>8.2f} {f'{p10 * 1e3:.3g}-{p90 * 1e3:.3g}':>11} "
+            f"{_median(wall) / base:>7.4f} {per_round(config):>7.4f} {hook * 1e3:>8.3f} {data * 1e3:>+8.3f} "
+            f"{1 + (hook + data) / base:>7.4f} {_median(starts) * 1e3:>6.1f}/{_median(stops) * 1e3:<7.1f} "
+            f"{_median(firsts) * 1e3:>11.1f}"
+        )
     chosen = result["chosen"]
-    print(f"automatic fingerprint interval (default): every {sorted(set(chosen))} step(s), over {len(chosen)} "
-          "sessions" if chosen else "automatic fingerprint interval: not chosen (fewer than 6 steps per turn?)")
-    print("ratio: median step time over that of 'none'; rounds: median over rounds of that ratio within the round.\n"
-          "hook: mean time per step inside capture's optimizer post-step hook (parameter fingerprints, RNG state,\n"
-          "event write), less the bracket's own time; data: extra median time to fetch a batch (batch fingerprint,\n"
-          "RNG state); direct: 1 + (hook + data) / median 'none' step: capture's own time per step, measured\n"
-          "directly, far less noisy than ratio. 1st step: a session's first step (it names the parameters once);\n"
-          "it and the automatic mode's measuring steps are not in the other columns.")
+    print(
+        f"automatic fingerprint interval (default): every {sorted(set(chosen))} step(s), over {len(chosen)} sessions"
+        if chosen
+        else "automatic fingerprint interval: not chosen (fewer than 6 steps per turn?)"
+    )
+    print(
+        "ratio: median step time over that of 'none'; rounds: median over rounds of that ratio within the round.\n"
+        "hook: mean time per step inside capture's optimizer post-step hook (parameter fingerprints, RNG state,\n"
+        "event write), less the bracket's own time; data: extra median time to fetch a batch (batch fingerprint,\n"
+        "RNG state); direct: 1 + (hook + data) / median 'none' step: capture's own time per step, measured\n"
+        "directly, far less noisy than ratio. 1st step: a session's first step (it names the parameters once);\n"
+        "it and the automatic mode's measuring steps are not in the other columns."
+    )
 
 
 # --- compile time ---------------------------------------------------------------------------
@@ -262,25 +284,44 @@ def compile_child(args: argparse.Namespace) -> None:
         if session is not None:
             session.stop(0)
     compile_s, logging_s = compile_seconds()
-    print(json.dumps({"config": args.compile_child, "compile_s": compile_s, "logging_s": logging_s,
-                      "first_step_s": first, "start_s": started}))
+    print(
+        json.dumps(
+            {
+                "config": args.compile_child,
+                "compile_s": compile_s,
+                "logging_s": logging_s,
+                "first_step_s": first,
+                "start_s": started,
+            }
+        )
+    )
 
 
 def compile_time(args: argparse.Namespace) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {"none": [], "default": []}
-    forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                 if k in ("width", "depth", "in_features", "classes", "batch_size", "backend", "threads") and v]
+    forwarded = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k in ("width", "depth", "in_features", "classes", "batch_size", "backend", "threads") and v
+    ]
     for r in range(args.compile_rounds):
-        for config in (("none", "default") if r % 2 == 0 else ("default", "none")):
+        for config in ("none", "default") if r % 2 == 0 else ("default", "none"):
             with tempfile.TemporaryDirectory(prefix="torchrepro-bench-cache-") as cache:
                 env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-                proc = subprocess.run([sys.executable, __file__, "--compile-child", config, *forwarded],
-                                      capture_output=True, text=True, env=env)
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--compile-child", config, *forwarded],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
             if proc.returncode != 0:
                 sys.exit(f"compile child ({config}) failed:\n{proc.stderr[-3000:]}")
             out[config].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(f"  compile round {r + 1}/{args.compile_rounds}: " + ", ".join(
-            f"{c} {out[c][-1]['compile_s']:.2f} s" for c in out), flush=True)
+        print(
+            f"  compile round {r + 1}/{args.compile_rounds}: "
+            + ", ".join(f"{c} {out[c][-1]['compile_s']:.2f} s" for c in out),
+            flush=True,
+        )
     return out
 
 
@@ -288,14 +329,20 @@ def print_compile(result: dict[str, list[dict]], args: argparse.Namespace) -> No
     def med(config: str, key: str) -> float:
         return statistics.median(x[key] for x in result[config])
 
-    print(f"\ncompile time: cold, fresh process and empty inductor cache each, {args.compile_rounds} per "
-          f"configuration, alternated; backend {args.backend}")
-    print(f"{'config':<10} {'compile s':>10} {'ratio':>7} {'1st step s':>11} {'ratio':>7} "
-          f"{'trace logging s':>16} {'session start s':>16}")
+    print(
+        f"\ncompile time: cold, fresh process and empty inductor cache each, {args.compile_rounds} per "
+        f"configuration, alternated; backend {args.backend}"
+    )
+    print(
+        f"{'config':<10} {'compile s':>10} {'ratio':>7} {'1st step s':>11} {'ratio':>7} "
+        f"{'trace logging s':>16} {'session start s':>16}"
+    )
     for config in result:
-        print(f"{config:<10} {med(config, 'compile_s'):>10.3f} {med(config, 'compile_s') / med('none', 'compile_s'):>7.3f}"
-              f" {med(config, 'first_step_s'):>11.3f} {med(config, 'first_step_s') / med('none', 'first_step_s'):>7.3f}"
-              f" {med(config, 'logging_s'):>16.4f} {med(config, 'start_s'):>16.3f}")
+        print(
+            f"{config:<10} {med(config, 'compile_s'):>10.3f} {med(config, 'compile_s') / med('none', 'compile_s'):>7.3f}"
+            f" {med(config, 'first_step_s'):>11.3f} {med(config, 'first_step_s') / med('none', 'first_step_s'):>7.3f}"
+            f" {med(config, 'logging_s'):>16.4f} {med(config, 'start_s'):>16.3f}"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -324,8 +371,15 @@ def main(argv: list[str] | None = None) -> None:
         compile_child(args)
         return
     if args.nproc > 1 and "RANK" not in os.environ:  # relaunch this script on every rank
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-               __file__]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(args.nproc),
+            __file__,
+        ]
         env = {**os.environ, "OVERHEAD_ARGV": json.dumps(argv if argv is not None else sys.argv[1:])}
         raise SystemExit(subprocess.run(cmd, env=env).returncode)
     import torch
@@ -337,8 +391,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout = open(os.devnull, "w")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-          f"{platform.processor() or platform.machine()}, {args.nproc} rank(s)")
+    print(
+        f"torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs, "
+        f"{platform.processor() or platform.machine()}, {args.nproc} rank(s)"
+    )
     steady = steady_state(args) if args.rounds else None
     compiled = compile_time(args) if args.compile_rounds else None
     if steady:

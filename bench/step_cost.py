@@ -49,8 +49,13 @@ def loop(width: int, steps: int, run_dir: Path | None, timers: dict[str, list[fl
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    )
     data = TensorDataset(torch.randn(64 * 32, 256), torch.randint(0, 10, (64 * 32,)))
     session = None
     if run_dir is not None:
@@ -147,12 +152,15 @@ def timed_parts(width: int, steps: int, tmp: Path, parts: list[tuple[str, str, s
         for owner, attr, fn in reversed(originals):
             setattr(owner, attr, fn)
     kept = [per_step[i] for i in sorted(per_step)[:-1]]  # the last: the session's stop, no step
-    medians = {label: (statistics.mean if label == PARAMS else statistics.median)([s[label] for s in kept]) * 1e6
-               for label, *_ in parts}
+    medians = {
+        label: (statistics.mean if label == PARAMS else statistics.median)([s[label] for s in kept]) * 1e6
+        for label, *_ in parts
+    }
     totals = [sum(v for k, v in s.items() if k.startswith("entry")) for s in kept]
     fixed = [t - s[PARAMS] for t, s in zip(totals, kept)]
-    return Timed(medians, statistics.median(totals) * 1e6, statistics.median(fixed) * 1e6,
-                 statistics.median(times[10:]) * 1e3)
+    return Timed(
+        medians, statistics.median(totals) * 1e6, statistics.median(fixed) * 1e6, statistics.median(times[10:]) * 1e3
+    )
 
 
 def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, float, int] | None:
@@ -162,9 +170,30 @@ def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, floa
     if not Path(spy).exists():
         return None
     raw = tmp / "spy.txt"
-    subprocess.run([spy, "record", "-r", str(rate), "--format", "raw", "-o", str(raw), "--", sys.executable,
-                    __file__, "--child", "--width", str(width), "--steps", str(steps), "--out", str(tmp / "spy")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            spy,
+            "record",
+            "-r",
+            str(rate),
+            "--format",
+            "raw",
+            "-o",
+            str(raw),
+            "--",
+            sys.executable,
+            __file__,
+            "--child",
+            "--width",
+            str(width),
+            "--steps",
+            str(steps),
+            "--out",
+            str(tmp / "spy"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     in_loop = ours = once = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -172,7 +201,7 @@ def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, floa
         start = next((i for i, f in enumerate(frames) if f.startswith("loop (")), None)
         if start is None:
             continue
-        inner = frames[start + 1:]
+        inner = frames[start + 1 :]
         in_loop += int(count)
         if any(f.startswith(("CaptureSession.start (", "CaptureSession.stop (")) for f in inner):
             continue  # once per run, not per step
@@ -209,7 +238,7 @@ def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, f
     ratios = []
     for r in range(rounds):
         pair = {}
-        for config in (("none", "capture") if r % 2 == 0 else ("capture", "none")):
+        for config in ("none", "capture") if r % 2 == 0 else ("capture", "none"):
             times = loop(width, steps, tmp / f"e2e-{r}" if config == "capture" else None)[10:]
             pair[config] = statistics.median(times)
             (captured if config == "capture" else plain).extend(times)
@@ -219,8 +248,9 @@ def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, f
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--width", type=int, nargs="+", default=[900, 2600],
-                        help="hidden width (~10 and ~100 ms steps)")
+    parser.add_argument(
+        "--width", type=int, nargs="+", default=[900, 2600], help="hidden width (~10 and ~100 ms steps)"
+    )
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6, help="end-to-end rounds (none and capture take turns)")
@@ -237,23 +267,31 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
             tmp = Path(name)
             plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
-            alone = timed_parts(width, args.steps, tmp, [p for p in PARTS if p[0].startswith("entry")
-                                                         or p[0] == PARAMS])
+            alone = timed_parts(
+                width, args.steps, tmp, [p for p in PARTS if p[0].startswith("entry") or p[0] == PARAMS]
+            )
             every = timed_parts(width, args.steps, tmp, PARTS)
             steps = max(100, min(args.steps * 2, int(20000 / max(every.step_ms, 1))))
             share = spy_share(width, steps, tmp, rate=250)
-        print(f"\nwidth {width}: step {plain:.2f} ms CPU without capture, {captured:.2f} ms with (medians); "
-              f"ratio per round {' '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.4f}")
+        print(
+            f"\nwidth {width}: step {plain:.2f} ms CPU without capture, {captured:.2f} ms with (medians); "
+            f"ratio per round {' '.join(f'{r:.3f}' for r in ratios)}, median {statistics.median(ratios):.4f}"
+        )
         print(f"  {'':40s} {'alone':>8s} {'all timed':>11s}")
         for label, *_ in PARTS:
             mark = f"{alone.parts[label]:8.1f}" if label in alone.parts else " " * 8
             print(f"  {label:40s} {mark} {every.parts[label]:8.1f} µs")
-        for name, value in (("capture, all entry points", alone.total),
-                            ("  fixed part: all but parameter fps", alone.fixed)):
+        for name, value in (
+            ("capture, all entry points", alone.total),
+            ("  fixed part: all but parameter fps", alone.fixed),
+        ):
             print(f"  {name:40s} {value:8.1f} µs = {value / 1e3 / plain * 100:.2f} % of a step")
         if share is not None:
-            print(f"  py-spy: {share[0] * 100:.2f} % of {share[2]} loop samples in capture per step, "
-                  f"+{share[1] * 100:.2f} % once (first step: parameter names, lazy imports)", flush=True)
+            print(
+                f"  py-spy: {share[0] * 100:.2f} % of {share[2]} loop samples in capture per step, "
+                f"+{share[1] * 100:.2f} % once (first step: parameter names, lazy imports)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -108,8 +108,9 @@ def run_python(tmp_path):
 
     def run(code: str, *, env: dict[str, str] | None = None, check: bool = True, timeout: float = 300):
         full_env = {**os.environ, **(env or {})}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=full_env, cwd=tmp_path, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd=tmp_path, timeout=timeout
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         return proc

@@ -10,8 +10,16 @@ from torchrepro.events import CacheLookup, Compile, Counters, End, GraphBreak, H
 GUARD = "tensor 'x' size mismatch at index 0. expected 32, actual 8"
 
 
-def rank_events(rank: int, world: int, *, steps: int = 30, recompiles: int = 0, odd: bool = False,
-                crash_at: int | None = None, t0: float = 1_000_000.0) -> list:
+def rank_events(
+    rank: int,
+    world: int,
+    *,
+    steps: int = 30,
+    recompiles: int = 0,
+    odd: bool = False,
+    crash_at: int | None = None,
+    t0: float = 1_000_000.0,
+) -> list:
     """One rank's events: a compile at step 0, ``recompiles`` shape recompiles, a graph break, a
     cache lookup per compile and ``steps`` steps; ``odd`` adds a recompile at step 5 the others do
     not have, ``crash_at`` ends the log without an end record after that step."""
@@ -21,14 +29,45 @@ def rank_events(rank: int, world: int, *, steps: int = 30, recompiles: int = 0, 
     def compile_at(step: int, n: int, reason: str | None) -> None:
         nonlocal t
         t += 0.3
-        events.append(Compile(t=t, rank=rank, step=step, compile_id=f"0/{n}", function="forward", file="train.py",
-                              line=10, dynamo_s=0.25, recompile_reasons=[reason] if reason else []))
-        events.append(CacheLookup(t=t, rank=rank, step=step, compile_id=f"0/{n}", cache="fxgraph",
-                                  status="miss" if n == 0 else "hit", key=f"k{n}"))
+        events.append(
+            Compile(
+                t=t,
+                rank=rank,
+                step=step,
+                compile_id=f"0/{n}",
+                function="forward",
+                file="train.py",
+                line=10,
+                dynamo_s=0.25,
+                recompile_reasons=[reason] if reason else [],
+            )
+        )
+        events.append(
+            CacheLookup(
+                t=t,
+                rank=rank,
+                step=step,
+                compile_id=f"0/{n}",
+                cache="fxgraph",
+                status="miss" if n == 0 else "hit",
+                key=f"k{n}",
+            )
+        )
 
     compile_at(0, 0, None)
-    events.append(GraphBreak(t=t, rank=rank, step=0, compile_id="0/0", reason="Data-dependent branching",
-                             gb_id="GB0170", file="train.py", line=12, source="if x.sum() > 0:"))
+    events.append(
+        GraphBreak(
+            t=t,
+            rank=rank,
+            step=0,
+            compile_id="0/0",
+            reason="Data-dependent branching",
+            gb_id="GB0170",
+            file="train.py",
+            line=12,
+            source="if x.sum() > 0:",
+        )
+    )
     n = 1
     for step in range(steps):
         if crash_at is not None and step > crash_at:
@@ -40,19 +79,33 @@ def rank_events(rank: int, world: int, *, steps: int = 30, recompiles: int = 0, 
             compile_at(step, n, f"tensor 'x' size mismatch at index 0. expected 32, actual {step + 1}")
             n += 1
         t += 0.05
-        events.append(Step(t=t, rank=rank, step=step, index=step, loss=1.0 / (step + 1), time_s=0.05 + 0.001 * rank,
-                           params_fp=f"{step:016x}", batch_fp=f"{rank:04x}{step:012x}"))
-    events += [Counters(rank=rank, counters={"stats": {"unique_graphs": n}}), End(t=t + 0.1, rank=rank, duration_s=t - t0)]
+        events.append(
+            Step(
+                t=t,
+                rank=rank,
+                step=step,
+                index=step,
+                loss=1.0 / (step + 1),
+                time_s=0.05 + 0.001 * rank,
+                params_fp=f"{step:016x}",
+                batch_fp=f"{rank:04x}{step:012x}",
+            )
+        )
+    events += [
+        Counters(rank=rank, counters={"stats": {"unique_graphs": n}}),
+        End(t=t + 0.1, rank=rank, duration_s=t - t0),
+    ]
     return events
 
 
-def write_run(root: Path, ranks: int, *, odd: tuple[int, ...] = (), crashed: tuple[int, ...] = (),
-              **options) -> Path:
+def write_run(root: Path, ranks: int, *, odd: tuple[int, ...] = (), crashed: tuple[int, ...] = (), **options) -> Path:
     """A run directory of ``ranks`` ranks; the ``odd`` ones recompile at step 5, the ``crashed``
     ones stop after step 10."""
     for rank in range(ranks):
-        write_all(root / f"rank-{rank}" / "events.jsonl",
-                  rank_events(rank, ranks, odd=rank in odd, crash_at=10 if rank in crashed else None, **options))
+        write_all(
+            root / f"rank-{rank}" / "events.jsonl",
+            rank_events(rank, ranks, odd=rank in odd, crash_at=10 if rank in crashed else None, **options),
+        )
     return root
 
 
@@ -73,8 +126,16 @@ def drift_experiment(root: Path, markup: str) -> dict:
     for cell in cells_of(plan):
         init, order = cell.seeds["init"], cell.seeds["order"]
         value = 1 + 0.1 * init + 0.02 * order + 0.001 * (cell.index * 7 % 5) + (0 if cell.settings else 0.05)
-        run = DriftRun(cell.index, cell.seeds, cell.settings, value, "ok", dir=str(root / cell.dir), rng0="r",
-                       batches=(f"o{order}",))
+        run = DriftRun(
+            cell.index,
+            cell.seeds,
+            cell.settings,
+            value,
+            "ok",
+            dir=str(root / cell.dir),
+            rng0="r",
+            batches=(f"o{order}",),
+        )
         if cell.settings and init == order == 0:
             run.metric, run.status, run.error = None, "crashed", f"exit 1: RuntimeError: {markup}"
         runs.append(run)

@@ -34,8 +34,9 @@ def cli(capsys, *args) -> tuple[int, str, str]:
 
 def run(*cmd, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("TORCHREPRO_CACHE")}
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={**full, **env})
+    proc = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=300, env={**full, **env}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -46,9 +47,14 @@ def counters_of(proc: subprocess.CompletedProcess) -> dict:
 
 def snapshot(directory: Path) -> dict[str, tuple]:
     """Everything under ``directory``: names, kinds, mtimes and hashes."""
-    return {str(p.relative_to(directory)): (p.is_dir(), p.stat().st_mtime_ns,
-                                            None if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in directory.rglob("*")}
+    return {
+        str(p.relative_to(directory)): (
+            p.is_dir(),
+            p.stat().st_mtime_ns,
+            None if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest(),
+        )
+        for p in directory.rglob("*")
+    }
 
 
 # ---------------------------------------------------------------- real compiles (one isolated cache)
@@ -66,8 +72,17 @@ def compiled(tmp_path_factory):
     runs = {}
     for threads in ("1", "2"):
         out = root / f"run-{threads}t"
-        run(sys.executable, "-m", "torchrepro", "doctor", "--out", out, TINY, cwd=root,
-            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "OMP_NUM_THREADS": threads, "TMPDIR": str(machine)})
+        run(
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "doctor",
+            "--out",
+            out,
+            TINY,
+            cwd=root,
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "OMP_NUM_THREADS": threads, "TMPDIR": str(machine)},
+        )
         runs[threads] = out
     [headers] = machine.glob("torchinductor_*/precompiled_headers")
     return SimpleNamespace(root=root, cache=cache, headers=headers, run1=runs["1"], run2=runs["2"])
@@ -83,8 +98,10 @@ def test_status_counts_what_the_runs_wrote(compiled, capsys):
     assert code == 0
     report = json.loads(out)
     cats = report["categories"]
-    misses = {name: sum(_report_cache(r)[name]["miss"] for r in (compiled.run1, compiled.run2))
-              for name in ("fxgraph", "aotautograd")}
+    misses = {
+        name: sum(_report_cache(r)[name]["miss"] for r in (compiled.run1, compiled.run2))
+        for name in ("fxgraph", "aotautograd")
+    }
     # every miss compiled and saved one entry: the inventory must find exactly those
     assert cats["fxgraph"]["files"] == misses["fxgraph"] == 4
     assert cats["aotautograd"]["files"] == misses["aotautograd"] == 2
@@ -119,14 +136,22 @@ def test_pack_gives_a_new_machine_a_warm_start_without_compiling(compiled, tmp_p
     # fresh process: prewarm (configure + unpack) rank 1's empty directory, then train.
     machine, root = tmp_path / "machine-b", tmp_path / "ranks"
     machine.mkdir()
-    proc = run(sys.executable, TINY, pack, "per-rank", root, cwd=tmp_path,
-               env={"RANK": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(machine)})
+    proc = run(
+        sys.executable,
+        TINY,
+        pack,
+        "per-rank",
+        root,
+        cwd=tmp_path,
+        env={"RANK": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(machine)},
+    )
     counts = counters_of(proc)
     assert counts["cache_dir"] == str(root / "rank-1")
     assert counts["fx"] == {"hit": 2} and counts["aot"] == {"hit": 1}
     # truly warm: no kernel was rebuilt, and the precompiled headers are the packed ones, untouched
     assert {p.name for p in (root / "rank-1").glob("*/*.so")} == {p.name for p in compiled.cache.glob("*/*.so")}
     [headers] = machine.glob("torchinductor_*/precompiled_headers")
+
     def stamps(directory):  # a rebuilt header would have a new mtime (the pack keeps them, to the µs)
         return {p.name: round(p.stat().st_mtime, 4) for p in directory.iterdir() if p.is_file()}
 
@@ -139,24 +164,39 @@ def test_pack_gives_a_new_machine_a_warm_start_without_compiling(compiled, tmp_p
 
 
 def _lookup(rank, cid, cache, key, components, status="miss"):
-    return CacheLookup(rank=rank, compile_id=cid, cache=cache, status=status, key=key,
-                       components=[{"hash": h, "what": w} for h, w in components])
+    return CacheLookup(
+        rank=rank,
+        compile_id=cid,
+        cache=cache,
+        status=status,
+        key=key,
+        components=[{"hash": h, "what": w} for h, w in components],
+    )
 
 
 def _meta(index):
-    return (f"TensorMetadata(dtype=torch.float32, shape=torch.Size([4, 8]), stride=(8, 1), "
-            f"device=device(type='cuda', index={index}), layout=torch.strided, requires_grad=False)")
+    return (
+        f"TensorMetadata(dtype=torch.float32, shape=torch.Size([4, 8]), stride=(8, 1), "
+        f"device=device(type='cuda', index={index}), layout=torch.strided, requires_grad=False)"
+    )
 
 
 def test_explain_miss_between_ranks_names_the_device_index(tmp_path, capsys):
     run_dir = tmp_path / "ddp"
     for rank in (0, 1):
-        comps = [("g1", "gm: GraphModule() def forward(self, x): ..."),
-                 (f"d{rank}", f"example_inputs[0]: {_meta(rank)}"), ("c1", "inductor_config[max_autotune]: False")]
-        write_all(run_dir / f"rank-{rank}" / "events.jsonl", [
-            Header(rank=rank),
-            _lookup(rank, "0/0", "aotautograd", f"a{rank}", []),
-            _lookup(rank, "0/0", "fxgraph", f"f{rank}", comps, status="hit" if rank == 0 else "miss")])
+        comps = [
+            ("g1", "gm: GraphModule() def forward(self, x): ..."),
+            (f"d{rank}", f"example_inputs[0]: {_meta(rank)}"),
+            ("c1", "inductor_config[max_autotune]: False"),
+        ]
+        write_all(
+            run_dir / f"rank-{rank}" / "events.jsonl",
+            [
+                Header(rank=rank),
+                _lookup(rank, "0/0", "aotautograd", f"a{rank}", []),
+                _lookup(rank, "0/0", "fxgraph", f"f{rank}", comps, status="hit" if rank == 0 else "miss"),
+            ],
+        )
     code, out, _ = cli(capsys, "cache", "explain-miss", run_dir, "--ranks", "0", "1", "--json")
     assert code == 1
     [cause] = json.loads(out)["causes"]
@@ -174,7 +214,7 @@ def test_configure_sets_each_ranks_directories(run_python, tmp_path):
 import json, os, socket
 import torchrepro.cache as cache
 from torchrepro.errors import UserError
-root = {str(tmp_path / 'root')!r}
+root = {str(tmp_path / "root")!r}
 out = {{}}
 for policy, env in [("per-rank", {{"RANK": "3"}}), ("shared", {{"RANK": "3"}}), ("per-node", {{"GROUP_RANK": "1"}}),
                     ("per-node", {{}})]:
@@ -352,15 +392,23 @@ def _damage(case: str, good: Path, bad: Path, target: Path) -> None:
     else:
         info, data = _evil(case, target)
         area, _, rel = info.name.partition("/")
-        manifest["files"].append({"area": area if area in ("cache", "headers") else "cache", "path": rel,
-                                  "size": info.size, "mtime": 0, "sha256": hashlib.sha256(data or b"").hexdigest()})
+        manifest["files"].append(
+            {
+                "area": area if area in ("cache", "headers") else "cache",
+                "path": rel,
+                "size": info.size,
+                "mtime": 0,
+                "sha256": hashlib.sha256(data or b"").hexdigest(),
+            }
+        )
         members.append((info, data))
     _write(bad, manifest, members)
 
 
 @pytest.mark.parametrize("into", ["existing", "new"])
-@pytest.mark.parametrize("case", ["truncated", "not-a-tar", "hash", "other-torch", "dotdot", "absolute", "symlink",
-                                  "hardlink", "device"])
+@pytest.mark.parametrize(
+    "case", ["truncated", "not-a-tar", "hash", "other-torch", "dotdot", "absolute", "symlink", "hardlink", "device"]
+)
 def test_bad_pack_is_refused_and_changes_nothing(tmp_path, good_pack, capsys, case, into):
     target = tmp_path / "target" / "cache"
     if into == "existing":

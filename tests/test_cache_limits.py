@@ -60,12 +60,28 @@ def _zero_pack(path: Path, manifest: dict, member_size: int) -> None:
 
 def _unpack_limited(tmp_path: Path, pack: Path, *options: str) -> subprocess.CompletedProcess:
     """``cache unpack`` in a process that may not write any file past 1 MiB."""
+
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    return subprocess.run([sys.executable, "-m", "torchrepro", "cache", "unpack", str(pack), "--into",
-                           str(tmp_path / "target" / "cache"), *options], capture_output=True, text=True,
-                          cwd=tmp_path, preexec_fn=limit, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "cache",
+            "unpack",
+            str(pack),
+            "--into",
+            str(tmp_path / "target" / "cache"),
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=limit,
+        timeout=300,
+    )
 
 
 def _refused(proc: subprocess.CompletedProcess, tmp_path: Path, words: str) -> None:
@@ -89,20 +105,35 @@ def test_sparse_member_declaring_16_gib(tmp_path, capsys, target, max_size):
     (build / "cache" / "ab").mkdir(parents=True)
     with open(build / "cache" / "ab" / "cabc.so", "wb") as fp:
         fp.truncate(16 * GIB)  # a hole: no disk used
-    manifest = _manifest(tmp_path, capsys, [{"area": "cache", "path": "ab/cabc.so", "size": 16 * GIB, "mtime": 0,
-                                             "sha256": "0" * 64}])
+    manifest = _manifest(
+        tmp_path, capsys, [{"area": "cache", "path": "ab/cabc.so", "size": 16 * GIB, "mtime": 0, "sha256": "0" * 64}]
+    )
     (build / "torchrepro-pack.json").write_text(json.dumps(manifest))
     pack = tmp_path / "sparse.tar"
-    subprocess.run(["tar", "-cSf", str(pack), "-C", str(build), "torchrepro-pack.json", "cache/ab/cabc.so"],
-                   check=True, timeout=120)
+    subprocess.run(
+        ["tar", "-cSf", str(pack), "-C", str(build), "torchrepro-pack.json", "cache/ab/cabc.so"],
+        check=True,
+        timeout=120,
+    )
     assert pack.stat().st_size < 1 << 20
     proc = _unpack_limited(tmp_path, pack, *(["--max-size", max_size] if max_size else []))
     _refused(proc, tmp_path, "over the limit" if max_size is None else "sparse")
 
 
 def test_member_larger_than_the_manifest_says(tmp_path, capsys, target):
-    manifest = _manifest(tmp_path, capsys, [{"area": "cache", "path": "ab/cabc.so", "size": 5, "mtime": 0,
-                                             "sha256": hashlib.sha256(b"tiny!").hexdigest()}])
+    manifest = _manifest(
+        tmp_path,
+        capsys,
+        [
+            {
+                "area": "cache",
+                "path": "ab/cabc.so",
+                "size": 5,
+                "mtime": 0,
+                "sha256": hashlib.sha256(b"tiny!").hexdigest(),
+            }
+        ],
+    )
     pack = tmp_path / "liar.tar.gz"
     _zero_pack(pack, manifest, 64 << 20)
     _refused(_unpack_limited(tmp_path, pack), tmp_path, "the manifest says 5 B")
@@ -114,8 +145,9 @@ def test_gzip_bomb_is_refused_unless_allowed(tmp_path, capsys, target):
     zeros = bytes(1 << 20)
     for _ in range(size >> 20):
         sha.update(zeros)
-    manifest = _manifest(tmp_path, capsys, [{"area": "cache", "path": "ab/cabc.so", "size": size, "mtime": 0,
-                                             "sha256": sha.hexdigest()}])
+    manifest = _manifest(
+        tmp_path, capsys, [{"area": "cache", "path": "ab/cabc.so", "size": size, "mtime": 0, "sha256": sha.hexdigest()}]
+    )
     pack = tmp_path / "bomb.tar.gz"
     _zero_pack(pack, manifest, size)
     assert pack.stat().st_size < size // 100
@@ -127,8 +159,9 @@ def test_gzip_bomb_is_refused_unless_allowed(tmp_path, capsys, target):
 
 def test_pack_bigger_than_the_free_disk(tmp_path, capsys, target):
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-    manifest = _manifest(tmp_path, capsys, [{"area": "cache", "path": "ab/cabc.so", "size": free * 2, "mtime": 0,
-                                             "sha256": "0" * 64}])
+    manifest = _manifest(
+        tmp_path, capsys, [{"area": "cache", "path": "ab/cabc.so", "size": free * 2, "mtime": 0, "sha256": "0" * 64}]
+    )
     pack = tmp_path / "huge.tar.gz"
     _zero_pack(pack, manifest, 1)
     _refused(_unpack_limited(tmp_path, pack, "--max-size", str(free * 4)), tmp_path, "free in")

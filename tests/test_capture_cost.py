@@ -19,21 +19,31 @@ def test_in_place_rng_reads_equal_the_official_state(seed):
     try:
         random.seed(seed)
         np.random.seed(seed)
-        for draw in (lambda: None, random.random, lambda: random.gauss(0, 1), lambda: np.random.rand(7),
-                     np.random.standard_normal, np.random.standard_normal, lambda: np.random.seed(seed + 1),
-                     lambda: None, lambda: random.seed(seed), lambda: random.setstate(py),  # states read before
-                     lambda: np.random.set_state(npr)):
+        for draw in (
+            lambda: None,
+            random.random,
+            lambda: random.gauss(0, 1),
+            lambda: np.random.rand(7),
+            np.random.standard_normal,
+            np.random.standard_normal,
+            lambda: np.random.seed(seed + 1),
+            lambda: None,
+            lambda: random.seed(seed),
+            lambda: random.setstate(py),  # states read before
+            lambda: np.random.set_state(npr),
+        ):
             draw()
             assert rng_raw.python_state_bytes() == rng_raw.python_bytes(random.getstate())
             _, words, pos, has_gauss, cached = np.random.get_state(legacy=True)
-            assert rng_raw.numpy_state_bytes() == rng_raw.numpy_bytes(words.astype("<u4").tobytes(), pos, has_gauss,
-                                                                      cached)
+            assert rng_raw.numpy_state_bytes() == rng_raw.numpy_bytes(
+                words.astype("<u4").tobytes(), pos, has_gauss, cached
+            )
     finally:
         random.setstate(py)
         np.random.set_state(npr)
 
 
-HOST_READS = r'''
+HOST_READS = r"""
 import json, sys, traceback
 from pathlib import Path
 import torch
@@ -78,7 +88,7 @@ with CountHostReads():
     session.stop(0)
 print(json.dumps({"reads": reads, "batch_reads": session.steps._readback.reads,
                   "params": len(list(model.parameters()))}))
-'''
+"""
 
 
 @pytest.mark.parametrize("clock", ["optimizer", "backward"])
@@ -139,7 +149,7 @@ def struct_bits(x: float) -> bytes:
     return struct.pack("<d", x)
 
 
-NO_COMPILE = r'''
+NO_COMPILE = r"""
 import sys
 from pathlib import Path
 import torch
@@ -158,9 +168,9 @@ for x, y in DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), ba
         model.weight.grad = None
 session.stop(0)
 print("dynamo imported:", "torch._dynamo" in sys.modules)
-'''
+"""
 
-COMPILE_LATER = r'''
+COMPILE_LATER = r"""
 import sys
 from pathlib import Path
 import torch
@@ -180,7 +190,7 @@ opt.step()
 session.stop(0)
 assert not getattr(torch.utils.data.dataloader._BaseDataLoaderIter.__next__, "_torchdynamo_disable", False)
 print("ok")
-'''
+"""
 
 
 def test_a_script_that_never_compiles_never_imports_dynamo(run_python, tmp_path):
@@ -202,7 +212,7 @@ def test_dynamo_imported_after_start_still_gets_the_wrappers_hidden(run_python, 
     assert len(log.of(Step)) == 1
 
 
-KILLED = r'''
+KILLED = r"""
 import os, signal, sys
 from pathlib import Path
 import torch
@@ -219,7 +229,7 @@ for step in range(int(sys.argv[1])):
     opt.step()  # the step ends here: its event must be in the log from now on
     opt.zero_grad()
 os.kill(os.getpid(), signal.SIGKILL)
-'''
+"""
 
 
 @pytest.mark.parametrize("steps", [1, 7, 40])
@@ -229,8 +239,9 @@ def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, 
     from torchrepro.events import Step, read_events
 
     (tmp_path / "killed.py").write_text(KILLED)
-    proc = run_python(f"import sys, runpy; sys.argv = ['killed.py', '{steps}']; runpy.run_path('killed.py')",
-                      check=False)
+    proc = run_python(
+        f"import sys, runpy; sys.argv = ['killed.py', '{steps}']; runpy.run_path('killed.py')", check=False
+    )
     assert proc.returncode == -signal.SIGKILL
     log = read_events(tmp_path / "run/rank-0/events.jsonl")
     got = log.of(Step)
@@ -250,9 +261,11 @@ def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path)
 
     from torchrepro.events import EventWriter, Step, read_events
 
-    steps = [Step(index=0, step=0, loss=2.308467388153076, time_s=1e-05, rng_fps={"python": "ab"}, param_fps=["é"]),
-             Step(index=1, step=1, loss=float("nan"), grad_norm=float("inf")),
-             Step(index=2, step=2, loss=-0.0)]
+    steps = [
+        Step(index=0, step=0, loss=2.308467388153076, time_s=1e-05, rng_fps={"python": "ab"}, param_fps=["é"]),
+        Step(index=1, step=1, loss=float("nan"), grad_norm=float("inf")),
+        Step(index=2, step=2, loss=-0.0),
+    ]
     path = tmp_path / "rank-0" / "events.jsonl"
     from torchrepro.events import Header
 

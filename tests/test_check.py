@@ -16,8 +16,14 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None):
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 def check(tmp_path: Path, script: str, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -104,8 +110,9 @@ def test_diff_of_runs_with_different_lengths_and_a_crash(tmp_path):
     small = Path(__file__).parent / "scripts" / "train_small.py"
     for name, extra in (("full", []), ("crashed", ["--steps-then-raise", "3"])):
         torchrepro("run", "--out", str(tmp_path / name), str(small), *extra, cwd=tmp_path)
-    proc = torchrepro("diff", "--json", str(tmp_path / "d.json"), str(tmp_path / "full"), str(tmp_path / "crashed"),
-                      cwd=tmp_path)
+    proc = torchrepro(
+        "diff", "--json", str(tmp_path / "d.json"), str(tmp_path / "full"), str(tmp_path / "crashed"), cwd=tmp_path
+    )
     assert proc.returncode == 3, proc.stderr  # the 3 common steps agree, but one run crashed
     det = json.loads((tmp_path / "d.json").read_text())["determinism"]
     assert det["steps_compared"] == 3 and det["verdict"] == "incomplete"
@@ -119,16 +126,18 @@ def test_diff_of_a_run_from_another_schema(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     log = tmp_path / "b" / "rank-0" / "events.jsonl"
     log.write_text(log.read_text().replace("torchrepro.events/1", "torchrepro.events/9", 1))
-    proc = torchrepro("diff", "--json", str(tmp_path / "d.json"), str(tmp_path / "a"), str(tmp_path / "b"),
-                      cwd=tmp_path)
+    proc = torchrepro(
+        "diff", "--json", str(tmp_path / "d.json"), str(tmp_path / "a"), str(tmp_path / "b"), cwd=tmp_path
+    )
     assert proc.returncode == 2  # an input this torchrepro cannot read
     det = json.loads((tmp_path / "d.json").read_text())["determinism"]
     assert det["verdict"] == "nothing_compared"
     assert any("torchrepro.events/9" in note for note in det["notes"])
 
 
-@pytest.mark.parametrize("args", [["check", "--runs", "1", "x.py"], ["check", "missing.py"],
-                                  ["diff", "nowhere", "nowhere"]])
+@pytest.mark.parametrize(
+    "args", [["check", "--runs", "1", "x.py"], ["check", "missing.py"], ["diff", "nowhere", "nowhere"]]
+)
 def test_check_bad_input(tmp_path, args):
     (tmp_path / "x.py").write_text("print(1)\n")
     proc = torchrepro(*args, cwd=tmp_path)

@@ -37,8 +37,14 @@ open(sys.argv[1], "w").write(json.dumps({"draw": random.random(), "cache": os.en
 
 
 def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 def header(run_dir: Path) -> dict:
@@ -72,17 +78,33 @@ def test_help_lists_every_command(tmp_path):
     assert sorted(registered) == sorted(commands)
     proc = torchrepro("--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    listed = [line.split()[0] for line in proc.stdout.split("COMMAND\n", 1)[1].split("\n\n")[0].splitlines()
-              if line.startswith("    ") and not line.startswith("      ")]
+    listed = [
+        line.split()[0]
+        for line in proc.stdout.split("COMMAND\n", 1)[1].split("\n\n")[0].splitlines()
+        if line.startswith("    ") and not line.startswith("      ")
+    ]
     assert sorted(listed) == sorted(commands)
 
 
 def test_run_options_json_round_trip():
-    options = RunOptions(run_dir=Path("runs/a"), seed=2**100, compile_mode="eager", fingerprint_every=3, grads=True,
-                         snapshots=True, replay_step=4, replay_out=Path("r.json"), replay_graphs=True,
-                         replay_kernels=True, stop_after_step=7, fix="aot_eager:0,2",
-                         factors={"root": 1, "init": 2, "threads": 1, "backend": "aot_eager"},
-                         cache_policy="per-rank", cache_root="/tmp/c", warm_from="/tmp/w.tar")
+    options = RunOptions(
+        run_dir=Path("runs/a"),
+        seed=2**100,
+        compile_mode="eager",
+        fingerprint_every=3,
+        grads=True,
+        snapshots=True,
+        replay_step=4,
+        replay_out=Path("r.json"),
+        replay_graphs=True,
+        replay_kernels=True,
+        stop_after_step=7,
+        fix="aot_eager:0,2",
+        factors={"root": 1, "init": 2, "threads": 1, "backend": "aot_eager"},
+        cache_policy="per-rank",
+        cache_root="/tmp/c",
+        warm_from="/tmp/w.tar",
+    )
     text = options.to_json()
     assert json.loads(text)["run_dir"] == "runs/a"
     assert RunOptions.from_json(text) == options
@@ -90,22 +112,41 @@ def test_run_options_json_round_trip():
     environ = {**options.env(), "OTHER": "x"}
     assert RunOptions.from_env(environ) == options and environ == {"OTHER": "x"}  # read once, not inherited
     assert RunOptions.from_env(environ) is None
-    for bad in ("[1]", "{\"seeed\": 1}", "not json"):
+    for bad in ("[1]", '{"seeed": 1}', "not json"):
         with pytest.raises(InputError, match=OPTIONS_VAR):
             RunOptions.from_json(bad)
 
 
 def test_followed_ranks_get_every_option_with_absolute_paths(tmp_path):
-    options = RunOptions(run_dir=Path("rel"), seed=1, fingerprint_every=2, replay_step=3, replay_out=Path("r.json"),
-                         stop_after_step=4, fix="threads_1", factors={"init": 1}, cache_policy="shared")
+    options = RunOptions(
+        run_dir=Path("rel"),
+        seed=1,
+        fingerprint_every=2,
+        replay_step=3,
+        replay_out=Path("r.json"),
+        stop_after_step=4,
+        fix="threads_1",
+        factors={"init": 1},
+        cache_policy="shared",
+    )
     assert options.absolute() == replace(options, run_dir=Path("rel").resolve(), replay_out=Path("r.json").resolve())
 
 
 def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     script = tmp_path / "draws.py"
     script.write_text(DRAWS)
-    proc = torchrepro("doctor", "--seed", "7", "--fingerprint-every", "3", "--out", "launched", str(script),
-                      str(tmp_path / "launched.txt"), cwd=tmp_path)
+    proc = torchrepro(
+        "doctor",
+        "--seed",
+        "7",
+        "--fingerprint-every",
+        "3",
+        "--out",
+        "launched",
+        str(script),
+        str(tmp_path / "launched.txt"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     head = header(tmp_path / "launched")
     assert head["argv"][1:] == ["run", "--", str(script), str(tmp_path / "launched.txt")]  # no flags in the child
@@ -113,8 +154,18 @@ def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     launched = steps(tmp_path / "launched")
     assert [s["index"] for s in launched if s["params_fp"]] == [0, 3]  # every 3rd step
     # The same options given as flags to `torchrepro run` (as under a user's own torchrun) do the same.
-    proc = torchrepro("run", "--seed", "7", "--fingerprint-every", "3", "--out", "direct", str(script),
-                      str(tmp_path / "direct.txt"), cwd=tmp_path)
+    proc = torchrepro(
+        "run",
+        "--seed",
+        "7",
+        "--fingerprint-every",
+        "3",
+        "--out",
+        "direct",
+        str(script),
+        str(tmp_path / "direct.txt"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert seen(tmp_path / "direct.txt")["draw"] == seen(tmp_path / "launched.txt")["draw"]  # seeded alike
     assert [s["params_fp"] for s in steps(tmp_path / "direct")] == [s["params_fp"] for s in launched]
@@ -127,8 +178,18 @@ def test_the_cache_policy_reaches_the_child(tmp_path):
     script = tmp_path / "draws.py"
     script.write_text(DRAWS)
     root = tmp_path / "caches"
-    proc = torchrepro("doctor", "--cache-policy", "per-rank", "--cache-root", "caches", "--out", "run", str(script),
-                      str(tmp_path / "seen.json"), cwd=tmp_path)
+    proc = torchrepro(
+        "doctor",
+        "--cache-policy",
+        "per-rank",
+        "--cache-root",
+        "caches",
+        "--out",
+        "run",
+        str(script),
+        str(tmp_path / "seen.json"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert seen(tmp_path / "seen.json")["cache"] == str(root / "rank-0")
     assert (root / "rank-0").is_dir()
@@ -140,7 +201,7 @@ def test_run_refuses_flags_beside_handed_options_and_bad_options(tmp_path):
     proc = torchrepro("run", "--seed", "1", str(script), cwd=tmp_path, env=RunOptions(seed=2).env())
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"torchrepro: error: {OPTIONS_VAR} holds this run's options")
-    proc = torchrepro("run", str(script), cwd=tmp_path, env={OPTIONS_VAR: "{\"seed\": 1, \"colour\": 2}"})
+    proc = torchrepro("run", str(script), cwd=tmp_path, env={OPTIONS_VAR: '{"seed": 1, "colour": 2}'})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"torchrepro: error: {OPTIONS_VAR}: not torchrepro run options")
     assert not (tmp_path / "torchrepro-runs").exists()

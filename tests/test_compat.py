@@ -23,12 +23,19 @@ from synthetic_runs import rank_events
 
 # every probe torchrepro has, and how to make it (those needing inductor import it)
 PROBES = {
-    "trace_log": _compat.trace_logger, "dispatch_mode": _compat.dispatch_mode, "tree_flatten": _compat.tree_flatten,
-    "autograd_node": _compat.current_autograd_node, "compile_fx": _compat.compile_fx_module,
-    "compile_id": _compat.current_compile_id, "lookup_backend": _compat.lookup_backend,
-    "inductor_config": _compat.inductor_config, "dynamo_config": _compat.dynamo_config,
-    "functorch_config": _compat.functorch_config, "skip_code": _compat.skip_code,
-    "dynamo_counters": _compat.dynamo_counters, "dataloader_iterator": _compat.dataloader_iterator,
+    "trace_log": _compat.trace_logger,
+    "dispatch_mode": _compat.dispatch_mode,
+    "tree_flatten": _compat.tree_flatten,
+    "autograd_node": _compat.current_autograd_node,
+    "compile_fx": _compat.compile_fx_module,
+    "compile_id": _compat.current_compile_id,
+    "lookup_backend": _compat.lookup_backend,
+    "inductor_config": _compat.inductor_config,
+    "dynamo_config": _compat.dynamo_config,
+    "functorch_config": _compat.functorch_config,
+    "skip_code": _compat.skip_code,
+    "dynamo_counters": _compat.dynamo_counters,
+    "dataloader_iterator": _compat.dataloader_iterator,
     "foreach_norm": lambda: _compat.foreach_norm([torch.ones(2)]),
 }
 
@@ -151,11 +158,17 @@ print(json.dumps({"changed": sorted(k for k in before if during[k] != before[k])
 """
 
 
-@pytest.mark.parametrize("compile_mode, fix, replay", [("fallback-random", "aot_eager", "kernels"),
-                                                       ("eager", "threads_1", "graphs")])
+@pytest.mark.parametrize(
+    "compile_mode, fix, replay", [("fallback-random", "aot_eager", "kernels"), ("eager", "threads_1", "graphs")]
+)
 def test_capture_undoes_every_patch_when_it_stops(tmp_path, compile_mode, fix, replay):
-    proc = subprocess.run([sys.executable, "-c", PROCESS, compile_mode, fix, replay, str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROCESS, compile_mode, fix, replay, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["not_restored"] == []
@@ -164,7 +177,8 @@ def test_capture_undoes_every_patch_when_it_stops(tmp_path, compile_mode, fix, r
         patched |= {"autograd_cache"}
     # what capture itself wraps (and more) was changed while it ran: the comparison can fail
     assert patched | {"Module.__call__", "backward", "Optimizer.__init__", "DataLoader.__next__", "trace"} <= set(
-        result["changed"])
+        result["changed"]
+    )
     capabilities = {c.name: c for c in read_events(tmp_path / "run" / "rank-0" / "events.jsonl").of(Capability)}
     assert {"torch_api.trace_log", "torch_api.skip_code", "torch_api.compile_fx"} <= set(capabilities)
     assert all(c.available for name, c in capabilities.items() if name.startswith("torch_api."))
@@ -177,10 +191,17 @@ REASON = "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5"
 
 def test_a_recompile_event_keeps_dynamos_reason_and_no_category():
     translator = TraceTranslator()
-    translator.feed({"dynamo_start": {"stack": [{"name": "forward", "filename": "train.py", "line": 3}]},
-                     "frame_id": 0, "frame_compile_id": 1})
-    translator.feed({"artifact": {"name": "recompile_reasons", "encoding": "json"}, "frame_id": 0,
-                     "frame_compile_id": 1}, json.dumps([REASON]))
+    translator.feed(
+        {
+            "dynamo_start": {"stack": [{"name": "forward", "filename": "train.py", "line": 3}]},
+            "frame_id": 0,
+            "frame_compile_id": 1,
+        }
+    )
+    translator.feed(
+        {"artifact": {"name": "recompile_reasons", "encoding": "json"}, "frame_id": 0, "frame_compile_id": 1},
+        json.dumps([REASON]),
+    )
     (event,) = translator.feed({"compilation_metrics": {"co_name": "forward"}, "frame_id": 0, "frame_compile_id": 1})
     assert isinstance(event, Compile) and event.recompile_reasons == [REASON.removeprefix("0/0: ")]
     assert "category" not in event.to_json()
@@ -205,7 +226,9 @@ def test_a_log_written_with_categories_analyses_as_before(tmp_path):
     reports = {}
     for name, run_dir in runs.items():
         run = load_run(run_dir)
-        reports[name] = json.loads(json.dumps(analyse(run.meta, run.logs, run.problems).to_json()).replace(str(run_dir), "RUN"))
+        reports[name] = json.loads(
+            json.dumps(analyse(run.meta, run.logs, run.problems).to_json()).replace(str(run_dir), "RUN")
+        )
     assert reports["raw"] == reports["with_category"]
     assert reports["raw"]["compile"]["recompiles_by_category"] == {"shape": 3}
     assert {e["category"] for e in reports["raw"]["compile"]["recompile_events"]} == {"shape"}

@@ -13,8 +13,16 @@ from pathlib import Path
 import markupsafe
 import pytest
 
-from torchrepro.analysis.fixes import (Candidate, FixRun, candidates, first_changing_stage, fix_hint, judge_fix,
-                                       median_step_time, recommend)
+from torchrepro.analysis.fixes import (
+    Candidate,
+    FixRun,
+    candidates,
+    first_changing_stage,
+    fix_hint,
+    judge_fix,
+    median_step_time,
+    recommend,
+)
 from torchrepro.analysis.verdict import ending
 from torchrepro.capture.kernels import fused_ops, producers
 from torchrepro.events import End, EventLog, Header, Step
@@ -25,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # --- the ladder's decisions, on recorded results ---------------------------------------------
 
+
 def _log(end: End | None = End(), times=(5.0, 0.1, 0.1, 0.1)) -> EventLog:
     events = [Header(world_size=1), *(Step(index=i, time_s=t) for i, t in enumerate(times))]
     return EventLog(Path("rank-0/events.jsonl"), events + ([end] if end else []))
@@ -33,8 +42,12 @@ def _log(end: End | None = End(), times=(5.0, 0.1, 0.1, 0.1)) -> EventLog:
 def _fix_run(meta: dict, log: EventLog) -> FixRun:
     """What the ladder makes of one recorded run (the same reading as fix_ladder._try)."""
     e = ending("fix", meta, [log])
-    return FixRun(ok=e.ok, problems=e.problems, timed_out=bool(meta.get("stalled_after_s")),
-                  step_times=[s.time_s for s in log.of(Step)])
+    return FixRun(
+        ok=e.ok,
+        problems=e.problems,
+        timed_out=bool(meta.get("stalled_after_s")),
+        step_times=[s.time_s for s in log.of(Step)],
+    )
 
 
 LADDER = {c.name: c for c in candidates(compiled=True, inductor=True, random_ops=False, frames=[0], function="forward")}
@@ -58,21 +71,32 @@ def test_median_leaves_out_the_compiling_step():
 
 def test_crash_and_timeout_are_reported_per_fix_and_the_others_still_shown():
     ok = {"exit_code": 0}
-    crashed = [_fix_run({"exit_code": 1}, _log(End(exit_code=1, status="error",
-                                                   error="RuntimeError: no deterministic implementation"))),
-               _fix_run(ok, _log())]
+    crashed = [
+        _fix_run(
+            {"exit_code": 1},
+            _log(End(exit_code=1, status="error", error="RuntimeError: no deterministic implementation")),
+        ),
+        _fix_run(ok, _log()),
+    ]
     timed_out = [_fix_run({"exit_code": -15, "stalled_after_s": 301.0}, _log(None)), _fix_run(ok, _log())]
     exact_slow = [_fix_run(ok, _log(times=(5.0, 0.3, 0.3, 0.3))), _fix_run(ok, _log(times=(5.0, 0.3, 0.3, 0.3)))]
     exact_fast = [_fix_run(ok, _log(times=(5.0, 0.12, 0.12, 0.12))), _fix_run(ok, _log())]
     not_exact = [_fix_run(ok, _log()), _fix_run(ok, _log())]
-    rows = [judge_fix(LADDER["threads_1"], not_exact, True, 4, 0.1),
-            judge_fix(LADDER["deterministic"], crashed, None, 0, 0.1),
-            judge_fix(LADDER["fallback_random"], [], None, 0, 0.1),
-            judge_fix(LADDER["aot_eager"], timed_out, None, 0, 0.1),
-            judge_fix(LADDER["eager"], exact_slow, False, 4, 0.1)]
+    rows = [
+        judge_fix(LADDER["threads_1"], not_exact, True, 4, 0.1),
+        judge_fix(LADDER["deterministic"], crashed, None, 0, 0.1),
+        judge_fix(LADDER["fallback_random"], [], None, 0, 0.1),
+        judge_fix(LADDER["aot_eager"], timed_out, None, 0, 0.1),
+        judge_fix(LADDER["eager"], exact_slow, False, 4, 0.1),
+    ]
     status = {r["name"]: r["status"] for r in rows}
-    assert status == {"threads_1": "not_bit_exact", "deterministic": "failed", "fallback_random": "not_applicable",
-                      "aot_eager": "timed_out", "eager": "bit_exact"}
+    assert status == {
+        "threads_1": "not_bit_exact",
+        "deterministic": "failed",
+        "fallback_random": "not_applicable",
+        "aot_eager": "timed_out",
+        "eager": "bit_exact",
+    }
     assert "no deterministic implementation" in " ".join(rows[1]["problems"])
     assert rows[0]["bit_exact"] is False and rows[1]["bit_exact"] is None and rows[4]["bit_exact"] is True
     assert rows[4]["step_time_ratio"] == 3.0
@@ -94,14 +118,17 @@ def test_no_bit_exact_fix_recommends_nothing():
 
 
 def test_first_changing_backend_stage():
-    stages = [{"name": "eager"}, {"name": "aot_eager", "bit_exact_with_previous": True},
-              {"name": "fallback-random", "bit_exact_with_previous": False},
-              {"name": "inductor", "bit_exact_with_previous": False}]
+    stages = [
+        {"name": "eager"},
+        {"name": "aot_eager", "bit_exact_with_previous": True},
+        {"name": "fallback-random", "bit_exact_with_previous": False},
+        {"name": "inductor", "bit_exact_with_previous": False},
+    ]
     assert first_changing_stage(stages) == {"stage": "fallback-random", "previous": "aot_eager"}
     assert first_changing_stage(stages[:2]) is None
 
 
-WRAPPER = '''
+WRAPPER = """
 cpp_fused_add_embedding_dense_backward_0 = async_compile.cpp_pybinding(['const float*','const long*','float*'], r\'\'\'
 extern "C" void kernel(const float* in_ptr0, const int64_t* in_ptr1, float* out_ptr0)
 { atomic_add(&out_ptr0[tmp0], tmp1); }
@@ -121,20 +148,21 @@ class Runner:
         buf2 = empty_strided_cpu((4, ), (1, ), torch.float32)
         cpp_fused_mul_1(tangents_1, buf2)
         return (buf1, None, reinterpret_tensor(buf2, (4, ), (1, ), 0), )
-'''
+"""
 
 
 def test_the_kernel_behind_an_output_is_found_in_inductors_wrapper_code():
     assert producers(WRAPPER, 0) == ["extern_kernels.addmm", "cpp_fused_add_embedding_dense_backward_0"]
     assert producers(WRAPPER, 2) == ["cpp_fused_mul_1"]
     assert producers(WRAPPER, 1) == []
-    assert fused_ops("cpp_fused_add_embedding_dense_backward_sum_0", ["add", "embedding_dense_backward", "sum",
-                                                                      "embedding"]) == [
-        "add", "embedding_dense_backward", "sum"]
+    assert fused_ops(
+        "cpp_fused_add_embedding_dense_backward_sum_0", ["add", "embedding_dense_backward", "sum", "embedding"]
+    ) == ["add", "embedding_dense_backward", "sum"]
     assert fused_ops("cpp_fused__unsafe_view_clone_3", ["_unsafe_view", "clone"]) == ["_unsafe_view", "clone"]
 
 
 # --- the patches of a kernel replay are undone -------------------------------------------------
+
 
 def test_kernel_repeater_undoes_every_patch():
     import torch._functorch.config as functorch_config
@@ -163,9 +191,25 @@ def _line_of(text: str) -> int:
 def gpt_check(tmp_path_factory):
     """One `check` of the GPT script (4 steps), trying two fixes: ~3-6 min on 2 loaded cores."""
     out = tmp_path_factory.mktemp("gpt") / "check"
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--out", str(out), "--only-fixes",
-                           "threads_1,deterministic", str(GPT), "--", "4"], capture_output=True, text=True,
-                          timeout=1500, cwd=out.parent)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "check",
+            "--out",
+            str(out),
+            "--only-fixes",
+            "threads_1,deterministic",
+            str(GPT),
+            "--",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=out.parent,
+    )
     return proc, json.loads((out / "report.json").read_text()), out
 
 

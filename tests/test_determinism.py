@@ -172,11 +172,18 @@ def test_audit_is_json_serialisable_and_complete():
     names = [s.name for s in switches]
     assert len(names) == len(set(names))
     for expected in (
-        "torch.use_deterministic_algorithms", "torch.backends.cudnn.deterministic",
-        "torch.backends.cudnn.benchmark", CUBLAS_VAR, "torch.backends.cuda.matmul.allow_tf32",
-        "torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision()",
-        "torch.get_num_threads()", "torch.get_num_interop_threads()", "cuDNN available",
-        "torch._inductor.config.fallback_random", "torch._inductor.config.deterministic",
+        "torch.use_deterministic_algorithms",
+        "torch.backends.cudnn.deterministic",
+        "torch.backends.cudnn.benchmark",
+        CUBLAS_VAR,
+        "torch.backends.cuda.matmul.allow_tf32",
+        "torch.backends.cudnn.allow_tf32",
+        "torch.get_float32_matmul_precision()",
+        "torch.get_num_threads()",
+        "torch.get_num_interop_threads()",
+        "cuDNN available",
+        "torch._inductor.config.fallback_random",
+        "torch._inductor.config.deterministic",
         "PYTHONHASHSEED",
     ):
         assert expected in names

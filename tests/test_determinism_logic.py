@@ -31,19 +31,35 @@ from torchrepro.analysis.divergence import Divergence, Tolerance
 from torchrepro.analysis.verdict import ending
 from torchrepro.events import Compile, End, Event, EventLog, Header, InitParams, Setting, Step
 
-ENV = {"versions": {"torch": "2.13.0", "python": "3.12.3"}, "threads": {"num_threads": 4},
-       "determinism": [{"name": "fallback_random", "value": False}], "env_vars": []}
+ENV = {
+    "versions": {"torch": "2.13.0", "python": "3.12.3"},
+    "threads": {"num_threads": 4},
+    "determinism": [{"name": "fallback_random", "value": False}],
+    "env_vars": [],
+}
 
 
 def step(i: int, **changes: Any) -> Step:
     """Step ``i`` of a run that fingerprinted everything, with ``changes`` applied."""
-    values = {"index": i, "loss": 1.0 / (i + 1), "batch_fp": f"batch{i}", "grads_fp": f"grads{i}", "grad_norm": 0.5,
-              "params_fp": f"params{i}", "rng_fps": {"torch_cpu": f"rng{i}"}, "rng_at": "batch"}
+    values = {
+        "index": i,
+        "loss": 1.0 / (i + 1),
+        "batch_fp": f"batch{i}",
+        "grads_fp": f"grads{i}",
+        "grad_norm": 0.5,
+        "params_fp": f"params{i}",
+        "rng_fps": {"torch_cpu": f"rng{i}"},
+        "rng_at": "batch",
+    }
     return Step(**{**values, **changes})
 
 
-def logs(steps: int = 4, changed: dict[int, dict[str, Any]] | None = None, env: dict[str, Any] | None = None,
-         events: tuple[Event, ...] = ()) -> list[EventLog]:
+def logs(
+    steps: int = 4,
+    changed: dict[int, dict[str, Any]] | None = None,
+    env: dict[str, Any] | None = None,
+    events: tuple[Event, ...] = (),
+) -> list[EventLog]:
     """One rank's log: header (``env``), ``events`` (compiles, settings, ...), the steps, a normal end."""
     changed = changed or {}
     body = [step(i, **changed.get(i, {})) for i in range(steps)]
@@ -57,8 +73,10 @@ def env_with(**threads: int) -> dict[str, Any]:
 
 
 def graphs(*ops: int, inductor: bool = False) -> tuple[Compile, ...]:
-    return tuple(Compile(compile_id=f"{i}/0", function="forward", graph_ops=n, inductor_s=0.5 if inductor else None)
-                 for i, n in enumerate(ops))
+    return tuple(
+        Compile(compile_id=f"{i}/0", function="forward", graph_ops=n, inductor_s=0.5 if inductor else None)
+        for i, n in enumerate(ops)
+    )
 
 
 def decided(a: list[EventLog], b: list[EventLog], same_config: bool = True) -> tuple[Divergence, str, dict]:
@@ -68,11 +86,20 @@ def decided(a: list[EventLog], b: list[EventLog], same_config: bool = True) -> t
     return (div, *decide(div, a, b, same_config=same_config))
 
 
-def section(div: Divergence | None, cause: str | None, evidence: dict, a: list[EventLog], b: list[EventLog],
-            within: bool = False, tol: Tolerance | None = None, curve: list | None = None) -> dict[str, Any]:
+def section(
+    div: Divergence | None,
+    cause: str | None,
+    evidence: dict,
+    a: list[EventLog],
+    b: list[EventLog],
+    within: bool = False,
+    tol: Tolerance | None = None,
+    curve: list | None = None,
+) -> dict[str, Any]:
     endings = [ending("a", {"exit_code": 0}, a), ending("b", {"exit_code": 0}, b)]
-    return determinism_section(div, within, cause, evidence, ["a", "b"], a, b, curve or [], [], endings,
-                               tol or Tolerance(), unreadable_exit=3)
+    return determinism_section(
+        div, within, cause, evidence, ["a", "b"], a, b, curve or [], [], endings, tol or Tolerance(), unreadable_exit=3
+    )
 
 
 def finding(det: dict[str, Any], key: str | None) -> Any:
@@ -82,10 +109,14 @@ def finding(det: dict[str, Any], key: str | None) -> Any:
 
 # --- what the steps prove ---------------------------------------------------------------------
 
+
 def test_data_order_the_batch_differs_before_anything_else_is_weighed():
     a = logs(events=graphs(10))
-    b = logs(changed={2: {"batch_fp": "other", "loss": 9.0, "rng_fps": {"torch_cpu": "x"}}}, env=env_with(
-        num_threads=8), events=graphs(12))  # the RNG, the environment and the graphs differ too
+    b = logs(
+        changed={2: {"batch_fp": "other", "loss": 9.0, "rng_fps": {"torch_cpu": "x"}}},
+        env=env_with(num_threads=8),
+        events=graphs(12),
+    )  # the RNG, the environment and the graphs differ too
     div, cause, evidence = decided(a, b)
     assert (div.step, div.what, cause) == (2, "batch", "data_order")
     assert evidence["because"] == "the batches of step 2 differ"
@@ -98,8 +129,9 @@ def test_data_order_the_batch_differs_before_anything_else_is_weighed():
 
 def test_rng_the_state_a_step_started_with_differs():
     a = logs()
-    b = logs(changed={1: {"loss": 9.0, "rng_fps": {"torch_cpu": "x", "generator:loader": "y"}}},
-             env=env_with(num_threads=8))
+    b = logs(
+        changed={1: {"loss": 9.0, "rng_fps": {"torch_cpu": "x", "generator:loader": "y"}}}, env=env_with(num_threads=8)
+    )
     div, cause, evidence = decided(a, b)
     assert (div.step, div.what, cause) == (1, "rng", "rng")
     assert evidence["streams"] == ["generator:loader", "torch_cpu"]
@@ -110,8 +142,10 @@ def test_rng_the_state_a_step_started_with_differs():
 
 
 def test_rng_read_at_backward_between_configurations_is_a_consequence_not_the_cause():
-    a, b = logs(changed={1: {"rng_at": "backward"}}), logs(changed={1: {"loss": 9.0, "rng_fps": {"torch_cpu": "x"},
-                                                                        "rng_at": "backward"}})
+    a, b = (
+        logs(changed={1: {"rng_at": "backward"}}),
+        logs(changed={1: {"loss": 9.0, "rng_fps": {"torch_cpu": "x"}, "rng_at": "backward"}}),
+    )
     assert decided(a, b, same_config=True)[1] == "rng"
     div, cause, evidence = decided(a, b, same_config=False)  # inductor drew its seed in the forward pass
     assert (div.what, cause, evidence) == ("rng", "unknown", {})
@@ -158,8 +192,12 @@ def test_unknown_when_only_what_the_step_computed_differs():
 
 
 def test_init_params_before_the_first_step():
-    init = lambda *fps: InitParams(source="first_forward", module="Net", names=["fc.weight", "fc.bias"],  # noqa: E731
-                                   fps=list(fps))
+    init = lambda *fps: InitParams(
+        source="first_forward",
+        module="Net",
+        names=["fc.weight", "fc.bias"],  # noqa: E731
+        fps=list(fps),
+    )
     a = logs(events=(init("w", "b"),))
     b = logs(changed={0: {"batch_fp": "other"}}, events=(init("w2", "b"),))  # step 0's batch differs too
     div, cause, evidence = decided(a, b)
@@ -174,13 +212,37 @@ def test_init_params_before_the_first_step():
 
 # --- what runs beyond the two show ------------------------------------------------------------
 
+
 def ops(*changed: dict[str, Any]) -> dict[str, Any]:
-    base = [{"i": 0, "op": "aten.addmm.default", "inputs": ["x0"], "outputs": ["y0"], "module": "fc",
-             "phase": "forward", "source": "train.py:10"},
-            {"i": 1, "op": "aten.native_dropout.default", "inputs": ["y0"], "outputs": ["d0"], "module": "drop",
-             "phase": "forward", "source": "train.py:11"},
-            {"i": 2, "op": "aten.sum.default", "inputs": ["d0"], "outputs": ["s0"], "module": "head",
-             "phase": "forward", "source": "train.py:12"}]
+    base = [
+        {
+            "i": 0,
+            "op": "aten.addmm.default",
+            "inputs": ["x0"],
+            "outputs": ["y0"],
+            "module": "fc",
+            "phase": "forward",
+            "source": "train.py:10",
+        },
+        {
+            "i": 1,
+            "op": "aten.native_dropout.default",
+            "inputs": ["y0"],
+            "outputs": ["d0"],
+            "module": "drop",
+            "phase": "forward",
+            "source": "train.py:11",
+        },
+        {
+            "i": 2,
+            "op": "aten.sum.default",
+            "inputs": ["d0"],
+            "outputs": ["s0"],
+            "module": "head",
+            "phase": "forward",
+            "source": "train.py:12",
+        },
+    ]
     return {"ops": [{**op, **(changed[op["i"]] if op["i"] < len(changed) else {})} for op in base]}
 
 
@@ -189,7 +251,11 @@ def test_nondeterministic_op_same_inputs_different_outputs_in_replay():
     cause, evidence = cause_from_replays("unknown", ops(), ops(same, same, {"outputs": ["s1"]}), same_config=True)
     assert cause == "nondeterministic_op"
     assert (evidence["localisation"], evidence["op"], evidence["module"], evidence["source"]) == (
-        "nondeterministic_op", "aten.sum.default", "head", "train.py:12")
+        "nondeterministic_op",
+        "aten.sum.default",
+        "head",
+        "train.py:12",
+    )
     assert hint_key(cause, None, logs(), evidence) == "nondeterministic_op"
     a, b = logs(), logs(changed={1: {"loss": 9.0}})
     det = section(Divergence(1, 0, "loss"), cause, evidence, a, b)
@@ -204,24 +270,40 @@ def test_replays_name_a_random_op_rng_and_an_outside_input_leaves_the_cause():
     cause, evidence = cause_from_replays("unknown", ops(), ops(same, {"outputs": ["d1"]}), same_config=True)
     assert (cause, evidence["localisation"], evidence["op"]) == ("rng", "rng", "aten.native_dropout.default")
     cause, evidence = cause_from_replays("unknown", ops(), ops({"inputs": ["x1"], "outputs": ["y1"]}), True)
-    assert (cause, evidence["localisation"], evidence["op"]) == ("unknown", "input_from_outside_torch",
-                                                                "aten.addmm.default")
+    assert (cause, evidence["localisation"], evidence["op"]) == (
+        "unknown",
+        "input_from_outside_torch",
+        "aten.addmm.default",
+    )
     # a divergence of the initial parameters stays one, whatever op shows it first
     assert cause_from_replays("init_params", ops(), ops(same, same, {"outputs": ["s1"]}), True)[0] == "init_params"
 
 
 def test_eager_replays_that_agree_put_the_divergence_inside_compiled_code():
     assert cause_from_replays("unknown", ops(), ops(), same_config=True) == (
-        "nondeterministic_op", {"localisation": "inside compiled code (the eager replays agree)"})
+        "nondeterministic_op",
+        {"localisation": "inside compiled code (the eager replays agree)"},
+    )
     assert cause_from_replays("unknown", ops(), ops(), same_config=False) == (
-        "unknown", {"localisation": "not reproduced in replay"})
+        "unknown",
+        {"localisation": "not reproduced in replay"},
+    )
     assert cause_from_replays("unknown", ops(), None, True) == (
-        "unknown", {"localisation": "the replay did not reach the divergent step"})
+        "unknown",
+        {"localisation": "the replay did not reach the divergent step"},
+    )
 
 
-KERNEL = {"localisation": "compiled_kernel", "because": "compiled graph 0/0 (forward): gradient of emb.weight differs "
-          "when repeated in one process on identical inputs", "compile_id": "0/0", "graph": "backward",
-          "parameter": "emb.weight", "kernel": "cpp_fused_embedding_dense_backward_0", "kernel_atomic_add": True}
+KERNEL = {
+    "localisation": "compiled_kernel",
+    "because": "compiled graph 0/0 (forward): gradient of emb.weight differs "
+    "when repeated in one process on identical inputs",
+    "compile_id": "0/0",
+    "graph": "backward",
+    "parameter": "emb.weight",
+    "kernel": "cpp_fused_embedding_dense_backward_0",
+    "kernel_atomic_add": True,
+}
 
 
 def test_nondeterministic_kernel_an_atomic_add_kernel():
@@ -232,14 +314,26 @@ def test_nondeterministic_kernel_an_atomic_add_kernel():
     det = section(Divergence(0, 0, "grads"), cause, evidence, logs(), logs(changed={0: {"grads_fp": "x"}}))
     fd = det["first_divergence"]
     assert (fd["compile_id"], fd["graph"], fd["parameter"], fd["kernel"]) == (
-        "0/0", "backward", "emb.weight", "cpp_fused_embedding_dense_backward_0")
+        "0/0",
+        "backward",
+        "emb.weight",
+        "cpp_fused_embedding_dense_backward_0",
+    )
     assert finding(det, "nondeterministic_kernel").hint == CAUSE_HINTS["nondeterministic_kernel"]
     # the fix ladder ran: its measured fix leads, the kernel's explanation follows
-    det["fixes"] = [{"name": "threads_1", "how": "torch.set_num_threads(1)", "status": "bit_exact", "bit_exact": True,
-                     "step_time_ratio": 1.5}]
+    det["fixes"] = [
+        {
+            "name": "threads_1",
+            "how": "torch.set_num_threads(1)",
+            "status": "bit_exact",
+            "bit_exact": True,
+            "step_time_ratio": 1.5,
+        }
+    ]
     hint = finding(det, "nondeterministic_kernel").hint
-    assert hint.startswith("Measured fix: torch.set_num_threads(1)") and hint.endswith(CAUSE_HINTS[
-        "nondeterministic_kernel"])
+    assert hint.startswith("Measured fix: torch.set_num_threads(1)") and hint.endswith(
+        CAUSE_HINTS["nondeterministic_kernel"]
+    )
     assert "atomic" not in finding(det, "nondeterministic_op").hint
 
 
@@ -251,17 +345,21 @@ def test_nondeterministic_op_with_deterministic_algorithms_already_on():
     assert hint_key(cause, None, on, evidence) == "nondeterministic_op_deterministic_on"
     assert hint_key(cause, None, off, evidence) == "nondeterministic_op"
     det = section(Divergence(0, 0, "grads"), cause, evidence, off, on)
-    assert finding(det, "nondeterministic_op_deterministic_on").hint == CAUSE_HINTS[
-        "nondeterministic_op_deterministic_on"]
+    assert (
+        finding(det, "nondeterministic_op_deterministic_on").hint == CAUSE_HINTS["nondeterministic_op_deterministic_on"]
+    )
 
 
 # --- --against: eager, compiled and fallback_random side by side ----------------------------
 
+
 def decomposition(rng_abs: float | None, numerics_abs: float | None) -> dict[str, Any]:
     row = lambda x, y, d: {"between": [x, y], "bit_exact": not d, "final_max_abs": d, "final_max_rel": d}  # noqa: E731
-    return {"rng": row("fallback-random", "compiled", rng_abs), "numerics": row("eager", "fallback-random",
-                                                                                numerics_abs),
-            "total": row("eager", "compiled", (rng_abs or 0) + (numerics_abs or 0))}
+    return {
+        "rng": row("fallback-random", "compiled", rng_abs),
+        "numerics": row("eager", "fallback-random", numerics_abs),
+        "total": row("eager", "compiled", (rng_abs or 0) + (numerics_abs or 0)),
+    }
 
 
 def test_rng_compiled_fallback_random_removes_the_difference():
@@ -271,8 +369,10 @@ def test_rng_compiled_fallback_random_removes_the_difference():
     dec = decomposition(1e-2, None)
     cause, evidence = cause_from_decomposition(dec, "eager")
     assert cause == "rng"
-    assert evidence == {"because": "with fallback_random=True the compiled run matches eager bit for bit",
-                        "remaining_numerics": dec["numerics"]}
+    assert evidence == {
+        "because": "with fallback_random=True the compiled run matches eager bit for bit",
+        "remaining_numerics": dec["numerics"],
+    }
     assert hint_key(cause, "eager", compiled, evidence) == "rng_compiled"
     assert hint_key(cause, None, compiled, evidence) == "rng"
     det = section(div, cause, evidence, eager, compiled)
@@ -282,8 +382,9 @@ def test_rng_compiled_fallback_random_removes_the_difference():
 
 def test_rng_compiled_when_most_of_the_difference_goes_with_fallback_random():
     cause, evidence = cause_from_decomposition(decomposition(1e-4, 1e-6), "eager")  # more than 10x
-    assert cause == "rng" and evidence["because"] == ("fallback_random=True removes most of the difference; 1e-06 "
-                                                      "remains (numerics)")
+    assert cause == "rng" and evidence["because"] == (
+        "fallback_random=True removes most of the difference; 1e-06 remains (numerics)"
+    )
     cause, evidence = cause_from_decomposition(decomposition(1e-6, 1e-2), "fallback-random")  # by construction
     assert cause == "rng" and "only in inductor's RNG implementation" in evidence["because"]
 
@@ -293,33 +394,54 @@ def test_numerics_fallback_random_does_not_remove_the_difference():
     cause, evidence = cause_from_decomposition(dec, "eager")
     assert cause == "numerics" and evidence == {
         "because": "fallback_random=True does not remove the difference: rounding, not RNG",
-        "magnitude": dec["numerics"]}
+        "magnitude": dec["numerics"],
+    }
     assert hint_key(cause, "eager", logs(), evidence) == "numerics" and "numerics" in FIXABLE
-    assert finding(section(Divergence(0, 0, "loss"), cause, evidence, logs(), logs(changed={0: {"loss": 9.0}})),
-                   "numerics").hint == CAUSE_HINTS["numerics"]
+    assert (
+        finding(
+            section(Divergence(0, 0, "loss"), cause, evidence, logs(), logs(changed={0: {"loss": 9.0}})), "numerics"
+        ).hint
+        == CAUSE_HINTS["numerics"]
+    )
 
 
 def test_numerics_without_inductor_and_between_stored_runs_of_two_modes():
-    assert numerics_without_inductor() == ("numerics", {"because": "compiled without inductor RNG: the difference is "
-                                                                   "rounding"})
+    assert numerics_without_inductor() == (
+        "numerics",
+        {"because": "compiled without inductor RNG: the difference is rounding"},
+    )
     assert numerics_of_modes("eager", None) == ("numerics", {"because": "compile modes differ (eager vs None)"})
     assert numerics_of_modes("eager", "eager") is None
 
 
 def test_graph_evidence_names_the_compiled_graph_and_the_random_op_behind_the_output():
-    replay = {"graphs": [{"compile_id": "0/0"},
-                         {"compile_id": "1/0", "first_differing_output": 0, "target": "aten.mul", "node": "mul_1",
-                          "max_abs": 0.5, "depends_on_random": [{"target": "aten.bernoulli_", "node": "bernoulli",
-                                                                 "module": "drop", "source": "train.py:11"}]}]}
+    replay = {
+        "graphs": [
+            {"compile_id": "0/0"},
+            {
+                "compile_id": "1/0",
+                "first_differing_output": 0,
+                "target": "aten.mul",
+                "node": "mul_1",
+                "max_abs": 0.5,
+                "depends_on_random": [
+                    {"target": "aten.bernoulli_", "node": "bernoulli", "module": "drop", "source": "train.py:11"}
+                ],
+            },
+        ]
+    }
     evidence = graph_evidence(replay, 3)
     assert (evidence["compile_id"], evidence["module"], evidence["source"]) == ("1/0", "drop", "train.py:11")
     assert evidence["op"] == "aten.bernoulli_ (FX node bernoulli, compiled graph 1/0)"
     assert evidence["output"] == "output 0 (aten.mul, FX node mul_1)" and evidence["random_nodes"]
-    assert "2 compiled graph call(s) of step 3 match" in graph_evidence({"graphs": replay["graphs"][:1] * 2}, 3)[
-        "localisation"]
+    assert (
+        "2 compiled graph call(s) of step 3 match"
+        in graph_evidence({"graphs": replay["graphs"][:1] * 2}, 3)["localisation"]
+    )
 
 
 # --- tolerance and agreement ------------------------------------------------------------------
+
 
 def test_within_tolerance_when_losses_and_parameters_are_close():
     a = logs()
@@ -336,8 +458,9 @@ def test_within_tolerance_when_losses_and_parameters_are_close():
     div, within, _ = compare(a, b, tol, params_within=lambda: False)
     assert (div.step, div.what, within) == (2, "loss", False)
     # without snapshots the note says what was held to the tolerance
-    assert compare(a, b, tol)[2] == ["no parameter snapshots: only losses and gradient norms were held to the "
-                                     "tolerance"]
+    assert compare(a, b, tol)[2] == [
+        "no parameter snapshots: only losses and gradient norms were held to the tolerance"
+    ]
     # bit for bit, the same runs diverge
     assert compare(a, b, Tolerance(), params_within=lambda: True)[0].step == 2
     # beyond the tolerance, they diverge too
@@ -349,8 +472,12 @@ def test_runs_that_agree_bit_for_bit():
     div, within, notes = compare(a, b, Tolerance(atol=1e-3), params_within=lambda: False)  # never consulted
     assert (div, within, notes) == (None, False, [])
     det = section(None, None, {}, a, b)
-    assert (det["verdict"], det["exit_code"], det["steps_compared"], det["first_divergence"]) == ("bit_exact", 0, 4,
-                                                                                                   None)
+    assert (det["verdict"], det["exit_code"], det["steps_compared"], det["first_divergence"]) == (
+        "bit_exact",
+        0,
+        4,
+        None,
+    )
     assert divergence_findings(det, None) == []
 
 
@@ -362,6 +489,17 @@ def test_agreeing_runs_of_different_environments_say_so():
 
 
 def test_every_cause_has_a_hint():
-    keys = {"data_order", "rng", "rng_compiled", "numerics", "nondeterministic_op", "nondeterministic_kernel",
-            "nondeterministic_op_deterministic_on", "init_params", "environment", "recompile", "unknown"}
+    keys = {
+        "data_order",
+        "rng",
+        "rng_compiled",
+        "numerics",
+        "nondeterministic_op",
+        "nondeterministic_kernel",
+        "nondeterministic_op_deterministic_on",
+        "init_params",
+        "environment",
+        "recompile",
+        "unknown",
+    }
     assert set(CAUSE_HINTS) == keys and all(CAUSE_HINTS.values())

@@ -18,9 +18,27 @@ pytestmark = pytest.mark.distributed
 
 def doctor(tmp_path: Path, script: str, *args: str, options: tuple[str, ...] = ()) -> tuple[int, dict]:
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "doctor", "--nproc", "2", "--out", str(out), *options,
-                           str(SCRIPTS / script), "--", *args], capture_output=True, text=True, cwd=tmp_path,
-                          env=os.environ, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "doctor",
+            "--nproc",
+            "2",
+            "--out",
+            str(out),
+            *options,
+            str(SCRIPTS / script),
+            "--",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=os.environ,
+        timeout=300,
+    )
     assert (out / "report.json").exists(), proc.stdout + proc.stderr
     return proc.returncode, json.loads((out / "report.json").read_text())
 
@@ -89,17 +107,40 @@ def test_two_nodes_launched_by_the_user_merge_into_one_report(tmp_path):
         port = s.getsockname()[1]
     nodes = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-               "-m", "torchrepro", "run", "--out", str(tmp_path / f"node{node}"), str(SCRIPTS / "ddp_compile.py")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "-m",
+            "torchrepro",
+            "run",
+            "--out",
+            str(tmp_path / f"node{node}"),
+            str(SCRIPTS / "ddp_compile.py"),
+        ]
         nodes.append(subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     for proc in nodes:
         proc.wait(timeout=300)
     merged = tmp_path / "merged"
     for node in (0, 1):
         shutil.copytree(tmp_path / f"node{node}" / f"rank-{node}", merged / f"rank-{node}")
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "report", "--json", str(tmp_path / "r.json"),
-                           str(merged)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "report", "--json", str(tmp_path / "r.json"), str(merged)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["run"]["ranks_present"] == [0, 1] and report["run"]["world_size"] == 2

@@ -18,8 +18,14 @@ SMALL = SCRIPTS / "train_small.py"
 
 
 def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 def report_of(run_dir: Path) -> dict:
@@ -31,10 +37,16 @@ def _last_json(stdout: str) -> dict:
 
 
 def test_observation_does_not_perturb(tmp_path):
-    plain = subprocess.run([sys.executable, str(SMALL), "--save", str(tmp_path / "plain.pt")], capture_output=True,
-                           text=True, cwd=tmp_path, check=True)
-    proc = torchrepro("doctor", "--out", str(tmp_path / "run"), str(SMALL), "--", "--save",
-                      str(tmp_path / "doctor.pt"), cwd=tmp_path)
+    plain = subprocess.run(
+        [sys.executable, str(SMALL), "--save", str(tmp_path / "plain.pt")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
+    proc = torchrepro(
+        "doctor", "--out", str(tmp_path / "run"), str(SMALL), "--", "--save", str(tmp_path / "doctor.pt"), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     a = torch.load(tmp_path / "plain.pt", weights_only=True)
     b = torch.load(tmp_path / "doctor.pt", weights_only=True)
@@ -58,9 +70,22 @@ def test_observation_does_not_perturb(tmp_path):
 
 
 def test_budgets_junit_and_json(tmp_path):
-    proc = torchrepro("doctor", "--out", str(tmp_path / "run"), "--max-recompiles", "0", "--junit",
-                      str(tmp_path / "junit.xml"), "--json", str(tmp_path / "copy.json"), str(SMALL), "--",
-                      "--epochs", "1", cwd=tmp_path)
+    proc = torchrepro(
+        "doctor",
+        "--out",
+        str(tmp_path / "run"),
+        "--max-recompiles",
+        "0",
+        "--junit",
+        str(tmp_path / "junit.xml"),
+        "--json",
+        str(tmp_path / "copy.json"),
+        str(SMALL),
+        "--",
+        "--epochs",
+        "1",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr
     assert any(line.startswith("FAILS BUDGET") for line in proc.stdout.splitlines())
     suite = ElementTree.parse(tmp_path / "junit.xml").getroot()
@@ -70,8 +95,9 @@ def test_budgets_junit_and_json(tmp_path):
 
 
 def test_script_that_raises_keeps_partial_events(tmp_path):
-    proc = torchrepro("doctor", "--out", str(tmp_path / "run"), str(SMALL), "--", "--steps-then-raise", "3",
-                      cwd=tmp_path)
+    proc = torchrepro(
+        "doctor", "--out", str(tmp_path / "run"), str(SMALL), "--", "--steps-then-raise", "3", cwd=tmp_path
+    )
     assert proc.returncode == 3
     report = report_of(tmp_path / "run")
     assert report["steps"]["steps"] == 3
@@ -82,14 +108,16 @@ def test_script_that_raises_keeps_partial_events(tmp_path):
 
 
 def test_script_exit_code_is_reported(tmp_path):
-    proc = torchrepro("doctor", "--out", str(tmp_path / "run"), str(SMALL), "--", "--epochs", "1", "--exit-code",
-                      "3", cwd=tmp_path)
+    proc = torchrepro(
+        "doctor", "--out", str(tmp_path / "run"), str(SMALL), "--", "--epochs", "1", "--exit-code", "3", cwd=tmp_path
+    )
     assert proc.returncode == 3
     assert report_of(tmp_path / "run")["run"]["ranks"]["0"]["exit_code"] == 3
 
 
-@pytest.mark.parametrize("case", ["missing", "syntax", "existing_out", "not_a_run", "trace_empty", "trace_missing",
-                                  "both", "neither"])
+@pytest.mark.parametrize(
+    "case", ["missing", "syntax", "existing_out", "not_a_run", "trace_empty", "trace_missing", "both", "neither"]
+)
 def test_bad_input_is_one_clear_line_exit_2(tmp_path, case):
     (tmp_path / "bad.py").write_text("def f(:\n    pass\n")
     (tmp_path / "used").mkdir()
@@ -134,8 +162,13 @@ def test_damaged_event_log_is_reported_not_fatal(tmp_path):
 
 def test_doctor_from_torch_trace_logs(tmp_path):
     trace = tmp_path / "trace"
-    subprocess.run([sys.executable, str(SMALL), "--epochs", "1"], cwd=tmp_path, check=True, capture_output=True,
-                   env={**os.environ, "TORCH_TRACE": str(trace)})
+    subprocess.run(
+        [sys.executable, str(SMALL), "--epochs", "1"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "TORCH_TRACE": str(trace)},
+    )
     proc = torchrepro("doctor", "--trace", str(trace), "--out", str(tmp_path / "imported"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     report = report_of(tmp_path / "imported")

@@ -33,11 +33,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-import torch._dynamo  # noqa: E402
-from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics  # noqa: E402
+import torch
+import torch._dynamo
+from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
 
 from torchrepro.analysis.doctor import analyse  # noqa: E402
 from torchrepro.capture.session import CaptureConfig, CaptureSession  # noqa: E402
@@ -53,8 +51,10 @@ _GB_URL = re.compile(r"/gb/(gb\d+)\.html", re.I)
 def _global_state() -> dict:
     return {
         "default_dtype": torch.get_default_dtype(),
-        "deterministic": (torch.are_deterministic_algorithms_enabled(),
-                          torch.is_deterministic_algorithms_warn_only_enabled()),
+        "deterministic": (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        ),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
         "num_threads": torch.get_num_threads(),
@@ -564,8 +564,12 @@ SCENARIOS = [
     Scenario("gb-get-rng-state", s_gb_rng_state, breaks=["gb:rng-state"]),
     Scenario("gb-in-inlined-helper", s_gb_in_helper, breaks=["gb:helper", "gb:helper"]),
     Scenario("gb-in-module-forward", s_gb_in_module, breaks=["gb:module"]),
-    Scenario("gb-with-shape-recompile", s_gb_with_shape_recompile, ["shape", "shape"],
-             breaks=["gb:recompiled", "gb:recompiled"]),
+    Scenario(
+        "gb-with-shape-recompile",
+        s_gb_with_shape_recompile,
+        ["shape", "shape"],
+        breaks=["gb:recompiled", "gb:recompiled"],
+    ),
 ]
 
 
@@ -594,8 +598,12 @@ def run_scenario(scenario: Scenario, run_dir: Path) -> Outcome:
         metrics = list(get_compilation_metrics())
         torch._dynamo.reset()
     run = load_run(run_dir)
-    return Outcome(analyse(run.meta, run.logs, run.problems).to_json(), snapshot, metrics,
-                   [e for log in run.logs for e in log.events])
+    return Outcome(
+        analyse(run.meta, run.logs, run.problems).to_json(),
+        snapshot,
+        metrics,
+        [e for log in run.logs for e in log.events],
+    )
 
 
 def dynamo_graph_breaks(snapshot: dict) -> dict[str, int]:

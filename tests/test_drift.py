@@ -20,10 +20,17 @@ REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "tests" / "scripts" / "drift_toy.py"
 
 
-def drift(tmp: Path, *args: str, expect: int | None = None, timeout: float = 900) -> tuple[subprocess.CompletedProcess,
-                                                                                            dict | None]:
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "drift", *args], capture_output=True, text=True,
-                          cwd=tmp, timeout=timeout, check=False)
+def drift(
+    tmp: Path, *args: str, expect: int | None = None, timeout: float = 900
+) -> tuple[subprocess.CompletedProcess, dict | None]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "drift", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        timeout=timeout,
+        check=False,
+    )
     if expect is not None:
         assert proc.returncode == expect, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     out = next((Path(b) for a, b in itertools.pairwise(args) if a == "--out"), None)
@@ -35,8 +42,21 @@ def drift(tmp: Path, *args: str, expect: int | None = None, timeout: float = 900
 
 def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found(tmp_path):
     # Full batch: the order seeds only permute rows inside the one batch. Compiled, the forward halves its logits.
-    proc, report = drift(tmp_path, "--vary", "init,order,compile", "--runs", "3", "--jobs", "2", "--out", "exp",
-                         str(TOY), "--", "--planted", expect=1)
+    proc, report = drift(
+        tmp_path,
+        "--vary",
+        "init,order,compile",
+        "--runs",
+        "3",
+        "--jobs",
+        "2",
+        "--out",
+        "exp",
+        str(TOY),
+        "--",
+        "--planted",
+        expect=1,
+    )
     assert report["schema"] == "torchrepro.drift/1" and report["kind"] == "drift"
     d = report["drift"]
     assert len(d["runs"]) == 18 and all(r["status"] == "ok" for r in d["runs"])
@@ -57,9 +77,27 @@ def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found
 
 def test_compile_changing_only_rounding_is_not_significant(tmp_path):
     # No random factor named: every stream varies at once over 6 seed levels, each run eager and compiled.
-    _, report = drift(tmp_path, "--vary", "compile", "--runs", "6", "--jobs", "2", "--out", "exp",
-                      "--metric-regex", r"^loss=([0-9.]+)$", "--observed", "0.01", "--target-effect", "0.001",
-                      str(TOY), "--", "--rounding", expect=0)
+    _, report = drift(
+        tmp_path,
+        "--vary",
+        "compile",
+        "--runs",
+        "6",
+        "--jobs",
+        "2",
+        "--out",
+        "exp",
+        "--metric-regex",
+        r"^loss=([0-9.]+)$",
+        "--observed",
+        "0.01",
+        "--target-effect",
+        "0.001",
+        str(TOY),
+        "--",
+        "--rounding",
+        expect=0,
+    )
     d = report["drift"]
     (effect,) = d["effects"]
     assert effect["n"] == 6 and effect["p_value"] > 0.05
@@ -71,8 +109,23 @@ def test_compile_changing_only_rounding_is_not_significant(tmp_path):
 
 
 def test_order_from_the_global_stream_is_not_separable(tmp_path):
-    _, report = drift(tmp_path, "--vary", "init,order", "--runs", "2", "--jobs", "2", "--out", "exp",
-                      "--metric", "acc", str(TOY), "--", "--global-order", expect=0)
+    _, report = drift(
+        tmp_path,
+        "--vary",
+        "init,order",
+        "--runs",
+        "2",
+        "--jobs",
+        "2",
+        "--out",
+        "exp",
+        "--metric",
+        "acc",
+        str(TOY),
+        "--",
+        "--global-order",
+        expect=0,
+    )
     d = report["drift"]
     assert [x["factors"] for x in d["not_separable"]] == [["init", "order"]]
     assert "global RNG" in d["not_separable"][0]["reason"]
@@ -81,8 +134,9 @@ def test_order_from_the_global_stream_is_not_separable(tmp_path):
 
 
 def test_plan_run_one_collect_and_a_constant_seed(tmp_path):
-    proc, _ = drift(tmp_path, "--plan", "--vary", "init", "--runs", "2", "--out", "exp", str(TOY), "--",
-                    "--constant-seed", expect=0)
+    proc, _ = drift(
+        tmp_path, "--plan", "--vary", "init", "--runs", "2", "--out", "exp", str(TOY), "--", "--constant-seed", expect=0
+    )
     plan = json.loads((tmp_path / "exp" / "plan.json").read_text())
     assert len(plan["cells"]) == 2 and "--run-one" in proc.stdout
     bad, _ = drift(tmp_path, "--out", "exp", "--run-one", "2", expect=2)
@@ -121,10 +175,27 @@ def _alive(pid: int) -> bool:
 def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path):
     draws = sorted(_first_draws(4))
     crash_below = (draws[0] + draws[1]) / 2  # exactly one init level crashes
-    args = ["--vary", "init", "--runs", "4", "--jobs", "1", "--out", "exp", str(TOY), "--", "--crash-below",
-            str(crash_below)]
-    proc = subprocess.Popen([sys.executable, "-m", "torchrepro", "drift", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        "--vary",
+        "init",
+        "--runs",
+        "4",
+        "--jobs",
+        "1",
+        "--out",
+        "exp",
+        str(TOY),
+        "--",
+        "--crash-below",
+        str(crash_below),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchrepro", "drift", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def records() -> list[Path]:
         return sorted((tmp_path / "exp" / "runs").glob("*/drift-run.json"))
@@ -152,12 +223,15 @@ def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path)
     assert "excluded (crashed)" in again.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--vary", "init,speed", str(TOY)], "unknown factor(s) speed"),
-    (["--metric-regex", "loss=[0-9.]+", str(TOY)], "exactly one group"),
-    (["--runs", "1", str(TOY)], "--runs must be at least 2"),
-    (["--collect", "nowhere"], "holds no plan.json"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--vary", "init,speed", str(TOY)], "unknown factor(s) speed"),
+        (["--metric-regex", "loss=[0-9.]+", str(TOY)], "exactly one group"),
+        (["--runs", "1", str(TOY)], "--runs must be at least 2"),
+        (["--collect", "nowhere"], "holds no plan.json"),
+    ],
+)
 def test_bad_input_is_one_line_and_runs_nothing(tmp_path, args, message):
     proc, _ = drift(tmp_path, *args, expect=2)
     (line,) = proc.stderr.strip().splitlines()
@@ -175,8 +249,21 @@ def test_an_existing_directory_is_never_taken_over(tmp_path):
 
 def test_ray_launcher_on_a_local_cluster(tmp_path):
     pytest.importorskip("ray")
-    _, report = drift(tmp_path, "--launcher", "ray", "--vary", "init", "--runs", "2", "--jobs", "2", "--out", "exp",
-                      str(TOY), expect=0)
+    _, report = drift(
+        tmp_path,
+        "--launcher",
+        "ray",
+        "--vary",
+        "init",
+        "--runs",
+        "2",
+        "--jobs",
+        "2",
+        "--out",
+        "exp",
+        str(TOY),
+        expect=0,
+    )
     assert report["run"]["ran"] == 2 and [r["status"] for r in report["drift"]["runs"]] == ["ok", "ok"]
     assert len({r["metric"] for r in report["drift"]["runs"]}) == 2  # two init seeds, two results
 
@@ -209,8 +296,14 @@ print(json.dumps({"init": torch.rand(()).item(), "order": order, "augment": acti
 
 def test_factor_levels_seed_their_own_streams_and_set_switches(tmp_path):
     def probe(**levels) -> dict:
-        proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps({"root": 0, **levels})], capture_output=True,
-                              text=True, cwd=tmp_path, timeout=300, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE, json.dumps({"root": 0, **levels})],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=300,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.splitlines()[-1])
 
@@ -226,8 +319,14 @@ def test_factor_levels_seed_their_own_streams_and_set_switches(tmp_path):
 
 
 def test_log_metric_outside_torchrepro_does_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", "import torchrepro; torchrepro.log_metric('acc', 0.5); print('ok')"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torchrepro; torchrepro.log_metric('acc', 0.5); print('ok')"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 

@@ -63,8 +63,7 @@ def test_variance_component_estimates_are_unbiased():
     rng = np.random.default_rng(2)
     reps, n = 3000, 6
     truth = {"init": 4.0, "order": 1.0, "noise": 0.25}
-    y = (rng.normal(0, 2.0, (reps, n, 1)) + rng.normal(0, 1.0, (reps, 1, n))
-         + rng.normal(0, 0.5, (reps, n, n)))
+    y = rng.normal(0, 2.0, (reps, n, 1)) + rng.normal(0, 1.0, (reps, 1, n)) + rng.normal(0, 0.5, (reps, n, n))
     est = d.component_estimates(y, 2)
     for key, want in ((0,), truth["init"]), ((1,), truth["order"]), ((0, 1), truth["noise"]):
         values = est[key]
@@ -75,9 +74,13 @@ def test_variance_component_estimates_are_unbiased():
 def test_three_way_components_are_unbiased():
     rng = np.random.default_rng(3)
     reps, n = 2000, 4
-    y = (rng.normal(0, 1.0, (reps, n, 1, 1)) + rng.normal(0, 0.5, (reps, 1, n, 1))
-         + rng.normal(0, 1.5, (reps, 1, 1, n)) + rng.normal(0, 0.7, (reps, n, n, 1))
-         + rng.normal(0, 0.3, (reps, n, n, n)))
+    y = (
+        rng.normal(0, 1.0, (reps, n, 1, 1))
+        + rng.normal(0, 0.5, (reps, 1, n, 1))
+        + rng.normal(0, 1.5, (reps, 1, 1, n))
+        + rng.normal(0, 0.7, (reps, n, n, 1))
+        + rng.normal(0, 0.3, (reps, n, n, n))
+    )
     est = d.component_estimates(y, 3)
     for key, want in (((0,), 1.0), ((1,), 0.25), ((2,), 2.25), ((0, 1), 0.49), ((0, 2), 0.0), ((0, 1, 2), 0.09)):
         values = est[key]
@@ -109,9 +112,17 @@ def _runs(metric, levels=6, binary=None, rng0=None, batches=None):
         for i in range(levels):
             for j in range(levels):
                 seeds = {"init": i, "order": j}
-                runs.append(d.DriftRun(index, seeds, dict(settings), metric(i, j, settings), "ok",
-                                       rng0=rng0(i, j) if rng0 else f"r{i}",
-                                       batches=batches(i, j) if batches else (f"b{j}",)))
+                runs.append(
+                    d.DriftRun(
+                        index,
+                        seeds,
+                        dict(settings),
+                        metric(i, j, settings),
+                        "ok",
+                        rng0=rng0(i, j) if rng0 else f"r{i}",
+                        batches=batches(i, j) if batches else (f"b{j}",),
+                    )
+                )
                 index += 1
     return runs
 
@@ -133,8 +144,14 @@ def test_analyse_finds_a_planted_effect_and_not_a_null():
     shares = {f["name"]: f["variance_share"] for f in real["factors"]}
     assert shares["init"] > shares["order"] > shares[d.RESIDUAL]
 
-    null = d.analyse(_runs(metric(0.0), binary=[{"compile": "eager"}]), ["init", "order"], [COMPILE], 6,
-                     observed=0.8, target_effect=0.05)
+    null = d.analyse(
+        _runs(metric(0.0), binary=[{"compile": "eager"}]),
+        ["init", "order"],
+        [COMPILE],
+        6,
+        observed=0.8,
+        target_effect=0.05,
+    )
     (effect,) = null["effects"]
     assert effect["p_value"] > ALPHA and "not distinguishable from noise at N = 36 (MDE" in null["verdict"]
     assert effect["pairs_needed"] > 2 and null["observed"]["sigmas"] > 0

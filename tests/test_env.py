@@ -19,8 +19,13 @@ from torchrepro.report.env import render_env
 
 def _run(*args: str, **extra: str) -> subprocess.CompletedProcess:
     """`python -m torchrepro env ARGS` with extra environment variables, wide enough for tables."""
-    return subprocess.run([sys.executable, "-m", "torchrepro", "env", *args], capture_output=True,
-                          text=True, env={**os.environ, "COLUMNS": "200", **extra}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", "env", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **extra},
+        timeout=120,
+    )
 
 
 def _json(**extra: str) -> dict:
@@ -105,16 +110,19 @@ def test_unset_pythonhashseed_and_omp_are_flagged(monkeypatch):
         assert var["value"] is None and var["risky"]
 
 
-@pytest.mark.parametrize(("name", "value", "risky"), [
-    ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1", True),
-    ("TORCH_COMPILE_DISABLE", "1", True),
-    ("CUDA_LAUNCH_BLOCKING", "1", True),
-    ("CUBLAS_WORKSPACE_CONFIG", ":4096:8", False),
-    ("CUBLAS_WORKSPACE_CONFIG", ":0:0", True),
-    ("NCCL_DEBUG", "INFO", False),
-    ("TORCH_LOGS", "recompiles", False),
-    ("WORLD_SIZE", "2", False),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "risky"),
+    [
+        ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1", True),
+        ("TORCH_COMPILE_DISABLE", "1", True),
+        ("CUDA_LAUNCH_BLOCKING", "1", True),
+        ("CUBLAS_WORKSPACE_CONFIG", ":4096:8", False),
+        ("CUBLAS_WORKSPACE_CONFIG", ":0:0", True),
+        ("NCCL_DEBUG", "INFO", False),
+        ("TORCH_LOGS", "recompiles", False),
+        ("WORLD_SIZE", "2", False),
+    ],
+)
 def test_relevant_variables_are_listed(monkeypatch, name, value, risky):
     monkeypatch.setenv(name, value)
     var = _var(envinfo.collect(), name)

@@ -27,8 +27,7 @@ def doctor(tmp: Path, *script_args: str) -> tuple[dict, str]:
     """The report of ``torchrepro doctor`` on the script, and what doctor printed (it shows the
     script's own output live)."""
     out = tmp / "run"
-    proc = _run([sys.executable, "-m", "torchrepro", "doctor", "--out", str(out), str(SCRIPT), "--", *script_args],
-                tmp)
+    proc = _run([sys.executable, "-m", "torchrepro", "doctor", "--out", str(out), str(SCRIPT), "--", *script_args], tmp)
     return json.loads((out / "report.json").read_text()), proc.stdout
 
 
@@ -49,14 +48,18 @@ def test_pitfalls_are_found_with_fixes(tmp_path):
     assert any(f["evidence"]["location"].endswith(f"train_digits.py:{ITEM_LINE}") for f in breaks), breaks
     assert any(".item()" in f["hint"] for f in breaks)
 
-    evals = [e for e in events if e["category"] == "grad_mode"
-             or (e["category"] == "module_attribute" and ".training" in e["guard"])]
+    evals = [
+        e
+        for e in events
+        if e["category"] == "grad_mode" or (e["category"] == "module_attribute" and ".training" in e["guard"])
+    ]
     assert evals, events
 
     temperature = [e for e in events if e["category"] == "module_attribute" and "temperature" in e["guard"]]
     assert temperature, events
-    assert any(f["code"] == "RECOMPILE_MODULE_ATTRIBUTE" and "allow_unspec_int_on_nn_module" in f["hint"]
-               for f in findings)
+    assert any(
+        f["code"] == "RECOMPILE_MODULE_ATTRIBUTE" and "allow_unspec_int_on_nn_module" in f["hint"] for f in findings
+    )
     assert report["run"]["exit_code"] == 0 and not report["budget_failures"]
 
 
@@ -66,8 +69,7 @@ def test_clean_script_is_clean_and_capture_changes_nothing(tmp_path):
     parameters and compiles the same number of graphs. (One test: two runs cost ~20 s.)"""
     import torch
 
-    plain = _run([sys.executable, str(SCRIPT), "--epochs", "1", "--seed", "3", "--save-params", "plain.pt"],
-                 tmp_path)
+    plain = _run([sys.executable, str(SCRIPT), "--epochs", "1", "--seed", "3", "--save-params", "plain.pt"], tmp_path)
     report, doctor_stdout = doctor(tmp_path, "--epochs", "1", "--seed", "3", "--save-params", "doctor.pt")
 
     c = report["compile"]

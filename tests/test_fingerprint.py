@@ -19,8 +19,18 @@ from torchrepro.digests import _device_digest, fingerprint, fingerprints, hash_b
 
 fast = settings(max_examples=60, deadline=None)
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
-          torch.int8, torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.float8_e4m3fn,
+]
 # The two tensor paths: xxh3 over the bytes (CPU) and the on-device sums, run here on CPU.
 DIGESTS = [fingerprint, _device_digest]
 
@@ -97,9 +107,18 @@ def test_views_hash_by_logical_content(digest, rows, cols, dtype, seed):
 @given(st.binary(min_size=8, max_size=8))
 def test_dtype_and_shape_are_part_of_the_digest(digest, data):
     raw = torch.tensor(list(data), dtype=torch.uint8)
-    same_bytes = [raw, raw.view(2, 4), raw.view(4, 2), raw.view(1, 8), raw.view(torch.int8),
-                  raw.view(torch.float32), raw.view(torch.int32), raw.view(torch.float64),
-                  raw.view(torch.float64).reshape(()), raw.view(torch.bfloat16)]
+    same_bytes = [
+        raw,
+        raw.view(2, 4),
+        raw.view(4, 2),
+        raw.view(1, 8),
+        raw.view(torch.int8),
+        raw.view(torch.float32),
+        raw.view(torch.int32),
+        raw.view(torch.float64),
+        raw.view(torch.float64).reshape(()),
+        raw.view(torch.bfloat16),
+    ]
     assert len({digest(t) for t in same_bytes}) == len(same_bytes)
 
 
@@ -228,13 +247,17 @@ class Config:
     b: object
 
 
-scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
-           | st.text(max_size=3) | st.binary(max_size=3))
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3) | st.binary(max_size=3)
+)
 plain = st.recursive(
     scalars,
-    lambda inner: (st.lists(inner, max_size=3) | st.lists(inner, max_size=3).map(tuple)
-                   | st.dictionaries(st.text(max_size=2) | st.integers(), inner, max_size=3)
-                   | st.frozensets(st.text(max_size=2) | st.integers(), max_size=3)),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=2) | st.integers(), inner, max_size=3)
+        | st.frozensets(st.text(max_size=2) | st.integers(), max_size=3)
+    ),
     max_leaves=8,
 )
 
@@ -264,14 +287,49 @@ def test_equal_uids_only_for_equal_values(x, y):
 
 
 def test_types_are_part_of_the_uid():
-    values = [1, 1.0, True, "1", b"1", (1,), [1], {1}, frozenset({1}), np.int64(1),
-              torch.tensor(1), Color.RED, None, 0, 0.0, -0.0, False, (), [], {}, "", b""]
+    values = [
+        1,
+        1.0,
+        True,
+        "1",
+        b"1",
+        (1,),
+        [1],
+        {1},
+        frozenset({1}),
+        np.int64(1),
+        torch.tensor(1),
+        Color.RED,
+        None,
+        0,
+        0.0,
+        -0.0,
+        False,
+        (),
+        [],
+        {},
+        "",
+        b"",
+    ]
     assert len({stable_uid(v) for v in values}) == len(values)
 
 
 def test_structures_never_share_an_encoding():
-    values = [["a", "b"], ["ab"], [["a"], "b"], ["a", ["b"]], [["a", "b"]], {"a": "b"}, {"ab": None},
-              ("a", "b"), Pair("a", "b"), Config("a", "b"), {"a": "a", "b": "b"}, [[], []], [[[]]]]
+    values = [
+        ["a", "b"],
+        ["ab"],
+        [["a"], "b"],
+        ["a", ["b"]],
+        [["a", "b"]],
+        {"a": "b"},
+        {"ab": None},
+        ("a", "b"),
+        Pair("a", "b"),
+        Config("a", "b"),
+        {"a": "a", "b": "b"},
+        [[], []],
+        [[[]]],
+    ]
     assert len({stable_uid(v) for v in values}) == len(values)
 
 
@@ -323,8 +381,18 @@ def _model() -> torch.nn.Module:
 def test_module_fingerprint_changes_with_any_parameter_or_buffer():
     model = _model()
     before, names = fingerprint(model), fingerprints(model)
-    assert list(names) == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias",
-                           "scale", "1.running_mean", "1.running_var", "1.num_batches_tracked"]
+    assert list(names) == [
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "2.weight",
+        "2.bias",
+        "scale",
+        "1.running_mean",
+        "1.running_var",
+        "1.num_batches_tracked",
+    ]
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         saved = t.detach().clone()
         with torch.no_grad():
@@ -377,8 +445,10 @@ result = [fingerprint(model), fingerprint(batch), fingerprint(torch.randn(3, 5).
 
 
 def test_stable_across_processes_and_hash_seeds(run_python):
-    outs = [json.loads(run_python(BUILD + "print(__import__('json').dumps(result))",
-                                  env={"PYTHONHASHSEED": seed}).stdout) for seed in ("1", "2")]
+    outs = [
+        json.loads(run_python(BUILD + "print(__import__('json').dumps(result))", env={"PYTHONHASHSEED": seed}).stdout)
+        for seed in ("1", "2")
+    ]
     here: dict = {}
     exec(BUILD, here)
     assert outs[0] == outs[1] == here["result"]

@@ -22,8 +22,14 @@ def child(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` as a process below a captured one (run dir tmp_path/run), with ``env``."""
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
     variables = follow_env(RunOptions(run_dir=tmp_path / "run"), root_pid=1, pythonpath=base.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          env={**base, **variables, SEEN_VAR: "::", **env})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**base, **variables, SEEN_VAR: "::", **env},
+    )
 
 
 def events(tmp_path: Path, rank: int) -> list[dict]:
@@ -34,9 +40,13 @@ def test_the_users_own_sitecustomize_runs_and_nothing_is_imported(tmp_path):
     own = tmp_path / "own"
     own.mkdir()
     (own / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
-    proc = child(tmp_path, PROBE + "; import os; print(os.environ.get('USER_SITE_RAN'))",
-                 PYTHONPATH=os.pathsep.join([follow_env(RunOptions(run_dir=tmp_path), 1)["PYTHONPATH"], str(own),
-                                             os.environ.get("PYTHONPATH", "")]))
+    proc = child(
+        tmp_path,
+        PROBE + "; import os; print(os.environ.get('USER_SITE_RAN'))",
+        PYTHONPATH=os.pathsep.join(
+            [follow_env(RunOptions(run_dir=tmp_path), 1)["PYTHONPATH"], str(own), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", str(own / "sitecustomize.py"), "1"]
     assert not (tmp_path / "run").exists()
@@ -58,10 +68,12 @@ def test_a_process_a_launcher_made_a_rank_is_captured_with_its_exit_code(tmp_pat
 
 
 def test_a_process_that_joins_a_group_is_captured_then(tmp_path):
-    code = ("import torch, torch.distributed as dist\n"
-            f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
-            "dist.destroy_process_group()\n"
-            "raise ValueError('after the group')\n")
+    code = (
+        "import torch, torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
+        "dist.destroy_process_group()\n"
+        "raise ValueError('after the group')\n"
+    )
     proc = child(tmp_path, code)
     assert proc.returncode == 1 and "ValueError: after the group" in proc.stderr
     log = events(tmp_path, 0)
@@ -82,14 +94,23 @@ def test_the_whole_capture_configuration_travels(tmp_path, monkeypatch):
     """A replay's step and record, a fix and a drift run's factor levels reach the ranks the script starts."""
     from torchrepro import follow
 
-    options = RunOptions(run_dir=Path("run"), seed=7, replay_step=2, replay_out=Path("replays/a.json"),
-                         replay_graphs=True, stop_after_step=4, fix="threads_1", factors={"init": 1})
+    options = RunOptions(
+        run_dir=Path("run"),
+        seed=7,
+        replay_step=2,
+        replay_out=Path("replays/a.json"),
+        replay_graphs=True,
+        stop_after_step=4,
+        fix="threads_1",
+        factors={"init": 1},
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(CONFIG_VAR, follow_env(options, 1)[CONFIG_VAR])
     travelled, root_pid = follow._config()
     assert root_pid == 1
-    assert travelled == replace(options, run_dir=(tmp_path / "run").resolve(),
-                                replay_out=(tmp_path / "replays" / "a.json").resolve())
+    assert travelled == replace(
+        options, run_dir=(tmp_path / "run").resolve(), replay_out=(tmp_path / "replays" / "a.json").resolve()
+    )
 
 
 def test_a_replay_record_is_found_whatever_the_world(tmp_path):
@@ -124,11 +145,24 @@ def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tm
     for spawned in (True, False):
         store = tmp_path / f"store-{spawned}"
         config = RunOptions(run_dir=tmp_path / f"run-{spawned}", seed=5)
-        env = {**base, **follow_env(config, 1, base.get("PYTHONPATH", "")), SEEN_VAR: "::",
-               **({SPAWN_VAR: "1"} if spawned else {})}
+        env = {
+            **base,
+            **follow_env(config, 1, base.get("PYTHONPATH", "")),
+            SEEN_VAR: "::",
+            **({SPAWN_VAR: "1"} if spawned else {}),
+        }
         code = SPAWNED.format(store=store, var=SPAWN_VAR)
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(rank)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env) for rank in (0, 1)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(rank)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+                env=env,
+            )
+            for rank in (0, 1)
+        ]
         outs = [p.communicate(timeout=120) for p in procs]
         assert all(p.returncode == 0 for p in procs), outs
         results[spawned] = [out.split() for out, _ in outs]

@@ -19,17 +19,24 @@ pytestmark = pytest.mark.distributed
 
 def torchrepro(tmp_path: Path, *args: str) -> tuple[int, dict]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", *args[:1], "--out", str(out), *args[1:]],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=900,
-                          env={**os.environ, "LAUNCH_DIGESTS": str(tmp_path / "digests")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args[:1], "--out", str(out), *args[1:]],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+        env={**os.environ, "LAUNCH_DIGESTS": str(tmp_path / "digests")},
+    )
     assert (out / "report.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.returncode, json.loads((out / "report.json").read_text())
 
 
 def rank_steps(run: Path) -> dict[str, int]:
     """Each rank folder of a run and its number of steps."""
-    return {d.name: sum('"kind":"step"' in line for line in (d / "events.jsonl").read_text().splitlines())
-            for d in sorted(run.glob("rank-*"))}
+    return {
+        d.name: sum('"kind":"step"' in line for line in (d / "events.jsonl").read_text().splitlines())
+        for d in sorted(run.glob("rank-*"))
+    }
 
 
 def assert_rank1_noise_found(code: int, report: dict, runs: list[Path]) -> None:
@@ -59,13 +66,18 @@ def test_spawned_rank_that_diverges_is_named_and_replayed(tmp_path):
     assert_rank1_noise_found(code, report, [out / "run-1", out / "run-2"])
     assert fd_source(report).endswith("spawn_ranks.py:24")
     assert sorted(p.name for p in (out / "replays").glob("*.json")) == [
-        "a.rank0.json", "a.rank1.json", "b.rank0.json", "b.rank1.json"]
+        "a.rank0.json",
+        "a.rank1.json",
+        "b.rank0.json",
+        "b.rank1.json",
+    ]
 
 
 def test_lightning_rank_that_diverges_is_named_and_replayed(tmp_path):
     """Lightning starts rank 1 below rank 0; the replay ends rank 0 only once rank 1 recorded its step."""
-    code, report = torchrepro(tmp_path, "check", "--no-fixes", str(SCRIPTS / "lightning_ranks.py"), "--",
-                              "--noise-rank1")
+    code, report = torchrepro(
+        tmp_path, "check", "--no-fixes", str(SCRIPTS / "lightning_ranks.py"), "--", "--noise-rank1"
+    )
     out = tmp_path / "out"
     assert_rank1_noise_found(code, report, [out / "run-1", out / "run-2"])
     assert fd_source(report).endswith("lightning_ranks.py:23")
@@ -80,15 +92,30 @@ def test_drift_on_spawned_ranks_sees_both_ranks(tmp_path):
     """One factor (init), two levels: the levels reach the spawned ranks (the unseeded script's two
     ranks draw the same first batch from the level's stream, the two levels different ones); each
     rank logs its loss, rank 0's is the run's metric."""
-    code, report = torchrepro(tmp_path, "drift", "--runs", "2", "--vary", "init", "--jobs", "1", "--metric", "loss",
-                              str(SCRIPTS / "spawn_ranks.py"), "--", "--unseeded")
+    code, report = torchrepro(
+        tmp_path,
+        "drift",
+        "--runs",
+        "2",
+        "--vary",
+        "init",
+        "--jobs",
+        "1",
+        "--metric",
+        "loss",
+        str(SCRIPTS / "spawn_ranks.py"),
+        "--",
+        "--unseeded",
+    )
     assert code in (0, 1), report
     runs = report["drift"]["runs"]
     assert len(runs) == 2 and all(r["status"] == "ok" for r in runs), runs
     first_batches = []
     for run in runs:
-        logs = [[json.loads(line) for line in (Path(run["dir"]) / f"rank-{rank}" / "events.jsonl").open()]
-                for rank in (0, 1)]
+        logs = [
+            [json.loads(line) for line in (Path(run["dir"]) / f"rank-{rank}" / "events.jsonl").open()]
+            for rank in (0, 1)
+        ]
         losses = [[e["value"] for e in log if e["kind"] == "metric" and e["name"] == "loss"] for log in logs]
         assert [len(x) for x in losses] == [1, 1] and run["metric"] == losses[0][0]
         batches = {next(e["batch_fp"] for e in log if e["kind"] == "step") for log in logs}

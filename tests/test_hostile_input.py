@@ -22,8 +22,14 @@ SMALL = SCRIPTS / "train_small.py"
 
 
 def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
-    return subprocess.run([sys.executable, "-m", "torchrepro", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 def one_line_error(proc_or_err, code: int = 2) -> str:
@@ -44,22 +50,29 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
-def fake_run(path: Path, ranks: dict[str, int] | None = None, steps: list[dict] | None = None,
-             script: str = "train.py") -> Path:
+def fake_run(
+    path: Path, ranks: dict[str, int] | None = None, steps: list[dict] | None = None, script: str = "train.py"
+) -> Path:
     """A stored run: ``rank-<folder>`` holding a log whose header says rank ``r``."""
     for folder, rank in (ranks or {"0": 0}).items():
-        events = [Header(rank=rank, argv=[script]), *[Step(rank=rank, **s) for s in steps or
-                  [{"index": i, "loss": 1.0 / (i + 1), "time_s": 0.01} for i in range(3)]],
-                  End(rank=rank, step=3)]
+        events = [
+            Header(rank=rank, argv=[script]),
+            *[
+                Step(rank=rank, **s)
+                for s in steps or [{"index": i, "loss": 1.0 / (i + 1), "time_s": 0.01} for i in range(3)]
+            ],
+            End(rank=rank, step=3),
+        ]
         write_all(path / f"rank-{folder}" / "events.jsonl", events)
     (path / "run.json").write_text(json.dumps({"script": script, "world_size": len(ranks or {"0": 0})}))
     return path
 
 
 def snapshot(directory: Path) -> dict[str, tuple]:
-    return {str(p.relative_to(directory)): (p.stat().st_mode, p.stat().st_mtime_ns,
-                                            None if p.is_dir() else p.read_bytes())
-            for p in directory.rglob("*")}
+    return {
+        str(p.relative_to(directory)): (p.stat().st_mode, p.stat().st_mtime_ns, None if p.is_dir() else p.read_bytes())
+        for p in directory.rglob("*")
+    }
 
 
 # ---------------------------------------------------------------- files the user owns
@@ -84,8 +97,7 @@ def test_json_and_junit_never_replace_a_file_without_force(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(mine.read_text())["schema"] == "torchrepro.doctor/1"
     assert stat.S_IMODE(mine.stat().st_mode) == 0o640  # the mode it had
-    line = one_line_error(torchrepro("report", run, "--force", "--json", run / "rank-0" / "events.jsonl",
-                                     cwd=tmp_path))
+    line = one_line_error(torchrepro("report", run, "--force", "--json", run / "rank-0" / "events.jsonl", cwd=tmp_path))
     assert "input" in line
 
 
@@ -165,10 +177,29 @@ def _bad_commands(tmp_path: Path) -> dict[str, list]:
     }
 
 
-@pytest.mark.parametrize("case", [
-    "doctor --out /proc/x", "--out under a file", "report --json DIR", "report --junit /proc", "cache pack /proc",
-    "cache pack zip", "--seed -1", "--cache-root FILE", "--timeout 0", "--timeout nan", "--rtol nan", "--atol nan",
-    "--runs with --against", "--warm-from non-tar", "--nproc 0", "--older-than 7x", "--ranks -1", "--max-size 2X"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "doctor --out /proc/x",
+        "--out under a file",
+        "report --json DIR",
+        "report --junit /proc",
+        "cache pack /proc",
+        "cache pack zip",
+        "--seed -1",
+        "--cache-root FILE",
+        "--timeout 0",
+        "--timeout nan",
+        "--rtol nan",
+        "--atol nan",
+        "--runs with --against",
+        "--warm-from non-tar",
+        "--nproc 0",
+        "--older-than 7x",
+        "--ranks -1",
+        "--max-size 2X",
+    ],
+)
 def test_bad_input_is_one_line_and_creates_nothing(tmp_path, case):
     args = _bad_commands(tmp_path)[case]
     (tmp_path / "cwd").mkdir()
@@ -232,12 +263,14 @@ HOSTILE = "\x1b[2J\x1b[H\x1b]0;pwned\x07 boom\x00\x9b"
 
 def test_control_characters_from_the_script_never_reach_the_summary_or_junit(tmp_path):
     script = tmp_path / "evil.py"
-    script.write_text("import torch\n"
-                      "model = torch.nn.Linear(2, 2)\n"
-                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                      "model(torch.ones(1, 2)).sum().backward()\n"
-                      "opt.step()\n"
-                      f"raise RuntimeError({HOSTILE!r})\n")
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.ones(1, 2)).sum().backward()\n"
+        "opt.step()\n"
+        f"raise RuntimeError({HOSTILE!r})\n"
+    )
     junit = tmp_path / "out.xml"
     proc = torchrepro("doctor", "--out", tmp_path / "run", "--junit", junit, script, cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr[-2000:]
@@ -251,7 +284,16 @@ def test_control_characters_from_the_script_never_reach_the_summary_or_junit(tmp
 
 
 def test_a_terminal_that_cannot_encode_the_summary(tmp_path):
-    proc = torchrepro("doctor", "--out", tmp_path / "run", SCRIPTS / "long_train.py", "--", "--steps", "2",
-                      cwd=tmp_path, env={"PYTHONIOENCODING": "ascii"})
+    proc = torchrepro(
+        "doctor",
+        "--out",
+        tmp_path / "run",
+        SCRIPTS / "long_train.py",
+        "--",
+        "--steps",
+        "2",
+        cwd=tmp_path,
+        env={"PYTHONIOENCODING": "ascii"},
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "HEALTHY" in proc.stdout

@@ -90,8 +90,12 @@ def test_ranks_that_agree_are_one_group(tmp_path):
     groups = report.rank_groups["groups"]
     assert [g["ranks_text"] for g in groups] == ["0–6, 8–9, 11", "7", "10"]
     summary = report.rank_groups["summary"]
-    assert summary.startswith("ranks 0–6, 8–9, 11 agree; rank 7 recompiled forward at step 5: tensor 'x' size "
-                              "mismatch at index 0") and "rank 10 ended incomplete" in summary
+    assert (
+        summary.startswith(
+            "ranks 0–6, 8–9, 11 agree; rank 7 recompiled forward at step 5: tensor 'x' size mismatch at index 0"
+        )
+        and "rank 10 ended incomplete" in summary
+    )
     assert str(escape(summary)) in render_html(report)
     assert rank_ranges([3, 1, 2, 9]) == "1–3, 9"
 
@@ -135,18 +139,30 @@ def test_no_user_file_is_replaced(tmp_path, capsys):
 def test_cache_misses_show_the_key_component_that_differed(tmp_path):
     run = tmp_path / "ddp"
     for rank in (0, 1):
-        components = [{"hash": "g1", "what": "gm: GraphModule()"},
-                      {"hash": f"t{rank}", "what": f"cpp_runtime_thread_count: {rank + 1}"},
-                      {"hash": "m", "what": f"inductor_config[x]: {MARKUP}"}]
-        write_all(run / f"rank-{rank}" / "events.jsonl", [
-            Header(rank=rank, world_size=2),
-            CacheLookup(rank=rank, compile_id="0/0", cache="fxgraph", status="hit" if rank == 0 else "miss",
-                        key=f"k{rank}", components=components)])
+        components = [
+            {"hash": "g1", "what": "gm: GraphModule()"},
+            {"hash": f"t{rank}", "what": f"cpp_runtime_thread_count: {rank + 1}"},
+            {"hash": "m", "what": f"inductor_config[x]: {MARKUP}"},
+        ]
+        write_all(
+            run / f"rank-{rank}" / "events.jsonl",
+            [
+                Header(rank=rank, world_size=2),
+                CacheLookup(
+                    rank=rank,
+                    compile_id="0/0",
+                    cache="fxgraph",
+                    status="hit" if rank == 0 else "miss",
+                    key=f"k{rank}",
+                    components=components,
+                ),
+            ],
+        )
     report = analyse_run_dir(run)
     [finding] = [f for f in report.findings if f.code == "CACHE_KEY_DIFFERS"]
     page = render_html(report)
-    table = page[page.index('<table class="cache-keys">'):]
-    table = table[:table.index("</table>")]
+    table = page[page.index('<table class="cache-keys">') :]
+    table = table[: table.index("</table>")]
     assert "cpp_runtime_thread_count" in table and "rank 1 cannot reuse rank 0" in table
     assert str(escape(fmt_value(finding.evidence["a"]))) in table
     assert "fxgraph cache hits" in page
@@ -175,7 +191,7 @@ def test_drift_page_shows_the_experiment_escaped_and_self_contained(tmp_path):
     for name, svg in zip(d["plots"], plots):
         assert (tmp_path / "exp" / name).read_text().strip() == svg
     assert plots[2].count("<circle") == 2 * 8 and "paired over 8 seeds" in plots[2]
-    assert "RuntimeError: &lt;img src=x" in page[page.index('id="excluded"'):]
+    assert "RuntimeError: &lt;img src=x" in page[page.index('id="excluded"') :]
     assert "&lt;b onclick=x&gt;train&amp;.py" in page
     (effect,) = d["effects"]
     assert f'<td class="num">{fmt_num(effect["p_value"])}</td>' in page and effect["test"] in page

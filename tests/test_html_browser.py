@@ -23,11 +23,11 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCRIPTS = Path(__file__).parent / "scripts"
-MARKUP = "<img src=x onerror=alert(1)> & \"q\" \x1b[31mred\x1b[0m"
+MARKUP = '<img src=x onerror=alert(1)> & "q" \x1b[31mred\x1b[0m'
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs chromium (apt-get install chromium)")
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 
 class Net(torch.nn.Module):
@@ -47,7 +47,7 @@ for step, batch in enumerate([8, 8, 3, 8]):
     loss = compiled(torch.randn(batch, 4)).square().mean()
     opt.zero_grad(); loss.backward(); opt.step()
 raise RuntimeError(MESSAGE)
-'''
+"""
 
 
 def _above_ten(fd: int) -> int:
@@ -63,13 +63,34 @@ class Browser:
         # the browser reads commands on fd 3 and writes replies on fd 4 (pipe ends first moved above 10,
         # so that the spawn's dup2 onto 3 and 4 never meets them)
         to_browser_r, self._to_browser, self._from_browser, from_browser_w = map(_above_ten, (*os.pipe(), *os.pipe()))
-        argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
-                f"--user-data-dir={profile}", "--disable-extensions", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-default-apps", "--mute-audio",
-                "--hide-scrollbars", "about:blank"]
-        self.pid = os.posix_spawn(CHROMIUM, argv, os.environ, file_actions=[
-            (os.POSIX_SPAWN_DUP2, to_browser_r, 3), (os.POSIX_SPAWN_DUP2, from_browser_w, 4),
-            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)])
+        argv = [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-pipe",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-default-apps",
+            "--mute-audio",
+            "--hide-scrollbars",
+            "about:blank",
+        ]
+        self.pid = os.posix_spawn(
+            CHROMIUM,
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, to_browser_r, 3),
+                (os.POSIX_SPAWN_DUP2, from_browser_w, 4),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+            ],
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._messages: queue.Queue = queue.Queue()
@@ -80,8 +101,11 @@ class Browser:
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=self.session)
-        self.call("Emulation.setDeviceMetricsOverride", {"width": 1200, "height": 900, "deviceScaleFactor": 1,
-                                                         "mobile": False}, session=self.session)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1200, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            session=self.session,
+        )
 
     def _read(self) -> None:
         buffer = b""
@@ -122,8 +146,7 @@ class Browser:
         return url
 
     def js(self, expression: str):
-        reply = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},
-                          session=self.session)
+        reply = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=self.session)
         return reply["result"].get("value")
 
     def errors(self) -> list[str]:
@@ -143,14 +166,21 @@ class Browser:
 
     def blocked(self) -> dict[str, str]:
         """URL -> why the browser refused to load it."""
-        urls = {e["params"]["requestId"]: e["params"]["request"]["url"] for e in self.events
-                if e["method"] == "Network.requestWillBeSent"}
-        return {urls.get(e["params"]["requestId"], "?"): e["params"].get("blockedReason") for e in self.events
-                if e["method"] == "Network.loadingFailed"}
+        urls = {
+            e["params"]["requestId"]: e["params"]["request"]["url"]
+            for e in self.events
+            if e["method"] == "Network.requestWillBeSent"
+        }
+        return {
+            urls.get(e["params"]["requestId"], "?"): e["params"].get("blockedReason")
+            for e in self.events
+            if e["method"] == "Network.loadingFailed"
+        }
 
     def screenshot(self, path: Path) -> Path:
-        data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                         session=self.session)["data"]
+        data = self.call(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=self.session
+        )["data"]
         path.write_bytes(base64.b64decode(data))
         return path
 
@@ -170,8 +200,9 @@ class Browser:
 
 
 def torchrepro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], check=False, capture_output=True,
-                          text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args], check=False, capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +237,19 @@ def drift_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("drift")
     script = root / "toy <b class=x> & 'q'.py"
     script.write_text((SCRIPTS / "drift_toy.py").read_text())
-    proc = torchrepro("drift", "--vary", "init,compile", "--runs", "2", "--jobs", "2", "--out", str(root / "exp"),
-                      str(script), cwd=root)
+    proc = torchrepro(
+        "drift",
+        "--vary",
+        "init,compile",
+        "--runs",
+        "2",
+        "--jobs",
+        "2",
+        "--out",
+        str(root / "exp"),
+        str(script),
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr
     return root / "exp"
 
@@ -230,7 +272,7 @@ def test_doctor_page(browser, doctor_run, tmp_path):
     assert browser.js("document.querySelectorAll('img, [onerror], b.x, script').length") == 0
     shown = browser.js("document.body.innerText")
     assert "train <b class=x> & 'q'.py" in shown
-    assert "RuntimeError: <img src=x onerror=alert(1)> & \"q\" ␛[31mred␛[0m" in shown
+    assert 'RuntimeError: <img src=x onerror=alert(1)> & "q" ␛[31mred␛[0m' in shown
     # graph breaks by source line, with the line of code; the recompile with its guard text
     assert "torch._dynamo.graph_break()" in browser.js("document.querySelector('#graph-breaks pre.source').textContent")
     guards = browser.js("[...document.querySelectorAll('#recompiles tr.recompile code')].map(c => c.textContent)")

@@ -17,8 +17,19 @@ SCRIPTS = Path(__file__).parent / "scripts"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 # On CPU, `--cpu --num_processes 2` starts one process (accelerate wants mpirun for more);
 # `--multi_gpu` runs torchrun in-process, and Accelerator(cpu=True) trains on gloo.
-ACCELERATE_LAUNCH = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                     "--mixed_precision", "no", "--dynamo_backend", "no"]
+ACCELERATE_LAUNCH = [
+    str(ACCELERATE),
+    "launch",
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+]
 pytestmark = pytest.mark.distributed
 
 
@@ -26,8 +37,14 @@ def doctor(tmp_path: Path, *command: str, options: tuple[str, ...] = ()) -> tupl
     """`torchrepro doctor` on a command; parameter digests go to tmp_path/digests-captured."""
     out = tmp_path / "run"
     env = {**os.environ, "LAUNCH_DIGESTS": str(tmp_path / "digests-captured")}
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "doctor", "--out", str(out), *options, *command],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "doctor", "--out", str(out), *options, *command],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=400,
+    )
     assert (out / "report.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.returncode, json.loads((out / "report.json").read_text()), proc.stderr
 
@@ -63,8 +80,11 @@ def assert_two_ranks_with_planted_recompile(report: dict, run: Path) -> None:
     assert asym["evidence"]["rank"] == 1 and asym["evidence"]["step"] == 3 and asym["evidence"]["others"] == [0]
     assert "size mismatch" in asym["evidence"]["reason"]
     for rank in (0, 1):  # the world as the process group said it, in each rank's log
-        worlds = [json.loads(line) for line in (run / f"rank-{rank}" / "events.jsonl").read_text().splitlines()
-                  if '"kind":"world"' in line]
+        worlds = [
+            json.loads(line)
+            for line in (run / f"rank-{rank}" / "events.jsonl").read_text().splitlines()
+            if '"kind":"world"' in line
+        ]
         assert [(w["group_rank"], w["world_size"], w["backend"]) for w in worlds] == [(rank, 2, "gloo")]
 
 
@@ -99,8 +119,12 @@ def test_mp_spawn_ranks_are_captured_and_the_launcher_is_no_rank(tmp_path):
     # the same run with one rank's folder lost: never healthy, and `report` fails (exit 1)
     partial = tmp_path / "partial"
     shutil.copytree(run / "rank-0", partial / "rank-0")
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "report", "--json", str(tmp_path / "p.json"),
-                           str(partial)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "report", "--json", str(tmp_path / "p.json"), str(partial)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "p.json").read_text())
     missing = finding(report, "RANKS_MISSING")
@@ -144,7 +168,9 @@ def test_processes_a_rank_starts_are_not_ranks(tmp_path):
     assert code == 0, report["findings"]
     assert report["run"]["ranks_present"] == [0, 1] and report["run"]["world_size"] == 2
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(("rank-", "launcher"))) == [
-        "rank-0", "rank-1"]
+        "rank-0",
+        "rank-1",
+    ]
     logs = stderr + "".join(p.read_text() for p in (tmp_path / "run" / "torchrun").rglob("stderr.log"))
     assert "torchrepro: note" not in logs
     assert all(r["steps"] == 2 for r in report["steps"]["per_rank"].values())

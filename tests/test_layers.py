@@ -21,8 +21,18 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = "torchrepro"
 
-LAUNCHER = ("torchrepro.launch", "torchrepro.follow", "torchrepro.check", "torchrepro.fix_ladder", "torchrepro.doctor",
-            "torchrepro.drift", "torchrepro.cli", "torchrepro.__main__", "torchrepro.commands", "torchrepro._bootstrap")
+LAUNCHER = (
+    "torchrepro.launch",
+    "torchrepro.follow",
+    "torchrepro.check",
+    "torchrepro.fix_ladder",
+    "torchrepro.doctor",
+    "torchrepro.drift",
+    "torchrepro.cli",
+    "torchrepro.__main__",
+    "torchrepro.commands",
+    "torchrepro._bootstrap",
+)
 READERS = ("torchrepro.analysis", "torchrepro.report")  # events in, findings and pages out
 WRITERS = ("torchrepro.capture", "torchrepro.structured_trace")  # torch in, events out
 
@@ -62,7 +72,7 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
             out |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -77,7 +87,8 @@ def private_torch_names(path: Path) -> set[str]:
 
     def private(dotted: str) -> bool:
         return dotted.split(".")[0] == "torch" and any(
-            part.startswith("_") and not (part.startswith("__") and part.endswith("__")) for part in dotted.split("."))
+            part.startswith("_") and not (part.startswith("__") and part.endswith("__")) for part in dotted.split(".")
+        )
 
     found = set()
     for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
@@ -151,8 +162,9 @@ def reach(graph: dict[str, set[str]], start: str, skip: set[tuple[str, str]]) ->
     return chains
 
 
-def layer_breaches(graph: dict[str, set[str]], raw: dict[str, set[str]],
-                   skip: set[tuple[str, str]] = frozenset()) -> list[str]:
+def layer_breaches(
+    graph: dict[str, set[str]], raw: dict[str, set[str]], skip: set[tuple[str, str]] = frozenset()
+) -> list[str]:
     """Each module of a layer that reaches what it must not, with the chain of imports."""
     torch_users = {name for name, imported in raw.items() if any(within(m, ("torch",)) for m in imported)}
     out = []
@@ -196,10 +208,15 @@ def test_analysis_and_report_reach_no_torch_capture_or_launcher_and_capture_reac
     assert layer_breaches(GRAPH, RAW, KNOWN_LAYER_EDGES) == []
     for edge in KNOWN_LAYER_EDGES:
         assert any(edge[0] + " -> " + edge[1] in breach for breach in layer_breaches(GRAPH, RAW)), (
-            f"{edge} no longer breaches a layer: remove it from KNOWN_LAYER_EDGES")
+            f"{edge} no longer breaches a layer: remove it from KNOWN_LAYER_EDGES"
+        )
 
 
 def test_only_compat_names_private_torch_apis():
-    found = {(name, private) for name, path in PATHS.items() if name != "torchrepro._compat"
-             for private in private_torch_names(path)}
+    found = {
+        (name, private)
+        for name, path in PATHS.items()
+        if name != "torchrepro._compat"
+        for private in private_torch_names(path)
+    }
     assert found == KNOWN_PRIVATE, "import it through torchrepro._compat (a probe there)"

@@ -105,11 +105,19 @@ class Receiver:
                 resource = _attrs(resource_spans.resource.attributes)
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        out.append({"name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                                    "parent": span.parent_span_id.hex(), "attributes": _attrs(span.attributes),
-                                    "events": [(e.name, _attrs(e.attributes)) for e in span.events],
-                                    "resource": resource, "start": span.start_time_unix_nano,
-                                    "end": span.end_time_unix_nano})
+                        out.append(
+                            {
+                                "name": span.name,
+                                "trace_id": span.trace_id.hex(),
+                                "span_id": span.span_id.hex(),
+                                "parent": span.parent_span_id.hex(),
+                                "attributes": _attrs(span.attributes),
+                                "events": [(e.name, _attrs(e.attributes)) for e in span.events],
+                                "resource": resource,
+                                "start": span.start_time_unix_nano,
+                                "end": span.end_time_unix_nano,
+                            }
+                        )
         return out
 
     def metric(self, name: str, **attributes) -> dict[int, float]:
@@ -128,8 +136,11 @@ class Receiver:
                             point_attrs = _attrs(point.attributes)
                             if any(point_attrs.get(k) != v for k, v in attributes.items()):
                                 continue
-                            value = point.count if hasattr(point, "bucket_counts") else (
-                                point.as_double if point.WhichOneof("value") == "as_double" else point.as_int)
+                            value = (
+                                point.count
+                                if hasattr(point, "bucket_counts")
+                                else (point.as_double if point.WhichOneof("value") == "as_double" else point.as_int)
+                            )
                             key = (rank, tuple(sorted(point_attrs.items())))
                             if key not in last or point.time_unix_nano >= last[key][0]:
                                 last[key] = (point.time_unix_nano, value)
@@ -152,8 +163,15 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _cli(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600):
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env or _env(), timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env or _env(),
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _warnings(stderr: str) -> list[str]:
@@ -176,16 +194,27 @@ def baseline(tmp_path_factory):
 
 
 def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, receiver, baseline):
-    proc = _cli(tmp_path, "doctor", "--out", str(tmp_path / "run"), "--otlp-endpoint", receiver.url, str(TRAIN),
-                "--", "--save", str(tmp_path / "params.pt"),
-                env=_env(OTEL_EXPORTER_OTLP_COMPRESSION="gzip", OTEL_EXPORTER_OTLP_HEADERS="x-tenant=team-a"))
+    proc = _cli(
+        tmp_path,
+        "doctor",
+        "--out",
+        str(tmp_path / "run"),
+        "--otlp-endpoint",
+        receiver.url,
+        str(TRAIN),
+        "--",
+        "--save",
+        str(tmp_path / "params.pt"),
+        env=_env(OTEL_EXPORTER_OTLP_COMPRESSION="gzip", OTEL_EXPORTER_OTLP_HEADERS="x-tenant=team-a"),
+    )
     code, params, _ = baseline
     assert proc.returncode == code, proc.stderr[-2000:]
     assert (tmp_path / "params.pt").read_bytes() == params  # bit-identical with and without export
     assert not _warnings(proc.stderr), proc.stderr[-2000:]
     assert "torchrepro ·" not in proc.stdout + proc.stderr  # no live status line when not on a terminal
-    assert receiver.requests and all(h.get("content-encoding") == "gzip" and h.get("x-tenant") == "team-a"
-                                     for _, _, h in receiver.requests)
+    assert receiver.requests and all(
+        h.get("content-encoding") == "gzip" and h.get("x-tenant") == "team-a" for _, _, h in receiver.requests
+    )
 
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     log = read_events(tmp_path / "run" / "rank-0" / "events.jsonl")
@@ -195,7 +224,11 @@ def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, 
     for span in spans:
         by_name.setdefault(span["name"], []).append(span)
     assert {span["trace_id"] for span in spans} == {spans[0]["trace_id"]}  # one trace for the job
-    (command,), (launch,), (rank,) = by_name["torchrepro doctor"], by_name["torchrepro launch"], by_name["torchrepro rank"]
+    (command,), (launch,), (rank,) = (
+        by_name["torchrepro doctor"],
+        by_name["torchrepro launch"],
+        by_name["torchrepro rank"],
+    )
     assert launch["parent"] == command["span_id"] and rank["parent"] == launch["span_id"]
     assert command["attributes"]["torchrepro.verdict"] == report["verdict"]
     assert rank["resource"]["service.name"] == "torchrepro"
@@ -223,19 +256,32 @@ def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, 
 
     assert receiver.metric("torchrepro.compiles") == {0: report["compile"]["compiles"]}
     assert receiver.metric("torchrepro.recompiles", **{"torchrepro.recompile.category": "shape"}) == {
-        0: report["compile"]["recompiles_by_category"]["shape"]}
+        0: report["compile"]["recompiles_by_category"]["shape"]
+    }
     assert receiver.metric("torchrepro.graph_breaks") == {0: report["compile"]["graph_breaks"]}
     assert receiver.metric("torchrepro.step.duration") == {0: len(log.of(Step))}
     assert receiver.metric("torchrepro.compile.duration") == {0: len(compiles)}
     codes = [f["code"] for f in report["findings"]]
     assert receiver.metric("torchrepro.findings", **{"torchrepro.finding.code": "GRAPH_BREAK"}) == {
-        -1: codes.count("GRAPH_BREAK")}
+        -1: codes.count("GRAPH_BREAK")
+    }
 
 
 @pytest.mark.distributed
 def test_two_ranks_share_one_trace(tmp_path, receiver):
-    proc = _cli(tmp_path, "doctor", "--nproc", "2", "--out", str(tmp_path / "run"), "--otlp-endpoint", receiver.url,
-                "--otel-service-name", "ddp-job", str(SCRIPTS / "ddp_compile.py"))
+    proc = _cli(
+        tmp_path,
+        "doctor",
+        "--nproc",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--otlp-endpoint",
+        receiver.url,
+        "--otel-service-name",
+        "ddp-job",
+        str(SCRIPTS / "ddp_compile.py"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     spans = receiver.spans()
     assert len({s["trace_id"] for s in spans}) == 1
@@ -246,8 +292,11 @@ def test_two_ranks_share_one_trace(tmp_path, receiver):
         assert span["resource"]["service.name"] == "ddp-job"
         assert span["resource"]["torchrepro.world_size"] == 2
         assert span["resource"]["torchelastic.run_id"] == ranks[0]["resource"]["torchelastic.run_id"]
-    recompiled = {s["resource"]["torchrepro.rank"] for s in spans
-                  if s["name"] == "torch.compile" and s["attributes"]["torchrepro.compile.recompile"]}
+    recompiled = {
+        s["resource"]["torchrepro.rank"]
+        for s in spans
+        if s["name"] == "torch.compile" and s["attributes"]["torchrepro.compile.recompile"]
+    }
     assert recompiled == {1}  # the script plants a recompile on rank 1 only
     assert set(receiver.metric("torchrepro.compiles")) == {0, 1}
     report = json.loads((tmp_path / "run" / "report.json").read_text())
@@ -259,8 +308,18 @@ def test_two_ranks_share_one_trace(tmp_path, receiver):
 
 def test_refused_collector_costs_one_warning(tmp_path, baseline):
     url = f"http://127.0.0.1:{_free_port()}"
-    proc = _cli(tmp_path, "doctor", "--out", str(tmp_path / "run"), "--otlp-endpoint", url, str(TRAIN),
-                "--", "--save", str(tmp_path / "params.pt"))
+    proc = _cli(
+        tmp_path,
+        "doctor",
+        "--out",
+        str(tmp_path / "run"),
+        "--otlp-endpoint",
+        url,
+        str(TRAIN),
+        "--",
+        "--save",
+        str(tmp_path / "params.pt"),
+    )
     code, params, _ = baseline
     assert proc.returncode == code
     assert (tmp_path / "params.pt").read_bytes() == params
@@ -272,8 +331,18 @@ def test_refused_collector_costs_one_warning(tmp_path, baseline):
 def test_absent_collector_in_process_run(tmp_path, baseline):
     """``torchrepro run`` (what each rank of a user's own torchrun runs) with a host that does
     not resolve."""
-    proc = _cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--otlp-endpoint", "http://collector.invalid:4318",
-                str(TRAIN), "--", "--save", str(tmp_path / "params.pt"))
+    proc = _cli(
+        tmp_path,
+        "run",
+        "--out",
+        str(tmp_path / "run"),
+        "--otlp-endpoint",
+        "http://collector.invalid:4318",
+        str(TRAIN),
+        "--",
+        "--save",
+        str(tmp_path / "params.pt"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "params.pt").read_bytes() == baseline[1]
     (warning,) = _warnings(proc.stderr)
@@ -312,14 +381,16 @@ def test_report_exports_a_stored_run(tmp_path, receiver, baseline):
 
 @pytest.mark.parametrize("case", ["no_sdk", "grpc", "bad_url"])
 def test_unusable_otlp_settings_are_one_line_exit_2(tmp_path, case):
-    args = ["doctor", "--otlp-endpoint", "localhost:4318" if case == "bad_url" else "http://127.0.0.1:4318",
-            str(TRAIN)]
+    args = ["doctor", "--otlp-endpoint", "localhost:4318" if case == "bad_url" else "http://127.0.0.1:4318", str(TRAIN)]
     env = _env(OTEL_EXPORTER_OTLP_PROTOCOL="grpc") if case == "grpc" else _env()
     if case == "no_sdk":  # as if the extra were not installed: importing opentelemetry fails
-        code = ("import sys; sys.modules['opentelemetry'] = None; from torchrepro.cli import main; "
-                f"sys.exit(main({args!r}))")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
-                              check=False)
+        code = (
+            "import sys; sys.modules['opentelemetry'] = None; from torchrepro.cli import main; "
+            f"sys.exit(main({args!r}))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, check=False
+        )
     else:
         proc = _cli(tmp_path, *args, env=env)
     assert proc.returncode == 2
@@ -331,8 +402,18 @@ def test_unusable_otlp_settings_are_one_line_exit_2(tmp_path, case):
 
 
 def test_check_runs_are_spans_of_one_trace(tmp_path, receiver):
-    proc = _cli(tmp_path, "check", "--out", str(tmp_path / "check"), "--otlp-endpoint", receiver.url, str(TRAIN),
-                "--", "--epochs", "1")
+    proc = _cli(
+        tmp_path,
+        "check",
+        "--out",
+        str(tmp_path / "check"),
+        "--otlp-endpoint",
+        receiver.url,
+        str(TRAIN),
+        "--",
+        "--epochs",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "check" / "report.json").read_text())
     spans = receiver.spans()
@@ -341,19 +422,37 @@ def test_check_runs_are_spans_of_one_trace(tmp_path, receiver):
     assert command["attributes"]["torchrepro.verdict"] == report["verdict"]
     launches = {s["attributes"]["torchrepro.run.label"]: s for s in spans if s["name"] == "torchrepro launch"}
     assert sorted(launches) == ["run-1", "run-2"]
-    assert all(s["parent"] == command["span_id"] and s["attributes"]["torchrepro.exit_code"] == 0
-               for s in launches.values())
+    assert all(
+        s["parent"] == command["span_id"] and s["attributes"]["torchrepro.exit_code"] == 0 for s in launches.values()
+    )
     rank_parents = sorted(s["parent"] for s in spans if s["name"] == "torchrepro rank")
     assert rank_parents == sorted(s["span_id"] for s in launches.values())
 
 
 def test_ranks_launched_elsewhere_share_a_trace_from_the_job_id(tmp_path, receiver):
     """``torchrepro run`` on every rank of a job someone else launched: no TRACEPARENT, one job id."""
-    procs = [subprocess.Popen([sys.executable, "-m", "torchrepro", "run", "--out", str(tmp_path / "run"),
-                               "--otlp-endpoint", receiver.url, str(TRAIN), "--", "--epochs", "1"],
-                              env=_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                                       TORCHELASTIC_RUN_ID="job-42"), stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torchrepro",
+                "run",
+                "--out",
+                str(tmp_path / "run"),
+                "--otlp-endpoint",
+                receiver.url,
+                str(TRAIN),
+                "--",
+                "--epochs",
+                "1",
+            ],
+            env=_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), TORCHELASTIC_RUN_ID="job-42"),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     for proc in procs:
         assert proc.wait(timeout=600) == 0, proc.stderr.read()
     ranks = [s for s in receiver.spans() if s["name"] == "torchrepro rank"]
@@ -368,8 +467,9 @@ def test_a_full_queue_drops_and_counts_spans(tmp_path):
     receiver = Receiver(trace_delay=5.0)
     env = _env(OTEL_BSP_MAX_QUEUE_SIZE="1", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1")
     try:
-        proc = _cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--otlp-endpoint", receiver.url, str(TRAIN),
-                    env=env)
+        proc = _cli(
+            tmp_path, "run", "--out", str(tmp_path / "run"), "--otlp-endpoint", receiver.url, str(TRAIN), env=env
+        )
     finally:
         receiver.close()
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -385,16 +485,23 @@ def test_report_exports_cache_lookups_and_hit_ratio(tmp_path, receiver):
     compile span's cache attributes."""
     lookups = [CacheLookup(compile_id="0/0", cache="fxgraph", status=status) for status in ("hit", "hit", "miss")]
     lookups.append(CacheLookup(compile_id="0/0", cache="aotautograd", status="hit"))
-    compile_event = Compile(compile_id="0/0", function="forward", dynamo_s=0.5, cache={"fxgraph": {"hit": 2, "miss": 1}})
-    write_all(tmp_path / "run" / "rank-0" / "events.jsonl",
-              [Header(world_size=1), *lookups, compile_event, Step(index=0, time_s=0.1), End(step=1)])
+    compile_event = Compile(
+        compile_id="0/0", function="forward", dynamo_s=0.5, cache={"fxgraph": {"hit": 2, "miss": 1}}
+    )
+    write_all(
+        tmp_path / "run" / "rank-0" / "events.jsonl",
+        [Header(world_size=1), *lookups, compile_event, Step(index=0, time_s=0.1), End(step=1)],
+    )
     proc = _cli(tmp_path, "report", str(tmp_path / "run"), "--otlp-endpoint", receiver.url)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ratio = {cache: receiver.metric("torchrepro.cache.hit_ratio", **{"torchrepro.cache": cache})
-             for cache in ("fxgraph", "aotautograd")}
+    ratio = {
+        cache: receiver.metric("torchrepro.cache.hit_ratio", **{"torchrepro.cache": cache})
+        for cache in ("fxgraph", "aotautograd")
+    }
     assert ratio == {"fxgraph": {0: pytest.approx(2 / 3)}, "aotautograd": {0: 1.0}}
-    assert receiver.metric("torchrepro.cache.lookups", **{"torchrepro.cache": "fxgraph",
-                                                          "torchrepro.cache.status": "miss"}) == {0: 1}
+    assert receiver.metric(
+        "torchrepro.cache.lookups", **{"torchrepro.cache": "fxgraph", "torchrepro.cache.status": "miss"}
+    ) == {0: 1}
     (span,) = [s for s in receiver.spans() if s["name"] == "torch.compile"]
     assert span["attributes"]["torchrepro.cache.fxgraph.hit"] == 2
     assert span["attributes"]["torchrepro.cache.fxgraph.miss"] == 1
@@ -414,21 +521,44 @@ def _command_and_launches(receiver: Receiver, command: str) -> tuple[dict, list[
 
 
 def test_drift_exports_a_span_per_run_under_the_command(tmp_path, receiver):
-    proc = _cli(tmp_path, "drift", "--vary", "compile", "--runs", "2", "--jobs", "2", "--out", "exp",
-                "--otlp-endpoint", receiver.url, str(SCRIPTS / "drift_toy.py"))
+    proc = _cli(
+        tmp_path,
+        "drift",
+        "--vary",
+        "compile",
+        "--runs",
+        "2",
+        "--jobs",
+        "2",
+        "--out",
+        "exp",
+        "--otlp-endpoint",
+        receiver.url,
+        str(SCRIPTS / "drift_toy.py"),
+    )
     assert proc.returncode == 0 and not _warnings(proc.stderr), proc.stderr[-2000:]
     report = json.loads((tmp_path / "exp" / "report.json").read_text())
     root, launches, _ = _command_and_launches(receiver, "drift")
     assert root["attributes"]["torchrepro.verdict"] == report["drift"]["verdict"]
     assert root["attributes"]["torchrepro.exit_code"] == 0
-    assert sorted(s["attributes"]["torchrepro.run_dir"] for s in launches) == sorted(r["dir"]
-                                                                                    for r in report["drift"]["runs"])
+    assert sorted(s["attributes"]["torchrepro.run_dir"] for s in launches) == sorted(
+        r["dir"] for r in report["drift"]["runs"]
+    )
     assert all(s["attributes"]["torchrepro.exit_code"] == 0 for s in launches)
 
 
 def test_check_resume_exports_its_verdict_and_both_launches(tmp_path, receiver):
-    proc = _cli(tmp_path, "check-resume", "--at", "5", "--out", "r", "--otlp-endpoint", receiver.url,
-                str(SCRIPTS / "resume_small.py"))
+    proc = _cli(
+        tmp_path,
+        "check-resume",
+        "--at",
+        "5",
+        "--out",
+        "r",
+        "--otlp-endpoint",
+        receiver.url,
+        str(SCRIPTS / "resume_small.py"),
+    )
     assert proc.returncode == 0 and not _warnings(proc.stderr), proc.stderr[-2000:]
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     root, launches, ranks = _command_and_launches(receiver, "check-resume")

@@ -16,14 +16,25 @@ def log(rank: int, events: list) -> EventLog:
     return EventLog(Path(f"run/rank-{rank}/events.jsonl"), [Header(rank=rank, world_size=2), *events])
 
 
-def steps(n: int, *, params=lambda i, r: f"p{i}", rng=lambda i, r: f"r{i}", batch=lambda i, r: f"b{i}-{r}",
-          rank: int = 0) -> list:
-    return [Step(step=i, index=i, params_fp=params(i, rank), param_fps=[params(i, rank), "same"],
-                 rng_fps={"torch_cpu": rng(i, rank)}, batch_fp=batch(i, rank)) for i in range(n)]
+def steps(
+    n: int, *, params=lambda i, r: f"p{i}", rng=lambda i, r: f"r{i}", batch=lambda i, r: f"b{i}-{r}", rank: int = 0
+) -> list:
+    return [
+        Step(
+            step=i,
+            index=i,
+            params_fp=params(i, rank),
+            param_fps=[params(i, rank), "same"],
+            rng_fps={"torch_cpu": rng(i, rank)},
+            batch_fp=batch(i, rank),
+        )
+        for i in range(n)
+    ]
 
 
-PARAMS = Params(names=["layer.weight", "layer.bias"], shapes=[[2, 2], [2]], dtypes=["float32"] * 2,
-                kinds=["tensor"] * 2)
+PARAMS = Params(
+    names=["layer.weight", "layer.bias"], shapes=[[2, 2], [2]], dtypes=["float32"] * 2, kinds=["tensor"] * 2
+)
 
 
 def codes(logs) -> dict[str, dict]:
@@ -47,8 +58,9 @@ def test_same_rng_on_different_data_and_duplicate_batches():
     assert "RNG_IDENTICAL_ACROSS_RANKS" in codes(same_rng)
     unused_rng = [log(r, [PARAMS, *steps(4, rng=lambda i, r: "r", rank=r)]) for r in (0, 1)]
     assert "RNG_IDENTICAL_ACROSS_RANKS" not in codes(unused_rng)  # the stream never advances: no random op
-    duplicated = [log(r, [PARAMS, *steps(4, rng=lambda i, r: f"r{i}-{r}", batch=lambda i, r: f"b{i}", rank=r)])
-                  for r in (0, 1)]
+    duplicated = [
+        log(r, [PARAMS, *steps(4, rng=lambda i, r: f"r{i}-{r}", batch=lambda i, r: f"b{i}", rank=r)]) for r in (0, 1)
+    ]
     assert "DUPLICATE_BATCHES_ACROSS_RANKS" in codes(duplicated)
 
 
@@ -56,8 +68,14 @@ def test_cache_split_and_compile_straggler():
     first = Compile(step=0, compile_id="0/0", function="forward", dynamo_s=1.0)
     logs = [
         log(0, [first, CacheLookup(step=0, cache="fxgraph", status="hit"), *steps(4, rank=0)]),
-        log(1, [Compile(step=0, compile_id="0/0", function="forward", dynamo_s=3.5),
-                CacheLookup(step=0, cache="fxgraph", status="miss"), *steps(4, rank=1)]),
+        log(
+            1,
+            [
+                Compile(step=0, compile_id="0/0", function="forward", dynamo_s=3.5),
+                CacheLookup(step=0, cache="fxgraph", status="miss"),
+                *steps(4, rank=1),
+            ],
+        ),
     ]
     found = codes(logs)
     assert found["CACHE_DECISION_SPLIT"]["per_rank"] == {0: {"hit": 1, "miss": 0}, 1: {"hit": 0, "miss": 1}}
@@ -65,24 +83,37 @@ def test_cache_split_and_compile_straggler():
 
 
 def test_where_a_hung_rank_waits():
-    frames = [{"file": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 3, "function": "all_reduce"},
-              {"file": "/home/me/train.py", "line": 42, "function": "main"}]
-    assert where(frames) == "/home/me/train.py:42 in main, waiting in all_reduce (" \
-                            "/x/site-packages/torch/distributed/distributed_c10d.py:3)"
+    frames = [
+        {"file": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 3, "function": "all_reduce"},
+        {"file": "/home/me/train.py", "line": 42, "function": "main"},
+    ]
+    assert (
+        where(frames) == "/home/me/train.py:42 in main, waiting in all_reduce ("
+        "/x/site-packages/torch/distributed/distributed_c10d.py:3)"
+    )
     assert where([]) is None
 
 
 def test_the_world_the_process_group_reports_decides_which_ranks_are_missing():
     """A launcher started rank 0 alone (header: world 1); its process group has 4 ranks; two logs arrived."""
-    alone = EventLog(Path("run/rank-0/events.jsonl"), [Header(rank=0, world_size=1, host="a"),
-                                                       World(rank=0, group_rank=0, world_size=4, host="a"), End()])
-    other = EventLog(Path("run/rank-2/events.jsonl"), [Header(rank=2, world_size=4, host="b"),
-                                                       World(rank=2, group_rank=2, world_size=4, local_rank=0,
-                                                             node=1, host="b"), End(rank=2)])
+    alone = EventLog(
+        Path("run/rank-0/events.jsonl"),
+        [Header(rank=0, world_size=1, host="a"), World(rank=0, group_rank=0, world_size=4, host="a"), End()],
+    )
+    other = EventLog(
+        Path("run/rank-2/events.jsonl"),
+        [
+            Header(rank=2, world_size=4, host="b"),
+            World(rank=2, group_rank=2, world_size=4, local_rank=0, node=1, host="b"),
+            End(rank=2),
+        ],
+    )
     assert world_size([alone]) == 4 and missing_ranks([alone, other]) == [1, 3]
     assert missing_ranks([alone], {"world_size": 1}) == [1, 2, 3]
-    assert placement([alone, other]) == {0: {"host": "a", "node": 0, "local_rank": 0},
-                                         2: {"host": "b", "node": 1, "local_rank": 0}}
+    assert placement([alone, other]) == {
+        0: {"host": "a", "node": 0, "local_rank": 0},
+        2: {"host": "b", "node": 1, "local_rank": 0},
+    }
     report = analyse({}, [alone, other], [])
     missing = next(f for f in report.findings if f.code == "RANKS_MISSING")
     assert missing.severity == "error" and missing.evidence["missing"] == [1, 3]
@@ -101,11 +132,18 @@ def test_a_launcher_that_only_started_the_ranks_is_judged_by_how_it_ended():
     crashed = {"launcher": {"exit_code": 1, "status": "error", "error": "RuntimeError: evaluation failed"}}
     report = analyse(crashed, logs, [])
     assert report.run.failed and "SCRIPT_FAILED" in [f.code for f in report.findings]
-    teardown = {"launcher": {"exit_code": 1, "status": "error", "error": "ChildFailedError: ... rank : 0 (local_rank: "
-                             "0)\n  exitcode  : -6 (pid: 8256)  (SIGABRT)"}}
+    teardown = {
+        "launcher": {
+            "exit_code": 1,
+            "status": "error",
+            "error": "ChildFailedError: ... rank : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 8256)  (SIGABRT)",
+        }
+    }
     report = analyse(teardown, logs, [])
     assert not report.run.failed
     assert [(f.code, f.severity) for f in report.findings] == [("RANK_ABORTED_AFTER_COMPLETION", "warning")]
+
+
 def test_the_lowest_diverging_rank_is_named_and_a_missing_batch_fingerprint_proves_nothing():
     diverge = lambda i, r: f"p{i}" if i < 2 or r == 0 else f"x{i}-{r}"  # noqa: E731
     logs = [log(r, [PARAMS, *steps(4, params=diverge, rank=r)]) for r in (3, 0, 2)]
@@ -114,9 +152,11 @@ def test_the_lowest_diverging_rank_is_named_and_a_missing_batch_fingerprint_prov
     shorter = log(4, [PARAMS, *steps(4, params=diverge, rank=4)[1:3]])  # steps 1 and 2 only
     evidence = codes([*logs, shorter])["REPLICAS_DIVERGE"]
     assert evidence["step"] == 2 and evidence["ranks"] == [0, 2]
-    one_unknown = [log(r, [PARAMS, *steps(4, batch=lambda i, r: None if (i, r) == (3, 1) else f"b{i}", rank=r)])
-                   for r in (0, 1)]
+    one_unknown = [
+        log(r, [PARAMS, *steps(4, batch=lambda i, r: None if (i, r) == (3, 1) else f"b{i}", rank=r)]) for r in (0, 1)
+    ]
     assert not {"RNG_IDENTICAL_ACROSS_RANKS", "DUPLICATE_BATCHES_ACROSS_RANKS"} & set(codes(one_unknown))
-    shared_batch = [log(r, [PARAMS, *steps(4, batch=lambda i, r: "b" if i == 2 and r else f"b{i}-{r}", rank=r)])
-                    for r in (0, 1, 2)]
+    shared_batch = [
+        log(r, [PARAMS, *steps(4, batch=lambda i, r: "b" if i == 2 and r else f"b{i}-{r}", rank=r)]) for r in (0, 1, 2)
+    ]
     assert "RNG_IDENTICAL_ACROSS_RANKS" not in codes(shared_batch)  # two ranks trained on one batch at step 2

@@ -17,8 +17,17 @@ from torchrepro.check import diff
 from torchrepro.cli import main
 from torchrepro.errors import InputError
 from torchrepro.report.html import render_html
-from torchrepro.report.model import (LEGACY_SCHEMA, SCHEMAS, CheckReport, DoctorReport, DriftReport, Verdict,
-                                     comparison_exit_code, load_report, schema_path)
+from torchrepro.report.model import (
+    LEGACY_SCHEMA,
+    SCHEMAS,
+    CheckReport,
+    DoctorReport,
+    DriftReport,
+    Verdict,
+    comparison_exit_code,
+    load_report,
+    schema_path,
+)
 from torchrepro.rundir import HTML_FILE, REPORT_FILE
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -119,21 +128,32 @@ def test_diff_report_of_stored_runs_reads_back_equal(check_runs, tmp_path):
 
 def test_exit_code_per_verdict_agrees_with_the_judged_comparison():
     ended, crashed, unreadable = Ending("a"), Ending("b", ["rank 0: no end record"]), Ending("c", ["x"], True)
-    for verdict in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.DIVERGED, Verdict.INCOMPLETE,
-                    Verdict.NOTHING_COMPARED):
+    for verdict in (
+        Verdict.BIT_EXACT,
+        Verdict.WITHIN_TOLERANCE,
+        Verdict.DIVERGED,
+        Verdict.INCOMPLETE,
+        Verdict.NOTHING_COMPARED,
+    ):
         expected = 0 if verdict in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE) else 1
         assert comparison_exit_code(verdict, True, False, 3) == expected
         assert comparison_exit_code(verdict, False, False, 3) == 3
         assert comparison_exit_code(verdict, False, True, 2) == 2
-    cases = [((True, False, 4, [ended]), Verdict.DIVERGED), ((False, False, 0, [ended]), Verdict.NOTHING_COMPARED),
-             ((False, False, 4, [crashed]), Verdict.INCOMPLETE), ((False, True, 4, [ended]), Verdict.WITHIN_TOLERANCE),
-             ((False, False, 4, [ended]), Verdict.BIT_EXACT), ((True, False, 4, [unreadable]), Verdict.DIVERGED)]
+    cases = [
+        ((True, False, 4, [ended]), Verdict.DIVERGED),
+        ((False, False, 0, [ended]), Verdict.NOTHING_COMPARED),
+        ((False, False, 4, [crashed]), Verdict.INCOMPLETE),
+        ((False, True, 4, [ended]), Verdict.WITHIN_TOLERANCE),
+        ((False, False, 4, [ended]), Verdict.BIT_EXACT),
+        ((True, False, 4, [unreadable]), Verdict.DIVERGED),
+    ]
     for (diverged, within, steps, endings), verdict in cases:
         for unreadable_exit in (2, 3):
             judged, code = judge(diverged, within, steps, endings, unreadable_exit)
             assert Verdict(judged) is verdict
-            assert code == comparison_exit_code(verdict, all(e.ok for e in endings),
-                                                any(e.unreadable for e in endings), unreadable_exit)
+            assert code == comparison_exit_code(
+                verdict, all(e.ok for e in endings), any(e.unreadable for e in endings), unreadable_exit
+            )
 
 
 def test_reports_of_the_shared_schema_of_before_still_load(doctor_run, check_runs):

@@ -78,9 +78,24 @@ def assert_read_alike(run_dir: Path) -> dict:
 
 def test_a_real_two_rank_run_reports_alike(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "doctor", "--nproc", "2", "--out", str(out),
-                           str(SCRIPTS / "ddp_compile.py")], capture_output=True, text=True, cwd=tmp_path,
-                          env=os.environ, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "doctor",
+            "--nproc",
+            "2",
+            "--out",
+            str(out),
+            str(SCRIPTS / "ddp_compile.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=os.environ,
+        timeout=300,
+    )
     assert (out / "report.json").exists(), proc.stdout + proc.stderr
     report = assert_read_alike(out)
     assert report["run"]["ranks_present"] == [0, 1]
@@ -95,22 +110,55 @@ def synthetic_run(root: Path, ranks: int = 12, steps: int = 120, foreign: int | 
     by another schema)."""
     names = [f"layer{i}.weight" for i in range(4)]
     for rank in range(ranks):
-        events = [Header(rank=rank, world_size=ranks), Params(rank=rank, names=names, shapes=[[4, 4]] * 4,
-                                                             dtypes=["float32"] * 4, kinds=["tensor"] * 4),
-                  Compile(rank=rank, step=0, compile_id="0/0", function="forward", file="train.py", line=3,
-                          dynamo_s=0.3 + rank / 100),
-                  CacheLookup(rank=rank, step=0, compile_id="0/0", cache="fxgraph", status="hit" if rank else "miss")]
+        events = [
+            Header(rank=rank, world_size=ranks),
+            Params(rank=rank, names=names, shapes=[[4, 4]] * 4, dtypes=["float32"] * 4, kinds=["tensor"] * 4),
+            Compile(
+                rank=rank,
+                step=0,
+                compile_id="0/0",
+                function="forward",
+                file="train.py",
+                line=3,
+                dynamo_s=0.3 + rank / 100,
+            ),
+            CacheLookup(rank=rank, step=0, compile_id="0/0", cache="fxgraph", status="hit" if rank else "miss"),
+        ]
         for i in range(steps):
             fps = [f"{i:08x}{j}" if rank != 5 or i < 60 else f"x{i}{j}" for j in range(4)]
-            events.append(Step(rank=rank, step=i, index=i, loss=float("nan") if (rank, i) == (2, 9) else 1 / (i + 1),
-                               time_s=0.01 + rank / 1000, params_fp=fps[0], param_fps=fps if i % 3 == 0 else None,
-                               batch_fp=f"b{rank}-{i}", rng_fp=f"r{i}", rng_fps={"torch_cpu": f"r{i}", "numpy": "n"},
-                               rng_at="batch", compiles=int(i == 0)))
+            events.append(
+                Step(
+                    rank=rank,
+                    step=i,
+                    index=i,
+                    loss=float("nan") if (rank, i) == (2, 9) else 1 / (i + 1),
+                    time_s=0.01 + rank / 1000,
+                    params_fp=fps[0],
+                    param_fps=fps if i % 3 == 0 else None,
+                    batch_fp=f"b{rank}-{i}",
+                    rng_fp=f"r{i}",
+                    rng_fps={"torch_cpu": f"r{i}", "numpy": "n"},
+                    rng_at="batch",
+                    compiles=int(i == 0),
+                )
+            )
             if rank == 7 and i == 40:
-                events.append(Compile(rank=rank, step=i, compile_id="0/1", function="forward", file="train.py",
-                                      line=3, recompile_reasons=["tensor 'x' size mismatch at index 0"]))
-                events.append(GraphBreak(rank=rank, step=i, compile_id="0/1", reason="Data-dependent branching",
-                                         file="train.py", line=5))
+                events.append(
+                    Compile(
+                        rank=rank,
+                        step=i,
+                        compile_id="0/1",
+                        function="forward",
+                        file="train.py",
+                        line=3,
+                        recompile_reasons=["tensor 'x' size mismatch at index 0"],
+                    )
+                )
+                events.append(
+                    GraphBreak(
+                        rank=rank, step=i, compile_id="0/1", reason="Data-dependent branching", file="train.py", line=5
+                    )
+                )
         events.append(End(rank=rank, step=steps, duration_s=2.0))
         path = root / f"rank-{rank}" / "events.jsonl"
         write_all(path, events)
@@ -120,14 +168,19 @@ def synthetic_run(root: Path, ranks: int = 12, steps: int = 120, foreign: int | 
         if rank == 9:  # garbled, mistyped, unknown, extra and missing fields, a bare value
             step = json.loads(lines[20])
             lines[20:21] = [
-                "{not json\n", json.dumps({**step, "loss": "high"}) + "\n", '{"kind":"future_kind","t":1}\n',
+                "{not json\n",
+                json.dumps({**step, "loss": "high"}) + "\n",
+                '{"kind":"future_kind","t":1}\n',
                 json.dumps({**step, "index": 200, "new_field": [1]}) + "\n",
                 json.dumps({k: v for k, v in step.items() if k not in ("rng_fps", "param_fps")}) + "\n",
-                "[1, 2]\n", json.dumps({**step, "index": True, "batches": False}) + "\n"]
+                "[1, 2]\n",
+                json.dumps({**step, "index": True, "batches": False}) + "\n",
+            ]
         path.write_text("".join(lines))
     if foreign is not None:
         (root / f"rank-{foreign}" / "events.jsonl").write_text(
-            f'{{"kind":"header","schema":"torchrepro.events/99","rank":{foreign}}}\n')
+            f'{{"kind":"header","schema":"torchrepro.events/99","rank":{foreign}}}\n'
+        )
 
 
 def test_many_damaged_ranks_report_alike(tmp_path):

@@ -29,8 +29,24 @@ BASELINE = "c82e1ce"  # main before issue 12 (typed reports, commands/, _dist/_s
 SCRIPT = ROOT / "examples" / "train_digits.py"
 
 # Keys whose values differ between two runs of one version: clocks, durations, paths, stderr.
-VOLATILE_KEYS = {"provenance", "command", "cwd", "git", "started", "ended", "stderr_tail", "rank_stderr_tails",
-                 "run_dirs", "timings_s", "path", "note", "steps_timing", "pid", "host", "schema"}
+VOLATILE_KEYS = {
+    "provenance",
+    "command",
+    "cwd",
+    "git",
+    "started",
+    "ended",
+    "stderr_tail",
+    "rank_stderr_tails",
+    "run_dirs",
+    "timings_s",
+    "path",
+    "note",
+    "steps_timing",
+    "pid",
+    "host",
+    "schema",
+}
 VOLATILE_SUFFIXES = ("_s", "_share", "_ms")
 TIME_FINDINGS = {"COMPILE_TIME_SHARE"}  # present or not depending on how fast this machine compiled
 TIME_TEXT = re.compile(r"\d+(?:\.\d+)?\s?(?:s|ms|µs|%)(?![\w])")
@@ -40,8 +56,11 @@ FINDING_COUNT = re.compile(r"^(\w+) \(\d+\)")  # "WARNINGS (4)": counts the timi
 def normalise(value: Any, key: str = "") -> Any:
     """Drop what varies from run to run; keep everything the analysis decided."""
     if isinstance(value, dict):
-        return {k: normalise(v, k) for k, v in value.items()
-                if k not in VOLATILE_KEYS and not k.endswith(VOLATILE_SUFFIXES) and k != "share"}
+        return {
+            k: normalise(v, k)
+            for k, v in value.items()
+            if k not in VOLATILE_KEYS and not k.endswith(VOLATILE_SUFFIXES) and k != "share"
+        }
     if isinstance(value, list):
         if key == "findings":
             value = [f for f in value if f.get("code") not in TIME_FINDINGS]
@@ -55,8 +74,9 @@ def normalise(value: Any, key: str = "") -> Any:
 
 def _baseline_src(tmp: Path) -> Path:
     try:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE, "src"], capture_output=True,
-                                 check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", BASELINE, "src"], capture_output=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip(f"the baseline commit {BASELINE} is not in this clone's history (shallow clone?)")
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
@@ -65,15 +85,33 @@ def _baseline_src(tmp: Path) -> Path:
 
 
 def _torchrepro(src: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *argv], env={**os.environ, "PYTHONPATH": str(src)},
-                          cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *argv],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_doctor_report_equal_to_the_baselines(tmp_path):
     """The pitfalls example under the baseline's doctor; this checkout's ``report`` of the same run."""
     old_run = tmp_path / "doctor"
-    _torchrepro(_baseline_src(tmp_path / "baseline"), tmp_path, "doctor", "--seed", "0", "--out", str(old_run),
-                str(SCRIPT), "--", "--pitfalls", "--epochs", "1")
+    _torchrepro(
+        _baseline_src(tmp_path / "baseline"),
+        tmp_path,
+        "doctor",
+        "--seed",
+        "0",
+        "--out",
+        str(old_run),
+        str(SCRIPT),
+        "--",
+        "--pitfalls",
+        "--epochs",
+        "1",
+    )
     old = json.loads((old_run / "report.json").read_text())
     proc = _torchrepro(ROOT / "src", tmp_path, "report", str(old_run), "--json", str(tmp_path / "new.json"))
     assert (tmp_path / "new.json").exists(), proc.stdout + proc.stderr
@@ -84,11 +122,23 @@ def test_check_report_equal_to_the_baselines(tmp_path):
     """Two runs of the example under the baseline's check; this checkout's ``diff`` of the same runs
     (a diff has no check run of its own: the comparison, its findings and verdict are compared)."""
     out = tmp_path / "check"
-    _torchrepro(_baseline_src(tmp_path / "baseline"), tmp_path, "check", "--seed", "0", "--out", str(out),
-                str(SCRIPT), "--", "--epochs", "1")
+    _torchrepro(
+        _baseline_src(tmp_path / "baseline"),
+        tmp_path,
+        "check",
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        str(SCRIPT),
+        "--",
+        "--epochs",
+        "1",
+    )
     old = json.loads((out / "report.json").read_text())
-    proc = _torchrepro(ROOT / "src", tmp_path, "diff", str(out / "run-1"), str(out / "run-2"), "--json",
-                       str(tmp_path / "new.json"))
+    proc = _torchrepro(
+        ROOT / "src", tmp_path, "diff", str(out / "run-1"), str(out / "run-2"), "--json", str(tmp_path / "new.json")
+    )
     assert (tmp_path / "new.json").exists(), proc.stdout + proc.stderr
     new = json.loads((tmp_path / "new.json").read_text().replace(json.dumps(f"{out}/")[1:-1], ""))  # runs by label
     assert old["determinism"]["verdict"] == "bit_exact"
@@ -97,8 +147,11 @@ def test_check_report_equal_to_the_baselines(tmp_path):
 
 
 def test_normalise_keeps_what_analysis_decided():
-    report = {"verdict": "WARNINGS (1): 2 compile(s), 2.5 s compiling", "compile": {"compile_time_s": 2.5,
-              "recompiles": 1}, "findings": [{"code": "COMPILE_TIME_SHARE"}, {"code": "RECOMPILE_SHAPE"}]}
+    report = {
+        "verdict": "WARNINGS (1): 2 compile(s), 2.5 s compiling",
+        "compile": {"compile_time_s": 2.5, "recompiles": 1},
+        "findings": [{"code": "COMPILE_TIME_SHARE"}, {"code": "RECOMPILE_SHAPE"}],
+    }
     other = json.loads(json.dumps(report).replace("2.5", "3.1").replace('"recompiles": 1', '"recompiles": 2'))
     assert normalise(report)["findings"] == [{"code": "RECOMPILE_SHAPE"}]
     assert normalise(report)["verdict"] == normalise(other)["verdict"]

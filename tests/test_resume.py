@@ -19,11 +19,28 @@ SMALL = ROOT / "tests" / "scripts" / "resume_small.py"
 
 
 def check_resume(tmp_path: Path, script: Path, *args: str, options: tuple[str, ...] = ()):
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "check-resume", "--out", str(tmp_path / "r"), *options,
-                           str(script), "--", *args], capture_output=True, text=True, cwd=tmp_path,
-                          env=os.environ, timeout=600)
-    report = json.loads((tmp_path / "r" / "report.json").read_text()) if (tmp_path / "r" / "report.json").exists() \
-        else None
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "check-resume",
+            "--out",
+            str(tmp_path / "r"),
+            *options,
+            str(script),
+            "--",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=os.environ,
+        timeout=600,
+    )
+    report = (
+        json.loads((tmp_path / "r" / "report.json").read_text()) if (tmp_path / "r" / "report.json").exists() else None
+    )
     return proc, report
 
 
@@ -36,11 +53,16 @@ def test_example_resumes_bit_exact_compiled_two_ranks(tmp_path):
     assert det["verdict"] == "bit_exact" and det["steps_compared"] == 13 and det["resume_at"] == 5
     assert proc.stdout.startswith("BIT-EXACT RESUME")
     assert sorted(p.name for p in (tmp_path / "r" / "checkpoint").glob("*rank*.json")) == [
-        "position-rank0.json", "position-rank1.json", "rng-rank0.json", "rng-rank1.json"]
+        "position-rank0.json",
+        "position-rank1.json",
+        "rng-rank0.json",
+        "rng-rank1.json",
+    ]
 
 
-@pytest.mark.parametrize("forget, cause", [("nothing", None), ("rng", "rng"), ("data", "data_order"),
-                                           ("optimizer", "unknown")])
+@pytest.mark.parametrize(
+    "forget, cause", [("nothing", None), ("rng", "rng"), ("data", "data_order"), ("optimizer", "unknown")]
+)
 def test_a_forgotten_piece_of_state_is_named(tmp_path, forget, cause):
     proc, report = check_resume(tmp_path, SMALL, "--forget", forget, options=("--at", "11"))
     fd = report["determinism"]["first_divergence"]

@@ -25,13 +25,20 @@ def _alive(pid: int) -> bool:
 
 
 def _events(run_dir: Path) -> list[list[dict]]:
-    return [[json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-            for p in sorted(run_dir.glob("rank-*/events.jsonl"))]
+    return [
+        [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        for p in sorted(run_dir.glob("rank-*/events.jsonl"))
+    ]
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "torchrepro", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchrepro", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_steps(run_dir: Path, ranks: int, steps: int = 3, timeout: float = 240) -> list[int]:
@@ -77,8 +84,13 @@ def test_sigint_single_process_is_not_blamed_on_another_rank(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    report = subprocess.run([sys.executable, "-m", "torchrepro", "report", str(run_dir)], capture_output=True,
-                            text=True, cwd=tmp_path, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert "another rank" not in (report.stdout + report.stderr).lower()
     assert "SIGINT" in report.stdout
 
@@ -112,9 +124,26 @@ def test_sigterm_stops_torchrun_and_both_ranks(tmp_path):
 
 def test_a_subprocess_of_the_script_does_not_outlive_torchrepro(tmp_path):
     pid_file = tmp_path / "sleep.pid"
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "doctor", "--out", str(tmp_path / "run"), str(LONG),
-                           "--", "--steps", "2", "--spawn", str(pid_file)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "doctor",
+            "--out",
+            str(tmp_path / "run"),
+            str(LONG),
+            "--",
+            "--steps",
+            "2",
+            "--spawn",
+            str(pid_file),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     sleeper = int(pid_file.read_text())
     assert not _alive(sleeper), "sleep 123 outlived torchrepro"

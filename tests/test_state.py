@@ -40,17 +40,29 @@ def _clean_state():
 # --- _dist ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("environ", "expected"), [
-    ({}, (0, 1, None, None, "default")),
-    ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1"}, (3, 4, 1, 1, "env")),
-    ({"LOCAL_RANK": "2", "WORLD_SIZE": "4", "NODE_RANK": "0"}, (0, 4, 2, 0, "env")),  # Lightning's children
-    ({"GROUP_RANK": "2", "NODE_RANK": "5", "RANK": "9", "WORLD_SIZE": "16"}, (9, 16, None, 2, "env")),
-    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2"}, (5, 8, 1, 2, "env")),
-    # torchrun's variables win, and are never mixed with SLURM's
-    ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3",
-      "SLURM_NODEID": "4"}, (1, 2, None, None, "env")),
-    ({"RANK": "", "WORLD_SIZE": " "}, (0, 1, None, None, "default")),  # empty is unset
-])
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, (0, 1, None, None, "default")),
+        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1"}, (3, 4, 1, 1, "env")),
+        ({"LOCAL_RANK": "2", "WORLD_SIZE": "4", "NODE_RANK": "0"}, (0, 4, 2, 0, "env")),  # Lightning's children
+        ({"GROUP_RANK": "2", "NODE_RANK": "5", "RANK": "9", "WORLD_SIZE": "16"}, (9, 16, None, 2, "env")),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2"}, (5, 8, 1, 2, "env")),
+        # torchrun's variables win, and are never mixed with SLURM's
+        (
+            {
+                "RANK": "1",
+                "WORLD_SIZE": "2",
+                "SLURM_PROCID": "5",
+                "SLURM_NTASKS": "8",
+                "SLURM_LOCALID": "3",
+                "SLURM_NODEID": "4",
+            },
+            (1, 2, None, None, "env"),
+        ),
+        ({"RANK": "", "WORLD_SIZE": " "}, (0, 1, None, None, "default")),  # empty is unset
+    ],
+)
 def test_environment_precedence(environ, expected):
     p = _dist.from_env(environ)
     assert (p.rank, p.world_size, p.local_rank, p.node, p.source) == expected
@@ -79,16 +91,24 @@ print(json.dumps({"dist": [_dist.rank(), _dist.world_size(), _dist.local_rank(),
 """
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({}, [0, 1, 0, None, "default"]),
-    ({"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "GROUP_RANK": "1"}, [2, 3, 0, 1, "env"]),
-    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NODEID": "1"}, [1, 2, 1, 1, "env"]),  # local: the rank
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, [0, 1, 0, None, "default"]),
+        ({"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "GROUP_RANK": "1"}, [2, 3, 0, 1, "env"]),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NODEID": "1"}, [1, 2, 1, 1, "env"]),  # local: the rank
+    ],
+)
 def test_every_call_site_reads_the_environment_alike(tmp_path, env, expected):
     out = json.loads(_python(_CALL_SITES, _fresh_env(**env), tmp_path).stdout)
     rank, world, local, node, source = expected
-    assert out == {"dist": [rank, world, local, node], "seed": [rank, world], "rng": [rank, world],
-                   "session": [rank, world, local, source], "checkpoint": world}
+    assert out == {
+        "dist": [rank, world, local, node],
+        "seed": [rank, world],
+        "rng": [rank, world],
+        "session": [rank, world, local, source],
+        "checkpoint": world,
+    }
     assert (tmp_path / "ckpt" / f"position-rank{rank}.json").is_file()
 
 
@@ -130,16 +150,29 @@ if __name__ == "__main__":
 def test_an_initialised_process_group_wins_over_the_environment(tmp_path):
     script = tmp_path / "gloo.py"
     script.write_text(_GLOO)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
-                          env=_fresh_env(), cwd=tmp_path, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=_fresh_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert out == {"before": [7, 9, "env"], "group": [rank, 2, rank, 3, "process_group"],
-                       "seed": [rank, 2], "rng": [rank, 2], "session": [rank, 2, rank, "process_group"],
-                       "checkpoint": 2}
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("position-*")) == ["position-rank0.json",
-                                                                             "position-rank1.json"]
+        assert out == {
+            "before": [7, 9, "env"],
+            "group": [rank, 2, rank, 3, "process_group"],
+            "seed": [rank, 2],
+            "rng": [rank, 2],
+            "session": [rank, 2, rank, "process_group"],
+            "checkpoint": 2,
+        }
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("position-*")) == [
+        "position-rank0.json",
+        "position-rank1.json",
+    ]
 
 
 # --- _state -----------------------------------------------------------------------------------
@@ -194,7 +227,12 @@ def test_reset_forgets_everything(tmp_path):
     _state.set_session(CaptureSession(CaptureConfig(run_dir=tmp_path)))
     _state.reset()
     assert (_state.seed_plan(), _state.fork_states(), _state.generators(), _state.worker(), _state.session()) == (
-        None, {}, {}, None, None)
+        None,
+        {},
+        {},
+        None,
+        None,
+    )
     with pytest.raises(RuntimeError, match="seed_everything"):
         make_generator("x")
 
@@ -204,18 +242,23 @@ def test_reset_forgets_everything(tmp_path):
 
 _USES = {  # importing a module, then using it, never imports the other
     "torchrepro.rng": "from torchrepro.rng import RngState, live_fingerprints\n"
-                      "state = RngState.capture(); state.restore(); live_fingerprints()",
+    "state = RngState.capture(); state.restore(); live_fingerprints()",
     "torchrepro.seed": "from torchrepro.seed import seed_everything, worker_rng\n"
-                       "seed_everything(0).make_generator('sampler'); worker_rng()",
+    "seed_everything(0).make_generator('sampler'); worker_rng()",
     "torchrepro._dist": "import torchrepro._dist as d; d.placement(); d.local_rank(); d.node()",
     "torchrepro._state": "import torchrepro._state as s; s.reset(); s.seed_plan(); s.session()",
 }
 
 
-@pytest.mark.parametrize(("module", "absent"), [
-    ("torchrepro.rng", "torchrepro.seed"), ("torchrepro.seed", "torchrepro.rng"),
-    ("torchrepro._dist", "torch"), ("torchrepro._state", "torch"),
-])
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("torchrepro.rng", "torchrepro.seed"),
+        ("torchrepro.seed", "torchrepro.rng"),
+        ("torchrepro._dist", "torch"),
+        ("torchrepro._state", "torch"),
+    ],
+)
 def test_a_module_in_use_does_not_import(tmp_path, module, absent):
     code = f"import sys\n{_USES[module]}\nprint({absent!r} in sys.modules)"
     assert _python(code, _fresh_env(), tmp_path).stdout.strip() == "False"
@@ -224,8 +267,12 @@ def test_a_module_in_use_does_not_import(tmp_path, module, absent):
 def test_seed_and_rng_do_not_import_each_other_even_lazily():
     def imports(name: str) -> set[str]:
         tree = ast.parse((SRC / name).read_text())
-        return {node.module or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                for alias in node.names}
+        return {
+            node.module or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
 
     assert "rng" not in imports("seed.py") and "seed" not in imports("rng.py")
 
@@ -234,14 +281,20 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__") and name not in ("_dist", "_state")
 
 
-@pytest.mark.parametrize("name", ["seed.py", "rng.py", "checkpoint.py", "_dist.py", "_state.py",
-                                  "capture/session.py"])
+@pytest.mark.parametrize("name", ["seed.py", "rng.py", "checkpoint.py", "_dist.py", "_state.py", "capture/session.py"])
 def test_no_private_name_is_read_from_another_module(name):
     tree = ast.parse((SRC / name).read_text())
-    relative = [alias for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0
-                for alias in node.names]
+    relative = [
+        alias for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0 for alias in node.names
+    ]
     modules = {alias.asname or alias.name for alias in relative}
     imported = [alias.name for alias in relative if _private(alias.name)]
-    read = [f"{node.value.id}.{node.attr}" for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id in modules and _private(node.attr)]
+    read = [
+        f"{node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+        and _private(node.attr)
+    ]
     assert imported == [] and read == []

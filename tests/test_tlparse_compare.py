@@ -53,15 +53,21 @@ class Case:
 
 
 CASES = [
-    Case("shape-recompiles", """
+    Case(
+        "shape-recompiles",
+        """
         import torch
         @torch.compile(backend="eager", dynamic=False)
         def f(x):
             return torch.sin(x) + 1
         for n in (2, 3, 4, 5):
             f(torch.ones(n))
-    """, (4, 3, 0, 4, 0)),
-    Case("graph-break-and-dtype", """
+    """,
+        (4, 3, 0, 4, 0),
+    ),
+    Case(
+        "graph-break-and-dtype",
+        """
         import torch
         @torch.compile(backend="eager")
         def f(x):
@@ -70,8 +76,12 @@ CASES = [
             return y + 1
         f(torch.ones(3))
         f(torch.ones(3, dtype=torch.float64))
-    """, (4, 2, 2, 4, 0)),
-    Case("eval-mode", """
+    """,
+        (4, 2, 2, 4, 0),
+    ),
+    Case(
+        "eval-mode",
+        """
         import torch
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))
         f = torch.compile(model, backend="eager")
@@ -81,8 +91,12 @@ CASES = [
         f(x)
         model.train()
         f(x)
-    """, (2, 1, 0, 2, 0)),
-    Case("recompile-limit", """
+    """,
+        (2, 1, 0, 2, 0),
+    ),
+    Case(
+        "recompile-limit",
+        """
         import torch
         torch._dynamo.config.recompile_limit = 2
         @torch.compile(backend="eager", dynamic=False)
@@ -90,8 +104,12 @@ CASES = [
             return torch.sin(x) + 1
         for n in (2, 3, 4, 5, 6):
             f(torch.ones(n))
-    """, (2, 1, 0, 2, 1)),
-    Case("data-dependent-and-inlined-break", """
+    """,
+        (2, 1, 0, 2, 1),
+    ),
+    Case(
+        "data-dependent-and-inlined-break",
+        """
         import torch
         def helper(y):
             return y.sum().item()
@@ -103,8 +121,12 @@ CASES = [
             return y - 1
         f(torch.ones(3))
         f(-torch.ones(3))
-    """, (5, 0, 3, 4, 0)),
-    Case("empty-graph", """
+    """,
+        (5, 0, 3, 4, 0),
+    ),
+    Case(
+        "empty-graph",
+        """
         import torch
         @torch.compile(backend="eager")
         def f(x, flag):
@@ -113,7 +135,9 @@ CASES = [
             return x + 1
         f(torch.ones(3), True)
         f(torch.ones(3), False)  # never compiled: a frame whose graph was empty is skipped
-    """, (1, 0, 0, 0, 0)),
+    """,
+        (1, 0, 0, 0, 0),
+    ),
 ]
 
 
@@ -131,8 +155,11 @@ def tlparse_counts(out: Path) -> dict:
         return {cid.split("_")[0] for cid, name in artifacts if name.startswith(prefix)}
 
     trie = dict(re.findall(r"<a href='#\[([^\]]+)\]' class='status-(\w+)'>", (out / "index.html").read_text()))
-    rows = re.findall(r"\[(\d+/\d+(?:_\d+)?)\]\s+(\w+)\s+(.*?)(?=\[\d+/\d+|$)",
-                      _text(out / "failures_and_restarts.html").split("Failure Source", 1)[-1], re.S)
+    rows = re.findall(
+        r"\[(\d+/\d+(?:_\d+)?)\]\s+(\w+)\s+(.*?)(?=\[\d+/\d+|$)",
+        _text(out / "failures_and_restarts.html").split("Failure Source", 1)[-1],
+        re.S,
+    )
     finished = {cid for cid, status in trie.items() if status in ("ok", "break", "empty")}
     return {
         "trie": trie,
@@ -155,11 +182,19 @@ def _run_case(case: Case, root: Path) -> dict:
     subprocess.run([sys.executable, "scenario.py"], cwd=work, env=env, check=True, capture_output=True, timeout=300)
     logs = sorted((work / "trace").glob("*.log"))
     assert len(logs) == 1, logs
-    tl = subprocess.run([TLPARSE, str(logs[0]), "-o", str(work / "tl"), "--no-browser", "--overwrite"],
-                        capture_output=True, text=True, timeout=120)
+    tl = subprocess.run(
+        [TLPARSE, str(logs[0]), "-o", str(work / "tl"), "--no-browser", "--overwrite"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert tl.returncode == 0, tl.stderr[-2000:]
-    doctor = subprocess.run([sys.executable, "-m", "torchrepro", "doctor", "--trace", str(work / "trace"),
-                             "--out", str(work / "report")], capture_output=True, text=True, timeout=120)
+    doctor = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "doctor", "--trace", str(work / "trace"), "--out", str(work / "report")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (work / "report" / "report.json").exists(), doctor.stderr[-2000:]
     report = json.loads((work / "report" / "report.json").read_text())
     return {"tlparse": tlparse_counts(work / "tl"), "report": report, "doctor_rc": doctor.returncode}
@@ -188,7 +223,8 @@ def test_tlparse_agrees(case: Case, results: dict[str, dict]) -> None:
     assert c["unique_graphs"] == tl["output_graphs"]
     # Each recompile's reason is one recompile_reasons artifact in both tools.
     assert sorted(e["compile_id"] for e in c["recompile_events"]) == sorted(
-        cid for cid, _ in tl["trie"].items() if int(cid.split("/")[1]) > 0)
+        cid for cid, _ in tl["trie"].items() if int(cid.split("/")[1]) > 0
+    )
 
     # Documented differences (docs/accuracy.md):
     # 1. a recompile-limit hit is a failed compile for tlparse (a compilation_metrics record and a

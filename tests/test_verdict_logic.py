@@ -26,14 +26,17 @@ def test_a_normal_run_ends_normally():
     assert e.ok and e.steps == {0: 3}
 
 
-@pytest.mark.parametrize("logs, meta, says", [
-    ([log(end=None)], {}, "no end record"),
-    ([log(end=End(exit_code=1, status="error", error="RuntimeError: boom"))], {}, "RuntimeError: boom"),
-    ([log(end=End(exit_code=-15, status="terminated"))], {}, "killed by SIGTERM"),
-    ([log()], {"exit_code": -9}, "killed by SIGKILL"),
-    ([log()], {"stall": {"after_s": 3.0}}, "--timeout"),
-    ([log(world=2)], {}, "rank(s) 1 of 2 wrote no event log"),
-])
+@pytest.mark.parametrize(
+    "logs, meta, says",
+    [
+        ([log(end=None)], {}, "no end record"),
+        ([log(end=End(exit_code=1, status="error", error="RuntimeError: boom"))], {}, "RuntimeError: boom"),
+        ([log(end=End(exit_code=-15, status="terminated"))], {}, "killed by SIGTERM"),
+        ([log()], {"exit_code": -9}, "killed by SIGKILL"),
+        ([log()], {"stall": {"after_s": 3.0}}, "--timeout"),
+        ([log(world=2)], {}, "rank(s) 1 of 2 wrote no event log"),
+    ],
+)
 def test_runs_that_did_not_end_normally(logs, meta, says):
     e = ending("a", meta, logs)
     assert not e.ok and any(says in p for p in e.problems), e.problems
@@ -77,12 +80,19 @@ def test_judge():
 
 
 def test_verdict_lines_say_only_what_was_shown():
-    base = {"runs": ["a", "b"], "steps_compared": 4, "rtol": 0.0, "atol": 1e-3, "first_divergence": None,
-            "endings": [Ending("a").to_json(), Ending("b", ["rank 0: no end record"]).to_json()]}
+    base = {
+        "runs": ["a", "b"],
+        "steps_compared": 4,
+        "rtol": 0.0,
+        "atol": 1e-3,
+        "first_divergence": None,
+        "endings": [Ending("a").to_json(), Ending("b", ["rank 0: no end record"]).to_json()],
+    }
     assert verdict_line(base | {"verdict": "incomplete"}).startswith("INCOMPLETE")
     assert "b: rank 0: no end record" in verdict_line(base | {"verdict": "incomplete"})
-    within = verdict_line(base | {"verdict": "within_tolerance",
-                                  "largest_difference": {"params_max_abs": 2e-7, "loss_max_abs": None}})
+    within = verdict_line(
+        base | {"verdict": "within_tolerance", "largest_difference": {"params_max_abs": 2e-7, "loss_max_abs": None}}
+    )
     assert within.startswith("WITHIN TOLERANCE") and "2e-07" in within and "not bit for bit" in within
     fd = {"step": 0, "rank": 0, "what": "init_params", "cause": "init_params"}
     assert verdict_line(base | {"verdict": "diverged", "first_divergence": fd}).startswith("DIVERGED before step 0")
@@ -95,13 +105,15 @@ def test_hint_never_repeats_a_fix_already_in_force():
     on = log()
     on.events.insert(1, Setting(name="deterministic_algorithms", value=True))
     assert hint_key("nondeterministic_op", None, [on]) == "nondeterministic_op_deterministic_on"
-    assert "use_deterministic_algorithms" not in CAUSE_HINTS["nondeterministic_op_deterministic_on"].split(
-        "although")[0]
+    assert (
+        "use_deterministic_algorithms" not in CAUSE_HINTS["nondeterministic_op_deterministic_on"].split("although")[0]
+    )
     assert hint_key("nondeterministic_op", None, [log()]) == "nondeterministic_op"
     assert hint_key("rng", "eager", [log()]) == "rng_compiled"
 
 
 # --- the public API as documented ---------------------------------------------------------
+
 
 def test_every_public_name_after_importing_every_submodule():
     code = """

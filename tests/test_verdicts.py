@@ -17,22 +17,31 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
-def check(tmp_path: Path, script: str, *options: str, args: tuple[str, ...] = ()) -> tuple[
-        subprocess.CompletedProcess, dict]:
+def check(
+    tmp_path: Path, script: str, *options: str, args: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "check"
-    proc = cli("check", "--out", str(out), *options, str(SCRIPTS / script), *(("--", *args) if args else ()),
-               cwd=tmp_path)
+    proc = cli(
+        "check", "--out", str(out), *options, str(SCRIPTS / script), *(("--", *args) if args else ()), cwd=tmp_path
+    )
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     return proc, report
 
 
 def record(tmp_path: Path, name: str, script: str, *args: str) -> Path:
-    proc = cli("run", "--out", str(tmp_path / name), str(SCRIPTS / script), *(("--", *args) if args else ()),
-               cwd=tmp_path)
+    proc = cli(
+        "run", "--out", str(tmp_path / name), str(SCRIPTS / script), *(("--", *args) if args else ()), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     return tmp_path / name
 
@@ -53,6 +62,7 @@ def said(proc: subprocess.CompletedProcess) -> str:
 
 
 # --- how runs end ---------------------------------------------------------------------------
+
 
 def test_both_runs_crash_at_the_same_step_is_not_bit_exact(tmp_path):
     proc, report = check(tmp_path, "train_small.py", args=("--steps-then-raise", "3"))
@@ -78,8 +88,9 @@ def test_second_run_stopping_early_is_named(tmp_path):
 
 def test_timeout_kills_both_runs(tmp_path):
     script = tmp_path / "sleeps.py"
-    script.write_text("import time, torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2)).sum().backward()\n"
-                      "time.sleep(120)\n")
+    script.write_text(
+        "import time, torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2)).sum().backward()\ntime.sleep(120)\n"
+    )
     # 10 s without progress: importing torch on a loaded machine can take longer than a few seconds,
     # and a run stopped before capture started is another verdict (nothing to compare)
     proc = cli("check", "--out", str(tmp_path / "c"), "--timeout", "10", str(script), cwd=tmp_path)
@@ -139,8 +150,14 @@ def test_report_of_a_newer_schema_is_an_input_error(tmp_path):
     good = record(tmp_path, "good", "deterministic.py")
     log = good / "rank-0" / "events.jsonl"
     lines = log.read_text().splitlines()
-    log.write_text("\n".join([json.dumps(json.loads(lines[0]) | {"schema": "torchrepro.events/2",
-                                                                  "torchrepro_version": "0.9"}), *lines[1:]]))
+    log.write_text(
+        "\n".join(
+            [
+                json.dumps(json.loads(lines[0]) | {"schema": "torchrepro.events/2", "torchrepro_version": "0.9"}),
+                *lines[1:],
+            ]
+        )
+    )
     proc = cli("report", str(good), cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "written by torchrepro 0.9" in proc.stderr and proc.stderr.count("\n") == 1
@@ -149,13 +166,14 @@ def test_report_of_a_newer_schema_is_an_input_error(tmp_path):
 def test_doctor_trace_of_garbage_is_an_input_error(tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
-    (trace / "dedicated_log_torch_trace_rank_0_abc.log").write_text("not json\n{\"also\": \"not a record\"}\n" * 50)
+    (trace / "dedicated_log_torch_trace_rank_0_abc.log").write_text('not json\n{"also": "not a record"}\n' * 50)
     proc = cli("doctor", "--trace", str(trace), "--out", str(tmp_path / "d"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "HEALTHY" not in proc.stdout and "no valid structured-trace record" in proc.stderr
 
 
 # --- what is compared -----------------------------------------------------------------------
+
 
 def test_zero_compared_steps_is_never_bit_exact(tmp_path):
     proc, report = check(tmp_path, "no_training.py")
@@ -184,9 +202,14 @@ def test_loop_without_dataloader_gets_batch_fingerprints(tmp_path):
 
 def test_unseeded_initial_weights_are_init_params_before_step_0(tmp_path):
     script = tmp_path / "unseeded_init.py"
-    script.write_text((SCRIPTS / "hand_update.py").read_text().replace("torch.manual_seed(0)\n", "", 1)
-                      .replace("data = torch.randn(256, 16)", "data = torch.randn(256, 16, generator="
-                               "torch.Generator().manual_seed(0))"))
+    script.write_text(
+        (SCRIPTS / "hand_update.py")
+        .read_text()
+        .replace("torch.manual_seed(0)\n", "", 1)
+        .replace(
+            "data = torch.randn(256, 16)", "data = torch.randn(256, 16, generator=torch.Generator().manual_seed(0))"
+        )
+    )
     proc = cli("check", "--out", str(tmp_path / "c"), "--no-localize", str(script), cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "c" / "report.json").read_text())
@@ -202,7 +225,8 @@ def test_tolerance_is_worded_as_such(tmp_path):
     det = report["determinism"]
     assert det["verdict"] == "within_tolerance"
     assert first_line(proc).startswith("WITHIN TOLERANCE") and "bit for bit" not in said(proc).replace(
-        "not bit for bit", "")
+        "not bit for bit", ""
+    )
     largest = det["largest_difference"]["params_max_abs"]
     assert 0 < largest < 1e-3
     shutil.rmtree(tmp_path / "check")
@@ -215,8 +239,9 @@ def test_environment_differences_are_reported_in_every_diff(tmp_path):
     a = tmp_path / "t1"
     b = tmp_path / "t2"
     for path, threads in ((a, "1"), (b, "2")):
-        proc = cli("run", "--out", str(path), str(SCRIPTS / "deterministic.py"), cwd=tmp_path,
-                   env={"OMP_NUM_THREADS": threads})
+        proc = cli(
+            "run", "--out", str(path), str(SCRIPTS / "deterministic.py"), cwd=tmp_path, env={"OMP_NUM_THREADS": threads}
+        )
         assert proc.returncode == 0, proc.stderr
     proc, report = diff(tmp_path, a, b)
     det = report["determinism"]
@@ -229,15 +254,18 @@ def test_environment_differences_are_reported_in_every_diff(tmp_path):
 
 # --- check-resume --------------------------------------------------------------------------
 
+
 def test_check_resume_at_the_end_is_an_input_error(tmp_path):
-    proc = cli("check-resume", "--at", "1000", "--out", str(tmp_path / "r"), str(SCRIPTS / "resume_small.py"),
-               cwd=tmp_path)
+    proc = cli(
+        "check-resume", "--at", "1000", "--out", str(tmp_path / "r"), str(SCRIPTS / "resume_small.py"), cwd=tmp_path
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     error = proc.stderr.splitlines()[-1]  # after the progress lines of the full run
     assert error.startswith("torchrepro: error: --at 1000: the run has 24 step(s)")
 
 
 # --- capture that degrades ------------------------------------------------------------------
+
 
 def test_an_observer_that_fails_is_a_finding_and_fails_under_strict(tmp_path):
     proc = cli("doctor", "--out", str(tmp_path / "d"), str(SCRIPTS / "observer_fails.py"), cwd=tmp_path)

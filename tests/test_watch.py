@@ -19,13 +19,23 @@ TRAIN = Path(__file__).parent / "scripts" / "otel_train.py"
 def _rank(run_dir: Path, rank: int, world: int, *args: str) -> subprocess.Popen:
     """One rank of a job (no process group: the script does not need one) writing ``run_dir``."""
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)}
-    return subprocess.Popen([sys.executable, "-m", "torchrepro", "run", "--out", str(run_dir), str(TRAIN), "--",
-                             *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchrepro", "run", "--out", str(run_dir), str(TRAIN), "--", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _snapshot(run_dir: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "torchrepro", "watch", str(run_dir), "--once", "--json"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "watch", str(run_dir), "--once", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -88,8 +98,12 @@ def test_snapshots_follow_ranks_steps_recompiles_and_lag(tmp_path):
 def test_watch_ends_when_the_run_ends(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    watch = subprocess.Popen([sys.executable, "-m", "torchrepro", "watch", str(run_dir), "--interval", "0.2"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "torchrepro", "watch", str(run_dir), "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     train = _rank(run_dir, 0, 1, "--epochs", "1", "--sleep", "0.2")
     try:
         assert train.wait(timeout=300) == 0, train.stderr.read()
@@ -120,8 +134,13 @@ def test_follower_keeps_a_partial_last_line_until_it_is_complete(tmp_path):
 
 def test_watch_bad_input_is_one_line_exit_2(tmp_path):
     for args in ([str(tmp_path / "missing")], [str(tmp_path), "--json"]):
-        proc = subprocess.run([sys.executable, "-m", "torchrepro", "watch", *args], capture_output=True, text=True,
-                              timeout=60, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchrepro", "watch", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert proc.returncode == 2
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("torchrepro: error:")
@@ -132,9 +151,28 @@ def test_doctor_shows_a_status_line_on_a_terminal_only(tmp_path):
     import re
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "torchrepro", "doctor", "--out", str(tmp_path / "run"), str(TRAIN),
-                             "--", "--epochs", "2", "--sleep", "0.3", "--print"],
-                            stdin=slave, stdout=slave, stderr=slave, close_fds=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "doctor",
+            "--out",
+            str(tmp_path / "run"),
+            str(TRAIN),
+            "--",
+            "--epochs",
+            "2",
+            "--sleep",
+            "0.3",
+            "--print",
+        ],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        close_fds=True,
+        cwd=tmp_path,
+    )
     os.close(slave)
     raw = b""
     while True:

@@ -100,6 +100,7 @@ def _attribute(module: str, *path: str) -> Callable[[], Any]:
 
 # --- the probes ------------------------------------------------------------------------------
 
+
 def trace_logger() -> logging.Logger | None:
     """PyTorch's structured-trace logger (``torch._logging._internal.trace_log``): every compile,
     recompile reason, graph break and cache lookup is logged there."""
@@ -113,35 +114,54 @@ def trace_logger() -> logging.Logger | None:
 
 def dispatch_mode() -> type | None:
     """``torch.utils._python_dispatch.TorchDispatchMode``: sees every aten op (op replays)."""
-    return _probe("dispatch_mode", "torch.utils._python_dispatch.TorchDispatchMode",
-                  "an op replay records no ops", _attribute("torch.utils._python_dispatch", "TorchDispatchMode"))
+    return _probe(
+        "dispatch_mode",
+        "torch.utils._python_dispatch.TorchDispatchMode",
+        "an op replay records no ops",
+        _attribute("torch.utils._python_dispatch", "TorchDispatchMode"),
+    )
 
 
 def tree_flatten() -> Callable[[Any], tuple[list[Any], Any]] | None:
     """``torch.utils._pytree.tree_flatten``: the leaves of an op's nested arguments."""
-    return _probe("tree_flatten", "torch.utils._pytree.tree_flatten", "an op replay records no ops",
-                  _attribute("torch.utils._pytree", "tree_flatten"))
+    return _probe(
+        "tree_flatten",
+        "torch.utils._pytree.tree_flatten",
+        "an op replay records no ops",
+        _attribute("torch.utils._pytree", "tree_flatten"),
+    )
 
 
 def current_autograd_node() -> Callable[[], Any] | None:
     """``torch._C._current_autograd_node``: the backward node running now (None in forward)."""
-    return _probe("autograd_node", "torch._C._current_autograd_node", "an op replay records no ops",
-                  _attribute("torch._C", "_current_autograd_node"))
+    return _probe(
+        "autograd_node",
+        "torch._C._current_autograd_node",
+        "an op replay records no ops",
+        _attribute("torch._C", "_current_autograd_node"),
+    )
 
 
 def dataloader_iterator() -> type | None:
     """``torch.utils.data.dataloader._BaseDataLoaderIter``: every DataLoader batch passes its
     ``__next__``."""
-    return _probe("dataloader_iterator", "torch.utils.data.dataloader._BaseDataLoaderIter",
-                  "batches are not fingerprinted", _attribute("torch.utils.data.dataloader", "_BaseDataLoaderIter"))
+    return _probe(
+        "dataloader_iterator",
+        "torch.utils.data.dataloader._BaseDataLoaderIter",
+        "batches are not fingerprinted",
+        _attribute("torch.utils.data.dataloader", "_BaseDataLoaderIter"),
+    )
 
 
 def dataloader_get_iterator() -> Callable[[Any], Any] | None:
     """``torch.utils.data.DataLoader._get_iterator``: where a DataLoader starts its worker
     processes (``seed_everything`` seeds each worker there, per rank and epoch)."""
-    return _probe("dataloader_get_iterator", "torch.utils.data.DataLoader._get_iterator",
-                  "DataLoader workers are seeded by torch alone, not per rank and epoch",
-                  _attribute("torch.utils.data", "DataLoader", "_get_iterator"))
+    return _probe(
+        "dataloader_get_iterator",
+        "torch.utils.data.DataLoader._get_iterator",
+        "DataLoader workers are seeded by torch alone, not per rank and epoch",
+        _attribute("torch.utils.data", "DataLoader", "_get_iterator"),
+    )
 
 
 def set_dataloader_get_iterator(function: Callable[[Any], Any]) -> None:
@@ -163,27 +183,40 @@ def compile_fx_module() -> ModuleType | None:
 
     def find() -> ModuleType | None:
         module = importlib.import_module("torch._inductor.compile_fx")
-        return module if callable(getattr(module, "compile_fx", None)) and callable(
-            getattr(module, "compile_fx_inner", None)) else None
+        return (
+            module
+            if callable(getattr(module, "compile_fx", None)) and callable(getattr(module, "compile_fx_inner", None))
+            else None
+        )
 
-    return _probe("compile_fx", "torch._inductor.compile_fx.compile_fx/compile_fx_inner",
-                  "compiled graphs cannot be replayed, nor inductor swapped for aot_eager", find)
+    return _probe(
+        "compile_fx",
+        "torch._inductor.compile_fx.compile_fx/compile_fx_inner",
+        "compiled graphs cannot be replayed, nor inductor swapped for aot_eager",
+        find,
+    )
 
 
 def current_compile_id() -> Any:
     """The id of the compile running now (``CompileId``, printed ``0/1``), or None: none is
     running, or this torch cannot say (``torch._guards.CompileContext.current_compile_id``)."""
-    get = _probe("compile_id", "torch._guards.CompileContext.current_compile_id",
-                 "replayed graphs are not told apart by compile id",
-                 _attribute("torch._guards", "CompileContext", "current_compile_id"))
+    get = _probe(
+        "compile_id",
+        "torch._guards.CompileContext.current_compile_id",
+        "replayed graphs are not told apart by compile id",
+        _attribute("torch._guards", "CompileContext", "current_compile_id"),
+    )
     return get() if get is not None else None
 
 
 def lookup_backend() -> Callable[[str], Any] | None:
     """``torch._dynamo.backends.registry.lookup_backend`` (imports Dynamo)."""
-    return _probe("lookup_backend", "torch._dynamo.backends.registry.lookup_backend",
-                  "the aot_eager fix cannot be applied",
-                  _attribute("torch._dynamo.backends.registry", "lookup_backend"))
+    return _probe(
+        "lookup_backend",
+        "torch._dynamo.backends.registry.lookup_backend",
+        "the aot_eager fix cannot be applied",
+        _attribute("torch._dynamo.backends.registry", "lookup_backend"),
+    )
 
 
 def inductor_config(load: bool = True) -> ModuleType | None:
@@ -191,28 +224,45 @@ def inductor_config(load: bool = True) -> ModuleType | None:
     (importing it costs about a second), else None."""
     if not load and "torch._inductor.config" not in sys.modules:
         return None
-    return _probe("inductor_config", "torch._inductor.config", "inductor's determinism switches are not set or read",
-                  _attribute("torch._inductor.config"), names=("fallback_random", "deterministic"))
+    return _probe(
+        "inductor_config",
+        "torch._inductor.config",
+        "inductor's determinism switches are not set or read",
+        _attribute("torch._inductor.config"),
+        names=("fallback_random", "deterministic"),
+    )
 
 
 def dynamo_config() -> ModuleType | None:
     """``torch._dynamo.config`` (imports Dynamo)."""
-    return _probe("dynamo_config", "torch._dynamo.config", "compilation cannot be switched off (--compile-mode eager)",
-                  _attribute("torch._dynamo.config"), names=("disable",))
+    return _probe(
+        "dynamo_config",
+        "torch._dynamo.config",
+        "compilation cannot be switched off (--compile-mode eager)",
+        _attribute("torch._dynamo.config"),
+        names=("disable",),
+    )
 
 
 def functorch_config() -> ModuleType | None:
     """``torch._functorch.config`` (``enable_autograd_cache``)."""
-    return _probe("functorch_config", "torch._functorch.config",
-                  "a kernel replay may be served from the AOTAutograd cache", _attribute("torch._functorch.config"),
-                  names=("enable_autograd_cache",))
+    return _probe(
+        "functorch_config",
+        "torch._functorch.config",
+        "a kernel replay may be served from the AOTAutograd cache",
+        _attribute("torch._functorch.config"),
+        names=("enable_autograd_cache",),
+    )
 
 
 def skip_code() -> Callable[[Any], None] | None:
     """``torch._dynamo.eval_frame.skip_code``: Dynamo skips a code object (capture's wrappers)."""
-    return _probe("skip_code", "torch._dynamo.eval_frame.skip_code",
-                  "compile events may name torchrepro's module wrapper",
-                  _attribute("torch._dynamo.eval_frame", "skip_code"))
+    return _probe(
+        "skip_code",
+        "torch._dynamo.eval_frame.skip_code",
+        "compile events may name torchrepro's module wrapper",
+        _attribute("torch._dynamo.eval_frame", "skip_code"),
+    )
 
 
 def dynamo_counters() -> dict[str, Any]:
@@ -220,15 +270,26 @@ def dynamo_counters() -> dict[str, Any]:
     loaded (nothing compiled), never importing it."""
     if "torch._dynamo.utils" not in sys.modules:
         return {}
-    return _probe("dynamo_counters", "torch._dynamo.utils.counters", "no cross-check against Dynamo's counters",
-                  _attribute("torch._dynamo.utils", "counters")) or {}
+    return (
+        _probe(
+            "dynamo_counters",
+            "torch._dynamo.utils.counters",
+            "no cross-check against Dynamo's counters",
+            _attribute("torch._dynamo.utils", "counters"),
+        )
+        or {}
+    )
 
 
 def foreach_norm(tensors: list[Any]) -> list[Any]:
     """The norm of each tensor: ``torch._foreach_norm`` (one kernel per device and dtype), else
     one ``torch.linalg.vector_norm`` each."""
-    norm = _probe("foreach_norm", "torch._foreach_norm", "gradient norms take one kernel per gradient",
-                  _attribute("torch", "_foreach_norm"))
+    norm = _probe(
+        "foreach_norm",
+        "torch._foreach_norm",
+        "gradient norms take one kernel per gradient",
+        _attribute("torch", "_foreach_norm"),
+    )
     if norm is not None:
         return norm(tensors)
     import torch
@@ -237,6 +298,7 @@ def foreach_norm(tensors: list[Any]) -> list[Any]:
 
 
 # --- patches ---------------------------------------------------------------------------------
+
 
 @dataclass(eq=False)
 class Patch:

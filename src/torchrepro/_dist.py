@@ -33,10 +33,18 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-TORCHRUN = {"rank": ("RANK",), "local_rank": ("LOCAL_RANK",), "world_size": ("WORLD_SIZE",),
-            "node": ("GROUP_RANK", "NODE_RANK")}
-SLURM = {"rank": ("SLURM_PROCID",), "local_rank": ("SLURM_LOCALID",), "world_size": ("SLURM_NTASKS",),
-         "node": ("SLURM_NODEID",)}
+TORCHRUN = {
+    "rank": ("RANK",),
+    "local_rank": ("LOCAL_RANK",),
+    "world_size": ("WORLD_SIZE",),
+    "node": ("GROUP_RANK", "NODE_RANK"),
+}
+SLURM = {
+    "rank": ("SLURM_PROCID",),
+    "local_rank": ("SLURM_LOCALID",),
+    "world_size": ("SLURM_NTASKS",),
+    "node": ("SLURM_NODEID",),
+}
 
 
 @dataclass(frozen=True)
@@ -55,13 +63,21 @@ def from_env(environ: Mapping[str, str] | None = None) -> Placement:
     """The placement the environment gives (steps 2 and 3 of the module's precedence);
     ``environ`` defaults to ``os.environ``."""
     environ = os.environ if environ is None else environ
-    family = TORCHRUN if any(_value(environ, name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) else (
-        SLURM if _value(environ, "SLURM_PROCID") else None)
+    family = (
+        TORCHRUN
+        if any(_value(environ, name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+        else (SLURM if _value(environ, "SLURM_PROCID") else None)
+    )
     if family is None:
         return Placement(rank=0, world_size=1, local_rank=None, node=None, source="default")
     rank, local, world, node = (_int(environ, family[key]) for key in ("rank", "local_rank", "world_size", "node"))
-    return Placement(rank=0 if rank is None else rank, world_size=1 if world is None else world,
-                     local_rank=local, node=node, source="env")
+    return Placement(
+        rank=0 if rank is None else rank,
+        world_size=1 if world is None else world,
+        local_rank=local,
+        node=node,
+        source="env",
+    )
 
 
 def placement() -> Placement:
@@ -70,8 +86,13 @@ def placement() -> Placement:
     here = from_env()
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        return Placement(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=here.local_rank,
-                         node=here.node, source="process_group")
+        return Placement(
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            local_rank=here.local_rank,
+            node=here.node,
+            source="process_group",
+        )
     return here
 
 

@@ -42,14 +42,14 @@ from .report.save import write_report
 from .checker import Checker, RunSpec, plan_runs
 
 
-
 def _snaps(run: Run) -> Path:
     """Rank 0's parameter snapshots (the divergence curve is drawn for rank 0)."""
     return run.logs[0].path.parent / "snapshots"
 
 
-def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence,
-             cause: str) -> tuple[str, dict[str, Any]]:
+def localize(
+    checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, cause: str
+) -> tuple[str, dict[str, Any]]:
     """Replay the divergent step in both configurations with op capture (eagerly first when the
     configurations are the same) and name the first divergent op, its module and source."""
     same_config = spec_a.compile_mode == spec_b.compile_mode
@@ -66,8 +66,11 @@ def localize_graph(checker: Checker, spec: RunSpec, div: Divergence) -> dict[str
 
 def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> dict[str, Any] | None:
     """With inductor: eager, as written, and fallback_random=True separate RNG from numerics."""
-    third = RunSpec("eager", "eager", "compilation disabled") if against == "fallback-random" else RunSpec(
-        "fallback-random", "fallback-random", "fallback_random=True")
+    third = (
+        RunSpec("eager", "eager", "compilation disabled")
+        if against == "fallback-random"
+        else RunSpec("fallback-random", "fallback-random", "fallback_random=True")
+    )
     run, _ = checker.run(third)
     runs[third.label] = (third, run)
     eager, fallback, compiled = (runs[k][1] for k in ("eager", "fallback-random", "compiled"))
@@ -76,9 +79,12 @@ def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], again
     for name, (x, y) in pairs.items():
         curve = divergence_curve(_snaps(x), _snaps(y), x.logs[0], y.logs[0])
         div, _ = first_divergence(x.logs, y.logs, Tolerance())  # bit for bit
-        out[name] = {"between": [x.path.name, y.path.name], "bit_exact": div is None,
-                     "final_max_abs": curve[-1]["max_abs"] if curve else None,
-                     "final_max_rel": curve[-1]["max_rel"] if curve else None}
+        out[name] = {
+            "between": [x.path.name, y.path.name],
+            "bit_exact": div is None,
+            "final_max_abs": curve[-1]["max_abs"] if curve else None,
+            "final_max_rel": curve[-1]["max_rel"] if curve else None,
+        }
     return out
 
 
@@ -91,15 +97,27 @@ def _compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None,
     """:func:`~torchrepro.analysis.determinism.compare` of two runs, their final parameters held to
     ``tol`` on their last common snapshot when both have snapshots."""
     a, b = _snaps(run_a), _snaps(run_b)
-    return compare(run_a.logs, run_b.logs, tol, (lambda: final_within([], tol, a, b)) if a.is_dir() and b.is_dir()
-                   else None)
+    return compare(
+        run_a.logs, run_b.logs, tol, (lambda: final_within([], tol, a, b)) if a.is_dir() and b.is_dir() else None
+    )
 
 
-def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions = RunOptions(),
-          against: str | None = None, out: Path | None = None, tolerance: Tolerance | None = None,
-          localize_divergence: bool = True, console: Console | None = None, nproc: int = 1,
-          timeout: float | None = None, fixes: bool | None = None,
-          only_fixes: list[str] | None = None) -> tuple[CheckReport, Path]:
+def check(
+    script: Path,
+    args: list[str],
+    *,
+    runs: int = 2,
+    options: RunOptions = RunOptions(),
+    against: str | None = None,
+    out: Path | None = None,
+    tolerance: Tolerance | None = None,
+    localize_divergence: bool = True,
+    console: Console | None = None,
+    nproc: int = 1,
+    timeout: float | None = None,
+    fixes: bool | None = None,
+    only_fixes: list[str] | None = None,
+) -> tuple[CheckReport, Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
     divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
     False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from."""
@@ -113,8 +131,9 @@ def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions =
     out = create_run_dir(out or default_run_dir(script, label="check"))
     snapshots = against is not None or not tol.exact
     seed = options.seed
-    checker = Checker(script, args, out, options=options, snapshots=snapshots, console=console, nproc=nproc,
-                      timeout=timeout)
+    checker = Checker(
+        script, args, out, options=options, snapshots=snapshots, console=console, nproc=nproc, timeout=timeout
+    )
     specs = plan_runs(runs, against)
     done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
@@ -144,8 +163,11 @@ def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions =
             kernels = localize_kernels(checker, spec_a, spec_b, div)
             if kernels is not None:
                 cause, evidence = cause_from_kernels(evidence, kernels)
-        if kernels is None and localize_divergence and (
-                cause in ("unknown", "init_params") or against is None and cause == "numerics"):
+        if (
+            kernels is None
+            and localize_divergence
+            and (cause in ("unknown", "init_params") or against is None and cause == "numerics")
+        ):
             cause, more = localize(checker, spec_a, spec_b, div, cause)
             evidence.update(more)
     ladder, stages = [], None
@@ -153,9 +175,20 @@ def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions =
         ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
     if decomposition is not None and against == "eager" and fixes is not False:
         stages = backend_stages(checker, done)
-    det = determinism_section(div, within, cause, evidence, [s.label for s in specs], run_a.logs, run_b.logs,
-                              _curve(run_a, run_b) if snapshots else [], notes,
-                              [checker.endings[s.label] for s in specs], tol, unreadable_exit=3)
+    det = determinism_section(
+        div,
+        within,
+        cause,
+        evidence,
+        [s.label for s in specs],
+        run_a.logs,
+        run_b.logs,
+        _curve(run_a, run_b) if snapshots else [],
+        notes,
+        [checker.endings[s.label] for s in specs],
+        tol,
+        unreadable_exit=3,
+    )
     if decomposition is not None:
         det["decomposition"] = decomposition
     if ladder:
@@ -164,11 +197,16 @@ def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions =
         det["backend_stages"] = stages
     det["against"] = against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
-    report = _report(det, hint_key(cause, against, run_b.logs, evidence) if cause else None, {
-        s.label: str(out / s.label) for s in specs} | (
-        {"decomposition": str(out / list(done)[-1])} if decomposition else {}), checker.timings,
+    report = _report(
+        det,
+        hint_key(cause, against, run_b.logs, evidence) if cause else None,
+        {s.label: str(out / s.label) for s in specs}
+        | ({"decomposition": str(out / list(done)[-1])} if decomposition else {}),
+        checker.timings,
         {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
-        [f for pair in same_config for f in cache_key_findings(*pair)], (run_a, run_b))
+        [f for pair in same_config for f in cache_key_findings(*pair)],
+        (run_a, run_b),
+    )
     write_report(out, report)
     return report, out
 
@@ -176,13 +214,28 @@ def check(script: Path, args: list[str], *, runs: int = 2, options: RunOptions =
 def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> list[Finding]:
     """Compile-cache lookups of run B that could not reuse run A's entries: which key component differs."""
     ranks_b = {log.rank: log for log in run_b.logs}
-    return [f for log_a in run_a.logs if log_a.rank in ranks_b
-            for f in key_findings(log_a.of(CacheLookup), ranks_b[log_a.rank].of(CacheLookup),
-                                  f"{label_a} rank {log_a.rank}", f"{label_b} rank {log_a.rank}")]
+    return [
+        f
+        for log_a in run_a.logs
+        if log_a.rank in ranks_b
+        for f in key_findings(
+            log_a.of(CacheLookup),
+            ranks_b[log_a.rank].of(CacheLookup),
+            f"{label_a} rank {log_a.rank}",
+            f"{label_b} rank {log_a.rank}",
+        )
+    ]
 
 
-def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str], timings: dict[str, float],
-            meta: dict[str, Any], extra: list[Finding] = (), compared: tuple[Run, Run] | None = None) -> CheckReport:
+def _report(
+    det: dict[str, Any],
+    hint_key: str | None,
+    run_dirs: dict[str, str],
+    timings: dict[str, float],
+    meta: dict[str, Any],
+    extra: list[Finding] = (),
+    compared: tuple[Run, Run] | None = None,
+) -> CheckReport:
     line = verdict_line(det)
     best = det.get("fix_recommended")
     if best:
@@ -191,8 +244,12 @@ def _report(det: dict[str, Any], hint_key: str | None, run_dirs: dict[str, str],
     first_change = (det.get("backend_stages") or {}).get("first_change")
     if first_change:
         line += f"; results first change at {first_change['stage']} (vs {first_change['previous']})"
-    report = CheckReport(CheckRun(run_dirs, timings, meta), Determinism.from_json(det),
-                         divergence_findings(det, hint_key) + list(extra), line)
+    report = CheckReport(
+        CheckRun(run_dirs, timings, meta),
+        Determinism.from_json(det),
+        divergence_findings(det, hint_key) + list(extra),
+        line,
+    )
     if compared:  # the two runs side by side (the HTML report draws them)
         a, b = compared
         report.provenance = provenance({**a.meta, **meta}, a.logs[0].header)
@@ -216,8 +273,9 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
     run_a, run_b = load_run(path_a), load_run(path_b)
     scripts = [_script_of(r) for r in (run_a, run_b)]
     if None not in scripts and scripts[0] != scripts[1]:
-        raise InputError(f"{path_a} is a run of {scripts[0]}, {path_b} of {scripts[1]}: diff compares two runs of "
-                         "one script")
+        raise InputError(
+            f"{path_a} is a run of {scripts[0]}, {path_b} of {scripts[1]}: diff compares two runs of one script"
+        )
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
     compare_lengths(*endings)
     div, within, notes = _compare(run_a, run_b, tol)
@@ -225,28 +283,56 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
     cause, evidence = decide(div, run_a.logs, run_b.logs) if div is not None else (None, {})
     if div is not None and cause == "unknown":
         cause, evidence = numerics_of_modes(run_a.meta.get("compile_mode"), run_b.meta.get("compile_mode")) or (
-            cause, evidence)
+            cause,
+            evidence,
+        )
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
-    det = determinism_section(div, within, cause, evidence, [str(path_a), str(path_b)], run_a.logs, run_b.logs,
-                              _curve(run_a, run_b) if snapshots else [], notes, endings, tol, unreadable_exit=2)
-    return _report(det, hint_key(cause, None, run_b.logs) if cause else None, {"a": str(path_a), "b": str(path_b)}, {},
-                   {**launch_meta(None), "diff": [str(path_a), str(path_b)]},
-                   cache_key_findings("A", run_a, "B", run_b), (run_a, run_b))
+    det = determinism_section(
+        div,
+        within,
+        cause,
+        evidence,
+        [str(path_a), str(path_b)],
+        run_a.logs,
+        run_b.logs,
+        _curve(run_a, run_b) if snapshots else [],
+        notes,
+        endings,
+        tol,
+        unreadable_exit=2,
+    )
+    return _report(
+        det,
+        hint_key(cause, None, run_b.logs) if cause else None,
+        {"a": str(path_a), "b": str(path_b)},
+        {},
+        {**launch_meta(None), "diff": [str(path_a), str(path_b)]},
+        cache_key_findings("A", run_a, "B", run_b),
+        (run_a, run_b),
+    )
 
 
 RESUME_HINTS = {
     "data_order": "The resumed run sees other batches: restore the sampler epoch (sampler.set_epoch) and skip the "
-                  "batches already consumed (resume.apply(batches) right after iter(loader)).",
+    "batches already consumed (resume.apply(batches) right after iter(loader)).",
     "rng": "An RNG state was not restored, or restored before the DataLoader iterator drew its seed: save with "
-           "torchrepro.checkpoint.save and restore with resume.apply(batches) after iter(loader).",
+    "torchrepro.checkpoint.save and restore with resume.apply(batches) after iter(loader).",
     "unknown": "Same batches and RNG, different results: the model or optimizer state (moments, step counts, LR "
-               "scheduler, gradient scaler, buffers) is not fully saved and loaded.",
+    "scheduler, gradient scaler, buffers) is not fully saved and loaded.",
 }
 
 
-def check_resume(script: Path, args: list[str], *, at: int, options: RunOptions = RunOptions(),
-                 out: Path | None = None, nproc: int = 1, timeout: float | None = None,
-                 console: Console | None = None) -> tuple[CheckReport, Path]:
+def check_resume(
+    script: Path,
+    args: list[str],
+    *,
+    at: int,
+    options: RunOptions = RunOptions(),
+    out: Path | None = None,
+    nproc: int = 1,
+    timeout: float | None = None,
+    console: Console | None = None,
+) -> tuple[CheckReport, Path]:
     """Run to the end; run again stopping after step ``at`` with a checkpoint; resume from it in a
     fresh process; compare every step after ``at`` and the final parameters bit for bit.
     ``options``: what every run starts from."""
@@ -258,51 +344,84 @@ def check_resume(script: Path, args: list[str], *, at: int, options: RunOptions 
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
     out = create_run_dir(out or default_run_dir(script, label="resume"))
     seed = options.seed
-    checker = Checker(script, args, out, options=options, snapshots=False, console=console, nproc=nproc,
-                      timeout=timeout)
+    checker = Checker(
+        script, args, out, options=options, snapshots=False, console=console, nproc=nproc, timeout=timeout
+    )
     full, _ = checker.run(RunSpec("full", None, "to the end"))
     steps = min((len(log.of(Step)) for log in full.logs), default=0)
     if at >= steps and checker.endings["full"].ok:
-        raise InputError(f"--at {at}: the run has {steps} step(s), so nothing would run after the checkpoint; "
-                         f"choose --at below {steps}")
+        raise InputError(
+            f"--at {at}: the run has {steps} step(s), so nothing would run after the checkpoint; "
+            f"choose --at below {steps}"
+        )
     saved = out / "checkpoint"
-    stopped, _ = checker.run(RunSpec("stopped", None, f"stopping after step {at}"),
-                             env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved)})
+    stopped, _ = checker.run(
+        RunSpec("stopped", None, f"stopping after step {at}"), env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved)}
+    )
     if not list(saved.glob("position-rank*.json")):
-        raise InputError(f"the script saved no checkpoint after step {at}: it must call torchrepro.checkpoint.save() "
-                         "when checkpoint.plan().should_stop(step) (see examples/resume_ddp.py)")
+        raise InputError(
+            f"the script saved no checkpoint after step {at}: it must call torchrepro.checkpoint.save() "
+            "when checkpoint.plan().should_stop(step) (see examples/resume_ddp.py)"
+        )
     resumed, _ = checker.run(RunSpec("resumed", None, f"resumed after step {at}"), env={ENV_RESUME_FROM: str(saved)})
     div, _, notes = _compare(full, resumed, Tolerance())
     notes = [n for n in notes if "with the same index" not in n]  # a resumed run has only the later steps
     before, _, _ = _compare(full, stopped, Tolerance())
     if before is not None:
-        notes.append(f"the run is not reproducible before the checkpoint (step {before.step} differs between two "
-                     "runs): fix that first (torchrepro check)")
+        notes.append(
+            f"the run is not reproducible before the checkpoint (step {before.step} differs between two "
+            "runs): fix that first (torchrepro check)"
+        )
     first_resumed = min((s.index for log in resumed.logs for s in log.of(Step)), default=None)
     if first_resumed != at:
-        notes.append(f"the resumed run's first step is numbered {first_resumed}, expected {at}: call "
-                     "resume.apply(...) (it aligns the step numbers)")
+        notes.append(
+            f"the resumed run's first step is numbered {first_resumed}, expected {at}: call "
+            "resume.apply(...) (it aligns the step numbers)"
+        )
     last = {log.rank: log.of(Step)[-1].index for log in full.logs if log.of(Step)}
     last_resumed = {log.rank: log.of(Step)[-1].index for log in resumed.logs if log.of(Step)}
     if div is None and last != last_resumed:
-        checker.endings["resumed"].problems.append(f"the resumed run ended at step {last_resumed}, the full run at "
-                                                   f"{last}")
+        checker.endings["resumed"].problems.append(
+            f"the resumed run ended at step {last_resumed}, the full run at {last}"
+        )
     cause, evidence = (None, {})
     if div is not None:
         cause, evidence = decide(div, full.logs, resumed.logs)
         evidence["hint"] = RESUME_HINTS.get(cause, RESUME_HINTS["unknown"])
-    det = determinism_section(div, False, cause, evidence, ["full", "resumed"], full.logs, resumed.logs, [], notes,
-                              list(checker.endings.values()), Tolerance(), unreadable_exit=3)
+    det = determinism_section(
+        div,
+        False,
+        cause,
+        evidence,
+        ["full", "resumed"],
+        full.logs,
+        resumed.logs,
+        [],
+        notes,
+        list(checker.endings.values()),
+        Tolerance(),
+        unreadable_exit=3,
+    )
     det["resume_at"] = at
-    report = _report(det, None, {"full": str(out / "full"), "stopped": str(out / "stopped"),
-                                 "resumed": str(out / "resumed"), "checkpoint": str(saved)}, checker.timings,
-                     {**launch_meta(script), "script": str(script), "args": args, "seed": seed,
-                      "resume_at": at, "nproc": nproc}, compared=(full, resumed))
+    report = _report(
+        det,
+        None,
+        {
+            "full": str(out / "full"),
+            "stopped": str(out / "stopped"),
+            "resumed": str(out / "resumed"),
+            "checkpoint": str(saved),
+        },
+        checker.timings,
+        {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "resume_at": at, "nproc": nproc},
+        compared=(full, resumed),
+    )
     if det["verdict"] == "bit_exact":
-        report.verdict_line = (f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives "
-                               f"the same {det['steps_compared']} steps and final parameters")
+        report.verdict_line = (
+            f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives "
+            f"the same {det['steps_compared']} steps and final parameters"
+        )
     elif div is not None:
         report.findings[0].hint = evidence["hint"]
     write_report(out, report)
     return report, out
-

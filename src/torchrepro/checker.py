@@ -38,8 +38,18 @@ def plan_runs(runs: int, against: str | None) -> list[RunSpec]:
 class Checker:
     """Runs, compares and explains; one instance per ``check`` invocation."""
 
-    def __init__(self, script: Path, args: list[str], out: Path, *, options: RunOptions, snapshots: bool,
-                 console: Console, nproc: int = 1, timeout: float | None = None):
+    def __init__(
+        self,
+        script: Path,
+        args: list[str],
+        out: Path,
+        *,
+        options: RunOptions,
+        snapshots: bool,
+        console: Console,
+        nproc: int = 1,
+        timeout: float | None = None,
+    ):
         """``options``: what every run starts from (the seed, the cache policy)."""
         self.script, self.args, self.out, self.nproc, self.timeout = script, args, out, nproc, timeout
         self.options, self.seed, self.snapshots = options, options.seed, snapshots
@@ -47,29 +57,53 @@ class Checker:
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
 
-    def run(self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None,
-            **options: Any) -> tuple[Run, int]:
+    def run(
+        self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None, **options: Any
+    ) -> tuple[Run, int]:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         t0 = time.perf_counter()
-        result = launch(run_dir, self.script, self.args,
-                        replace(self.options, fingerprint_every=1, grads=True, compile_mode=spec.compile_mode,
-                                snapshots=self.snapshots, **options),
-                        nproc=self.nproc, quiet=True, env=child_env(self.seed, env),
-                        stall_timeout=timeout or self.timeout)
+        result = launch(
+            run_dir,
+            self.script,
+            self.args,
+            replace(
+                self.options,
+                fingerprint_every=1,
+                grads=True,
+                compile_mode=spec.compile_mode,
+                snapshots=self.snapshots,
+                **options,
+            ),
+            nproc=self.nproc,
+            quiet=True,
+            env=child_env(self.seed, env),
+            stall_timeout=timeout or self.timeout,
+        )
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
-        meta = {"label": spec.label, "compile_mode": spec.compile_mode, "seed": self.seed, "script": str(self.script),
-                "args": self.args, "exit_code": result.exit_code, "stderr_tail": result.stderr_tail,
-                "rank_exit_codes": {str(r): c for r, c in result.rank_exit_codes.items()},
-                "stalled_after_s": result.stalled_after_s, "wall_s": self.timings[spec.label],
-                "stopped_by": result.stopped_by}
+        meta = {
+            "label": spec.label,
+            "compile_mode": spec.compile_mode,
+            "seed": self.seed,
+            "script": str(self.script),
+            "args": self.args,
+            "exit_code": result.exit_code,
+            "stderr_tail": result.stderr_tail,
+            "rank_exit_codes": {str(r): c for r, c in result.rank_exit_codes.items()},
+            "stalled_after_s": result.stalled_after_s,
+            "wall_s": self.timings[spec.label],
+            "stopped_by": result.stopped_by,
+        }
         write_json(run_dir / RUN_FILE, meta)
         self._stopped(result, spec.label)
         if not any(run_dir.glob("rank-*/events.jsonl")):
-            raise InputError(f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
-                             + "; ".join(result.stderr_tail[-3:]))
-        self.console.print(f"[dim]  done in {self.timings[spec.label]:.1f} s, exit {result.exit_code}[/]",
-                           highlight=False)
+            raise InputError(
+                f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
+                + "; ".join(result.stderr_tail[-3:])
+            )
+        self.console.print(
+            f"[dim]  done in {self.timings[spec.label]:.1f} s, exit {result.exit_code}[/]", highlight=False
+        )
         run = load_run(run_dir)
         self.endings[spec.label] = ending(spec.label, run.meta, run.logs)
         return run, result.exit_code
@@ -77,25 +111,55 @@ class Checker:
     def _stopped(self, result: ChildResult, what: str) -> None:
         """A signal to torchrepro stopped the job: the check ends here (exit 128 + N)."""
         if result.stopped_by:
-            raise Stopped(f"{what}: stopped by {result.stopped_by}; the runs so far are in {self.out}",
-                          result.stopped_by)
+            raise Stopped(
+                f"{what}: stopped by {result.stopped_by}; the runs so far are in {self.out}", result.stopped_by
+            )
 
-    def replay(self, spec: RunSpec, step: int, tag: str, eager: bool = False, graphs: bool = False,
-               rank: int = 0, kernels: bool = False) -> dict | None:
+    def replay(
+        self,
+        spec: RunSpec,
+        step: int,
+        tag: str,
+        eager: bool = False,
+        graphs: bool = False,
+        rank: int = 0,
+        kernels: bool = False,
+    ) -> dict | None:
         """Rerun ``spec`` up to ``step`` and record that step on ``rank``: every op, every compiled
         graph against eager (``graphs``), or every compiled graph repeated on identical inputs
         (``kernels``)."""
         out = self.out / "replays" / f"{tag}.json"
         mode = "eager" if eager else spec.compile_mode
-        what = ("compiled graphs repeated on identical inputs" if kernels else
-                "compiled graphs against eager" if graphs else "op capture")
-        self.console.print(f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} "
-                           f"({tag})…[/]", highlight=False)
+        what = (
+            "compiled graphs repeated on identical inputs"
+            if kernels
+            else "compiled graphs against eager"
+            if graphs
+            else "op capture"
+        )
+        self.console.print(
+            f"[dim]· replaying step {step} of {spec.label}{' eagerly' if eager else ''} with {what} ({tag})…[/]",
+            highlight=False,
+        )
         t0 = time.perf_counter()
-        result = launch(self.out / "replays" / tag, self.script, self.args,
-                        replace(self.options, fingerprint_every=1, compile_mode=mode, replay_step=step, replay_out=out,
-                                replay_graphs=graphs, replay_kernels=kernels),
-                        nproc=self.nproc, env=child_env(self.seed), quiet=True, stall_timeout=self.timeout)
+        result = launch(
+            self.out / "replays" / tag,
+            self.script,
+            self.args,
+            replace(
+                self.options,
+                fingerprint_every=1,
+                compile_mode=mode,
+                replay_step=step,
+                replay_out=out,
+                replay_graphs=graphs,
+                replay_kernels=kernels,
+            ),
+            nproc=self.nproc,
+            env=child_env(self.seed),
+            quiet=True,
+            stall_timeout=self.timeout,
+        )
         self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)

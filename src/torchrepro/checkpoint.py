@@ -64,9 +64,11 @@ def plan(default_dir: str | os.PathLike = "checkpoint") -> Plan:
     """
     env = os.environ
     stop = env.get(ENV_STOP_AT)
-    return Plan(stop_at=int(stop) if stop else None,
-                save_to=Path(env.get(ENV_SAVE_TO) or default_dir) if stop else None,
-                resume_from=Path(env[ENV_RESUME_FROM]) if env.get(ENV_RESUME_FROM) else None)
+    return Plan(
+        stop_at=int(stop) if stop else None,
+        save_to=Path(env.get(ENV_SAVE_TO) or default_dir) if stop else None,
+        resume_from=Path(env[ENV_RESUME_FROM]) if env.get(ENV_RESUME_FROM) else None,
+    )
 
 
 @dataclass
@@ -103,8 +105,9 @@ def _position_file(path: Path, rank: int) -> Path:
     return path / f"position-rank{rank}.json"
 
 
-def save(path: str | os.PathLike, *, step: int, epoch: int = 0, batch: int = 0,
-         extra: dict[str, Any] | None = None) -> Path:
+def save(
+    path: str | os.PathLike, *, step: int, epoch: int = 0, batch: int = 0, extra: dict[str, Any] | None = None
+) -> Path:
     """Save this rank's RNG states and data position into the folder ``path``.
 
     ``step``: optimizer steps done; ``epoch``: the current epoch; ``batch``: batches of it consumed.
@@ -115,9 +118,16 @@ def save(path: str | os.PathLike, *, step: int, epoch: int = 0, batch: int = 0,
     state = RngState.capture()
     state.save(path)
     seed_plan = _state.seed_plan()
-    position = {"schema": POSITION_SCHEMA, "step": step, "epoch": epoch, "batch": batch,
-                "world_size": state.world_size, "rank": state.rank,
-                "seed": seed_plan.root if seed_plan else None, "extra": extra or {}}
+    position = {
+        "schema": POSITION_SCHEMA,
+        "step": step,
+        "epoch": epoch,
+        "batch": batch,
+        "world_size": state.world_size,
+        "rank": state.rank,
+        "seed": seed_plan.root if seed_plan else None,
+        "extra": extra or {},
+    }
     write_json(_position_file(path, state.rank), position)
     return path
 
@@ -136,8 +146,10 @@ def load(path: str | os.PathLike, *, rederive: bool = False) -> Resume:
     if not file.exists():
         saved = sorted(p.name for p in path.glob("position-rank*.json")) if path.is_dir() else []
         if saved and not rederive:
-            raise RngStateError(f"{path} has no position for rank {rank} (it holds {', '.join(saved)}): saved by a "
-                                f"job of another world size; pass rederive=True to re-derive RNG streams")
+            raise RngStateError(
+                f"{path} has no position for rank {rank} (it holds {', '.join(saved)}): saved by a "
+                f"job of another world size; pass rederive=True to re-derive RNG streams"
+            )
         if not saved:
             raise RngStateError(f"{path} is not a torchrepro checkpoint (no position-rank*.json)")
         file = path / saved[0]
@@ -148,12 +160,21 @@ def load(path: str | os.PathLike, *, rederive: bool = False) -> Resume:
     if position.get("schema") != POSITION_SCHEMA:
         raise RngStateError(f"{file} is not a {POSITION_SCHEMA} file")
     if position["world_size"] != world and not rederive:
-        raise RngStateError(f"{path} was saved by a job of world size {position['world_size']}, this job has {world}; "
-                            "pass rederive=True to re-derive RNG streams from the seed")
+        raise RngStateError(
+            f"{path} was saved by a job of world size {position['world_size']}, this job has {world}; "
+            "pass rederive=True to re-derive RNG streams from the seed"
+        )
     rng = None if rederive and position["world_size"] != world else RngState.load(path)
-    return Resume(path=path, step=position["step"], epoch=position["epoch"], batch=position["batch"],
-                  world_size=position["world_size"], seed=position.get("seed"), extra=position.get("extra", {}),
-                  rng=rng)
+    return Resume(
+        path=path,
+        step=position["step"],
+        epoch=position["epoch"],
+        batch=position["batch"],
+        world_size=position["world_size"],
+        seed=position.get("seed"),
+        extra=position.get("extra", {}),
+        rng=rng,
+    )
 
 
 def _align_step_clock(step: int) -> None:
@@ -161,4 +182,3 @@ def _align_step_clock(step: int) -> None:
     session = _state.session()
     if session is not None and session.steps is not None:
         session.steps.restart_at(step)
-

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="torchrepro",
         description="Reproducible torch.compile training, and why a run is not.",
         epilog="Exit codes: 0 ok, 1 fails a budget or not reproducible, 2 usage/input error, 3 script failed, "
-               "128+N stopped by signal N (130 SIGINT, 143 SIGTERM).",
+        "128+N stopped by signal N (130 SIGINT, 143 SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

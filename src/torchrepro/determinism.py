@@ -75,9 +75,7 @@ class deterministic:  # noqa: N801  (used like a function, as torch.no_grad is)
         if mode not in ("strict", "warn"):
             raise DeterminismArgumentError(f"mode must be 'strict' or 'warn', not {mode!r}")
         if compile not in ("match-eager", "native"):
-            raise DeterminismArgumentError(
-                f"compile must be 'match-eager' or 'native', not {compile!r}"
-            )
+            raise DeterminismArgumentError(f"compile must be 'match-eager' or 'native', not {compile!r}")
         self.mode = mode
         self.compile = compile
         self._prev_cublas = os.environ.get(CUBLAS_VAR)
@@ -170,9 +168,7 @@ class Switch:
     note: str
 
 
-def _switch(
-    name: str, value: Scalar, recommended: Scalar, note: str, *, applies: bool = True
-) -> Switch:
+def _switch(name: str, value: Scalar, recommended: Scalar, note: str, *, applies: bool = True) -> Switch:
     """A Switch whose status follows from `value` versus `recommended`; in effect iff it applies."""
     if not applies or recommended is None:
         status = "info"
@@ -189,29 +185,41 @@ def _algorithm_switches() -> list[Switch]:
     off = "no effect while deterministic algorithms are off"
     switches = [
         _switch(
-            "torch.use_deterministic_algorithms", enabled, True,
+            "torch.use_deterministic_algorithms",
+            enabled,
+            True,
             "nondeterministic ops use deterministic kernels or refuse to run"
-            if enabled else
-            "off: ops such as index_add_, scatter_add_ and CUDA pooling backward may vary run to run",
+            if enabled
+            else "off: ops such as index_add_, scatter_add_ and CUDA pooling backward may vary run to run",
         ),
         _switch(
-            "torch.is_deterministic_algorithms_warn_only_enabled()", warn_only, False,
-            off if not enabled else
-            "warn mode: ops without a deterministic kernel only warn, and still vary"
-            if warn_only else "ops without a deterministic kernel raise instead of running",
+            "torch.is_deterministic_algorithms_warn_only_enabled()",
+            warn_only,
+            False,
+            off
+            if not enabled
+            else "warn mode: ops without a deterministic kernel only warn, and still vary"
+            if warn_only
+            else "ops without a deterministic kernel raise instead of running",
             applies=enabled,
         ),
     ]
     det_utils = getattr(torch.utils, "deterministic", None)
     if det_utils is not None and hasattr(det_utils, "fill_uninitialized_memory"):
         fill = bool(det_utils.fill_uninitialized_memory)
-        switches.append(_switch(
-            "torch.utils.deterministic.fill_uninitialized_memory", fill, True,
-            off if not enabled else
-            "torch.empty & co. are filled (NaN / max int), so reading them repeats"
-            if fill else "uninitialised memory is left as is: reading it gives arbitrary values",
-            applies=enabled,
-        ))
+        switches.append(
+            _switch(
+                "torch.utils.deterministic.fill_uninitialized_memory",
+                fill,
+                True,
+                off
+                if not enabled
+                else "torch.empty & co. are filled (NaN / max int), so reading them repeats"
+                if fill
+                else "uninitialised memory is left as is: reading it gives arbitrary values",
+                applies=enabled,
+            )
+        )
     return switches
 
 
@@ -220,8 +228,7 @@ def _cuda_switches(cuda: bool, cudnn: bool) -> list[Switch]:
     cudnn_version = torch.backends.cudnn.version() if cudnn else None
     cublas = os.environ.get(CUBLAS_VAR)
     if not cuda:
-        cublas_switch = Switch(CUBLAS_VAR, cublas, _CUBLAS_VALUE, False, "info",
-                               "no CUDA: cuBLAS is not used")
+        cublas_switch = Switch(CUBLAS_VAR, cublas, _CUBLAS_VALUE, False, "info", "no CUDA: cuBLAS is not used")
     else:
         ok = cublas in CUBLAS_DETERMINISTIC and not _cublas_set_late
         if cublas is None:
@@ -237,18 +244,41 @@ def _cuda_switches(cuda: bool, cudnn: bool) -> list[Switch]:
         cublas_switch = Switch(CUBLAS_VAR, cublas, _CUBLAS_VALUE, ok, "ok" if ok else "risk", note)
     tf32_note = "TF32 repeats on one GPU model but rounds unlike fp32 and differs across GPU generations"
     return [
-        _switch("cuDNN available", cudnn, None,
-                f"cuDNN {cudnn_version}" if cudnn else "not available: cuDNN switches have no effect"),
-        _switch("torch.backends.cudnn.deterministic", torch.backends.cudnn.deterministic, True,
-                "cuDNN picks deterministic convolution algorithms" + no_cudnn, applies=cudnn),
-        _switch("torch.backends.cudnn.benchmark", torch.backends.cudnn.benchmark, False,
-                "benchmark chooses convolution algorithms by timing, which can differ between runs"
-                + no_cudnn, applies=cudnn),
+        _switch(
+            "cuDNN available",
+            cudnn,
+            None,
+            f"cuDNN {cudnn_version}" if cudnn else "not available: cuDNN switches have no effect",
+        ),
+        _switch(
+            "torch.backends.cudnn.deterministic",
+            torch.backends.cudnn.deterministic,
+            True,
+            "cuDNN picks deterministic convolution algorithms" + no_cudnn,
+            applies=cudnn,
+        ),
+        _switch(
+            "torch.backends.cudnn.benchmark",
+            torch.backends.cudnn.benchmark,
+            False,
+            "benchmark chooses convolution algorithms by timing, which can differ between runs" + no_cudnn,
+            applies=cudnn,
+        ),
         cublas_switch,
-        _switch("torch.backends.cuda.matmul.allow_tf32", torch.backends.cuda.matmul.allow_tf32,
-                False, tf32_note if cuda else "no CUDA: no effect", applies=cuda),
-        _switch("torch.backends.cudnn.allow_tf32", torch.backends.cudnn.allow_tf32, False,
-                tf32_note + no_cudnn, applies=cuda and cudnn),
+        _switch(
+            "torch.backends.cuda.matmul.allow_tf32",
+            torch.backends.cuda.matmul.allow_tf32,
+            False,
+            tf32_note if cuda else "no CUDA: no effect",
+            applies=cuda,
+        ),
+        _switch(
+            "torch.backends.cudnn.allow_tf32",
+            torch.backends.cudnn.allow_tf32,
+            False,
+            tf32_note + no_cudnn,
+            applies=cuda and cudnn,
+        ),
     ]
 
 
@@ -263,13 +293,26 @@ def _cpu_switches() -> list[Switch]:
         pinned = f"OMP_NUM_THREADS={omp}, yet torch uses {threads} (capped, or set in code)"
     precision = torch.get_float32_matmul_precision()
     return [
-        _switch("torch.get_float32_matmul_precision()", precision, "highest",
-                "fp32 matmuls in full fp32" if precision == "highest"
-                else f"{precision!r} lets matmuls use TF32/bf16 internally: numerics change"),
-        _switch("torch.get_num_threads()", threads, None,
-                f"CPU reduction order and inductor's cache key depend on it; {pinned}"),
-        _switch("torch.get_num_interop_threads()", torch.get_num_interop_threads(), None,
-                "threads running independent ops; does not change numerics"),
+        _switch(
+            "torch.get_float32_matmul_precision()",
+            precision,
+            "highest",
+            "fp32 matmuls in full fp32"
+            if precision == "highest"
+            else f"{precision!r} lets matmuls use TF32/bf16 internally: numerics change",
+        ),
+        _switch(
+            "torch.get_num_threads()",
+            threads,
+            None,
+            f"CPU reduction order and inductor's cache key depend on it; {pinned}",
+        ),
+        _switch(
+            "torch.get_num_interop_threads()",
+            torch.get_num_interop_threads(),
+            None,
+            "threads running independent ops; does not change numerics",
+        ),
     ]
 
 
@@ -283,16 +326,28 @@ def _inductor_switches() -> list[Switch]:
     det = bool(getattr(config, "deterministic", det_default)) if loaded else det_default
     where = "" if loaded else " (inductor not loaded yet: its default)"
     return [
-        _switch("torch._inductor.config.fallback_random", fallback, True,
-                ("compiled dropout/rand use eager's generator: compiled equals eager"
-                 if fallback else
-                 "inductor's own RNG: compiled dropout/rand differ from eager under the same seed")
-                + where),
-        _switch("torch._inductor.config.deterministic", det, True,
-                ("no timing-driven kernel choices: runs compile the same kernels"
-                 if det else
-                 "autotuning/padding chosen by on-device timing may differ between runs (GPU)")
-                + where),
+        _switch(
+            "torch._inductor.config.fallback_random",
+            fallback,
+            True,
+            (
+                "compiled dropout/rand use eager's generator: compiled equals eager"
+                if fallback
+                else "inductor's own RNG: compiled dropout/rand differ from eager under the same seed"
+            )
+            + where,
+        ),
+        _switch(
+            "torch._inductor.config.deterministic",
+            det,
+            True,
+            (
+                "no timing-driven kernel choices: runs compile the same kernels"
+                if det
+                else "autotuning/padding chosen by on-device timing may differ between runs (GPU)"
+            )
+            + where,
+        ),
     ]
 
 
@@ -307,8 +362,7 @@ def _hash_seed_switch() -> Switch:
         note = "set after the interpreter started: not in effect"
     else:
         note = "fixed str hashing and set order across processes (not part of cache keys)"
-    return Switch("PYTHONHASHSEED", seed, "any fixed integer", in_effect,
-                  "ok" if in_effect else "risk", note)
+    return Switch("PYTHONHASHSEED", seed, "any fixed integer", in_effect, "ok" if in_effect else "risk", note)
 
 
 def audit() -> list[Switch]:

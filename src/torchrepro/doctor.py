@@ -57,8 +57,7 @@ def parse_stacks(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     blocks = path.read_text(errors="replace").split("\n\n")
-    main = next((b for b in blocks if "Current thread" in b or "Thread 0x" in b and "most recent call first" in b),
-                "")
+    main = next((b for b in blocks if "Current thread" in b or "Thread 0x" in b and "most recent call first" in b), "")
     return [{"file": f, "line": int(n), "function": fn.strip()} for f, n, fn in _FRAME.findall(main)]
 
 
@@ -66,27 +65,45 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
     """Complete ``run.json`` with how the run ended: per rank exit codes and stderr, a stall."""
     logs = rank_logs(run_dir)
     header = read_header(logs[0]) if logs else None
-    meta.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), exit_code=result.exit_code,
-                stderr_tail=result.stderr_tail, env_fingerprint=header.env_fingerprint if header else None,
-                rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},
-                rank_stderr_tails={str(r): t[-15:] for r, t in result.rank_stderr_tails.items()})
+    meta.update(
+        ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        exit_code=result.exit_code,
+        stderr_tail=result.stderr_tail,
+        env_fingerprint=header.env_fingerprint if header else None,
+        rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},
+        rank_stderr_tails={str(r): t[-15:] for r, t in result.rank_stderr_tails.items()},
+    )
     launcher = run_dir / LAUNCHER_DIR / EVENTS_FILE
     if launcher.exists():  # the launched process only started the ranks: how it ended (torchrepro.follow)
         end = read_events(launcher).end
-        meta["launcher"] = {"exit_code": result.exit_code, "status": end.status if end else "incomplete",
-                            "error": end.error if end else None}
+        meta["launcher"] = {
+            "exit_code": result.exit_code,
+            "status": end.status if end else "incomplete",
+            "error": end.error if end else None,
+        }
     if result.stopped_by:
         meta["stopped_by"] = result.stopped_by
     if result.stalled_after_s is not None:
-        meta["stall"] = {"after_s": result.stalled_after_s,
-                         "stacks": {p.parent.name.split("-", 1)[1]: parse_stacks(p)
-                                    for p in sorted(run_dir.glob("rank-*/stacks.txt"))}}
+        meta["stall"] = {
+            "after_s": result.stalled_after_s,
+            "stacks": {
+                p.parent.name.split("-", 1)[1]: parse_stacks(p) for p in sorted(run_dir.glob("rank-*/stacks.txt"))
+            },
+        }
     write_json(run_dir / RUN_FILE, meta)
     return meta
 
 
-def doctor_script(script: Path, args: list[str], *, out: Path | None, budgets: Budgets, options: RunOptions,
-                  nproc: int = 1, timeout: float | None = None) -> tuple[DoctorReport, Path]:
+def doctor_script(
+    script: Path,
+    args: list[str],
+    *,
+    out: Path | None,
+    budgets: Budgets,
+    options: RunOptions,
+    nproc: int = 1,
+    timeout: float | None = None,
+) -> tuple[DoctorReport, Path]:
     """Run ``script`` under capture as ``options`` say (one process, or ``nproc`` ranks via
     torchrun); analyse and write the report. ``timeout``: end the job after that many seconds
     without progress."""
@@ -120,8 +137,10 @@ def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tu
     translated = [translate_file(file, rank=index) for index, file in enumerate(files)]
     if not any(kind not in ("other", "malformed") for _, t in translated for kind, n in t.counts.items() if n):
         lines = sum(sum(t.counts.values()) for _, t in translated)
-        raise InputError(f"{trace_dir} holds no valid structured-trace record ({lines} record(s) read from "
-                         f"{len(files)} file(s), none that TORCH_TRACE writes)")
+        raise InputError(
+            f"{trace_dir} holds no valid structured-trace record ({lines} record(s) read from "
+            f"{len(files)} file(s), none that TORCH_TRACE writes)"
+        )
     run_dir = create_run_dir(out or default_run_dir(trace_dir.name, label="trace"))
     skipped: dict[str, int] = {}
     for file, (events, translator) in zip(files, translated):
@@ -129,12 +148,26 @@ def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tu
         for event in events:
             event.rank = rank
         header = Header(rank=rank, argv=[str(file)], config={"source": "TORCH_TRACE"})
-        counters = Counters(rank=rank, counters={"torchrepro": {"unique_graphs_traced": translator.unique_graphs,
-                                                                "malformed_records": translator.counts["malformed"],
-                                                                "other_records": translator.counts["other"]}})
+        counters = Counters(
+            rank=rank,
+            counters={
+                "torchrepro": {
+                    "unique_graphs_traced": translator.unique_graphs,
+                    "malformed_records": translator.counts["malformed"],
+                    "other_records": translator.counts["other"],
+                }
+            },
+        )
         end = End(rank=rank, exit_code=None, status="imported")
         write_all(run_dir / f"rank-{rank}" / "events.jsonl", [header, *events, counters, end])
         skipped[str(file)] = translator.counts["other"] + translator.counts["malformed"]
-    write_json(run_dir / RUN_FILE, {"source": "TORCH_TRACE", "trace_dir": str(trace_dir),
-                                    "trace_files": [str(f) for f in files], "records_not_used": skipped})
+    write_json(
+        run_dir / RUN_FILE,
+        {
+            "source": "TORCH_TRACE",
+            "trace_dir": str(trace_dir),
+            "trace_files": [str(f) for f in files],
+            "records_not_used": skipped,
+        },
+    )
     return analyse_run_dir(run_dir, budgets), run_dir

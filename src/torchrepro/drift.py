@@ -97,16 +97,19 @@ def parse_factors(text: str) -> tuple[list[str], list[str]]:
     known = (*RANDOM_FACTORS, *BINARY_FACTORS)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise UserError(f"unknown factor(s) {', '.join(unknown) or '(none given)'}: --vary takes a comma-separated "
-                        f"list of {', '.join(known)}")
+        raise UserError(
+            f"unknown factor(s) {', '.join(unknown) or '(none given)'}: --vary takes a comma-separated "
+            f"list of {', '.join(known)}"
+        )
     if len(set(names)) != len(names):
         raise UserError("--vary names a factor twice")
     return [n for n in names if n in RANDOM_FACTORS], [n for n in names if n in BINARY_FACTORS]
 
 
 def _key(script_sha: str, args: list[str], root: int, seeds: dict[str, int], settings: dict[str, str]) -> str:
-    text = json.dumps({"script": script_sha, "args": args, "root": root, "seeds": seeds, "settings": settings},
-                      sort_keys=True)
+    text = json.dumps(
+        {"script": script_sha, "args": args, "root": root, "seeds": seeds, "settings": settings}, sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -125,9 +128,19 @@ def make_plan(script: Path, args: list[str], factors: str, runs: int, seed: int,
         for levels in itertools.product(range(runs), repeat=len(axes)):
             seeds = dict(zip(axes, levels))
             cells.append(Cell(len(cells), _key(script_sha, args, seed, seeds, settings), seeds, settings))
-    return {"schema": PLAN_SCHEMA, "script": str(script.resolve()), "script_sha256": script_sha, "args": list(args),
-            "seed": seed, "vary": [*random, *binary], "random": random, "binary": binary, "runs": runs,
-            "metric": asdict(metric), "cells": [{**asdict(c), "dir": c.dir} for c in cells]}
+    return {
+        "schema": PLAN_SCHEMA,
+        "script": str(script.resolve()),
+        "script_sha256": script_sha,
+        "args": list(args),
+        "seed": seed,
+        "vary": [*random, *binary],
+        "random": random,
+        "binary": binary,
+        "runs": runs,
+        "metric": asdict(metric),
+        "cells": [{**asdict(c), "dir": c.dir} for c in cells],
+    }
 
 
 def cells_of(plan: dict[str, Any]) -> list[Cell]:
@@ -220,13 +233,22 @@ class Runner:
         cmd = run_command(self.script, self.plan["args"])
         env = child_env(self.plan["seed"], RunOptions(run_dir=run_dir, compile_mode=compile_mode, factors=levels).env())
         t0 = time.perf_counter()
-        with (launch_span(run_dir, 1) as trace,  # --otlp-endpoint: a span per run, its context to the child
-              open(logs / "stdout.log", "wb") as out_log, open(logs / "stderr.log", "wb") as err_log):
+        with (
+            launch_span(run_dir, 1) as trace,  # --otlp-endpoint: a span per run, its context to the child
+            open(logs / "stdout.log", "wb") as out_log,
+            open(logs / "stderr.log", "wb") as err_log,
+        ):
             with self._lock:
                 if self.stopping.is_set():
                     return None
-                proc = subprocess.Popen(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL,
-                                        env=trace.child_env(env), start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=out_log,
+                    stderr=err_log,
+                    stdin=subprocess.DEVNULL,
+                    env=trace.child_env(env),
+                    start_new_session=True,
+                )
                 self._live[proc.pid] = proc
             try:
                 code = trace.exit_code = proc.wait()
@@ -239,9 +261,17 @@ class Runner:
         if self.stopping.is_set():
             return None
         tail = (logs / "stderr.log").read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
-        record = {"key": cell.key, "index": cell.index, "seeds": cell.seeds, "settings": cell.settings,
-                  "levels": levels, "compile_mode": compile_mode, "exit_code": code,
-                  "wall_s": round(time.perf_counter() - t0, 3), "stderr_tail": tail}
+        record = {
+            "key": cell.key,
+            "index": cell.index,
+            "seeds": cell.seeds,
+            "settings": cell.settings,
+            "levels": levels,
+            "compile_mode": compile_mode,
+            "exit_code": code,
+            "wall_s": round(time.perf_counter() - t0, 3),
+            "stderr_tail": tail,
+        }
         write_json(run_dir / RECORD_FILE, record)
         return record
 
@@ -288,8 +318,15 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
     counts = {"planned": len(cells), "reused": len(cells) - len(pending), "ran": 0, "crashed": 0}
     if not pending:
         return counts
-    columns = (TextColumn("drift"), BarColumn(), MofNCompleteColumn(), TextColumn("runs ·"), TimeElapsedColumn(),
-               TextColumn("· ETA"), TimeRemainingColumn())
+    columns = (
+        TextColumn("drift"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("runs ·"),
+        TimeElapsedColumn(),
+        TextColumn("· ETA"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("drift", total=len(pending))
         finished = _on_ray(out, plan, pending, jobs) if launcher == "ray" else _locally(out, plan, pending, jobs)
@@ -299,8 +336,11 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
                 if record["exit_code"]:
                     counts["crashed"] += 1
                     last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
-                    progress.console.print(f"run {record['index']} exited with {record['exit_code']}: "
-                                           f"{printable(last)[:160]}", markup=False, highlight=False)
+                    progress.console.print(
+                        f"run {record['index']} exited with {record['exit_code']}: {printable(last)[:160]}",
+                        markup=False,
+                        highlight=False,
+                    )
                 progress.advance(task)
     return counts
 
@@ -404,9 +444,17 @@ def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRu
     return runs
 
 
-def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: MetricSpec, *,
-                 observed: float | None, target_effect: float | None,
-                 counts: dict[str, int] | None = None, wall_s: float | None = None) -> DriftReport:
+def build_report(
+    out: Path,
+    plan: dict[str, Any],
+    runs: list[DriftRun],
+    metric: MetricSpec,
+    *,
+    observed: float | None,
+    target_effect: float | None,
+    counts: dict[str, int] | None = None,
+    wall_s: float | None = None,
+) -> DriftReport:
     """Analyse the runs and write ``report.json`` (schema torchrepro.drift/1), ``report.html`` and the
     plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference."""
     from .provenance import launch_meta, provenance
@@ -416,32 +464,59 @@ def build_report(out: Path, plan: dict[str, Any], runs: list[DriftRun], metric: 
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]
     section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
     drift = {
-        "metric": {"name": metric.label(), "source": metric.describe(), "log_metric": metric.name,
-                   "regex": metric.regex},
+        "metric": {
+            "name": metric.label(),
+            "source": metric.describe(),
+            "log_metric": metric.name,
+            "regex": metric.regex,
+        },
         "design": _design(plan),
-        "runs": [{"index": r.index, "levels": {**r.seeds, **r.settings}, "seed": {"root": plan["seed"], **r.seeds},
-                  "metric": r.metric, "status": r.status, "error": r.error, "dir": r.dir,
-                  "wall_s": r.extra.get("wall_s")} for r in runs],
+        "runs": [
+            {
+                "index": r.index,
+                "levels": {**r.seeds, **r.settings},
+                "seed": {"root": plan["seed"], **r.seeds},
+                "metric": r.metric,
+                "status": r.status,
+                "error": r.error,
+                "dir": r.dir,
+                "wall_s": r.extra.get("wall_s"),
+            }
+            for r in runs
+        ],
         **section,
     }
     drift["plots"] = write_drift_plots(out, drift)
     logs = (Path(r.dir) / "rank-0" / EVENTS_FILE for r in runs)
     header = next((h for log in logs if log.is_file() and (h := read_header(log)) is not None), None)
     report = DriftReport(
-        run={"script": plan["script"], "args": plan["args"], "out": str(out), "seed": plan["seed"],
-             "vary": plan["vary"], "levels_per_factor": plan["runs"], **(counts or {}),
-             "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
-             "wall_s": wall_s}, drift=drift,
-        provenance=provenance({**launch_meta(Path(plan["script"])), "script": plan["script"], "args": plan["args"]},
-                              header))
+        run={
+            "script": plan["script"],
+            "args": plan["args"],
+            "out": str(out),
+            "seed": plan["seed"],
+            "vary": plan["vary"],
+            "levels_per_factor": plan["runs"],
+            **(counts or {}),
+            "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
+            "wall_s": wall_s,
+        },
+        drift=drift,
+        provenance=provenance(
+            {**launch_meta(Path(plan["script"])), "script": plan["script"], "args": plan["args"]}, header
+        ),
+    )
     write_report(out, report)
     return report
 
 
 def _design(plan: dict[str, Any]) -> str:
     n, random, binary = plan["runs"], plan["random"], plan["binary"]
-    text = (" × ".join(f"{name} ({n} seeds)" for name in random) + ", fully crossed") if random else \
-        f"{n} seed levels varying init, order and augment at once"
+    text = (
+        (" × ".join(f"{name} ({n} seeds)" for name in random) + ", fully crossed")
+        if random
+        else f"{n} seed levels varying init, order and augment at once"
+    )
     if binary:
         text += "; " + ", ".join(binary) + " each run on the same seeds as the script as written (paired)"
     return text + f"; {len(plan['cells'])} runs"

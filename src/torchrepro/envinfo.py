@@ -28,8 +28,7 @@ from .events import NOT_AVAILABLE
 
 __all__ = ["CacheDir", "EnvVar", "collect", "write_json"]
 
-_KERNEL_RISK = ("anyone who can write there can run code in your training job: "
-                "compiled kernels are loaded from it")
+_KERNEL_RISK = "anyone who can write there can run code in your training job: compiled kernels are loaded from it"
 
 
 @dataclass
@@ -95,9 +94,7 @@ def _versions() -> dict[str, str]:
         "hip": getattr(torch.version, "hip", None) or NOT_AVAILABLE,
         "cudnn": str(cudnn) if cudnn else NOT_AVAILABLE,
         "nccl": _nccl_version(),
-        "triton": dist_version(
-            "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"
-        ),
+        "triton": dist_version("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"),
     }
 
 
@@ -171,8 +168,10 @@ def cache_risks(path: Path) -> list[str]:
         st = current.stat()
         who = writers(st)
         if who:
-            risks.append(f"{path} does not exist yet and {current} is {who}-writable: another "
-                         f"user can create it first; {_KERNEL_RISK}")
+            risks.append(
+                f"{path} does not exist yet and {current} is {who}-writable: another "
+                f"user can create it first; {_KERNEL_RISK}"
+            )
         if st.st_mode & stat.S_ISVTX:
             return risks
     else:
@@ -189,8 +188,7 @@ def cache_risks(path: Path) -> list[str]:
             break
         who = writers(st)
         if who:
-            risks.append(f"parent {parent} of {path} is {who}-writable: others can replace the "
-                         f"cache; {_KERNEL_RISK}")
+            risks.append(f"parent {parent} of {path} is {who}-writable: others can replace the cache; {_KERNEL_RISK}")
         if foreign_owner(st):
             risks.append(f"parent {parent} of {path} is owned by {owner_name(st.st_uid)}: {_KERNEL_RISK}")
     return risks
@@ -202,8 +200,10 @@ def _cache_dir(name: str, path: str, source: str, note: str) -> CacheDir:
     try:
         entry.exists = real.is_dir()
         if real.exists() and not entry.exists:
-            entry.risks.append(f"{real} exists and is not a directory: compiling fails, or the cache is silently "
-                               "unused; remove it or point the variable elsewhere")
+            entry.risks.append(
+                f"{real} exists and is not a directory: compiling fails, or the cache is silently "
+                "unused; remove it or point the variable elsewhere"
+            )
             return entry
         if entry.exists:
             st = real.stat()
@@ -254,8 +254,7 @@ def _caches(triton: str) -> list[CacheDir]:
     if triton == NOT_AVAILABLE:
         triton_note = "Triton not installed: unused"
     return [
-        _cache_dir("inductor", inductor, inductor_source,
-                   "FX graph, AOTAutograd and compiled C++/Triton kernels"),
+        _cache_dir("inductor", inductor, inductor_source, "FX graph, AOTAutograd and compiled C++/Triton kernels"),
         _cache_dir("triton", triton_dir, triton_source, triton_note),
     ]
 
@@ -268,33 +267,63 @@ def _env_var(name: str, value: str | None) -> EnvVar:
     on = value not in (None, "", "0", "false", "False")
     if name == "PYTHONHASHSEED":
         if value in (None, "random"):
-            return EnvVar(name, value, "unset: str hashing and set order vary between processes "
-                          "and ranks; export PYTHONHASHSEED=0 before launching", risky=True)
+            return EnvVar(
+                name,
+                value,
+                "unset: str hashing and set order vary between processes "
+                "and ranks; export PYTHONHASHSEED=0 before launching",
+                risky=True,
+            )
         return EnvVar(name, value, "fixed str hashing and set order (not part of inductor's cache key)")
     if name == "OMP_NUM_THREADS":
         if value is None:
-            return EnvVar(name, None, f"unset: torch uses this machine's cores "
-                          f"({torch.get_num_threads()} threads); another machine reduces in "
-                          "another order and misses the inductor cache", risky=True)
-        return EnvVar(name, value, "CPU threads: changes reduction order and inductor's cache key; "
-                      "keep it the same across runs")
+            return EnvVar(
+                name,
+                None,
+                f"unset: torch uses this machine's cores "
+                f"({torch.get_num_threads()} threads); another machine reduces in "
+                "another order and misses the inductor cache",
+                risky=True,
+            )
+        return EnvVar(
+            name, value, "CPU threads: changes reduction order and inductor's cache key; keep it the same across runs"
+        )
     if name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         return EnvVar(name, value, "BLAS threads: can change reduction order")
     if name == "MKL_CBWR":
         return EnvVar(name, value, "MKL conditional numerical reproducibility: same code path on every CPU")
     if name in ("ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE"):
-        return EnvVar(name, value, "lets oneDNN compute fp32 in lower precision: numerics change",
-                      risky=(value or "").upper() not in ("", "STRICT"))
+        return EnvVar(
+            name,
+            value,
+            "lets oneDNN compute fp32 in lower precision: numerics change",
+            risky=(value or "").upper() not in ("", "STRICT"),
+        )
     if name == CUBLAS_VAR:
         if value is None:
-            return EnvVar(name, None, "unset: cuBLAS may vary run to run; deterministic algorithms "
-                          "raise on cuBLAS ops", risky=True)
+            return EnvVar(
+                name,
+                None,
+                "unset: cuBLAS may vary run to run; deterministic algorithms raise on cuBLAS ops",
+                risky=True,
+            )
         ok = value in CUBLAS_DETERMINISTIC
-        return EnvVar(name, value, "fixed cuBLAS workspace: deterministic" if ok
-                      else f"not {' or '.join(CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run", risky=not ok)
+        return EnvVar(
+            name,
+            value,
+            "fixed cuBLAS workspace: deterministic"
+            if ok
+            else f"not {' or '.join(CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run",
+            risky=not ok,
+        )
     if name == "CUDA_LAUNCH_BLOCKING":
-        return EnvVar(name, value, "serialises every kernel launch: much slower, numerics unchanged "
-                      "(usually left over from debugging)", risky=on, in_fingerprint=False)
+        return EnvVar(
+            name,
+            value,
+            "serialises every kernel launch: much slower, numerics unchanged (usually left over from debugging)",
+            risky=on,
+            in_fingerprint=False,
+        )
     if name == "NVIDIA_TF32_OVERRIDE":
         return EnvVar(name, value, "=0 forces TF32 off in cuBLAS/cuDNN, whatever torch's flags say")
     if name == "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE":
@@ -308,30 +337,48 @@ def _env_var(name: str, value: str | None) -> EnvVar:
     if name == "TORCH_LOGS":
         return EnvVar(name, value, "compile logging only", in_fingerprint=False)
     if name == "TORCH_TRACE":
-        return EnvVar(name, value, "structured compile trace, including your source code, is written here",
-                      in_fingerprint=False)
+        return EnvVar(
+            name, value, "structured compile trace, including your source code, is written here", in_fingerprint=False
+        )
     if name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME"):
         return EnvVar(name, value, "compiled kernels are loaded from here (see caches)", in_fingerprint=False)
     if name == "TORCHINDUCTOR_FORCE_DISABLE_CACHES":
-        return EnvVar(name, value, "every compile is cold (10-20 s on CPU); results do not change",
-                      risky=on, in_fingerprint=False)
+        return EnvVar(
+            name, value, "every compile is cold (10-20 s on CPU); results do not change", risky=on, in_fingerprint=False
+        )
     if name in ("TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"):
-        return EnvVar(name, value, "=0 turns this compile cache off: every compile is cold",
-                      risky=value == "0", in_fingerprint=False)
+        return EnvVar(
+            name,
+            value,
+            "=0 turns this compile cache off: every compile is cold",
+            risky=value == "0",
+            in_fingerprint=False,
+        )
     if name == "TORCHINDUCTOR_DETERMINISTIC":
         return EnvVar(name, value, "=1: inductor makes no timing-driven kernel choices")
     if name.startswith(("TORCHINDUCTOR_MAX_AUTOTUNE", "TORCHINDUCTOR_COORDINATE_DESCENT")):
-        return EnvVar(name, value, "kernels chosen by on-device timing may differ between runs "
-                      "unless inductor's deterministic mode is on", risky=on)
+        return EnvVar(
+            name,
+            value,
+            "kernels chosen by on-device timing may differ between runs unless inductor's deterministic mode is on",
+            risky=on,
+        )
     if name in ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE"):
-        return EnvVar(name, value, "torch.compile does nothing: runs eager, whose numerics and RNG "
-                      "differ from compiled runs", risky=on)
+        return EnvVar(
+            name,
+            value,
+            "torch.compile does nothing: runs eager, whose numerics and RNG differ from compiled runs",
+            risky=on,
+        )
     if name == "TORCH_COMPILE_DEBUG":
-        return EnvVar(name, value, "writes debug output for every compile: slow", risky=on,
-                      in_fingerprint=False)
+        return EnvVar(name, value, "writes debug output for every compile: slow", risky=on, in_fingerprint=False)
     if name == "PYTORCH_TUNABLEOP_ENABLED":
-        return EnvVar(name, value, "TunableOp picks GEMM kernels by timing: runs can differ unless "
-                      "its results file is reused", risky=on)
+        return EnvVar(
+            name,
+            value,
+            "TunableOp picks GEMM kernels by timing: runs can differ unless its results file is reused",
+            risky=on,
+        )
     if name in ("NCCL_ALGO", "NCCL_PROTO"):
         return EnvVar(name, value, "pins NCCL's collective algorithm, and so its reduction order")
     if name.startswith(("NCCL_", "TORCH_NCCL_")):
@@ -345,14 +392,38 @@ def _env_var(name: str, value: str | None) -> EnvVar:
     return EnvVar(name, value, "Triton setting")  # TRITON_*, the last prefix _relevant() admits
 
 
-_NAMES = frozenset({
-    "PYTHONHASHSEED", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_CBWR",
-    "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE", CUBLAS_VAR, "CUDA_LAUNCH_BLOCKING",
-    "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUDA_VISIBLE_DEVICES", "RANK",
-    "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCH_LOGS", "TORCH_TRACE",
-})
-_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TORCHDYNAMO_", "NCCL_", "TORCH_NCCL_", "TRITON_",
-             "PYTORCH_TUNABLEOP_")
+_NAMES = frozenset(
+    {
+        "PYTHONHASHSEED",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_CBWR",
+        "ONEDNN_DEFAULT_FPMATH_MODE",
+        "DNNL_DEFAULT_FPMATH_MODE",
+        CUBLAS_VAR,
+        "CUDA_LAUNCH_BLOCKING",
+        "NVIDIA_TF32_OVERRIDE",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+        "CUDA_VISIBLE_DEVICES",
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "TORCH_LOGS",
+        "TORCH_TRACE",
+    }
+)
+_PREFIXES = (
+    "TORCHINDUCTOR_",
+    "TORCH_COMPILE_",
+    "TORCHDYNAMO_",
+    "NCCL_",
+    "TORCH_NCCL_",
+    "TRITON_",
+    "PYTORCH_TUNABLEOP_",
+)
 
 
 def _relevant(name: str) -> bool:

@@ -17,7 +17,6 @@ class RngStateError(UserError):
     """An RNG state file that cannot be loaded into this process."""
 
 
-
 def stop_exit_code(signal_name: str) -> int:
     """The exit code for a job stopped by ``signal_name``: 128 + its number, as a shell reports it."""
     import signal

@@ -237,13 +237,35 @@ def _names(cls: type) -> tuple[str, ...]:
 _NAMES: dict[type, tuple[str, ...]] = {}
 
 KINDS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Header, World, Compile, GraphBreak, CacheLookup, Params, InitParams, Step, Capability,
-                              Setting, Counters, Metric, End)
+    cls.kind: cls
+    for cls in (
+        Header,
+        World,
+        Compile,
+        GraphBreak,
+        CacheLookup,
+        Params,
+        InitParams,
+        Step,
+        Capability,
+        Setting,
+        Counters,
+        Metric,
+        End,
+    )
 }
 
 
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,),
-          "None": (type(None),), "Any": (object,)}
+_TYPES = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "list": (list,),
+    "dict": (dict,),
+    "None": (type(None),),
+    "Any": (object,),
+}
 
 
 def _accepted(annotation: str) -> tuple[type, ...]:
@@ -292,8 +314,7 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
     fields in the writer's order, checking each value's exact JSON type in line, and falls back
     to :func:`_checked` for anything else: the reader's hot path, same result."""
     names = _names(cls)
-    scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind,
-                             "_intern": sys.intern}
+    scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind, "_intern": sys.intern}
     checks, types = [], []
     for i, name in enumerate(names):
         accepted = _FIELD_TYPES[kind][name]
@@ -302,24 +323,28 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
             checks.append(f"_type({name}) not in _T{i}")
             types.append(f"_T{i}=_T{i}")
     slow = f"        return {'_share(_checked(_kind, data), shared)' if cls is Step else '_checked(_kind, data)'}"
-    lines = [f"def build(data, shared=None, _type=type, {', '.join(types)}):",
-             "    if tuple(data) != _names:",
-             slow,
-             f"    {', '.join(names)}, = data.values()",
-             f"    if {' or '.join(checks) or 'False'}:",
-             slow]
+    lines = [
+        f"def build(data, shared=None, _type=type, {', '.join(types)}):",
+        "    if tuple(data) != _names:",
+        slow,
+        f"    {', '.join(names)}, = data.values()",
+        f"    if {' or '.join(checks) or 'False'}:",
+        slow,
+    ]
     if cls is Step:
         scope["_share"] = _share
-        lines += ["    if type(rng_at) is str: rng_at = _intern(rng_at)",
-                  "    if step == index and type(step) is type(index): step = index",
-                  "    if shared is not None:",
-                  "        if type(rank) is int: rank = shared.ranks.setdefault(rank, rank)",
-                  "        ref = shared.steps.get(index)",
-                  "        if ref is None:",
-                  f"            shared.steps[index] = ({', '.join(_REPLICATED)})",
-                  "        else:",
-                  f"            {', '.join(f'r_{n}' for n in _REPLICATED)} = ref",
-                  *(f"            if {n} == r_{n}: {n} = r_{n}" for n in _REPLICATED)]
+        lines += [
+            "    if type(rng_at) is str: rng_at = _intern(rng_at)",
+            "    if step == index and type(step) is type(index): step = index",
+            "    if shared is not None:",
+            "        if type(rank) is int: rank = shared.ranks.setdefault(rank, rank)",
+            "        ref = shared.steps.get(index)",
+            "        if ref is None:",
+            f"            shared.steps[index] = ({', '.join(_REPLICATED)})",
+            "        else:",
+            f"            {', '.join(f'r_{n}' for n in _REPLICATED)} = ref",
+            *(f"            if {n} == r_{n}: {n} = r_{n}" for n in _REPLICATED),
+        ]
     lines.append(f"    return _cls({', '.join(names)})")
     exec("\n".join(lines), scope)  # noqa: S102 -- source built above from the dataclasses' own field names
     return scope["build"]
@@ -357,8 +382,14 @@ def _line(event: Event) -> bytes:
     """One event as a JSON line, UTF-8. Step events (the hot path) go through orjson when it is
     installed and their numbers are finite (orjson serializes the dataclass itself, fields in
     order, after ``kind``); the rest, and NaN/inf (orjson would write null), through json."""
-    if _orjson is not None and type(event) is Step and _finite(event.loss) and _finite(event.grad_norm) and _finite(
-            event.time_s) and _finite(event.t):
+    if (
+        _orjson is not None
+        and type(event) is Step
+        and _finite(event.loss)
+        and _finite(event.grad_norm)
+        and _finite(event.time_s)
+        and _finite(event.t)
+    ):
         return b'{"kind":"step",' + _orjson.dumps(event, default=str)[1:] + b"\n"
     return (json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n").encode()
 
@@ -500,8 +531,9 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
         log.unreadable = "no header line: not a torchrepro event log"
     elif header.schema != SCHEMA:
         by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
-        log.unreadable = (f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads "
-                          f"{SCHEMA!r}")
+        log.unreadable = (
+            f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
+        )
         log.events = [header]  # nothing else is trusted: field meanings may have changed
     if log.unreadable:
         log.problems.append(f"{path}: {log.unreadable}")

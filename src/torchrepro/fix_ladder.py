@@ -49,8 +49,10 @@ def localize_kernels(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Di
     graph on identical inputs: the first output that differs (within a process, else between the
     two processes on identical inputs), named down to its kernel; None when every graph repeats."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(checker.replay, spec, div.step, tag, kernels=True, rank=div.rank)
-                for spec, tag in ((spec_a, "kernels-a"), (spec_b, "kernels-b"))]
+        jobs = [
+            pool.submit(checker.replay, spec, div.step, tag, kernels=True, rank=div.rank)
+            for spec, tag in ((spec_a, "kernels-a"), (spec_b, "kernels-b"))
+        ]
         replays = [job.result() for job in jobs]
     found = [r["kernels"] for r in replays if r and "kernels" in r]
     if not found:
@@ -62,21 +64,32 @@ def localize_kernels(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Di
         return None
     call, index = hit
     explained = found[0]["explained"].get(f"{call['compile_id']}/{call['graph']}") or []
-    named = dict(explained[index]) if index < len(explained) else {"compile_id": call["compile_id"],
-                                                                   "graph": call["graph"], "output_index": index}
+    named = (
+        dict(explained[index])
+        if index < len(explained)
+        else {"compile_id": call["compile_id"], "graph": call["graph"], "output_index": index}
+    )
     one = call.get("one_thread_differs")
-    threads = {"threads": call.get("threads"),
-               "repeats_differ": bool(call.get("repeat_differs")),
-               "one_thread": None if one is None else ("differs" if one else "repeats bit for bit")}
-    how = ("repeated in one process on identical inputs" if within else
-           "in the two replays' processes on identical inputs")
+    threads = {
+        "threads": call.get("threads"),
+        "repeats_differ": bool(call.get("repeat_differs")),
+        "one_thread": None if one is None else ("differs" if one else "repeats bit for bit"),
+    }
+    how = (
+        "repeated in one process on identical inputs" if within else "in the two replays' processes on identical inputs"
+    )
     what = f"gradient of {named['parameter']}" if named.get("parameter") else f"output {index}"
-    because = (f"compiled graph {call['compile_id']} ({call['graph']}): {what} differs when {how}"
-               + (f", by up to {call['repeat_differs'][str(index)]:.3g}" if within and
-                  call["repeat_differs"].get(str(index)) is not None else ""))
+    because = f"compiled graph {call['compile_id']} ({call['graph']}): {what} differs when {how}" + (
+        f", by up to {call['repeat_differs'][str(index)]:.3g}"
+        if within and call["repeat_differs"].get(str(index)) is not None
+        else ""
+    )
     if one is not None:
-        because += ("; at 1 thread it repeats bit for bit (the difference depends on the thread count)" if not one
-                    else "; it differs at 1 thread too")
+        because += (
+            "; at 1 thread it repeats bit for bit (the difference depends on the thread count)"
+            if not one
+            else "; it differs at 1 thread too"
+        )
     if named.get("kernel_atomic_add"):
         because += f"; kernel {named['kernel']} accumulates with atomic adds"
     return {"localisation": "compiled_kernel", "because": because, "thread_dependence": threads, **named}
@@ -86,9 +99,16 @@ def _offending(runs: list[Run], compile_id: str | None) -> tuple[list[int] | Non
     if not compile_id:
         return None, None
     frame = compile_id.split("/")[0]
-    function = next((f"{c.function} ({Path(c.file).name}:{c.line})" if c.file else c.function
-                     for r in runs for log in r.logs for c in log.of(Compile)
-                     if c.compile_id == compile_id and c.function), None)
+    function = next(
+        (
+            f"{c.function} ({Path(c.file).name}:{c.line})" if c.file else c.function
+            for r in runs
+            for log in r.logs
+            for c in log.of(Compile)
+            if c.compile_id == compile_id and c.function
+        ),
+        None,
+    )
     return ([int(frame)] if frame.isdigit() else None), function
 
 
@@ -109,8 +129,9 @@ def _jobs(runs: list[Run]) -> int:
     return max(1, (os.cpu_count() or 1) // max(threads, 1))
 
 
-def _try(checker: Checker, candidate: Candidate, spec: RunSpec, stop: int,
-         timeout: float) -> tuple[list[FixRun], Run | None, Run | None]:
+def _try(
+    checker: Checker, candidate: Candidate, spec: RunSpec, stop: int, timeout: float
+) -> tuple[list[FixRun], Run | None, Run | None]:
     from .checker import RunSpec
 
     results: list[FixRun] = []
@@ -119,40 +140,61 @@ def _try(checker: Checker, candidate: Candidate, spec: RunSpec, stop: int,
         label = f"fix-{candidate.name}-{i}"
         mode = candidate.compile_mode or spec.compile_mode
         try:
-            run, _ = checker.run(RunSpec(label, mode, f"fix {candidate.name}, stopping after step {stop}"),
-                                 timeout=timeout, fix=candidate.spec, stop_after_step=stop)
+            run, _ = checker.run(
+                RunSpec(label, mode, f"fix {candidate.name}, stopping after step {stop}"),
+                timeout=timeout,
+                fix=candidate.spec,
+                stop_after_step=stop,
+            )
         except InputError as exc:
             results.append(FixRun(ok=False, problems=[str(exc)]))
             runs.append(None)
             continue
         end = checker.endings[label]
-        results.append(FixRun(ok=end.ok, problems=list(end.problems),
-                              timed_out=bool(run.meta.get("stalled_after_s")),
-                              step_times=[s.time_s for s in run.logs[0].of(Step)] if run.logs else []))
+        results.append(
+            FixRun(
+                ok=end.ok,
+                problems=list(end.problems),
+                timed_out=bool(run.meta.get("stalled_after_s")),
+                step_times=[s.time_s for s in run.logs[0].of(Step)] if run.logs else [],
+            )
+        )
         runs.append(run)
     return results, runs[0], runs[1]
 
 
-def run_fix_ladder(checker: Checker, spec: RunSpec, div: Divergence, cause: str, evidence: dict[str, Any],
-                   as_written: list[Run], only: list[str] | None = None) -> list[dict[str, Any]]:
+def run_fix_ladder(
+    checker: Checker,
+    spec: RunSpec,
+    div: Divergence,
+    cause: str,
+    evidence: dict[str, Any],
+    as_written: list[Run],
+    only: list[str] | None = None,
+) -> list[dict[str, Any]]:
     """Each applicable candidate fix: two runs stopping ``STEPS_AFTER`` steps after the divergent
     step, compared bit for bit, with their median step time against the runs as written."""
     compiled, inductor = _uses(as_written)
     frames, function = _offending(as_written, evidence.get("compile_id"))
-    ladder = candidates(compiled=compiled, inductor=inductor, frames=frames, function=function,
-                        random_ops=cause == "rng" or bool(evidence.get("random_nodes")))
+    ladder = candidates(
+        compiled=compiled,
+        inductor=inductor,
+        frames=frames,
+        function=function,
+        random_ops=cause == "rng" or bool(evidence.get("random_nodes")),
+    )
     if only:
         ladder = [c for c in ladder if c.name in only]
     stop = div.step + STEPS_AFTER
     baseline = _baseline(as_written, stop)
     tried = [c for c in ladder if c.applicable]
-    checker.console.print(f"[dim]· fix ladder: {', '.join(c.name for c in tried)} (2 runs each, to step {stop})[/]",
-                          highlight=False)
+    checker.console.print(
+        f"[dim]· fix ladder: {', '.join(c.name for c in tried)} (2 runs each, to step {stop})[/]", highlight=False
+    )
     # a fix that hangs is stopped: no event for 3x the slowest run as written (at least FIX_TIMEOUT_S)
     timeout = max([FIX_TIMEOUT_S, *(3 * float(r.meta.get("wall_s") or 0) for r in as_written)])
     with ThreadPoolExecutor(max_workers=_jobs(as_written)) as pool:
-        outcomes = dict(zip([c.name for c in tried],
-                            pool.map(lambda c: _try(checker, c, spec, stop, timeout), tried)))
+        outcomes = dict(zip([c.name for c in tried], pool.map(lambda c: _try(checker, c, spec, stop, timeout), tried)))
     rows = []
     for candidate in ladder:
         if candidate.name not in outcomes:
@@ -176,8 +218,12 @@ def backend_stages(checker: Checker, done: dict[str, tuple[RunSpec, Run]]) -> di
         spec = RunSpec("aot_eager", None, "every compiled frame with backend='aot_eager'")
         run, _ = checker.run(spec, fix="aot_eager")
         done["aot_eager"] = (spec, run)
-    order = [("eager", "eager"), ("aot_eager", "aot_eager"), ("fallback-random", "fallback-random"),
-             ("inductor", "compiled")]
+    order = [
+        ("eager", "eager"),
+        ("aot_eager", "aot_eager"),
+        ("fallback-random", "fallback-random"),
+        ("inductor", "compiled"),
+    ]
     stages = []
     for i, (name, label) in enumerate(order):
         stage: dict[str, Any] = {"name": name, "run": label, "bit_exact_with_previous": None}

@@ -62,8 +62,10 @@ def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, s
     the same capture, seed, compile mode, cache, replay, fix and drift factor levels;
     ``root_pid`` is the launched process, ``pythonpath`` the ``PYTHONPATH`` to extend."""
     path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
-    return {CONFIG_VAR: json.dumps({"options": options.absolute().to_json(), "root_pid": root_pid}),
-            "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path])}
+    return {
+        CONFIG_VAR: json.dumps({"options": options.absolute().to_json(), "root_pid": root_pid}),
+        "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path]),
+    }
 
 
 def propagate(options: Any) -> None:
@@ -188,8 +190,14 @@ def _joined() -> None:
     from .events import World
 
     here = placement()
-    world = World(group_rank=here.rank, world_size=here.world_size, local_rank=here.local_rank, node=here.node,
-                  host=socket.gethostname(), backend=str(dist.get_backend()))
+    world = World(
+        group_rank=here.rank,
+        world_size=here.world_size,
+        local_rank=here.local_rank,
+        node=here.node,
+        host=socket.gethostname(),
+        backend=str(dist.get_backend()),
+    )
     session = _own_session()
     if session is None and CONFIG_VAR in os.environ:
         options, root_pid = _config()
@@ -197,8 +205,11 @@ def _joined() -> None:
 
         if not _PREPARED.get("spawned"):  # no seeding: the script has run; seeding now would change it
             apply_compile_mode(options.compile_mode)
-        rank = (world.group_rank, world.world_size,
-                world.local_rank if world.local_rank is not None else world.group_rank)
+        rank = (
+            world.group_rank,
+            world.world_size,
+            world.local_rank if world.local_rank is not None else world.group_rank,
+        )
         session = _start(options, root_pid, rank, "process_group")
     if session is not None:
         session.joined(world)
@@ -230,8 +241,12 @@ def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
         pass
     log = target / EVENTS_FILE
     header = read_header(log)
-    if (header is None or header.pid != root_pid or header.config.get("rank_from") != "default"
-            or b'"kind":"world"' in log.read_bytes()):
+    if (
+        header is None
+        or header.pid != root_pid
+        or header.config.get("rank_from") != "default"
+        or b'"kind":"world"' in log.read_bytes()
+    ):
         return False
     moved, n = run_dir / LAUNCHER_DIR, 1
     while moved.exists():
@@ -252,8 +267,9 @@ def _start(options: Any, root_pid: int, rank: tuple[int, int, int], rank_from: s
     if not claim(Path(options.run_dir), rank[0], root_pid):
         _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")
         return None
-    session = CaptureSession(CaptureConfig.from_options(options), rank=rank, rank_from=rank_from,
-                             listeners=live_listeners())
+    session = CaptureSession(
+        CaptureConfig.from_options(options), rank=rank, rank_from=rank_from, listeners=live_listeners()
+    )
     session.start()
     _end_at_exit(session)
     return session

@@ -213,8 +213,15 @@ class _ForwardStops:
         return self.since is not None and time.monotonic() - self.since > GRACE_S
 
 
-def run_child(cmd: list[str], log_dir: Path, *, env: dict[str, str] | None = None, quiet: bool = False,
-              stall_timeout: float | None = None, run_dir: Path | None = None) -> ChildResult:
+def run_child(
+    cmd: list[str],
+    log_dir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    quiet: bool = False,
+    stall_timeout: float | None = None,
+    run_dir: Path | None = None,
+) -> ChildResult:
     """Run ``cmd`` in its own session (process group), showing its output live (unless ``quiet``)
     and keeping it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job
     whose ranks write no event into ``run_dir`` for that many seconds has its stacks dumped and is
@@ -228,8 +235,10 @@ def run_child(cmd: list[str], log_dir: Path, *, env: dict[str, str] | None = Non
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
         out_sinks = [out_log] if quiet else [out_log, sys.stdout.buffer]
         err_sinks = [err_log] if quiet else [err_log, sys.stderr.buffer]
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_sinks, None), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, err_sinks, tail), daemon=True)]
+        pumps = [
+            threading.Thread(target=_pump, args=(proc.stdout, out_sinks, None), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, err_sinks, tail), daemon=True),
+        ]
         for pump in pumps:
             pump.start()
         with _ForwardStops(proc.pid) as stops:
@@ -261,22 +270,43 @@ def torchrun_failures(stderr: str) -> dict[int, int]:
     return {int(rank): int(code) for rank, code in _FAILURE.findall(stderr)}
 
 
-def launch(run_dir: Path, script: Path, args: list[str], options: RunOptions, *, nproc: int = 1,
-           env: dict[str, str] | None = None, quiet: bool = False, stall_timeout: float | None = None) -> ChildResult:
+def launch(
+    run_dir: Path,
+    script: Path,
+    args: list[str],
+    options: RunOptions,
+    *,
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    quiet: bool = False,
+    stall_timeout: float | None = None,
+) -> ChildResult:
     """Run ``script`` under capture in fresh processes: one, or ``nproc`` ranks through torchrun
     (standalone rendezvous, gloo/NCCL as the script chooses), each set up as ``options`` say and
     writing into ``run_dir``. ``env``: the children's environment (None: ours)."""
     run_cmd = run_command(script, args)
     if nproc > 1:
         logs = run_dir / "torchrun"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "--log-dir", str(logs), "--tee", "3", *run_cmd[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "--log-dir",
+            str(logs),
+            "--tee",
+            "3",
+            *run_cmd[1:],
+        ]
     else:
         cmd = run_cmd
     env = {**(os.environ if env is None else env), **replace(options, run_dir=run_dir).env()}
     with launch_span(run_dir, nproc) as trace:  # --otlp-endpoint: one span per launch, its context to every rank
-        result = run_child(cmd, run_dir / "logs", env=trace.child_env(env), quiet=quiet, stall_timeout=stall_timeout,
-                           run_dir=run_dir)
+        result = run_child(
+            cmd, run_dir / "logs", env=trace.child_env(env), quiet=quiet, stall_timeout=stall_timeout, run_dir=run_dir
+        )
         trace.exit_code = result.exit_code
     if nproc > 1:
         result.rank_exit_codes = torchrun_failures((run_dir / "logs" / "stderr.log").read_text(errors="replace"))

@@ -19,8 +19,13 @@ def _number(cast: Callable[[str], float], what: str, low: float, low_ok: bool, h
             value = cast(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value) or value < low or (value == low and not low_ok) or (
-                high is not None and value > high):
+        if (
+            value is None
+            or not math.isfinite(value)
+            or value < low
+            or (value == low and not low_ok)
+            or (high is not None and value > high)
+        ):
             raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}")
         return value
 
@@ -126,23 +131,35 @@ def add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 def add_ranks(p: argparse.ArgumentParser) -> None:
     """How a command launches its runs: ranks, stall timeout, compile-cache policy."""
-    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
-                   help="launch N ranks with torchrun (standalone)")
-    p.add_argument("--timeout", type=positive_float, metavar="S",
-                   help="end the job after S seconds without progress, dumping every rank's Python stack")
-    p.add_argument("--cache-policy", choices=("per-node", "shared", "per-rank"),
-                   help="compile-cache directory per node (default when set), shared, or per rank")
-    p.add_argument("--cache-root", type=directory, metavar="DIR",
-                   help="where --cache-policy puts the cache directories")
-    p.add_argument("--warm-from", type=pack_file, metavar="PACK",
-                   help="unpack this torchrepro cache pack on every rank first")
+    p.add_argument(
+        "--nproc", type=positive_int, default=1, metavar="N", help="launch N ranks with torchrun (standalone)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="S",
+        help="end the job after S seconds without progress, dumping every rank's Python stack",
+    )
+    p.add_argument(
+        "--cache-policy",
+        choices=("per-node", "shared", "per-rank"),
+        help="compile-cache directory per node (default when set), shared, or per rank",
+    )
+    p.add_argument(
+        "--cache-root", type=directory, metavar="DIR", help="where --cache-policy puts the cache directories"
+    )
+    p.add_argument(
+        "--warm-from", type=pack_file, metavar="PACK", help="unpack this torchrepro cache pack on every rank first"
+    )
 
 
 def add_strict(p: argparse.ArgumentParser) -> None:
     """``--strict``: degraded capture fails the command."""
-    p.add_argument("--strict", action="store_true",
-                   help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, "
-                        "records unreadable)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) when capture degraded (CAPTURE_DEGRADED: an observer failed, records unreadable)",
+    )
 
 
 def add_tolerance(p: argparse.ArgumentParser) -> None:

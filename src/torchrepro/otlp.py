@@ -38,8 +38,11 @@ if TYPE_CHECKING:
 
 ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
 INSTALL_HINT = "install the OpenTelemetry extra: pip install 'torchrepro[otel]'"
-_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                  "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+_PROTOCOL_VARS = (
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+)
 
 _launcher: Any = None  # the command's report.otel.Launcher while a launcher command exports
 
@@ -51,11 +54,17 @@ def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False
 
     >>> add_otlp_option(sub.add_parser("doctor"))  # doctest: +SKIP
     """
-    parser.add_argument("--otlp-endpoint", metavar="URL",
-                        help="export spans and metrics over OTLP/HTTP to this collector, live "
-                             "(e.g. http://localhost:4318; OTEL_EXPORTER_OTLP_* variables apply)")
-    parser.add_argument("--otel-service-name", metavar="NAME",
-                        help="service.name of the exported telemetry (default: OTEL_SERVICE_NAME, else torchrepro)")
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export spans and metrics over OTLP/HTTP to this collector, live "
+        "(e.g. http://localhost:4318; OTEL_EXPORTER_OTLP_* variables apply)",
+    )
+    parser.add_argument(
+        "--otel-service-name",
+        metavar="NAME",
+        help="service.name of the exported telemetry (default: OTEL_SERVICE_NAME, else torchrepro)",
+    )
     parser.set_defaults(otlp_in_process=in_process)
 
 
@@ -90,8 +99,9 @@ def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace
 
     with tempfile.TemporaryDirectory(prefix="torchrepro-otlp-") as tmp:
         os.environ[WARN_ONCE_VAR] = str(Path(tmp) / "warned")
-        _launcher = Launcher(endpoint, args.command, script=getattr(args, "script", None),
-                             nproc=getattr(args, "nproc", None))
+        _launcher = Launcher(
+            endpoint, args.command, script=getattr(args, "script", None), nproc=getattr(args, "nproc", None)
+        )
         code = None
         try:
             code = func(args)

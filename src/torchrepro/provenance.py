@@ -16,10 +16,16 @@ from . import __version__
 def script_repository(script: Path) -> dict[str, Any]:
     """The git commit of the repository holding ``script`` and whether its tree had changes;
     ``{"commit": None}`` when it is in none (or git is not installed)."""
+
     def git(*args: str) -> str | None:
         try:
-            proc = subprocess.run(["git", "-C", str(script.resolve().parent), *args], check=False,
-                                  capture_output=True, text=True, timeout=10)
+            proc = subprocess.run(
+                ["git", "-C", str(script.resolve().parent), *args],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return proc.stdout.strip() if proc.returncode == 0 else None

@@ -3,8 +3,24 @@ graph) and analysis (a replayed op that diverged). Plain strings; nothing here i
 
 from __future__ import annotations
 
-RANDOM_OPS = ("bernoulli", "dropout", "uniform", "normal", "rand", "randn", "randint", "randperm", "multinomial",
-              "exponential", "geometric", "cauchy", "log_normal", "random_", "poisson", "philox")
+RANDOM_OPS = (
+    "bernoulli",
+    "dropout",
+    "uniform",
+    "normal",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "multinomial",
+    "exponential",
+    "geometric",
+    "cauchy",
+    "log_normal",
+    "random_",
+    "poisson",
+    "philox",
+)
 
 
 def is_random_op(name: str) -> bool:

@@ -88,14 +88,23 @@ class RngState:
         here = _dist.placement()
         return cls(
             python=[version, list(internal), gauss],
-            numpy={"key": key, "words": _b64(words.astype("<u4").tobytes()), "pos": int(pos),
-                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            numpy={
+                "key": key,
+                "words": _b64(words.astype("<u4").tobytes()),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
             torch_cpu=_b64(torch.get_rng_state().numpy().tobytes()),
             cuda=cuda,
             generators={name: _generator_state(g) for name, g in {**registered(), **(generators or {})}.items()},
-            forks={key: {"cpu": _b64(st["cpu"].numpy().tobytes()),
-                         "cuda": [_b64(c.numpy().tobytes()) for c in st.get("cuda", [])]}
-                   for key, st in _state.fork_states().items()},
+            forks={
+                key: {
+                    "cpu": _b64(st["cpu"].numpy().tobytes()),
+                    "cuda": [_b64(c.numpy().tobytes()) for c in st.get("cuda", [])],
+                }
+                for key, st in _state.fork_states().items()
+            },
             rank=here.rank,
             world_size=here.world_size,
         )
@@ -106,8 +115,10 @@ class RngState:
         targets = {**registered(), **(generators or {})}
         missing = sorted(set(self.generators) - set(targets))
         if missing:
-            raise RngStateError(f"the RNG state has generators {missing} that are not registered here: "
-                                "register them with torchrepro.rng.register(name, generator) first")
+            raise RngStateError(
+                f"the RNG state has generators {missing} that are not registered here: "
+                "register them with torchrepro.rng.register(name, generator) first"
+            )
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if self.cuda and len(self.cuda) != cuda_count:
             raise RngStateError(f"the RNG state has {len(self.cuda)} CUDA device(s), this process sees {cuda_count}")
@@ -123,11 +134,18 @@ class RngState:
             _set_generator_state(name, targets[name], saved)
         if self.forks:
             if _state.seed_plan() is None:
-                raise RngStateError("the RNG state holds plan.fork() streams: call torchrepro.seed_everything(seed) "
-                                    "before restoring it")
-            _state.fork_states().update({key: {"cpu": _byte_tensor(st["cpu"]),
-                                            **({"cuda": [_byte_tensor(c) for c in st["cuda"]]} if st["cuda"] else {})}
-                                      for key, st in self.forks.items()})
+                raise RngStateError(
+                    "the RNG state holds plan.fork() streams: call torchrepro.seed_everything(seed) before restoring it"
+                )
+            _state.fork_states().update(
+                {
+                    key: {
+                        "cpu": _byte_tensor(st["cpu"]),
+                        **({"cuda": [_byte_tensor(c) for c in st["cuda"]]} if st["cuda"] else {}),
+                    }
+                    for key, st in self.forks.items()
+                }
+            )
 
     def fingerprint(self) -> str:
         """A short stable hex digest of every generator's state (not of rank or versions)."""
@@ -151,8 +169,14 @@ class RngState:
 
     def to_json(self) -> dict[str, Any]:
         payload = {
-            "python": self.python, "numpy": self.numpy, "torch_cpu": self.torch_cpu, "cuda": self.cuda,
-            "generators": self.generators, "forks": self.forks, "rank": self.rank, "world_size": self.world_size,
+            "python": self.python,
+            "numpy": self.numpy,
+            "torch_cpu": self.torch_cpu,
+            "cuda": self.cuda,
+            "generators": self.generators,
+            "forks": self.forks,
+            "rank": self.rank,
+            "world_size": self.world_size,
             "torch_version": self.torch_version,
         }
         return {"schema": SCHEMA, "sha256": hashlib.sha256(_canonical(payload)).hexdigest(), "state": payload}
@@ -165,8 +189,14 @@ class RngState:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, rank: int | None = None, world_size: int | None = None,
-             allow_version_mismatch: bool = False) -> RngState:
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        allow_version_mismatch: bool = False,
+    ) -> RngState:
         """Read a state saved by :meth:`save` for this rank (``rank``/``world_size`` default to
         this process's). A different world size, another torch version (unless
         ``allow_version_mismatch``), a truncated or edited file raise :class:`RngStateError`."""
@@ -186,12 +216,16 @@ class RngState:
         if hashlib.sha256(_canonical(payload)).hexdigest() != doc.get("sha256"):
             raise RngStateError(f"{file} is corrupt: its content does not match its sha256")
         if payload["world_size"] != world_size:
-            raise RngStateError(f"{file} was saved by a job of world size {payload['world_size']}, this job has "
-                                f"{world_size}: RNG streams cannot be mapped between world sizes; re-derive them "
-                                "with torchrepro.seed_everything instead")
+            raise RngStateError(
+                f"{file} was saved by a job of world size {payload['world_size']}, this job has "
+                f"{world_size}: RNG streams cannot be mapped between world sizes; re-derive them "
+                "with torchrepro.seed_everything instead"
+            )
         if payload["torch_version"] != torch.__version__ and not allow_version_mismatch:
-            raise RngStateError(f"{file} was saved with torch {payload['torch_version']}, this is torch "
-                                f"{torch.__version__}; pass allow_version_mismatch=True if you accept that")
+            raise RngStateError(
+                f"{file} was saved with torch {payload['torch_version']}, this is torch "
+                f"{torch.__version__}; pass allow_version_mismatch=True if you accept that"
+            )
         try:
             return cls(**payload)
         except TypeError as exc:

@@ -30,7 +30,8 @@ def python_bytes(state: tuple) -> bytes:
     """Canonical bytes of a ``random.getstate()`` tuple: version, 625 words, Gaussian."""
     version, internal, gauss = state
     return struct.pack(f"<q{len(internal)}Qd", version, *internal, -1.0 if gauss is None else gauss) + bytes(
-        [gauss is None])
+        [gauss is None]
+    )
 
 
 def numpy_bytes(words: bytes, pos: int, has_gauss: int, cached: float) -> bytes:
@@ -64,16 +65,16 @@ def _arrays(spans: tuple[tuple[int, int], ...]) -> tuple[ctypes.Array, ...]:
     return tuple((ctypes.c_char * size).from_address(address) for address, size in spans)
 
 
-def _python_raw(gen: random.Random, arrays: tuple[ctypes.Array, ...] | None = None
-                ) -> tuple[bytes, bytes, float | None]:
+def _python_raw(
+    gen: random.Random, arrays: tuple[ctypes.Array, ...] | None = None
+) -> tuple[bytes, bytes, float | None]:
     state, index = arrays or _arrays(_python_spans(gen))
     return state.raw, index.raw, gen.gauss_next
 
 
 def _python_canonical(raw: bytes, index: bytes, gauss: float | None) -> bytes:
     tail = np.frombuffer(raw + index, dtype="<u4").astype("<u8").tobytes()
-    return (struct.pack("<q", 3) + tail + struct.pack("<d", -1.0 if gauss is None else gauss)
-            + bytes([gauss is None]))
+    return struct.pack("<q", 3) + tail + struct.pack("<d", -1.0 if gauss is None else gauss) + bytes([gauss is None])
 
 
 def _python_fast(gen: random.Random) -> bytes:

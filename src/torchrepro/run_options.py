@@ -97,5 +97,8 @@ class RunOptions:
     def absolute(self) -> RunOptions:
         """These options with the run directory and the replay file absolute (for a rank that capture
         follows into, :mod:`torchrepro.follow`, which may start in another working directory)."""
-        return replace(self, run_dir=Path(self.run_dir).resolve() if self.run_dir else None,
-                       replay_out=Path(self.replay_out).resolve() if self.replay_out else None)
+        return replace(
+            self,
+            run_dir=Path(self.run_dir).resolve() if self.run_dir else None,
+            replay_out=Path(self.replay_out).resolve() if self.replay_out else None,
+        )

@@ -184,7 +184,9 @@ def load_run(path: str | os.PathLike) -> Run:
     seen: dict[int, Path] = {}
     for log in run.logs:
         if log.rank in seen:
-            raise InputError(f"{path}: rank {log.rank} is logged twice ({seen[log.rank].parent.name} and "
-                             f"{log.path.parent.name}): keep one folder per rank")
+            raise InputError(
+                f"{path}: rank {log.rank} is logged twice ({seen[log.rank].parent.name} and "
+                f"{log.path.parent.name}): keep one folder per rank"
+            )
         seen[log.rank] = log.path
     return run

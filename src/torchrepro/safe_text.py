@@ -41,8 +41,9 @@ def visible_tree(data: object) -> object:
     if isinstance(data, Enum):
         return data
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
-        return dataclasses.replace(data, **{f.name: visible_tree(getattr(data, f.name))
-                                            for f in dataclasses.fields(data) if f.init})
+        return dataclasses.replace(
+            data, **{f.name: visible_tree(getattr(data, f.name)) for f in dataclasses.fields(data) if f.init}
+        )
     if isinstance(data, str):
         return visible(data, newlines=True)
     if isinstance(data, dict):

@@ -263,8 +263,11 @@ def worker_rng() -> np.random.Generator:
         stream = _state.WorkerStream(pid=os.getpid(), seeds=plan.stream("data", rank=plan.rank) if plan else None)
         _state.set_worker(stream)
     if stream.generator is None:
-        stream.generator = stream.seeds.numpy_generator() if stream.seeds is not None else (
-            np.random.default_rng(np.random.randint(0, 2**32, size=4, dtype=np.uint64).tolist()))
+        stream.generator = (
+            stream.seeds.numpy_generator()
+            if stream.seeds is not None
+            else (np.random.default_rng(np.random.randint(0, 2**32, size=4, dtype=np.uint64).tolist()))
+        )
     return stream.generator
 
 

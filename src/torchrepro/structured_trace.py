@@ -20,8 +20,16 @@ from typing import Any, Iterator
 
 from .events import CacheLookup, Compile, Event, GraphBreak
 
-_CONTEXT_KEYS = {"frame_id", "frame_compile_id", "attempt", "rank", "has_payload", "stack",
-                 "compiled_autograd_id", "subgraph_name"}
+_CONTEXT_KEYS = {
+    "frame_id",
+    "frame_compile_id",
+    "attempt",
+    "rank",
+    "has_payload",
+    "stack",
+    "compiled_autograd_id",
+    "subgraph_name",
+}
 _USED = {"str", "dynamo_start", "compilation_metrics", "bwd_compilation_metrics", "artifact"}
 _CACHE_ARTIFACT = re.compile(r"^(fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
 _GB_ID = re.compile(r"/gb/(gb\d+)\.html", re.IGNORECASE)
@@ -169,8 +177,15 @@ class TraceTranslator:
             m = re.match(r"\[(\w+)\]\s*(.*)", str(comp), re.DOTALL)
             digest, what = (m.group(1), m.group(2)) if m else ("", str(comp))
             components.append({"hash": digest, "what": " ".join(what.split())[:300]})
-        return CacheLookup(rank=self.rank, compile_id=cid, cache="fxgraph" if cache == "fx_graph" else cache,
-                           status=status, key=info.get("key"), reason=info.get("reason"), components=components)
+        return CacheLookup(
+            rank=self.rank,
+            compile_id=cid,
+            cache="fxgraph" if cache == "fx_graph" else cache,
+            status=status,
+            key=info.get("key"),
+            reason=info.get("reason"),
+            components=components,
+        )
 
     def _on_compilation_metrics(self, metadata, payload):
         m = metadata["compilation_metrics"]

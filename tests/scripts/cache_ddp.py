@@ -28,10 +28,10 @@ if args.policy:
     else:
         torchrepro.cache.configure(args.policy, root=args.root)
 
-import torch
-import torch.distributed as dist
-from torch._dynamo.utils import counters
-from torch.nn.parallel import DistributedDataParallel
+import torch  # noqa: E402 - after the cache is configured
+import torch.distributed as dist  # noqa: E402 - after the cache is configured
+from torch._dynamo.utils import counters  # noqa: E402 - after the cache is configured
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402 - after the cache is configured
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

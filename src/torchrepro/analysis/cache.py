@@ -36,65 +36,138 @@ class Cause:
 
 
 _GLOBAL_STATE = "Set it once, the same way in every run and rank, before the first compiled call."
-_CAUSES: list[tuple[re.Pattern[str], Cause]] = [(re.compile(p), c) for p, c in [
-    (r"^cpp_runtime_thread_count$", Cause(
-        "threads", "CPU thread count (OMP_NUM_THREADS / torch.set_num_threads)",
-        "Launch every run and rank with the same OMP_NUM_THREADS (torchrun sets 1 unless you set it), or call "
-        "torch.set_num_threads(N) before the first compile; or set torch._inductor.config.cpp.threads to a fixed "
-        "value so the key stops depending on it.")),
-    (r"^torch_version$", Cause(
-        "torch", "torch build (version or installed source files)",
-        "Use the same torch installation everywhere; a cache written by another build can never hit.")),
-    (r"^system_info", Cause(
-        "system", "GPU model, CUDA/ROCm or Triton version",
-        "Run on the same GPU model with the same CUDA and Triton; keep caches per hardware type.")),
-    (r"^gm$", Cause(
-        "graph", "graph code (what Dynamo traced)",
-        "The compiled graph itself differs: different model code, a graph break in another place, or "
-        "different Dynamo settings. Compare the two runs' graphs (TORCH_LOGS=graph_code).")),
-    (r"^example_inputs", Cause(
-        "inputs", "input metadata (shape, dtype, strides, device)",
-        "Feed the same shapes, dtypes and layouts (drop_last=True, padding, .contiguous()), or mark the varying "
-        "dimension dynamic.")),
-    (r"^fx_kwargs\[(is_inference|is_backward)\]$|^grad_enabled$", Cause(
-        "grad_mode", "training vs inference (grad mode, eval/no_grad)",
-        "Compile under the same grad mode: a torch.no_grad()/inference_mode call compiles a separate graph.")),
-    (r"^fx_kwargs\[static_input_idxs\]$", Cause(
-        "static_inputs", "which inputs are static (parameters and buffers)",
-        "Parameters were inputs in one run and attributes in the other (e.g. torch._dynamo.config."
-        "inline_inbuilt_nn_modules, or a module passed as an argument): keep how the model is called the same.")),
-    (r"^fx_kwargs\[cudagraphs\]$", Cause(
-        "cudagraphs", "CUDA graphs (mode='reduce-overhead')",
-        "Use the same torch.compile mode in every run.")),
-    (r"^fx_kwargs", Cause("compile_options", "torch.compile options", "Pass the same torch.compile options.")),
-    (r"^deterministic_algorithms", Cause(
-        "determinism", "torch.use_deterministic_algorithms setting", _GLOBAL_STATE)),
-    (r"^default_dtype$", Cause("dtype", "default dtype (torch.set_default_dtype)", _GLOBAL_STATE)),
-    (r"^cuda_matmul_settings$", Cause(
-        "matmul_precision", "matmul precision (TF32 / reduced-precision reductions)", _GLOBAL_STATE)),
-    (r"^autocast_state$", Cause("autocast", "autocast state", "Enter torch.autocast the same way in every run.")),
-    (r"^default_cuda_device_index$", Cause(
-        "device_index", "current device index",
-        "Give every rank the same device index: CUDA_VISIBLE_DEVICES=<local rank> makes each rank's GPU cuda:0.")),
-    (r"^inductor_config(_comms)?\[", Cause(
-        "inductor_config", "inductor setting",
-        "Set torch._inductor.config (or TORCHINDUCTOR_* variables, or torch.compile(options=...)) identically "
-        "before the first compile.")),
-    (r"^autograd_config\[|^aot_config$|^precompile_enabled$", Cause(
-        "functorch_config", "AOTAutograd/functorch setting", "Set torch._functorch.config identically.")),
-    (r"custom.*pass|_custom_partitioner_fn|_fuse_ddp_communication_passes", Cause(
-        "custom_passes", "custom compiler passes",
-        "Register the same custom passes (with a stable uuid()) in every run.")),
-    (r"triton_source|triton_kernel_source_codes", Cause(
-        "user_kernels", "user-defined Triton kernel source", "Use the same kernel source in every run.")),
-    (r"^cache_key_tag$", Cause(
-        "cache_key_tag", "torch.compiler.config.cache_key_tag", "Use the same cache_key_tag in every run.")),
-    (r"^provenance_tracking_level$", Cause(
-        "tracing", "inductor provenance tracking (debug tracing)", "Turn compile tracing on or off in every run.")),
-]]
+_CAUSES: list[tuple[re.Pattern[str], Cause]] = [
+    (re.compile(p), c)
+    for p, c in [
+        (
+            r"^cpp_runtime_thread_count$",
+            Cause(
+                "threads",
+                "CPU thread count (OMP_NUM_THREADS / torch.set_num_threads)",
+                "Launch every run and rank with the same OMP_NUM_THREADS (torchrun sets 1 unless you set it), or call "
+                "torch.set_num_threads(N) before the first compile; or set torch._inductor.config.cpp.threads to a fixed "
+                "value so the key stops depending on it.",
+            ),
+        ),
+        (
+            r"^torch_version$",
+            Cause(
+                "torch",
+                "torch build (version or installed source files)",
+                "Use the same torch installation everywhere; a cache written by another build can never hit.",
+            ),
+        ),
+        (
+            r"^system_info",
+            Cause(
+                "system",
+                "GPU model, CUDA/ROCm or Triton version",
+                "Run on the same GPU model with the same CUDA and Triton; keep caches per hardware type.",
+            ),
+        ),
+        (
+            r"^gm$",
+            Cause(
+                "graph",
+                "graph code (what Dynamo traced)",
+                "The compiled graph itself differs: different model code, a graph break in another place, or "
+                "different Dynamo settings. Compare the two runs' graphs (TORCH_LOGS=graph_code).",
+            ),
+        ),
+        (
+            r"^example_inputs",
+            Cause(
+                "inputs",
+                "input metadata (shape, dtype, strides, device)",
+                "Feed the same shapes, dtypes and layouts (drop_last=True, padding, .contiguous()), or mark the varying "
+                "dimension dynamic.",
+            ),
+        ),
+        (
+            r"^fx_kwargs\[(is_inference|is_backward)\]$|^grad_enabled$",
+            Cause(
+                "grad_mode",
+                "training vs inference (grad mode, eval/no_grad)",
+                "Compile under the same grad mode: a torch.no_grad()/inference_mode call compiles a separate graph.",
+            ),
+        ),
+        (
+            r"^fx_kwargs\[static_input_idxs\]$",
+            Cause(
+                "static_inputs",
+                "which inputs are static (parameters and buffers)",
+                "Parameters were inputs in one run and attributes in the other (e.g. torch._dynamo.config."
+                "inline_inbuilt_nn_modules, or a module passed as an argument): keep how the model is called the same.",
+            ),
+        ),
+        (
+            r"^fx_kwargs\[cudagraphs\]$",
+            Cause(
+                "cudagraphs", "CUDA graphs (mode='reduce-overhead')", "Use the same torch.compile mode in every run."
+            ),
+        ),
+        (r"^fx_kwargs", Cause("compile_options", "torch.compile options", "Pass the same torch.compile options.")),
+        (
+            r"^deterministic_algorithms",
+            Cause("determinism", "torch.use_deterministic_algorithms setting", _GLOBAL_STATE),
+        ),
+        (r"^default_dtype$", Cause("dtype", "default dtype (torch.set_default_dtype)", _GLOBAL_STATE)),
+        (
+            r"^cuda_matmul_settings$",
+            Cause("matmul_precision", "matmul precision (TF32 / reduced-precision reductions)", _GLOBAL_STATE),
+        ),
+        (r"^autocast_state$", Cause("autocast", "autocast state", "Enter torch.autocast the same way in every run.")),
+        (
+            r"^default_cuda_device_index$",
+            Cause(
+                "device_index",
+                "current device index",
+                "Give every rank the same device index: CUDA_VISIBLE_DEVICES=<local rank> makes each rank's GPU cuda:0.",
+            ),
+        ),
+        (
+            r"^inductor_config(_comms)?\[",
+            Cause(
+                "inductor_config",
+                "inductor setting",
+                "Set torch._inductor.config (or TORCHINDUCTOR_* variables, or torch.compile(options=...)) identically "
+                "before the first compile.",
+            ),
+        ),
+        (
+            r"^autograd_config\[|^aot_config$|^precompile_enabled$",
+            Cause("functorch_config", "AOTAutograd/functorch setting", "Set torch._functorch.config identically."),
+        ),
+        (
+            r"custom.*pass|_custom_partitioner_fn|_fuse_ddp_communication_passes",
+            Cause(
+                "custom_passes",
+                "custom compiler passes",
+                "Register the same custom passes (with a stable uuid()) in every run.",
+            ),
+        ),
+        (
+            r"triton_source|triton_kernel_source_codes",
+            Cause("user_kernels", "user-defined Triton kernel source", "Use the same kernel source in every run."),
+        ),
+        (
+            r"^cache_key_tag$",
+            Cause("cache_key_tag", "torch.compiler.config.cache_key_tag", "Use the same cache_key_tag in every run."),
+        ),
+        (
+            r"^provenance_tracking_level$",
+            Cause(
+                "tracing",
+                "inductor provenance tracking (debug tracing)",
+                "Turn compile tracing on or off in every run.",
+            ),
+        ),
+    ]
+]
 _UNKNOWN = Cause("other", "cache key component", "Make this setting the same in both runs.")
-_NO_COMPONENTS = ("torch did not record this lookup's key components (AOTAutograd records them only with its "
-                  "logger at DEBUG)")
+_NO_COMPONENTS = (
+    "torch did not record this lookup's key components (AOTAutograd records them only with its logger at DEBUG)"
+)
 
 
 def cause_of(name: str) -> Cause:
@@ -121,11 +194,11 @@ def _split_fields(text: str) -> dict[str, str]:
     (a value cut off by the trace's length limit is kept as far as it goes)."""
     fields: dict[str, str] = {}
     depth, current = 0, []
-    for ch in text[text.find("(") + 1:] + ")":
+    for ch in text[text.find("(") + 1 :] + ")":
         if depth == 0 and ch in ",)":
             part = "".join(current).strip()
             if m := _FIELD.match(part):
-                fields[m.group(1)] = part[m.end():]
+                fields[m.group(1)] = part[m.end() :]
             current = []
             if ch == ")":
                 break
@@ -144,14 +217,19 @@ def _input_difference(name: str, a: str, b: str) -> tuple[Cause, str]:
     """The most specific way two inputs' metadata differ."""
     fa, fb = _split_fields(a), _split_fields(b)
     changed = [k for k in fa.keys() & fb.keys() if fa[k] != fb[k]]
-    index = name[name.find("[") + 1:-1] if "[" in name else "?"
+    index = name[name.find("[") + 1 : -1] if "[" in name else "?"
     if "device" in changed:
         da, db = _device(fa["device"]), _device(fb["device"])
         if da.split(":")[0] == db.split(":")[0]:
-            return (Cause("device_index", "device index",
-                          "The device index is part of the key: launch each rank with CUDA_VISIBLE_DEVICES=<local "
-                          "rank> so every rank compiles for cuda:0, or keep per-rank caches."),
-                    f"input {index} on {da} vs {db}")
+            return (
+                Cause(
+                    "device_index",
+                    "device index",
+                    "The device index is part of the key: launch each rank with CUDA_VISIBLE_DEVICES=<local "
+                    "rank> so every rank compiles for cuda:0, or keep per-rank caches.",
+                ),
+                f"input {index} on {da} vs {db}",
+            )
         return cause_of(name), f"input {index} on {da} vs {db}"
     if changed:
         field = "shape" if "shape" in changed else sorted(changed)[0]
@@ -167,23 +245,34 @@ def _difference(name: str, a: tuple[str, str] | None, b: tuple[str, str] | None)
         cause = cause_of(name)
         shown = name not in ("torch_version", "gm") and va != vb
         generic = cause.category in ("inductor_config", "functorch_config", "compile_options", "other")
-        setting = f" {name[name.find('[') + 1:-1] if '[' in name else name}" if generic else ""
+        setting = f" {name[name.find('[') + 1 : -1] if '[' in name else name}" if generic else ""
         detail = f"{cause.label}{setting}: {va} vs {vb}" if shown else f"{cause.label}{setting} differs"
-    return {"component": name, "category": cause.category, "label": cause.label, "detail": detail,
-            "a": va[:200], "b": vb[:200], "fix": cause.fix}
+    return {
+        "component": name,
+        "category": cause.category,
+        "label": cause.label,
+        "detail": detail,
+        "a": va[:200],
+        "b": vb[:200],
+        "fix": cause.fix,
+    }
 
 
 def compare_keys(a: CacheLookup, b: CacheLookup) -> list[dict[str, Any]]:
     """The components whose hashes differ between two lookups (empty if none was recorded)."""
     ca, cb = _components(a), _components(b)
-    return [_difference(name, ca.get(name), cb.get(name))
-            for name in [*ca, *(n for n in cb if n not in ca)]
-            if (ca.get(name) or ("",))[0] != (cb.get(name) or ("",))[0]]
+    return [
+        _difference(name, ca.get(name), cb.get(name))
+        for name in [*ca, *(n for n in cb if n not in ca)]
+        if (ca.get(name) or ("",))[0] != (cb.get(name) or ("",))[0]
+    ]
 
 
-def _match(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> tuple[list[tuple[CacheLookup, CacheLookup]],
-                                                                        list[CacheLookup], list[CacheLookup]]:
+def _match(
+    a: Sequence[CacheLookup], b: Sequence[CacheLookup]
+) -> tuple[list[tuple[CacheLookup, CacheLookup]], list[CacheLookup], list[CacheLookup]]:
     """Pair lookups by (compile id, cache, n-th lookup of that pair), then the rest by cache and order."""
+
     def keyed(lookups):
         seen: dict[tuple[str, str], int] = defaultdict(int)
         out = {}
@@ -208,8 +297,14 @@ def _match(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> tuple[list[tup
 
 
 def _lookup_ref(x: CacheLookup) -> dict[str, Any]:
-    return {"rank": x.rank, "compile_id": x.compile_id, "cache": x.cache, "status": x.status, "key": x.key,
-            "step": x.step}
+    return {
+        "rank": x.rank,
+        "compile_id": x.compile_id,
+        "cache": x.cache,
+        "status": x.status,
+        "key": x.key,
+        "step": x.step,
+    }
 
 
 def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[str, Any]:
@@ -230,27 +325,38 @@ def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[s
     fx_diffs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     rows = []
     for x, y in pairs:
-        bypass = [f"{side} bypassed the cache ({z.reason or 'no reason recorded'})"
-                  for side, z in (("A", x), ("B", y)) if z.status == "bypass"]
+        bypass = [
+            f"{side} bypassed the cache ({z.reason or 'no reason recorded'})"
+            for side, z in (("A", x), ("B", y))
+            if z.status == "bypass"
+        ]
         diffs = compare_keys(x, y) if x.key != y.key and not bypass else []
         if x.cache == "fxgraph":
             fx_diffs[x.compile_id].extend(diffs)
-        rows.append({"a": _lookup_ref(x), "b": _lookup_ref(y), "same_key": x.key == y.key and x.key is not None,
-                     "bypass": bool(bypass), "differences": diffs, "note": "; ".join(bypass) or None})
+        rows.append(
+            {
+                "a": _lookup_ref(x),
+                "b": _lookup_ref(y),
+                "same_key": x.key == y.key and x.key is not None,
+                "bypass": bool(bypass),
+                "differences": diffs,
+                "note": "; ".join(bypass) or None,
+            }
+        )
     for row in rows:  # key differs, nothing recorded: borrow the same compile's FX-graph differences
         if not row["same_key"] and not row["bypass"] and not row["differences"]:
             borrowed = {d["component"]: d for d in fx_diffs.get(row["a"]["compile_id"], [])}
             row["differences"] = list(borrowed.values())
-            row["note"] = _NO_COMPONENTS + ("; the FX-graph lookups of the same compile differ as shown"
-                                            if borrowed else "")
+            row["note"] = _NO_COMPONENTS + (
+                "; the FX-graph lookups of the same compile differ as shown" if borrowed else ""
+            )
     causes: dict[str, dict[str, Any]] = {}
     for index, row in enumerate(rows):
         for d in row["differences"]:
             entry = causes.setdefault(d["detail"], {**d, "lookups": []})
             entry["lookups"].append(index)
     # b looked the key up after a had compiled it, and still missed: the entry was not where b looked
-    same_key_misses = [row for row, (x, y) in zip(rows, pairs)
-                       if row["same_key"] and y.status == "miss" and y.t > x.t]
+    same_key_misses = [row for row, (x, y) in zip(rows, pairs) if row["same_key"] and y.status == "miss" and y.t > x.t]
     return {
         "pairs": rows,
         "causes": sorted(causes.values(), key=lambda c: -len(c["lookups"])),
@@ -270,27 +376,43 @@ def _counts(lookups: Sequence[CacheLookup]) -> dict[str, int]:
     return dict(out)
 
 
-def key_findings(a: Sequence[CacheLookup], b: Sequence[CacheLookup], label_a: str = "run A",
-                 label_b: str = "run B") -> list[Finding]:
+def key_findings(
+    a: Sequence[CacheLookup], b: Sequence[CacheLookup], label_a: str = "run A", label_b: str = "run B"
+) -> list[Finding]:
     """``CACHE_KEY_DIFFERS`` findings (one per cause) for lookups of ``b`` that could not hit ``a``'s
     entries; ``CACHE_SAME_KEY_MISSED`` when ``b`` missed keys ``a`` had (another cache directory).
 
     >>> key_findings(run_a.logs[0].of(CacheLookup), run_b.logs[0].of(CacheLookup))  # doctest: +SKIP
     """
     result = explain_misses(a, b)
-    findings = [Finding(
-        "CACHE_KEY_DIFFERS", "warning", f"{label_b} cannot reuse {label_a}'s compiled graphs: {c['detail']}",
-        hint=c["fix"], evidence={"component": c["component"], "a": c["a"], "b": c["b"], "lookups": len(c["lookups"]),
-                                 "compile_ids": sorted({result["pairs"][i]["b"]["compile_id"] for i in c["lookups"]})})
-        for c in result["causes"]]
+    findings = [
+        Finding(
+            "CACHE_KEY_DIFFERS",
+            "warning",
+            f"{label_b} cannot reuse {label_a}'s compiled graphs: {c['detail']}",
+            hint=c["fix"],
+            evidence={
+                "component": c["component"],
+                "a": c["a"],
+                "b": c["b"],
+                "lookups": len(c["lookups"]),
+                "compile_ids": sorted({result["pairs"][i]["b"]["compile_id"] for i in c["lookups"]}),
+            },
+        )
+        for c in result["causes"]
+    ]
     if result["same_key_misses"]:
-        findings.append(Finding(
-            "CACHE_SAME_KEY_MISSED", "info",
-            f"{label_b} missed {result['same_key_misses']} lookup(s) with the same key as {label_a}",
-            hint="The key matched, so the entry was not in the cache directory the second run used: a different "
-                 "TORCHINDUCTOR_CACHE_DIR (per-rank directories?), a cleared cache, or an entry never saved "
-                 "(look for bypasses). Share or pack the cache: torchrepro cache pack/unpack.",
-            evidence={"lookups": result["same_key_misses"]}))
+        findings.append(
+            Finding(
+                "CACHE_SAME_KEY_MISSED",
+                "info",
+                f"{label_b} missed {result['same_key_misses']} lookup(s) with the same key as {label_a}",
+                hint="The key matched, so the entry was not in the cache directory the second run used: a different "
+                "TORCHINDUCTOR_CACHE_DIR (per-rank directories?), a cleared cache, or an entry never saved "
+                "(look for bypasses). Share or pack the cache: torchrepro cache pack/unpack.",
+                evidence={"lookups": result["same_key_misses"]},
+            )
+        )
     return findings
 
 

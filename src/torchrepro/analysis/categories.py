@@ -12,8 +12,19 @@ import re
 from ..events import Compile
 
 CATEGORIES = (
-    "shape", "dtype", "device", "stride", "requires_grad", "grad_mode", "autocast", "global_state",
-    "python_value", "module_attribute", "python_global", "object_identity", "other",
+    "shape",
+    "dtype",
+    "device",
+    "stride",
+    "requires_grad",
+    "grad_mode",
+    "autocast",
+    "global_state",
+    "python_value",
+    "module_attribute",
+    "python_global",
+    "object_identity",
+    "other",
 )
 
 # First match wins; patterns are matched against the guard text (first line, no source comment).
@@ -26,17 +37,26 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("requires_grad", r"requires_grad mismatch"),
         # A bare size symbol (s0) only in a sympy call or an ordering comparison: as a plain word it
         # is as likely an argument or submodule named s0 (``s0 == True``, ``_modules['s1']``).
-        ("shape", r"size mismatch|rank mismatch|\.size\(\)|\.shape\[|ndim"
-                  r"|\b(Eq|Ne|Mod|FloorDiv|PythonMod|CeilDiv)\(s\d+\b"
-                  r"|(?<![\w'\".\[])s\d+ *(<=|<|>=|>)|(<=|<|>=|>) *s\d+(?![\w'\"\]])"),
+        (
+            "shape",
+            r"size mismatch|rank mismatch|\.size\(\)|\.shape\[|ndim"
+            r"|\b(Eq|Ne|Mod|FloorDiv|PythonMod|CeilDiv)\(s\d+\b"
+            r"|(?<![\w'\".\[])s\d+ *(<=|<|>=|>)|(<=|<|>=|>) *s\d+(?![\w'\"\]])",
+        ),
         ("grad_mode", r"GLOBAL_STATE changed: .*\b(grad_mode|inference_mode)\b"),
         ("autocast", r"GLOBAL_STATE changed: .*autocast"),
         ("global_state", r"GLOBAL_STATE changed|TORCH_FUNCTION_MODE|DETERMINISTIC|DEFAULT_DEVICE|GRAD_MODE"),
-        ("object_identity", r"___check_obj_id|___check_type_id|ID_MATCH|TYPE_MATCH|id mismatch|___odict_getitem"
-                            r"|^expected type of '"),
+        (
+            "object_identity",
+            r"___check_obj_id|___check_type_id|ID_MATCH|TYPE_MATCH|id mismatch|___odict_getitem"
+            r"|^expected type of '",
+        ),
         ("python_global", r"^G\[|\bG\['"),
-        ("module_attribute", r"\.training\b|_modules\[|_parameters\[|_buffers\[|integer attributes of the nn\.Module"
-                             r"|^L\['self'\]\.|^self\.|^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+ (==|!=|is)"),
+        (
+            "module_attribute",
+            r"\.training\b|_modules\[|_parameters\[|_buffers\[|integer attributes of the nn\.Module"
+            r"|^L\['self'\]\.|^self\.|^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+ (==|!=|is)",
+        ),
         ("python_value", r"^(L\['[^']+'\]|[A-Za-z_]\w*) (==|!=|<=|>=|<|>|is) |^len\(|^not |^___check_type"),
     )
 )

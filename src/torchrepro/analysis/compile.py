@@ -14,55 +14,69 @@ from .findings import Finding
 
 RECOMPILE_HINTS = {
     "shape": "Mark the varying dimension dynamic before the first call "
-             "(torch._dynamo.mark_dynamic(x, 0)) or compile with dynamic=True.",
+    "(torch._dynamo.mark_dynamic(x, 0)) or compile with dynamic=True.",
     "dtype": "Feed the compiled function one dtype: cast inputs before the call (look for .double() data "
-             "or tensors created outside autocast).",
+    "or tensors created outside autocast).",
     "device": "Keep the compiled function's inputs on one device (move data before the call).",
     "stride": "Give the compiled function one memory layout: call .contiguous(), or use channels_last "
-              "everywhere or nowhere.",
+    "everywhere or nowhere.",
     "requires_grad": "Do not flip requires_grad on inputs or parameters between calls; freeze parameters "
-                     "before compiling, or compile the frozen and trainable variants separately.",
+    "before compiling, or compile the frozen and trainable variants separately.",
     "grad_mode": "Calling the model under torch.no_grad()/inference_mode (evaluation) compiles a second "
-                 "graph: expected once. If it repeats, evaluate outside the hot loop or compile a separate "
-                 "eval function.",
+    "graph: expected once. If it repeats, evaluate outside the hot loop or compile a separate "
+    "eval function.",
     "autocast": "Enter and leave torch.autocast outside the compiled function, the same way on every call.",
     "global_state": "Set TF32, matmul precision, deterministic algorithms, default dtype and thread counts "
-                    "once, before the first compiled call; toggling them in the loop recompiles.",
+    "once, before the first compiled call; toggling them in the loop recompiles.",
     "python_value": "A Python int/float/bool argument is baked into the graph: pass it as a tensor, or branch "
-                    "on bools outside the compiled function (ints become dynamic after a second value).",
+    "on bools outside the compiled function (ints become dynamic after a second value).",
     "module_attribute": "A module attribute read in forward changed: int attributes are static (set "
-                        "torch._dynamo.config.allow_unspec_int_on_nn_module = True, or keep the value in a tensor "
-                        "buffer); for other attributes, set them once before compiling.",
+    "torch._dynamo.config.allow_unspec_int_on_nn_module = True, or keep the value in a tensor "
+    "buffer); for other attributes, set them once before compiling.",
     "python_global": "A Python global read inside the compiled code changed: hoist it out (read it once and "
-                     "pass it as an argument) or keep it constant.",
+    "pass it as an argument) or keep it constant.",
     "object_identity": "A different object (module, function, class) was passed on each call: pass the same "
-                       "object, or compile each variant once.",
+    "object, or compile each variant once.",
     "other": "Read the guard text; TORCH_LOGS=recompiles_verbose lists every failed guard.",
 }
 
 GRAPH_BREAK_HINTS = (
-    (re.compile(r"item\(\)|Tensor\.item|scalar output", re.I),
-     "Keep .item() (e.g. loss logging) outside the compiled region, or set "
-     "torch._dynamo.config.capture_scalar_outputs = True."),
-    (re.compile(r"Data-dependent branching", re.I),
-     "Replace the Python `if` on a tensor with torch.where or torch.cond."),
-    (re.compile(r"builtin operator.*print|`print`", re.I),
-     "Remove print() from the compiled code, or add it to torch._dynamo.config.reorderable_logging_functions."),
-    (re.compile(r"nonzero|dynamic shape operator|data-dependent output shape", re.I),
-     "Boolean-mask indexing has a data-dependent shape: use torch.where/masked ops, or set "
-     "torch._dynamo.config.capture_dynamic_output_shape_ops = True."),
-    (re.compile(r"manual_seed|get_rng_state|set_rng_state", re.I),
-     "Seed and save RNG state outside the compiled function."),
+    (
+        re.compile(r"item\(\)|Tensor\.item|scalar output", re.I),
+        "Keep .item() (e.g. loss logging) outside the compiled region, or set "
+        "torch._dynamo.config.capture_scalar_outputs = True.",
+    ),
+    (
+        re.compile(r"Data-dependent branching", re.I),
+        "Replace the Python `if` on a tensor with torch.where or torch.cond.",
+    ),
+    (
+        re.compile(r"builtin operator.*print|`print`", re.I),
+        "Remove print() from the compiled code, or add it to torch._dynamo.config.reorderable_logging_functions.",
+    ),
+    (
+        re.compile(r"nonzero|dynamic shape operator|data-dependent output shape", re.I),
+        "Boolean-mask indexing has a data-dependent shape: use torch.where/masked ops, or set "
+        "torch._dynamo.config.capture_dynamic_output_shape_ops = True.",
+    ),
+    (
+        re.compile(r"manual_seed|get_rng_state|set_rng_state", re.I),
+        "Seed and save RNG state outside the compiled function.",
+    ),
 )
 
 _SIZE = re.compile(r"size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 
 
-TRAINING_HINT = ("model.train()/model.eval() switches compile one graph per mode (switching back reuses it): "
-                 "fine once, but keep evaluation out of the hot loop or compile a separate eval function.")
-STACK_HINT = ("The guarded value (___stackN) was computed before a graph break and passed into the code after it "
-              "(e.g. the float from .item()): remove that graph break (see the graph breaks below) and this "
-              "recompile goes with it.")
+TRAINING_HINT = (
+    "model.train()/model.eval() switches compile one graph per mode (switching back reuses it): "
+    "fine once, but keep evaluation out of the hot loop or compile a separate eval function."
+)
+STACK_HINT = (
+    "The guarded value (___stackN) was computed before a graph break and passed into the code after it "
+    "(e.g. the float from .item()): remove that graph break (see the graph breaks below) and this "
+    "recompile goes with it."
+)
 
 
 def recompile_hint(category: str | None, reasons: list[str]) -> str:
@@ -82,8 +96,10 @@ def _shape_hint(reasons: list[str]) -> str:
     for reason in reasons:
         m = _SIZE.search(reason)
         if m and m.group(1) == "0" and int(m.group(3)) < int(m.group(2)):
-            return (f"The leading dimension shrank ({m.group(2)} → {m.group(3)}): a short last batch. "
-                    "Use drop_last=True, pad the last batch, or " + hint[0].lower() + hint[1:])
+            return (
+                f"The leading dimension shrank ({m.group(2)} → {m.group(3)}): a short last batch. "
+                "Use drop_last=True, pad the last batch, or " + hint[0].lower() + hint[1:]
+            )
     return hint
 
 
@@ -130,12 +146,21 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
     done = [c for c in compiles if not c.limit_hit]
     recompiles = [c for c in done if c.is_recompile]
 
-    recompile_events = [{
-        "rank": c.rank, "compile_id": c.compile_id, "function": display_function(c), "code": c.function,
-        "file": c.file, "line": c.line,
-        "step": c.step, "reason": c.recompile_reasons[0], "guard": guard_text(c.recompile_reasons[0]),
-        "category": category_of(c),
-    } for c in recompiles]
+    recompile_events = [
+        {
+            "rank": c.rank,
+            "compile_id": c.compile_id,
+            "function": display_function(c),
+            "code": c.function,
+            "file": c.file,
+            "line": c.line,
+            "step": c.step,
+            "reason": c.recompile_reasons[0],
+            "guard": guard_text(c.recompile_reasons[0]),
+            "category": category_of(c),
+        }
+        for c in recompiles
+    ]
 
     grouped: dict[tuple, dict[str, Any]] = {}
     sources: dict[tuple, str | None] = {}  # (file, line): its text, read once per analysis
@@ -148,9 +173,17 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
                 if where not in sources:
                     sources[where] = source_line(b.file, b.line)
                 source = sources[where]
-            entry = grouped[key] = {"rank": b.rank, "reason": b.reason, "gb_id": b.gb_id, "file": b.file,
-                                    "line": b.line, "source": source, "count": 0, "first_step": b.step,
-                                    "hint": _graph_break_hint(b)}
+            entry = grouped[key] = {
+                "rank": b.rank,
+                "reason": b.reason,
+                "gb_id": b.gb_id,
+                "file": b.file,
+                "line": b.line,
+                "source": source,
+                "count": 0,
+                "first_step": b.step,
+                "hint": _graph_break_hint(b),
+            }
         entry["count"] += 1
 
     cache = _cache_summary(lookups, done)
@@ -164,17 +197,32 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
         "build_time_s": round(sum(c.build_s or 0.0 for c in compiles), 3),
         "capture_overhead_s": round(sum(c.logging_overhead_s or 0.0 for c in compiles), 3),
         "cache": cache,
-        "recompile_limit_hits": [{"rank": c.rank, "compile_id": c.compile_id, "function": display_function(c),
-                                  "file": c.file, "line": c.line, "step": c.step, "limit": c.limit_hit,
-                                  "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None}
-                                 for c in compiles if c.limit_hit],
+        "recompile_limit_hits": [
+            {
+                "rank": c.rank,
+                "compile_id": c.compile_id,
+                "function": display_function(c),
+                "file": c.file,
+                "line": c.line,
+                "step": c.step,
+                "limit": c.limit_hit,
+                "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None,
+            }
+            for c in compiles
+            if c.limit_hit
+        ],
         "recompile_events": recompile_events,
         "recompiles_by_category": dict(Counter(category_of(c) for c in recompiles)),
         "graph_break_events": list(grouped.values()),
         "per_rank": _per_rank(logs),
     }
-    findings = (_recompile_findings(recompiles) + _limit_findings(compiles) + _break_findings(grouped)
-                + _failure_findings(compiles) + _no_graph_findings(logs, section))
+    findings = (
+        _recompile_findings(recompiles)
+        + _limit_findings(compiles)
+        + _break_findings(grouped)
+        + _failure_findings(compiles)
+        + _no_graph_findings(logs, section)
+    )
     return section, findings
 
 
@@ -182,14 +230,18 @@ def _no_graph_findings(logs: list[EventLog], section: dict[str, Any]) -> list[Fi
     """Frames compiled, yet not one graph: everything the user compiled runs eagerly."""
     if not section["compiles"] or section["unique_graphs"] or not all(log.of(Counters) for log in logs):
         return []
-    return [Finding(
-        "NO_GRAPH_COMPILED", "error",
-        f"torch.compile handled {section['compiles']} frame(s) but produced no graph: the compiled code runs "
-        "EAGERLY",
-        hint="A wrapper Dynamo cannot trace into was compiled: with DDP compile the inner module, "
-             "DDP(torch.compile(model)) (on torch 2.13 torch.compile(DDP(model)) yields no graph). The graph "
-             "breaks below show where tracing stopped.",
-        evidence={"compiles": section["compiles"], "graph_breaks": section["graph_breaks"]})]
+    return [
+        Finding(
+            "NO_GRAPH_COMPILED",
+            "error",
+            f"torch.compile handled {section['compiles']} frame(s) but produced no graph: the compiled code runs "
+            "EAGERLY",
+            hint="A wrapper Dynamo cannot trace into was compiled: with DDP compile the inner module, "
+            "DDP(torch.compile(model)) (on torch 2.13 torch.compile(DDP(model)) yields no graph). The graph "
+            "breaks below show where tracing stopped.",
+            evidence={"compiles": section["compiles"], "graph_breaks": section["graph_breaks"]},
+        )
+    ]
 
 
 def _unique_graphs(logs: list[EventLog]) -> int:
@@ -214,8 +266,12 @@ def _cache_summary(lookups: list[CacheLookup], compiles: list[Compile]) -> dict[
     out = {}
     for name, c in sorted(counts.items()):
         looked = c["hit"] + c["miss"]
-        out[name] = {"hit": c["hit"], "miss": c["miss"], "bypass": c["bypass"],
-                     "hit_rate": round(c["hit"] / looked, 4) if looked else None}
+        out[name] = {
+            "hit": c["hit"],
+            "miss": c["miss"],
+            "bypass": c["bypass"],
+            "hit_rate": round(c["hit"] / looked, 4) if looked else None,
+        }
     return out
 
 
@@ -242,29 +298,45 @@ def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
         file, line = items[0].file, items[0].line
         reasons = [c.recompile_reasons[0] for c in items]
         hint = recompile_hint(category, reasons)
-        findings.append(Finding(
-            code=f"RECOMPILE_{(category or 'other').upper()}",
-            severity="warning",
-            title=f"{function} recompiled {len(items)}x ({category}): {guard_text(reasons[0])}",
-            hint=hint,
-            evidence={"function": function, "location": _where(file, line), "count": len(items),
-                      "ranks": sorted({c.rank for c in items}), "steps": [c.step for c in items][:20],
-                      "compile_ids": [c.compile_id for c in items][:20], "reasons": reasons[:5]},
-        ))
+        findings.append(
+            Finding(
+                code=f"RECOMPILE_{(category or 'other').upper()}",
+                severity="warning",
+                title=f"{function} recompiled {len(items)}x ({category}): {guard_text(reasons[0])}",
+                hint=hint,
+                evidence={
+                    "function": function,
+                    "location": _where(file, line),
+                    "count": len(items),
+                    "ranks": sorted({c.rank for c in items}),
+                    "steps": [c.step for c in items][:20],
+                    "compile_ids": [c.compile_id for c in items][:20],
+                    "reasons": reasons[:5],
+                },
+            )
+        )
     return findings
 
 
 def _limit_findings(compiles: list[Compile]) -> list[Finding]:
-    return [Finding(
-        code="RECOMPILE_LIMIT_HIT",
-        severity="error",
-        title=f"{display_function(c)} hit torch._dynamo.config.{c.limit_hit}: new inputs now run "
-              "EAGER, silently",
-        hint="Fix the recompile cause below; raising the limit only delays it. Use "
-             "torch._dynamo.config.fail_on_recompile_limit_hit = True to fail loudly.",
-        evidence={"rank": c.rank, "compile_id": c.compile_id, "step": c.step, "location": _where(c.file, c.line),
-                  "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None},
-    ) for c in compiles if c.limit_hit]
+    return [
+        Finding(
+            code="RECOMPILE_LIMIT_HIT",
+            severity="error",
+            title=f"{display_function(c)} hit torch._dynamo.config.{c.limit_hit}: new inputs now run EAGER, silently",
+            hint="Fix the recompile cause below; raising the limit only delays it. Use "
+            "torch._dynamo.config.fail_on_recompile_limit_hit = True to fail loudly.",
+            evidence={
+                "rank": c.rank,
+                "compile_id": c.compile_id,
+                "step": c.step,
+                "location": _where(c.file, c.line),
+                "last_reason": c.recompile_reasons[0] if c.recompile_reasons else None,
+            },
+        )
+        for c in compiles
+        if c.limit_hit
+    ]
 
 
 def _break_findings(grouped: dict[tuple, dict[str, Any]]) -> list[Finding]:
@@ -274,25 +346,38 @@ def _break_findings(grouped: dict[tuple, dict[str, Any]]) -> list[Finding]:
         m = merged.setdefault(key, {**entry, "ranks": set(), "count": 0})
         m["ranks"].add(entry["rank"])
         m["count"] += entry["count"]
-    return [Finding(
-        code="GRAPH_BREAK",
-        severity="warning",
-        title=f"graph break at {_where(m['file'], m['line']) or 'unknown location'}: {m['reason']}"
-              + (f" [{m['gb_id']}]" if m["gb_id"] else ""),
-        hint=m["hint"],
-        evidence={"location": _where(m["file"], m["line"]), "source": m["source"], "gb_id": m["gb_id"],
-                  "count": m["count"], "ranks": sorted(m["ranks"]), "first_step": m["first_step"]},
-    ) for m in merged.values()]
+    return [
+        Finding(
+            code="GRAPH_BREAK",
+            severity="warning",
+            title=f"graph break at {_where(m['file'], m['line']) or 'unknown location'}: {m['reason']}"
+            + (f" [{m['gb_id']}]" if m["gb_id"] else ""),
+            hint=m["hint"],
+            evidence={
+                "location": _where(m["file"], m["line"]),
+                "source": m["source"],
+                "gb_id": m["gb_id"],
+                "count": m["count"],
+                "ranks": sorted(m["ranks"]),
+                "first_step": m["first_step"],
+            },
+        )
+        for m in merged.values()
+    ]
 
 
 def _failure_findings(compiles: list[Compile]) -> list[Finding]:
-    return [Finding(
-        code="COMPILE_FAILED",
-        severity="warning",
-        title=f"compiling {c.function or c.compile_id} failed ({c.fail_type}): {c.fail_reason}",
-        hint="This frame runs eagerly. TORCH_LOGS=dynamo shows the full error.",
-        evidence={"rank": c.rank, "compile_id": c.compile_id, "step": c.step, "location": _where(c.file, c.line)},
-    ) for c in compiles if c.fail_type and not c.limit_hit]
+    return [
+        Finding(
+            code="COMPILE_FAILED",
+            severity="warning",
+            title=f"compiling {c.function or c.compile_id} failed ({c.fail_type}): {c.fail_reason}",
+            hint="This frame runs eagerly. TORCH_LOGS=dynamo shows the full error.",
+            evidence={"rank": c.rank, "compile_id": c.compile_id, "step": c.step, "location": _where(c.file, c.line)},
+        )
+        for c in compiles
+        if c.fail_type and not c.limit_hit
+    ]
 
 
 def capabilities(logs: list[EventLog]) -> list[dict[str, Any]]:

@@ -37,28 +37,28 @@ Decision = tuple[str, dict[str, Any]]  # (cause, evidence)
 
 CAUSE_HINTS = {
     "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
-                  "and DataLoader workers; or DataLoader(generator=torchrepro.make_generator('loader'))) and never "
-                  "seed from the clock.",
+    "and DataLoader workers; or DataLoader(generator=torchrepro.make_generator('loader'))) and never "
+    "seed from the clock.",
     "rng": "A random stream is not derived from the run's seed: create generators with "
-           "torchrepro.make_generator or plan.fork, and call seed_everything at start.",
+    "torchrepro.make_generator or plan.fork, and call seed_everything at start.",
     "rng_compiled": "Inductor's random numbers differ from eager's: set torch._inductor.config.fallback_random = "
-                    "True (torchrepro.deterministic(compile='match-eager')) when compiled must match eager.",
+    "True (torchrepro.deterministic(compile='match-eager')) when compiled must match eager.",
     "numerics": "Rounding differences (fused or reordered reductions) that grow over steps: expected between eager "
-                "and compiled code; compare with --rtol/--atol.",
+    "and compiled code; compare with --rtol/--atol.",
     "nondeterministic_op": "An op gives different results on identical inputs: torch.use_deterministic_algorithms("
-                           "True) (torchrepro.deterministic()) makes it deterministic or raises.",
+    "True) (torchrepro.deterministic()) makes it deterministic or raises.",
     "nondeterministic_kernel": "An inductor kernel accumulates floating-point sums with atomic adds from several "
-                               "threads (a scatter or index_put with accumulation, e.g. the backward of an embedding): "
-                               "the order of the additions, hence the rounding, changes from run to run. Why, and why "
-                               "inductor's deterministic mode does not cover it: docs/compiled-nondeterminism.md.",
+    "threads (a scatter or index_put with accumulation, e.g. the backward of an embedding): "
+    "the order of the additions, hence the rounding, changes from run to run. Why, and why "
+    "inductor's deterministic mode does not cover it: docs/compiled-nondeterminism.md.",
     "nondeterministic_op_deterministic_on": "An op gives different results on identical inputs although deterministic "
-                                            "algorithms were on: the op is not covered by them (e.g. a parallel "
-                                            "reduction in compiled code); try one intra-op thread "
-                                            "(torch.set_num_threads(1)) or compile it with backend='aot_eager'.",
+    "algorithms were on: the op is not covered by them (e.g. a parallel "
+    "reduction in compiled code); try one intra-op thread "
+    "(torch.set_num_threads(1)) or compile it with backend='aot_eager'.",
     "init_params": "The parameters differ before the first step: the model was initialised from an unseeded RNG (e.g. "
-                   "built before Trainer or set_seed seeds). Seed before building the model "
-                   "(torchrepro.seed_everything(seed), transformers.set_seed(seed)), or load the initial weights "
-                   "from a checkpoint (under DDP/FSDP, broadcast them from rank 0).",
+    "built before Trainer or set_seed seeds). Seed before building the model "
+    "(torchrepro.seed_everything(seed), transformers.set_seed(seed)), or load the initial weights "
+    "from a checkpoint (under DDP/FSDP, broadcast them from rank 0).",
     "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
     "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
     "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
@@ -74,8 +74,9 @@ def uses_inductor(logs: list[EventLog]) -> bool:
     return any(c.inductor_s is not None or c.cache.get("fxgraph") for log in logs for c in log.of(Compile))
 
 
-def compare(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance,
-            params_within: Callable[[], bool] | None = None) -> tuple[Divergence | None, bool, list[str]]:
+def compare(
+    logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance, params_within: Callable[[], bool] | None = None
+) -> tuple[Divergence | None, bool, list[str]]:
     """The first divergence beyond ``tol``, whether the runs differ at all (bit for bit) while
     staying within it, and notes. ``params_within`` says whether the final parameters are within
     ``tol`` (from the runs' last common snapshot; None: the runs have no snapshots)."""
@@ -97,21 +98,28 @@ def decide(div: Divergence, logs_a: list[EventLog], logs_b: list[EventLog], same
     """The cause that step-level evidence proves, or ``unknown`` (then localisation decides).
     Runs of different compile configurations are expected to compile differently."""
     if div.what == "init_params":
-        return "init_params", {"because": "the parameters differ before the first forward "
-                                          f"({div.detail.get('parameters_differing')} tensor(s), first "
-                                          f"{div.detail.get('first_parameter')})"}
+        return "init_params", {
+            "because": "the parameters differ before the first forward "
+            f"({div.detail.get('parameters_differing')} tensor(s), first "
+            f"{div.detail.get('first_parameter')})"
+        }
     if div.what == "batch":
         return "data_order", {"because": f"the batches of step {div.step} differ"}
     # Read at backward(), the state already reflects the forward pass: between different compile
     # configurations that is a consequence (inductor draws its seed from the global generator).
     if div.what == "rng" and (same_config or div.detail.get("read_at") != "backward"):
         at = {"batch": "when its first batch was fetched", "backward": "at its first backward()"}.get(
-            div.detail.get("read_at"), "at its start")
-        return "rng", {"because": f"the torch RNG state of step {div.step} differs ({at}): "
-                                  + ", ".join(div.detail.get("streams") or []), "streams": div.detail.get("streams")}
+            div.detail.get("read_at"), "at its start"
+        )
+        return "rng", {
+            "because": f"the torch RNG state of step {div.step} differs ({at}): "
+            + ", ".join(div.detail.get("streams") or []),
+            "streams": div.detail.get("streams"),
+        }
     # a configuration's own switch (fallback_random) is not an environment difference
-    env = environment_differences(logs_a[0].header, logs_b[0].header,
-                                  ignore=() if same_config else ("fallback_random",))
+    env = environment_differences(
+        logs_a[0].header, logs_b[0].header, ignore=() if same_config else ("fallback_random",)
+    )
     if env:
         return "environment", {"because": "the runs' environments differ", "differences": env}
     graphs = [d for la, lb in zip(logs_a, logs_b) for d in compile_differences(la, lb)] if same_config else []
@@ -138,16 +146,23 @@ def cause_from_decomposition(dec: dict[str, Any], against: str) -> Decision:
     fallback and compiled, ``numerics`` between eager and fallback): ``rng`` when inductor's RNG
     accounts for (most of) the difference, else ``numerics``."""
     rng, numerics = dec["rng"], dec["numerics"]
-    if against == "fallback-random" or (not rng["bit_exact"] and (
-            numerics["bit_exact"] or (rng["final_max_abs"] or 0) > 10 * (numerics["final_max_abs"] or 0))):
-        because = ("with fallback_random=True the compiled run matches eager bit for bit" if numerics["bit_exact"]
-                   else f"fallback_random=True removes most of the difference; {_fmt(numerics['final_max_abs'])} "
-                        "remains (numerics)")
+    if against == "fallback-random" or (
+        not rng["bit_exact"]
+        and (numerics["bit_exact"] or (rng["final_max_abs"] or 0) > 10 * (numerics["final_max_abs"] or 0))
+    ):
+        because = (
+            "with fallback_random=True the compiled run matches eager bit for bit"
+            if numerics["bit_exact"]
+            else f"fallback_random=True removes most of the difference; {_fmt(numerics['final_max_abs'])} "
+            "remains (numerics)"
+        )
         if against == "fallback-random":
             because = "the runs differ only in inductor's RNG implementation (fallback_random)"
         return "rng", {"because": because, "remaining_numerics": numerics}
-    return "numerics", {"because": "fallback_random=True does not remove the difference: rounding, not RNG",
-                        "magnitude": numerics}
+    return "numerics", {
+        "because": "fallback_random=True does not remove the difference: rounding, not RNG",
+        "magnitude": numerics,
+    }
 
 
 def cause_from_kernels(evidence: dict[str, Any], kernels: dict[str, Any]) -> Decision:
@@ -156,8 +171,9 @@ def cause_from_kernels(evidence: dict[str, Any], kernels: dict[str, Any]) -> Dec
     return "nondeterministic_op", {**evidence, **kernels}
 
 
-def cause_from_replays(cause: str, replay_a: dict[str, Any] | None, replay_b: dict[str, Any] | None,
-                       same_config: bool) -> Decision:
+def cause_from_replays(
+    cause: str, replay_a: dict[str, Any] | None, replay_b: dict[str, Any] | None, same_config: bool
+) -> Decision:
     """The divergent step replayed in both runs with op capture (eagerly when the configurations
     are the same): the first divergent op, its module and source, and what it says about ``cause``.
     Eager replays that agree put a same-configuration divergence inside compiled code."""
@@ -168,8 +184,11 @@ def cause_from_replays(cause: str, replay_a: dict[str, Any] | None, replay_b: di
         where = "inside compiled code (the eager replays agree)" if same_config else "not reproduced in replay"
         return ("nondeterministic_op" if same_config and cause == "unknown" else cause), {"localisation": where}
     kind = found.pop("kind")
-    new_cause = cause if cause == "init_params" else {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(
-        kind, cause)
+    new_cause = (
+        cause
+        if cause == "init_params"
+        else {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(kind, cause)
+    )
     return new_cause, {"localisation": kind, **found}
 
 
@@ -182,14 +201,20 @@ def graph_evidence(replay: dict[str, Any] | None, step: int) -> dict[str, Any]:
     graphs = replay.get("graphs", [])
     first = next((g for g in graphs if "first_differing_output" in g), None)
     if first is None:
-        return {"localisation": f"the {len(graphs)} compiled graph call(s) of step {step} match their eager "
-                                "FX graphs in the forward pass (the difference arises in backward)"}
+        return {
+            "localisation": f"the {len(graphs)} compiled graph call(s) of step {step} match their eager "
+            "FX graphs in the forward pass (the difference arises in backward)"
+        }
     origin = (first.get("depends_on_random") or [first])[0]  # a random op the output depends on, else the output
-    evidence = {"localisation": "compiled_graph", "compile_id": first["compile_id"],
-                "output": f"output {first['first_differing_output']} ({first.get('target')}, FX node "
-                          f"{first.get('node')})", "output_max_abs": first.get("max_abs"),
-                "op": f"{origin.get('target')} (FX node {origin.get('node')}, compiled graph {first['compile_id']})",
-                "module": origin.get("module"), "source": origin.get("source")}
+    evidence = {
+        "localisation": "compiled_graph",
+        "compile_id": first["compile_id"],
+        "output": f"output {first['first_differing_output']} ({first.get('target')}, FX node {first.get('node')})",
+        "output_max_abs": first.get("max_abs"),
+        "op": f"{origin.get('target')} (FX node {origin.get('node')}, compiled graph {first['compile_id']})",
+        "module": origin.get("module"),
+        "source": origin.get("source"),
+    }
     if first.get("depends_on_random"):
         evidence["random_nodes"] = first["depends_on_random"]
     return evidence
@@ -215,14 +240,16 @@ def _module_of_parameter(name: str | None) -> str | None:
     return name.rsplit(".", 1)[0] if name and "." in name else None
 
 
-def _largest_difference(curve: list[dict[str, Any]], logs_a: list[EventLog],
-                        logs_b: list[EventLog]) -> dict[str, Any]:
+def _largest_difference(curve: list[dict[str, Any]], logs_a: list[EventLog], logs_b: list[EventLog]) -> dict[str, Any]:
     """The largest parameter (from snapshots) and loss (from every step) differences seen."""
     losses_b = {(log.rank, s.index): s.loss for log in logs_b for s in log.of(Step)}
-    loss = [abs(s.loss - losses_b[(log.rank, s.index)]) for log in logs_a for s in log.of(Step)
-            if s.loss is not None and losses_b.get((log.rank, s.index)) is not None]
-    return {"params_max_abs": max((c["max_abs"] for c in curve), default=None),
-            "loss_max_abs": max(loss, default=None)}
+    loss = [
+        abs(s.loss - losses_b[(log.rank, s.index)])
+        for log in logs_a
+        for s in log.of(Step)
+        if s.loss is not None and losses_b.get((log.rank, s.index)) is not None
+    ]
+    return {"params_max_abs": max((c["max_abs"] for c in curve), default=None), "loss_max_abs": max(loss, default=None)}
 
 
 def _step_clock(logs: list[EventLog]) -> str | None:
@@ -230,10 +257,20 @@ def _step_clock(logs: list[EventLog]) -> str | None:
     return next((c.note for log in logs for c in log.of(Capability) if c.name == "step_clock"), None)
 
 
-def determinism_section(div: Divergence | None, within: bool, cause: str | None, evidence: dict[str, Any],
-                        labels: list[str], logs_a: list[EventLog], logs_b: list[EventLog],
-                        curve: list[dict[str, Any]], notes: list[str], endings: list[Ending], tol: Tolerance,
-                        unreadable_exit: int) -> dict[str, Any]:
+def determinism_section(
+    div: Divergence | None,
+    within: bool,
+    cause: str | None,
+    evidence: dict[str, Any],
+    labels: list[str],
+    logs_a: list[EventLog],
+    logs_b: list[EventLog],
+    curve: list[dict[str, Any]],
+    notes: list[str],
+    endings: list[Ending],
+    tol: Tolerance,
+    unreadable_exit: int,
+) -> dict[str, Any]:
     """The report's ``determinism`` section for one pair of runs, its verdict earned from what was
     compared and from how every run ended (:mod:`torchrepro.analysis.verdict`). ``curve`` is the
     parameter difference per snapshot step (empty without snapshots)."""
@@ -241,19 +278,41 @@ def determinism_section(div: Divergence | None, within: bool, cause: str | None,
     verdict, exit_code = judge(div is not None, within, compared, endings, unreadable_exit)
     first = None
     if div is not None:
-        module = evidence.pop("module", None) or div.detail.get("module") if div.what == "init_params" else (
-            evidence.pop("module", None) or _module_of_parameter(div.detail.get("first_parameter")))
-        first = {"step": div.step, "rank": div.rank, "what": div.what, "module": module,
-                 "op": evidence.pop("op", None), "source": evidence.pop("source", None),
-                 "phase": evidence.pop("phase", None), "cause": cause, "detail": div.detail, "evidence": evidence}
+        module = (
+            evidence.pop("module", None) or div.detail.get("module")
+            if div.what == "init_params"
+            else (evidence.pop("module", None) or _module_of_parameter(div.detail.get("first_parameter")))
+        )
+        first = {
+            "step": div.step,
+            "rank": div.rank,
+            "what": div.what,
+            "module": module,
+            "op": evidence.pop("op", None),
+            "source": evidence.pop("source", None),
+            "phase": evidence.pop("phase", None),
+            "cause": cause,
+            "detail": div.detail,
+            "evidence": evidence,
+        }
         first |= {k: evidence[k] for k in LOCALISATION_KEYS if evidence.get(k) is not None}
         if div.what == "init_params":
             first["before_step"] = 0
     env = environment_differences(logs_a[0].header, logs_b[0].header) if logs_a and logs_b else []
-    det = {"verdict": verdict, "exit_code": exit_code, "runs": labels, "first_divergence": first, "curve": curve,
-           "notes": notes, "rtol": tol.rtol, "atol": tol.atol, "steps_compared": compared,
-           "endings": [e.to_json() for e in endings], "environment_differences": env,
-           "step_clock": _step_clock(logs_a)}
+    det = {
+        "verdict": verdict,
+        "exit_code": exit_code,
+        "runs": labels,
+        "first_divergence": first,
+        "curve": curve,
+        "notes": notes,
+        "rtol": tol.rtol,
+        "atol": tol.atol,
+        "steps_compared": compared,
+        "endings": [e.to_json() for e in endings],
+        "environment_differences": env,
+        "step_clock": _step_clock(logs_a),
+    }
     if verdict == "nothing_compared":
         det["nothing_compared_because"] = nothing_compared_because(endings)
     if verdict == "within_tolerance":
@@ -267,16 +326,31 @@ def divergence_findings(det: dict[str, Any], key: str | None) -> list[Finding]:
     """The findings of a ``determinism`` section: the divergence (its cause's hint under ``key``,
     or the measured fix when the fix ladder ran) and every run that did not end normally."""
     fd = det["first_divergence"]
-    out = [Finding("RUN_DID_NOT_END_NORMALLY", "error", f"{e['run']} did not end normally: {'; '.join(e['problems'])}",
-                   hint="The steps it recorded were compared; the verdict cannot cover the whole run. Fix the failure "
-                        "(its stderr is in the run's run.json) and check again.", evidence=e)
-           for e in det["endings"] if not e["ended_normally"]]
+    out = [
+        Finding(
+            "RUN_DID_NOT_END_NORMALLY",
+            "error",
+            f"{e['run']} did not end normally: {'; '.join(e['problems'])}",
+            hint="The steps it recorded were compared; the verdict cannot cover the whole run. Fix the failure "
+            "(its stderr is in the run's run.json) and check again.",
+            evidence=e,
+        )
+        for e in det["endings"]
+        if not e["ended_normally"]
+    ]
     if det["verdict"] == "diverged" and fd is not None:
         hint = CAUSE_HINTS[key or fd["cause"]]
         if det.get("fixes"):  # measured: recommend only what was tried and bit-exact
             why = hint if key == "nondeterministic_kernel" else ""
             hint = " ".join(filter(None, [fix_hint(det["fixes"]), why]))
-        out.insert(0, Finding(f"DIVERGED_{fd['cause'].upper()}", "error", verdict_line(det),
-                              hint=hint,
-                              evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]}))
+        out.insert(
+            0,
+            Finding(
+                f"DIVERGED_{fd['cause'].upper()}",
+                "error",
+                verdict_line(det),
+                hint=hint,
+                evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]},
+            ),
+        )
     return out

@@ -106,21 +106,36 @@ def init_divergence(a: EventLog, b: EventLog) -> Divergence | None:
     """The parameters as training started (fingerprinted at the first forward) differ. Only runs
     that started at the same step compare (a resumed run starts from its checkpoint)."""
     init_a, init_b = (next((e for e in log.of(InitParams) if e.source == "first_forward"), None) for log in (a, b))
-    if init_a is None or init_b is None or init_a.step != init_b.step or (init_a.names, init_a.fps) == (
-            init_b.names, init_b.fps):
+    if (
+        init_a is None
+        or init_b is None
+        or init_a.step != init_b.step
+        or (init_a.names, init_a.fps) == (init_b.names, init_b.fps)
+    ):
         return None
     fps_b = dict(zip(init_b.names, init_b.fps))
     differing = [n for n, fp in zip(init_a.names, init_a.fps) if fps_b.get(n) != fp]
-    return Divergence(0, a.rank, "init_params", {"module": init_a.module, "first_parameter": differing[0] if differing
-                                                 else None, "parameters_differing": len(differing)})
+    return Divergence(
+        0,
+        a.rank,
+        "init_params",
+        {
+            "module": init_a.module,
+            "first_parameter": differing[0] if differing else None,
+            "parameters_differing": len(differing),
+        },
+    )
 
 
 def steps_compared(logs_a: list[EventLog], logs_b: list[EventLog]) -> int:
     """Steps compared: the step indices both runs recorded, on the rank with fewest (0 when the
     runs have no rank in common)."""
     by_rank_b = {log.rank: log for log in logs_b}
-    counts = [len({s.index for s in a.of(Step)} & {s.index for s in by_rank_b[a.rank].of(Step)})
-              for a in logs_a if a.rank in by_rank_b]
+    counts = [
+        len({s.index for s in a.of(Step)} & {s.index for s in by_rank_b[a.rank].of(Step)})
+        for a in logs_a
+        if a.rank in by_rank_b
+    ]
     return min(counts, default=0)
 
 
@@ -129,7 +144,9 @@ def settings(log: EventLog) -> dict[str, object]:
     return {e.name: e.value for e in log.of(Setting)}
 
 
-def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance) -> tuple[Divergence | None, list[str]]:
+def first_divergence(
+    logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolerance
+) -> tuple[Divergence | None, list[str]]:
     """Earliest divergence over all ranks present in both runs: the initial parameters first, then
     steps matched by index (at the same step the rank whose earliest aspect differs, then the lowest
     rank); and notes on what could not be compared."""
@@ -146,8 +163,10 @@ def first_divergence(logs_a: list[EventLog], logs_b: list[EventLog], tol: Tolera
         steps_a, steps_b = log_a.of(Step), {s.index: s for s in log_b.of(Step)}
         pairs = [(a, steps_b[a.index]) for a in steps_a if a.index in steps_b]
         if len(steps_a) != len(steps_b) or len(pairs) != len(steps_a):
-            notes.append(f"rank {log_a.rank}: {len(steps_a)} vs {len(steps_b)} steps; compared the {len(pairs)} "
-                         "with the same index")
+            notes.append(
+                f"rank {log_a.rank}: {len(steps_a)} vs {len(steps_b)} steps; compared the {len(pairs)} "
+                "with the same index"
+            )
         for a, b in pairs:
             diff = compare_steps(a, b, tol)
             if diff is not None:
@@ -202,6 +221,7 @@ def environment_differences(a: Header | None, b: Header | None, ignore: tuple[st
 
 def compile_differences(a: EventLog, b: EventLog) -> list[str]:
     """How the compiled graphs of two runs differ (count, recompile reasons, graph sizes)."""
+
     def shape(log: EventLog) -> list[tuple]:
         return [(c.function, c.graph_ops, tuple(c.recompile_reasons[:1]), c.limit_hit) for c in log.of(Compile)]
 
@@ -211,16 +231,19 @@ def compile_differences(a: EventLog, b: EventLog) -> list[str]:
     out = [f"rank {a.rank}: {len(sa)} vs {len(sb)} compiles"] if len(sa) != len(sb) else []
     for i, (x, y) in enumerate(zip(sa, sb)):
         if x != y:
-            out.append(f"rank {a.rank}: compile #{i} differs: {x[0]} ({x[1]} ops, {x[2][0] if x[2] else 'first'}) vs "
-                       f"{y[0]} ({y[1]} ops, {y[2][0] if y[2] else 'first'})")
+            out.append(
+                f"rank {a.rank}: compile #{i} differs: {x[0]} ({x[1]} ops, {x[2][0] if x[2] else 'first'}) vs "
+                f"{y[0]} ({y[1]} ops, {y[2][0] if y[2] else 'first'})"
+            )
             break
-    extra = sa[len(sb):] or sb[len(sa):]
+    extra = sa[len(sb) :] or sb[len(sa) :]
     if extra:
         out.append(f"rank {a.rank}: extra compile of {extra[0][0]}: {extra[0][2][0] if extra[0][2] else 'new frame'}")
     return out
 
 
 # --- divergence curve from parameter snapshots -------------------------------------------------
+
 
 def load_snapshot(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as data:
@@ -257,8 +280,7 @@ def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog)
     for step in sorted(snaps_a.keys() & snaps_b.keys()):
         diff = param_difference(load_snapshot(snaps_a[step]), load_snapshot(snaps_b[step]))
         la, lb = loss_a.get(step), loss_b.get(step)
-        curve.append({"step": step, **diff,
-                      "loss_diff": abs(la - lb) if la is not None and lb is not None else None})
+        curve.append({"step": step, **diff, "loss_diff": abs(la - lb) if la is not None and lb is not None else None})
     return curve
 
 
@@ -269,11 +291,17 @@ def final_within(curve: list[dict[str, Any]], tol: Tolerance, dir_a: Path, dir_b
     if not common:
         return False
     a, b = load_snapshot(snaps_a[common[-1]]), load_snapshot(snaps_b[common[-1]])
-    return all(a[k].shape == b[k].shape and np.allclose(a[k], b[k], rtol=tol.rtol, atol=tol.atol, equal_nan=True)
-               for k in a.keys() & b.keys()) and a.keys() == b.keys()
+    return (
+        all(
+            a[k].shape == b[k].shape and np.allclose(a[k], b[k], rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+            for k in a.keys() & b.keys()
+        )
+        and a.keys() == b.keys()
+    )
 
 
 # --- op-level replay comparison --------------------------------------------------------------
+
 
 def compare_replays(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first op whose outputs differ between two replays of the same step, and what that
@@ -281,8 +309,15 @@ def compare_replays(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) ->
     different inputs from outside torch → ``unknown``; a different op sequence → control flow."""
     for x, y in zip(ops_a, ops_b):
         if x["op"] != y["op"]:
-            return {"op": x["op"], "other_op": y["op"], "index": x["i"], "module": x["module"], "phase": x["phase"],
-                    "source": x["source"], "kind": "control_flow"}
+            return {
+                "op": x["op"],
+                "other_op": y["op"],
+                "index": x["i"],
+                "module": x["module"],
+                "phase": x["phase"],
+                "source": x["source"],
+                "kind": "control_flow",
+            }
         if x["outputs"] != y["outputs"]:
             if is_random_op(x["op"]):
                 kind = "rng"
@@ -290,9 +325,21 @@ def compare_replays(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) ->
                 kind = "nondeterministic_op"
             else:
                 kind = "input_from_outside_torch"
-            return {"op": x["op"], "index": x["i"], "module": x["module"], "phase": x["phase"], "source": x["source"],
-                    "kind": kind}
+            return {
+                "op": x["op"],
+                "index": x["i"],
+                "module": x["module"],
+                "phase": x["phase"],
+                "source": x["source"],
+                "kind": kind,
+            }
     if len(ops_a) != len(ops_b):
-        return {"op": None, "index": min(len(ops_a), len(ops_b)), "module": None, "phase": None, "source": None,
-                "kind": "control_flow"}
+        return {
+            "op": None,
+            "index": min(len(ops_a), len(ops_b)),
+            "module": None,
+            "phase": None,
+            "source": None,
+            "kind": "control_flow",
+        }
     return None

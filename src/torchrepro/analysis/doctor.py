@@ -21,8 +21,14 @@ from .timeline import quiet_step_times, timeline
 
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
 # that train on different parameters, a report over fewer ranks than the job has.
-FAILING_CODES = ("RECOMPILE_LIMIT_HIT", "NO_GRAPH_COMPILED", "INIT_PARAMS_DIFFER", "REPLICAS_DIFFER_FROM_START",
-                 "REPLICAS_DIVERGE", "RANKS_MISSING")
+FAILING_CODES = (
+    "RECOMPILE_LIMIT_HIT",
+    "NO_GRAPH_COMPILED",
+    "INIT_PARAMS_DIFFER",
+    "REPLICAS_DIFFER_FROM_START",
+    "REPLICAS_DIVERGE",
+    "RANKS_MISSING",
+)
 
 
 @dataclass
@@ -78,8 +84,10 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
     launcher = launcher_finding({"ranks": ranks}, meta)
     return {
         **meta,
-        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values()) or "stall" in meta
-        or (launcher is not None and launcher.severity == "error") or "stopped_by" in meta,
+        "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values())
+        or "stall" in meta
+        or (launcher is not None and launcher.severity == "error")
+        or "stopped_by" in meta,
         "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
         "world_size": world_size(logs, meta),
         "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),
@@ -93,17 +101,27 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
 def _outcome_findings(run: dict[str, Any], meta: dict[str, Any], logs: list[EventLog]) -> list[Finding]:
     findings = fault_findings(run, meta) + world_findings(logs, meta)
     if run["problems"]:
-        findings.append(Finding("EVENT_LOG_DAMAGED", "warning",
-                                f"{len(run['problems'])} problem(s) reading the event logs",
-                                hint="Damaged lines were skipped; everything else was read.",
-                                evidence={"problems": run["problems"][:10]}))
+        findings.append(
+            Finding(
+                "EVENT_LOG_DAMAGED",
+                "warning",
+                f"{len(run['problems'])} problem(s) reading the event logs",
+                hint="Damaged lines were skipped; everything else was read.",
+                evidence={"problems": run["problems"][:10]},
+            )
+        )
     return findings
 
 
 # Capabilities whose absence loses evidence (the others are optional observers, e.g. fsdp2_init),
 # and what is lost without them.
-_DEGRADING = {"capture_error": "step events after the failure", "trace_records": "structured-trace records",
-              "compile_events": "compile events", "steps": "step events", "batches": "batch fingerprints"}
+_DEGRADING = {
+    "capture_error": "step events after the failure",
+    "trace_records": "structured-trace records",
+    "compile_events": "compile events",
+    "steps": "step events",
+    "batches": "batch fingerprints",
+}
 
 
 def capture_findings(logs: list[EventLog]) -> list[Finding]:
@@ -125,11 +143,17 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
     out = []
     for entry in lost.values():
         records = f" ({entry['records']} record(s))" if entry.get("records") else ""
-        out.append(Finding("CAPTURE_DEGRADED", "warning",
-                           f"capture degraded on rank(s) {sorted(entry['ranks'])}: lost {_DEGRADING[entry['what']]}"
-                           f"{records} — {entry['note'] or 'records could not be read'}",
-                           hint="What was lost is missing from this report; the rest is complete. Run with --strict "
-                                "to fail such runs; report the torch version if this repeats.", evidence=entry))
+        out.append(
+            Finding(
+                "CAPTURE_DEGRADED",
+                "warning",
+                f"capture degraded on rank(s) {sorted(entry['ranks'])}: lost {_DEGRADING[entry['what']]}"
+                f"{records} — {entry['note'] or 'records could not be read'}",
+                hint="What was lost is missing from this report; the rest is complete. Run with --strict "
+                "to fail such runs; report the torch version if this repeats.",
+                evidence=entry,
+            )
+        )
     return out
 
 
@@ -141,18 +165,30 @@ def _time_findings(compile_section: dict[str, Any], run: dict[str, Any]) -> list
     compile_section["compile_time_share"] = round(share, 4)
     if share < 0.2:
         return []
-    return [Finding("COMPILE_TIME_SHARE", "warning" if share >= 0.5 else "info",
-                    f"compilation took {compile_section['compile_time_s']:.1f} s, {share:.0%} of the run",
-                    hint="Cut recompiles, or warm the compile cache (torchrepro cache pack/unpack).",
-                    evidence={"compile_time_s": compile_section["compile_time_s"], "share": round(share, 4)})]
+    return [
+        Finding(
+            "COMPILE_TIME_SHARE",
+            "warning" if share >= 0.5 else "info",
+            f"compilation took {compile_section['compile_time_s']:.1f} s, {share:.0%} of the run",
+            hint="Cut recompiles, or warm the compile cache (torchrepro cache pack/unpack).",
+            evidence={"compile_time_s": compile_section["compile_time_s"], "share": round(share, 4)},
+        )
+    ]
 
 
 def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
-    return [Finding("CACHE_MISS", "info", f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)",
-                    hint="A cold cache is normal on a first run; on a restart it means the key changed "
-                         "(torchrepro cache explain-miss RUN_A RUN_B names the component).",
-                    evidence={"cache": name, **c})
-            for name, c in cache.items() if c["miss"]]
+    return [
+        Finding(
+            "CACHE_MISS",
+            "info",
+            f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)",
+            hint="A cold cache is normal on a first run; on a restart it means the key changed "
+            "(torchrepro cache explain-miss RUN_A RUN_B names the component).",
+            evidence={"cache": name, **c},
+        )
+        for name, c in cache.items()
+        if c["miss"]
+    ]
 
 
 def budget_failures(compile_section: dict[str, Any], budgets: Budgets) -> list[str]:
@@ -171,13 +207,20 @@ def budget_failures(compile_section: dict[str, Any], budgets: Budgets) -> list[s
     return out
 
 
-def verdict_line(verdict: Verdict, findings: list[Finding], budget_failures: list[str], compile_section: dict[str, Any],
-                 steps: StepsSummary) -> str:
+def verdict_line(
+    verdict: Verdict,
+    findings: list[Finding],
+    budget_failures: list[str],
+    compile_section: dict[str, Any],
+    steps: StepsSummary,
+) -> str:
     """The one-line summary at the top of the report."""
     c = compile_section
     counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning")}
-    figures = (f"{c['compiles']} compile(s), {c['recompiles']} recompile(s), {c['graph_breaks']} graph "
-               f"break(s), {c['compile_time_s']:.1f} s compiling, {steps.steps} step(s)")
+    figures = (
+        f"{c['compiles']} compile(s), {c['recompiles']} recompile(s), {c['graph_breaks']} graph "
+        f"break(s), {c['compile_time_s']:.1f} s compiling, {steps.steps} step(s)"
+    )
     if verdict is Verdict.FAILS_BUDGET:
         return f"FAILS BUDGET ({'; '.join(budget_failures)}): {figures}"
     if verdict is Verdict.PROBLEMS:
@@ -187,8 +230,9 @@ def verdict_line(verdict: Verdict, findings: list[Finding], budget_failures: lis
     return f"HEALTHY: {figures}"
 
 
-def analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str],
-            budgets: Budgets | None = None) -> DoctorReport:
+def analyse(
+    meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None = None
+) -> DoctorReport:
     """The whole doctor report from a run's events."""
     # The events just read are millions of acyclic objects (1024 ranks x 10 000 steps): frozen, the
     # cyclic collector does not traverse them in every collection the analysis triggers.
@@ -214,8 +258,16 @@ def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bu
     compile_section["timeline"] = timeline(logs, groups["groups"])
     compile_section["recompile_groups"] = recompile_groups(compile_section["recompile_events"])
     compile_section["graph_break_groups"] = graph_break_groups(compile_section["graph_break_events"])
-    return DoctorReport(run=DoctorRun.from_json(run), compile=compile_section, steps=steps, findings=findings,
-                        verdict=verdict, verdict_line=verdict_line(verdict, findings, failures, compile_section, steps),
-                        capabilities=compile_analysis.capabilities(logs), budget_failures=failures,
-                        failing_findings=[f.code for f in findings if f.code in failing], rank_groups=groups,
-                        provenance=provenance(meta, next((log.header for log in logs if log.header), None)))
+    return DoctorReport(
+        run=DoctorRun.from_json(run),
+        compile=compile_section,
+        steps=steps,
+        findings=findings,
+        verdict=verdict,
+        verdict_line=verdict_line(verdict, findings, failures, compile_section, steps),
+        capabilities=compile_analysis.capabilities(logs),
+        budget_failures=failures,
+        failing_findings=[f.code for f in findings if f.code in failing],
+        rank_groups=groups,
+        provenance=provenance(meta, next((log.header for log in logs if log.header), None)),
+    )

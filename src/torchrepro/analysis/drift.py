@@ -72,6 +72,7 @@ def summarize(values: Iterable[float]) -> dict[str, Any]:
 
 # --- variance components of a crossed random design ------------------------------------------
 
+
 def _subsets(items: Iterable[int]) -> list[tuple[int, ...]]:
     items = tuple(items)
     return [s for r in range(len(items) + 1) for s in itertools.combinations(items, r)]
@@ -95,7 +96,7 @@ def mean_squares(y: np.ndarray, k: int) -> dict[tuple[int, ...], np.ndarray]:
         effect = sum((-1) ** (len(s) - len(t)) * marginal[t] for t in _subsets(s))
         others = math.prod(sizes[f] for f in range(k) if f not in s)
         df = math.prod(sizes[f] - 1 for f in s)
-        result[s] = others * (effect ** 2).sum(axis=factor_axes) / df
+        result[s] = others * (effect**2).sum(axis=factor_axes) / df
     return result
 
 
@@ -137,8 +138,9 @@ def _pigeonhole(y: np.ndarray, k: int, resamples: int, rng: np.random.Generator)
     return y[tuple(index)]
 
 
-def variance_components(y: np.ndarray, names: list[str], *, resamples: int = BOOTSTRAP,
-                        seed: int = 0) -> list[dict[str, Any]]:
+def variance_components(
+    y: np.ndarray, names: list[str], *, resamples: int = BOOTSTRAP, seed: int = 0
+) -> list[dict[str, Any]]:
     """Variance components and shares of a fully crossed grid ``y`` (axis f = levels of
     ``names[f]``), each share with its pigeonhole-bootstrap 95 % interval; a last entry
     ``interaction/residual`` holds everything the main effects do not explain.
@@ -164,12 +166,21 @@ def variance_components(y: np.ndarray, names: list[str], *, resamples: int = BOO
             break  # one factor, one run per level: no replicate measures residual noise
         share = float(shares[i]) if np.isfinite(shares[i]) else None
         ci = [float(lo[i]), float(hi[i])] if share is not None and np.isfinite(lo[i]) else None
-        out.append({"name": name, "levels": int(y.shape[i]) if i < k else None, "variance": variances[i],
-                    "std": math.sqrt(variances[i]), "variance_share": share, "ci95": ci})
+        out.append(
+            {
+                "name": name,
+                "levels": int(y.shape[i]) if i < k else None,
+                "variance": variances[i],
+                "std": math.sqrt(variances[i]),
+                "variance_share": share,
+                "ci95": ci,
+            }
+        )
     return out
 
 
 # --- paired comparisons of binary factors -------------------------------------------------------
+
 
 def sign_flip_p(d: np.ndarray, *, seed: int = 0) -> np.ndarray | float:
     """Two-sided sign-flip permutation p-value of the mean of paired differences ``d`` (last
@@ -178,7 +189,7 @@ def sign_flip_p(d: np.ndarray, *, seed: int = 0) -> np.ndarray | float:
     d = np.asarray(d, dtype=float)
     n = d.shape[-1]
     if n <= EXACT_FLIPS_UP_TO:
-        signs = 1.0 - 2.0 * ((np.arange(2 ** n)[:, None] >> np.arange(n)[None, :]) & 1)
+        signs = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
         exact = True
     else:
         signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(MONTE_CARLO_FLIPS, n))
@@ -224,8 +235,9 @@ def minimal_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: fl
     return float(nc * sd / math.sqrt(n))
 
 
-def pairs_needed(sd: float, effect: float, alpha: float = ALPHA, power: float = POWER,
-                 limit: int = 10**7) -> int | None:
+def pairs_needed(
+    sd: float, effect: float, alpha: float = ALPHA, power: float = POWER, limit: int = 10**7
+) -> int | None:
     """The smallest number of pairs that detects ``effect`` with ``power`` (None above ``limit``)."""
     if effect == 0 or not math.isfinite(sd):
         return None
@@ -245,8 +257,14 @@ def pairs_needed(sd: float, effect: float, alpha: float = ALPHA, power: float = 
     return hi
 
 
-def paired_effect(a: Iterable[float], b: Iterable[float], *, target_effect: float | None = None,
-                  alpha: float = ALPHA, power: float = POWER) -> dict[str, Any]:
+def paired_effect(
+    a: Iterable[float],
+    b: Iterable[float],
+    *,
+    target_effect: float | None = None,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> dict[str, Any]:
     """The paired difference ``b - a``: mean, 95 % paired-t interval, sign-flip p-value, minimal
     detectable effect and (with ``target_effect``) the pairs needed to detect it.
 
@@ -260,7 +278,10 @@ def paired_effect(a: Iterable[float], b: Iterable[float], *, target_effect: floa
     sd = float(d.std(ddof=1)) if n > 1 else float("nan")
     exact = n <= EXACT_FLIPS_UP_TO
     result = {
-        "n": n, "difference": mean, "std": sd if n > 1 else None, "ci95": _ci_t(mean, sd, n) if n > 1 else None,
+        "n": n,
+        "difference": mean,
+        "std": sd if n > 1 else None,
+        "ci95": _ci_t(mean, sd, n) if n > 1 else None,
         "p_value": float(sign_flip_p(d)) if n else None,
         "test": f"sign-flip permutation of the mean paired difference ({'exact, 2^n sign vectors' if exact else f'Monte-Carlo, {MONTE_CARLO_FLIPS} sign vectors'})",
         "mde": minimal_detectable_effect(sd, n, alpha, power),
@@ -282,7 +303,9 @@ def place_observed(x: float, values: Iterable[float]) -> dict[str, Any]:
     i, j = np.triu_indices(len(v), 1)
     diffs = np.abs(v[i] - v[j])
     return {
-        "observed": x, "sigma": sigma, "runs": len(v),
+        "observed": x,
+        "sigma": sigma,
+        "runs": len(v),
         "sigmas": abs(x) / sigma if sigma > 0 else None,
         "pair_fraction": float((diffs >= abs(x)).mean()),
         "pair_fraction_normal": float(2 * stats.norm.sf(abs(x) / (sigma * math.sqrt(2)))) if sigma > 0 else None,
@@ -291,6 +314,7 @@ def place_observed(x: float, values: Iterable[float]) -> dict[str, Any]:
 
 
 # --- the experiment ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class BinaryFactor:
@@ -303,13 +327,16 @@ class BinaryFactor:
 
 
 RANDOM_FACTORS = ("init", "order", "augment")
-BINARY_FACTORS = {f.name: f for f in (
-    BinaryFactor("compile", ("eager", "compiled"), ({"compile": "eager"}, {})),
-    BinaryFactor("backend", ("aot_eager", "inductor"), ({"backend": "aot_eager"}, {"backend": "inductor"})),
-    BinaryFactor("fallback-random", ("as written", "fallback_random"), ({}, {"fallback-random": "on"})),
-    BinaryFactor("threads", ("1 thread", "default"), ({"threads": "1"}, {})),
-    BinaryFactor("deterministic", ("as written", "deterministic"), ({}, {"deterministic": "on"})),
-)}
+BINARY_FACTORS = {
+    f.name: f
+    for f in (
+        BinaryFactor("compile", ("eager", "compiled"), ({"compile": "eager"}, {})),
+        BinaryFactor("backend", ("aot_eager", "inductor"), ({"backend": "aot_eager"}, {"backend": "inductor"})),
+        BinaryFactor("fallback-random", ("as written", "fallback_random"), ({}, {"fallback-random": "on"})),
+        BinaryFactor("threads", ("1 thread", "default"), ({"threads": "1"}, {})),
+        BinaryFactor("deterministic", ("as written", "deterministic"), ({}, {"deterministic": "on"})),
+    )
+}
 DEFAULT_FACTORS = "init,order,compile"
 
 
@@ -369,27 +396,48 @@ def separability(runs: list[DriftRun], random_factors: list[str]) -> tuple[list[
     if "init" in random_factors:
         rng_groups = groups("init", lambda r: r.rng0)
         if rng_groups and all(len(g) == 1 for g in rng_groups):
-            not_separable.append({"factors": ["init"], "reason": (
-                "the torch RNG state at the first step is the same for every init seed: the script seeds the global "
-                "generator itself (e.g. torch.manual_seed with a constant), which overrides the seed tree")})
+            not_separable.append(
+                {
+                    "factors": ["init"],
+                    "reason": (
+                        "the torch RNG state at the first step is the same for every init seed: the script seeds the global "
+                        "generator itself (e.g. torch.manual_seed with a constant), which overrides the seed tree"
+                    ),
+                }
+            )
         batch_groups = groups("init", lambda r: r.batches or None)
         if any(len(g) > 1 for g in batch_groups):
-            not_separable.append({"factors": ["init", "order"], "reason": (
-                "the batches change with the init seed while the order and augment seeds are fixed: the script draws "
-                "its data order or batch content from the global RNG (e.g. torch.randperm, or a custom sampler "
-                "without a generator), which torchrepro cannot give its own stream; that effect counts under init")})
+            not_separable.append(
+                {
+                    "factors": ["init", "order"],
+                    "reason": (
+                        "the batches change with the init seed while the order and augment seeds are fixed: the script draws "
+                        "its data order or batch content from the global RNG (e.g. torch.randperm, or a custom sampler "
+                        "without a generator), which torchrepro cannot give its own stream; that effect counts under init"
+                    ),
+                }
+            )
     for name in ("order", "augment"):
         if name not in random_factors:
             continue
         if not any(r.batches for r in base):
-            not_separable.append({"factors": [name], "reason": (
-                "no DataLoader batches were observed: the script builds its batches itself, so torchrepro cannot "
-                f"give {name} its own stream")})
+            not_separable.append(
+                {
+                    "factors": [name],
+                    "reason": (
+                        "no DataLoader batches were observed: the script builds its batches itself, so torchrepro cannot "
+                        f"give {name} its own stream"
+                    ),
+                }
+            )
             continue
         batch_groups = groups(name, lambda r: r.batches or None)
         if batch_groups and all(len(g) == 1 for g in batch_groups):
-            what = ("a single unshuffled batch order, or a sampler torchrepro does not reach" if name == "order"
-                    else "no DataLoader workers, or no randomness in them")
+            what = (
+                "a single unshuffled batch order, or a sampler torchrepro does not reach"
+                if name == "order"
+                else "no DataLoader workers, or no randomness in them"
+            )
             notes.append(f"{name}: every {name} seed gave the same batches ({what}); its share measures nothing")
     return not_separable, notes
 
@@ -442,16 +490,28 @@ def verdict(effects: list[dict], factors: list[dict], not_separable: list[dict],
         text += " of the variance" + "".join(f", {f['name']} {_pct(f['variance_share'])}" for f in rest)
         parts.append(text)
     for item in not_separable:
-        parts.append(" and ".join(item["factors"]) + (" could not be separated" if len(item["factors"]) > 1
-                                                        else " could not be varied") + " (see not_separable)")
+        parts.append(
+            " and ".join(item["factors"])
+            + (" could not be separated" if len(item["factors"]) > 1 else " could not be varied")
+            + " (see not_separable)"
+        )
     if observed and observed.get("sigmas") is not None:
-        parts.append(f"a difference of {observed['observed']:g} is {observed['sigmas']:.1f} σ of run-to-run noise; "
-                     f"two runs differ that much in {100 * observed['pair_fraction']:.0f} % of pairs")
+        parts.append(
+            f"a difference of {observed['observed']:g} is {observed['sigmas']:.1f} σ of run-to-run noise; "
+            f"two runs differ that much in {100 * observed['pair_fraction']:.0f} % of pairs"
+        )
     return "; ".join(parts) if parts else "nothing to compare"
 
 
-def analyse(runs: list[DriftRun], random_factors: list[str], binary: list[BinaryFactor], levels: int, *,
-            observed: float | None = None, target_effect: float | None = None) -> dict[str, Any]:
+def analyse(
+    runs: list[DriftRun],
+    random_factors: list[str],
+    binary: list[BinaryFactor],
+    levels: int,
+    *,
+    observed: float | None = None,
+    target_effect: float | None = None,
+) -> dict[str, Any]:
     """The ``drift`` section of a report from the runs of a drift experiment."""
     ok = [r for r in runs if r.status == "ok" and r.metric is not None]
     base = [r for r in ok if not r.settings]
@@ -468,32 +528,42 @@ def analyse(runs: list[DriftRun], random_factors: list[str], binary: list[Binary
             if comp["name"] in blocked:
                 comp.update(variance_share=None, ci95=None, not_separable=True)
             if comp["name"] != RESIDUAL:
-                comp["per_level"] = [{"level": lvl, **summarize(r.metric for r in base if r.seeds[comp["name"]] == lvl)}
-                                     for lvl in range(levels)]
+                comp["per_level"] = [
+                    {"level": lvl, **summarize(r.metric for r in base if r.seeds[comp["name"]] == lvl)}
+                    for lvl in range(levels)
+                ]
             factors.append(comp)
         if not components:
             notes.append("too few complete runs for variance components")
         elif min(grid.shape) < 5:
-            notes.append(f"{min(grid.shape)} levels per random factor: the bootstrap intervals of the shares are "
-                         "wide (--runs 8 narrows them)")
+            notes.append(
+                f"{min(grid.shape)} levels per random factor: the bootstrap intervals of the shares are "
+                "wide (--runs 8 narrows them)"
+            )
 
     effects = []
     for factor in binary:
         sides = [{_seed_key(r): r.metric for r in ok if r.settings == s} for s in factor.settings]
         common = sorted(set(sides[0]) & set(sides[1]))
         a, b = [sides[0][k] for k in common], [sides[1][k] for k in common]
-        effect = {"factor": factor.name, "levels": list(factor.labels),
-                  **paired_effect(a, b, target_effect=target_effect),
-                  "per_level": [{"level": lbl, **summarize(v)} for lbl, v in zip(factor.labels, (a, b))]}
+        effect = {
+            "factor": factor.name,
+            "levels": list(factor.labels),
+            **paired_effect(a, b, target_effect=target_effect),
+            "per_level": [{"level": lbl, **summarize(v)} for lbl, v in zip(factor.labels, (a, b))],
+        }
         effects.append(effect)
 
     placed = place_observed(observed, [r.metric for r in base]) if observed is not None else None
-    excluded = [{"index": r.index, "status": r.status, "dir": r.dir, "error": r.error}
-                for r in runs if r not in ok]
+    excluded = [{"index": r.index, "status": r.status, "dir": r.dir, "error": r.error} for r in runs if r not in ok]
     return {
         "summary": summarize(r.metric for r in base),
-        "factors": factors, "effects": effects, "not_separable": not_separable, "notes": notes,
-        "observed": placed, "excluded": excluded,
+        "factors": factors,
+        "effects": effects,
+        "not_separable": not_separable,
+        "notes": notes,
+        "observed": placed,
+        "excluded": excluded,
         "verdict": verdict(effects, factors, not_separable, placed),
     }
 

@@ -32,8 +32,9 @@ class Candidate:
     why_not: str | None = None
 
 
-def candidates(*, compiled: bool, inductor: bool, random_ops: bool, frames: list[int] | None = None,
-               function: str | None = None) -> list[Candidate]:
+def candidates(
+    *, compiled: bool, inductor: bool, random_ops: bool, frames: list[int] | None = None, function: str | None = None
+) -> list[Candidate]:
     """The ladder for a divergence: one intra-op thread, ``torchrepro.deterministic()``, inductor's
     ``fallback_random`` (only when random ops are involved), the offending function (Dynamo
     ``frames``) compiled with ``aot_eager``, compilation off.
@@ -44,19 +45,44 @@ def candidates(*, compiled: bool, inductor: bool, random_ops: bool, frames: list
     target = function or "the compiled function"
     frame_spec = "aot_eager:" + ",".join(map(str, frames)) if frames else "aot_eager"
     out = [
-        Candidate("threads_1", "torch.set_num_threads(1) (instead of the script's own set_num_threads; "
-                               "OMP_NUM_THREADS=1 when the script sets none)", spec="threads_1"),
-        Candidate("deterministic", "torchrepro.deterministic(compile='native') before compiling "
-                                   "(torch.use_deterministic_algorithms(True) + torch._inductor.config.deterministic "
-                                   "= True)", spec="deterministic"),
-        Candidate("fallback_random", "torch._inductor.config.fallback_random = True", spec="fallback_random",
-                  applicable=inductor and random_ops,
-                  why_not=None if inductor and random_ops else "no random op in the compiled graphs"
-                  if inductor else "no inductor graph"),
-        Candidate("aot_eager", f"torch.compile(..., backend='aot_eager') for {target}", spec=frame_spec,
-                  applicable=inductor, why_not=None if inductor else "no inductor graph"),
-        Candidate("eager", "torch._dynamo.config.disable = True (compilation off), or drop torch.compile",
-                  compile_mode="eager", applicable=compiled, why_not=None if compiled else "nothing is compiled"),
+        Candidate(
+            "threads_1",
+            "torch.set_num_threads(1) (instead of the script's own set_num_threads; "
+            "OMP_NUM_THREADS=1 when the script sets none)",
+            spec="threads_1",
+        ),
+        Candidate(
+            "deterministic",
+            "torchrepro.deterministic(compile='native') before compiling "
+            "(torch.use_deterministic_algorithms(True) + torch._inductor.config.deterministic "
+            "= True)",
+            spec="deterministic",
+        ),
+        Candidate(
+            "fallback_random",
+            "torch._inductor.config.fallback_random = True",
+            spec="fallback_random",
+            applicable=inductor and random_ops,
+            why_not=None
+            if inductor and random_ops
+            else "no random op in the compiled graphs"
+            if inductor
+            else "no inductor graph",
+        ),
+        Candidate(
+            "aot_eager",
+            f"torch.compile(..., backend='aot_eager') for {target}",
+            spec=frame_spec,
+            applicable=inductor,
+            why_not=None if inductor else "no inductor graph",
+        ),
+        Candidate(
+            "eager",
+            "torch._dynamo.config.disable = True (compilation off), or drop torch.compile",
+            compile_mode="eager",
+            applicable=compiled,
+            why_not=None if compiled else "nothing is compiled",
+        ),
     ]
     return out
 
@@ -77,8 +103,9 @@ def median_step_time(step_times: list[float]) -> float | None:
     return statistics.median(times) if times else None
 
 
-def judge_fix(candidate: Candidate, runs: list[FixRun], diverged: bool | None, steps_compared: int,
-              baseline_step_s: float | None) -> dict[str, Any]:
+def judge_fix(
+    candidate: Candidate, runs: list[FixRun], diverged: bool | None, steps_compared: int, baseline_step_s: float | None
+) -> dict[str, Any]:
     """One row of ``determinism.fixes``: ``{name, how, status, bit_exact, step_time_ratio, ...}``.
     ``status`` is ``bit_exact``, ``not_bit_exact``, ``failed`` (a run crashed or exited non-zero),
     ``timed_out``, ``nothing_compared`` or ``not_applicable``; ``bit_exact`` is True/False only when
@@ -108,8 +135,10 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not exact:
         return None
     order = {name: i for i, name in enumerate(LADDER)}
-    return min(exact, key=lambda r: (r["step_time_ratio"] is None, r["step_time_ratio"] or 0.0,
-                                     order.get(r["name"], len(order))))
+    return min(
+        exact,
+        key=lambda r: (r["step_time_ratio"] is None, r["step_time_ratio"] or 0.0, order.get(r["name"], len(order))),
+    )
 
 
 def fix_hint(rows: list[dict[str, Any]]) -> str | None:

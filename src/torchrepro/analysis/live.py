@@ -97,10 +97,13 @@ def snapshot(live: LiveRun, meta: dict[str, Any], now: float) -> dict[str, Any]:
         state = live.ranks[rank]
         per = section["per_rank"].get(str(rank), {})
         ranks[str(rank)] = {
-            "status": _rank_status(state), "steps": state.steps, "last_step": state.last_index,
+            "status": _rank_status(state),
+            "steps": state.steps,
+            "last_step": state.last_index,
             "steps_per_s": _steps_per_s(state),
             "last_event_age_s": round(now - state.last_t, 3) if state.last_t is not None else None,
-            "compiles": per.get("compiles", 0), "recompiles": per.get("recompiles", 0),
+            "compiles": per.get("compiles", 0),
+            "recompiles": per.get("recompiles", 0),
             "graph_breaks": per.get("graph_breaks", 0),
         }
     steps = {r: s.steps for r, s in live.ranks.items()}
@@ -117,9 +120,17 @@ def snapshot(live: LiveRun, meta: dict[str, Any], now: float) -> dict[str, Any]:
         "recompiles": section["recompiles"],
         "recompiles_by_category": section["recompiles_by_category"],
         "graph_breaks": section["graph_breaks"],
-        "latest_graph_break": None if latest is None else {
-            "rank": latest.rank, "step": latest.step, "file": latest.file, "line": latest.line,
-            "source": latest.source, "reason": latest.reason, "gb_id": latest.gb_id},
+        "latest_graph_break": None
+        if latest is None
+        else {
+            "rank": latest.rank,
+            "step": latest.step,
+            "file": latest.file,
+            "line": latest.line,
+            "source": latest.source,
+            "reason": latest.reason,
+            "gb_id": latest.gb_id,
+        },
         "findings": [{"code": f.code, "severity": f.severity, "title": f.title} for f in findings],
         "unreadable_lines": live.problems,
     }

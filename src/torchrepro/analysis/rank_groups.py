@@ -45,8 +45,13 @@ def _behaviour(log: EventLog) -> tuple:
     end = log.end
     breaks = Counter((b.file, b.line, b.reason) for b in log.of(GraphBreak))
     cache = Counter((x.cache, x.status) for x in log.of(CacheLookup))
-    return (end.status if end else "incomplete", len(steps), tuple(_compile_key(c) for c in log.of(Compile)),
-            tuple(sorted(breaks.items(), key=repr)), tuple(sorted(cache.items())))
+    return (
+        end.status if end else "incomplete",
+        len(steps),
+        tuple(_compile_key(c) for c in log.of(Compile)),
+        tuple(sorted(breaks.items(), key=repr)),
+        tuple(sorted(cache.items())),
+    )
 
 
 def _difference(odd: tuple, ref: tuple) -> str:
@@ -84,9 +89,15 @@ def rank_groups(logs: list[EventLog]) -> dict[str, Any]:
     groups = []
     for behaviour, ranks in ordered:
         ranks.sort()
-        groups.append({"ranks": ranks, "ranks_text": rank_ranges(ranks), "representative": ranks[0],
-                       "size": len(ranks), "difference": None if behaviour is reference else
-                       _difference(behaviour, reference)})
+        groups.append(
+            {
+                "ranks": ranks,
+                "ranks_text": rank_ranges(ranks),
+                "representative": ranks[0],
+                "size": len(ranks),
+                "difference": None if behaviour is reference else _difference(behaviour, reference),
+            }
+        )
     return {"groups": groups, "summary": _summary(groups)}
 
 
@@ -106,18 +117,29 @@ def recompile_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     guard, with its count, steps, compile ids and the ranks (as ranges), most frequent first."""
     rows: dict[tuple, dict[str, Any]] = {}
     for e in events:
-        row = rows.setdefault((e["function"], e["category"], e["guard"]), {
-            "function": e["function"], "category": e["category"], "guard": e["guard"],
-            "location": f"{e['file']}:{e['line']}" if e.get("file") else None,
-            "count": 0, "ranks": set(), "steps": [], "compile_ids": []})
+        row = rows.setdefault(
+            (e["function"], e["category"], e["guard"]),
+            {
+                "function": e["function"],
+                "category": e["category"],
+                "guard": e["guard"],
+                "location": f"{e['file']}:{e['line']}" if e.get("file") else None,
+                "count": 0,
+                "ranks": set(),
+                "steps": [],
+                "compile_ids": [],
+            },
+        )
         row["count"] += 1
         row["ranks"].add(e["rank"])
         if e["step"] not in row["steps"] and len(row["steps"]) < 20:
             row["steps"].append(e["step"])
         if e["compile_id"] not in row["compile_ids"] and len(row["compile_ids"]) < 10:
             row["compile_ids"].append(e["compile_id"])
-    return [{**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
-            for row in sorted(rows.values(), key=lambda r: -r["count"])]
+    return [
+        {**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
+        for row in sorted(rows.values(), key=lambda r: -r["count"])
+    ]
 
 
 def graph_break_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -125,11 +147,18 @@ def graph_break_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     per source line and reason, with the line of code, most frequent first."""
     rows: dict[tuple, dict[str, Any]] = {}
     for e in events:
-        row = rows.setdefault((e["file"], e["line"], e["reason"], e["gb_id"]), {
-            **{k: e[k] for k in ("file", "line", "reason", "gb_id", "source", "hint", "first_step")},
-            "count": 0, "ranks": set()})
+        row = rows.setdefault(
+            (e["file"], e["line"], e["reason"], e["gb_id"]),
+            {
+                **{k: e[k] for k in ("file", "line", "reason", "gb_id", "source", "hint", "first_step")},
+                "count": 0,
+                "ranks": set(),
+            },
+        )
         row["count"] += e["count"]
         row["ranks"].add(e["rank"])
         row["first_step"] = min((s for s in (row["first_step"], e["first_step"]) if s is not None), default=None)
-    return [{**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
-            for row in sorted(rows.values(), key=lambda r: -r["count"])]
+    return [
+        {**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
+        for row in sorted(rows.values(), key=lambda r: -r["count"])
+    ]

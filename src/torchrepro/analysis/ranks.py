@@ -43,6 +43,7 @@ def where(frames: list[dict[str, Any]]) -> str | None:
 
 # --- the world ------------------------------------------------------------------------------
 
+
 def world_size(logs: list[EventLog], meta: dict[str, Any] | None = None) -> int:
     """The job's world size: the largest any source gives, the process groups the ranks joined
     (World events), the launcher's environment at each rank's start (headers) or the launcher
@@ -97,19 +98,25 @@ def world_findings(logs: list[EventLog], meta: dict[str, Any]) -> list[Finding]:
     if not missing:
         return []
     size = world_size(logs, meta)
-    return [Finding(
-        "RANKS_MISSING", "error",
-        f"the job has {size} ranks but {len(missing)} wrote no event log (rank{'s' if len(missing) > 1 else ''} "
-        f"{', '.join(map(str, missing[:20]))}{', ...' if len(missing) > 20 else ''}): this report covers "
-        f"{size - len(missing)} of {size}",
-        hint="A rank without a log was not captured: its node's RUN_DIR/rank-*/ folders were not copied here, it "
-             "died before capture started, or it was started outside torchrepro's reach (another Python or "
-             "environment without torchrepro, python -I/-S). Nothing is known about the missing ranks.",
-        evidence={"world_size": size, "missing": missing, "ranks_present": sorted(log.rank for log in logs)})]
+    return [
+        Finding(
+            "RANKS_MISSING",
+            "error",
+            f"the job has {size} ranks but {len(missing)} wrote no event log (rank{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing[:20]))}{', ...' if len(missing) > 20 else ''}): this report covers "
+            f"{size - len(missing)} of {size}",
+            hint="A rank without a log was not captured: its node's RUN_DIR/rank-*/ folders were not copied here, it "
+            "died before capture started, or it was started outside torchrepro's reach (another Python or "
+            "environment without torchrepro, python -I/-S). Nothing is known about the missing ranks.",
+            evidence={"world_size": size, "missing": missing, "ranks_present": sorted(log.rank for log in logs)},
+        )
+    ]
 
 
-_ABORT_HINT = ("A teardown abort after destroy_process_group (seen in ~4 % of 2-rank CPU launches): the run's "
-               "results stand. Deleting DDP/optimizer objects and gc.collect() before destroy_process_group avoids it.")
+_ABORT_HINT = (
+    "A teardown abort after destroy_process_group (seen in ~4 % of 2-rank CPU launches): the run's "
+    "results stand. Deleting DDP/optimizer objects and gc.collect() before destroy_process_group avoids it."
+)
 
 
 # how mp.spawn (ProcessExitedException) and torchrun (ChildFailedError) say a rank died by a signal
@@ -126,13 +133,21 @@ def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | Non
     error = launcher.get("error") or ""
     evidence = {"launcher": launcher, "stderr_tail": (meta.get("stderr_tail") or [])[-10:]}
     if run["ranks"] and all(r["status"] == "ok" for r in run["ranks"].values()) and _RANK_SIGNALLED.search(error):
-        return Finding("RANK_ABORTED_AFTER_COMPLETION", "warning",
-                       f"every rank finished its work, then the process that started them reported: {error}",
-                       hint=_ABORT_HINT, evidence=evidence)
-    return Finding("SCRIPT_FAILED", "error", f"the launched process, which started the ranks, exited with code "
-                   f"{launcher.get('exit_code')}" + (f": {error}" if error else ""),
-                   hint="Everything before the failure is analysed; its own log is RUN_DIR/launcher/events.jsonl.",
-                   evidence=evidence)
+        return Finding(
+            "RANK_ABORTED_AFTER_COMPLETION",
+            "warning",
+            f"every rank finished its work, then the process that started them reported: {error}",
+            hint=_ABORT_HINT,
+            evidence=evidence,
+        )
+    return Finding(
+        "SCRIPT_FAILED",
+        "error",
+        f"the launched process, which started the ranks, exited with code "
+        f"{launcher.get('exit_code')}" + (f": {error}" if error else ""),
+        hint="Everything before the failure is analysed; its own log is RUN_DIR/launcher/events.jsonl.",
+        evidence=evidence,
+    )
 
 
 def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
@@ -145,53 +160,90 @@ def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
     stall, stopped = meta.get("stall"), meta.get("stopped_by")
     if stopped:
         steps = {r: info["last_step"] for r, info in run["ranks"].items()}
-        findings.append(Finding(
-            "RUN_STOPPED", "error", f"the run was stopped by {stopped} sent to torchrepro (last step "
-            + ", ".join(f"rank {r}: {s}" for r, s in steps.items()) + ")",
-            hint="torchrepro forwarded the signal to every process of the job; everything before it is analysed.",
-            evidence={"signal": stopped, "last_steps": steps}))
+        findings.append(
+            Finding(
+                "RUN_STOPPED",
+                "error",
+                f"the run was stopped by {stopped} sent to torchrepro (last step "
+                + ", ".join(f"rank {r}: {s}" for r, s in steps.items())
+                + ")",
+                hint="torchrepro forwarded the signal to every process of the job; everything before it is analysed.",
+                evidence={"signal": stopped, "last_steps": steps},
+            )
+        )
     for rank_s, info in run["ranks"].items():
         rank, step = int(rank_s), info["last_step"]
         evidence = {"rank": rank, "last_step": step, "stderr_tail": (tails.get(rank) or [])[-10:]}
         if stall or stopped and info["status"] in ("terminated", "incomplete", "ok"):
             continue  # the hang (or stop) finding says what happened to each rank
         if info["status"] == "ok" and codes.get(rank):
-            findings.append(Finding(
-                "RANK_ABORTED_AFTER_COMPLETION", "warning",
-                f"rank {rank} finished its work, then the process ended with {_signal_name(codes[rank])}",
-                hint=_ABORT_HINT, evidence=evidence | {"exit_code": codes[rank]}))
+            findings.append(
+                Finding(
+                    "RANK_ABORTED_AFTER_COMPLETION",
+                    "warning",
+                    f"rank {rank} finished its work, then the process ended with {_signal_name(codes[rank])}",
+                    hint=_ABORT_HINT,
+                    evidence=evidence | {"exit_code": codes[rank]},
+                )
+            )
         elif info["status"] == "terminated":
             alone = run.get("world_size", 1) <= 1
             how = "terminated by a signal" if alone else "stopped by the launcher"
-            findings.append(Finding(
-                "RANK_TERMINATED", "error" if alone else "warning", f"rank {rank} was {how} after step {step}",
-                hint="Something outside the job (a scheduler, kill) sent it SIGTERM or SIGHUP." if alone else
-                "Another rank failed first; torchrun then stops the others.", evidence=evidence))
+            findings.append(
+                Finding(
+                    "RANK_TERMINATED",
+                    "error" if alone else "warning",
+                    f"rank {rank} was {how} after step {step}",
+                    hint="Something outside the job (a scheduler, kill) sent it SIGTERM or SIGHUP."
+                    if alone
+                    else "Another rank failed first; torchrun then stops the others.",
+                    evidence=evidence,
+                )
+            )
         elif info["status"] == "incomplete":
             how = _signal_name(codes.get(rank)) if rank in codes else "no end record"
-            findings.append(Finding(
-                "RANK_CRASHED", "error", f"rank {rank} died ({how}) after step {step}",
-                hint="Killed from outside (out of memory, a scheduler, a signal) or crashed in native code; its "
-                     "events up to the crash are analysed.", evidence=evidence | {"exit_code": codes.get(rank)}))
+            findings.append(
+                Finding(
+                    "RANK_CRASHED",
+                    "error",
+                    f"rank {rank} died ({how}) after step {step}",
+                    hint="Killed from outside (out of memory, a scheduler, a signal) or crashed in native code; its "
+                    "events up to the crash are analysed.",
+                    evidence=evidence | {"exit_code": codes.get(rank)},
+                )
+            )
         elif info["status"] == "error":
-            findings.append(Finding(
-                "SCRIPT_FAILED", "error", f"rank {rank}: the script exited with code {info['exit_code']}"
-                + (f": {info['error']}" if info["error"] else ""),
-                hint="Everything before the failure is analysed.",
-                evidence=evidence | {"exit_code": info["exit_code"]}))
+            findings.append(
+                Finding(
+                    "SCRIPT_FAILED",
+                    "error",
+                    f"rank {rank}: the script exited with code {info['exit_code']}"
+                    + (f": {info['error']}" if info["error"] else ""),
+                    hint="Everything before the failure is analysed.",
+                    evidence=evidence | {"exit_code": info["exit_code"]},
+                )
+            )
     if stall:
         places = {rank: where(frames) for rank, frames in stall.get("stacks", {}).items()}
-        lines = [f"rank {r} (last step {run['ranks'].get(r, {}).get('last_step')}): {w or 'no stack dumped'}"
-                 for r, w in sorted(places.items(), key=lambda kv: int(kv[0]))]
-        findings.append(Finding(
-            "RANK_HUNG", "error", f"no progress for {stall['after_s']:.0f} s; the job was ended. " + "; ".join(lines),
-            hint="A rank waits in a collective another rank never reached (different step counts, a rank-dependent "
-                 "branch, a recompile or exception on one rank). Stacks: RUN_DIR/rank-*/stacks.txt.",
-            evidence={"after_s": stall["after_s"], "where": places}))
+        lines = [
+            f"rank {r} (last step {run['ranks'].get(r, {}).get('last_step')}): {w or 'no stack dumped'}"
+            for r, w in sorted(places.items(), key=lambda kv: int(kv[0]))
+        ]
+        findings.append(
+            Finding(
+                "RANK_HUNG",
+                "error",
+                f"no progress for {stall['after_s']:.0f} s; the job was ended. " + "; ".join(lines),
+                hint="A rank waits in a collective another rank never reached (different step counts, a rank-dependent "
+                "branch, a recompile or exception on one rank). Stacks: RUN_DIR/rank-*/stacks.txt.",
+                evidence={"after_s": stall["after_s"], "where": places},
+            )
+        )
     return findings
 
 
 # --- what should agree across ranks ---------------------------------------------------------
+
 
 def _replicated(logs: list[EventLog]) -> bool:
     """Data-parallel replicas: every rank holds plain tensors of the same names and shapes."""
@@ -199,8 +251,12 @@ def _replicated(logs: list[EventLog]) -> bool:
     if not all(params):
         return False
     first = params[0][0]
-    return all(p[0].names == first.names and p[0].shapes == first.shapes and not any(
-        k.startswith("dtensor") for k in p[0].kinds) for p in params)
+    return all(
+        p[0].names == first.names
+        and p[0].shapes == first.shapes
+        and not any(k.startswith("dtensor") for k in p[0].kinds)
+        for p in params
+    )
 
 
 def _init_findings(logs: list[EventLog]) -> list[Finding]:
@@ -214,17 +270,25 @@ def _init_findings(logs: list[EventLog]) -> list[Finding]:
         for rank, event in sorted(by_rank.items()):
             differing = [n for n, a, b in zip(ref.names, ref.fps, event.fps) if a != b and "meta" not in (a, b)]
             if differing:
-                return [Finding(
-                    "INIT_PARAMS_DIFFER", "error",
-                    f"ranks {ref_rank} and {rank} built different initial parameters for {event.module} before "
-                    f"{event.source} ({len(differing)} of {len(ref.names)} differ, first {differing[0]}): "
-                    "training silently mixes both inits",
-                    hint="FSDP2 does not broadcast initial parameters. Build on the meta device, fully_shard, "
-                         "to_empty, then set_model_state_dict(model, full_state_dict, options=StateDictOptions("
-                         "full_state_dict=True, broadcast_from_rank0=True)); or seed every rank alike for init "
-                         "(torchrepro.seed_everything does).",
-                    evidence={"ranks": [ref_rank, rank], "module": event.module, "parameters": differing[:10],
-                              "call": i})]
+                return [
+                    Finding(
+                        "INIT_PARAMS_DIFFER",
+                        "error",
+                        f"ranks {ref_rank} and {rank} built different initial parameters for {event.module} before "
+                        f"{event.source} ({len(differing)} of {len(ref.names)} differ, first {differing[0]}): "
+                        "training silently mixes both inits",
+                        hint="FSDP2 does not broadcast initial parameters. Build on the meta device, fully_shard, "
+                        "to_empty, then set_model_state_dict(model, full_state_dict, options=StateDictOptions("
+                        "full_state_dict=True, broadcast_from_rank0=True)); or seed every rank alike for init "
+                        "(torchrepro.seed_everything does).",
+                        evidence={
+                            "ranks": [ref_rank, rank],
+                            "module": event.module,
+                            "parameters": differing[:10],
+                            "call": i,
+                        },
+                    )
+                ]
     return []
 
 
@@ -245,24 +309,33 @@ def _param_findings(logs: list[EventLog]) -> list[Finding]:
             differing = [n for n, a, b in zip(names, ref, fps) if a != b]
             if differing:
                 first_step = index == common[0]
-                return [Finding(
-                    "REPLICAS_DIFFER_FROM_START" if first_step else "REPLICAS_DIVERGE",
-                    "error",
-                    (f"data-parallel replicas hold different parameters from the first step on (rank {ref_rank} vs "
-                     f"{rank}, {len(differing)} parameters, first {differing[0]})" if first_step else
-                     f"data-parallel replicas diverged at step {index} (rank {ref_rank} vs {rank}, first "
-                     f"{differing[0]})"),
-                    hint=("Initial parameters differ and nothing synchronised them: DDP(init_sync=False) or a manual "
-                          "all-reduce with different seeds. Seed every rank alike for init, or broadcast from rank 0."
-                          if first_step else
-                          "Replicas must stay identical under DDP: look for rank-dependent updates (gradients not "
-                          "all-reduced, a rank-local optimizer step, unsynchronised buffers)."),
-                    evidence={"step": index, "ranks": [ref_rank, rank], "parameters": differing[:10]})]
+                return [
+                    Finding(
+                        "REPLICAS_DIFFER_FROM_START" if first_step else "REPLICAS_DIVERGE",
+                        "error",
+                        (
+                            f"data-parallel replicas hold different parameters from the first step on (rank {ref_rank} vs "
+                            f"{rank}, {len(differing)} parameters, first {differing[0]})"
+                            if first_step
+                            else f"data-parallel replicas diverged at step {index} (rank {ref_rank} vs {rank}, first "
+                            f"{differing[0]})"
+                        ),
+                        hint=(
+                            "Initial parameters differ and nothing synchronised them: DDP(init_sync=False) or a manual "
+                            "all-reduce with different seeds. Seed every rank alike for init, or broadcast from rank 0."
+                            if first_step
+                            else "Replicas must stay identical under DDP: look for rank-dependent updates (gradients not "
+                            "all-reduced, a rank-local optimizer step, unsynchronised buffers)."
+                        ),
+                        evidence={"step": index, "ranks": [ref_rank, rank], "parameters": differing[:10]},
+                    )
+                ]
     return []
 
 
-def _at_common_steps(logs: list[EventLog], fields: tuple[str, ...],
-                     kept: str | None = None) -> tuple[list[int], list[list[list[Any]]]]:
+def _at_common_steps(
+    logs: list[EventLog], fields: tuple[str, ...], kept: str | None = None
+) -> tuple[list[int], list[list[list[Any]]]]:
     """The step indices every rank has a step for (sorted; with ``kept``, a step whose field of
     that name is truthy), and for each of ``fields`` per rank (in the order of ``logs``) its value
     at each of those steps (the last step of an index repeated). Columns are read with
@@ -302,20 +375,28 @@ def _rng_findings(logs: list[EventLog]) -> list[Finding]:
     duplicated = not none and all(b == batches[0] for b in batches)
     findings = []
     if same_rng and consumed and split:
-        findings.append(Finding(
-            "RNG_IDENTICAL_ACROSS_RANKS", "warning",
-            "every rank draws the same torch random numbers at every step while training on different data: "
-            "dropout masks (and any other random op) repeat across ranks",
-            hint="Keep the shared stream for initialisation, then give each rank its own for training: "
-                 "with plan.fork('dropout'): ... (torchrepro.seed_everything), or torch.manual_seed(seed + rank) "
-                 "after the model is built.",
-            evidence={"ranks": [log.rank for log in logs], "steps": len(common)}))
+        findings.append(
+            Finding(
+                "RNG_IDENTICAL_ACROSS_RANKS",
+                "warning",
+                "every rank draws the same torch random numbers at every step while training on different data: "
+                "dropout masks (and any other random op) repeat across ranks",
+                hint="Keep the shared stream for initialisation, then give each rank its own for training: "
+                "with plan.fork('dropout'): ... (torchrepro.seed_everything), or torch.manual_seed(seed + rank) "
+                "after the model is built.",
+                evidence={"ranks": [log.rank for log in logs], "steps": len(common)},
+            )
+        )
     if duplicated:
-        findings.append(Finding(
-            "DUPLICATE_BATCHES_ACROSS_RANKS", "warning",
-            f"every rank trained on identical batches for all {len(common)} steps",
-            hint="Use a DistributedSampler (and sampler.set_epoch(epoch)), or shard the data by rank.",
-            evidence={"ranks": [log.rank for log in logs]}))
+        findings.append(
+            Finding(
+                "DUPLICATE_BATCHES_ACROSS_RANKS",
+                "warning",
+                f"every rank trained on identical batches for all {len(common)} steps",
+                hint="Use a DistributedSampler (and sampler.set_epoch(epoch)), or shard the data by rank.",
+                evidence={"ranks": [log.rank for log in logs]},
+            )
+        )
     return findings
 
 
@@ -345,17 +426,30 @@ def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
             rank = odd[0]
         c = entries[rank]
         what = "hit the recompile limit for" if c.limit_hit else "recompiled" if c.recompile_reasons else "compiled"
-        title = (f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} {what} {display_function(c)} "
-                 f"({c.compile_id}) at step {c.step} and rank{'s' if len(others) > 1 else ''} "
-                 f"{rank_ranges(others)} did not"
-                 + (f": {guard_text(c.recompile_reasons[0])}" if c.recompile_reasons else ""))
-        return [Finding(
-            "RANK_RECOMPILE_ASYMMETRY", "error" if c.limit_hit else "warning", title,
-            hint="The other ranks wait in their next collective while one rank compiles (a straggler, or a hang "
-                 "if it then takes another code path). Make inputs identical in shape on every rank: drop_last=True "
-                 "on the DistributedSampler/DataLoader, or pad.",
-            evidence={"rank": rank, "step": c.step, "compile_id": c.compile_id, "function": c.function,
-                      "reason": c.recompile_reasons[0] if c.recompile_reasons else None, "others": others})]
+        title = (
+            f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} {what} {display_function(c)} "
+            f"({c.compile_id}) at step {c.step} and rank{'s' if len(others) > 1 else ''} "
+            f"{rank_ranges(others)} did not"
+            + (f": {guard_text(c.recompile_reasons[0])}" if c.recompile_reasons else "")
+        )
+        return [
+            Finding(
+                "RANK_RECOMPILE_ASYMMETRY",
+                "error" if c.limit_hit else "warning",
+                title,
+                hint="The other ranks wait in their next collective while one rank compiles (a straggler, or a hang "
+                "if it then takes another code path). Make inputs identical in shape on every rank: drop_last=True "
+                "on the DistributedSampler/DataLoader, or pad.",
+                evidence={
+                    "rank": rank,
+                    "step": c.step,
+                    "compile_id": c.compile_id,
+                    "function": c.function,
+                    "reason": c.recompile_reasons[0] if c.recompile_reasons else None,
+                    "others": others,
+                },
+            )
+        ]
     return []
 
 
@@ -364,18 +458,25 @@ def _cache_findings(logs: list[EventLog]) -> list[Finding]:
     for log in logs:
         lookups = log.of(CacheLookup)
         if lookups:
-            decisions[log.rank] = {"hit": sum(x.status == "hit" for x in lookups),
-                                   "miss": sum(x.status == "miss" for x in lookups)}
+            decisions[log.rank] = {
+                "hit": sum(x.status == "hit" for x in lookups),
+                "miss": sum(x.status == "miss" for x in lookups),
+            }
     hitters = sorted(r for r, d in decisions.items() if d["hit"] and not d["miss"])
     missers = sorted(r for r, d in decisions.items() if d["miss"])
     if len(decisions) < 2 or not hitters or not missers:
         return []
-    return [Finding(
-        "CACHE_DECISION_SPLIT", "warning", f"ranks {hitters} hit the compile cache, ranks {missers} missed",
-        hint="The ranks compiled with different cache keys or cache contents (per-rank cache directories, a "
-             "device index or thread count in the key): the missing ranks compile while the others wait. "
-             f"torchrepro cache explain-miss RUN --ranks {hitters[0]} {missers[0]} names the key component.",
-        evidence={"per_rank": decisions})]
+    return [
+        Finding(
+            "CACHE_DECISION_SPLIT",
+            "warning",
+            f"ranks {hitters} hit the compile cache, ranks {missers} missed",
+            hint="The ranks compiled with different cache keys or cache contents (per-rank cache directories, a "
+            "device index or thread count in the key): the missing ranks compile while the others wait. "
+            f"torchrepro cache explain-miss RUN --ranks {hitters[0]} {missers[0]} names the key component.",
+            evidence={"per_rank": decisions},
+        )
+    ]
 
 
 def _straggler_findings(logs: list[EventLog]) -> list[Finding]:
@@ -400,15 +501,25 @@ def _straggler_findings(logs: list[EventLog]) -> list[Finding]:
     if worst is None:
         return []
     rank, step, skew = worst
-    return [Finding(
-        "COMPILE_STRAGGLER", "warning",
-        f"rank {rank} spent {skew:.1f} s more compiling than the others at step {step}: they waited for it",
-        hint="Make every rank compile the same graphs at the same step (see recompile asymmetry), and warm "
-             "the cache for all ranks (torchrepro cache pack/unpack).",
-        evidence={"rank": rank, "step": step, "extra_compile_s": round(skew, 3)})]
+    return [
+        Finding(
+            "COMPILE_STRAGGLER",
+            "warning",
+            f"rank {rank} spent {skew:.1f} s more compiling than the others at step {step}: they waited for it",
+            hint="Make every rank compile the same graphs at the same step (see recompile asymmetry), and warm "
+            "the cache for all ranks (torchrepro cache pack/unpack).",
+            evidence={"rank": rank, "step": step, "extra_compile_s": round(skew, 3)},
+        )
+    ]
 
 
 def rank_findings(logs: list[EventLog]) -> list[Finding]:
     """Every cross-rank finding, from the ranks' events."""
-    return (_init_findings(logs) + _param_findings(logs) + _rng_findings(logs) + _asymmetry_findings(logs)
-            + _cache_findings(logs) + _straggler_findings(logs))
+    return (
+        _init_findings(logs)
+        + _param_findings(logs)
+        + _rng_findings(logs)
+        + _asymmetry_findings(logs)
+        + _cache_findings(logs)
+        + _straggler_findings(logs)
+    )

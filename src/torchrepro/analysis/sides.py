@@ -16,11 +16,18 @@ def side(label: str, path: str, meta: dict[str, Any], logs: list[EventLog]) -> d
     """One run of a comparison: label, directory, provenance, per-rank ends and loss range."""
     steps = logs[0].of(Step) if logs else []
     losses = [s.loss for s in steps if s.loss is not None]
-    return {"label": label, "path": path, "provenance": provenance(meta, logs[0].header if logs else None),
-            "compile_mode": meta.get("compile_mode"), "exit_code": meta.get("exit_code"),
-            "ranks": [log.rank for log in logs], "steps": len(steps),
-            "status": {str(log.rank): (log.end.status if log.end else "incomplete") for log in logs},
-            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+    return {
+        "label": label,
+        "path": path,
+        "provenance": provenance(meta, logs[0].header if logs else None),
+        "compile_mode": meta.get("compile_mode"),
+        "exit_code": meta.get("exit_code"),
+        "ranks": [log.rank for log in logs],
+        "steps": len(steps),
+        "status": {str(log.rank): (log.end.status if log.end else "incomplete") for log in logs},
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+    }
 
 
 def step_comparison(a: EventLog, b: EventLog) -> list[dict[str, Any]]:
@@ -34,8 +41,15 @@ def step_comparison(a: EventLog, b: EventLog) -> list[dict[str, Any]]:
             continue
         both = x.loss is not None and y.loss is not None
         same = None if x.params_fp is None or y.params_fp is None else x.params_fp == y.params_fp
-        rows.append({"step": x.index, "loss_a": x.loss, "loss_b": y.loss,
-                     "loss_diff": abs(x.loss - y.loss) if both else None, "same_params": same})
+        rows.append(
+            {
+                "step": x.index,
+                "loss_a": x.loss,
+                "loss_b": y.loss,
+                "loss_diff": abs(x.loss - y.loss) if both else None,
+                "same_params": same,
+            }
+        )
     if len(rows) > MAX_POINTS:
         stride = len(rows) / MAX_POINTS
         first_diff = next((i for i, r in enumerate(rows) if r["same_params"] is False or r["loss_diff"]), None)

@@ -30,11 +30,20 @@ def _compiles(log: EventLog) -> list[dict[str, Any]]:
     for c in log.of(Compile):
         duration = c.dynamo_s or 0.0
         statuses = lookups.get(c.compile_id) or [s for counts in c.cache.values() for s, n in counts.items() if n]
-        out.append({"compile_id": c.compile_id, "function": display_function(c), "step": c.step,
-                    "start_s": round(max(0.0, c.t - start - duration), 4), "duration_s": round(duration, 4),
-                    "backward_s": c.backward_s, "cache": _cache_status(statuses),
-                    "recompile": guard_text(c.recompile_reasons[0]) if c.recompile_reasons else None,
-                    "limit_hit": c.limit_hit, "failed": c.fail_type})
+        out.append(
+            {
+                "compile_id": c.compile_id,
+                "function": display_function(c),
+                "step": c.step,
+                "start_s": round(max(0.0, c.t - start - duration), 4),
+                "duration_s": round(duration, 4),
+                "backward_s": c.backward_s,
+                "cache": _cache_status(statuses),
+                "recompile": guard_text(c.recompile_reasons[0]) if c.recompile_reasons else None,
+                "limit_hit": c.limit_hit,
+                "failed": c.fail_type,
+            }
+        )
     return out
 
 
@@ -68,11 +77,20 @@ def timeline(logs: list[EventLog], groups: list[dict[str, Any]]) -> list[dict[st
         if medians:
             values = sorted(m for m, _ in medians)
             slowest = max(medians)
-            spread = {"min_s": round(values[0], 6), "median_s": round(statistics.median(values), 6),
-                      "max_s": round(slowest[0], 6), "slowest_rank": slowest[1]}
+            spread = {
+                "min_s": round(values[0], 6),
+                "median_s": round(statistics.median(values), 6),
+                "max_s": round(slowest[0], 6),
+                "slowest_rank": slowest[1],
+            }
         steps = [s for s in log.of(Step) if s.time_s is not None]
-        out.append({"ranks_text": group["ranks_text"], "rank": group["representative"],
-                    "compiles": _compiles(log),
-                    "steps": [[s.index, round(s.time_s, 6), s.compiles] for s in _thin(steps)],
-                    "median_step": spread})
+        out.append(
+            {
+                "ranks_text": group["ranks_text"],
+                "rank": group["representative"],
+                "compiles": _compiles(log),
+                "steps": [[s.index, round(s.time_s, 6), s.compiles] for s in _thin(steps)],
+                "median_step": spread,
+            }
+        )
     return out

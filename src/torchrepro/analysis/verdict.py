@@ -36,8 +36,13 @@ class Ending:
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.label, "ended_normally": self.ok, "problems": self.problems,
-                "unreadable": self.unreadable, "steps": {str(r): n for r, n in sorted(self.steps.items())}}
+        return {
+            "run": self.label,
+            "ended_normally": self.ok,
+            "problems": self.problems,
+            "unreadable": self.unreadable,
+            "steps": {str(r): n for r, n in sorted(self.steps.items())},
+        }
 
 
 def describe_exit(code: int) -> str:
@@ -106,13 +111,16 @@ def nothing_compared_because(endings: list[Ending]) -> str:
         return f"the event log of {', '.join(unreadable)} cannot be read"
     empty = [e.label for e in endings if not any(e.steps.values())]
     if empty:
-        return (f"{', '.join(empty)} recorded no training step (no optimizer.step() and no backward() was seen, "
-                "or the script ended before its first step)")
+        return (
+            f"{', '.join(empty)} recorded no training step (no optimizer.step() and no backward() was seen, "
+            "or the script ended before its first step)"
+        )
     return "the runs have no rank and step index in common"
 
 
-def judge(diverged: bool, within_tolerance: bool, steps_compared: int, endings: list[Ending],
-          unreadable_exit: int = 2) -> tuple[str, int]:
+def judge(
+    diverged: bool, within_tolerance: bool, steps_compared: int, endings: list[Ending], unreadable_exit: int = 2
+) -> tuple[str, int]:
     """The verdict and the exit code: ``unreadable_exit`` when a log cannot be read (2 for
     stored runs given as input; 3 for runs a check launched), 3 when a run did not end
     normally, 1 when the runs diverged or nothing was compared, else 0."""
@@ -124,8 +132,9 @@ def judge(diverged: bool, within_tolerance: bool, steps_compared: int, endings: 
         verdict = "incomplete"
     else:
         verdict = "within_tolerance" if within_tolerance else "bit_exact"
-    return verdict, comparison_exit_code(Verdict(verdict), all(e.ok for e in endings),
-                                         any(e.unreadable for e in endings), unreadable_exit)
+    return verdict, comparison_exit_code(
+        Verdict(verdict), all(e.ok for e in endings), any(e.unreadable for e in endings), unreadable_exit
+    )
 
 
 def _fmt(x: float | None) -> str:
@@ -141,18 +150,30 @@ def verdict_line(det: dict[str, Any]) -> str:
         return f"BIT-EXACT: {len(det['runs'])} runs agree bit for bit over {n} step(s), and every run ended normally"
     if v == "within_tolerance":
         largest = det.get("largest_difference") or {}
-        return (f"WITHIN TOLERANCE (rtol={det['rtol']}, atol={det['atol']}): the runs differ over {n} step(s), by at "
-                f"most {_fmt(largest.get('params_max_abs'))} in parameters and {_fmt(largest.get('loss_max_abs'))} "
-                "in loss — not bit for bit")
+        return (
+            f"WITHIN TOLERANCE (rtol={det['rtol']}, atol={det['atol']}): the runs differ over {n} step(s), by at "
+            f"most {_fmt(largest.get('params_max_abs'))} in parameters and {_fmt(largest.get('loss_max_abs'))} "
+            "in loss — not bit for bit"
+        )
     if v == "incomplete":
         return f"INCOMPLETE: the {n} step(s) both runs recorded agree, but not every run ended normally — {how}"
     if v == "nothing_compared":
         return f"NOTHING COMPARED: {det.get('nothing_compared_because', 'no common step')}" + (
-            f" — {how}" if how else "")
+            f" — {how}" if how else ""
+        )
     fd = det["first_divergence"]
-    where = ", ".join(x for x in (
-        f"module {fd['module']}" if fd.get("module") else None, f"op {fd['op']}" if fd.get("op") else None,
-        f"at {fd['source']}" if fd.get("source") else None) if x)
+    where = ", ".join(
+        x
+        for x in (
+            f"module {fd['module']}" if fd.get("module") else None,
+            f"op {fd['op']}" if fd.get("op") else None,
+            f"at {fd['source']}" if fd.get("source") else None,
+        )
+        if x
+    )
     at = "before step 0" if fd["what"] == "init_params" else f"at step {fd['step']}"
-    return (f"DIVERGED {at} (rank {fd['rank']}, {fd['what']}): cause {fd['cause']}" + (f" — {where}" if where else "")
-            + (f" (and {how})" if how else ""))
+    return (
+        f"DIVERGED {at} (rank {fd['rank']}, {fd['what']}): cause {fd['cause']}"
+        + (f" — {where}" if where else "")
+        + (f" (and {how})" if how else "")
+    )

@@ -108,8 +108,9 @@ def _header_files(directory: Path) -> list[Path]:
     """The precompiled headers (``*.h`` and ``*.h.gch``) in ``directory``: regular files only."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir()
-                  if p.name.endswith((".h", ".h.gch")) and p.is_file() and not p.is_symlink())
+    return sorted(
+        p for p in directory.iterdir() if p.name.endswith((".h", ".h.gch")) and p.is_file() and not p.is_symlink()
+    )
 
 
 def _record(area: str, path: Path, rel: str) -> dict[str, Any]:
@@ -120,8 +121,14 @@ def _record(area: str, path: Path, rel: str) -> dict[str, Any]:
         raise _changed(path) from None
 
 
-def pack(out: str | os.PathLike, source: str | os.PathLike | None = None, *, headers: bool = True,
-         headers_from: str | os.PathLike | None = None, force: bool = False) -> dict[str, Any]:
+def pack(
+    out: str | os.PathLike,
+    source: str | os.PathLike | None = None,
+    *,
+    headers: bool = True,
+    headers_from: str | os.PathLike | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
     """Write a warm-start pack of an inductor cache directory (default: the one in use) and
     return its manifest. It holds the FX-graph and AOTAutograd entries, the compiled kernels,
     and (unless ``headers=False``) the precompiled C++ headers of ``headers_from`` (default: torch's
@@ -157,10 +164,15 @@ def pack(out: str | os.PathLike, source: str | os.PathLike | None = None, *, hea
         "source": str(root),
         "headers_source": str(header_root) if headers else None,
         "build": current_build(),
-        "totals": {"files": len(files), "bytes": sum(f["size"] for f in files),
-                   "headers": sum(f["area"] == "headers" for f in files)},
-        "left_out": {"unreachable": sum(e.unreachable is not None for e in entries),
-                     "locks_partial_links": sum(e.category not in PACKED for e in entries)},
+        "totals": {
+            "files": len(files),
+            "bytes": sum(f["size"] for f in files),
+            "headers": sum(f["area"] == "headers" for f in files),
+        },
+        "left_out": {
+            "unreachable": sum(e.unreachable is not None for e in entries),
+            "locks_partial_links": sum(e.category not in PACKED for e in entries),
+        },
         "files": files,
     }
     data = json.dumps(manifest, indent=1).encode()
@@ -215,8 +227,15 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
     if member.issym() or member.islnk():
         return f"{name!r}: {'symbolic' if member.issym() else 'hard'} link to {member.linkname!r}"
     if not member.isfile():
-        kind = ("device" if member.ischr() or member.isblk() else "fifo" if member.isfifo()
-                else "directory" if member.isdir() else "special file")
+        kind = (
+            "device"
+            if member.ischr() or member.isblk()
+            else "fifo"
+            if member.isfifo()
+            else "directory"
+            if member.isdir()
+            else "special file"
+        )
         return f"{name!r}: a {kind}, not a regular file"
     return None
 
@@ -238,10 +257,17 @@ def kernel_mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """Differences that keep the graphs hitting but rebuild every C++ kernel: inductor hashes the
     compile command (torch and Python include paths, CPU capability flags, compiler) into each
     kernel's key."""
-    labels = (("torch_dir", "torch installed at"), ("python_include", "Python headers at"),
-              ("cpu_capability", "CPU capability"), ("compiler", "compiler"))
-    return [f"{label} {built.get(key)} (this is {here.get(key)})" for key, label in labels
-            if built.get(key) != here.get(key)]
+    labels = (
+        ("torch_dir", "torch installed at"),
+        ("python_include", "Python headers at"),
+        ("cpu_capability", "CPU capability"),
+        ("compiler", "compiler"),
+    )
+    return [
+        f"{label} {built.get(key)} (this is {here.get(key)})"
+        for key, label in labels
+        if built.get(key) != here.get(key)
+    ]
 
 
 @dataclass
@@ -280,8 +306,12 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
         if manifest.get("schema") != PACK_SCHEMA or not isinstance(files, list):
             raise ValueError(f"schema {manifest.get('schema')!r}")
         for f in files:
-            if not (f["area"] in AREAS and isinstance(f["path"], str) and isinstance(f["sha256"], str)
-                    and isinstance(f["size"], int)):
+            if not (
+                f["area"] in AREAS
+                and isinstance(f["path"], str)
+                and isinstance(f["sha256"], str)
+                and isinstance(f["size"], int)
+            ):
                 raise ValueError("bad file record")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"{where}: unreadable manifest ({_why(exc)})") from None
@@ -298,9 +328,14 @@ def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo | None, path: P
     return parse_manifest(data, str(path))
 
 
-def check_pack(path: str | os.PathLike, extract_to: Callable[[str], Path] | None = None, *,
-               stop_early: bool = False, expect_build: dict[str, Any] | None = None,
-               max_bytes: int | None = None) -> PackCheck:
+def check_pack(
+    path: str | os.PathLike,
+    extract_to: Callable[[str], Path] | None = None,
+    *,
+    stop_early: bool = False,
+    expect_build: dict[str, Any] | None = None,
+    max_bytes: int | None = None,
+) -> PackCheck:
     """Read a pack member by member, checking names, types, sizes and sha256 against its manifest;
     with ``extract_to``, also write each file to ``extract_to(area) / path``. With
     ``expect_build``, a pack made for another build is a problem found before any file is read; so
@@ -338,13 +373,15 @@ def check_pack(path: str | os.PathLike, extract_to: Callable[[str], Path] | None
             return result
         missing = sorted(set(expected) - seen)
         if missing:
-            result.problems.append(f"{len(missing)} file(s) in the manifest are missing from the archive, "
-                                   f"e.g. {missing[0]}")
+            result.problems.append(
+                f"{len(missing)} file(s) in the manifest are missing from the archive, e.g. {missing[0]}"
+            )
     return result
 
 
-def _size_problem(path: Path, files: list[dict[str, Any]], max_bytes: int | None,
-                  extract_to: Callable[[str], Path] | None) -> str | None:
+def _size_problem(
+    path: Path, files: list[dict[str, Any]], max_bytes: int | None, extract_to: Callable[[str], Path] | None
+) -> str | None:
     """Why the files a manifest declares are too big to unpack (over the limit, or the free space)."""
     if any(f["size"] < 0 for f in files):
         return "the manifest declares a negative file size"
@@ -365,8 +402,14 @@ def _size_problem(path: Path, files: list[dict[str, Any]], max_bytes: int | None
     return None
 
 
-def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: dict[str, dict], seen: set[str],
-                  result: PackCheck, extract_to: Callable[[str], Path] | None) -> None:
+def _check_member(
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    expected: dict[str, dict],
+    seen: set[str],
+    result: PackCheck,
+    extract_to: Callable[[str], Path] | None,
+) -> None:
     name = member.name
     problem = _member_problem(member)
     if problem is None and (name not in expected or name in seen):
@@ -377,8 +420,9 @@ def _check_member(tar: tarfile.TarFile, member: tarfile.TarInfo, expected: dict[
     seen.add(name)
     spec = expected[name]
     if member.size != spec["size"]:
-        result.problems.append(f"{name}: {format_size(member.size)} in the archive, the manifest says "
-                               f"{format_size(spec['size'])}")
+        result.problems.append(
+            f"{name}: {format_size(member.size)} in the archive, the manifest says {format_size(spec['size'])}"
+        )
         return
     reader = _Hashing(tar.extractfile(member))
     if extract_to is None:
@@ -421,8 +465,9 @@ class _Staging:
             if target.exists() and not target.is_dir():
                 raise InputError(f"{target} exists and is not a directory")
             try:
-                self.dirs[area] = Path(tempfile.mkdtemp(prefix=".torchrepro-unpack-",
-                                                        dir=_nearest_existing(target.parent)))
+                self.dirs[area] = Path(
+                    tempfile.mkdtemp(prefix=".torchrepro-unpack-", dir=_nearest_existing(target.parent))
+                )
             except OSError as exc:
                 raise InputError(f"cannot write next to {target}: {exc.strerror or exc}") from None
         return self.dirs[area] / "new"
@@ -432,9 +477,14 @@ class _Staging:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def unpack(pack_path: str | os.PathLike, into: str | os.PathLike | None = None, *,
-           headers_into: str | os.PathLike | None = None, force: bool = False,
-           max_bytes: int | None = None) -> dict[str, Any]:
+def unpack(
+    pack_path: str | os.PathLike,
+    into: str | os.PathLike | None = None,
+    *,
+    headers_into: str | os.PathLike | None = None,
+    force: bool = False,
+    max_bytes: int | None = None,
+) -> dict[str, Any]:
     """Unpack a warm-start pack into an inductor cache directory (default: the one in use), and
     its precompiled headers into ``headers_into`` (default: where this process's inductor reads
     them, ``<torch's default cache dir>/precompiled_headers``).
@@ -455,8 +505,9 @@ def unpack(pack_path: str | os.PathLike, into: str | os.PathLike | None = None, 
     targets = {"cache": cache_dir(into)[0], "headers": Path(headers_into).absolute() if headers_into else headers_dir()}
     staging = _Staging(targets)
     try:
-        check = check_pack(pack_path, staging, stop_early=True, expect_build=None if force else here,
-                           max_bytes=max_bytes)
+        check = check_pack(
+            pack_path, staging, stop_early=True, expect_build=None if force else here, max_bytes=max_bytes
+        )
         if check.problems:
             hint = " (pass --force to unpack anyway)" if check.problems[0].startswith("built for") else ""
             raise InputError(f"{check.path}: {check.problems[0]}{hint}; nothing was unpacked")
@@ -464,18 +515,26 @@ def unpack(pack_path: str | os.PathLike, into: str | os.PathLike | None = None, 
         try:
             for area in AREAS:
                 if area in staging.dirs:
-                    move.commit(staging.dirs[area], targets[area],
-                                [f for f in check.manifest["files"] if f["area"] == area])
+                    move.commit(
+                        staging.dirs[area], targets[area], [f for f in check.manifest["files"] if f["area"] == area]
+                    )
         except OSError as exc:
             move.undo()
-            raise InputError(f"could not move the files into {targets['cache']} ({exc.strerror or exc}); "
-                             "nothing was changed") from None
+            raise InputError(
+                f"could not move the files into {targets['cache']} ({exc.strerror or exc}); nothing was changed"
+            ) from None
     finally:
         staging.remove()
     built = check.manifest.get("build", {})
-    return {"path": str(targets["cache"]), "headers_path": str(targets["headers"]), "pack": str(check.path),
-            **move.counts, "bytes": check.bytes, "built_with": built,
-            "kernels_rebuilt": kernel_mismatches(built, here)}
+    return {
+        "path": str(targets["cache"]),
+        "headers_path": str(targets["headers"]),
+        "pack": str(check.path),
+        **move.counts,
+        "bytes": check.bytes,
+        "built_with": built,
+        "kernels_rebuilt": kernel_mismatches(built, here),
+    }
 
 
 @dataclass
@@ -506,8 +565,12 @@ class _Move:
             dest = target / f["path"]
             backup = None
             if os.path.lexists(dest):
-                if dest.is_symlink() or not dest.is_file() or dest.stat().st_mtime >= f["mtime"] \
-                        or sha256_file(dest) == f["sha256"]:
+                if (
+                    dest.is_symlink()
+                    or not dest.is_file()
+                    or dest.stat().st_mtime >= f["mtime"]
+                    or sha256_file(dest) == f["sha256"]
+                ):
                     self.counts["kept"] += 1
                     continue
                 backup = staging / "old" / f["path"]

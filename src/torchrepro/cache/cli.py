@@ -18,8 +18,10 @@ from ..errors import UserError
 from ..report.cache import size_text
 from ..safe_text import visible
 
-_EPILOG = ("Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
-           "finds differing keys; 2 usage or input error (nothing is written).")
+_EPILOG = (
+    "Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
+    "finds differing keys; 2 usage or input error (nothing is written)."
+)
 
 
 def _print_json(data: Any) -> None:
@@ -51,8 +53,10 @@ def _events(run: str, rank: int | None):
         raise UserError(f"{run} has no rank {chosen} (ranks present: {sorted(logs)})")
     lookups = logs[chosen].of(CacheLookup)
     if not lookups:
-        raise UserError(f"{run} rank {chosen} recorded no compile-cache lookups (no inductor compile, or caches "
-                        "disabled): nothing to compare")
+        raise UserError(
+            f"{run} rank {chosen} recorded no compile-cache lookups (no inductor compile, or caches "
+            "disabled): nothing to compare"
+        )
     return lookups, f"{run} rank {chosen}"
 
 
@@ -78,12 +82,15 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_pack(args: argparse.Namespace) -> int:
     from .archive import pack
 
-    manifest = pack(args.out, args.source, headers=not args.no_headers, headers_from=args.headers_from,
-                    force=args.force)
+    manifest = pack(
+        args.out, args.source, headers=not args.no_headers, headers_from=args.headers_from, force=args.force
+    )
     left, totals = manifest["left_out"], manifest["totals"]
-    print(f"packed {totals['files']} files ({size_text(totals['bytes'])}, {totals['headers']} of them precompiled "
-          f"headers) from {manifest['source']} into {Path(args.out).absolute()}; left out {left['unreachable']} "
-          f"unreachable, {left['locks_partial_links']} locks/partial/links")
+    print(
+        f"packed {totals['files']} files ({size_text(totals['bytes'])}, {totals['headers']} of them precompiled "
+        f"headers) from {manifest['source']} into {Path(args.out).absolute()}; left out {left['unreachable']} "
+        f"unreachable, {left['locks_partial_links']} locks/partial/links"
+    )
     return 0
 
 
@@ -91,8 +98,10 @@ def _cmd_unpack(args: argparse.Namespace) -> int:
     from .archive import unpack
 
     result = unpack(args.pack, args.into, headers_into=args.headers_into, force=args.force, max_bytes=args.max_size)
-    print(f"unpacked into {result['path']}: {result['added']} added, {result['replaced']} older replaced, "
-          f"{result['kept']} kept (already there, as new or newer); every sha256 verified")
+    print(
+        f"unpacked into {result['path']}: {result['added']} added, {result['replaced']} older replaced, "
+        f"{result['kept']} kept (already there, as new or newer); every sha256 verified"
+    )
     _kernel_note(result["kernels_rebuilt"])
     return 0
 
@@ -116,8 +125,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     built = result["built_with"]
     made = f", built with torch {built.get('torch')} on {built.get('system')} {built.get('machine')}" if built else ""
     verdict = "FAILED" if result["problems"] else "ok"
-    print(f"verify {verdict}: {result['kind']} {result['path']}: {result['files']} files, "
-          f"{size_text(result['bytes'])}{made}")
+    print(
+        f"verify {verdict}: {result['kind']} {result['path']}: {result['files']} files, "
+        f"{size_text(result['bytes'])}{made}"
+    )
     if result["mismatches"]:
         print(f"note: unpack here would refuse it without --force: {'; '.join(result['mismatches'])}")
     _kernel_note(result["kernels_rebuilt"])
@@ -132,14 +143,20 @@ def _cmd_clear(args: argparse.Namespace) -> int:
     if result["left_alone"]:
         shown = ", ".join(visible(rel) for rel in result["left_alone"][:5])
         more = f" and {len(result['left_alone']) - 5} more" if len(result["left_alone"]) > 5 else ""
-        print(f"left alone: {len(result['left_alone'])} file(s) or link(s) that are not inductor cache entries: "
-              f"{shown}{more}")
+        print(
+            f"left alone: {len(result['left_alone'])} file(s) or link(s) that are not inductor cache entries: "
+            f"{shown}{more}"
+        )
     if result["dry_run"]:
-        print(f"would delete {result['files']} files ({size_text(result['bytes'])}) from {result['path']}: {kinds}; "
-              "run again with --yes to delete")
+        print(
+            f"would delete {result['files']} files ({size_text(result['bytes'])}) from {result['path']}: {kinds}; "
+            "run again with --yes to delete"
+        )
         return 0
-    print(f"deleted {result['files'] - len(result['errors'])} files ({size_text(result['bytes'])}) from "
-          f"{result['path']}: {kinds}")
+    print(
+        f"deleted {result['files'] - len(result['errors'])} files ({size_text(result['bytes'])}) from "
+        f"{result['path']}: {kinds}"
+    )
     for error in result["errors"]:
         print(f"torchrepro: could not delete {error}", file=sys.stderr)
     return 0
@@ -147,59 +164,84 @@ def _cmd_clear(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``torchrepro cache`` and its subcommands on the main parser."""
-    cache = sub.add_parser("cache", help="compile caches: inventory, why a lookup missed, warm-start packs",
-                           description="Inductor compile caches: inventory, explain misses, warm-start packs.",
-                           epilog=_EPILOG)
+    cache = sub.add_parser(
+        "cache",
+        help="compile caches: inventory, why a lookup missed, warm-start packs",
+        description="Inductor compile caches: inventory, explain misses, warm-start packs.",
+        epilog=_EPILOG,
+    )
     commands = cache.add_subparsers(dest="cache_command", required=True, metavar="SUBCOMMAND")
 
-    status = commands.add_parser("status", help="what the cache holds, who wrote it, who can write to it",
-                                 epilog=_EPILOG)
-    status.add_argument("dir", nargs="?", metavar="DIR",
-                        help="cache directory (default: TORCHINDUCTOR_CACHE_DIR, else torch's default)")
+    status = commands.add_parser(
+        "status", help="what the cache holds, who wrote it, who can write to it", epilog=_EPILOG
+    )
+    status.add_argument(
+        "dir", nargs="?", metavar="DIR", help="cache directory (default: TORCHINDUCTOR_CACHE_DIR, else torch's default)"
+    )
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     status.set_defaults(func=_cmd_status)
 
-    explain = commands.add_parser("explain-miss", help="which cache-key component differs between two runs or ranks",
-                                  epilog=_EPILOG)
+    explain = commands.add_parser(
+        "explain-miss", help="which cache-key component differs between two runs or ranks", epilog=_EPILOG
+    )
     explain.add_argument("run_a", metavar="RUN_A", help="the run that compiled (and filled the cache)")
     explain.add_argument("run_b", nargs="?", metavar="RUN_B", help="the run that missed (default: RUN_A, with --ranks)")
-    explain.add_argument("--ranks", nargs=2, type=options.count, metavar=("RA", "RB"),
-                         help="compare rank RA of RUN_A with rank RB of RUN_B (default: the lowest rank of each)")
+    explain.add_argument(
+        "--ranks",
+        nargs=2,
+        type=options.count,
+        metavar=("RA", "RB"),
+        help="compare rank RA of RUN_A with rank RB of RUN_B (default: the lowest rank of each)",
+    )
     explain.add_argument("--json", action="store_true", help="print machine-readable JSON")
     explain.set_defaults(func=_cmd_explain)
 
     pack = commands.add_parser("pack", help="write a warm-start pack (compiled kernels included)", epilog=_EPILOG)
     pack.add_argument("out", metavar="OUT.tar", help="the pack to write (.tar, or .tar.gz/.tgz to compress)")
     pack.add_argument("--from", dest="source", metavar="DIR", help="cache directory to pack (default: the one in use)")
-    pack.add_argument("--no-headers", action="store_true",
-                      help="leave out the precompiled C++ headers (~150 MB each; a new machine then builds them)")
-    pack.add_argument("--headers-from", metavar="DIR",
-                      help="where the precompiled headers are (default: <torch's default cache "
-                           "dir>/precompiled_headers)")
+    pack.add_argument(
+        "--no-headers",
+        action="store_true",
+        help="leave out the precompiled C++ headers (~150 MB each; a new machine then builds them)",
+    )
+    pack.add_argument(
+        "--headers-from",
+        metavar="DIR",
+        help="where the precompiled headers are (default: <torch's default cache dir>/precompiled_headers)",
+    )
     pack.add_argument("--force", action="store_true", help="replace OUT if it exists")
     pack.set_defaults(func=_cmd_pack)
 
     unpack = commands.add_parser("unpack", help="verify a pack and unpack it into a cache directory", epilog=_EPILOG)
     unpack.add_argument("pack", metavar="PACK")
     unpack.add_argument("--into", metavar="DIR", help="target cache directory (default: the one in use)")
-    unpack.add_argument("--headers-into", metavar="DIR",
-                        help="where precompiled headers go (default: where inductor reads them, "
-                             "<torch's default cache dir>/precompiled_headers)")
+    unpack.add_argument(
+        "--headers-into",
+        metavar="DIR",
+        help="where precompiled headers go (default: where inductor reads them, "
+        "<torch's default cache dir>/precompiled_headers)",
+    )
     unpack.add_argument("--force", action="store_true", help="unpack a pack built for another torch/Python/platform")
-    unpack.add_argument("--max-size", type=options.size, metavar="SIZE",
-                        help="refuse a pack that unpacks to more than SIZE (500M, 20G; default: 20x the pack's size)")
+    unpack.add_argument(
+        "--max-size",
+        type=options.size,
+        metavar="SIZE",
+        help="refuse a pack that unpacks to more than SIZE (500M, 20G; default: 20x the pack's size)",
+    )
     unpack.set_defaults(func=_cmd_unpack)
 
-    verify = commands.add_parser("verify", help="check a pack or cache directory for damage, without unpacking",
-                                 epilog=_EPILOG)
+    verify = commands.add_parser(
+        "verify", help="check a pack or cache directory for damage, without unpacking", epilog=_EPILOG
+    )
     verify.add_argument("target", metavar="PACK|DIR")
     verify.add_argument("--json", action="store_true", help="print machine-readable JSON")
     verify.set_defaults(func=_cmd_verify)
 
     clear = commands.add_parser("clear", help="delete cache entries (a dry run unless --yes)", epilog=_EPILOG)
     clear.add_argument("dir", nargs="?", metavar="DIR", help="cache directory (default: the one in use)")
-    clear.add_argument("--older-than", type=options.age, metavar="AGE",
-                       help="only entries written more than AGE ago (7d, 12h, 30m)")
+    clear.add_argument(
+        "--older-than", type=options.age, metavar="AGE", help="only entries written more than AGE ago (7d, 12h, 30m)"
+    )
     clear.add_argument("--stale", action="store_true", help="only entries no current configuration can hit")
     clear.add_argument("--yes", action="store_true", help="really delete (default: list what would go)")
     clear.set_defaults(func=_cmd_clear)

@@ -79,15 +79,25 @@ def _verify_extracted(root: Path) -> dict[str, Any]:
             problems.append(f"{f['path']}: {exc.strerror or exc}")
             continue
         total += f["size"]
-    return {"kind": "extracted pack", "manifest": manifest, "files": len(files) - len(problems),
-            "bytes": total, "problems": problems}
+    return {
+        "kind": "extracted pack",
+        "manifest": manifest,
+        "files": len(files) - len(problems),
+        "bytes": total,
+        "problems": problems,
+    }
 
 
 def _verify_cache_dir(root: Path) -> dict[str, Any]:
     entries = scan(root)
     problems = [f"{e.rel}: {why}" for e in entries if (why := entry_problem(root, e))]
-    return {"kind": "cache directory", "manifest": None, "files": len(entries), "problems": problems,
-            "bytes": sum(e.size for e in entries)}
+    return {
+        "kind": "cache directory",
+        "manifest": None,
+        "files": len(entries),
+        "problems": problems,
+        "bytes": sum(e.size for e in entries),
+    }
 
 
 def verify(path: str | os.PathLike) -> dict[str, Any]:
@@ -107,12 +117,21 @@ def verify(path: str | os.PathLike) -> dict[str, Any]:
         result = _verify_cache_dir(existing_cache_dir(path)[0])
     else:
         check = check_pack(path)
-        result = {"kind": "pack", "manifest": check.manifest, "files": check.files, "bytes": check.bytes,
-                  "problems": check.problems}
+        result = {
+            "kind": "pack",
+            "manifest": check.manifest,
+            "files": check.files,
+            "bytes": check.bytes,
+            "problems": check.problems,
+        }
     manifest = result.pop("manifest")
     built = manifest.get("build", {}) if manifest else {}
     here = current_build()
-    return {"path": str(path), **result, "built_with": built,
-            "mismatches": build_mismatches(built, here) if built else [],
-            "kernels_rebuilt": kernel_mismatches(built, here) if built else [],
-            "created": manifest.get("created") if manifest else None}
+    return {
+        "path": str(path),
+        **result,
+        "built_with": built,
+        "mismatches": build_mismatches(built, here) if built else [],
+        "kernels_rebuilt": kernel_mismatches(built, here) if built else [],
+        "created": manifest.get("created") if manifest else None,
+    }

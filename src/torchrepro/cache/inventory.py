@@ -32,10 +32,16 @@ def _categories(entries: list[Entry], now: float) -> dict[str, dict[str, Any]]:
         if not group:
             continue
         oldest, newest = min(e.mtime for e in group), max(e.mtime for e in group)
-        row = {"what": CATEGORIES[name], "files": len(group), "bytes": sum(e.size for e in group),
-               "oldest": _iso(oldest), "newest": _iso(newest),
-               "oldest_age_s": round(now - oldest), "newest_age_s": round(now - newest),
-               "unreachable": sum(e.unreachable is not None for e in group)}
+        row = {
+            "what": CATEGORIES[name],
+            "files": len(group),
+            "bytes": sum(e.size for e in group),
+            "oldest": _iso(oldest),
+            "newest": _iso(newest),
+            "oldest_age_s": round(now - oldest),
+            "newest_age_s": round(now - newest),
+            "unreachable": sum(e.unreachable is not None for e in group),
+        }
         if name in ("fxgraph", "aotautograd"):  # one key can hold several entries (guards differ)
             row["keys"] = len({e.rel.rsplit("/", 1)[0] for e in group})
         out[name] = row
@@ -56,9 +62,16 @@ def _unreachable(entries: list[Entry]) -> list[dict[str, Any]]:
     for e in entries:
         if e.unreachable:
             groups[(e.category, e.unreachable)].append(e)
-    return [{"category": cat, "why": why, "files": len(group), "bytes": sum(e.size for e in group),
-             "examples": [e.rel for e in group[:3]]}
-            for (cat, why), group in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+    return [
+        {
+            "category": cat,
+            "why": why,
+            "files": len(group),
+            "bytes": sum(e.size for e in group),
+            "examples": [e.rel for e in group[:3]],
+        }
+        for (cat, why), group in sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    ]
 
 
 def _writable_dirs(root: Path) -> list[str]:
@@ -91,49 +104,78 @@ def _permissions(root: Path, entries: list[Entry]) -> dict[str, Any]:
         "precompiled_headers": str(headers) if headers.is_dir() else None,
         "risks": risks,
         "entries_writable_by_others": [f"{e.rel} ({e.writable_by}-writable)" for e in entries if e.writable_by]
-                                      + (_writable_dirs(root) if posix else []),
+        + (_writable_dirs(root) if posix else []),
         "entries_owned_by_others": [f"{e.rel} (owner {e.foreign_owner})" for e in entries if e.foreign_owner],
     }
 
 
 def _findings(root: Path, entries: list[Entry], perms: dict[str, Any]) -> list[Finding]:
     findings = []
-    fix = (f"chmod -R go-w {root} (and its parents), or give each user a private cache: "
-           "torchrepro.cache.configure() creates its directories with mode 0700")
+    fix = (
+        f"chmod -R go-w {root} (and its parents), or give each user a private cache: "
+        "torchrepro.cache.configure() creates its directories with mode 0700"
+    )
     if perms["risks"]:
-        findings.append(Finding("CACHE_WRITABLE_BY_OTHERS", "error", perms["risks"][0], hint=fix,
-                                evidence={"risks": perms["risks"]}))
+        findings.append(
+            Finding(
+                "CACHE_WRITABLE_BY_OTHERS", "error", perms["risks"][0], hint=fix, evidence={"risks": perms["risks"]}
+            )
+        )
     foreign = perms["entries_writable_by_others"] + perms["entries_owned_by_others"]
     if foreign:
-        findings.append(Finding(
-            "CACHE_ENTRIES_WRITABLE_BY_OTHERS", "error",
-            f"{len(foreign)} cache file(s) or folder(s) can be changed by other users: they could run code in "
-            "your job",
-            hint=fix, evidence={"files": foreign[:20]}))
+        findings.append(
+            Finding(
+                "CACHE_ENTRIES_WRITABLE_BY_OTHERS",
+                "error",
+                f"{len(foreign)} cache file(s) or folder(s) can be changed by other users: they could run code in "
+                "your job",
+                hint=fix,
+                evidence={"files": foreign[:20]},
+            )
+        )
     links = [e.rel for e in entries if e.category == "link"]
     if links:
-        findings.append(Finding("CACHE_HOLDS_LINKS", "warning",
-                                f"{len(links)} link(s) or special file(s) in the cache: a link can point a "
-                                "kernel load anywhere", hint=f"Remove them ({links[0]}); inductor writes regular "
-                                "files only.", evidence={"links": links[:20]}))
+        findings.append(
+            Finding(
+                "CACHE_HOLDS_LINKS",
+                "warning",
+                f"{len(links)} link(s) or special file(s) in the cache: a link can point a kernel load anywhere",
+                hint=f"Remove them ({links[0]}); inductor writes regular files only.",
+                evidence={"links": links[:20]},
+            )
+        )
     stale = [e for e in entries if e.unreachable]
     if stale:
         size = sum(e.size for e in stale) / 1e6
-        findings.append(Finding("CACHE_UNREACHABLE_ENTRIES", "info",
-                                f"{len(stale)} file(s), {size:.1f} MB, can never be hit by this installation: "
-                                f"{stale[0].unreachable}",
-                                hint=f"torchrepro cache clear {root} --stale --yes removes them.",
-                                evidence={"examples": [f"{e.rel}: {e.unreachable}" for e in stale[:10]]}))
+        findings.append(
+            Finding(
+                "CACHE_UNREACHABLE_ENTRIES",
+                "info",
+                f"{len(stale)} file(s), {size:.1f} MB, can never be hit by this installation: {stale[0].unreachable}",
+                hint=f"torchrepro cache clear {root} --stale --yes removes them.",
+                evidence={"examples": [f"{e.rel}: {e.unreachable}" for e in stale[:10]]},
+            )
+        )
     partial = [e.rel for e in entries if e.category == "partial"]
     if partial:
-        findings.append(Finding("CACHE_PARTIAL_WRITES", "info",
-                                f"{len(partial)} partial write(s): a compile was killed while saving",
-                                hint="Harmless; torchrepro cache clear removes them once they are an hour old.",
-                                evidence={"files": partial[:10]}))
+        findings.append(
+            Finding(
+                "CACHE_PARTIAL_WRITES",
+                "info",
+                f"{len(partial)} partial write(s): a compile was killed while saving",
+                hint="Harmless; torchrepro cache clear removes them once they are an hour old.",
+                evidence={"files": partial[:10]},
+            )
+        )
     if not looks_like_cache(root):
-        findings.append(Finding("CACHE_NOT_INDUCTOR_LAYOUT", "warning",
-                                f"{root} has no fxgraph/, aotautograd/ or locks/: not an inductor cache (yet)",
-                                hint="Point TORCHINDUCTOR_CACHE_DIR (or DIR) at the directory inductor writes."))
+        findings.append(
+            Finding(
+                "CACHE_NOT_INDUCTOR_LAYOUT",
+                "warning",
+                f"{root} has no fxgraph/, aotautograd/ or locks/: not an inductor cache (yet)",
+                hint="Point TORCHINDUCTOR_CACHE_DIR (or DIR) at the directory inductor writes.",
+            )
+        )
     return sort_findings(findings)
 
 
@@ -157,8 +199,11 @@ def status(path: str | os.PathLike | None = None) -> dict[str, Any]:
         "source": source,
         "triton_cache_dir": triton or str(root / "triton"),
         "this_build": build,
-        "totals": {"files": len(entries), "bytes": sum(e.size for e in entries),
-                   "unreachable_files": sum(e.unreachable is not None for e in entries)},
+        "totals": {
+            "files": len(entries),
+            "bytes": sum(e.size for e in entries),
+            "unreachable_files": sum(e.unreachable is not None for e in entries),
+        },
         "categories": _categories(entries, time.time()),
         "written_by": writers(entries),
         "unreachable": _unreachable(entries),
@@ -186,8 +231,9 @@ def _deletable(e: Entry, now: float) -> bool:
     return e.category not in ("locks", "link", "other")
 
 
-def clear(path: str | os.PathLike | None = None, *, older_than: float | None = None, stale: bool = False,
-          yes: bool = False) -> dict[str, Any]:
+def clear(
+    path: str | os.PathLike | None = None, *, older_than: float | None = None, stale: bool = False, yes: bool = False
+) -> dict[str, Any]:
     """Remove cache entries: all of them, those older than ``older_than`` seconds (by when they
     were written), and/or (``stale``) those no current configuration can hit. A dry run unless
     ``yes``. Locks, links and files that are not named as inductor names its entries are never
@@ -198,15 +244,26 @@ def clear(path: str | os.PathLike | None = None, *, older_than: float | None = N
     """
     root, source = existing_cache_dir(path)
     if not looks_like_cache(root):
-        raise InputError(f"{root} ({source}) does not look like an inductor cache (no fxgraph/, aotautograd/ or "
-                         "locks/): refusing to delete anything in it")
+        raise InputError(
+            f"{root} ({source}) does not look like an inductor cache (no fxgraph/, aotautograd/ or "
+            "locks/): refusing to delete anything in it"
+        )
     now = time.time()
     entries = scan(root)
-    chosen = [e for e in entries if _deletable(e, now)
-              and (older_than is None or now - e.mtime > older_than) and (not stale or e.unreachable)]
-    result = {"path": str(root), "dry_run": not yes, "files": len(chosen), "bytes": sum(e.size for e in chosen),
-              "by_category": dict(Counter(e.category for e in chosen)), "errors": [],
-              "left_alone": [e.rel for e in entries if e.category in ("other", "link")]}
+    chosen = [
+        e
+        for e in entries
+        if _deletable(e, now) and (older_than is None or now - e.mtime > older_than) and (not stale or e.unreachable)
+    ]
+    result = {
+        "path": str(root),
+        "dry_run": not yes,
+        "files": len(chosen),
+        "bytes": sum(e.size for e in chosen),
+        "by_category": dict(Counter(e.category for e in chosen)),
+        "errors": [],
+        "left_alone": [e.rel for e in entries if e.category in ("other", "link")],
+    }
     if yes:
         for e in chosen:
             try:

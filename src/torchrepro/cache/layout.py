@@ -49,8 +49,16 @@ _FX_KEY = re.compile(rb"\x8c\x34(f[a-z2-7]{51})")  # a 52-character str in a pic
 _TORCH_VERSION = re.compile(rb"# torch version: (\S+)")
 _TORCH_CUDA = re.compile(rb"# torch cuda version: (\S+)")
 _PY_IN_PATH = re.compile(rb"/python(3\.\d+)/(?:site|dist)-packages/torch/include")
-_ELF_MACHINES = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64le", 40: "arm", 62: "x86_64", 183: "aarch64",
-                 243: "riscv64"}
+_ELF_MACHINES = {
+    3: "i386",
+    8: "mips",
+    20: "ppc",
+    21: "ppc64le",
+    40: "arm",
+    62: "x86_64",
+    183: "aarch64",
+    243: "riscv64",
+}
 _MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 
 
@@ -85,8 +93,7 @@ def current_build() -> dict[str, Any]:
 def _compiler_version() -> str | None:
     """First line of ``$CXX --version`` (inductor's default compiler is g++)."""
     try:
-        proc = subprocess.run([os.environ.get("CXX") or "g++", "--version"], capture_output=True, text=True,
-                              timeout=10)
+        proc = subprocess.run([os.environ.get("CXX") or "g++", "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout.splitlines()[0].strip() if proc.returncode == 0 and proc.stdout else None
@@ -129,8 +136,10 @@ def existing_cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str
     """Like :func:`cache_dir`, but an :class:`InputError` unless it is a readable directory."""
     root, source = cache_dir(path)
     if not root.exists():
-        raise InputError(f"no inductor cache at {root} ({source}): nothing has been compiled there yet, "
-                         "or the cache lives elsewhere (set TORCHINDUCTOR_CACHE_DIR or pass DIR)")
+        raise InputError(
+            f"no inductor cache at {root} ({source}): nothing has been compiled there yet, "
+            "or the cache lives elsewhere (set TORCHINDUCTOR_CACHE_DIR or pass DIR)"
+        )
     if not root.is_dir():
         raise InputError(f"{root} ({source}) is not a directory")
     try:

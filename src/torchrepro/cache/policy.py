@@ -56,8 +56,9 @@ def _default_root(environ: Mapping[str, str]) -> Path:
     return cache_dir()[0]
 
 
-def plan(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None,
-         environ: Mapping[str, str] | None = None) -> CachePlan:
+def plan(
+    policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+) -> CachePlan:
     """Where this process (rank from :func:`torchrepro._dist.from_env`, node from ``GROUP_RANK`` or the
     host name) would compile under ``policy``; sets and creates nothing. ``root`` defaults to
     ``TORCHREPRO_CACHE_ROOT`` (which :func:`configure` sets, so calling it again, or in a child
@@ -84,8 +85,7 @@ def _compiles_so_far() -> int:
     from .._compat import dynamo_counters
 
     counters = dynamo_counters()
-    return sum(sum(counters.get(group, {}).values()) for group in ("inductor", "aot_autograd")
-               if group in counters)
+    return sum(sum(counters.get(group, {}).values()) for group in ("inductor", "aot_autograd") if group in counters)
 
 
 def configure(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None) -> CachePlan:
@@ -99,8 +99,10 @@ def configure(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = Non
     """
     chosen = plan(policy, root)
     if _compiles_so_far():
-        raise UserError("torchrepro.cache.configure() must run before the first compile: this process already "
-                        f"used the cache at {os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'the default directory')}")
+        raise UserError(
+            "torchrepro.cache.configure() must run before the first compile: this process already "
+            f"used the cache at {os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'the default directory')}"
+        )
     chosen.inductor_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     _warn_if_others_can_write(chosen.inductor_dir)
     os.environ.update(chosen.env())
@@ -135,8 +137,13 @@ def _exclusive(directory: Path) -> Iterator[None]:
             fcntl.flock(fp, fcntl.LOCK_UN)
 
 
-def prewarm(pack: str | os.PathLike, policy: str = PREWARM_POLICY, root: str | os.PathLike | None = None, *,
-            strict: bool = False) -> CachePlan:
+def prewarm(
+    pack: str | os.PathLike,
+    policy: str = PREWARM_POLICY,
+    root: str | os.PathLike | None = None,
+    *,
+    strict: bool = False,
+) -> CachePlan:
     """:func:`configure`, then unpack a warm-start pack into this process's cache directory so
     the first step loads compiled kernels instead of compiling. Ranks that share a directory
     unpack one after the other (a file lock); files already there are kept. A pack that cannot

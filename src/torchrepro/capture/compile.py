@@ -31,9 +31,14 @@ class _TraceHandler(logging.Handler):
             counts = self.capture.translator.counts
             counts["malformed"] += 1
             if counts["malformed"] == 1:  # said at once (a killed run has no end counters), counted at the end
-                self.capture.emit(Capability(name="trace_records", available=False,
-                                             note=f"a structured-trace record could not be read "
-                                                  f"({type(exc).__name__}: {exc}); such records are skipped"))
+                self.capture.emit(
+                    Capability(
+                        name="trace_records",
+                        available=False,
+                        note=f"a structured-trace record could not be read "
+                        f"({type(exc).__name__}: {exc}); such records are skipped",
+                    )
+                )
             return
         for event in events:
             self.capture.emit(event)
@@ -58,8 +63,13 @@ class CompileCapture:
         """Start observing; returns what is and is not observable on this torch."""
         logger = trace_logger()
         if logger is None:
-            return [Capability(name="compile_events", available=False,
-                               note="this torch has no structured-trace logger; compiles are not observed")]
+            return [
+                Capability(
+                    name="compile_events",
+                    available=False,
+                    note="this torch has no structured-trace logger; compiles are not observed",
+                )
+            ]
         self._handler, self._logger = _TraceHandler(self), logger
         self._old_level, self._old_propagate = logger.level, logger.propagate
         logger.setLevel(logging.DEBUG)
@@ -80,8 +90,13 @@ class CompileCapture:
     def counters(self) -> Counters:
         """Dynamo's own counters now (a cross-check written at the end of a run)."""
         counters = dynamo_counters()
-        snapshot = {group: {str(k): int(v) for k, v in values.items()} for group, values in counters.items()
-                    if group in ("stats", "graph_break", "unimplemented", "frames", "inductor", "aot_autograd")}
-        snapshot["torchrepro"] = {"unique_graphs_traced": self.translator.unique_graphs,
-                                  "malformed_records": self.translator.counts.get("malformed", 0)}
+        snapshot = {
+            group: {str(k): int(v) for k, v in values.items()}
+            for group, values in counters.items()
+            if group in ("stats", "graph_break", "unimplemented", "frames", "inductor", "aot_autograd")
+        }
+        snapshot["torchrepro"] = {
+            "unique_graphs_traced": self.translator.unique_graphs,
+            "malformed_records": self.translator.counts.get("malformed", 0),
+        }
         return Counters(counters=snapshot, step=self._clock())

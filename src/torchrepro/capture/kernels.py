@@ -27,8 +27,15 @@ from .fx_nodes import clean_fqn, node_info, same
 
 REPEATS = 2  # extra calls per graph at the run's thread count (and as many at one thread)
 # aten ops whose CPU lowering in inductor accumulates with atomic adds (order depends on threads)
-ACCUMULATING = ("index_put", "_unsafe_masked_index_put_accumulate", "index_add", "scatter_add", "scatter_reduce",
-                "embedding_dense_backward", "_index_put_impl")
+ACCUMULATING = (
+    "index_put",
+    "_unsafe_masked_index_put_accumulate",
+    "index_add",
+    "scatter_add",
+    "scatter_reduce",
+    "embedding_dense_backward",
+    "_index_put_impl",
+)
 
 
 def _opname(target: Any) -> str | None:
@@ -181,8 +188,11 @@ def fused_ops(kernel: str, ops: list[str]) -> list[str]:
     name = re.sub(r"_\d+$", "", re.sub(r"^cpp_fused_", "", kernel))
     out, p = [], 0
     while p < len(name):
-        match = max((o for o in ops if name.startswith(o, p) and (p + len(o) == len(name) or name[p + len(o)] == "_")),
-                    key=len, default=None)
+        match = max(
+            (o for o in ops if name.startswith(o, p) and (p + len(o) == len(name) or name[p + len(o)] == "_")),
+            key=len,
+            default=None,
+        )
         if match is None:
             match = name[p:].split("_", 1)[0] or name[p:]
         out.append(match)
@@ -201,11 +211,16 @@ def name_kernel(source: str | None, index: int, ops: list[str]) -> dict[str, Any
     kernel = (atomic or chain or [None])[0]
     if kernel is None:
         return None
-    return {"kernel": kernel, "atomic_add": bool(atomic), "fuses": fused_ops(kernel, ops) if kernel in kernels else [],
-            "producers": chain[:6]}
+    return {
+        "kernel": kernel,
+        "atomic_add": bool(atomic),
+        "fuses": fused_ops(kernel, ops) if kernel in kernels else [],
+        "producers": chain[:6],
+    }
 
 
 # --- the repeater ------------------------------------------------------------------------------
+
 
 def _copy(x: Any) -> Any:
     """A copy with the same sizes and strides (compiled graphs assert both)."""
@@ -310,9 +325,15 @@ class KernelRepeater:
                 torch.set_num_threads(threads)
         torch.random.set_rng_state(rng)
         digest = lambda xs: [fingerprint(x)[:16] if isinstance(x, torch.Tensor) else None for x in xs]  # noqa: E731
-        return {"compile_id": compile_id, "graph": graph, "threads": threads, "inputs": digest(saved),
-                "outputs": digest(outs), "repeat_differs": {str(i): d for i, d in sorted(repeats.items())},
-                "one_thread_differs": {str(i): d for i, d in sorted(one_thread.items())} if threads > 1 else None}
+        return {
+            "compile_id": compile_id,
+            "graph": graph,
+            "threads": threads,
+            "inputs": digest(saved),
+            "outputs": digest(outs),
+            "repeat_differs": {str(i): d for i, d in sorted(repeats.items())},
+            "one_thread_differs": {str(i): d for i, d in sorted(one_thread.items())} if threads > 1 else None,
+        }
 
     def explain(self, compile_id: str, graph: str, index: int) -> dict[str, Any]:
         """What output ``index`` of a compiled graph is: parameter gradient or activation, FX node,
@@ -331,8 +352,9 @@ class KernelRepeater:
             origin = culprit or node
             out["op"] = culprit["aten"] if culprit else f"aten.{node['target']}"
             out["source"] = origin.get("source")
-            out["module"] = origin.get("module") or (out["parameter"].rsplit(".", 1)[0] if "." in out.get(
-                "parameter", "") else None)
+            out["module"] = origin.get("module") or (
+                out["parameter"].rsplit(".", 1)[0] if "." in out.get("parameter", "") else None
+            )
             if culprit:
                 out["accumulating_node"] = culprit["node"]
         kernel = name_kernel(info.get("source_code"), index, info.get("ops") or [])
@@ -346,6 +368,10 @@ class KernelRepeater:
         """The calls with their digests and repeat results, and every output of every graph called,
         explained (so that replays in two processes can be compared afterwards)."""
         called = sorted({(r["compile_id"], r["graph"]) for r in self.results})
-        explained = {f"{c}/{g}": [self.explain(c, g, i) for i in range(len(self.graphs.get(f"{c}/{g}", {}).get(
-            "outputs") or []))] for c, g in called}
+        explained = {
+            f"{c}/{g}": [
+                self.explain(c, g, i) for i in range(len(self.graphs.get(f"{c}/{g}", {}).get("outputs") or []))
+            ]
+            for c, g in called
+        }
         return {"calls": self.results, "explained": explained}

@@ -17,8 +17,15 @@ from typing import Any
 
 import torch
 
-from .._compat import (compile_fx_module, current_autograd_node, current_compile_id, dispatch_mode, ops_replay, patch,
-                       tree_flatten)
+from .._compat import (
+    compile_fx_module,
+    current_autograd_node,
+    current_compile_id,
+    dispatch_mode,
+    ops_replay,
+    patch,
+    tree_flatten,
+)
 from ..digests import fingerprint
 from .. import _state
 from .._dist import placement
@@ -31,8 +38,7 @@ _UNINITIALISED = re.compile(r"\bempty|_empty")
 
 def _digests(values: Any) -> list[str | None]:
     leaves, _ = tree_flatten()(values)
-    return [fingerprint(v)[:16] if isinstance(v, torch.Tensor) else None for v in leaves
-            if isinstance(v, torch.Tensor)]
+    return [fingerprint(v)[:16] if isinstance(v, torch.Tensor) else None for v in leaves if isinstance(v, torch.Tensor)]
 
 
 def _user_source() -> str | None:
@@ -71,8 +77,10 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
 
     def __enter__(self) -> OpRecorder:
         hooks = torch.nn.modules.module
-        self._hooks = [hooks.register_module_forward_pre_hook(self._pre),
-                       hooks.register_module_forward_hook(self._post)]
+        self._hooks = [
+            hooks.register_module_forward_pre_hook(self._pre),
+            hooks.register_module_forward_hook(self._post),
+        ]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
@@ -97,8 +105,17 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
         # or writes its memory is compared); nor are a collective's buffers, still being filled when it returns
         skip = _UNINITIALISED.search(name) or name.startswith("c10d.") or getattr(func, "is_view", False)
         outputs = None if skip else _digests(out)
-        self.ops.append({"i": len(self.ops), "op": name, "module": module, "phase": phase, "source": source,
-                         "inputs": inputs, "outputs": outputs})
+        self.ops.append(
+            {
+                "i": len(self.ops),
+                "op": name,
+                "module": module,
+                "phase": phase,
+                "source": source,
+                "inputs": inputs,
+                "outputs": outputs,
+            }
+        )
         if phase == "forward":
             for leaf in tree_flatten()(out)[0]:
                 grad_fn = getattr(leaf, "grad_fn", None) if isinstance(leaf, torch.Tensor) else None
@@ -170,8 +187,11 @@ class GraphChecker:
         wanted = list(expected) if isinstance(expected, (list, tuple)) else [expected]
         nodes = [n for n in reference.graph.nodes if n.op == "output"][0].args[0]
         nodes = list(nodes) if isinstance(nodes, (list, tuple)) else [nodes]
-        random = [node_info(n) for n in reference.graph.nodes
-                  if n.op in ("call_function", "call_method", "call_module") and is_random_op(f"x.{target_name(n)}")]
+        random = [
+            node_info(n)
+            for n in reference.graph.nodes
+            if n.op in ("call_function", "call_method", "call_module") and is_random_op(f"x.{target_name(n)}")
+        ]
         entry: dict[str, Any] = {"compile_id": compile_id, "outputs": len(outputs), "random_nodes": random[:5]}
         for i, (x, y) in enumerate(zip(outputs, wanted)):
             equal, diff = same(x, y)

@@ -42,11 +42,19 @@ class CaptureConfig:
     @classmethod
     def from_options(cls, options: RunOptions) -> CaptureConfig:
         """What capture records for a run with these options (``options.run_dir`` is set)."""
-        return cls(run_dir=Path(options.run_dir), seed=options.seed, compile_mode=options.compile_mode,
-                   steps=StepConfig(fingerprint_every=options.fingerprint_every, grads=options.grads,
-                                    snapshots=options.snapshots),
-                   replay_step=options.replay_step, replay_out=options.replay_out, replay_graphs=options.replay_graphs,
-                   replay_kernels=options.replay_kernels, stop_after_step=options.stop_after_step)
+        return cls(
+            run_dir=Path(options.run_dir),
+            seed=options.seed,
+            compile_mode=options.compile_mode,
+            steps=StepConfig(
+                fingerprint_every=options.fingerprint_every, grads=options.grads, snapshots=options.snapshots
+            ),
+            replay_step=options.replay_step,
+            replay_out=options.replay_out,
+            replay_graphs=options.replay_graphs,
+            replay_kernels=options.replay_kernels,
+            stop_after_step=options.stop_after_step,
+        )
 
 
 def environment() -> tuple[dict[str, Any], str]:
@@ -68,8 +76,13 @@ def active_session() -> CaptureSession | None:
 class CaptureSession:
     """Start before the user's script, stop after it (also when it fails)."""
 
-    def __init__(self, config: CaptureConfig, rank: tuple[int, int, int] | None = None, rank_from: str | None = None,
-                 listeners: list[Callable[[Event], None]] = ()):
+    def __init__(
+        self,
+        config: CaptureConfig,
+        rank: tuple[int, int, int] | None = None,
+        rank_from: str | None = None,
+        listeners: list[Callable[[Event], None]] = (),
+    ):
         """``rank``: (rank, world size, local rank) when known otherwise than from the torchrun
         environment; ``rank_from`` says where it came from (``env``, ``process_group``, or
         ``default``: rank 0 of 1 because nothing said otherwise); ``listeners`` get every event
@@ -135,14 +148,26 @@ class CaptureSession:
         env, env_fp = environment()
         from .. import __version__
 
-        self.emit(Header(
-            torchrepro_version=__version__, world_size=self.world_size, local_rank=self.local_rank, pid=self.pid,
-            host=socket.gethostname(),
-            argv=list(sys.argv), torch_version=torch.__version__, python_version=platform.python_version(),
-            env=env, env_fingerprint=env_fp,
-            config={"seed": self.config.seed, "compile_mode": self.config.compile_mode,
-                    "steps": asdict(self.config.steps), "rank_from": self.rank_from},
-        ))
+        self.emit(
+            Header(
+                torchrepro_version=__version__,
+                world_size=self.world_size,
+                local_rank=self.local_rank,
+                pid=self.pid,
+                host=socket.gethostname(),
+                argv=list(sys.argv),
+                torch_version=torch.__version__,
+                python_version=platform.python_version(),
+                env=env,
+                env_fingerprint=env_fp,
+                config={
+                    "seed": self.config.seed,
+                    "compile_mode": self.config.compile_mode,
+                    "steps": asdict(self.config.steps),
+                    "rank_from": self.rank_from,
+                },
+            )
+        )
         self._unwatch = watch(lambda probe: self.emit(probe.event()))  # private torch APIs: found or not
         self.steps = StepRecorder(self.emit, self.rank, self.config.steps, snapshot_dir=self.dir / "snapshots")
         self.compiles = CompileCapture(self.emit, lambda: self.steps.completed if self.steps else None, self.rank)
@@ -151,8 +176,12 @@ class CaptureSession:
         if self.config.replay_step is not None:
             from .ops import StepReplay
 
-            replay = StepReplay(self.config.replay_step, self.config.replay_out or self.dir / "replay.json",
-                                graphs=self.config.replay_graphs, kernels=self.config.replay_kernels)
+            replay = StepReplay(
+                self.config.replay_step,
+                self.config.replay_out or self.dir / "replay.json",
+                graphs=self.config.replay_graphs,
+                kernels=self.config.replay_kernels,
+            )
             self.steps.listeners.append(replay.on_step_end)
             if self.config.replay_step == 0:
                 replay.start()
@@ -178,8 +207,15 @@ class CaptureSession:
             self._unwatch()
         undo_patches()  # also those made before capture started (compile mode, fix, drift factors)
         status = status or ("ok" if exit_code == 0 else "error")
-        self.emit(End(step=self.steps.completed if self.steps else None, exit_code=exit_code, status=status,
-                      error=error, duration_s=round(time.time() - self._t0, 6)))
+        self.emit(
+            End(
+                step=self.steps.completed if self.steps else None,
+                exit_code=exit_code,
+                status=status,
+                error=error,
+                duration_s=round(time.time() - self._t0, 6),
+            )
+        )
         self.writer.close()
         self.writer = None
         _state.set_session(None)

@@ -67,8 +67,13 @@ class StepConfig:
 class StepRecorder:
     """Installs the hooks and wrappers; writes one :class:`Step` event per optimizer step."""
 
-    def __init__(self, emit: Callable[[Event], None], rank: int = 0, config: StepConfig | None = None,
-                 snapshot_dir: Path | None = None):
+    def __init__(
+        self,
+        emit: Callable[[Event], None],
+        rank: int = 0,
+        config: StepConfig | None = None,
+        snapshot_dir: Path | None = None,
+    ):
         self._readback = Readback(emit)  # step values read back in batches (no device sync per step)
         self._emit, self.rank, self.snapshot_dir = self._readback.emit, rank, snapshot_dir
         self.config = config or StepConfig()
@@ -112,8 +117,15 @@ class StepRecorder:
                 fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - deliberately total
                 self.failed = True
-                self._emit(Capability(rank=self.rank, step=self.completed, name="capture_error", available=False,
-                                      note=f"step capture stopped: {type(exc).__name__}: {exc}"))
+                self._emit(
+                    Capability(
+                        rank=self.rank,
+                        step=self.completed,
+                        name="capture_error",
+                        available=False,
+                        note=f"step capture stopped: {type(exc).__name__}: {exc}",
+                    )
+                )
 
         return guarded
 
@@ -126,12 +138,14 @@ class StepRecorder:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
         # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
         # runs eagerly (and must stay plain: compiled autograd runs inside it).
-        self._wrap(torch.autograd, "backward", self._safe(self._note_backward),
-                   after=self._safe(self._after_backward))
+        self._wrap(torch.autograd, "backward", self._safe(self._note_backward), after=self._safe(self._after_backward))
         self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
         self._wrap_module_call()
-        caps = [Capability(name="steps", available=True,
-                           note="global optimizer step hook; backward() when no optimizer exists")]
+        caps = [
+            Capability(
+                name="steps", available=True, note="global optimizer step hook; backward() when no optimizer exists"
+            )
+        ]
         self._undo.append(when_imported("torch.distributed.fsdp", self._safe(self._watch_fully_shard)))
         if self.config.batches:
             iter_cls = compat.dataloader_iterator()
@@ -142,8 +156,14 @@ class StepRecorder:
                 caps.append(Capability(name="batches", available=True, note="DataLoader iterator"))
         return caps
 
-    def _wrap(self, owner: Any, name: str, before: Callable | None, after: Callable | None = None,
-              hide_from_dynamo: bool = False) -> None:
+    def _wrap(
+        self,
+        owner: Any,
+        name: str,
+        before: Callable | None,
+        after: Callable | None = None,
+        hide_from_dynamo: bool = False,
+    ) -> None:
         """Replace ``owner.name`` by a wrapper calling ``before``/``after`` around the original.
         ``hide_from_dynamo``: if compiled code calls it, Dynamo breaks the graph at the user's
         call, as it would for the original, instead of tracing into torchrepro."""
@@ -163,6 +183,7 @@ class StepRecorder:
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
         if hide_from_dynamo:
+
             def hide() -> None:
                 if getattr(owner, name) is wrapper:
                     setattr(owner, name, torch.compiler.disable(wrapper))
@@ -199,9 +220,16 @@ class StepRecorder:
             named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
             if named:  # the first call of a module with parameters (not a parameter-free transform)
                 self._init_done = True
-                self._emit(InitParams(rank=self.rank, step=self.completed, source="first_forward",
-                                      module=type(root).__name__, names=[n for n, _ in named],
-                                      fps=[fingerprint(_local(p))[:16] for _, p in named]))
+                self._emit(
+                    InitParams(
+                        rank=self.rank,
+                        step=self.completed,
+                        source="first_forward",
+                        module=type(root).__name__,
+                        names=[n for n, _ in named],
+                        fps=[fingerprint(_local(p))[:16] for _, p in named],
+                    )
+                )
         if self.config.batches and not self._batch_fps:
             tensors = _tensors((args, kwargs))
             if tensors:
@@ -217,19 +245,33 @@ class StepRecorder:
         script imports ``torch.distributed.fsdp`` (importing it at start costs a second)."""
         fsdp = sys.modules["torch.distributed.fsdp"]
         if not hasattr(fsdp, "fully_shard"):
-            self._emit(Capability(rank=self.rank, name="fsdp2_init", available=False,
-                                  note="no torch.distributed.fsdp.fully_shard"))
+            self._emit(
+                Capability(
+                    rank=self.rank, name="fsdp2_init", available=False, note="no torch.distributed.fsdp.fully_shard"
+                )
+            )
             return
 
         def before(module: Any, *args: Any, **kwargs: Any) -> None:
             named = [(n, p) for n, p in module.named_parameters() if not hasattr(p, "placements")]
             fps = ["meta" if p.is_meta else fingerprint(p)[:16] for _, p in named]
-            self._emit(InitParams(rank=self.rank, step=self.completed, source="fully_shard",
-                                  module=type(module).__name__, names=[n for n, _ in named], fps=fps))
+            self._emit(
+                InitParams(
+                    rank=self.rank,
+                    step=self.completed,
+                    source="fully_shard",
+                    module=type(module).__name__,
+                    names=[n for n, _ in named],
+                    fps=fps,
+                )
+            )
 
         self._wrap(fsdp, "fully_shard", self._safe(before), hide_from_dynamo=True)
-        self._emit(Capability(rank=self.rank, name="fsdp2_init", available=True,
-                              note="fully_shard: full parameters before sharding"))
+        self._emit(
+            Capability(
+                rank=self.rank, name="fsdp2_init", available=True, note="fully_shard: full parameters before sharding"
+            )
+        )
 
     def uninstall(self) -> None:
         while self._undo:
@@ -303,19 +345,37 @@ class StepRecorder:
         index = self.completed
         if self.clock != clock:
             self.clock, self._names = clock, None
-            self._emit(Capability(rank=self.rank, step=index, name="step_clock", available=True,
-                                  note="optimizer.step()" if clock == "optimizer" else
-                                  "backward(): no torch.optim optimizer exists"))
+            self._emit(
+                Capability(
+                    rank=self.rank,
+                    step=index,
+                    name="step_clock",
+                    available=True,
+                    note="optimizer.step()" if clock == "optimizer" else "backward(): no torch.optim optimizer exists",
+                )
+            )
         self._pending_backward = False
         if self._params is None:
             self._params = []
         if self._names is None:
             self._names = _param_names(self._params) if self._params else []
-            self._emit(Params(rank=self.rank, names=self._names, shapes=[list(p.shape) for p in self._params],
-                              dtypes=[str(p.dtype).replace("torch.", "") for p in self._params],
-                              kinds=[_kind(p) for p in self._params]))
-        event = Step(rank=self.rank, step=index, index=index, time_s=round(step_time, 6),
-                     backward_calls=len(self._losses), compiles=self._compiles)
+            self._emit(
+                Params(
+                    rank=self.rank,
+                    names=self._names,
+                    shapes=[list(p.shape) for p in self._params],
+                    dtypes=[str(p.dtype).replace("torch.", "") for p in self._params],
+                    kinds=[_kind(p) for p in self._params],
+                )
+            )
+        event = Step(
+            rank=self.rank,
+            step=index,
+            index=index,
+            time_s=round(step_time, 6),
+            backward_calls=len(self._losses),
+            compiles=self._compiles,
+        )
         parts: list[torch.Tensor] = []  # read back at the batch point (readback.py), then filled in
         if len(self._losses) == 1:
             loss = self._losses[0]
@@ -358,12 +418,16 @@ class StepRecorder:
 
     def _emit_settings(self, index: int) -> None:
         """The switches in force once the script has set itself up (read after its first step)."""
-        settings = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-                    "num_threads": torch.get_num_threads()}
+        settings = {
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "num_threads": torch.get_num_threads(),
+        }
         inductor = compat.inductor_config(load=False)
         if inductor is not None:
-            settings |= {"inductor.fallback_random": bool(getattr(inductor, "fallback_random", False)),
-                         "inductor.deterministic": bool(getattr(inductor, "deterministic", False))}
+            settings |= {
+                "inductor.fallback_random": bool(getattr(inductor, "fallback_random", False)),
+                "inductor.deterministic": bool(getattr(inductor, "deterministic", False)),
+            }
         for name, value in settings.items():
             self._emit(Setting(rank=self.rank, step=index, name=name, value=value))
 
@@ -397,9 +461,16 @@ class StepRecorder:
             budget = _OVERHEAD_BUDGET * step
             room = max(budget - fixed, budget / 10)
             self.every = max(1, math.ceil(_SAFETY * cost / room))
-            self._emit(Capability(rank=self.rank, step=index, name="fingerprint_interval", available=True,
-                                  note=f"every {self.every} step(s): a parameter fingerprint costs {cost * 1e3:.3f} ms, "
-                                       f"other capture work {fixed * 1e3:.3f} ms, a step {step * 1e3:.3f} ms"))
+            self._emit(
+                Capability(
+                    rank=self.rank,
+                    step=index,
+                    name="fingerprint_interval",
+                    available=True,
+                    note=f"every {self.every} step(s): a parameter fingerprint costs {cost * 1e3:.3f} ms, "
+                    f"other capture work {fixed * 1e3:.3f} ms, a step {step * 1e3:.3f} ms",
+                )
+            )
 
     def _snapshot(self, index: int) -> None:
         arrays = {name: _to_numpy(p) for name, p in zip(self._names, self._params)}
@@ -473,8 +544,10 @@ def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, val
         event.loss = next(it)
     if "grads" in later:
         event.grad_norm = round(next(it), 9)
-    done = {key: [[d if isinstance(d, str) else d.finish(next(it), next(it)) for d in group] for group in groups]
-            for key, groups in later.items()}
+    done = {
+        key: [[d if isinstance(d, str) else d.finish(next(it), next(it)) for d in group] for group in groups]
+        for key, groups in later.items()
+    }
     if "batch" in done:
         event.batch_fp = _combined([_combined(group) for group in done["batch"]])
     if "grads" in done:

@@ -18,18 +18,29 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="is it reproducible? run K times (or against eager) and explain")
     p.add_argument("--runs", type=options.runs, metavar="K", help="runs of the script as written (default 2)")
     p.add_argument("--seed", type=options.seed, help="seed everything (and PYTHONHASHSEED) from this root in every run")
-    p.add_argument("--against", choices=("eager", "fallback-random"),
-                   help="compare with compilation disabled, or with inductor's fallback_random=True")
-    p.add_argument("--out", type=options.directory, metavar="DIR",
-                   help="where the runs and report go (default torchrepro-runs/...)")
+    p.add_argument(
+        "--against",
+        choices=("eager", "fallback-random"),
+        help="compare with compilation disabled, or with inductor's fallback_random=True",
+    )
+    p.add_argument(
+        "--out",
+        type=options.directory,
+        metavar="DIR",
+        help="where the runs and report go (default torchrepro-runs/...)",
+    )
     options.add_outputs(p)
     p.add_argument("--no-localize", action="store_true", help="skip the op-level replay of the divergent step")
-    p.add_argument("--fixes", action="store_true",
-                   help="after any divergence, try the candidate fixes (default: when the cause is one a fix "
-                        "can address)")
-    p.add_argument("--only-fixes", metavar="NAMES",
-                   help="try only these fixes (comma list of threads_1, deterministic, fallback_random, "
-                        "aot_eager, eager)")
+    p.add_argument(
+        "--fixes",
+        action="store_true",
+        help="after any divergence, try the candidate fixes (default: when the cause is one a fix can address)",
+    )
+    p.add_argument(
+        "--only-fixes",
+        metavar="NAMES",
+        help="try only these fixes (comma list of threads_1, deterministic, fallback_random, aot_eager, eager)",
+    )
     p.add_argument("--no-fixes", action="store_true", help="do not run the fix ladder")
     options.add_ranks(p)
     add_otlp_option(p)
@@ -44,14 +55,24 @@ def run(args: argparse.Namespace) -> Outcome:
     from ..check import check
 
     if args.runs is not None and args.against:
-        raise UserError("--runs counts runs of the script as written: with --against there are always two "
-                        "(the reference and the compiled run)")
-    report, out = check(Path(args.script), args.args, runs=args.runs or 2, options=RunOptions.from_args(args),
-                        against=args.against, out=Path(args.out) if args.out else None,
-                        tolerance=Tolerance(args.rtol, args.atol), localize_divergence=not args.no_localize,
-                        nproc=args.nproc, timeout=args.timeout,
-                        fixes=False if args.no_fixes else (True if args.fixes else None),
-                        only_fixes=_fix_names(args.only_fixes))
+        raise UserError(
+            "--runs counts runs of the script as written: with --against there are always two "
+            "(the reference and the compiled run)"
+        )
+    report, out = check(
+        Path(args.script),
+        args.args,
+        runs=args.runs or 2,
+        options=RunOptions.from_args(args),
+        against=args.against,
+        out=Path(args.out) if args.out else None,
+        tolerance=Tolerance(args.rtol, args.atol),
+        localize_divergence=not args.no_localize,
+        nproc=args.nproc,
+        timeout=args.timeout,
+        fixes=False if args.no_fixes else (True if args.fixes else None),
+        only_fixes=_fix_names(args.only_fixes),
+    )
     return Outcome(report, out)
 
 

@@ -15,8 +15,9 @@ from ._finish import Outcome
 def add_parser(sub: Any) -> None:
     """Register ``check-resume``."""
     p = sub.add_parser("check-resume", help="stop after step K, resume in a fresh process: bit-exact?")
-    p.add_argument("--at", type=options.positive_int, required=True, metavar="K",
-                   help="stop after step K and resume from there")
+    p.add_argument(
+        "--at", type=options.positive_int, required=True, metavar="K", help="stop after step K and resume from there"
+    )
     p.add_argument("--seed", type=options.seed, help="seed everything (and PYTHONHASHSEED) from this root in every run")
     p.add_argument("--out", type=options.directory, metavar="DIR", help="where the runs, checkpoint and report go")
     options.add_outputs(p)
@@ -30,6 +31,13 @@ def run(args: argparse.Namespace) -> Outcome:
     """Run to the end, stop after ``--at`` with a checkpoint, resume, compare."""
     from ..check import check_resume
 
-    report, out = check_resume(Path(args.script), args.args, at=args.at, options=RunOptions.from_args(args),
-                               out=Path(args.out) if args.out else None, nproc=args.nproc, timeout=args.timeout)
+    report, out = check_resume(
+        Path(args.script),
+        args.args,
+        at=args.at,
+        options=RunOptions.from_args(args),
+        out=Path(args.out) if args.out else None,
+        nproc=args.nproc,
+        timeout=args.timeout,
+    )
     return Outcome(report, out)

@@ -17,15 +17,23 @@ from ._finish import Outcome
 def add_parser(sub: Any) -> None:
     """Register ``doctor``."""
     p = sub.add_parser("doctor", help="compile health of a real run: recompiles, graph breaks, caches")
-    p.add_argument("--out", type=options.directory, metavar="RUN_DIR",
-                   help="run directory (default torchrepro-runs/<time>-<script>)")
+    p.add_argument(
+        "--out",
+        type=options.directory,
+        metavar="RUN_DIR",
+        help="run directory (default torchrepro-runs/<time>-<script>)",
+    )
     options.add_outputs(p, junit=True)
     p.add_argument("--max-graph-breaks", type=options.count, metavar="N", help="fail (exit 1) above N graph breaks")
     p.add_argument("--max-recompiles", type=options.count, metavar="N", help="fail (exit 1) above N recompiles")
     p.add_argument("--min-cache-hit-rate", type=options.fraction, metavar="F", help="fail (exit 1) below this hit rate")
     p.add_argument("--seed", type=options.seed, help="seed everything from this root before the script starts")
-    p.add_argument("--fingerprint-every", type=options.positive_int, metavar="N",
-                   help="fingerprint parameters every N steps (default: every step if that costs < 1%%)")
+    p.add_argument(
+        "--fingerprint-every",
+        type=options.positive_int,
+        metavar="N",
+        help="fingerprint parameters every N steps (default: every step if that costs < 1%%)",
+    )
     p.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
     options.add_strict(p)
     options.add_ranks(p)
@@ -48,6 +56,13 @@ def run(args: argparse.Namespace) -> Outcome:
     else:
         if not args.script:
             raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
-        report, run_dir = doctor_script(Path(args.script), args.args, out=out, budgets=budgets,
-                                        options=RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout)
+        report, run_dir = doctor_script(
+            Path(args.script),
+            args.args,
+            out=out,
+            budgets=budgets,
+            options=RunOptions.from_args(args),
+            nproc=args.nproc,
+            timeout=args.timeout,
+        )
     return Outcome(report, run_dir)

@@ -31,21 +31,44 @@ exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error
 
 def add_parser(sub) -> None:
     """Register ``drift``."""
-    p = sub.add_parser("drift", help="run N seeds per factor: is a difference real, which factor causes it",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vary", default=None, metavar="FACTORS", help="comma-separated factors (default init,order,compile)")
-    p.add_argument("--runs", type=int, default=None, metavar="N",
-                   help="seeds per random factor (default 4); binary factors are paired over every seed cell")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J",
-                   help="runs in parallel (default: the number of cores)")
+    p = sub.add_parser(
+        "drift",
+        help="run N seeds per factor: is a difference real, which factor causes it",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--vary", default=None, metavar="FACTORS", help="comma-separated factors (default init,order,compile)"
+    )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seeds per random factor (default 4); binary factors are paired over every seed cell",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="J",
+        help="runs in parallel (default: the number of cores)",
+    )
     metric = p.add_mutually_exclusive_group()
     metric.add_argument("--metric", metavar="NAME", help="the last value logged with torchrepro.log_metric(NAME, v)")
-    metric.add_argument("--metric-regex", metavar="REGEX",
-                        help="one group (...) matched against the script's stdout, last match (default: final loss)")
+    metric.add_argument(
+        "--metric-regex",
+        metavar="REGEX",
+        help="one group (...) matched against the script's stdout, last match (default: final loss)",
+    )
     p.add_argument("--observed", type=float, metavar="X", help="place a difference you saw against the measured noise")
     p.add_argument("--target-effect", type=float, metavar="E", help="report the pairs needed to detect this difference")
-    p.add_argument("--launcher", choices=("local", "ray"), default="local",
-                   help="local child processes (default), or Ray tasks on $RAY_ADDRESS (else a local Ray cluster)")
+    p.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        default="local",
+        help="local child processes (default), or Ray tasks on $RAY_ADDRESS (else a local Ray cluster)",
+    )
     p.add_argument("--seed", type=int, default=0, help="root of the seed tree every stream derives from (default 0)")
     p.add_argument("--out", metavar="DIR", help="experiment directory; the same DIR again reuses finished runs")
     options.add_outputs(p)
@@ -110,8 +133,10 @@ def _plan_and_run(args: argparse.Namespace) -> int:
     prepare_out(out, plan)
     if args.plan:
         n = len(plan["cells"])
-        print(f"{n} runs planned in {out / 'plan.json'}\nrun each cell: torchrepro drift --out {out} --run-one I "
-              f"(I = 0..{n - 1})\nthen: torchrepro drift --collect {out}")
+        print(
+            f"{n} runs planned in {out / 'plan.json'}\nrun each cell: torchrepro drift --out {out} --run-one I "
+            f"(I = 0..{n - 1})\nthen: torchrepro drift --collect {out}"
+        )
         return 0
     console = Console(stderr=True)
     t0 = time.perf_counter()
@@ -119,8 +144,11 @@ def _plan_and_run(args: argparse.Namespace) -> int:
     try:
         counts = run_all(out, plan, args.jobs, console, args.launcher)
     except KeyboardInterrupt:
-        console.print(f"drift interrupted: finished runs are kept in {out}; run the same command again to continue",
-                      markup=False, highlight=False)
+        console.print(
+            f"drift interrupted: finished runs are kept in {out}; run the same command again to continue",
+            markup=False,
+            highlight=False,
+        )
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -136,8 +164,9 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
 
     metric = _metric(args, plan)
     runs = collect(out, plan, metric)
-    report = build_report(out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect,
-                          counts=counts, wall_s=wall_s)
+    report = build_report(
+        out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect, counts=counts, wall_s=wall_s
+    )
     code = finish(Outcome(report, out), args)
     drift = report.drift
     if code != 3 and not drift["summary"]["n"] and drift["excluded"]:

@@ -20,24 +20,40 @@ from ..run_options import OPTIONS_VAR, RunOptions
 def add_parser(sub: Any) -> None:
     """Register ``run``."""
     p = sub.add_parser("run", help="run a script with capture in this process (what each torchrun rank runs)")
-    p.add_argument("--out", dest="run_dir", type=options.directory, metavar="RUN_DIR",
-                   help="run directory shared by all ranks")
+    p.add_argument(
+        "--out", dest="run_dir", type=options.directory, metavar="RUN_DIR", help="run directory shared by all ranks"
+    )
     p.add_argument("--seed", type=options.seed, help="seed everything from this root before the script starts")
     p.add_argument("--fingerprint-every", type=options.positive_int, metavar="N")
     p.add_argument("--grads", action="store_true", help="also fingerprint gradients before each step")
-    p.add_argument("--compile-mode", choices=("eager", "fallback-random"),
-                   help="run compiled code eagerly, or with inductor's fallback_random")
-    p.add_argument("--snapshots", action="store_true",
-                   help="save parameter values (rank-<r>/snapshots) at steps 0-15, powers of two and the last")
+    p.add_argument(
+        "--compile-mode",
+        choices=("eager", "fallback-random"),
+        help="run compiled code eagerly, or with inductor's fallback_random",
+    )
+    p.add_argument(
+        "--snapshots",
+        action="store_true",
+        help="save parameter values (rank-<r>/snapshots) at steps 0-15, powers of two and the last",
+    )
     p.add_argument("--replay-step", type=options.count, metavar="K", help="record every op of step K, then exit")
     p.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
-    p.add_argument("--replay-graphs", action="store_true",
-                   help="with --replay-step: compare each inductor graph with its eager FX graph instead")
-    p.add_argument("--replay-kernels", action="store_true",
-                   help="with --replay-step: repeat each inductor graph (forward and backward) on identical inputs")
+    p.add_argument(
+        "--replay-graphs",
+        action="store_true",
+        help="with --replay-step: compare each inductor graph with its eager FX graph instead",
+    )
+    p.add_argument(
+        "--replay-kernels",
+        action="store_true",
+        help="with --replay-step: repeat each inductor graph (forward and backward) on identical inputs",
+    )
     p.add_argument("--stop-after-step", type=int, metavar="K", help="end the script cleanly after step K")
-    p.add_argument("--fix", metavar="NAME", help="apply a candidate fix first (threads_1, deterministic, "
-                                                 "fallback_random, aot_eager[:FRAMES])")
+    p.add_argument(
+        "--fix",
+        metavar="NAME",
+        help="apply a candidate fix first (threads_1, deterministic, fallback_random, aot_eager[:FRAMES])",
+    )
     add_otlp_option(p, in_process=True)
     options.add_script(p)
     p.set_defaults(func=run)

@@ -88,11 +88,14 @@ def status_line(snap: dict[str, Any]) -> str:
     ranks = snap["ranks"]
     steps = max((r["steps"] for r in ranks.values()), default=0)
     rates = [r["steps_per_s"] for r in ranks.values() if r["steps_per_s"] is not None]
-    parts = [f"{snap['ranks_seen']}/{snap['world_size']} rank(s)", f"step {steps}",
-             f"{_rate(min(rates) if rates else None)} steps/s",
-             f"{snap['compiles']} compile(s)", f"{snap['recompiles']} recompile(s)"
-             + (f" ({_categories(snap)})" if snap["recompiles"] else ""),
-             f"{snap['graph_breaks']} graph break(s)"]
+    parts = [
+        f"{snap['ranks_seen']}/{snap['world_size']} rank(s)",
+        f"step {steps}",
+        f"{_rate(min(rates) if rates else None)} steps/s",
+        f"{snap['compiles']} compile(s)",
+        f"{snap['recompiles']} recompile(s)" + (f" ({_categories(snap)})" if snap["recompiles"] else ""),
+        f"{snap['graph_breaks']} graph break(s)",
+    ]
     if snap["lagging_ranks"]:
         parts.append("lagging: rank " + ",".join(map(str, snap["lagging_ranks"])))
     return "torchrepro · " + " · ".join(parts)
@@ -101,25 +104,36 @@ def status_line(snap: dict[str, Any]) -> str:
 def render(snap: dict[str, Any]) -> Group:
     """The whole live view of a snapshot."""
     state = "finished" if snap["finished"] else "running"
-    title = Text(f"torchrepro watch {_clean(snap['run_dir'])} — {state}, {snap['ranks_seen']}/{snap['world_size']} "
-                 "rank(s)", style="bold")
+    title = Text(
+        f"torchrepro watch {_clean(snap['run_dir'])} — {state}, {snap['ranks_seen']}/{snap['world_size']} rank(s)",
+        style="bold",
+    )
     table = Table(show_edge=False, pad_edge=False)
     for column in ("rank", "status", "steps", "steps/s", "compiles", "recompiles", "graph breaks", "idle s"):
         table.add_column(column, justify="left" if column in ("rank", "status") else "right")
     lagging = set(snap["lagging_ranks"])
     for rank, r in snap["ranks"].items():
         age = r["last_event_age_s"]
-        table.add_row(rank + (" (lags)" if int(rank) in lagging else ""), _clean(r["status"]), str(r["steps"]),
-                      _rate(r["steps_per_s"]), str(r["compiles"]), str(r["recompiles"]), str(r["graph_breaks"]),
-                      "-" if age is None or r["status"] != "running" else f"{age:.0f}",
-                      style="yellow" if int(rank) in lagging else None)
+        table.add_row(
+            rank + (" (lags)" if int(rank) in lagging else ""),
+            _clean(r["status"]),
+            str(r["steps"]),
+            _rate(r["steps_per_s"]),
+            str(r["compiles"]),
+            str(r["recompiles"]),
+            str(r["graph_breaks"]),
+            "-" if age is None or r["status"] != "running" else f"{age:.0f}",
+            style="yellow" if int(rank) in lagging else None,
+        )
     lines: list[Any] = [title, table if snap["ranks"] else Text("waiting for the first rank…", style="dim")]
     if snap["recompiles"]:
         lines.append(Text(f"recompiles by category: {_categories(snap)}"))
     gb = snap["latest_graph_break"]
     if gb:
         where = f"{_clean(gb['file'])}:{gb['line']}" if gb["file"] else "unknown location"
-        lines.append(Text(f"latest graph break (rank {gb['rank']}, step {gb['step']}): {where}: {_clean(gb['reason'])}"))
+        lines.append(
+            Text(f"latest graph break (rank {gb['rank']}, step {gb['step']}): {where}: {_clean(gb['reason'])}")
+        )
         if gb["source"]:
             lines.append(Text(f"    {_clean(gb['source'])}", style="dim"))
     for f in snap["findings"][:8]:
@@ -169,8 +183,9 @@ def live_status(run_dir: Path, interval: float = 0.5) -> Iterator[None]:
     follower = RunFollower(run_dir)
     stop = threading.Event()
     console = Console(stderr=True)
-    with Live(Text(""), console=console, transient=True, redirect_stdout=True, redirect_stderr=True,
-              auto_refresh=False) as live:
+    with Live(
+        Text(""), console=console, transient=True, redirect_stdout=True, redirect_stderr=True, auto_refresh=False
+    ) as live:
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Text(sys.stdout), _Text(sys.stderr)
 

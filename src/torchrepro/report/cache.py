@@ -37,23 +37,38 @@ def render_status(report: dict[str, Any], console: Console | None = None) -> Non
     console = console or Console()
     report = visible_tree(report)  # file names and writers come from the cache directory
     perms, totals = report["permissions"], report["totals"]
-    console.print(Text(f"inductor cache {report['path']} ({report['source']}): {totals['files']} files, "
-                       f"{size_text(totals['bytes'])}; owner {perms['owner']}, mode {perms['mode']}"), highlight=False)
+    console.print(
+        Text(
+            f"inductor cache {report['path']} ({report['source']}): {totals['files']} files, "
+            f"{size_text(totals['bytes'])}; owner {perms['owner']}, mode {perms['mode']}"
+        ),
+        highlight=False,
+    )
     table = Table(show_edge=False, pad_edge=False)
     for column in ("kind", "files", "keys", "size", "oldest", "newest", "never hit"):
         table.add_column(column, justify="left" if column == "kind" else "right")
     for name, row in report["categories"].items():
-        table.add_row(name, str(row["files"]), str(row.get("keys", "")), size_text(row["bytes"]),
-                      _age(row["oldest_age_s"]), _age(row["newest_age_s"]), str(row["unreachable"] or ""))
+        table.add_row(
+            name,
+            str(row["files"]),
+            str(row.get("keys", "")),
+            size_text(row["bytes"]),
+            _age(row["oldest_age_s"]),
+            _age(row["newest_age_s"]),
+            str(row["unreachable"] or ""),
+        )
     console.print(table)
     build = report["this_build"]
     for what, counts in report["written_by"].items():
         shown = ", ".join(f"{value} ({n})" for value, n in counts.items())
-        console.print(Text(f"written by {what}: {shown}   (this process: {build.get(what)})", style="dim"),
-                      highlight=False)
+        console.print(
+            Text(f"written by {what}: {shown}   (this process: {build.get(what)})", style="dim"), highlight=False
+        )
     for group in report["unreachable"]:
-        console.print(Text(f"never hit: {group['files']} {group['category']} file(s): {group['why']}",
-                           style="yellow"), highlight=False)
+        console.print(
+            Text(f"never hit: {group['files']} {group['category']} file(s): {group['why']}", style="yellow"),
+            highlight=False,
+        )
     render_findings(console, [Finding(**f) for f in report["findings"]])
     if not report["findings"]:
         console.print(Text("no findings: only you can write to this cache", style="green"))
@@ -68,27 +83,40 @@ def render_explain(result: dict[str, Any], console: Console | None = None) -> No
         counts = ", ".join(f"{n} {status}" for status, n in sorted(result["lookups"][side].items()))
         console.print(Text(f"{side.upper()} = {result[side]}: {counts}"), highlight=False)
     if not result["causes"] and not result["same_key_misses"] and not result["bypassed"]:
-        console.print(Text("same keys: B could reuse every entry A compiled", style="green")
-                      if not result["keys_differ"] else
-                      Text(f"{result['keys_differ']} key(s) differ, but neither run recorded key components",
-                           style="yellow"))
+        console.print(
+            Text("same keys: B could reuse every entry A compiled", style="green")
+            if not result["keys_differ"]
+            else Text(f"{result['keys_differ']} key(s) differ, but neither run recorded key components", style="yellow")
+        )
     for cause in result["causes"]:
-        refs = sorted({f"{result['pairs'][i]['b']['cache']} {result['pairs'][i]['b']['compile_id']}"
-                       for i in cause["lookups"]})
-        console.print(Text(f" ✗ {cause['detail']}", style="bold red") +
-                      Text(f"   ({len(cause['lookups'])} lookup(s): {', '.join(refs)})", style="dim"),
-                      highlight=False)
-        console.print(Text(f"   component: {cause['component']}\n   fix: {cause['fix']}", style="dim"),
-                      highlight=False)
+        refs = sorted(
+            {f"{result['pairs'][i]['b']['cache']} {result['pairs'][i]['b']['compile_id']}" for i in cause["lookups"]}
+        )
+        console.print(
+            Text(f" ✗ {cause['detail']}", style="bold red")
+            + Text(f"   ({len(cause['lookups'])} lookup(s): {', '.join(refs)})", style="dim"),
+            highlight=False,
+        )
+        console.print(Text(f"   component: {cause['component']}\n   fix: {cause['fix']}", style="dim"), highlight=False)
     notes = {row["note"] for row in result["pairs"] if row["note"]}
     for note in notes:
         console.print(Text(f" · {note}", style="dim"), highlight=False)
     if result["same_key_misses"]:
-        console.print(Text(f" · B missed {result['same_key_misses']} lookup(s) with A's exact key: the entries were "
-                           "not in B's cache directory (another TORCHINDUCTOR_CACHE_DIR, a cleared cache)",
-                           style="yellow"), highlight=False)
+        console.print(
+            Text(
+                f" · B missed {result['same_key_misses']} lookup(s) with A's exact key: the entries were "
+                "not in B's cache directory (another TORCHINDUCTOR_CACHE_DIR, a cleared cache)",
+                style="yellow",
+            ),
+            highlight=False,
+        )
     for side in ("a", "b"):
         if result[f"only_{side}"]:
             ids = ", ".join(sorted({x["compile_id"] for x in result[f"only_{side}"]}))
-            console.print(Text(f" · compiles only in {side.upper()}: {ids} (a recompile or graph one run did not "
-                               "make)", style="dim"), highlight=False)
+            console.print(
+                Text(
+                    f" · compiles only in {side.upper()}: {ids} (a recompile or graph one run did not make)",
+                    style="dim",
+                ),
+                highlight=False,
+            )

@@ -42,9 +42,11 @@ def render_env(info: dict[str, Any], console: Console | None = None) -> None:
     for s in info["determinism"]:
         mark, style = marks[s["status"]]
         recommended = "" if s["recommended"] is None else s["recommended"]
-        audit_table.add_row(Text(mark, style=style),
-                            *_cells(s["name"], s["value"], recommended, s["note"]),
-                            style="red" if s["status"] == "risk" else None)
+        audit_table.add_row(
+            Text(mark, style=style),
+            *_cells(s["name"], s["value"], recommended, s["note"]),
+            style="red" if s["status"] == "risk" else None,
+        )
     console.print(audit_table)
 
     caches = Table(title="Compile caches", title_justify="left")
@@ -52,9 +54,18 @@ def render_env(info: dict[str, Any], console: Console | None = None) -> None:
         caches.add_column(column)
     for c in info["caches"]:
         risk = "\n".join(c["risks"]) or c["note"]
-        caches.add_row(*_cells(c["name"], c["path"], c["source"], "yes" if c["exists"] else "no",
-                               c["owner"] or "", c["mode"] or "", risk),
-                       style="bold red" if c["risks"] else None)
+        caches.add_row(
+            *_cells(
+                c["name"],
+                c["path"],
+                c["source"],
+                "yes" if c["exists"] else "no",
+                c["owner"] or "",
+                c["mode"] or "",
+                risk,
+            ),
+            style="bold red" if c["risks"] else None,
+        )
     console.print(caches)
 
     env = Table(title="Environment variables", title_justify="left")

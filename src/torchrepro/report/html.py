@@ -41,6 +41,7 @@ def visible(text: str) -> str:
     >>> visible("\\x1b[31mred")
     '␛[31mred'
     """
+
     def symbol(m: re.Match[str]) -> str:
         code = ord(m.group())
         return chr(0x2400 + code) if code < 0x20 else "␡" if code == 0x7F else f"\\x{code:02x}"
@@ -94,7 +95,7 @@ def fmt_value(value: Any, limit: int = 400) -> str:
         text = fmt_num(value)
     else:
         text = "—" if value is None else str(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # --- charts: hand-written SVG ---------------------------------------------------------------
@@ -149,36 +150,52 @@ class _Axes:
         return self.height - _B - (self._fy(v) - self.y0) / (self.y1 - self.y0) * (self.height - _T - _B)
 
     def frame(self, x_label: str, y_label: str, y_format=fmt_num) -> list[str]:
-        parts = [(f'<rect class="plot" x="{_L}" y="{_T}" width="{self.width - _L - _R}" '
-                  f'height="{self.height - _T - _B}"/>')]
-        y_ticks = [10.0 ** e for e in range(int(self.y0), int(self.y1) + 1)] if self.log_y else _ticks(self.y0, self.y1)
+        parts = [
+            (f'<rect class="plot" x="{_L}" y="{_T}" width="{self.width - _L - _R}" height="{self.height - _T - _B}"/>')
+        ]
+        y_ticks = [10.0**e for e in range(int(self.y0), int(self.y1) + 1)] if self.log_y else _ticks(self.y0, self.y1)
         for t in y_ticks:
             y = self.y(t)
             if y is None:
                 continue
-            parts.append(f'<line class="grid" x1="{_L}" x2="{self.width - _R}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                         f'<text class="tick" x="{_L - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                         f'{_text(y_format(t))}</text>')
+            parts.append(
+                f'<line class="grid" x1="{_L}" x2="{self.width - _R}" y1="{y:.1f}" y2="{y:.1f}"/>'
+                f'<text class="tick" x="{_L - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                f"{_text(y_format(t))}</text>"
+            )
         for t in _ticks(self.x0, self.x1, 8, integer=all(float(v).is_integer() for v in (self.x0, self.x1))):
             x = self.x(t)
             label = fmt_num(int(t)) if float(t).is_integer() else fmt_num(t)
-            parts.append(f'<text class="tick" x="{x:.1f}" y="{self.height - _B + 16}" text-anchor="middle">'
-                         f'{_text(label)}</text>')
-        parts.append(f'<text class="axis" x="{(_L + self.width - _R) / 2}" y="{self.height - 4}" '
-                     f'text-anchor="middle">{_text(x_label)}</text>'
-                     f'<text class="axis" x="12" y="{(self.height - _B + _T) / 2}" text-anchor="middle" '
-                     f'transform="rotate(-90 12 {(self.height - _B + _T) / 2})">{_text(y_label)}</text>')
+            parts.append(
+                f'<text class="tick" x="{x:.1f}" y="{self.height - _B + 16}" text-anchor="middle">{_text(label)}</text>'
+            )
+        parts.append(
+            f'<text class="axis" x="{(_L + self.width - _R) / 2}" y="{self.height - 4}" '
+            f'text-anchor="middle">{_text(x_label)}</text>'
+            f'<text class="axis" x="12" y="{(self.height - _B + _T) / 2}" text-anchor="middle" '
+            f'transform="rotate(-90 12 {(self.height - _B + _T) / 2})">{_text(y_label)}</text>'
+        )
         return parts
 
 
 def _svg(parts: Iterable[str], label: str, width: int = _W, height: int = _H) -> Markup:
     body = "".join(parts)
-    return Markup(f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{_text(label)}" '
-                  f'xmlns="http://www.w3.org/2000/svg">{body}</svg>')
+    return Markup(
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{_text(label)}" '
+        f'xmlns="http://www.w3.org/2000/svg">{body}</svg>'
+    )
 
 
-def line_chart(series: Sequence[dict[str, Any]], *, x_label: str, y_label: str, log_y: bool = False,
-               zero: bool = True, y_format=fmt_num, label: str = "chart") -> Markup:
+def line_chart(
+    series: Sequence[dict[str, Any]],
+    *,
+    x_label: str,
+    y_label: str,
+    log_y: bool = False,
+    zero: bool = True,
+    y_format=fmt_num,
+    label: str = "chart",
+) -> Markup:
     """Lines (``{"name", "points": [[x, y], ...], "marks": [[x, y, title], ...]}``) on shared axes,
     with a legend; points with y None (or ≤ 0 on a log axis) leave a gap."""
     xs = [p[0] for s in series for p in s["points"]]
@@ -203,18 +220,24 @@ def line_chart(series: Sequence[dict[str, Any]], *, x_label: str, y_label: str, 
         if len(path) == 1:
             x, y = path[0][1:].split(",")
             parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{color}"/>')
-        parts.append(f'<path d="{"".join(path)}" fill="none" stroke="{color}" stroke-width="1.8"{dash}>'
-                     f'<title>{_text(s["name"])}</title></path>')
+        parts.append(
+            f'<path d="{"".join(path)}" fill="none" stroke="{color}" stroke-width="1.8"{dash}>'
+            f"<title>{_text(s['name'])}</title></path>"
+        )
         for x, y, title in s.get("marks", []):
             py = ax.y(y) if y is not None else None
             if py is not None:
-                parts.append(f'<circle class="mark" cx="{ax.x(x):.1f}" cy="{py:.1f}" r="4" stroke="{color}">'
-                             f'<title>{_text(title)}</title></circle>')
+                parts.append(
+                    f'<circle class="mark" cx="{ax.x(x):.1f}" cy="{py:.1f}" r="4" stroke="{color}">'
+                    f"<title>{_text(title)}</title></circle>"
+                )
     legend_x = _L + 8
     for i, s in enumerate(series):
         color = s.get("color") or PALETTE[i % len(PALETTE)]
-        parts.append(f'<rect x="{legend_x}" y="{_T - 20}" width="10" height="10" fill="{color}"/>'
-                     f'<text class="legend" x="{legend_x + 14}" y="{_T - 11}">{_text(s["name"])}</text>')
+        parts.append(
+            f'<rect x="{legend_x}" y="{_T - 20}" width="10" height="10" fill="{color}"/>'
+            f'<text class="legend" x="{legend_x + 14}" y="{_T - 11}">{_text(s["name"])}</text>'
+        )
         legend_x += 24 + 7 * len(str(s["name"]))
     return _svg(parts, label)
 
@@ -238,24 +261,34 @@ def compile_timeline(lanes: Sequence[dict[str, Any]]) -> Markup:
 
     parts = [f'<rect class="plot" x="{label_w}" y="{_T}" width="{_W - label_w - _R}" height="{lane_h * len(lanes)}"/>']
     for t in _ticks(0.0, span, 8):
-        parts.append(f'<line class="grid" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{_T}" y2="{height - _B}"/>'
-                     f'<text class="tick" x="{x(t):.1f}" y="{height - _B + 16}" text-anchor="middle">'
-                     f'{_text(fmt_num(t))}</text>')
-    parts.append(f'<text class="axis" x="{(label_w + _W) / 2}" y="{height - 4}" text-anchor="middle">'
-                 'seconds since the rank started</text>')
+        parts.append(
+            f'<line class="grid" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{_T}" y2="{height - _B}"/>'
+            f'<text class="tick" x="{x(t):.1f}" y="{height - _B + 16}" text-anchor="middle">'
+            f"{_text(fmt_num(t))}</text>"
+        )
+    parts.append(
+        f'<text class="axis" x="{(label_w + _W) / 2}" y="{height - 4}" text-anchor="middle">'
+        "seconds since the rank started</text>"
+    )
     for i, lane in enumerate(lanes):
         y = _T + i * lane_h
-        parts.append(f'<text class="tick" x="{label_w - 8}" y="{y + lane_h / 2 + 4}" text-anchor="end">'
-                     f'{_text(_lane_name(lane["ranks_text"]))}</text>')
+        parts.append(
+            f'<text class="tick" x="{label_w - 8}" y="{y + lane_h / 2 + 4}" text-anchor="end">'
+            f"{_text(_lane_name(lane['ranks_text']))}</text>"
+        )
         for c in lane["compiles"]:
             x0, x1 = x(c["start_s"]), x(c["start_s"] + c["duration_s"])
             cls = _CACHE_CLASS.get(c["cache"], "nocache") + (" recompile" if c["recompile"] else "")
-            title = (f"{c['compile_id']} {c['function']} at step {c['step']}: {fmt_seconds(c['duration_s'])}, "
-                     f"cache {c['cache'] or 'not looked up'}")
+            title = (
+                f"{c['compile_id']} {c['function']} at step {c['step']}: {fmt_seconds(c['duration_s'])}, "
+                f"cache {c['cache'] or 'not looked up'}"
+            )
             if c["recompile"]:
                 title += f"; recompile: {c['recompile']}"
-            parts.append(f'<rect class="bar {cls}" x="{x0:.1f}" y="{y + 4}" width="{max(x1 - x0, 2):.1f}" '
-                         f'height="{lane_h - 8}"><title>{_text(title)}</title></rect>')
+            parts.append(
+                f'<rect class="bar {cls}" x="{x0:.1f}" y="{y + 4}" width="{max(x1 - x0, 2):.1f}" '
+                f'height="{lane_h - 8}"><title>{_text(title)}</title></rect>'
+            )
     return _svg(parts, "compile timeline", height=height)
 
 
@@ -271,15 +304,18 @@ def bar_chart(items: Sequence[tuple[str, float]], *, unit: str = "", label: str 
     for i, (name, value) in enumerate(items):
         y = _T + i * row_h
         w = (value / top) * (_W - label_w - 90)
-        parts.append(f'<text class="tick" x="{label_w - 8}" y="{y + 15}" text-anchor="end">{_text(name)}</text>'
-                     f'<rect class="bar neutral" x="{label_w}" y="{y + 3}" width="{max(w, 1):.1f}" height="{row_h - 6}">'
-                     f'<title>{_text(name)}: {_text(fmt_num(value))}{_text(unit)}</title></rect>'
-                     f'<text class="tick" x="{label_w + w + 6:.1f}" y="{y + 15}">{_text(fmt_num(value))}'
-                     f'{_text(unit)}</text>')
+        parts.append(
+            f'<text class="tick" x="{label_w - 8}" y="{y + 15}" text-anchor="end">{_text(name)}</text>'
+            f'<rect class="bar neutral" x="{label_w}" y="{y + 3}" width="{max(w, 1):.1f}" height="{row_h - 6}">'
+            f"<title>{_text(name)}: {_text(fmt_num(value))}{_text(unit)}</title></rect>"
+            f'<text class="tick" x="{label_w + w + 6:.1f}" y="{y + 15}">{_text(fmt_num(value))}'
+            f"{_text(unit)}</text>"
+        )
     return _svg(parts, label, height=height)
 
 
 # --- the report's series as chart input (no new figures: only the report's own) -------------
+
 
 def _lane_name(ranks_text: str) -> str:
     return ("rank " if ranks_text.isdigit() else "ranks ") + ranks_text
@@ -287,41 +323,79 @@ def _lane_name(ranks_text: str) -> str:
 
 def step_time_chart(lanes: Sequence[dict[str, Any]]) -> Markup:
     """Host time per step of each rank group's first rank (log scale); steps that compiled marked."""
-    series = [{"name": _lane_name(lane["ranks_text"]), "points": [[i, t] for i, t, _ in lane["steps"]],
-               "marks": [[i, t, f"step {i}: {fmt_seconds(t)}, {n} compile(s)"] for i, t, n in lane["steps"] if n]}
-              for lane in list(lanes)[:len(PALETTE)]]
-    return line_chart(series, x_label="step", y_label="step time", log_y=True, y_format=fmt_seconds,
-                      label="step time per rank group")
+    series = [
+        {
+            "name": _lane_name(lane["ranks_text"]),
+            "points": [[i, t] for i, t, _ in lane["steps"]],
+            "marks": [[i, t, f"step {i}: {fmt_seconds(t)}, {n} compile(s)"] for i, t, n in lane["steps"] if n],
+        }
+        for lane in list(lanes)[: len(PALETTE)]
+    ]
+    return line_chart(
+        series, x_label="step", y_label="step time", log_y=True, y_format=fmt_seconds, label="step time per rank group"
+    )
 
 
 def per_rank_step_times(per_rank: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
     """(rank, median step time in ms) for the per-rank bar chart."""
-    return [(f"rank {r}", v["median_step_s"] * 1e3) for r, v in sorted(per_rank.items(), key=lambda kv: int(kv[0]))
-            if v.get("median_step_s") is not None]
+    return [
+        (f"rank {r}", v["median_step_s"] * 1e3)
+        for r, v in sorted(per_rank.items(), key=lambda kv: int(kv[0]))
+        if v.get("median_step_s") is not None
+    ]
 
 
 def divergence_chart(curve: Sequence[dict[str, Any]]) -> Markup:
     """The report's divergence curve: max |Δparam| and max relative difference per step."""
-    return line_chart([{"name": "max |Δparam|", "points": [[p["step"], p["max_abs"]] for p in curve]},
-                       {"name": "max relative", "points": [[p["step"], p["max_rel"]] for p in curve], "dashed": True}],
-                      x_label="step", y_label="difference", log_y=True, label="divergence curve")
+    return line_chart(
+        [
+            {"name": "max |Δparam|", "points": [[p["step"], p["max_abs"]] for p in curve]},
+            {"name": "max relative", "points": [[p["step"], p["max_rel"]] for p in curve], "dashed": True},
+        ],
+        x_label="step",
+        y_label="difference",
+        log_y=True,
+        label="divergence curve",
+    )
 
 
 def loss_chart(rows: Sequence[dict[str, Any]], labels: Sequence[str]) -> Markup:
     """Both runs' losses per step."""
     names = list(labels) + ["A", "B"]
-    return line_chart([{"name": names[0], "points": [[r["step"], r["loss_a"]] for r in rows]},
-                       {"name": names[1], "points": [[r["step"], r["loss_b"]] for r in rows], "dashed": True}],
-                      x_label="step", y_label="loss", zero=False, label="loss of each run")
+    return line_chart(
+        [
+            {"name": names[0], "points": [[r["step"], r["loss_a"]] for r in rows]},
+            {"name": names[1], "points": [[r["step"], r["loss_b"]] for r in rows], "dashed": True},
+        ],
+        x_label="step",
+        y_label="loss",
+        zero=False,
+        label="loss of each run",
+    )
 
 
 def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
     """|Δloss| per step (log scale; steps with equal losses leave a gap), steps whose parameters
     differ marked."""
-    marks = [[r["step"], r["loss_diff"], f"step {r['step']}: parameters differ"] for r in rows
-             if r["same_params"] is False and r["loss_diff"]]
-    return line_chart([{"name": "|Δloss|", "points": [[r["step"], r["loss_diff"]] for r in rows], "marks": marks,
-                        "color": PALETTE[4]}], x_label="step", y_label="|Δloss|", log_y=True, label="loss difference")
+    marks = [
+        [r["step"], r["loss_diff"], f"step {r['step']}: parameters differ"]
+        for r in rows
+        if r["same_params"] is False and r["loss_diff"]
+    ]
+    return line_chart(
+        [
+            {
+                "name": "|Δloss|",
+                "points": [[r["step"], r["loss_diff"]] for r in rows],
+                "marks": marks,
+                "color": PALETTE[4],
+            }
+        ],
+        x_label="step",
+        y_label="|Δloss|",
+        log_y=True,
+        label="loss difference",
+    )
 
 
 def drift_plots(drift: dict[str, Any]) -> list[Markup]:
@@ -344,15 +418,34 @@ def fmt_percent(share: float | None) -> str:
 
 # --- rendering ------------------------------------------------------------------------------
 
+
 def _environment() -> Environment:
-    env = Environment(loader=PackageLoader("torchrepro.report", "templates"), autoescape=True,
-                      undefined=ChainableUndefined, finalize=_finalize, trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=PackageLoader("torchrepro.report", "templates"),
+        autoescape=True,
+        undefined=ChainableUndefined,
+        finalize=_finalize,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters.update(num=fmt_num, seconds=fmt_seconds, value=fmt_value)
-    env.globals.update(compile_timeline=compile_timeline, bar_chart=bar_chart,
-                       step_time_chart=step_time_chart, per_rank_step_times=per_rank_step_times,
-                       divergence_chart=divergence_chart, loss_chart=loss_chart, loss_diff_chart=loss_diff_chart,
-                       drift_plots=drift_plots, ci=fmt_ci, percent=fmt_percent, max_runs=MAX_RUNS,
-                       generator=GENERATOR, max_findings=MAX_FINDINGS, max_rows=MAX_ROWS, max_lanes=MAX_LANES)
+    env.globals.update(
+        compile_timeline=compile_timeline,
+        bar_chart=bar_chart,
+        step_time_chart=step_time_chart,
+        per_rank_step_times=per_rank_step_times,
+        divergence_chart=divergence_chart,
+        loss_chart=loss_chart,
+        loss_diff_chart=loss_diff_chart,
+        drift_plots=drift_plots,
+        ci=fmt_ci,
+        percent=fmt_percent,
+        max_runs=MAX_RUNS,
+        generator=GENERATOR,
+        max_findings=MAX_FINDINGS,
+        max_rows=MAX_ROWS,
+        max_lanes=MAX_LANES,
+    )
     return env
 
 

@@ -105,6 +105,7 @@ def _findings(items: list[dict[str, Any]]) -> list[Finding]:
 
 # --- doctor -------------------------------------------------------------------------------------
 
+
 @dataclass
 class RankOutcome:
     """How one rank ended, and where it ran."""
@@ -135,10 +136,17 @@ class DoctorRun:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.meta, "failed": self.failed, "torch_version": self.torch_version, "world_size": self.world_size,
-                "env_fingerprint": self.env_fingerprint, "ranks_present": self.ranks_present,
-                "ranks_missing": self.ranks_missing, "ranks": {r: dataclasses.asdict(o) for r, o in self.ranks.items()},
-                "problems": self.problems}
+        return {
+            **self.meta,
+            "failed": self.failed,
+            "torch_version": self.torch_version,
+            "world_size": self.world_size,
+            "env_fingerprint": self.env_fingerprint,
+            "ranks_present": self.ranks_present,
+            "ranks_missing": self.ranks_missing,
+            "ranks": {r: dataclasses.asdict(o) for r, o in self.ranks.items()},
+            "problems": self.problems,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DoctorRun:
@@ -204,26 +212,42 @@ class DoctorReport:
 
     def to_json(self) -> dict[str, Any]:
         """The ``report.json`` document."""
-        return {"schema": SCHEMAS["doctor"], "run": self.run.to_json(), "compile": self.compile,
-                "steps": self.steps.to_json(), "findings": [f.to_json() for f in self.findings],
-                "capabilities": self.capabilities, "budget_failures": self.budget_failures,
-                "failing_findings": self.failing_findings, "verdict": self.verdict_line,
-                "rank_groups": self.rank_groups, "provenance": self.provenance}
+        return {
+            "schema": SCHEMAS["doctor"],
+            "run": self.run.to_json(),
+            "compile": self.compile,
+            "steps": self.steps.to_json(),
+            "findings": [f.to_json() for f in self.findings],
+            "capabilities": self.capabilities,
+            "budget_failures": self.budget_failures,
+            "failing_findings": self.failing_findings,
+            "verdict": self.verdict_line,
+            "rank_groups": self.rank_groups,
+            "provenance": self.provenance,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DoctorReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         findings = _findings(data["findings"])
         budget_failures = data.get("budget_failures", [])
-        return cls(run=DoctorRun.from_json(data["run"]), compile=data["compile"],
-                   steps=StepsSummary.from_json(data["steps"]), findings=findings,
-                   verdict=Verdict.of_doctor(findings, budget_failures), verdict_line=data["verdict"],
-                   capabilities=data.get("capabilities", []), budget_failures=budget_failures,
-                   failing_findings=data.get("failing_findings", []), rank_groups=data.get("rank_groups", {}),
-                   provenance=data.get("provenance", {}))
+        return cls(
+            run=DoctorRun.from_json(data["run"]),
+            compile=data["compile"],
+            steps=StepsSummary.from_json(data["steps"]),
+            findings=findings,
+            verdict=Verdict.of_doctor(findings, budget_failures),
+            verdict_line=data["verdict"],
+            capabilities=data.get("capabilities", []),
+            budget_failures=budget_failures,
+            failing_findings=data.get("failing_findings", []),
+            rank_groups=data.get("rank_groups", {}),
+            provenance=data.get("provenance", {}),
+        )
 
 
 # --- check, check-resume, diff ----------------------------------------------------------------
+
 
 @dataclass
 class RunEnding:
@@ -258,15 +282,29 @@ class Determinism:
 
     def exit_code(self, unreadable_exit: int) -> int:
         """See :func:`comparison_exit_code`."""
-        return comparison_exit_code(self.verdict, all(e.ended_normally for e in self.endings),
-                                    any(e.unreadable for e in self.endings), unreadable_exit)
+        return comparison_exit_code(
+            self.verdict,
+            all(e.ended_normally for e in self.endings),
+            any(e.unreadable for e in self.endings),
+            unreadable_exit,
+        )
 
     def to_json(self, unreadable_exit: int) -> dict[str, Any]:
-        return {"verdict": self.verdict.value, "exit_code": self.exit_code(unreadable_exit), "runs": self.runs,
-                "first_divergence": self.first_divergence, "curve": self.curve, "notes": self.notes,
-                "rtol": self.rtol, "atol": self.atol, "steps_compared": self.steps_compared,
-                "endings": [dataclasses.asdict(e) for e in self.endings],
-                "environment_differences": self.environment_differences, "step_clock": self.step_clock, **self.more}
+        return {
+            "verdict": self.verdict.value,
+            "exit_code": self.exit_code(unreadable_exit),
+            "runs": self.runs,
+            "first_divergence": self.first_divergence,
+            "curve": self.curve,
+            "notes": self.notes,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "steps_compared": self.steps_compared,
+            "endings": [dataclasses.asdict(e) for e in self.endings],
+            "environment_differences": self.environment_differences,
+            "step_clock": self.step_clock,
+            **self.more,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Determinism:
@@ -317,10 +355,15 @@ class CheckReport:
 
     def to_json(self) -> dict[str, Any]:
         """The ``report.json`` document."""
-        out = {"schema": SCHEMAS["check"], "kind": "check", "run": self.run.to_json(),
-               "determinism": self.determinism.to_json(self.unreadable_exit),
-               "findings": [f.to_json() for f in self.findings], "verdict": self.verdict_line,
-               "exit_code": self.exit_code}
+        out = {
+            "schema": SCHEMAS["check"],
+            "kind": "check",
+            "run": self.run.to_json(),
+            "determinism": self.determinism.to_json(self.unreadable_exit),
+            "findings": [f.to_json() for f in self.findings],
+            "verdict": self.verdict_line,
+            "exit_code": self.exit_code,
+        }
         for name in ("provenance", "sides", "step_comparison"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -330,13 +373,19 @@ class CheckReport:
     def from_json(cls, data: dict[str, Any]) -> CheckReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         run = data["run"]
-        return cls(run=CheckRun(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(CheckRun, run)),
-                   determinism=Determinism.from_json(data["determinism"]), findings=_findings(data["findings"]),
-                   verdict_line=data["verdict"], provenance=data.get("provenance"), sides=data.get("sides"),
-                   step_comparison=data.get("step_comparison"))
+        return cls(
+            run=CheckRun(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(CheckRun, run)),
+            determinism=Determinism.from_json(data["determinism"]),
+            findings=_findings(data["findings"]),
+            verdict_line=data["verdict"],
+            provenance=data.get("provenance"),
+            sides=data.get("sides"),
+            step_comparison=data.get("step_comparison"),
+        )
 
 
 # --- drift --------------------------------------------------------------------------------------
+
 
 @dataclass
 class DriftReport:
@@ -369,8 +418,15 @@ class DriftReport:
 
     def to_json(self) -> dict[str, Any]:
         """The ``report.json`` document."""
-        return {"schema": SCHEMAS["drift"], "kind": "drift", "verdict": self.verdict_line, "exit_code": self.exit_code,
-                "run": self.run, "drift": self.drift, "provenance": self.provenance}
+        return {
+            "schema": SCHEMAS["drift"],
+            "kind": "drift",
+            "verdict": self.verdict_line,
+            "exit_code": self.exit_code,
+            "run": self.run,
+            "drift": self.drift,
+            "provenance": self.provenance,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DriftReport:

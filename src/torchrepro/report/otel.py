@@ -91,6 +91,7 @@ def _env_int(name: str, default: int) -> int:
 
 # --- health: one warning per job -----------------------------------------------------------
 
+
 class _Health(logging.Handler):
     """Export failures of this process. The SDK's own log records stay off the user's log
     handlers (they would repeat on every retry); the first failure becomes one warning line."""
@@ -119,8 +120,7 @@ class _Health(logging.Handler):
         reason = " ".join((self.reason or "no answer").split())
         errno = re.search(r"\[Errno -?\d+\] ([^'\")]+)", reason)
         reason = errno.group(1).strip() if errno else reason[:160]
-        self.warn(f"OpenTelemetry export to {self.endpoint} failed ({reason}); the run goes on, its telemetry is "
-                  "lost")
+        self.warn(f"OpenTelemetry export to {self.endpoint} failed ({reason}); the run goes on, its telemetry is lost")
 
     def warn(self, message: str) -> None:
         """One warning line per job: a rank under a torchrepro launcher leaves its warning in the
@@ -161,6 +161,7 @@ def _health(endpoint: str) -> _Health:
 
 
 # --- exporters and providers ----------------------------------------------------------------
+
 
 def _signal_endpoint(base: str, signal: str) -> str:
     """``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` if set, else the base URL + ``/v1/<signal>``."""
@@ -247,8 +248,12 @@ def job_context() -> Context | None:
     if not job:
         return None
     digest = hashlib.blake2b(f"torchrepro:{job}".encode(), digest_size=24).digest()
-    parent = SpanContext(int.from_bytes(digest[:16], "big"), int.from_bytes(digest[16:], "big"), is_remote=True,
-                         trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    parent = SpanContext(
+        int.from_bytes(digest[:16], "big"),
+        int.from_bytes(digest[16:], "big"),
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
@@ -266,8 +271,12 @@ class Telemetry:
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
         self.tracer = self.tracer_provider.get_tracer("torchrepro", __version__)
         self.meter = self.meter_provider.get_meter("torchrepro", __version__)
-        self.meter.create_observable_counter("torchrepro.telemetry.dropped", [self._dropped], unit="{span}",
-                                             description="spans dropped because the export queue was full")
+        self.meter.create_observable_counter(
+            "torchrepro.telemetry.dropped",
+            [self._dropped],
+            unit="{span}",
+            description="spans dropped because the export queue was full",
+        )
 
     def _dropped(self, options: CallbackOptions) -> Iterator[Observation]:
         yield Observation(self.spans.dropped, {"signal": "traces"})
@@ -277,8 +286,10 @@ class Telemetry:
         this process or another of its job saw the collector fail). Never raises."""
         if self.health.failures or _job_failed():
             timeout_s = min(timeout_s, 0.5)
-        closers = [threading.Thread(target=_quietly, args=(fn,), name="torchrepro-otel-close", daemon=True)
-                   for fn in (self.spans.shutdown, lambda: self.meter_provider.shutdown(timeout_millis=timeout_s * 1e3))]
+        closers = [
+            threading.Thread(target=_quietly, args=(fn,), name="torchrepro-otel-close", daemon=True)
+            for fn in (self.spans.shutdown, lambda: self.meter_provider.shutdown(timeout_millis=timeout_s * 1e3))
+        ]
         deadline = time.monotonic() + timeout_s
         for closer in closers:
             closer.start()
@@ -296,6 +307,7 @@ def _quietly(fn: Any) -> None:
 
 
 # --- one rank's events ------------------------------------------------------------------------
+
 
 class RankExporter:
     """Turns one rank's events, in order, into spans and metrics. Called as a listener; never
@@ -328,27 +340,45 @@ class RankExporter:
 
     def _on_header(self, h: Header) -> None:
         rank = {"torchrepro.rank": h.rank, "torchrepro.local_rank": h.local_rank, "torchrepro.world_size": h.world_size}
-        self.telemetry = Telemetry(self.endpoint, {
-            "torchrepro.role": "rank", **rank, "host.name": h.host or socket.gethostname(),
-            "process.pid": h.pid or None, "torchrepro.torch_version": h.torch_version, **self.attributes,
-        }, block=not self.live)
+        self.telemetry = Telemetry(
+            self.endpoint,
+            {
+                "torchrepro.role": "rank",
+                **rank,
+                "host.name": h.host or socket.gethostname(),
+                "process.pid": h.pid or None,
+                "torchrepro.torch_version": h.torch_version,
+                **self.attributes,
+            },
+            block=not self.live,
+        )
         meter = self.telemetry.meter
         self.compiles = meter.create_counter("torchrepro.compiles", "{compile}", "frames compiled by torch.compile")
-        self.recompiles = meter.create_counter("torchrepro.recompiles", "{recompile}",
-                                               "recompiles, by the category of the guard that failed")
+        self.recompiles = meter.create_counter(
+            "torchrepro.recompiles", "{recompile}", "recompiles, by the category of the guard that failed"
+        )
         self.graph_breaks = meter.create_counter("torchrepro.graph_breaks", "{graph_break}", "graph breaks")
-        self.cache_lookups = meter.create_counter("torchrepro.cache.lookups", "{lookup}",
-                                                  "FX-graph and AOTAutograd cache lookups")
+        self.cache_lookups = meter.create_counter(
+            "torchrepro.cache.lookups", "{lookup}", "FX-graph and AOTAutograd cache lookups"
+        )
         self.compile_duration = meter.create_histogram(
-            "torchrepro.compile.duration", "s", "time compiling one frame",
-            explicit_bucket_boundaries_advisory=_COMPILE_BUCKETS)
+            "torchrepro.compile.duration",
+            "s",
+            "time compiling one frame",
+            explicit_bucket_boundaries_advisory=_COMPILE_BUCKETS,
+        )
         self.step_duration = meter.create_histogram(
-            "torchrepro.step.duration", "s", "host time of one optimizer step",
-            explicit_bucket_boundaries_advisory=_STEP_BUCKETS)
-        meter.create_observable_gauge("torchrepro.cache.hit_ratio", [self._hit_ratio], unit="1",
-                                      description="cache hits / (hits + misses)")
+            "torchrepro.step.duration",
+            "s",
+            "host time of one optimizer step",
+            explicit_bucket_boundaries_advisory=_STEP_BUCKETS,
+        )
+        meter.create_observable_gauge(
+            "torchrepro.cache.hit_ratio", [self._hit_ratio], unit="1", description="cache hits / (hits + misses)"
+        )
         self.rank_span = self.telemetry.tracer.start_span(
-            "torchrepro rank", context=self.parent, start_time=_ns(h.t), attributes=_attrs(rank))
+            "torchrepro rank", context=self.parent, start_time=_ns(h.t), attributes=_attrs(rank)
+        )
         self._rank_context = trace.set_span_in_context(self.rank_span)
 
     def _hit_ratio(self, options: CallbackOptions) -> Iterator[Observation]:
@@ -381,10 +411,16 @@ class RankExporter:
         pending = self._pending.pop(c.compile_id, {"breaks": [], "lookups": []})
         function = display_function(c)
         attributes: dict[str, Any] = {
-            "torchrepro.compile.id": c.compile_id, "torchrepro.function": function, "code.function": c.function,
-            "code.filepath": c.file, "code.lineno": c.line, "torchrepro.step": c.step,
-            "torchrepro.compile.recompile": c.is_recompile, "torchrepro.compile.graph_breaks": len(pending["breaks"]),
-            "torchrepro.compile.guards": c.guards, "torchrepro.compile.graph_ops": c.graph_ops,
+            "torchrepro.compile.id": c.compile_id,
+            "torchrepro.function": function,
+            "code.function": c.function,
+            "code.filepath": c.file,
+            "code.lineno": c.line,
+            "torchrepro.step": c.step,
+            "torchrepro.compile.recompile": c.is_recompile,
+            "torchrepro.compile.graph_breaks": len(pending["breaks"]),
+            "torchrepro.compile.guards": c.guards,
+            "torchrepro.compile.graph_ops": c.graph_ops,
             "torchrepro.compile.limit_hit": c.limit_hit,
         }
         if c.recompile_reasons:
@@ -398,14 +434,26 @@ class RankExporter:
         for lookup in pending["lookups"]:
             attributes[f"torchrepro.cache.{lookup.cache}"] = lookup.status
         end = _ns(c.t)
-        span = self.telemetry.tracer.start_span("torch.compile", context=self._rank_context,
-                                                start_time=end - int((c.dynamo_s or 0.0) * 1e9),
-                                                attributes=_attrs(attributes))
+        span = self.telemetry.tracer.start_span(
+            "torch.compile",
+            context=self._rank_context,
+            start_time=end - int((c.dynamo_s or 0.0) * 1e9),
+            attributes=_attrs(attributes),
+        )
         for b in pending["breaks"]:
-            span.add_event("graph_break", _attrs({"torchrepro.graph_break.reason": b.reason,
-                                                  "torchrepro.graph_break.id": b.gb_id, "code.filepath": b.file,
-                                                  "code.lineno": b.line, "torchrepro.source": b.source}),
-                           timestamp=_ns(b.t))
+            span.add_event(
+                "graph_break",
+                _attrs(
+                    {
+                        "torchrepro.graph_break.reason": b.reason,
+                        "torchrepro.graph_break.id": b.gb_id,
+                        "code.filepath": b.file,
+                        "code.lineno": b.line,
+                        "torchrepro.source": b.source,
+                    }
+                ),
+                timestamp=_ns(b.t),
+            )
         if c.fail_type or c.limit_hit:
             span.set_status(Status(StatusCode.ERROR, c.fail_reason or c.limit_hit or c.fail_type))
         span.end(end_time=end)
@@ -413,8 +461,9 @@ class RankExporter:
             return
         self.compiles.add(1, {"torchrepro.function": function})
         if c.is_recompile:
-            self.recompiles.add(1, {"torchrepro.function": function, "torchrepro.recompile.category": category_of(c)
-                                    or "other"})
+            self.recompiles.add(
+                1, {"torchrepro.function": function, "torchrepro.recompile.category": category_of(c) or "other"}
+            )
         if c.dynamo_s is not None:
             self.compile_duration.record(c.dynamo_s, {"torchrepro.function": function})
 
@@ -444,8 +493,15 @@ class RankExporter:
             return
         self._flush_steps(self._last_t)
         status = e.status if e else "incomplete"
-        self.rank_span.set_attributes(_attrs({"torchrepro.status": status, "torchrepro.exit_code": e.exit_code if e
-                                              else None, "torchrepro.steps": e.step if e else None}))
+        self.rank_span.set_attributes(
+            _attrs(
+                {
+                    "torchrepro.status": status,
+                    "torchrepro.exit_code": e.exit_code if e else None,
+                    "torchrepro.steps": e.step if e else None,
+                }
+            )
+        )
         if status not in ("ok", "imported"):
             self.rank_span.set_status(Status(StatusCode.ERROR, (e.error if e else None) or status))
         self.rank_span.end(end_time=_ns(e.t if e else self._last_t))
@@ -456,8 +512,14 @@ class RankExporter:
         if self.telemetry is not None:
             self.telemetry.close(timeout_s)
 
-    _HANDLERS: ClassVar[dict[type, Any]] = {Header: _on_header, GraphBreak: _on_graph_break, CacheLookup: _on_cache, Compile: _on_compile,
-                 Step: _on_step, End: _on_end}
+    _HANDLERS: ClassVar[dict[type, Any]] = {
+        Header: _on_header,
+        GraphBreak: _on_graph_break,
+        CacheLookup: _on_cache,
+        Compile: _on_compile,
+        Step: _on_step,
+        End: _on_end,
+    }
 
 
 def live_exporter(endpoint: str) -> RankExporter:
@@ -467,26 +529,38 @@ def live_exporter(endpoint: str) -> RankExporter:
 
 # --- the launching command ----------------------------------------------------------------------
 
+
 class Launcher:
     """The command's own telemetry: its span (the root of the job's trace), a span per launch,
     the report's verdict and findings."""
 
     def __init__(self, endpoint: str, command: str, *, script: str | None = None, nproc: int | None = None):
         self.endpoint, self.command = endpoint, command
-        self.telemetry = Telemetry(endpoint, {"torchrepro.role": "launcher", "torchrepro.command": command,
-                                              **job_attributes()})
+        self.telemetry = Telemetry(
+            endpoint, {"torchrepro.role": "launcher", "torchrepro.command": command, **job_attributes()}
+        )
         self.telemetry.health.reporter = True
         self.span = self.telemetry.tracer.start_span(
-            f"torchrepro {command}", context=job_context(),
-            attributes=_attrs({"torchrepro.command": command, "torchrepro.script": script, "torchrepro.nproc": nproc}))
+            f"torchrepro {command}",
+            context=job_context(),
+            attributes=_attrs({"torchrepro.command": command, "torchrepro.script": script, "torchrepro.nproc": nproc}),
+        )
         self.context = trace.set_span_in_context(self.span)
-        self.findings = self.telemetry.meter.create_counter("torchrepro.findings", "{finding}",
-                                                            "findings of the analysis, by code and severity")
+        self.findings = self.telemetry.meter.create_counter(
+            "torchrepro.findings", "{finding}", "findings of the analysis, by code and severity"
+        )
 
     @contextmanager
     def launch_span(self, run_dir: Path, nproc: int) -> Iterator[LaunchTrace]:
-        span = self.telemetry.tracer.start_span("torchrepro launch", context=self.context, attributes={
-            "torchrepro.run.label": run_dir.name, "torchrepro.run_dir": str(run_dir), "torchrepro.nproc": nproc})
+        span = self.telemetry.tracer.start_span(
+            "torchrepro launch",
+            context=self.context,
+            attributes={
+                "torchrepro.run.label": run_dir.name,
+                "torchrepro.run_dir": str(run_dir),
+                "torchrepro.nproc": nproc,
+            },
+        )
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         launch = LaunchTrace(env={TRACEPARENT_VAR: carrier["traceparent"]} if "traceparent" in carrier else {})
@@ -520,8 +594,9 @@ class Launcher:
     def close(self, exit_code: int | None) -> None:
         self.span.set_attributes(_attrs({"torchrepro.exit_code": exit_code}))
         if exit_code is None or exit_code >= 2:
-            self.span.set_status(Status(StatusCode.ERROR, "the command failed" if exit_code is None
-                                        else f"exit code {exit_code}"))
+            self.span.set_status(
+                Status(StatusCode.ERROR, "the command failed" if exit_code is None else f"exit code {exit_code}")
+            )
         self.span.end()
         self.telemetry.close()
         self.telemetry.health.report_job()

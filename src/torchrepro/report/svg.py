@@ -43,31 +43,45 @@ def strip_plot(title: str, ylabel: str, groups: list[Group], subtitle: str = "")
     def y(v: float) -> float:
         return _TOP + plot_h * (hi - v) / (hi - lo)
 
-    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{_HEIGHT}" '
-           f'viewBox="0 0 {width} {_HEIGHT}" font-family="sans-serif" font-size="11">'),
-           f'<rect width="{width}" height="{_HEIGHT}" fill="white"/>',
-           f'<text x="{_LEFT}" y="16" font-size="13" font-weight="bold">{_text(title)}</text>',
-           f'<text x="{_LEFT}" y="32" fill="#555">{_text(subtitle)}</text>',
-           f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{_TOP + plot_h}" stroke="#333"/>',
-           (f'<text transform="translate(14 {_TOP + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
-           f'{_text(ylabel)}</text>')]
+    out = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{_HEIGHT}" '
+            f'viewBox="0 0 {width} {_HEIGHT}" font-family="sans-serif" font-size="11">'
+        ),
+        f'<rect width="{width}" height="{_HEIGHT}" fill="white"/>',
+        f'<text x="{_LEFT}" y="16" font-size="13" font-weight="bold">{_text(title)}</text>',
+        f'<text x="{_LEFT}" y="32" fill="#555">{_text(subtitle)}</text>',
+        f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{_TOP + plot_h}" stroke="#333"/>',
+        (
+            f'<text transform="translate(14 {_TOP + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+            f"{_text(ylabel)}</text>"
+        ),
+    ]
     for i in range(5):
         v = lo + (hi - lo) * i / 4
-        out.append(f'<line x1="{_LEFT - 4}" y1="{y(v):.1f}" x2="{width - _RIGHT}" y2="{y(v):.1f}" stroke="#eee"/>'
-                   f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_tick(v)}</text>')
+        out.append(
+            f'<line x1="{_LEFT - 4}" y1="{y(v):.1f}" x2="{width - _RIGHT}" y2="{y(v):.1f}" stroke="#eee"/>'
+            f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_tick(v)}</text>'
+        )
     for g, (label, vs, s) in enumerate(groups):
         cx = _LEFT + band * (g + 0.5)
         for k, v in enumerate(vs):
             jitter = ((k * 0.6180339887) % 1 - 0.5) * band * 0.45
             out.append(f'<circle cx="{cx + jitter:.1f}" cy="{y(v):.1f}" r="3" fill="#1f77b4" fill-opacity="0.6"/>')
         if s.get("ci95"):
-            out.append(f'<line x1="{cx:.1f}" y1="{y(s["ci95"][0]):.1f}" x2="{cx:.1f}" y2="{y(s["ci95"][1]):.1f}" '
-                       'stroke="#d62728" stroke-width="2"/>')
+            out.append(
+                f'<line x1="{cx:.1f}" y1="{y(s["ci95"][0]):.1f}" x2="{cx:.1f}" y2="{y(s["ci95"][1]):.1f}" '
+                'stroke="#d62728" stroke-width="2"/>'
+            )
         if s.get("mean") is not None:
-            out.append(f'<line x1="{cx - band * 0.3:.1f}" y1="{y(s["mean"]):.1f}" x2="{cx + band * 0.3:.1f}" '
-                       f'y2="{y(s["mean"]):.1f}" stroke="#d62728" stroke-width="2"/>')
-        out.append(f'<text x="{cx:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle">{_text(label)}</text>'
-                   f'<text x="{cx:.1f}" y="{_TOP + plot_h + 30}" text-anchor="middle" fill="#555">n={len(vs)}</text>')
+            out.append(
+                f'<line x1="{cx - band * 0.3:.1f}" y1="{y(s["mean"]):.1f}" x2="{cx + band * 0.3:.1f}" '
+                f'y2="{y(s["mean"]):.1f}" stroke="#d62728" stroke-width="2"/>'
+            )
+        out.append(
+            f'<text x="{cx:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle">{_text(label)}</text>'
+            f'<text x="{cx:.1f}" y="{_TOP + plot_h + 30}" text-anchor="middle" fill="#555">n={len(vs)}</text>'
+        )
     out.append(f'<text x="{_LEFT}" y="{_HEIGHT - 8}" fill="#555">points: runs · red: mean and 95 % CI</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
@@ -97,8 +111,14 @@ def drift_plots(drift: dict[str, Any]) -> list[tuple[str, str]]:
         common = sides[0].keys() & sides[1].keys()
         groups = [(s["level"], [side[k] for k in sorted(common)], s) for s, side in zip(effect["per_level"], sides)]
         p = effect.get("p_value")
-        plots.append(_plot(name, metric, groups, f"paired over {len(common)} seeds, p = {p:.2g}"
-                           if p is not None else "no complete pairs"))
+        plots.append(
+            _plot(
+                name,
+                metric,
+                groups,
+                f"paired over {len(common)} seeds, p = {p:.2g}" if p is not None else "no complete pairs",
+            )
+        )
     return plots
 
 

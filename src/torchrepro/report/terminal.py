@@ -24,7 +24,7 @@ def _num(x: float | None) -> str:
 def _short(path: str | None, width: int = 48) -> str:
     if not path:
         return "?"
-    return path if len(path) <= width else "…" + path[-(width - 1):]
+    return path if len(path) <= width else "…" + path[-(width - 1) :]
 
 
 def _row(table: Table, *cells: str) -> None:
@@ -35,8 +35,9 @@ def render_findings(console: Console, findings: list[Finding], limit: int = 8) -
     """The first ``limit`` findings, each with its fix."""
     findings = visible_tree(findings)
     for f in findings[:limit]:
-        console.print(Text(f" {_MARK[f.severity]} ", style=_STYLE[f.severity]) + Text(f.title),
-                      highlight=False, markup=False)
+        console.print(
+            Text(f" {_MARK[f.severity]} ", style=_STYLE[f.severity]) + Text(f.title), highlight=False, markup=False
+        )
         if f.hint:
             console.print(Text(f"   fix: {f.hint}", style="dim"), highlight=False, markup=False)
     if len(findings) > limit:
@@ -56,8 +57,14 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
         for col in ("function", "category", "count", "first step", "guard"):
             table.add_column(col, overflow="fold")
         for row in c["recompile_groups"][:8]:
-            _row(table, str(row["function"]), str(row["category"]), str(row["count"]), str(row["steps"][0]),
-                 row["guard"][:60])
+            _row(
+                table,
+                str(row["function"]),
+                str(row["category"]),
+                str(row["count"]),
+                str(row["steps"][0]),
+                row["guard"][:60],
+            )
         console.print(table)
     if c["graph_break_groups"]:
         table = Table(title="graph breaks", title_justify="left", show_edge=False, pad_edge=False)
@@ -65,7 +72,8 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
             table.add_column(col, overflow="fold")
         for row in c["graph_break_groups"][:8]:
             where = f"{_short(row['file'])}:{row['line']}" + (
-                f" (ranks {row['ranks_text']})" if len(report.run.ranks) > 1 else "")
+                f" (ranks {row['ranks_text']})" if len(report.run.ranks) > 1 else ""
+            )
             _row(table, where, str(row["count"]), row["reason"][:60], row["gb_id"] or "")
         console.print(table)
     steps = report.steps.per_rank
@@ -76,13 +84,24 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
         for rank, figures in sorted(c["per_rank"].items(), key=lambda kv: int(kv[0])):
             outcome, rank_steps = report.run.ranks.get(rank), steps.get(rank)
             ms = rank_steps.median_step_s if rank_steps else None
-            _row(table, rank, outcome.status if outcome else "?", str(rank_steps.steps if rank_steps else 0),
-                 str(figures["compiles"]), str(figures["recompiles"]), str(figures["graph_breaks"]),
-                 f"{figures['compile_time_s']:.2f}", "" if ms is None else f"{ms * 1e3:.1f}")
+            _row(
+                table,
+                rank,
+                outcome.status if outcome else "?",
+                str(rank_steps.steps if rank_steps else 0),
+                str(figures["compiles"]),
+                str(figures["recompiles"]),
+                str(figures["graph_breaks"]),
+                f"{figures['compile_time_s']:.2f}",
+                "" if ms is None else f"{ms * 1e3:.1f}",
+            )
         console.print(table)
     cache = ", ".join(f"{name} {v['hit']} hit/{v['miss']} miss" for name, v in c["cache"].items()) or "no lookups"
-    console.print(f"compile time {c['compile_time_s']:.2f} s · unique graphs {c['unique_graphs']} · cache: {cache}",
-                  highlight=False, markup=False)
+    console.print(
+        f"compile time {c['compile_time_s']:.2f} s · unique graphs {c['unique_graphs']} · cache: {cache}",
+        highlight=False,
+        markup=False,
+    )
     for rank, s in steps.items() if len(c["per_rank"]) <= 1 else ():
         if s.steps:
             loss = f"loss {s.first_loss:.4g} → {s.last_loss:.4g}" if s.first_loss is not None else "no loss seen"
@@ -115,8 +134,11 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
     if dec:
         for name in ("total", "rng", "numerics"):
             d = dec[name]
-            size = "bit-exact" if d["bit_exact"] else (
-                f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})")
+            size = (
+                "bit-exact"
+                if d["bit_exact"]
+                else (f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})")
+            )
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.curve:
         table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
