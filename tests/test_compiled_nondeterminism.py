@@ -189,28 +189,21 @@ def _line_of(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def gpt_check(tmp_path_factory):
-    """One `check` of the GPT script (4 steps), trying two fixes: ~3-6 min on 2 loaded cores."""
-    out = tmp_path_factory.mktemp("gpt") / "check"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrepro",
-            "check",
-            "--out",
-            str(out),
-            "--only-fixes",
-            "threads_1,deterministic",
-            str(GPT),
-            "--",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=out.parent,
-    )
-    return proc, json.loads((out / "report.json").read_text()), out
+    """One `check` of the GPT script (4 steps), trying two fixes: ~3-6 min on 2 loaded cores.
+
+    The race behind this nondeterminism needs both intra-op threads running at once; on a machine
+    busy with other tests they can take turns, and then the two runs truthfully agree. That is not
+    what these tests are about: such a check is run again (at most three times)."""
+    for attempt in range(3):
+        out = tmp_path_factory.mktemp("gpt") / "check"
+        argv = ["check", "--out", str(out), "--only-fixes", "threads_1,deterministic", str(GPT), "--", "4"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchrepro", *argv], capture_output=True, text=True, timeout=1500, cwd=out.parent
+        )
+        report = json.loads((out / "report.json").read_text())
+        if report["determinism"]["verdict"] != "bit_exact":
+            break
+    return proc, report, out
 
 
 @pytest.mark.inductor
