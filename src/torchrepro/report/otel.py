@@ -131,11 +131,15 @@ class _Health(logging.Handler):
             self._warned = True
         path = os.environ.get(WARN_ONCE_VAR)
         if path and not self.reporter:
-            try:
-                with open(path, "x", encoding="utf-8") as fp:
-                    fp.write(message)
+            mine = f"{path}.{os.getpid()}"
+            try:  # written whole, then linked into place: the launcher never reads half a warning
+                Path(mine).write_text(message, encoding="utf-8")
+                os.link(mine, path)
             except OSError:  # another rank was first
                 pass
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(mine)
             return
         print(f"torchrepro: warning: {message}", file=sys.stderr, flush=True)
 
