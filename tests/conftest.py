@@ -116,3 +116,23 @@ def run_python(tmp_path):
         return proc
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def cpu_log(request):
+    """With TORCHREPRO_TEST_CPU_LOG=FILE, append each test's CPU seconds (its worker's and the
+    processes it waited for), wall seconds and id to FILE: where the suite's time goes."""
+    path = os.environ.get("TORCHREPRO_TEST_CPU_LOG")
+    if not path:
+        yield
+        return
+    import resource
+
+    def cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    cpu0, wall0 = cpu(), time.monotonic()
+    yield
+    with open(path, "a") as fp:
+        fp.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {request.node.nodeid}\n")

@@ -43,6 +43,25 @@ def test_in_place_rng_reads_equal_the_official_state(seed):
         np.random.set_state(npr)
 
 
+def test_the_step_rng_digests_are_those_of_the_official_states():
+    """live_fingerprints (each step) digests what torch.get_rng_state(), random.getstate() and
+    numpy's get_state() give, draw after draw."""
+    import torch
+
+    from torchrepro.digests import hash_bytes
+    from torchrepro.rng import live_fingerprints
+
+    state = torch.get_rng_state()
+    try:
+        for draw in (lambda: None, lambda: torch.rand(3), lambda: torch.manual_seed(7), lambda: torch.randn(2, 2)):
+            draw()
+            official = torch.get_rng_state().numpy().tobytes()
+            assert live_fingerprints()["torch_cpu"] == hash_bytes(official)[:16]
+            assert live_fingerprints()["python"] == hash_bytes(rng_raw.python_bytes(random.getstate()))[:16]
+    finally:
+        torch.set_rng_state(state)
+
+
 HOST_READS = r"""
 import json, sys, traceback
 from pathlib import Path
@@ -120,7 +139,7 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
     assert result["batch_reads"] == steps  # on the CPU: one batch point per step, at its end
     assert entry["poll"] == 2 * steps  # there: the loss and the gradient norm
     assert entry["init"] <= result["params"]  # the InitParams event, once
-    assert entry["fingerprint_later"] > 0 and entry["live_fingerprints"] > 0
+    assert entry["fingerprint_later"] > 0  # (the torch RNG state is copied by address: no numpy())
 
 
 def test_a_device_digest_read_back_later_equals_the_fingerprint_of_the_same_sums():
@@ -280,3 +299,53 @@ def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path)
     assert got[0].to_json() == steps[0].to_json()
     assert math.isnan(got[1].loss) and got[1].grad_norm == math.inf
     assert math.copysign(1, got[2].loss) == -1 and got[3].loss == 1.5
+
+
+PARAM_NAMES = r"""
+import gc, json, sys
+from pathlib import Path
+import torch
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+
+scans = []
+scan = gc.get_objects
+gc.get_objects = lambda *args: scans.append(1) or scan(*args)
+
+
+class Wrapper(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(2, 2))
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+session = CaptureSession(CaptureConfig(run_dir=Path("run")))
+session.start()
+model, loose = Wrapper(), torch.nn.Parameter(torch.zeros(1))  # loose: in no module at all
+params = list(model.parameters()) + ([loose] if sys.argv[1] == "uncalled" else [])
+opt = torch.optim.SGD(params, lr=0.1)
+for _ in range(2):
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+session.stop(0)
+names = [json.loads(line)["names"] for line in open("run/rank-0/events.jsonl") if '"kind":"params"' in line]
+print(json.dumps({"names": names, "scans": len(scans)}))
+"""
+
+
+@pytest.mark.parametrize("optimized", ["called", "uncalled"])
+def test_parameter_names_come_from_the_modules_called_without_a_scan(run_python, tmp_path, optimized):
+    """The optimizer's parameters are named from the module the script called (its submodule with
+    the shortest names); only a parameter outside every called module costs a scan of all objects
+    (and one in no module at all is named by its place)."""
+    import json
+
+    (tmp_path / "names.py").write_text(PARAM_NAMES)
+    out = run_python(f"import sys, runpy; sys.argv = ['names.py', {optimized!r}]; runpy.run_path('names.py')")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if optimized == "called":
+        assert result == {"names": [["weight", "bias"]], "scans": 0}  # inner.0 names them shortest
+    else:
+        assert result == {"names": [["weight", "bias", "param2"]], "scans": 1}

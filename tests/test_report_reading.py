@@ -235,3 +235,51 @@ def test_an_unreadable_log_keeps_its_header_only(tmp_path):
     synthetic_run(tmp_path, ranks=5, steps=4, foreign=4)
     log: EventLog = read_events(tmp_path / "rank-4" / "events.jsonl")
     assert log.unreadable and "schema" in log.unreadable and [type(e) for e in log.events] == [Header]
+
+
+def canon(x: object) -> object:
+    """A JSON value with numbers compared by value (a float field read as 3.0 from ``3``), bools apart."""
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return x
+    if isinstance(x, (int, float)):
+        return ("number", float(x)) if x == x else "nan"
+    if isinstance(x, list):
+        return [canon(v) for v in x]
+    return {k: canon(v) for k, v in x.items()}
+
+
+def test_step_lines_read_by_msgspec_are_what_the_general_reader_makes(tmp_path, monkeypatch):
+    """msgspec reads step lines straight into their events when it is installed; whatever it
+    refuses (NaN, a bool where an int goes, a truncated line) falls back to the general reader:
+    the same events, the same lines skipped, the same fields shared across ranks."""
+    pytest.importorskip("msgspec")
+    from torchrepro import events as events_module
+
+    assert events_module._decode_step is not None
+    names = _names(Step)
+    written = {n: json.loads(json.dumps(getattr(Step(), n))) for n in names}
+    cases = [{**written, name: value} for name in names for value in VALUES]
+    cases += [{k: v for k, v in case.items() if k != gone} for case in cases[::7] for gone in names[::3]]
+    cases += [{**case, "extra": [1]} for case in cases[::5]] + [dict(reversed(case.items())) for case in cases[::5]]
+    lines = [json.dumps({"kind": "step", **case}) for case in cases]
+    lines += ['{"kind":"step","index":1,"loss":NaN}', '{"kind":"step","index":1,"loss":1e400}', lines[3][:25]]
+    for rank in (0, 1):
+        write_all(tmp_path / f"rank-{rank}" / "events.jsonl", [Header(rank=rank)])
+        with open(tmp_path / f"rank-{rank}" / "events.jsonl", "a") as fp:
+            fp.write("\n".join(lines) + "\n")
+    fast = load_run(tmp_path)
+    monkeypatch.setattr(events_module, "_decode_step", None)
+    general = load_run(tmp_path)
+    for a, b in zip(fast.logs, general.logs):
+        assert (a.bad_lines, a.truncated, len(a.events)) == (b.bad_lines, b.truncated, len(b.events))
+        for x, y in zip(a.events, b.events):
+            x_json, y_json = x.to_json(), y.to_json()
+            if abs(x.t - y.t) > 0 and abs(x.t - y.t) < 60:  # a line without "t": each took its time of reading
+                x_json.pop("t"), y_json.pop("t")
+            assert canon(x_json) == canon(y_json), (x, y)
+    assert sharing(fast) == sharing(general)
+
+
+def sharing(run) -> list[tuple[bool, bool]]:
+    """Per step of ranks 0 and 1: do they hold one object for the RNG digests, for the parameters'?"""
+    return [(x.rng_fps is y.rng_fps, x.params_fp is y.params_fp) for x, y in zip(*(log.of(Step) for log in run.logs))]

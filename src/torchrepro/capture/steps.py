@@ -103,6 +103,7 @@ class StepRecorder:
         self._pending_backward = False  # backward clock: a step has begun and not ended yet
         self._input_fps: list[list[Digest]] = []
         self._in_module = False
+        self._called: list[Any] = []  # the outermost modules called before the parameters are named
         self._init_done = False
         self._first_index = 0
 
@@ -215,6 +216,8 @@ class StepRecorder:
         if self._pending_backward and self._backward_clocked():
             self._end_step("backward")  # the forward of the next step
         t0 = time.perf_counter()
+        if self._names is None and len(self._called) < 8 and all(m is not module for m in self._called):
+            self._called.append(module)
         if not self._init_done:
             root = getattr(module, "_orig_mod", module)  # torch.compile(model)
             named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
@@ -358,7 +361,8 @@ class StepRecorder:
         if self._params is None:
             self._params = []
         if self._names is None:
-            self._names = _param_names(self._params) if self._params else []
+            self._names = _param_names(self._params, self._called) if self._params else []
+            self._called = []
             self._emit(
                 Params(
                     rank=self.rank,
@@ -583,15 +587,31 @@ def _is_module(obj: Any) -> bool:
         return False
 
 
-def _param_names(params: list[torch.Tensor]) -> list[str]:
-    """Names of the optimizer's parameters, from the module that owns them (found once, by a
-    scan of live modules: the one covering most of them with the shortest names)."""
+def _param_names(params: list[torch.Tensor], called: list[Any] = ()) -> list[str]:
+    """Names of the optimizer's parameters, from the module that owns them: the one covering most
+    of them with the shortest names, among the modules the script called and their submodules
+    (found once per run), else among all live modules (a scan of every object, ~0.2 s)."""
     wanted = {id(p) for p in params}
+    found = _best_names(wanted, _submodules(called))
+    if len(found) < len(wanted):
+        with warnings.catch_warnings():  # isinstance() on deprecated module attributes warns
+            warnings.simplefilter("ignore")
+            found = _best_names(wanted, [obj for obj in gc.get_objects() if _is_module(obj)])
+    return [found.get(id(p), f"param{i}") for i, p in enumerate(params)]
+
+
+def _submodules(roots: list[Any]) -> list[Any]:
+    found = []
+    for root in roots:
+        try:
+            found.extend(root.modules())
+        except Exception:  # a module whose modules() misbehaves: the scan of live modules decides
+            continue
+    return found
+
+
+def _best_names(wanted: set[int], modules: list[Any]) -> dict[int, str]:
     best: tuple[int, int, dict[int, str]] | None = None
-    with warnings.catch_warnings():  # isinstance() on deprecated module attributes warns
-        warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-        modules = [obj for obj in objects if _is_module(obj)]
     for obj in modules:
         try:
             names = {id(p): n for n, p in obj.named_parameters() if id(p) in wanted}
@@ -602,5 +622,4 @@ def _param_names(params: list[torch.Tensor]) -> list[str]:
         score = (len(names), -sum(len(n) for n in names.values()))
         if best is None or score > best[:2]:
             best = (*score, names)
-    found = best[2] if best else {}
-    return [found.get(id(p), f"param{i}") for i, p in enumerate(params)]
+    return best[2] if best else {}
