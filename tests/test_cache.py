@@ -20,7 +20,7 @@ import torch
 from torchrepro.cli import main
 from torchrepro.events import CacheLookup, Header, write_all
 
-pytestmark = pytest.mark.xdist_group("cache")  # one worker builds the shared fixture once
+pytestmark = pytest.mark.xdist_group("cache")  # one worker runs these tests: it builds the shared fixture once
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TINY = SCRIPTS / "cache_tiny.py"
@@ -60,7 +60,7 @@ def snapshot(directory: Path) -> dict[str, tuple]:
 # ---------------------------------------------------------------- real compiles (one isolated cache)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not rebuilt when the worker runs other modules' tests in between
 def compiled(tmp_path_factory):
     """Two real `torchrepro doctor` runs of a tiny inductor script sharing one isolated cache
     directory, the first with OMP_NUM_THREADS=1, the second with 2, on "machine A": a TMPDIR of

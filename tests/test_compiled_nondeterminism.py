@@ -187,7 +187,7 @@ def _line_of(text: str) -> int:
     return next(i for i, line in enumerate(GPT.read_text().splitlines(), 1) if text in line)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once: its tests share one worker (xdist_group "gpt")
 def gpt_check(tmp_path_factory):
     """One `check` of the GPT script (4 steps), trying two fixes: ~3-6 min on 2 loaded cores.
 
@@ -207,12 +207,14 @@ def gpt_check(tmp_path_factory):
 
 
 @pytest.mark.inductor
+@pytest.mark.xdist_group("gpt")
 def test_check_names_graph_parameter_kernel_and_source(gpt_check):
     proc, report, _ = gpt_check
     assert proc.returncode == 1, proc.stderr[-2000:]
     det = report["determinism"]
     fd = det["first_divergence"]
-    assert det["verdict"] == "diverged" and fd["step"] == 0 and fd["cause"] == "nondeterministic_op"
+    # the race shows at the first step it happens to hit (step 0 on a quiet machine, later under load)
+    assert det["verdict"] == "diverged" and fd["step"] in range(4) and fd["cause"] == "nondeterministic_op"
     assert (fd["compile_id"], fd["graph"], fd["parameter"]) == ("0/0", "backward", "tok.weight")
     assert fd["kernel"].startswith("cpp_fused_") and "embedding_dense_backward" in fd["kernel"]
     assert "aten.embedding_dense_backward" in fd["kernel_fuses"] and fd["op"] == "aten.embedding_dense_backward"
@@ -226,6 +228,7 @@ def test_check_names_graph_parameter_kernel_and_source(gpt_check):
 
 
 @pytest.mark.inductor
+@pytest.mark.xdist_group("gpt")
 def test_the_ladder_finds_a_bit_exact_fix_and_recommends_only_that(gpt_check):
     proc, report, out = gpt_check
     det = report["determinism"]

@@ -25,7 +25,10 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCRIPTS = Path(__file__).parent / "scripts"
 MARKUP = '<img src=x onerror=alert(1)> & "q" \x1b[31mred\x1b[0m'
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs chromium (apt-get install chromium)")
+pytestmark = [
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs chromium (apt-get install chromium)"),
+    pytest.mark.xdist_group("html-browser"),  # one worker starts the browser and makes each run once
+]
 
 SCRIPT = """
 import torch
@@ -205,14 +208,14 @@ def torchrepro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser(tmp_path_factory):
     b = Browser(tmp_path_factory.mktemp("chromium-profile"))
     yield b
     b.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def doctor_run(tmp_path_factory) -> Path:
     """A compiled run whose script name and exception message carry markup and ANSI codes."""
     root = tmp_path_factory.mktemp("doctor")
@@ -223,7 +226,7 @@ def doctor_run(tmp_path_factory) -> Path:
     return root / "run"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def check_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("check")
     proc = torchrepro("check", "--out", str(root / "check"), str(SCRIPTS / "noise_module.py"), cwd=root)
@@ -231,7 +234,7 @@ def check_run(tmp_path_factory) -> Path:
     return root / "check"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def drift_run(tmp_path_factory) -> Path:
     """A real tiny drift experiment (2 init seeds, each eager and compiled) of a script whose name has markup."""
     root = tmp_path_factory.mktemp("drift")

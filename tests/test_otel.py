@@ -184,7 +184,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once: the tests using it share one worker (xdist_group "otel-baseline")
 def baseline(tmp_path_factory):
     """The same doctor run without export: its exit code, parameters and run directory."""
     tmp = tmp_path_factory.mktemp("baseline")
@@ -193,6 +193,7 @@ def baseline(tmp_path_factory):
     return proc.returncode, (tmp / "params.pt").read_bytes(), tmp / "run"
 
 
+@pytest.mark.xdist_group("otel-baseline")
 def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, receiver, baseline):
     proc = _cli(
         tmp_path,
@@ -306,6 +307,7 @@ def test_two_ranks_share_one_trace(tmp_path, receiver):
         assert receiver.metric("torchrepro.findings", **{"torchrepro.finding.code": code}) == {-1: codes.count(code)}
 
 
+@pytest.mark.xdist_group("otel-baseline")
 def test_refused_collector_costs_one_warning(tmp_path, baseline):
     url = f"http://127.0.0.1:{_free_port()}"
     proc = _cli(
@@ -328,6 +330,7 @@ def test_refused_collector_costs_one_warning(tmp_path, baseline):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.xdist_group("otel-baseline")
 def test_absent_collector_in_process_run(tmp_path, baseline):
     """``torchrepro run`` (what each rank of a user's own torchrun runs) with a host that does
     not resolve."""
@@ -364,6 +367,7 @@ def test_503_is_retried_and_delivered(tmp_path):
     assert delivered == {c.compile_id for c in log.of(Compile)}
 
 
+@pytest.mark.xdist_group("otel-baseline")
 def test_report_exports_a_stored_run(tmp_path, receiver, baseline):
     run_dir = baseline[2]
     proc = _cli(tmp_path, "report", str(run_dir), "--otlp-endpoint", receiver.url)

@@ -31,6 +31,7 @@ from torchrepro.report.model import (
 from torchrepro.rundir import HTML_FILE, REPORT_FILE
 
 SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.xdist_group("report_model")  # one worker builds the real runs below once
 GRAPH_BREAK = """\
 import torch
 
@@ -58,7 +59,7 @@ def _stored(directory: Path) -> dict:
     return json.loads((directory / REPORT_FILE).read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once: the tests using it share one worker (xdist_group)
 def doctor_run(tmp_path_factory) -> tuple[Path, int]:
     """A real doctor run of a compiled script with a graph break, over a budget of none."""
     root = tmp_path_factory.mktemp("doctor")
@@ -68,7 +69,7 @@ def doctor_run(tmp_path_factory) -> tuple[Path, int]:
     return root / "run", code
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def check_runs(tmp_path_factory) -> dict[str, tuple[Path, int]]:
     """Real checks: a deterministic script (bit-exact) and one nudged by a clock-seeded generator (diverged)."""
     root = tmp_path_factory.mktemp("check")

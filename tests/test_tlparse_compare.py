@@ -41,7 +41,10 @@ def _tlparse() -> str | None:
 
 
 TLPARSE = _tlparse()
-pytestmark = pytest.mark.skipif(TLPARSE is None, reason="tlparse is not installed (optional: pip install tlparse)")
+pytestmark = [
+    pytest.mark.skipif(TLPARSE is None, reason="tlparse is not installed (optional: pip install tlparse)"),
+    pytest.mark.xdist_group("tlparse"),  # one worker builds the shared results once
+]
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ def _run_case(case: Case, root: Path) -> dict:
     return {"tlparse": tlparse_counts(work / "tl"), "report": report, "doctor_rc": doctor.returncode}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once: its tests share one worker (xdist_group "tlparse")
 def results(tmp_path_factory) -> dict[str, dict]:
     """Every case, run concurrently (each is a fresh interpreter importing torch: ~3 s)."""
     root = tmp_path_factory.mktemp("tlparse")

@@ -91,10 +91,9 @@ def test_timeout_kills_both_runs(tmp_path):
     script.write_text(
         "import time, torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2)).sum().backward()\ntime.sleep(120)\n"
     )
-    # 6 s without progress: importing torch on a loaded machine can take longer than a few seconds,
-    # and a run stopped before capture started is another verdict (nothing to compare)
-    # (no replays: they would be stopped by the same timeout, 6 s each)
-    proc = cli("check", "--out", str(tmp_path / "c"), "--timeout", "6", "--no-localize", str(script), cwd=tmp_path)
+    # 10 s without progress: importing torch on a loaded machine can take several seconds, and a run stopped before capture started is another verdict (nothing to
+    # compare); no replays: the same timeout would stop them
+    proc = cli("check", "--out", str(tmp_path / "c"), "--timeout", "10", "--no-localize", str(script), cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     det = json.loads((tmp_path / "c" / "report.json").read_text())["determinism"]
     assert det["verdict"] != "bit_exact"
