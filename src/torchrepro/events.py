@@ -303,8 +303,6 @@ def _checked(kind: str, data: dict[str, Any]) -> Event:
             if not isinstance(value, accepted):
                 raise TypeError(f"{kind}.{name}: {type(value).__name__}")
             fields[name] = value
-    if kind == "step" and isinstance(fields.get("rng_at"), str):
-        fields["rng_at"] = sys.intern(fields["rng_at"])
     return KINDS[kind](**fields)
 
 
@@ -318,7 +316,7 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
     fields in the writer's order, checking each value's exact JSON type in line, and falls back
     to :func:`_checked` for anything else: the reader's hot path, same result."""
     names = _names(cls)
-    scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind, "_intern": sys.intern}
+    scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind}
     checks, types = [], []
     for i, name in enumerate(names):
         accepted = _FIELD_TYPES[kind][name]
@@ -326,7 +324,7 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
             scope[f"_T{i}"] = frozenset(accepted + ((bool,) if int in accepted else ()))
             checks.append(f"_type({name}) not in _T{i}")
             types.append(f"_T{i}=_T{i}")
-    slow = f"        return {'_share(_checked(_kind, data), shared)' if cls is Step else '_checked(_kind, data)'}"
+    slow = f"        return {'_share_step(_checked(_kind, data), shared)' if cls is Step else '_checked(_kind, data)'}"
     lines = [
         f"def build(data, shared=None, _type=type, {', '.join(types)}):",
         "    if tuple(data) != _names:",
@@ -335,21 +333,11 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
         f"    if {' or '.join(checks) or 'False'}:",
         slow,
     ]
+    made = f"_cls({', '.join(names)})"
     if cls is Step:
-        scope["_share"] = _share
-        lines += [
-            "    if type(rng_at) is str: rng_at = _intern(rng_at)",
-            "    if step == index and type(step) is type(index): step = index",
-            "    if shared is not None:",
-            "        if type(rank) is int: rank = shared.ranks.setdefault(rank, rank)",
-            "        ref = shared.steps.get(index)",
-            "        if ref is None:",
-            f"            shared.steps[index] = ({', '.join(_REPLICATED)})",
-            "        else:",
-            f"            {', '.join(f'r_{n}' for n in _REPLICATED)} = ref",
-            *(f"            if {n} == r_{n}: {n} = r_{n}" for n in _REPLICATED),
-        ]
-    lines.append(f"    return _cls({', '.join(names)})")
+        scope["_share_step"] = _share_step
+        made = f"_share_step({made}, shared)"
+    lines.append(f"    return {made}")
     exec("\n".join(lines), scope)  # noqa: S102 -- source built above from the dataclasses' own field names
     return scope["build"]
 
@@ -364,27 +352,10 @@ class Shared:
     ranks: dict[int, int] = field(default_factory=dict)
 
 
-def _share(step: Step, shared: Shared | None) -> Step:
-    """``step`` holding the objects of ``shared`` where its fields equal them (the builders' slow
-    path does what their fast path does)."""
-    if type(step.step) is type(step.index) and step.step == step.index:
-        step.step = step.index
-    if shared is not None:
-        if type(step.rank) is int:
-            step.rank = shared.ranks.setdefault(step.rank, step.rank)
-        ref = shared.steps.setdefault(step.index, tuple(getattr(step, n) for n in _REPLICATED))
-        for name, value in zip(_REPLICATED, ref):
-            if getattr(step, name) == value:
-                setattr(step, name, value)
-    return step
-
-
-_BUILDERS = {kind: _builder(kind, cls) for kind, cls in KINDS.items()}
-
-
 def _step_sharer() -> Callable[[Step, Shared | None], Step]:
-    """:func:`_share`, compiled for the fields of :class:`Step` (the fast reader's hot path): also
-    interns ``rng_at``, as the builders do."""
+    """The function that makes a step read hold the objects of ``shared`` where its fields equal
+    them (its step equal to its index is that object too, ``rng_at`` interned), compiled for the
+    fields of :class:`Step`: every path of the reader ends a step with it."""
     lines = [
         "def share(s, shared, _intern=_intern):",
         "    if type(s.rng_at) is str: s.rng_at = _intern(s.rng_at)",
@@ -406,6 +377,7 @@ def _step_sharer() -> Callable[[Step, Shared | None], Step]:
 
 _STEP_PREFIX = b'{"kind":"step",'  # how the writer starts every step line
 _share_step = _step_sharer()
+_BUILDERS = {kind: _builder(kind, cls) for kind, cls in KINDS.items()}
 _decode_step = _msgspec.json.Decoder(Step).decode if _msgspec is not None else None
 
 
