@@ -330,6 +330,38 @@ def test_refused_collector_costs_one_warning(tmp_path, baseline):
     assert "Traceback" not in proc.stderr
 
 
+_RANK_CLOSES = """
+import os, sys, time
+from torchrepro.report.otel import Telemetry
+telemetry = Telemetry(sys.argv[1], {"torchrepro.role": "rank"})
+telemetry.tracer.start_span("step").end()
+start = time.monotonic()
+telemetry.close(timeout_s=0.3)  # ends inside the exporter's first retry back-off (1 s)
+print(telemetry.health.failures, os.path.exists(os.environ["TORCHREPRO_OTLP_WARN_ONCE"]), time.monotonic() - start)
+"""
+
+
+def test_a_rank_leaves_its_export_failure_before_its_close_returns(tmp_path):
+    """A rank's end cuts its exporter's retries short; the failed export must be counted and the
+    job's warning left for the launcher before ``close`` returns, not by a daemon thread the end
+    of the process may kill first (the launcher then printed no warning at all)."""
+    warned = tmp_path / "warned"
+    env = _env(TORCHREPRO_OTLP_WARN_ONCE=str(warned))
+    proc = subprocess.run(
+        [sys.executable, "-c", _RANK_CLOSES, f"http://127.0.0.1:{_free_port()}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    failures, left, took = proc.stdout.split()
+    assert int(failures) >= 1 and left == "True", proc.stderr[-2000:]  # spans, metrics
+    assert float(took) < 0.3 + 1.0 + 0.5  # the deadline, then at most the grace for the retry to end
+    assert "refused" in warned.read_text().lower()
+    assert proc.stderr == ""  # under a launcher, a rank prints nothing itself
+
+
 @pytest.mark.xdist_group("otel-baseline")
 def test_absent_collector_in_process_run(tmp_path, baseline):
     """``torchrepro run`` (what each rank of a user's own torchrun runs) with a host that does

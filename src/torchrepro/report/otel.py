@@ -63,6 +63,7 @@ from .model import Report
 
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
+END_GRACE_S = 1.0  # how long a retry, once told to stop, may take to end and be counted
 STORED_FLUSH_S = 30.0  # exporting a stored run is the whole job: wait longer
 STEP_FLUSH_S = 1.0  # step times reach the histogram in batches, once a second
 METRIC_INTERVAL_MS = 10_000  # unless OTEL_METRIC_EXPORT_INTERVAL says otherwise
@@ -271,7 +272,8 @@ class Telemetry:
         self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(self.spans)
         interval = None if os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") else METRIC_INTERVAL_MS
-        reader = PeriodicExportingMetricReader(_Metrics(self.health, endpoint), export_interval_millis=interval)
+        self.metrics = _Metrics(self.health, endpoint)
+        reader = PeriodicExportingMetricReader(self.metrics, export_interval_millis=interval)
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
         self.tracer = self.tracer_provider.get_tracer("torchrepro", __version__)
         self.meter = self.meter_provider.get_meter("torchrepro", __version__)
@@ -299,8 +301,13 @@ class Telemetry:
             closer.start()
         for closer in closers:
             closer.join(max(0.0, deadline - time.monotonic()))
-        if closers[0].is_alive():  # still retrying: the exporter's own shutdown ends the retries
-            _quietly(self.spans.exporter.shutdown)
+        # Still retrying: the exporters' own shutdown ends the retries, and the failed export is
+        # then counted (and warned of) before this process goes on to its end, where a daemon
+        # thread would be cut off before it could leave the job's warning.
+        for closer, exporter in zip(closers, (self.spans.exporter, self.metrics)):
+            if closer.is_alive():
+                _quietly(exporter.shutdown)
+                closer.join(END_GRACE_S)
         if self.spans.dropped:
             self.health.warn(f"{self.spans.dropped} span(s) dropped: the OpenTelemetry export queue was full")
 
