@@ -45,21 +45,48 @@ def test_in_place_rng_reads_equal_the_official_state(seed):
 
 def test_the_step_rng_digests_are_those_of_the_official_states():
     """live_fingerprints (each step) digests what torch.get_rng_state(), random.getstate() and
-    numpy's get_state() give, draw after draw."""
+    numpy's get_state() give, draw after draw: also while it only watches the generators'
+    memory and reuses the last digests (every kind of draw and restore must be seen)."""
     import torch
 
     from torchrepro.digests import hash_bytes
     from torchrepro.rng import live_fingerprints
 
-    state = torch.get_rng_state()
+    assert rng_raw._TORCH_SPAN is not None and rng_raw.host_raw() is not None, "no in-place watch here"
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    generator = torch.Generator().manual_seed(3)
     try:
-        for draw in (lambda: None, lambda: torch.rand(3), lambda: torch.manual_seed(7), lambda: torch.randn(2, 2)):
+        for draw in (
+            lambda: None,
+            lambda: torch.rand(3),
+            lambda: torch.rand(1),  # one word: only the position moves
+            lambda: torch.randn(1),  # a normal sample cached
+            lambda: torch.randn(1),  # and used
+            lambda: torch.rand(1000),  # past a twist
+            lambda: torch.manual_seed(7),
+            lambda: torch.randn(2, 2),
+            lambda: torch.set_rng_state(states[0]),  # a state seen before
+            lambda: torch.rand(3, generator=generator),  # another generator: nothing changes
+            lambda: torch.nn.functional.dropout(torch.ones(64), 0.5),
+            random.random,
+            lambda: random.gauss(0, 1),
+            lambda: np.random.rand(2),
+            lambda: np.random.seed(5),
+            lambda: None,
+        ):
             draw()
-            official = torch.get_rng_state().numpy().tobytes()
-            assert live_fingerprints()["torch_cpu"] == hash_bytes(official)[:16]
-            assert live_fingerprints()["python"] == hash_bytes(rng_raw.python_bytes(random.getstate()))[:16]
+            for _ in range(2):  # the first read after a change, then the reused digests
+                fps = live_fingerprints()
+                assert fps["torch_cpu"] == hash_bytes(torch.get_rng_state().numpy().tobytes())[:16]
+                assert fps["python"] == hash_bytes(rng_raw.python_bytes(random.getstate()))[:16]
+                _, words, pos, has_gauss, cached = np.random.get_state(legacy=True)
+                numpy_state = rng_raw.numpy_bytes(words.astype("<u4").tobytes(), pos, has_gauss, cached)
+                assert fps["numpy"] == hash_bytes(numpy_state)[:16]
+        assert live_fingerprints() is live_fingerprints()  # nothing drawn: the last digests, not re-read
     finally:
-        torch.set_rng_state(state)
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
 
 
 HOST_READS = r"""
@@ -139,7 +166,9 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
     assert result["batch_reads"] == steps  # on the CPU: one batch point per step, at its end
     assert entry["poll"] == 2 * steps  # there: the loss and the gradient norm
     assert entry["init"] <= result["params"]  # the InitParams event, once
-    assert entry["fingerprint_later"] > 0  # (the torch RNG state is copied by address: no numpy())
+    # CPU tensors (batches, parameters, RNG states) are hashed by address: no read through torch
+    assert entry["fingerprint_later"] == entry["_note_batch"] == 0, entry
+    assert entry["live_fingerprints"] <= 1, entry  # once: the torch generator's layout checked
 
 
 def test_a_device_digest_read_back_later_equals_the_fingerprint_of_the_same_sums():

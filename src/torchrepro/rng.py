@@ -24,7 +24,7 @@ import torch
 from . import _dist, _state
 from .digests import hash_bytes
 from .errors import RngStateError
-from .rng_raw import numpy_bytes, numpy_state_bytes, python_bytes, python_state_bytes
+from .rng_raw import host_raw, numpy_bytes, numpy_state_bytes, python_bytes, python_state_bytes
 from .rundir import write_text
 
 SCHEMA = "torchrepro.rng/1"
@@ -236,18 +236,37 @@ class RngState:
 def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[str, str]:
     """Per-generator digests of the current state, without building an :class:`RngState`
     (cheap enough for every training step; CUDA only if it is already initialised)."""
-    raw = {
-        "python": python_state_bytes(),
-        "numpy": numpy_state_bytes(),
-        "torch_cpu": _host_bytes(torch.default_generator.get_state()),  # what torch.get_rng_state() returns
-    }
+    host = _host_digests()
+    raw = {}
     if torch.cuda.is_initialized():  # implies is_available(), which costs more
         raw.update({f"cuda:{i}": s.numpy().tobytes() for i, s in enumerate(torch.cuda.get_rng_state_all())})
     for name, g in {**registered(), **(generators or {})}.items():
         raw[f"generator:{name}"] = _generator_bytes(_generator_state(g))
     for key, st in _state.fork_states().items():
         raw[f"fork:{key}"] = st["cpu"].numpy().tobytes() + b"".join(c.numpy().tobytes() for c in st.get("cuda", []))
-    return {name: _short_digest(name, data) for name, data in raw.items()}
+    if not raw:
+        return host  # the same dict as long as no host generator changed: nothing else to compare
+    return {**host, **{name: _short_digest(name, data) for name, data in raw.items()}}
+
+
+_HOST_LAST: list[Any] = [None, None]  # host_raw() when last read, and the digests of those states
+
+
+def _host_digests() -> dict[str, str]:
+    """The digests of Python's, numpy's and torch's CPU generator; while their memory is
+    unchanged since the last call (most training steps draw from none of them), that call's
+    digests again, without reading their official states."""
+    raw = host_raw()
+    if raw is not None and raw == _HOST_LAST[0]:
+        return _HOST_LAST[1]
+    digests = {
+        "python": _short_digest("python", python_state_bytes()),
+        "numpy": _short_digest("numpy", numpy_state_bytes()),
+        # what torch.get_rng_state() returns
+        "torch_cpu": _short_digest("torch_cpu", _host_bytes(torch.default_generator.get_state())),
+    }
+    _HOST_LAST[:] = raw, digests
+    return digests
 
 
 def _host_bytes(state: torch.Tensor) -> bytes:

@@ -1,4 +1,4 @@
-"""The global Python and numpy RNG states as bytes, read in place (a few µs instead of ~250).
+"""The global Python, numpy and torch CPU RNG states, read in place (a few µs instead of ~250).
 
 ``random.getstate()`` builds a tuple of 625 ints and numpy's ``get_state()`` copies its 624
 words one numpy scalar at a time; a per-step RNG digest paid ~0.25 ms for the two. Both
@@ -8,6 +8,11 @@ memory. The layout is never assumed: each reader is calibrated once on scratch g
 states (fresh, after draws, with a cached Gaussian); where anything differs, or on a
 big-endian machine, the slow official path is used instead. The bytes are exactly those
 :mod:`torchrepro.rng` hashes, so digests do not depend on which path produced them.
+
+torch's CPU generator is only *watched* in place (:func:`host_raw`): the memory its
+``get_state()`` reads (seed, position, the 624 MT19937 words, the cached normal samples) is
+compared with the last step's; only when it changed is the official ``get_state()`` called.
+Most training steps draw nothing from the CPU generator (GPU dropout uses the CUDA one).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
-__all__ = ["python_state_bytes", "numpy_state_bytes", "python_bytes", "numpy_bytes"]
+__all__ = ["host_raw", "python_state_bytes", "numpy_state_bytes", "python_bytes", "numpy_bytes"]
 
 _WORDS = 624  # MT19937
 
@@ -184,4 +190,132 @@ def numpy_state_bytes() -> bytes:
     return _numpy_slow(gen)
 
 
+def _peek(address: int, size: int) -> bytes | None:
+    """``size`` bytes of this process's memory at ``address``, or None where they are not mapped:
+    read through ``/proc/self/mem``, which answers an error where a wild pointer would crash."""
+    try:
+        with open("/proc/self/mem", "rb", buffering=0) as mem:
+            mem.seek(address)
+            data = mem.read(size)
+    except (OSError, ValueError, OverflowError):
+        return None
+    return data if len(data) == size else None
+
+
+def _torch_impl(gen: torch.Generator) -> int:
+    """The address of a ``torch.Generator``'s C++ generator: the pointer its Python object holds
+    after the object header (``THPGenerator.cdata``); 0 where that cannot be read."""
+    field = _peek(id(gen) + object.__basicsize__, 8) if type(gen).__basicsize__ >= 24 else None
+    return int.from_bytes(field, "little") if field else 0
+
+
+def _torch_layout(gen: torch.Generator, start: int) -> tuple[int, int] | None:
+    """(offset, size) of ``gen``'s state in its C++ generator when it begins at ``start``,
+    checked against ``get_state()``: ``seed_`` (u64), ``left_`` (i32), ``seeded_``, ``next_``
+    (u32), ``state_`` (624 u32), then the cached float and double normal samples
+    (``std::optional``); None where the memory there holds something else."""
+    official = gen.get_state().numpy().tobytes()
+    state = start + 20
+    double = (state + 4 * _WORDS + 7) // 8 * 8 + 8  # after optional<float>: value, engaged, pad
+    size = double + 16 - start
+    impl = _torch_impl(gen)
+    span = _peek(impl + start, size) if impl and start >= 0 and start % 8 == 0 else None
+    if span is None or span[:12] != official[:12]:  # seed_, left_
+        return None
+    words = np.frombuffer(official, dtype="<u8", offset=24, count=_WORDS).astype("<u4").tobytes()
+    if span[20 : 20 + len(words)] != words or span[16:20] != official[16:20]:  # state_, next_
+        return None
+    normal_y, valid = struct.unpack_from("<8xd8xi", official, 24 + 8 * _WORDS)
+    at = double - start
+    if span[at + 8] != valid or (valid and span[at : at + 8] != struct.pack("<d", normal_y)):
+        return None
+    return start, size
+
+
+def _find_torch_span() -> tuple[int, int] | None:
+    """The layout of :func:`_torch_layout`, found on a scratch generator; kept only if, through
+    draws of every kind and reseeding, each change of ``get_state()`` changed the span too."""
+    gen = torch.Generator().manual_seed(0x5EED_7A3C_91B2_D04F)  # a seed no other field holds
+    impl = _torch_impl(gen)
+    head = _peek(impl, 256) if impl else None  # a CPU generator is ~2.6 KB
+    layout = _torch_layout(gen, head.find(gen.get_state().numpy().tobytes()[:12])) if head else None
+    if layout is None:
+        return None
+    start, size = layout
+    steps = (
+        lambda: torch.randn(1, generator=gen),  # one sample used, its pair cached
+        lambda: torch.rand(1, generator=gen),  # one word: only the position moves
+        lambda: torch.randn(1, generator=gen),  # the cached sample used
+        lambda: torch.rand(700, generator=gen),  # past a twist of the 624 words
+        lambda: torch.randn(33, generator=gen),  # the vectorised normal path
+        lambda: gen.manual_seed(7),
+        lambda: gen.manual_seed(7),
+    )
+    last = (gen.get_state().numpy().tobytes(), _peek(impl + start, size))
+    for step in steps:
+        step()
+        now = (gen.get_state().numpy().tobytes(), _peek(impl + start, size))
+        if now[1] is None or (now[0] != last[0] and now[1] == last[1]) or _torch_layout(gen, start) != layout:
+            return None
+        last = now
+    return layout
+
+
+class _HostReader:
+    """The three global generators' objects and ctypes arrays over their state in memory."""
+
+    def __init__(self) -> None:
+        self.py, self.np = random._inst, np.random.mtrand._rand
+        self.bitgen, self.torch = self.np._bit_generator, torch.default_generator
+        start, size = _TORCH_SPAN  # type: ignore[misc]
+        self.arrays = (
+            *_arrays(_python_spans(self.py)),
+            *_arrays(_numpy_spans(self.np)),
+            *_arrays(((_torch_impl(self.torch) + start, size),)),
+        )
+
+    @staticmethod
+    def make() -> _HostReader | None:
+        """A reader of the current global generators, where each can be read in place."""
+        if _PY_LAYOUT is None or _NP_AUG < 0 or _TORCH_SPAN is None:
+            return None
+        gens = (random._inst, np.random.mtrand._rand)
+        if type(gens[0]) is not random.Random or type(gens[1]) is not np.random.RandomState:
+            return None
+        if type(gens[1]._bit_generator) is not np.random.MT19937:
+            return None
+        if _torch_layout(torch.default_generator, _TORCH_SPAN[0]) != _TORCH_SPAN:
+            return None
+        return _HostReader()
+
+    def current(self) -> bool:
+        return (
+            random._inst is self.py
+            and np.random.mtrand._rand is self.np
+            and self.np._bit_generator is self.bitgen
+            and torch.default_generator is self.torch
+        )
+
+
+_HOST: list[_HostReader] = []
+
+
+def host_raw() -> tuple | None:
+    """The raw state of Python's ``random``, numpy's legacy global generator and torch's CPU
+    generator, as one tuple of bytes: equal tuples mean unchanged states. None where a
+    generator cannot be read in place (the official paths decide)."""
+    if not _HOST or not _HOST[0].current():
+        reader = _HostReader.make()
+        if reader is None:
+            return None
+        _HOST[:] = [reader]
+    reader = _HOST[0]
+    a = reader.arrays
+    return a[0].raw, a[1].raw, reader.py.gauss_next, a[2].raw, a[3].raw, a[4].raw
+
+
 _calibrate()
+try:
+    _TORCH_SPAN = _find_torch_span() if sys.byteorder == "little" else None
+except Exception:  # noqa: BLE001 - any surprise: the official get_state() every time
+    _TORCH_SPAN = None

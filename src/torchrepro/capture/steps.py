@@ -83,6 +83,7 @@ class StepRecorder:
         self._params: list[torch.Tensor] | None = None
         self._losses: list[torch.Tensor] = []
         self._batch_fps: list[str] = []
+        self._batch_fp = ""  # the combination of _batch_fps
         self._grads: tuple[list[Digest], torch.Tensor] | None = None
         self._compiles = 0
         self._start = time.perf_counter()
@@ -319,6 +320,8 @@ class StepRecorder:
             self._batch_fps.append(fingerprint(batch))
         except (TypeError, ValueError):
             self._batch_fps.append("unhashable")
+        # combined now, while the hashing code is in the caches (at the step's end it is not)
+        self._batch_fp = hash_bytes(*(f.encode() for f in self._batch_fps))[:16]
         self._own += time.perf_counter() - t0
 
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -388,8 +391,7 @@ class StepRecorder:
             parts.append(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         if self._batch_fps:
-            event.batches = len(self._batch_fps)
-            event.batch_fp = hash_bytes(*(f.encode() for f in self._batch_fps))[:16]
+            event.batches, event.batch_fp = len(self._batch_fps), self._batch_fp
         elif self._input_fps:
             event.batches = len(self._input_fps)
             later["batch"] = self._input_fps
