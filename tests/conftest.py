@@ -136,3 +136,26 @@ def cpu_log(request):
     yield
     with open(path, "a") as fp:
         fp.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {request.node.nodeid}\n")
+
+
+# The suite is CPU-bound on 2 workers: a long test handed out last keeps one worker busy while
+# the other idles. xdist hands tests out in collection order, so the modules with the longest
+# tests (or group fixtures, e.g. test_compiled_nondeterminism's 70 s GPT check) go first,
+# heaviest first (measured with TORCHREPRO_TEST_CPU_LOG); the rest keep their order.
+_HEAVY_FIRST = (
+    "test_compiled_nondeterminism.py",
+    "test_drift.py",
+    "test_cache.py",
+    "test_follow_check.py",
+    "test_launchers.py",
+    "test_resume.py",
+    "test_check.py",
+    "test_verdicts.py",
+    "test_otel.py",
+    "test_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
