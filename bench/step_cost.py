@@ -90,8 +90,8 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  RNG combine", "torchrepro.capture.steps", "combine", None),
     ("  batch fingerprint", "torchrepro.capture.steps", "fingerprint", None),
     ("  parameter fingerprints (amortized)", "torchrepro.capture.steps", "fingerprint_later", None),
-    ("  read-back queue (add)", "torchrepro.capture.readback", "add", "Readback"),
-    ("  read-back batch point (poll)", "torchrepro.capture.readback", "poll", "Readback"),
+    ("  read-back add (CPU: read, written)", "torchrepro.capture.readback", "add", "Readback"),
+    ("  read-back poll (device values)", "torchrepro.capture.readback", "poll", "Readback"),
     ("  event write (JSON line + write)", "torchrepro.events", "write", "EventWriter"),
 ]
 

@@ -43,6 +43,20 @@ def test_in_place_rng_reads_equal_the_official_state(seed):
         np.random.set_state(npr)
 
 
+def test_the_torch_generator_watch_refuses_what_it_cannot_prove():
+    """The in-place watch of torch's CPU generator reads memory through a layout it checked: an
+    unmapped address reads as nothing (no crash), and every other offset fails the check."""
+    import torch
+
+    assert rng_raw._peek(0, 8) is None and rng_raw._peek(8, 4096) is None
+    gen = torch.Generator().manual_seed(11)
+    start, size = rng_raw._TORCH_SPAN
+    assert rng_raw._torch_layout(gen, start) == (start, size)
+    assert all(rng_raw._torch_layout(gen, at) is None for at in range(0, 256, 4) if at != start)
+    torch.randn(1, generator=gen)  # a cached normal sample: still the same layout
+    assert rng_raw._torch_layout(gen, start) == (start, size)
+
+
 def test_the_step_rng_digests_are_those_of_the_official_states():
     """live_fingerprints (each step) digests what torch.get_rng_state(), random.getstate() and
     numpy's get_state() give, draw after draw: also while it only watches the generators'
@@ -140,7 +154,7 @@ print(json.dumps({"reads": reads, "batch_reads": session.steps._readback.reads,
 @pytest.mark.parametrize("clock", ["optimizer", "backward"])
 def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path, clock):
     """Under capture every host read of a tensor (item/float/tolist/cpu/numpy...) comes from an
-    allowed place: the batch point (Readback.poll), hashing host memory on the CPU path of
+    allowed place: the batch point (Readback.add or .poll), hashing host memory on the CPU path of
     fingerprint_later (a DeviceDigest on other devices), the RNG states (host tensors), the
     DataLoader's host batches, and the initial parameters once."""
     import json
@@ -156,7 +170,10 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
         if not chain:
             user.append(name)
             continue
-        found = next((e for e in ("poll", "fingerprint_later", "live_fingerprints", "_note_batch") if e in chain), None)
+        found = next((e for e in ("fingerprint_later", "live_fingerprints", "_note_batch") if e in chain), None)
+        if "_cpu_values" in chain:  # the batch point: Readback.add (nothing waiting) or Readback.poll
+            assert chain[chain.index("_cpu_values") - 1] in ("add", "poll"), chain
+            found = "poll"
         if found is None:
             assert chain[-2:] == ["_note_module_call", "fingerprint"] or "_note_module_call" in chain, chain
             found = "init"

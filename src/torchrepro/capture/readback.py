@@ -5,8 +5,9 @@ A step's loss, gradient norm and device fingerprints are tensors; reading each o
 a queue with its tensors, and the queue is read at one **batch point**, :meth:`Readback.poll`
 (called as each step ends, and at the end of the run):
 
-- CPU tensors are ready at once: read there (``item()``), the step's event is written as the
-  step ends (the log holds every completed step even if the process is then SIGKILLed);
+- CPU tensors are ready at once: read as the step's event is queued (``item()``; when nothing
+  waits before it, :meth:`Readback.add` is the batch point), the event is written as the step
+  ends (the log holds every completed step even if the process is then SIGKILLed);
 - device tensors are packed into one int64 vector per step (floats bit-cast) and copied with
   ``non_blocking=True`` to pinned host memory behind a CUDA event; their steps are written at a
   later step end once the event has completed (``query()``, no wait), or when more than
@@ -75,7 +76,12 @@ class Readback:
             self.emit(event)
             return
         if all(p.is_cpu for p in parts):
-            self._queue.append(_Waiting(event, fill, parts=parts))
+            if self._queue:  # behind a step still waiting for its device values
+                self._queue.append(_Waiting(event, fill, parts=parts))
+                return
+            fill(event, _cpu_values(parts))  # nothing to wait for: read and written now
+            self.reads += 1
+            self._write(event)
             return
         words = [as_int64(p) for p in parts]
         floats = [p.is_floating_point() for p, w in zip(parts, words) for _ in range(w.numel())]
@@ -89,6 +95,8 @@ class Readback:
     def poll(self, force: bool = False) -> None:
         """The batch point: write every queued event whose values have reached the host (all,
         waiting for the device, when ``force`` or when too many steps wait)."""
+        if not self._queue:
+            return
         waiting = sum(1 for w in self._queue if w.fill is not None)
         ready: list[_Waiting] = []
         for w in self._queue:
@@ -103,7 +111,12 @@ class Readback:
         for w in ready:
             self._queue.popleft()
             if w.parts is not None:  # CPU: nothing to wait for
-                w.fill(w.event, [v for p in w.parts for v in (p.tolist() if p.dim() else [p.item()])])
+                w.fill(w.event, _cpu_values(w.parts))
             elif w.values is not None:
                 w.fill(w.event, [as_float(v) if f else v for v, f in zip(w.values.tolist(), w.floats)])
             self._write(w.event)
+
+
+def _cpu_values(parts: list[torch.Tensor]) -> list[Any]:
+    """CPU tensors' values as Python numbers, in order (scalars and vectors)."""
+    return [v for p in parts for v in (p.tolist() if p.dim() else [p.item()])]

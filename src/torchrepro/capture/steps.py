@@ -407,7 +407,10 @@ class StepRecorder:
             t0 = time.perf_counter()
             later["params"] = [[fingerprint_later(_local(p)) for p in self._params]]
             fp_cost = time.perf_counter() - t0
-        parts += [d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)]
+        if later:
+            parts += [
+                d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)
+            ]
         self._readback.add(event, parts, partial(_fill, bool(self._losses), later))
         if self._params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
