@@ -352,6 +352,15 @@ def test_stable_uid_rejects_state_and_unknown_objects():
         fingerprint(object())
 
 
+def test_tensors_without_row_major_bytes_are_a_type_error():
+    """Sparse and nested tensors (a DataLoader may yield either): a TypeError, which step capture
+    records as an unhashable batch, not another error that would stop capture."""
+    nested = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
+    for bad in [torch.eye(3).to_sparse(), nested, [torch.ones(2), nested]]:
+        with pytest.raises(TypeError, match="cannot fingerprint a (torch.sparse_coo|nested) tensor"):
+            fingerprint(bad)
+
+
 @fast
 @given(plain)
 def test_fingerprint_agrees_with_stable_uid_on_plain_data(x):

@@ -297,3 +297,45 @@ def test_a_terminal_that_cannot_encode_the_summary(tmp_path):
     )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "HEALTHY" in proc.stdout
+
+
+UNHASHABLE_BATCHES = """
+import torch
+from torch.utils.data import DataLoader
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        x = torch.stack([t.sum(0) for t in x.unbind()]) if x.is_nested else x.to_dense()
+        return self.lin(x).sum()
+
+torch.manual_seed(0)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+rows = [torch.randn(n, 3) for n in (1, 2, 3, 4)]
+loader = DataLoader(rows, batch_size=2, collate_fn=torch.nested.nested_tensor)  # nested batches
+for x in loader:
+    model(x).backward()
+    opt.step()
+    opt.zero_grad()
+for _ in range(2):  # no DataLoader: the step's input is the module call's, a sparse tensor
+    model(torch.eye(3).to_sparse()).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_batches_capture_cannot_hash_do_not_stop_capture(tmp_path):
+    """Nested batches from a DataLoader and sparse inputs to the model have no row-major bytes to
+    fingerprint: their steps are recorded with an "unhashable" batch, and capture goes on."""
+    (tmp_path / "unhashable.py").write_text(UNHASHABLE_BATCHES)
+    proc = torchrepro("run", "--out", "run", "unhashable.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = [json.loads(line) for line in (tmp_path / "run" / "rank-0" / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e["kind"] == "capability" and e["name"] == "capture_error"]
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 4 and all(s["loss"] is not None and s["batch_fp"] for s in steps)
+    assert steps[0]["batch_fp"] == steps[1]["batch_fp"]  # both "unhashable"

@@ -209,6 +209,7 @@ def _tensor_digest(t: torch.Tensor) -> bytes:
     if (
         type(t) in _PLAIN  # a batch, a parameter: its memory is its row-major bytes, hashed in place
         and t.layout is torch.strided
+        and not t.is_nested
         and t.is_cpu
         and t.dtype in _RAW_DTYPES
         and t.is_contiguous()
@@ -216,8 +217,9 @@ def _tensor_digest(t: torch.Tensor) -> bytes:
         and t.numel()
     ):  # (through ctypes: inside a training step, where caches are cold, faster than numpy())
         return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), (ctypes.c_char * t.nbytes).from_address(t.data_ptr()))
-    if t.layout != torch.strided or t.device.type == "meta":
-        raise TypeError(f"cannot fingerprint a {t.layout} tensor on {t.device}")
+    if t.layout != torch.strided or t.device.type == "meta" or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout)
+        raise TypeError(f"cannot fingerprint a {kind} tensor on {t.device}")
     if t.device.type != "cpu":
         return _device_digest(t)
     t = _dense(t)

@@ -237,7 +237,10 @@ class StepRecorder:
         if self.config.batches and not self._batch_fps:
             tensors = _tensors((args, kwargs))
             if tensors:
-                self._input_fps.append([fingerprint_later(_local(t)) for t in tensors])
+                try:
+                    self._input_fps.append([fingerprint_later(_local(t)) for t in tensors])
+                except (TypeError, ValueError):  # sparse or nested inputs: an unhashable batch, as for the DataLoader's
+                    self._input_fps.append(["unhashable"])
         self._own += time.perf_counter() - t0
 
     def _note_optimizer(self, *args: Any, **kwargs: Any) -> None:
