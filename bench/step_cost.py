@@ -18,7 +18,10 @@ measures, printed, never asserted:
   points alone (``alone``: the median of their per-step sum, as a share of the loop's median
   step time, is capture's cost; less the parameter fingerprints, timed in the same pass, its
   fixed cost), then every part (``all timed``: each timer adds its own cost to the parts
-  around it). The automatic interval of the parameter
+  around it), then the instrument itself: the entry points' bodies replaced by no-ops, timed
+  the same way from the same places (inside a step a timer's own code is cold too: ~2-10 µs
+  per entry point), which the last line subtracts. The wrappers that call the entry points
+  (pass-through checks, torch's hook dispatch) are in no pass: the totals leave them out. The automatic interval of the parameter
   fingerprints budgets 1 % of the *wall* step time of steps 1-5: on a loaded machine it is
   shorter and their amortized cost larger. The first 10 steps are
   dropped (names, the automatic interval's measuring steps).
@@ -110,19 +113,25 @@ class Timed:
     step_ms: float
 
 
-def timed_parts(width: int, steps: int, tmp: Path, parts: list[tuple[str, str, str, str | None]]) -> Timed:
-    """Time each of ``parts`` in place (restored after) under capture, step by step."""
+def timed_parts(
+    width: int, steps: int, tmp: Path, parts: list[tuple[str, str, str, str | None]], null: bool = False
+) -> Timed:
+    """Time each of ``parts`` in place (restored after) under capture, step by step (steps counted
+    by an optimizer hook of the benchmark's own). ``null``: each part's body replaced by a no-op,
+    so what is timed is the timer itself, called from the same places (capture then records
+    nothing: that pass measures the instrument, not capture)."""
     import importlib
 
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     per_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    recorder: list = [None]
+    clock = [0]
 
     def timer(label: str, fn):
         def timed(*args, **kwargs):
-            rec = recorder[0]
-            if rec is None or rec.completed < 10:
+            if clock[0] < 10:
                 return fn(*args, **kwargs)
-            index, t0 = rec.completed, time.perf_counter()
+            index, t0 = clock[0], time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -130,25 +139,20 @@ def timed_parts(width: int, steps: int, tmp: Path, parts: list[tuple[str, str, s
 
         return timed
 
-    from torchrepro.capture import steps as steps_mod
+    def noop(*args, **kwargs):
+        return None
 
     originals = []
     for label, module, attr, cls in parts:
         owner = importlib.import_module(module)
         owner = getattr(owner, cls) if cls else owner
         originals.append((owner, attr, getattr(owner, attr)))
-        setattr(owner, attr, timer(label, getattr(owner, attr)))
-    original_end = steps_mod.StepRecorder._end_step
-    originals.append((steps_mod.StepRecorder, "_end_step", original_end))
-
-    def end_step(self, clock):  # steps are counted from the 11th on
-        recorder[0] = self
-        return original_end(self, clock)
-
-    steps_mod.StepRecorder._end_step = end_step
+        setattr(owner, attr, timer(label, noop if null else getattr(owner, attr)))
+    counting = register_optimizer_step_post_hook(lambda *a: clock.__setitem__(0, clock[0] + 1))
     try:
-        times = loop(width, steps, tmp / f"parts-{len(parts)}")
+        times = loop(width, steps, tmp / f"parts-{len(parts)}-{null}")
     finally:
+        counting.remove()
         for owner, attr, fn in reversed(originals):
             setattr(owner, attr, fn)
     kept = [per_step[i] for i in sorted(per_step)[:-1]]  # the last: the session's stop, no step
@@ -267,9 +271,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
             tmp = Path(name)
             plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
-            alone = timed_parts(
-                width, args.steps, tmp, [p for p in PARTS if p[0].startswith("entry") or p[0] == PARAMS]
-            )
+            entries = [p for p in PARTS if p[0].startswith("entry") or p[0] == PARAMS]
+            alone = timed_parts(width, args.steps, tmp, entries)
+            instrument = timed_parts(width, args.steps, tmp, [p for p in entries if p[0] != PARAMS], null=True)
             every = timed_parts(width, args.steps, tmp, PARTS)
             steps = max(100, min(args.steps * 2, int(20000 / max(every.step_ms, 1))))
             share = spy_share(width, steps, tmp, rate=250)
@@ -284,6 +288,8 @@ def main() -> None:
         for name, value in (
             ("capture, all entry points", alone.total),
             ("  fixed part: all but parameter fps", alone.fixed),
+            ("  the timers alone (no-op entry points)", instrument.total),
+            ("  fixed part less the timers", alone.fixed - instrument.total),
         ):
             print(f"  {name:40s} {value:8.1f} µs = {value / 1e3 / plain * 100:.2f} % of a step")
         if share is not None:
