@@ -352,6 +352,7 @@ def test_stable_uid_rejects_state_and_unknown_objects():
         fingerprint(object())
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_tensors_without_row_major_bytes_are_a_type_error():
     """Sparse and nested tensors (a DataLoader may yield either): a TypeError, which step capture
     records as an unhashable batch, not another error that would stop capture."""
