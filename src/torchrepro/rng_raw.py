@@ -284,7 +284,7 @@ class _HostReader:
             return None
         if type(gens[1]._bit_generator) is not np.random.MT19937:
             return None
-        if _torch_layout(torch.default_generator, _TORCH_SPAN[0]) != _TORCH_SPAN:
+        if not _default_generator_checked():
             return None
         return _HostReader()
 
@@ -298,6 +298,15 @@ class _HostReader:
 
 
 _HOST: list[_HostReader] = []
+_DEFAULT_CHECKED: list[bool] = []  # whether torch.default_generator has the scratch generator's layout
+
+
+def _default_generator_checked() -> bool:
+    """Checked once per process (the default generator is one object for its whole life): a
+    failure must not be paid again at every step."""
+    if not _DEFAULT_CHECKED:
+        _DEFAULT_CHECKED.append(_torch_layout(torch.default_generator, _TORCH_SPAN[0]) == _TORCH_SPAN)
+    return _DEFAULT_CHECKED[0]
 
 
 def host_raw() -> tuple | None:
