@@ -17,7 +17,7 @@ from .cache import rank_key_findings
 from .findings import Finding, sort_findings
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
-from .timeline import quiet_step_times, timeline
+from .timeline import median_steps, timeline
 
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
 # that train on different parameters, a report over fewer ranks than the job has.
@@ -44,20 +44,23 @@ class Budgets:
 _TIME_S, _PARAMS_FP = attrgetter("time_s"), attrgetter("params_fp")
 
 
-def steps_summary(logs: list[EventLog]) -> StepsSummary:
-    """Per rank: step count, first/last loss, median step time, steps that compiled."""
+def steps_summary(logs: list[EventLog], medians: dict[int, float | None]) -> StepsSummary:
+    """Per rank: step count, first/last loss, median step time (that of the steps that did not
+    compile, ``medians``: :func:`~.timeline.median_steps`; else of all), steps that compiled."""
     per_rank = {}
     for log in logs:  # few passes over a rank's steps, at C speed where they can be (1024 ranks x 10 000 steps)
         steps: list[Step] = log.of(Step)
         compiled = [s for s in steps if s.compiles]
         times = [t for t in map(_TIME_S, steps) if t is not None]
-        quiet = quiet_step_times(steps) if compiled else times
+        median = medians[log.rank]
+        if median is None and times:
+            median = statistics.median(times)
         per_rank[str(log.rank)] = RankSteps(
             steps=len(steps),
             first_loss=next((s.loss for s in steps if s.loss is not None), None),
             last_loss=next((s.loss for s in reversed(steps) if s.loss is not None), None),
             total_time_s=round(sum(times), 3),
-            median_step_s=round(statistics.median(quiet or times), 6) if times else None,
+            median_step_s=round(median, 6) if median is not None else None,
             compile_steps=[s.index for s in compiled[:50]],
             fingerprinted_steps=len(steps) - list(map(_PARAMS_FP, steps)).count(None),
         )
@@ -246,7 +249,8 @@ def analyse(
 def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None) -> DoctorReport:
     run = run_summary(meta, logs, problems)
     compile_section, findings = compile_analysis.summarize(logs)
-    steps = steps_summary(logs)
+    medians = median_steps(logs)
+    steps = steps_summary(logs, medians)
     findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
     findings += _cache_findings(compile_section["cache"]) + rank_findings(logs) + rank_key_findings(logs)
     findings += capture_findings(logs)
@@ -255,7 +259,7 @@ def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bu
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())
     verdict = Verdict.of_doctor(findings, failures)
     groups = rank_groups(logs)
-    compile_section["timeline"] = timeline(logs, groups["groups"])
+    compile_section["timeline"] = timeline(logs, groups["groups"], medians)
     compile_section["recompile_groups"] = recompile_groups(compile_section["recompile_events"])
     compile_section["graph_break_groups"] = graph_break_groups(compile_section["graph_break_events"])
     return DoctorReport(
