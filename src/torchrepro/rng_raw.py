@@ -171,23 +171,37 @@ def _memo(name: str, raw: tuple, canonical: Callable[..., bytes]) -> bytes:
     return last[1]
 
 
+def _python_arrays(gen: random.Random) -> tuple[ctypes.Array, ...] | None:
+    """The in-place views of the global ``random`` state, or None where it cannot be read so."""
+    if _PY_LAYOUT is None or type(gen) is not random.Random:
+        return None
+    return _live_arrays("python", (gen,), lambda: _python_spans(gen))
+
+
+def _numpy_arrays(gen: np.random.RandomState) -> tuple[ctypes.Array, ...] | None:
+    """The in-place views of numpy's global legacy state, or None where it cannot be read so."""
+    bitgen = gen._bit_generator
+    if _NP_AUG < 0 or type(gen) is not np.random.RandomState or type(bitgen) is not np.random.MT19937:
+        return None
+    return _live_arrays("numpy", (gen, bitgen), lambda: _numpy_spans(gen))
+
+
 def python_state_bytes() -> bytes:
     """The global ``random`` state as canonical bytes (see :func:`python_bytes`)."""
     gen = random._inst
-    if _PY_LAYOUT is not None and type(gen) is random.Random:
-        arrays = _live_arrays("python", (gen,), lambda: _python_spans(gen))
-        return _memo("python", _python_raw(gen, arrays), _python_canonical)
-    return _python_slow(gen)
+    arrays = _python_arrays(gen)
+    if arrays is None:
+        return _python_slow(gen)
+    return _memo("python", _python_raw(gen, arrays), _python_canonical)
 
 
 def numpy_state_bytes() -> bytes:
     """numpy's global legacy state as canonical bytes (see :func:`numpy_bytes`)."""
     gen = np.random.mtrand._rand
-    bitgen = gen._bit_generator
-    if _NP_AUG >= 0 and type(gen) is np.random.RandomState and type(bitgen) is np.random.MT19937:
-        arrays = _live_arrays("numpy", (gen, bitgen), lambda: _numpy_spans(gen))
-        return _memo("numpy", _numpy_raw(gen, arrays), _numpy_canonical)
-    return _numpy_slow(gen)
+    arrays = _numpy_arrays(gen)
+    if arrays is None:
+        return _numpy_slow(gen)
+    return _memo("numpy", _numpy_raw(gen, arrays), _numpy_canonical)
 
 
 def _peek(address: int, size: int) -> bytes | None:
@@ -262,31 +276,24 @@ def _find_torch_span() -> tuple[int, int] | None:
 
 
 class _HostReader:
-    """The three global generators' objects and ctypes arrays over their state in memory."""
+    """The three global generators' objects and ctypes views of their state in memory (the
+    Python and numpy views those of :func:`python_state_bytes` and :func:`numpy_state_bytes`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, arrays: tuple[ctypes.Array, ...]) -> None:
         self.py, self.np = random._inst, np.random.mtrand._rand
         self.bitgen, self.torch = self.np._bit_generator, torch.default_generator
-        start, size = _TORCH_SPAN  # type: ignore[misc]
-        self.arrays = (
-            *_arrays(_python_spans(self.py)),
-            *_arrays(_numpy_spans(self.np)),
-            *_arrays(((_torch_impl(self.torch) + start, size),)),
-        )
+        self.arrays = arrays
 
     @staticmethod
     def make() -> _HostReader | None:
         """A reader of the current global generators, where each can be read in place."""
-        if _PY_LAYOUT is None or _NP_AUG < 0 or _TORCH_SPAN is None:
+        if _TORCH_SPAN is None:
             return None
-        gens = (random._inst, np.random.mtrand._rand)
-        if type(gens[0]) is not random.Random or type(gens[1]) is not np.random.RandomState:
+        py, npr = _python_arrays(random._inst), _numpy_arrays(np.random.mtrand._rand)
+        if py is None or npr is None or not _default_generator_checked():
             return None
-        if type(gens[1]._bit_generator) is not np.random.MT19937:
-            return None
-        if not _default_generator_checked():
-            return None
-        return _HostReader()
+        start, size = _TORCH_SPAN
+        return _HostReader((*py, *npr, *_arrays(((_torch_impl(torch.default_generator) + start, size),))))
 
     def current(self) -> bool:
         return (
