@@ -4,6 +4,7 @@ survives SIGKILL, and a script that never compiles does not import Dynamo."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -101,6 +102,37 @@ def test_the_step_rng_digests_are_those_of_the_official_states():
         torch.set_rng_state(states[0])
         random.setstate(states[1])
         np.random.set_state(states[2])
+
+
+STREAMS = r"""
+import json, torch, numpy as np
+from torchrepro import RngState, seed_everything
+from torchrepro.rng import live_fingerprints, register
+host = live_fingerprints()
+plan = seed_everything(3)
+sampler = register("sampler", torch.Generator().manual_seed(1))
+register("aug", np.random.default_rng(2))
+with plan.fork("dropout"):
+    torch.rand(2)
+seen = []
+for draw in (lambda: None, lambda: torch.rand(2, generator=sampler), lambda: np.random.default_rng(0)):
+    draw()
+    live, official = live_fingerprints(), RngState.capture().fingerprints()
+    seen.append({k: [live.get(k), official[k]] for k in official if k.startswith(("generator:", "fork:"))})
+print(json.dumps({"seen": seen, "host_keys": sorted(host)}))
+"""
+
+
+def test_the_step_rng_digests_name_every_registered_generator_and_fork(run_python):
+    """Most runs have no other generator and the step's digests are the host's, returned as they
+    are; a registered generator or a seed plan's fork() stream is in them, digested as
+    RngState's own fingerprints are, and its digest follows its draws."""
+    out = json.loads(run_python(STREAMS).stdout)
+    assert out["host_keys"] == ["numpy", "python", "torch_cpu"]
+    first, drawn, _ = out["seen"]
+    assert set(first) == {"generator:sampler", "generator:aug", "fork:dropout[rank=0]"}
+    assert all(live == official for seen in out["seen"] for live, official in seen.values())
+    assert drawn["generator:sampler"] != first["generator:sampler"] and drawn["fork:dropout[rank=0]"] == first["fork:dropout[rank=0]"]
 
 
 HOST_READS = r"""

@@ -249,9 +249,11 @@ def canon(x: object) -> object:
 
 
 def test_step_lines_read_by_msgspec_are_what_the_general_reader_makes(tmp_path, monkeypatch):
-    """msgspec reads step lines straight into their events when it is installed; whatever it
-    refuses (NaN, a bool where an int goes, a truncated line) falls back to the general reader:
-    the same events, the same lines skipped, the same fields shared across ranks."""
+    """msgspec reads step lines straight into their events when it is installed, then what agrees
+    with the first rank is shared (the containers too: the same values in other bytes, not other
+    values); whatever it refuses (NaN, a bool where an int goes, a truncated line, a wrong type
+    inside a container) falls back to the general reader: the same events, the same lines
+    skipped, the same fields shared across ranks."""
     pytest.importorskip("msgspec")
     from torchrepro import events as events_module
 
@@ -261,16 +263,24 @@ def test_step_lines_read_by_msgspec_are_what_the_general_reader_makes(tmp_path, 
     cases = [{**written, name: value} for name in names for value in VALUES]
     cases += [{k: v for k, v in case.items() if k != gone} for case in cases[::7] for gone in names[::3]]
     cases += [{**case, "extra": [1]} for case in cases[::5]] + [dict(reversed(case.items())) for case in cases[::5]]
+    cases = [{**case, "index": i} for i, case in enumerate(cases)]  # one step index each, as in a run
+    containers = {"param_fps": ["a", "b"], "rng_fps": {"torch_cpu": "c", "python": "d"}}
+    cases += [{**written, "index": len(cases) + i, **containers} for i in range(4)]
     lines = [json.dumps({"kind": "step", **case}) for case in cases]
     lines += ['{"kind":"step","index":1,"loss":NaN}', '{"kind":"step","index":1,"loss":1e400}', lines[3][:25]]
-    for rank in (0, 1):
+    others = {  # the same steps on other ranks: the same containers in other bytes, other values, other types
+        "spaced": lambda line: line.replace('", "', '",  "'),
+        "other values": lambda line: line.replace('"a", "b"', '"a", "x"').replace('"d"}', '"y"}'),
+        "wrong types": lambda line: line.replace('"a", "b"', '"a", 2').replace('"d"}', "null}"),
+    }
+    for rank, edit in enumerate([lambda line: line, *others.values()]):
         write_all(tmp_path / f"rank-{rank}" / "events.jsonl", [Header(rank=rank)])
         with open(tmp_path / f"rank-{rank}" / "events.jsonl", "a") as fp:
-            fp.write("\n".join(lines) + "\n")
+            fp.write("\n".join(edit(line) for line in lines) + "\n")
     fast = load_run(tmp_path)
     monkeypatch.setattr(events_module, "_decode_step", None)
     general = load_run(tmp_path)
-    for a, b in zip(fast.logs, general.logs):
+    for a, b in zip(fast.logs, general.logs, strict=True):
         assert (a.bad_lines, a.truncated, len(a.events)) == (b.bad_lines, b.truncated, len(b.events))
         for x, y in zip(a.events, b.events):
             x_json, y_json = x.to_json(), y.to_json()
@@ -278,8 +288,18 @@ def test_step_lines_read_by_msgspec_are_what_the_general_reader_makes(tmp_path, 
                 x_json.pop("t"), y_json.pop("t")
             assert canon(x_json) == canon(y_json), (x, y)
     assert sharing(fast) == sharing(general)
+    by_rank = [next(s for s in log.of(Step) if s.index == len(cases) - 1) for log in fast.logs]
+    assert by_rank[1].param_fps is by_rank[0].param_fps  # the same values in other bytes: still one object
+    assert by_rank[2].param_fps == ["a", "x"] and by_rank[2].rng_fps["python"] == "y"
+    assert by_rank[3].param_fps == ["a", 2]  # msgspec refused it, the general reader kept it (as before)
 
 
-def sharing(run) -> list[tuple[bool, bool]]:
-    """Per step of ranks 0 and 1: do they hold one object for the RNG digests, for the parameters'?"""
-    return [(x.rng_fps is y.rng_fps, x.params_fp is y.params_fp) for x, y in zip(*(log.of(Step) for log in run.logs))]
+def sharing(run) -> list[tuple[bool, bool, bool]]:
+    """Per step of rank 0 and each other rank: do they hold one object for the RNG digests, for
+    the parameters' (both, and the list of each parameter's)?"""
+    first, *others = (log.of(Step) for log in run.logs)
+    return [
+        (x.rng_fps is y.rng_fps, x.params_fp is y.params_fp, x.param_fps is y.param_fps)
+        for steps in others
+        for x, y in zip(first, steps)
+    ]

@@ -76,6 +76,12 @@ def generators() -> dict[str, Any]:
     return dict(_STATE.generators)
 
 
+def has_streams() -> bool:
+    """Whether any generator is registered or any ``fork()`` state kept (most runs: none; asked at
+    every training step)."""
+    return bool(_STATE.generators or _STATE.forks)
+
+
 def add_generator(name: str, generator: Any) -> None:
     """Register ``generator`` as ``name`` (checked by :func:`torchrepro.rng.register`)."""
     _STATE.generators[name] = generator

@@ -206,17 +206,15 @@ def _sized(b: bytes) -> bytes:
 
 
 def _tensor_digest(t: torch.Tensor) -> bytes:
-    if (
-        type(t) in _PLAIN  # a batch, a parameter: its memory is its row-major bytes, hashed in place
-        and t.layout is torch.strided
-        and not t.is_nested
-        and t.is_cpu
-        and t.dtype in _RAW_DTYPES
-        and t.is_contiguous()
-        and not (t.is_conj() or t.is_neg())
-        and t.numel()
-    ):  # (through ctypes: inside a training step, where caches are cold, faster than numpy())
-        return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), (ctypes.c_char * t.nbytes).from_address(t.data_ptr()))
+    # A batch, a parameter: its memory is its row-major bytes, hashed in place (through ctypes:
+    # inside a training step, where caches are cold, faster than numpy(); each call on the tensor
+    # costs there a µs or two, so none twice, and the conjugate bit only where it can be set).
+    if type(t) in _PLAIN and t.layout is _STRIDED and t.is_cpu and not t.is_nested:
+        dtype = t.dtype
+        if dtype in _RAW_DTYPES and t.is_contiguous() and not t.is_neg() and not (dtype.is_complex and t.is_conj()):
+            size = t.nbytes
+            if size:
+                return _xxh3(_header("cpu-xxh3", dtype, t.shape), (ctypes.c_char * size).from_address(t.data_ptr()))
     if t.layout != torch.strided or t.device.type == "meta" or t.is_nested:
         kind = "nested" if t.is_nested else str(t.layout)
         raise TypeError(f"cannot fingerprint a {kind} tensor on {t.device}")
@@ -226,6 +224,7 @@ def _tensor_digest(t: torch.Tensor) -> bytes:
     return _xxh3(_header("cpu-xxh3", t.dtype, t.shape), _bytes(t).numpy())
 
 
+_STRIDED = torch.strided
 _PLAIN = (torch.Tensor, nn.Parameter)  # not subclasses (DTensor, fake tensors): those take the general path
 _RAW_DTYPES = frozenset(  # whose bytes are their values (not quantized: scale and zero point live elsewhere)
     (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)

@@ -237,15 +237,16 @@ def live_fingerprints(generators: dict[str, Generator] | None = None) -> dict[st
     """Per-generator digests of the current state, without building an :class:`RngState`
     (cheap enough for every training step; CUDA only if it is already initialised)."""
     host = _host_digests()
+    cuda = torch.cuda.is_initialized()  # implies is_available(), which costs more
+    if not (cuda or generators or _state.has_streams()):
+        return host  # the same dict as long as no host generator changed: nothing else to compare
     raw = {}
-    if torch.cuda.is_initialized():  # implies is_available(), which costs more
+    if cuda:
         raw.update({f"cuda:{i}": s.numpy().tobytes() for i, s in enumerate(torch.cuda.get_rng_state_all())})
     for name, g in {**registered(), **(generators or {})}.items():
         raw[f"generator:{name}"] = _generator_bytes(_generator_state(g))
     for key, st in _state.fork_states().items():
         raw[f"fork:{key}"] = st["cpu"].numpy().tobytes() + b"".join(c.numpy().tobytes() for c in st.get("cuda", []))
-    if not raw:
-        return host  # the same dict as long as no host generator changed: nothing else to compare
     return {**host, **{name: _short_digest(name, data) for name, data in raw.items()}}
 
 
