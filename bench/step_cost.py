@@ -2,6 +2,7 @@
 
     python bench/step_cost.py                       # ~10 ms and ~100 ms steps, 1 thread
     python bench/step_cost.py --width 256 --steps 300
+    python bench/step_cost.py --width 2600 --baseline OTHER/src   # two trees, interleaved
 
 A loop (MLP, AdamW, DataLoader batches, eager) runs under a default ``CaptureSession``. Two
 measures, printed, never asserted:
@@ -28,11 +29,19 @@ measures, printed, never asserted:
 - share: the same loop in a child process under ``py-spy record`` (250 samples/s,
   raw format); the share of the loop's samples with a torchrepro frame on the stack. Needs
   py-spy (``pip install py-spy``); skipped without it.
+- ``--baseline OTHER/src``: instead of the above, this tree's and another's fixed part less the
+  timers (the ``alone`` pass less the no-op pass), each in a fresh child process importing its
+  tree, taking turns over --rounds rounds in an order swapped every round: this machine's speed
+  drifts by 10-20 % between runs minutes apart, far more than one cut changes, so a before/after
+  claim needs both sides measured in turn; printed per round and as the median of the per-round
+  differences.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -250,6 +259,52 @@ def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, f
     return statistics.median(plain) * 1e3, statistics.median(captured) * 1e3, ratios
 
 
+def fixed_less_timers(width: int, steps: int, tmp: Path) -> dict[str, float]:
+    """The fixed part, the timers alone (µs per step) and the plain step (ms) of this tree."""
+    entries = [p for p in PARTS if p[0].startswith("entry") or p[0] == PARAMS]
+    alone = timed_parts(width, steps, tmp, entries)
+    instrument = timed_parts(width, steps, tmp, [p for p in entries if p[0] != PARAMS], null=True)
+    import torchrepro
+
+    return {"fixed": alone.fixed, "timers": instrument.total, "step_ms": alone.step_ms, "src": torchrepro.__file__}
+
+
+def side_by_side(width: int, steps: int, rounds: int, baseline: str) -> None:
+    """This tree's and ``baseline``'s fixed part less the timers, in turns (see the docstring)."""
+    trees = {"this": str(Path(__file__).resolve().parents[1] / "src"), "baseline": baseline}
+    found: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
+    print(f"\nwidth {width}: fixed part less the timers, µs per step (plain step in ms)")
+    for r in range(rounds):
+        order = ("this", "baseline") if r % 2 == 0 else ("baseline", "this")
+        for tree in order:
+            with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
+                command = [sys.executable, __file__, "--fixed-child", "--width", str(width), "--steps", str(steps)]
+                out = subprocess.run(
+                    command + ["--out", name],
+                    env={**os.environ, "PYTHONPATH": trees[tree]},
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+            found[tree].append(json.loads(out.stdout.splitlines()[-1]))
+            assert found[tree][-1]["src"].startswith(trees[tree]), f"{tree} imported {found[tree][-1]['src']}"
+        this, base = found["this"][-1], found["baseline"][-1]
+        print(
+            f"  round {r + 1}: this {this['fixed'] - this['timers']:6.1f} ({this['step_ms']:.1f} ms)   "
+            f"baseline {base['fixed'] - base['timers']:6.1f} ({base['step_ms']:.1f} ms)",
+            flush=True,
+        )
+    less = {tree: [x["fixed"] - x["timers"] for x in runs] for tree, runs in found.items()}
+    step = statistics.median(x["step_ms"] for runs in found.values() for x in runs)
+    differences = [a - b for a, b in zip(less["this"], less["baseline"])]
+    print(
+        f"  medians: this {statistics.median(less['this']):.1f}, baseline {statistics.median(less['baseline']):.1f} µs; "
+        f"this - baseline per round {' '.join(f'{d:+.1f}' for d in differences)}, "
+        f"median {statistics.median(differences):+.1f} µs = {statistics.median(differences) / 1e3 / step * 100:+.3f} % "
+        f"of a {step:.1f} ms step"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -258,7 +313,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6, help="end-to-end rounds (none and capture take turns)")
+    parser.add_argument("--baseline", metavar="OTHER/src", help="another source tree: fixed parts side by side")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fixed-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
@@ -266,6 +323,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.child:
         loop(args.width[0], args.steps, args.out)
+        return
+    if args.fixed_child:
+        print(json.dumps(fixed_less_timers(args.width[0], args.steps, args.out)))
+        return
+    if args.baseline:
+        for width in args.width:
+            side_by_side(width, args.steps, args.rounds, args.baseline)
         return
     for width in args.width:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
