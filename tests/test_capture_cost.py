@@ -132,7 +132,10 @@ def test_the_step_rng_digests_name_every_registered_generator_and_fork(run_pytho
     first, drawn, _ = out["seen"]
     assert set(first) == {"generator:sampler", "generator:aug", "fork:dropout[rank=0]"}
     assert all(live == official for seen in out["seen"] for live, official in seen.values())
-    assert drawn["generator:sampler"] != first["generator:sampler"] and drawn["fork:dropout[rank=0]"] == first["fork:dropout[rank=0]"]
+    assert (
+        drawn["generator:sampler"] != first["generator:sampler"]
+        and drawn["fork:dropout[rank=0]"] == first["fork:dropout[rank=0]"]
+    )
 
 
 HOST_READS = r"""
