@@ -259,11 +259,17 @@ def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, f
     return statistics.median(plain) * 1e3, statistics.median(captured) * 1e3, ratios
 
 
-def fixed_less_timers(width: int, steps: int, tmp: Path) -> dict[str, float]:
-    """The fixed part, the timers alone (µs per step) and the plain step (ms) of this tree."""
+def entry_passes(width: int, steps: int, tmp: Path) -> tuple[Timed, Timed]:
+    """The entry points (and the parameter fingerprints) timed alone, then the same entry points
+    with no-op bodies: the timers' own cost."""
     entries = [p for p in PARTS if p[0].startswith("entry") or p[0] == PARAMS]
     alone = timed_parts(width, steps, tmp, entries)
-    instrument = timed_parts(width, steps, tmp, [p for p in entries if p[0] != PARAMS], null=True)
+    return alone, timed_parts(width, steps, tmp, [p for p in entries if p[0] != PARAMS], null=True)
+
+
+def fixed_less_timers(width: int, steps: int, tmp: Path) -> dict[str, float]:
+    """The fixed part, the timers alone (µs per step) and the plain step (ms) of this tree."""
+    alone, instrument = entry_passes(width, steps, tmp)
     import torchrepro
 
     return {"fixed": alone.fixed, "timers": instrument.total, "step_ms": alone.step_ms, "src": torchrepro.__file__}
@@ -335,9 +341,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
             tmp = Path(name)
             plain, captured, ratios = end_to_end(width, min(args.steps, 150), args.rounds, tmp)
-            entries = [p for p in PARTS if p[0].startswith("entry") or p[0] == PARAMS]
-            alone = timed_parts(width, args.steps, tmp, entries)
-            instrument = timed_parts(width, args.steps, tmp, [p for p in entries if p[0] != PARAMS], null=True)
+            alone, instrument = entry_passes(width, args.steps, tmp)
             every = timed_parts(width, args.steps, tmp, PARTS)
             steps = max(100, min(args.steps * 2, int(20000 / max(every.step_ms, 1))))
             share = spy_share(width, steps, tmp, rate=250)

@@ -118,21 +118,18 @@ class StepRecorder:
             try:
                 fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - deliberately total
-                self._fail(exc)
+                self.failed = True
+                self._emit(
+                    Capability(
+                        rank=self.rank,
+                        step=self.completed,
+                        name="capture_error",
+                        available=False,
+                        note=f"step capture stopped: {type(exc).__name__}: {exc}",
+                    )
+                )
 
         return guarded
-
-    def _fail(self, exc: Exception) -> None:
-        self.failed = True
-        self._emit(
-            Capability(
-                rank=self.rank,
-                step=self.completed,
-                name="capture_error",
-                available=False,
-                note=f"step capture stopped: {type(exc).__name__}: {exc}",
-            )
-        )
 
     # --- installation -------------------------------------------------------------------
     def install(self) -> list[Capability]:
@@ -143,8 +140,8 @@ class StepRecorder:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
         # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
         # runs eagerly (and must stay plain: compiled autograd runs inside it).
-        self._wrap(torch.autograd, "backward", self._note_backward, after=self._after_backward)
-        self._wrap(torch.optim.Optimizer, "__init__", self._note_optimizer)
+        self._wrap(torch.autograd, "backward", self._safe(self._note_backward), after=self._safe(self._after_backward))
+        self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
         self._wrap_module_call()
         caps = [
             Capability(
@@ -157,7 +154,7 @@ class StepRecorder:
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
             else:
-                self._wrap(iter_cls, "__next__", None, after=self._note_batch, hide_from_dynamo=True)
+                self._wrap(iter_cls, "__next__", None, after=self._safe(self._note_batch), hide_from_dynamo=True)
                 caps.append(Capability(name="batches", available=True, note="DataLoader iterator"))
         return caps
 
@@ -169,26 +166,19 @@ class StepRecorder:
         after: Callable | None = None,
         hide_from_dynamo: bool = False,
     ) -> None:
-        """Replace ``owner.name`` by a wrapper calling ``before``/``after`` around the original,
-        guarded as :meth:`_safe` guards (in line: a frame less in every training step).
+        """Replace ``owner.name`` by a wrapper calling ``before``/``after`` around the original.
         ``hide_from_dynamo``: if compiled code calls it, Dynamo breaks the graph at the user's
         call, as it would for the original, instead of tracing into torchrepro."""
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            if self.failed or torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():
                 return original(*args, **kwargs)
             if before is not None:
-                try:
-                    before(*args, **kwargs)
-                except Exception as exc:  # noqa: BLE001 - deliberately total
-                    self._fail(exc)
+                before(*args, **kwargs)
             result = original(*args, **kwargs)
-            if after is not None and not self.failed:
-                try:
-                    after(result)
-                except Exception as exc:  # noqa: BLE001 - deliberately total
-                    self._fail(exc)
+            if after is not None:
+                after(result)
             return result
 
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
@@ -206,16 +196,14 @@ class StepRecorder:
         """``nn.Module.__call__``: the outermost call of a step gives its inputs' fingerprint (when
         no DataLoader batch was fetched) and, the first time, the initial parameters'."""
         original = torch.nn.Module.__call__
+        observe = self._safe(self._note_module_call)
 
         def __call__(module, *args, **kwargs):
-            if self._in_module or self.failed or torch.compiler.is_compiling():
+            if self._in_module or torch.compiler.is_compiling():
                 return original(module, *args, **kwargs)
             self._in_module = True
             try:
-                try:
-                    self._note_module_call(module, args, kwargs)
-                except Exception as exc:  # noqa: BLE001 - deliberately total (as _safe)
-                    self._fail(exc)
+                observe(module, args, kwargs)
                 return original(module, *args, **kwargs)
             finally:
                 self._in_module = False
@@ -285,7 +273,7 @@ class StepRecorder:
                 )
             )
 
-        self._wrap(fsdp, "fully_shard", before, hide_from_dynamo=True)
+        self._wrap(fsdp, "fully_shard", self._safe(before), hide_from_dynamo=True)
         self._emit(
             Capability(
                 rank=self.rank, name="fsdp2_init", available=True, note="fully_shard: full parameters before sharding"
@@ -301,18 +289,16 @@ class StepRecorder:
 
     # --- observers ----------------------------------------------------------------------
     def _read_rng(self, at: str) -> None:
-        """Once per step (the callers ask only while it is unread): the RNG state when its first
-        batch is fetched (a new epoch's iterator has drawn its seed by then), else at its first
-        backward() (after any seeding)."""
-        if self.config.rng:
+        """Once per step: the RNG state when its first batch is fetched (a new epoch's iterator
+        has drawn its seed by then), else at its first backward() (after any seeding)."""
+        if self._rng_fps is None and self.config.rng:
             self._rng_fps, self._rng_at = live_fingerprints(), at
 
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
         if self._backward_clocked() and self._pending_backward:
             self._end_step("backward")  # a second backward() without a module call between
         t0 = time.perf_counter()
-        if self._rng_fps is None:
-            self._read_rng("backward")
+        self._read_rng("backward")
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             self._losses.append(tensors.detach())
             if self._params is None and self._backward_clocked():
@@ -332,8 +318,7 @@ class StepRecorder:
 
     def _note_batch(self, batch: Any) -> None:
         t0 = time.perf_counter()
-        if self._rng_fps is None:
-            self._read_rng("batch")
+        self._read_rng("batch")
         try:
             self._batch_fps.append(fingerprint(batch))
         except (TypeError, ValueError):
