@@ -270,6 +270,31 @@ session.stop(0)
 print("dynamo imported:", "torch._dynamo" in sys.modules)
 """
 
+LAUNCHERS = r"""
+import json, sys
+from pathlib import Path
+from torchrepro.cli import main
+
+Path("one_step.py").write_text(
+    "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+    "m(torch.ones(3, 2)).sum().backward()\nopt.step()\n"
+)
+codes = [main(["doctor", "--out", "doc", "one_step.py"]), main(["check", "--out", "chk", "--no-localize", "one_step.py"])]
+header = json.loads(Path("doc/rank-0/events.jsonl").read_text().splitlines()[0])
+print(json.dumps({"codes": codes, "torch imported": "torch" in sys.modules,
+                  "meta": json.loads(Path("doc/run.json").read_text())["torch_version"],
+                  "child": header["env"]["versions"]["torch"]}))
+"""
+
+
+def test_the_launching_process_does_not_import_torch(run_python):
+    """doctor and check only start the script's processes: importing torch there (~2 s of CPU) is
+    paid for nothing; the version run.json records is still the one the script ran with."""
+    out = json.loads(run_python(LAUNCHERS).stdout.splitlines()[-1])
+    assert out["codes"] == [0, 0] and out["torch imported"] is False, out
+    assert out["meta"] == out["child"] and out["meta"].startswith("2."), out
+
+
 COMPILE_LATER = r"""
 import sys
 from pathlib import Path

@@ -53,6 +53,22 @@ def _torch_version() -> str:
     return str(getattr(sys.modules.get("torch"), "__version__", "?"))
 
 
+def installed_torch_version() -> str:
+    """``torch.__version__`` without importing torch where it is not imported yet (~2 s of CPU a
+    process that only launches the script pays otherwise): the installed distribution's version,
+    the same string for wheels and source builds; else (no metadata, e.g. torch on PYTHONPATH) torch's own."""
+    if "torch" not in sys.modules:
+        import importlib.metadata
+
+        try:
+            return importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    import torch
+
+    return torch.__version__
+
+
 _FOUND: dict[str, Any] = {}
 _PROBES: dict[str, Probe] = {}
 _WATCHERS: list[Callable[[Probe], None]] = []

@@ -34,7 +34,7 @@ def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, store: bool =
 
 def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: int = 1, **extra: Any) -> dict:
     """The ``run.json`` written before a run starts (completed by :func:`finish_meta`)."""
-    import torch
+    from ._compat import installed_torch_version
 
     return {
         **launch_meta(script),
@@ -42,7 +42,7 @@ def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: i
         "args": args,
         "seed": seed,
         "world_size": world_size,
-        "torch_version": torch.__version__,
+        "torch_version": installed_torch_version(),
         "python_version": platform.python_version(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **extra,
