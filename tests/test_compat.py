@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 
@@ -232,3 +233,16 @@ def test_a_log_written_with_categories_analyses_as_before(tmp_path):
     assert reports["raw"] == reports["with_category"]
     assert reports["raw"]["compile"]["recompiles_by_category"] == {"shape": 3}
     assert {e["category"] for e in reports["raw"]["compile"]["recompile_events"]} == {"shape"}
+
+
+def test_the_torch_version_without_importing_torch_is_the_one_import_would_load(tmp_path):
+    """The installed distribution's version where its torch is the one on the path; a torch
+    earlier on the path (a source checkout) is asked itself."""
+    code = "import sys; from torchrepro._compat import installed_torch_version as v; print(v(), 'torch' in sys.modules)"
+    run = lambda **env: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **env}
+    ).stdout.split()
+    assert run() == [torch.__version__, "False"]
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("__version__ = '0.0+checkout'\n")
+    assert run(PYTHONPATH=str(tmp_path)) == ["0.0+checkout", "True"]

@@ -18,6 +18,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -55,14 +56,19 @@ def _torch_version() -> str:
 
 def installed_torch_version() -> str:
     """``torch.__version__`` without importing torch where it is not imported yet (~2 s of CPU a
-    process that only launches the script pays otherwise): the installed distribution's version,
-    the same string for wheels and source builds; else (no metadata, e.g. torch on PYTHONPATH) torch's own."""
+    process that only launches the script pays otherwise): the version of the installed distribution
+    whose ``torch/__init__.py`` is the one ``import torch`` would load; else (no metadata, or another
+    torch first on the path) torch's own."""
     if "torch" not in sys.modules:
         import importlib.metadata
+        import importlib.util
 
         try:
-            return importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
+            dist, spec = importlib.metadata.distribution("torch"), importlib.util.find_spec("torch")
+            origin = getattr(spec, "origin", None)
+            if origin and Path(str(dist.locate_file("torch/__init__.py"))) == Path(origin):
+                return dist.version
+        except (importlib.metadata.PackageNotFoundError, ValueError, OSError):
             pass
     import torch
 
