@@ -295,6 +295,15 @@ def test_the_launching_process_does_not_import_torch(run_python):
     assert out["meta"] == out["child"] and out["meta"].startswith("2."), out
 
 
+def test_a_rank_process_starts_without_the_terminal_views(run_python):
+    """Every rank runs `python -m torchrepro run`: the parser of every command is built, and
+    rich (the terminal views, ~40 ms) is imported only where a view is drawn."""
+    out = run_python(
+        "import sys, torchrepro.cli; torchrepro.cli.build_parser(); print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'torch')))"
+    )
+    assert out.stdout.strip() == "[]"
+
+
 COMPILE_LATER = r"""
 import sys
 from pathlib import Path

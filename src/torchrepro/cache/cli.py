@@ -15,7 +15,6 @@ from typing import Any
 
 from .. import options
 from ..errors import UserError
-from ..report.cache import size_text
 from ..safe_text import visible
 
 _EPILOG = (
@@ -80,6 +79,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
+    from ..report.cache import size_text
     from .archive import pack
 
     manifest = pack(
@@ -112,6 +112,7 @@ def _kernel_note(differences: list[str]) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from ..report.cache import size_text
     from .integrity import verify
 
     result = verify(args.target)
@@ -136,6 +137,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_clear(args: argparse.Namespace) -> int:
+    from ..report.cache import size_text
     from .inventory import clear
 
     result = clear(args.dir, older_than=args.older_than, stale=args.stale, yes=args.yes)

@@ -18,15 +18,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..tail import RunFollower
+
+if TYPE_CHECKING:  # rich is imported where a view is drawn: every torchrepro process imports this module
+    from rich.console import Group
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -51,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--json needs --once (a live view is for a terminal)")
     if args.interval <= 0:
         raise InputError("--interval must be > 0")
+    from rich.console import Console
+    from rich.live import Live
+
     follower = RunFollower(run_dir)
     follower.poll()
     if args.once:
@@ -103,6 +104,10 @@ def status_line(snap: dict[str, Any]) -> str:
 
 def render(snap: dict[str, Any]) -> Group:
     """The whole live view of a snapshot."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     state = "finished" if snap["finished"] else "running"
     title = Text(
         f"torchrepro watch {_clean(snap['run_dir'])} — {state}, {snap['ranks_seen']}/{snap['world_size']} rank(s)",
@@ -180,6 +185,10 @@ def live_status(run_dir: Path, interval: float = 0.5) -> Iterator[None]:
     if not (sys.stdout.isatty() and sys.stderr.isatty()):
         yield
         return
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
     follower = RunFollower(run_dir)
     stop = threading.Event()
     console = Console(stderr=True)
