@@ -4,6 +4,8 @@ script (exception messages, guards, file names) cannot style or control the term
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -78,24 +80,7 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
         console.print(table)
     steps = report.steps.per_rank
     if len(c["per_rank"]) > 1:
-        table = Table(title="per rank", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("rank", "status", "steps", "compiles", "recompiles", "breaks", "compile s", "ms/step"):
-            table.add_column(col, justify="right")
-        for rank, figures in sorted(c["per_rank"].items(), key=lambda kv: int(kv[0])):
-            outcome, rank_steps = report.run.ranks.get(rank), steps.get(rank)
-            ms = rank_steps.median_step_s if rank_steps else None
-            _row(
-                table,
-                rank,
-                outcome.status if outcome else "?",
-                str(rank_steps.steps if rank_steps else 0),
-                str(figures["compiles"]),
-                str(figures["recompiles"]),
-                str(figures["graph_breaks"]),
-                f"{figures['compile_time_s']:.2f}",
-                "" if ms is None else f"{ms * 1e3:.1f}",
-            )
-        console.print(table)
+        _render_ranks(console, report, c["per_rank"])
     cache = ", ".join(f"{name} {v['hit']} hit/{v['miss']} miss" for name, v in c["cache"].items()) or "no lookups"
     console.print(
         f"compile time {c['compile_time_s']:.2f} s · unique graphs {c['unique_graphs']} · cache: {cache}",
@@ -112,6 +97,47 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
             console.print(Text(f"not observed: {cap['name']} ({cap['note']})", style="dim"))
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
+
+
+# More ranks than this show as the groups of ranks that behaved alike (the HTML report's lanes),
+# each by its first rank: a terminal table of 1024 rows is read by nobody (and took 2 s to draw).
+RANK_ROWS = 16
+
+
+def _render_ranks(console: Console, report: DoctorReport, per_rank: dict[str, Any]) -> None:
+    groups = report.rank_groups.get("groups") or []
+    grouped = len(per_rank) > RANK_ROWS and bool(groups)
+    if grouped:
+        rows = [(g["ranks_text"], str(g["representative"]), g["difference"] or "the reference") for g in groups]
+        title, unit = f"{len(per_rank)} ranks in {len(groups)} group(s) alike, each shown by its first rank", "group"
+    else:
+        rows, title, unit = [(rank, rank, None) for rank in sorted(per_rank, key=int)], "per rank", "rank"
+    columns = ("status", "steps", "compiles", "recompiles", "breaks", "compile s", "ms/step")
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("ranks" if grouped else "rank", justify="left" if grouped else "right")
+    for col in columns:
+        table.add_column(col, justify="right")
+    if grouped:
+        table.add_column("behaviour", overflow="fold")
+    for label, rank, difference in rows[:RANK_ROWS]:
+        outcome, figures, rank_steps = (
+            report.run.ranks.get(rank),
+            per_rank.get(rank, {}),
+            report.steps.per_rank.get(rank),
+        )
+        ms = rank_steps.median_step_s if rank_steps else None
+        cells = [
+            label,
+            outcome.status if outcome else "?",
+            str(rank_steps.steps if rank_steps else 0),
+            *(str(figures.get(k, 0)) for k in ("compiles", "recompiles", "graph_breaks")),
+            f"{figures.get('compile_time_s', 0.0):.2f}",
+            "" if ms is None else f"{ms * 1e3:.1f}",
+        ]
+        _row(table, *cells, *([difference] if grouped else []))
+    console.print(table)
+    if len(rows) > RANK_ROWS:
+        console.print(f"… {len(rows) - RANK_ROWS} more {unit}(s): see the report", highlight=False, markup=False)
 
 
 def render_check(report: CheckReport, console: Console | None = None, report_path: str | None = None) -> None:
