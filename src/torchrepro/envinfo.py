@@ -221,8 +221,9 @@ def _cache_dir(name: str, path: str, source: str, note: str) -> CacheDir:
 def inductor_default_dir() -> tuple[str, str]:
     """Inductor's default cache directory and where that answer came from.
 
-    torch's `cache_dir_utils` has no torch dependencies, so it is loaded from its file: importing
-    `torch._inductor` would cost about a second, and `cache_dir()` creates the directory.
+    torch's `cache_dir_utils` needs no more of torch than `torch._environment`, so it is loaded from
+    its file: importing `torch._inductor` would cost about a second, and `cache_dir()` creates the
+    directory. (torch itself is imported: this module needs it, and so does that file on torch 2.13.)
     """
     module = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     if module is None:
