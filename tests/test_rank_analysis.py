@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchrepro.analysis.doctor import analyse
+from torchrepro.analysis.kept_steps import kept_steps
 from torchrepro.analysis.ranks import missing_ranks, placement, rank_findings, where, world_size
 from torchrepro.events import CacheLookup, Compile, End, EventLog, Header, Params, Step, World
 
@@ -38,7 +39,7 @@ PARAMS = Params(
 
 
 def codes(logs) -> dict[str, dict]:
-    return {f.code: f.evidence for f in rank_findings(logs)}
+    return {f.code: f.evidence for f in rank_findings(logs, kept_steps(logs))}
 
 
 def test_replicas_in_step_with_per_rank_rng_give_no_finding():

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .analysis.doctor import Budgets, analyse
+from .analysis.kept_steps import KeptSteps
 from .errors import InputError, Stopped
 from .events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
 from .follow import LAUNCHER_DIR
@@ -20,10 +21,13 @@ from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_j
 from .report.save import write_report
 
 
-def analyse_run_dir(run_dir: Path, budgets: Budgets | None = None, store: bool = True) -> DoctorReport:
+def analyse_run_dir(
+    run_dir: Path, budgets: Budgets | None = None, store: bool = True, jobs: int | None = None
+) -> DoctorReport:
     """Analyse a stored run; with ``store``, write its ``report.json`` (a run that has just ended;
-    ``torchrepro report`` never replaces the stored one)."""
-    run = load_run(run_dir)
+    ``torchrepro report`` never replaces the stored one). Each rank's steps are reduced as it is
+    read, by ``jobs`` reading processes (``None``: as :func:`~.rundir.load_run` chooses)."""
+    run = load_run(run_dir, keep=KeptSteps.of, jobs=jobs)
     if all(log.unreadable for log in run.logs):
         raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)

@@ -461,7 +461,8 @@ class EventWriter:
 class EventLog:
     """The events of one rank, and what could not be read: ``bad_lines`` skipped (a
     ``truncated`` last line among them), and ``unreadable``, the reason the file is not a log
-    this torchrepro can read at all (no header, another schema), or None."""
+    this torchrepro can read at all (no header, another schema), or None. ``kept``: what a reader
+    that keeps no step events kept of them instead (``analysis.kept_steps.KeptSteps``), or None."""
 
     path: Path
     events: list[Event] = field(default_factory=list)
@@ -470,6 +471,7 @@ class EventLog:
     bad_lines: int = 0
     truncated: bool = False
     unreadable: str | None = None
+    kept: Any = None
     _by_type: tuple[list[Event], int, dict[type, list[Event]]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -487,7 +489,10 @@ class EventLog:
 
     def of(self, cls: type[Event]) -> list[Any]:
         """The events of one type, in order (a new list; the reader groups the events by type as it
-        reads them, this again when ``events`` changes, so the analyses' many calls cost little)."""
+        reads them, this again when ``events`` changes, so the analyses' many calls cost little).
+        The steps of a log read without them (``kept``) are a programming error to ask for."""
+        if cls is Step and self.kept is not None:
+            raise TypeError(f"{self.path}: read without its step events (kept: {type(self.kept).__name__})")
         if cls not in _LEAF_TYPES:
             return [e for e in self.events if isinstance(e, cls)]
         cached = self._by_type
@@ -501,6 +506,12 @@ class EventLog:
                     by_type[kind] = [event]
             cached = self._by_type = (self.events, len(self.events), by_type)
         return list(cached[2].get(cls, ()))
+
+    def keep_instead_of_steps(self, kept: Any) -> None:
+        """Hold ``kept`` (made from this log's step events) instead of the step events."""
+        self.events = [e for e in self.events if type(e) is not Step]
+        self._by_type = None  # it holds the steps too
+        self.kept = kept
 
 
 def _rank_from_dir(name: str) -> int:

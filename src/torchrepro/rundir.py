@@ -10,18 +10,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import importlib
 import json
 import os
+import pickle
 import re
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import InputError
-from .events import EventLog, Shared, rank_logs, read_events
+from .events import EventLog, Shared, Step, rank_logs, read_events
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
@@ -151,8 +156,14 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def load_run(path: str | os.PathLike) -> Run:
-    """Read a run directory; :class:`InputError` if it holds no event log at all."""
+def load_run(path: str | os.PathLike, keep: Callable[[list[Step]], Any] | None = None, jobs: int | None = 1) -> Run:
+    """Read a run directory; :class:`InputError` if it holds no event log at all.
+
+    With ``keep``, each rank's step events are replaced, as soon as the rank is read, by what
+    ``keep(steps)`` makes of them (``EventLog.kept``): memory then holds one rank's steps at a
+    time. With ``keep`` too, ``jobs`` processes read the ranks (each a contiguous share) and send
+    back their logs without the steps; ``None``: one per core for logs over
+    :data:`PARALLEL_BYTES`, else one (this process)."""
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"no such run directory: {path}")
@@ -166,19 +177,18 @@ def load_run(path: str | os.PathLike) -> Run:
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
-    shared = Shared()  # what agrees across ranks, one object each
+    jobs = _reading_jobs(files) if jobs is None else jobs
     with _no_gc():  # millions of small objects: the cyclic collector would rescan them again and again
-        for file in files:
-            if not file.is_file():  # a FIFO or device would block or never end
-                run.problems.append(f"{file}: not a regular file, skipped")
-                continue
-            try:
-                log = read_events(file, shared)
-            except OSError as exc:
-                run.problems.append(f"{file}: unreadable ({exc})")
-                continue
-            run.logs.append(log)
-            run.problems.extend(log.problems)
+        if keep is None or jobs <= 1 or len(files) < 2:
+            read = _read_logs(files, keep)
+        else:
+            read = _read_in_processes(files, keep, jobs)
+    for item in read:
+        if isinstance(item, str):
+            run.problems.append(item)
+        else:
+            run.logs.append(item)
+            run.problems.extend(item.problems)
     if not run.logs:
         raise InputError(f"no readable event log in {path}")
     seen: dict[int, Path] = {}
@@ -190,3 +200,92 @@ def load_run(path: str | os.PathLike) -> Run:
             )
         seen[log.rank] = log.path
     return run
+
+
+PARALLEL_BYTES = 128 << 20  # rank logs smaller than this in all are read in one process
+
+
+def _reading_jobs(files: list[Path]) -> int:
+    """Processes to read ``files`` with: one per core this process may use, for logs over
+    :data:`PARALLEL_BYTES` (below, starting processes costs about what they save)."""
+    size = sum(f.stat().st_size for f in files if f.is_file())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, len(files)) if size >= PARALLEL_BYTES else 1
+
+
+def _read_logs(files: list[Path], keep: Callable[[list[Step]], Any] | None) -> list[EventLog | str]:
+    """Each file's log (its steps replaced by ``keep(steps)``, given ``keep``), or why it was not
+    read; what repeats across the ranks is held once (:class:`~.events.Shared`)."""
+    shared, out = Shared(), []
+    for file in files:
+        if not file.is_file():  # a FIFO or device would block or never end
+            out.append(f"{file}: not a regular file, skipped")
+            continue
+        try:
+            log = read_events(file, shared)
+        except OSError as exc:
+            out.append(f"{file}: unreadable ({exc})")
+            continue
+        if keep is not None:
+            log.keep_instead_of_steps(keep(log.of(Step)))
+        out.append(log)
+    return out
+
+
+def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], jobs: int) -> list[EventLog | str]:
+    """:func:`_read_logs` in ``jobs`` child processes (fresh interpreters: the caller's own script
+    is not imported again, no lock of its threads is inherited), each given a contiguous share of
+    ``files`` and sending back its share pickled in one piece (what its ranks share crosses once);
+    the results in the order of ``files``. A share whose process fails is read here."""
+    jobs = min(jobs, len(files))
+    shares = [files[i * len(files) // jobs : (i + 1) * len(files) // jobs] for i in range(jobs)]
+    package = str(Path(__file__).resolve().parent.parent)  # the torchrepro this process runs
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package, os.environ.get("PYTHONPATH")))))
+    argv = [
+        sys.executable,
+        "-c",
+        "from torchrepro.rundir import _serve; _serve()",
+        f"{keep.__module__}:{keep.__qualname__}",
+    ]
+    children: list[subprocess.Popen] = []
+    try:
+        for share in shares:
+            child = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+            )
+            children.append(child)
+            child.stdin.write(b"\0".join(map(os.fsencode, share)))  # type: ignore[union-attr]
+            child.stdin.close()  # type: ignore[union-attr]
+        out: list[EventLog | str] = []
+        for share, child in zip(shares, children):
+            data = child.stdout.read()  # type: ignore[union-attr]
+            out += pickle.loads(data) if child.wait() == 0 else _read_logs(share, keep)  # noqa: S301 -- our child's
+        return out
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            child.stdout.close()  # type: ignore[union-attr]
+
+
+def _serve() -> None:
+    """A reading process (:func:`_read_in_processes`): ``argv[1]`` names ``keep`` (``module:name``),
+    stdin the files (NUL-separated); the pickled result on stdout."""
+    _end_with_parent()
+    module, _, qualname = sys.argv[1].partition(":")
+    keep: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        keep = getattr(keep, part)
+    files = [Path(os.fsdecode(f)) for f in sys.stdin.buffer.read().split(b"\0")]
+    with _no_gc():
+        sys.stdout.buffer.write(pickle.dumps(_read_logs(files, keep), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _end_with_parent() -> None:
+    """A reading process is killed when the process that started it ends (Linux): a report stopped
+    by a signal leaves no process reading on."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

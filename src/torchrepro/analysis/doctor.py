@@ -4,20 +4,19 @@ outcome, and budgets — from events."""
 from __future__ import annotations
 
 import gc
-import statistics
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
-from ..events import Capability, Counters, End, EventLog, Header, Step
+from ..events import Capability, Counters, End, EventLog, Header
 from ..provenance import provenance
 from ..report.model import DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from .findings import Finding, sort_findings
+from .kept_steps import KeptSteps, kept_steps
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
-from .timeline import median_steps, timeline
+from .timeline import timeline
 
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
 # that train on different parameters, a report over fewer ranks than the job has.
@@ -41,33 +40,27 @@ class Budgets:
     strict: bool = False  # capture that degraded (CAPTURE_DEGRADED) fails the run too
 
 
-_TIME_S, _PARAMS_FP = attrgetter("time_s"), attrgetter("params_fp")
-
-
-def steps_summary(logs: list[EventLog], medians: dict[int, float | None]) -> StepsSummary:
+def steps_summary(kept: dict[int, KeptSteps]) -> StepsSummary:
     """Per rank: step count, first/last loss, median step time (that of the steps that did not
-    compile, ``medians``: :func:`~.timeline.median_steps`; else of all), steps that compiled."""
-    per_rank = {}
-    for log in logs:  # few passes over a rank's steps, at C speed where they can be (1024 ranks x 10 000 steps)
-        steps: list[Step] = log.of(Step)
-        compiled = [s for s in steps if s.compiles]
-        times = [t for t in map(_TIME_S, steps) if t is not None]
-        median = medians[log.rank]
-        if median is None and times:
-            median = statistics.median(times)
-        per_rank[str(log.rank)] = RankSteps(
-            steps=len(steps),
-            first_loss=next((s.loss for s in steps if s.loss is not None), None),
-            last_loss=next((s.loss for s in reversed(steps) if s.loss is not None), None),
-            total_time_s=round(sum(times), 3),
-            median_step_s=round(median, 6) if median is not None else None,
-            compile_steps=[s.index for s in compiled[:50]],
-            fingerprinted_steps=len(steps) - list(map(_PARAMS_FP, steps)).count(None),
+    compile; else of all), steps that compiled."""
+    per_rank = {
+        str(rank): RankSteps(
+            steps=k.count,
+            first_loss=k.first_loss,
+            last_loss=k.last_loss,
+            total_time_s=round(k.total_time_s, 3),
+            median_step_s=round(k.median_s, 6) if k.median_s is not None else None,
+            compile_steps=k.compile_steps,
+            fingerprinted_steps=k.fingerprinted,
         )
+        for rank, k in kept.items()
+    }
     return StepsSummary(max((r.steps for r in per_rank.values()), default=0), per_rank)
 
 
-def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str]) -> dict[str, Any]:
+def run_summary(
+    meta: dict[str, Any], logs: list[EventLog], problems: list[str], kept: dict[int, KeptSteps]
+) -> dict[str, Any]:
     """The ``run`` section: what ran, where, how it ended, per rank."""
     headers: list[Header] = [h for h in (log.header for log in logs) if h is not None]
     first = headers[0] if headers else None
@@ -75,12 +68,11 @@ def run_summary(meta: dict[str, Any], logs: list[EventLog], problems: list[str])
     where = placement(logs)
     for log in logs:
         end: End | None = log.end
-        steps = log.of(Step)
         ranks[str(log.rank)] = {
             "exit_code": end.exit_code if end else None,
             "status": end.status if end else "incomplete",
             "error": end.error if end else None,
-            "last_step": steps[-1].index if steps else None,
+            "last_step": kept[log.rank].last_index,
             "duration_s": end.duration_s if end else None,
             **where[log.rank],
         }
@@ -247,19 +239,19 @@ def analyse(
 
 
 def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None) -> DoctorReport:
-    run = run_summary(meta, logs, problems)
+    kept = kept_steps(logs)
+    run = run_summary(meta, logs, problems, kept)
     compile_section, findings = compile_analysis.summarize(logs)
-    medians = median_steps(logs)
-    steps = steps_summary(logs, medians)
+    steps = steps_summary(kept)
     findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
-    findings += _cache_findings(compile_section["cache"]) + rank_findings(logs) + rank_key_findings(logs)
+    findings += _cache_findings(compile_section["cache"]) + rank_findings(logs, kept) + rank_key_findings(logs)
     findings += capture_findings(logs)
     findings = sort_findings(findings)
     failures = budget_failures(compile_section, budgets or Budgets())
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())
     verdict = Verdict.of_doctor(findings, failures)
-    groups = rank_groups(logs)
-    compile_section["timeline"] = timeline(logs, groups["groups"], medians)
+    groups = rank_groups(logs, kept)
+    compile_section["timeline"] = timeline(logs, groups["groups"], kept)
     compile_section["recompile_groups"] = recompile_groups(compile_section["recompile_events"])
     compile_section["graph_break_groups"] = graph_break_groups(compile_section["graph_break_events"])
     return DoctorReport(

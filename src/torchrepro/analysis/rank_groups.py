@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..events import CacheLookup, Compile, EventLog, GraphBreak, Step
+from ..events import CacheLookup, Compile, EventLog, GraphBreak
 from .categories import category_of, guard_text
 from .compile import display_function
+from .kept_steps import KeptSteps
 
 
 def rank_ranges(ranks: list[int]) -> str:
@@ -40,14 +41,13 @@ def _compile_key(c: Compile) -> tuple:
     return (display_function(c), guard, category_of(c), c.step, c.limit_hit)
 
 
-def _behaviour(log: EventLog) -> tuple:
-    steps = log.of(Step)
+def _behaviour(log: EventLog, steps: int) -> tuple:
     end = log.end
     breaks = Counter((b.file, b.line, b.reason) for b in log.of(GraphBreak))
     cache = Counter((x.cache, x.status) for x in log.of(CacheLookup))
     return (
         end.status if end else "incomplete",
-        len(steps),
+        steps,
         tuple(_compile_key(c) for c in log.of(Compile)),
         tuple(sorted(breaks.items(), key=repr)),
         tuple(sorted(cache.items())),
@@ -76,12 +76,12 @@ def _difference(odd: tuple, ref: tuple) -> str:
     return f"ran {steps} step(s) (the others {ref[1]})"
 
 
-def rank_groups(logs: list[EventLog]) -> dict[str, Any]:
+def rank_groups(logs: list[EventLog], kept: dict[int, KeptSteps]) -> dict[str, Any]:
     """The ``rank_groups`` section: ``groups`` (largest first: ranks, their ranges as text, a
     representative rank, and what differs from the largest group) and a one-line ``summary``."""
     by_behaviour: dict[tuple, list[int]] = {}
     for log in logs:
-        by_behaviour.setdefault(_behaviour(log), []).append(log.rank)
+        by_behaviour.setdefault(_behaviour(log, kept[log.rank].count), []).append(log.rank)
     ordered = sorted(by_behaviour.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     if not ordered:
         return {"groups": [], "summary": "no ranks"}

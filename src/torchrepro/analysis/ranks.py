@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 import signal
 from collections import defaultdict
-from operator import attrgetter
+from collections.abc import Sequence
 from typing import Any
 
-from ..events import CacheLookup, Compile, EventLog, InitParams, Params, Step, World
+from ..events import CacheLookup, Compile, EventLog, InitParams, Params, World
 from .categories import guard_text
 from .compile import display_function
 from .findings import Finding
+from .kept_steps import KeptSteps
 from .rank_groups import rank_ranges
 
 _INTERNAL = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]torchrepro[/\\]|^<")
@@ -292,12 +293,13 @@ def _init_findings(logs: list[EventLog]) -> list[Finding]:
     return []
 
 
-def _param_findings(logs: list[EventLog]) -> list[Finding]:
+def _param_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Finding]:
     if len(logs) < 2 or not _replicated(logs):
         return []
     names = logs[0].of(Params)[0].names
-    common, (columns,) = _at_common_steps(logs, ("param_fps",), kept="param_fps")
-    fingerprints = dict(zip((log.rank for log in logs), columns))
+    ranks = [log.rank for log in logs]
+    common, (columns,) = _at_common_steps([kept[r].param_indices for r in ranks], [[kept[r].param_fps for r in ranks]])
+    fingerprints = dict(zip(ranks, columns))
     ref_rank = min(fingerprints)
     ref_fps = fingerprints[ref_rank]
     # the ranks whose fingerprints differ somewhere (compared whole: the reader shares what agrees)
@@ -334,41 +336,32 @@ def _param_findings(logs: list[EventLog]) -> list[Finding]:
 
 
 def _at_common_steps(
-    logs: list[EventLog], fields: tuple[str, ...], kept: str | None = None
-) -> tuple[list[int], list[list[list[Any]]]]:
-    """The step indices every rank has a step for (sorted; with ``kept``, a step whose field of
-    that name is truthy), and for each of ``fields`` per rank (in the order of ``logs``) its value
-    at each of those steps (the last step of an index repeated). Columns are read with
-    ``attrgetter`` (C speed: these pass over every step of every rank)."""
-    steps = [list(filter(attrgetter(kept), log.of(Step))) if kept else log.of(Step) for log in logs]
-    index = attrgetter("index")
-    indices = [list(map(index, of_rank)) for of_rank in steps]
+    indices: list[Sequence[int]], columns: list[list[list[Any]]]
+) -> tuple[Sequence[int], list[list[list[Any]]]]:
+    """The step indices every rank has (sorted), and each of ``columns`` (per rank, in the order
+    of ``indices``, a value per step in log order) at those steps (the last step of an index
+    repeated). Indices that count up by one may be ``range`` objects."""
     order = indices[0] if indices else []
-    if not all(i == order for i in indices) or order != sorted(set(order)):  # not every rank the same steps
-        common = set.intersection(*map(set, indices))
-        order = sorted(common)
-        for at, of_rank in enumerate(steps):
-            by_index = {s.index: s for s in of_rank}
-            steps[at] = [by_index[i] for i in order]
-    return order, [[list(map(attrgetter(name), of_rank)) for of_rank in steps] for name in fields]
+    if all(i == order for i in indices) and (type(order) is range or order == sorted(set(order))):
+        return order, columns  # every rank the same steps, once each
+    common = sorted(set.intersection(*map(set, indices)))
+    positions = [dict(zip(of_rank, range(len(of_rank)))) for of_rank in indices]  # an index's last position
+    return common, [[[values[at[i]] for i in common] for values, at in zip(column, positions)] for column in columns]
 
 
-def _torch_streams(column: list[dict[str, str] | None]) -> list[str | None]:
-    """A rank's torch RNG stream fingerprint at each step, from its ``rng_fps``."""
-    return [(fps.get("torch_cpu") or fps.get("cuda:0")) if fps else None for fps in column]
-
-
-def _rng_findings(logs: list[EventLog]) -> list[Finding]:
+def _rng_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Finding]:
     """Different data on each rank but the same torch RNG stream, consumed step after step:
     every rank draws the same dropout masks."""
     if len(logs) < 2:
         return []
-    common, (rng_fps, batches) = _at_common_steps(logs, ("rng_fps", "batch_fp"))
+    ranks = [log.rank for log in logs]
+    common, (streams, batches) = _at_common_steps(
+        [kept[r].indices for r in ranks], [[kept[r].torch_streams for r in ranks], [kept[r].batch_fps for r in ranks]]
+    )
     if len(common) < 2:
         return []
-    first = _torch_streams(rng_fps[0])
-    # ranks whose fingerprints agree (the reader shares them: a comparison by identity) agree on the stream
-    same_rng = all(fps == rng_fps[0] or _torch_streams(fps) == first for fps in rng_fps)
+    first = streams[0]
+    same_rng = all(stream == first for stream in streams)  # (what the reader shares compares by identity)
     consumed = len(set(first)) > 1
     none = any(None in b for b in batches)
     split = not none and all(len(set(at_step)) == len(logs) for at_step in zip(*batches))
@@ -513,12 +506,13 @@ def _straggler_findings(logs: list[EventLog]) -> list[Finding]:
     ]
 
 
-def rank_findings(logs: list[EventLog]) -> list[Finding]:
-    """Every cross-rank finding, from the ranks' events."""
+def rank_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Finding]:
+    """Every cross-rank finding, from the ranks' events and their steps (``kept``: each rank's,
+    :func:`~.kept_steps.kept_steps`)."""
     return (
         _init_findings(logs)
-        + _param_findings(logs)
-        + _rng_findings(logs)
+        + _param_findings(logs, kept)
+        + _rng_findings(logs, kept)
         + _asymmetry_findings(logs)
         + _cache_findings(logs)
         + _straggler_findings(logs)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..events import EventLog, Step
 from ..provenance import provenance
-from .timeline import MAX_POINTS
+from .kept_steps import MAX_POINTS
 
 
 def side(label: str, path: str, meta: dict[str, Any], logs: list[EventLog]) -> dict[str, Any]:

@@ -8,11 +8,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..events import CacheLookup, Compile, EventLog, Step
+from ..events import CacheLookup, Compile, EventLog
 from .categories import guard_text
 from .compile import display_function
-
-MAX_POINTS = 400  # per series: longer runs are thinned evenly, steps that compiled are always kept
+from .kept_steps import KeptSteps
 
 
 def _cache_status(statuses: list[str]) -> str | None:
@@ -21,8 +20,9 @@ def _cache_status(statuses: list[str]) -> str | None:
     return "miss" if "miss" in statuses else "hit" if "hit" in statuses else statuses[0]
 
 
-def _compiles(log: EventLog) -> list[dict[str, Any]]:
-    start = log.header.t if log.header else min((e.t for e in log.events), default=0.0)
+def _compiles(log: EventLog, kept: KeptSteps) -> list[dict[str, Any]]:
+    times = [e.t for e in log.events] + ([] if kept.first_t is None else [kept.first_t])
+    start = log.header.t if log.header else min(times, default=0.0)
     lookups: dict[str, list[str]] = {}
     for x in log.of(CacheLookup):
         lookups.setdefault(x.compile_id, []).append(x.status)
@@ -47,40 +47,15 @@ def _compiles(log: EventLog) -> list[dict[str, Any]]:
     return out
 
 
-def _thin(steps: list[Step]) -> list[Step]:
-    if len(steps) <= MAX_POINTS:
-        return steps
-    stride = len(steps) / MAX_POINTS
-    keep = {int(i * stride) for i in range(MAX_POINTS)} | {i for i, s in enumerate(steps) if s.compiles}
-    return [s for i, s in enumerate(steps) if i in keep]
-
-
-def quiet_step_times(steps: list[Step]) -> list[float]:
-    """The host times of the steps that did not compile (that have one)."""
-    return [s.time_s for s in steps if not s.compiles and s.time_s is not None]
-
-
-def median_steps(logs: list[EventLog]) -> dict[int, float | None]:
-    """Each rank's median host time of the steps that did not compile (None without one): one
-    pass per rank, shared by the steps summary and the timeline (10 000 steps x 1024 ranks)."""
-    medians = {}
-    for log in logs:
-        times = quiet_step_times(log.of(Step))
-        medians[log.rank] = statistics.median(times) if times else None
-    return medians
-
-
-def timeline(
-    logs: list[EventLog], groups: list[dict[str, Any]], medians: dict[int, float | None]
-) -> list[dict[str, Any]]:
+def timeline(logs: list[EventLog], groups: list[dict[str, Any]], kept: dict[int, KeptSteps]) -> list[dict[str, Any]]:
     """One entry per rank group: its representative rank's compiles and step times, and the
-    spread of median step times (``medians``: :func:`median_steps`) over the group's ranks (with
+    spread over the group's ranks of their median times of the steps that did not compile (with
     the slowest rank)."""
     by_rank = {log.rank: log for log in logs}
     out = []
     for group in groups:
         log = by_rank[group["representative"]]
-        medians_of = [(m, r) for r in group["ranks"] if (m := medians[r]) is not None]
+        medians_of = [(m, r) for r in group["ranks"] if (m := kept[r].quiet_median_s) is not None]
         spread = None
         if medians_of:
             values = sorted(m for m, _ in medians_of)
@@ -91,13 +66,12 @@ def timeline(
                 "max_s": round(slowest[0], 6),
                 "slowest_rank": slowest[1],
             }
-        steps = [s for s in log.of(Step) if s.time_s is not None]
         out.append(
             {
                 "ranks_text": group["ranks_text"],
                 "rank": group["representative"],
-                "compiles": _compiles(log),
-                "steps": [[s.index, round(s.time_s, 6), s.compiles] for s in _thin(steps)],
+                "compiles": _compiles(log, kept[log.rank]),
+                "steps": kept[log.rank].series,
                 "median_step": spread,
             }
         )
