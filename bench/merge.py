@@ -8,8 +8,11 @@ timed separately, with the time per event so linear scaling shows as a flat colu
 "vs json" is the whole time (read + analyse) over a bare ``json.loads`` of every line of the same
 logs, measured just before in the same child process (one per row, whose own peak RSS is printed:
 the yardstick reads one line at a time, so the peak is read + analyse), in CPU seconds and on the
-wall clock. ``--baseline OTHER/src`` times another source tree on the same logs right
-after (before/after side by side); ``--keep DIR`` keeps the logs (and reuses them).
+wall clock. Reading is the report's (each rank's steps reduced as it is read, by one process
+per core for logs over 128 MB; ``--jobs N`` sets the processes): CPU seconds are those of the
+child and of its reading processes, the peak RSS the larger of the two. ``--baseline OTHER/src``
+times another source tree on the same logs right after (before/after side by side; a tree from
+before the reduced reader reads whole events); ``--keep DIR`` keeps the logs (and reuses them).
 
     .venv/bin/python bench/merge.py --ranks 64 --events 3000 --baseline /work/main/src
 """
@@ -120,8 +123,7 @@ def bare_json(root: Path) -> float:
 
 
 # A fresh interpreter per measurement, so its peak RSS is its own: the yardstick, then read + analyse,
-# each timed on the wall clock and in CPU seconds (process_time: what a shared, loaded machine
-# perturbs least).
+# each timed on the wall clock and in CPU seconds (what a shared, loaded machine perturbs least).
 _CHILD = """
 import json, resource, sys, time
 from pathlib import Path
@@ -129,27 +131,33 @@ from torchrepro.analysis.doctor import analyse
 from torchrepro.rundir import load_run
 sys.path.insert(0, sys.argv[2])
 from merge import bare_json
-def clocks():
-    return time.perf_counter(), time.process_time()
+try:  # the report's reader: each rank's steps reduced as read, JOBS processes (a tree from before: whole events)
+    from torchrepro.analysis.kept_steps import KeptSteps
+    options = {"keep": KeptSteps.of, "jobs": None if sys.argv[3] == "auto" else int(sys.argv[3])}
+except ImportError:
+    options = {}
+def clocks():  # CPU seconds of this process and of the reading processes it waited for
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 c0 = clocks()
 bare_json(Path(sys.argv[1]))
 c1 = clocks()
-run = load_run(sys.argv[1])
+run = load_run(sys.argv[1], **options)
 c2 = clocks()
 report = analyse(run.meta, run.logs, run.problems)
 c3 = clocks()
-rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+rss_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
 print(json.dumps({"wall": [c1[0] - c0[0], c2[0] - c1[0], c3[0] - c2[0]],
                   "cpu": [c1[1] - c0[1], c2[1] - c1[1], c3[1] - c2[1]], "rss_mb": rss_mb}))
 """
 
 
-def report_child(root: Path, src: str | None) -> dict[str, Any]:
+def report_child(root: Path, src: str | None, jobs: str) -> dict[str, Any]:
     """Time json, read and analyse of ``root`` in a child process (``src``: the torchrepro source
-    tree it imports)."""
+    tree it imports; ``jobs``: its reading processes, or ``auto``)."""
     env = dict(os.environ, **({"PYTHONPATH": src} if src else {}))
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent)],
+        [sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent), jobs],
         env=env,
         check=True,
         capture_output=True,
@@ -168,6 +176,9 @@ def main() -> None:
         help="also time the torchrepro source tree SRC (e.g. another "
         "checkout's src/) on the same logs, right after, in the same run",
     )
+    parser.add_argument(
+        "--jobs", default="auto", help="reading processes (default auto: as `torchrepro report` chooses)"
+    )
     parser.add_argument("--keep", metavar="DIR", type=Path, help="write the logs under DIR (reused if it holds them)")
     args = parser.parse_args()
     text = rank_log(args.events)
@@ -184,7 +195,7 @@ def main() -> None:
                 make_run(root, ranks, text)
             total = ranks * args.events
             for name, src in trees:
-                r = report_child(root, src)
+                r = report_child(root, src, args.jobs)
                 (bare, read, analysed), wall = r["cpu"], r["wall"]
                 both, wall_both = read + analysed, wall[1] + wall[2]
                 print(

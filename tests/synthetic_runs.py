@@ -3,7 +3,11 @@ that behave alike, and a few that do not."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
+
+from torchrepro.analysis.kept_steps import KeptSteps
 
 from torchrepro.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Step, write_all
 
@@ -140,3 +144,17 @@ def drift_experiment(root: Path, markup: str) -> dict:
             run.metric, run.status, run.error = None, "crashed", f"exit 1: RuntimeError: {markup}"
         runs.append(run)
     return build_report(root, plan, runs, metric, observed=0.05, target_effect=0.01)
+
+
+def keep_here_only(steps: list) -> KeptSteps:
+    """A ``keep`` for ``load_run`` that kills any reading process it runs in but the one whose pid
+    is ``TORCHREPRO_TEST_PARENT`` (a reading process that dies)."""
+    if os.getpid() != int(os.environ["TORCHREPRO_TEST_PARENT"]):
+        os._exit(9)
+    return KeptSteps.of(steps)
+
+
+def keep_forever(steps: list) -> KeptSteps:
+    """A ``keep`` that never returns (reading processes still at work when their parent dies)."""
+    while True:
+        time.sleep(1)

@@ -246,6 +246,7 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
         "-c",
         "from torchrepro.rundir import _serve; _serve()",
         f"{keep.__module__}:{keep.__qualname__}",
+        str(os.getpid()),
     ]
     children: list[subprocess.Popen] = []
     try:
@@ -271,8 +272,8 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
 
 def _serve() -> None:
     """A reading process (:func:`_read_in_processes`): ``argv[1]`` names ``keep`` (``module:name``),
-    stdin the files (NUL-separated); the pickled result on stdout."""
-    _end_with_parent()
+    ``argv[2]`` is the parent's pid, stdin the files (NUL-separated); the pickled result on stdout."""
+    _end_with_parent(int(sys.argv[2]))
     module, _, qualname = sys.argv[1].partition(":")
     keep: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -282,10 +283,13 @@ def _serve() -> None:
         sys.stdout.buffer.write(pickle.dumps(_read_logs(files, keep), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _end_with_parent() -> None:
-    """A reading process is killed when the process that started it ends (Linux): a report stopped
-    by a signal leaves no process reading on."""
+def _end_with_parent(parent: int) -> None:
+    """This reading process is killed when ``parent``, the process that started it, ends (Linux):
+    a report stopped by a signal leaves no process reading on; if it ended before this was set
+    up, this process ends here."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
