@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from torchrepro.analysis.doctor import analyse
+from torchrepro.analysis.kept_steps import KeptSteps
 from torchrepro.events import (
     KINDS,
     CacheLookup,
@@ -62,7 +63,8 @@ def same(a: object, b: object) -> bool:
 
 
 def assert_read_alike(run_dir: Path) -> dict:
-    """Every log reads alike both ways, and the report over them is the same; returns it (as JSON)."""
+    """Every log reads alike both ways, and the report over them is the same (also from the logs read
+    with their steps reduced, in one process and in two); returns it (as JSON)."""
     run = load_run(run_dir)
     plain_logs = []
     for log in run.logs:
@@ -73,6 +75,9 @@ def assert_read_alike(run_dir: Path) -> dict:
         plain_logs.append(dataclasses.replace(log, events=log.events if log.unreadable else events, _by_type=None))
     report = analyse(run.meta, run.logs, run.problems).to_json()
     assert same(report, analyse(run.meta, plain_logs, run.problems).to_json())
+    for jobs in (1, 2):  # the report's own reader: each rank's steps kept reduced, in one or two processes
+        kept = load_run(run_dir, keep=KeptSteps.of, jobs=jobs)
+        assert same(report, analyse(kept.meta, kept.logs, kept.problems).to_json()), jobs
     return report
 
 
