@@ -77,6 +77,19 @@ def test_a_share_whose_reading_process_dies_is_read_by_the_parent(run_dir, monke
     assert report_json(run) == report_json(load_run(run_dir))
 
 
+def test_a_keep_the_reading_processes_cannot_import_is_run_here(tmp_path):
+    """A lambda (no importable name): each reading process fails before it reads its list of
+    files, which for 3 000 ranks overflows the pipe (the parent's write meets a closed pipe)."""
+    from torchrepro.events import Header, write_all
+
+    root = tmp_path / ("a-long-folder-name-" * 4)
+    for rank in range(3000):
+        write_all(root / f"rank-{rank}" / "events.jsonl", [Header(rank=rank, world_size=3000), Step(rank=rank)])
+    run = load_run(root, keep=lambda steps: KeptSteps.of(steps), jobs=2)  # noqa: PLW0108 -- the point
+    assert [log.rank for log in run.logs] == list(range(3000)) and run.logs[-1].kept.count == 1
+    assert report_json(run) == report_json(load_run(root))
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -255,12 +255,13 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
             )
             children.append(child)
-            child.stdin.write(b"\0".join(map(os.fsencode, share)))  # type: ignore[union-attr]
-            child.stdin.close()  # type: ignore[union-attr]
+            with contextlib.suppress(BrokenPipeError), child.stdin:  # type: ignore[union-attr]
+                child.stdin.write(b"\0".join(map(os.fsencode, share)))  # type: ignore[union-attr]
         out: list[EventLog | str] = []
         for share, child in zip(shares, children):
             data = child.stdout.read()  # type: ignore[union-attr]
-            out += pickle.loads(data) if child.wait() == 0 else _read_logs(share, keep)  # noqa: S301 -- our child's
+            read = _unpickled(data) if child.wait() == 0 else None
+            out += read if read is not None else _read_logs(share, keep)
         return out
     finally:
         for child in children:
@@ -268,6 +269,16 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
                 child.kill()
             child.wait()
             child.stdout.close()  # type: ignore[union-attr]
+
+
+def _unpickled(data: bytes) -> list[EventLog | str] | None:
+    """A reading process's share as it sent it, or None if its output is not one (a process that
+    failed, or something else that wrote to its stdout)."""
+    try:
+        share = pickle.loads(data)  # noqa: S301 -- written by our own child process, not read from a file
+    except Exception:  # noqa: BLE001 -- bytes that are not a pickle fail in many ways; the share is read again
+        return None
+    return share if isinstance(share, list) else None
 
 
 def _serve() -> None:
@@ -287,7 +298,7 @@ def _end_with_parent(parent: int) -> None:
     """This reading process is killed when ``parent``, the process that started it, ends (Linux):
     a report stopped by a signal leaves no process reading on; if it ended before this was set
     up, this process ends here."""
-    with contextlib.suppress(OSError, AttributeError):
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # not Linux: no prctl
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
