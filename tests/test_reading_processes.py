@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,18 +53,23 @@ def test_a_log_read_without_its_steps_does_not_pretend_to_have_none(run_dir):
 
 
 def test_the_command_reports_alike_with_one_and_with_several_readers(run_dir, tmp_path):
-    outputs = []
-    for jobs in ("1", "2"):
-        out = tmp_path / f"report-{jobs}.json"
+    """Several readers say so on stderr (one line); one (the default for small logs) says nothing."""
+    outputs, said = [], []
+    for jobs in ([], ["--jobs", "1"], ["--jobs", "2"]):
+        out = tmp_path / f"report-{len(outputs)}.json"
         proc = subprocess.run(
-            [sys.executable, "-m", "torchrepro", "report", str(run_dir), "--jobs", jobs, "--json", str(out)],
+            [sys.executable, "-m", "torchrepro", "report", str(run_dir), *jobs, "--json", str(out)],
             capture_output=True,
             text=True,
             timeout=120,
         )
         assert proc.returncode == 3, proc.stderr  # a crashed rank fails the run (exit 3)
         outputs.append(json.loads(out.read_text()))
-    assert outputs[0] == outputs[1]
+        said.append(proc.stderr)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert said[:2] == ["", ""] and re.fullmatch(
+        r"torchrepro: reading 9 rank logs \(\d+ MB\) in 2 processes\n", said[2]
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "torchrepro", "report", str(run_dir), "--jobs", "0"], capture_output=True, text=True
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,14 +27,19 @@ def analyse_run_dir(
 ) -> DoctorReport:
     """Analyse a stored run; with ``store``, write its ``report.json`` (a run that has just ended;
     ``torchrepro report`` never replaces the stored one). Each rank's steps are reduced as it is
-    read, by ``jobs`` reading processes (``None``: as :func:`~.rundir.load_run` chooses)."""
-    run = load_run(run_dir, keep=KeptSteps.of, jobs=jobs)
+    read, by ``jobs`` reading processes (``None``: as :func:`~.rundir.load_run` chooses, saying so
+    on stderr when it starts them)."""
+    run = load_run(run_dir, keep=KeptSteps.of, jobs=jobs, progress=_say)
     if all(log.unreadable for log in run.logs):
         raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)
     if store:
         write_report(run_dir, report)
     return report
+
+
+def _say(text: str) -> None:
+    print(f"torchrepro: {text}", file=sys.stderr, flush=True)
 
 
 def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: int = 1, **extra: Any) -> dict:

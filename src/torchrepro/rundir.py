@@ -156,14 +156,20 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def load_run(path: str | os.PathLike, keep: Callable[[list[Step]], Any] | None = None, jobs: int | None = 1) -> Run:
+def load_run(
+    path: str | os.PathLike,
+    keep: Callable[[list[Step]], Any] | None = None,
+    jobs: int | None = 1,
+    progress: Callable[[str], None] | None = None,
+) -> Run:
     """Read a run directory; :class:`InputError` if it holds no event log at all.
 
     With ``keep``, each rank's step events are replaced, as soon as the rank is read, by what
     ``keep(steps)`` makes of them (``EventLog.kept``): memory then holds one rank's steps at a
     time. With ``keep`` too, ``jobs`` processes read the ranks (each a contiguous share) and send
     back their logs without the steps; ``None``: one per core for logs over
-    :data:`PARALLEL_BYTES`, else one (this process)."""
+    :data:`PARALLEL_BYTES`, else one (this process); ``progress`` is told, in one line, when
+    reading in processes starts."""
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"no such run directory: {path}")
@@ -177,11 +183,16 @@ def load_run(path: str | os.PathLike, keep: Callable[[list[Step]], Any] | None =
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
-    jobs = _reading_jobs(files) if jobs is None else jobs
+    size = sum(f.stat().st_size for f in files if f.is_file())
+    if jobs is None:
+        jobs = _cores() if size >= PARALLEL_BYTES else 1
+    jobs = min(jobs, len(files))
     with _no_gc():  # millions of small objects: the cyclic collector would rescan them again and again
-        if keep is None or jobs <= 1 or len(files) < 2:
+        if keep is None or jobs <= 1:
             read = _read_logs(files, keep)
         else:
+            if progress is not None:
+                progress(f"reading {len(files)} rank logs ({size / 1e6:,.0f} MB) in {jobs} processes")
             read = _read_in_processes(files, keep, jobs)
     for item in read:
         if isinstance(item, str):
@@ -202,15 +213,13 @@ def load_run(path: str | os.PathLike, keep: Callable[[list[Step]], Any] | None =
     return run
 
 
-PARALLEL_BYTES = 128 << 20  # rank logs smaller than this in all are read in one process
+PARALLEL_BYTES = 128 << 20  # rank logs smaller than this in all are read in one process (starting
+# interpreters, ~0.2 s each, would cost about what they save)
 
 
-def _reading_jobs(files: list[Path]) -> int:
-    """Processes to read ``files`` with: one per core this process may use, for logs over
-    :data:`PARALLEL_BYTES` (below, starting processes costs about what they save)."""
-    size = sum(f.stat().st_size for f in files if f.is_file())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(cores, len(files)) if size >= PARALLEL_BYTES else 1
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _read_logs(files: list[Path], keep: Callable[[list[Step]], Any] | None) -> list[EventLog | str]:
@@ -237,7 +246,6 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
     is not imported again, no lock of its threads is inherited), each given a contiguous share of
     ``files`` and sending back its share pickled in one piece (what its ranks share crosses once);
     the results in the order of ``files``. A share whose process fails is read here."""
-    jobs = min(jobs, len(files))
     shares = [files[i * len(files) // jobs : (i + 1) * len(files) // jobs] for i in range(jobs)]
     package = str(Path(__file__).resolve().parent.parent)  # the torchrepro this process runs
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package, os.environ.get("PYTHONPATH")))))
