@@ -31,7 +31,12 @@ def report_json(run) -> str:
 
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
-    return write_run(tmp_path / "run", 9, odd=(4,), crashed=(7,), steps=600, recompiles=2)
+    """9 ranks: ranks 4 and 8 recompile alone (each its own way), rank 7 crashed, rank 8's log lost its
+    header line (its timeline starts at its first event)."""
+    root = write_run(tmp_path / "run", 9, odd=(4, 8), crashed=(7,), steps=600, recompiles=2)
+    headless = root / "rank-8" / "events.jsonl"
+    headless.write_text(headless.read_text().split("\n", 1)[1])
+    return root
 
 
 def test_the_report_is_the_same_read_whole_kept_or_in_processes(run_dir):
@@ -42,8 +47,10 @@ def test_the_report_is_the_same_read_whole_kept_or_in_processes(run_dir):
         assert [log.rank for log in run.logs] == [log.rank for log in whole.logs]
         assert not any(type(e) is Step for log in run.logs for e in log.events)
         assert [log.kept.count for log in run.logs] == [len(log.of(Step)) for log in whole.logs]
-    codes = {f.code for f in analyse(spread.meta, spread.logs, spread.problems).findings}
-    assert {"RANK_CRASHED", "RANK_RECOMPILE_ASYMMETRY"} <= codes
+    report = analyse(spread.meta, spread.logs, spread.problems)
+    assert {"RANK_CRASHED", "RANK_RECOMPILE_ASYMMETRY"} <= {f.code for f in report.findings}
+    headless = next(t for t in report.compile["timeline"] if t["rank"] == 8)
+    assert headless["compiles"][-1]["start_s"] > 0 and len(headless["steps"]) == 400  # 600 steps, thinned
 
 
 def test_a_log_read_without_its_steps_does_not_pretend_to_have_none(run_dir):

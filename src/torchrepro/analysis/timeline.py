@@ -20,9 +20,15 @@ def _cache_status(statuses: list[str]) -> str | None:
     return "miss" if "miss" in statuses else "hit" if "hit" in statuses else statuses[0]
 
 
+def _start(log: EventLog, kept: KeptSteps) -> float:
+    """When the rank started: its header's time, else its earliest event's (steps included)."""
+    if log.header:
+        return log.header.t
+    return min([e.t for e in log.events] + ([] if kept.first_t is None else [kept.first_t]), default=0.0)
+
+
 def _compiles(log: EventLog, kept: KeptSteps) -> list[dict[str, Any]]:
-    times = [e.t for e in log.events] + ([] if kept.first_t is None else [kept.first_t])
-    start = log.header.t if log.header else min(times, default=0.0)
+    start = _start(log, kept)
     lookups: dict[str, list[str]] = {}
     for x in log.of(CacheLookup):
         lookups.setdefault(x.compile_id, []).append(x.status)
