@@ -183,7 +183,7 @@ def load_run(
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
-    size = sum(f.stat().st_size for f in files if f.is_file())
+    size = sum(f.stat().st_size for f in files if f.is_file()) if keep is not None else 0  # (chooses jobs)
     if jobs is None:
         jobs = _cores() if size >= PARALLEL_BYTES else 1
     jobs = min(jobs, len(files))
