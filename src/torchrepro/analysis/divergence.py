@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 from ..random_ops import is_random_op
+
+if TYPE_CHECKING:
+    import numpy as np  # only the snapshot comparisons need numpy (~60 ms to import): imported there
 
 # Causes (a fixed set): data_order, rng, numerics, nondeterministic_op, environment, recompile,
 # unknown. A divergent step is attributed to, in the order a step happens: its batch, the RNG it
@@ -246,6 +247,8 @@ def compile_differences(a: EventLog, b: EventLog) -> list[str]:
 
 
 def load_snapshot(path: Path) -> dict[str, np.ndarray]:
+    import numpy as np
+
     with np.load(path, allow_pickle=False) as data:
         return {k: data[k] for k in data.files}
 
@@ -257,6 +260,8 @@ def snapshot_steps(folder: Path) -> dict[int, Path]:
 def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
     """Max absolute and max relative (to the parameter's largest magnitude) difference, and the
     parameter where the absolute difference is largest."""
+    import numpy as np
+
     worst_abs, worst_rel, where = 0.0, 0.0, None
     for name in a.keys() & b.keys():
         x, y = a[name].astype(np.float64), b[name].astype(np.float64)
@@ -286,6 +291,8 @@ def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog)
 
 def final_within(curve: list[dict[str, Any]], tol: Tolerance, dir_a: Path, dir_b: Path) -> bool:
     """Whether the last common snapshot is elementwise within tolerance."""
+    import numpy as np
+
     snaps_a, snaps_b = snapshot_steps(dir_a), snapshot_steps(dir_b)
     common = sorted(snaps_a.keys() & snaps_b.keys())
     if not common:
