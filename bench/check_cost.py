@@ -1,16 +1,19 @@
 """What ``torchrepro check`` (2 runs under capture, then the comparison) costs next to one plain run.
 
-    python bench/check_cost.py [--rounds 3] [SCRIPT]       # default: examples/train_digits.py
+    python bench/check_cost.py [--rounds 3] [--baseline OTHER/src] [SCRIPT]   # default: examples/train_digits.py
 
 Each round runs the script once plainly (``python SCRIPT``) and ``torchrepro check SCRIPT`` once,
-in an order swapped every round, each in a fresh process; wall and CPU times (of the whole
+in an order rotated every round, each in a fresh process; wall and CPU times (of the whole
 process tree: the machine's other jobs inflate wall time, not CPU time), the CPU ratio within
-each round and its median are printed (2.0 would be two plain runs and nothing else).
+each round and its median are printed (2.0 would be two plain runs and nothing else). With
+``--baseline``, another tree's ``check`` (its ``src`` first on ``PYTHONPATH``) runs in every round too,
+beside this tree's and the same plain run: the per-round CPU difference is what a change did.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -22,11 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the process tree) of one command."""
+def timed(cmd: list[str], src: Path, cwd: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process tree) of one command, with torchrepro from ``src``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, capture_output=True)  # check exits 1 when the runs differ: timed all the same
+    subprocess.run(cmd, cwd=cwd, capture_output=True, env=env)  # check exits 1 when the runs differ: timed all the same
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -36,21 +40,28 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("script", nargs="?", default=str(ROOT / "examples" / "train_digits.py"))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="another tree's src: its check runs beside this tree's")
     args = parser.parse_args()
-    ratios = []
+    trees = {"check": ROOT / "src", **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    ratios: dict[str, list[float]] = {name: [] for name in trees}
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="torchrepro-checkcost-") as tmp:
-            plain = [sys.executable, args.script]
-            check = [sys.executable, "-m", "torchrepro", "check", "--out", str(Path(tmp) / "check"), args.script]
-            order = (("plain", plain), ("check", check)) if r % 2 == 0 else (("check", check), ("plain", plain))
-            took = {name: timed(cmd, Path(tmp)) for name, cmd in order}
-        ratios.append(took["check"][1] / took["plain"][1])
-        print(
-            f"round {r + 1}: plain {took['plain'][0]:.2f} s wall {took['plain'][1]:.2f} s CPU, check "
-            f"{took['check'][0]:.2f} s wall {took['check'][1]:.2f} s CPU; CPU ratio {ratios[-1]:.3f}",
-            flush=True,
-        )
-    print(f"median CPU ratio check / plain: {statistics.median(ratios):.3f}")
+            commands = {"plain": ([sys.executable, args.script], trees["check"])}
+            for name, src in trees.items():
+                out = str(Path(tmp) / name)
+                commands[name] = ([sys.executable, "-m", "torchrepro", "check", "--out", out, args.script], src)
+            names = list(commands)  # each takes every place in turn: the machine's speed drifts within a round
+            order = names[r % len(names) :] + names[: r % len(names)]
+            took = {name: timed(*commands[name], Path(tmp)) for name in order}
+        line = f"round {r + 1}: plain {took['plain'][0]:.2f} s wall {took['plain'][1]:.2f} s CPU"
+        for name in trees:
+            ratios[name].append(took[name][1] / took["plain"][1])
+            line += f", {name} {took[name][0]:.2f} s wall {took[name][1]:.2f} s CPU (ratio {ratios[name][-1]:.3f})"
+        if args.baseline:
+            line += f"; check - baseline {took['check'][1] - took['baseline'][1]:+.2f} s CPU"
+        print(line, flush=True)
+    for name in trees:
+        print(f"median CPU ratio {name} / plain: {statistics.median(ratios[name]):.3f}")
 
 
 if __name__ == "__main__":
