@@ -20,19 +20,8 @@ from .otlp import run_with_export
 from .safe_text import visible
 
 
-# sub-command -> its module in torchrepro.commands, in the order --help lists them
-COMMANDS = {
-    "doctor": "doctor",
-    "check": "check",
-    "check-resume": "check_resume",
-    "diff": "diff",
-    "report": "report",
-    "run": "run",
-    "cache": "cache",
-    "watch": "watch",
-    "drift": "drift",
-    "env": "env",
-}
+# the sub-commands, in the order --help lists them; each is the module torchrepro.commands.<name, "-" as "_">
+COMMANDS = ("doctor", "check", "check-resume", "diff", "report", "run", "cache", "watch", "drift", "env")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -48,7 +37,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in [command] if command in COMMANDS else COMMANDS:
-        importlib.import_module(f"{__package__}.commands.{COMMANDS[name]}").add_parser(sub)
+        importlib.import_module(f"{__package__}.commands.{name.replace('-', '_')}").add_parser(sub)
     return parser
 
 
