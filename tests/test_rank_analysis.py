@@ -3,6 +3,7 @@ run directory would hold them)."""
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
 from torchrepro.analysis.doctor import analyse
@@ -63,6 +64,29 @@ def test_same_rng_on_different_data_and_duplicate_batches():
         log(r, [PARAMS, *steps(4, rng=lambda i, r: f"r{i}-{r}", batch=lambda i, r: f"b{i}", rank=r)]) for r in (0, 1)
     ]
     assert "DUPLICATE_BATCHES_ACROSS_RANKS" in codes(duplicated)
+
+
+def test_batch_fingerprints_compare_as_written_however_they_are_held():
+    """Capture's fingerprints (16 lowercase hex digits) are held as 8 bytes each, anything else as
+    written: the findings are the same, and two spellings of one number stay two fingerprints."""
+    own = lambda i, r: f"{i + 0xABC:08x}{r:08x}"  # each rank its own batches
+    shared = lambda i, r: f"{i + 0xABC:016x}"  # every rank the same batches
+    split = [log(r, [PARAMS, *steps(4, batch=own, rank=r)]) for r in (0, 1)]
+    assert isinstance(kept_steps(split)[0].batch_fps, array)
+    assert "RNG_IDENTICAL_ACROSS_RANKS" in codes(split)
+    per_rank_rng = lambda i, r: f"r{i}-{r}"
+    duplicated = [log(r, [PARAMS, *steps(4, rng=per_rank_rng, batch=shared, rank=r)]) for r in (0, 1)]
+    assert "DUPLICATE_BATCHES_ACROSS_RANKS" in codes(duplicated)
+    # rank 1 writes step 3's fingerprint in capitals: held as written, its other steps as rank 0's
+    shouted = lambda i, r: shared(i, r).upper() if (i, r) == (3, 1) else shared(i, r)
+    partly = [log(r, [PARAMS, *steps(4, batch=shouted, rank=r)]) for r in (0, 1)]
+    kept = kept_steps(partly)
+    assert isinstance(kept[0].batch_fps, array) and isinstance(kept[1].batch_fps, list)
+    assert list(kept[0].batch_fps[:3]) == kept[1].batch_fps[:3] and kept[0].batch_fps[3] != kept[1].batch_fps[3]
+    # steps 0-2 are the same batch on both ranks: neither "different data" nor "identical batches"
+    assert not {"RNG_IDENTICAL_ACROSS_RANKS", "DUPLICATE_BATCHES_ACROSS_RANKS"} & set(codes(partly))
+    written = [log(r, [PARAMS, *steps(4, batch=lambda i, r: f"{i + 0xABC:016X}", rank=r)]) for r in (0, 1)]
+    assert "DUPLICATE_BATCHES_ACROSS_RANKS" in codes(written)  # not capture's spelling, equal all the same
 
 
 def test_cache_split_and_compile_straggler():

@@ -8,6 +8,8 @@ send back this instead of the events. Nothing here imports torch.
 from __future__ import annotations
 
 import statistics
+import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -17,6 +19,7 @@ from ..events import EventLog, Step
 
 MAX_POINTS = 400  # per timeline series: longer runs are thinned evenly, steps that compiled are always kept
 COMPILE_STEPS = 50  # the steps that compiled, listed in the steps summary
+_HEX = "0123456789abcdef"
 
 _INDEX, _T, _TIME_S, _COMPILES, _PARAMS_FP, _PARAM_FPS, _BATCH_FP = map(
     attrgetter, ("index", "t", "time_s", "compiles", "params_fp", "param_fps", "batch_fp")
@@ -42,7 +45,7 @@ class KeptSteps:
     series: list[list]  # [index, host time, compiles] of the steps with a host time, thinned to MAX_POINTS
     indices: Sequence[int]  # a range where they count up by one
     torch_streams: list[str | None]
-    batch_fps: list[str | None]
+    batch_fps: Sequence[int | str | None]  # see _batch_column
     param_indices: list[int]  # the steps with per-parameter fingerprints
     param_fps: list[list[str]]
 
@@ -69,7 +72,7 @@ class KeptSteps:
             torch_streams=[
                 (fps.get("torch_cpu") or fps.get("cuda:0")) if fps else None for fps in (s.rng_fps for s in steps)
             ],
-            batch_fps=list(map(_BATCH_FP, steps)),
+            batch_fps=_batch_column(list(map(_BATCH_FP, steps))),
             param_indices=list(map(_INDEX, fingerprinted)),
             param_fps=list(map(_PARAM_FPS, fingerprinted)),
         )
@@ -95,6 +98,26 @@ def _indices(steps: list[Step]) -> Sequence[int]:
         if all(map(eq, indices, counted)):
             return counted
     return indices
+
+
+def _batch_column(fps: list[str | None]) -> Sequence[int | str | None]:
+    """The batch fingerprints, for the cross-rank checks to compare (equal stays equal, different
+    stays different): when every one is what capture writes, 16 lowercase hex digits, an ``array``
+    of their 8 bytes each (instead of a 65-byte string: a third of what a report over 1024 ranks x
+    10 000 steps held); else a list, each such fingerprint as the same integer the array holds."""
+    if None not in fps and set(map(len, fps)) <= {16}:
+        joined = "".join(fps)
+        if not joined.strip(_HEX):
+            column = array("Q")
+            column.frombytes(bytes.fromhex(joined))
+            return column
+    return [_as_key(fp) for fp in fps]
+
+
+def _as_key(fp: str | None) -> int | str | None:
+    if fp is not None and len(fp) == 16 and not fp.strip(_HEX):
+        return int.from_bytes(bytes.fromhex(fp), sys.byteorder)
+    return fp
 
 
 def kept_steps(logs: list[EventLog]) -> dict[int, KeptSteps]:
