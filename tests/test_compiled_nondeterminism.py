@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import markupsafe
 import pytest
+import torch
 
 from torchrepro.analysis.fixes import (
     Candidate,
@@ -176,6 +178,47 @@ def test_kernel_repeater_undoes_every_patch():
     assert compile_fx_module.compile_fx is not before[0] and functorch_config.enable_autograd_cache is False
     repeater.uninstall()
     assert (compile_fx_module.compile_fx, functorch_config.enable_autograd_cache) == before
+
+
+def _repeat(real, threads=2):
+    """KernelRepeater's repeats of ``real`` after the step's own call, at ``threads`` threads."""
+    from torchrepro.capture.kernels import KernelRepeater
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.arange(4.0)
+        return KernelRepeater()._repeat(real, [x], real([x]), "0/0", "backward")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_repeats_go_on_until_a_race_shows_then_as_many_at_one_thread():
+    threads = []
+
+    def racy(args):  # the race shows in its 7th call only (the 6th repeat), and never at 1 thread
+        threads.append(torch.get_num_threads())
+        return (args[0] * 2 + (1e-3 if len(threads) == 7 and threads[-1] > 1 else 0),)
+
+    result = _repeat(racy)
+    assert result["repeats"] == 6 and set(result["repeat_differs"]) == {"0"}
+    assert result["repeat_differs"]["0"] == pytest.approx(1e-3)
+    assert threads[:7] == [2] * 7 and threads[7:] == [1] * 7  # the first at 1 thread, then 6 repeats
+    assert result["one_thread_differs"] == {}
+
+
+def test_repeats_of_an_exact_graph_stop_at_the_cap_or_the_time_budget(monkeypatch):
+    from torchrepro.capture import kernels
+
+    assert _repeat(lambda args: (args[0] * 2,))["repeats"] == kernels.MAX_REPEATS
+    monkeypatch.setattr(kernels, "REPEAT_BUDGET_S", 0.05)
+
+    def slow(args):
+        time.sleep(0.03)
+        return (args[0] * 2,)
+
+    result = _repeat(slow, threads=1)  # the minimum, then the budget is spent; no one-thread pass
+    assert result["repeats"] == kernels.MIN_REPEATS and result["one_thread_differs"] is None
 
 
 # --- the GPT-style script: check localises it and the ladder finds a fix -----------------------

@@ -160,7 +160,7 @@ def check(
                 cause, evidence = numerics_without_inductor()
         kernels = None
         if localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
-            kernels = localize_kernels(checker, spec_a, spec_b, div)
+            kernels = localize_kernels(checker, spec_a, spec_b, div, [run_a, run_b])
             if kernels is not None:
                 cause, evidence = cause_from_kernels(evidence, kernels)
         if (

@@ -44,11 +44,15 @@ def _first_cross_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) ->
     return None
 
 
-def localize_kernels(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence) -> dict[str, Any] | None:
-    """Replay the divergent step compiled, in two processes side by side, repeating every compiled
-    graph on identical inputs: the first output that differs (within a process, else between the
-    two processes on identical inputs), named down to its kernel; None when every graph repeats."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
+def localize_kernels(
+    checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run]
+) -> dict[str, Any] | None:
+    """Replay the divergent step compiled, in two processes (side by side where the cores allow
+    both replays' threads: a race between threads that have to take turns on a core rarely shows),
+    repeating every compiled graph on identical inputs: the first output that differs (within a
+    process, else between the two processes on identical inputs), named down to its kernel; None
+    when every graph repeats."""
+    with ThreadPoolExecutor(max_workers=min(2, _jobs(runs))) as pool:
         jobs = [
             pool.submit(checker.replay, spec, div.step, tag, kernels=True, rank=div.rank)
             for spec, tag in ((spec_a, "kernels-a"), (spec_b, "kernels-b"))
@@ -72,6 +76,7 @@ def localize_kernels(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Di
     one = call.get("one_thread_differs")
     threads = {
         "threads": call.get("threads"),
+        "repeats": call.get("repeats"),
         "repeats_differ": bool(call.get("repeat_differs")),
         "one_thread": None if one is None else ("differs" if one else "repeats bit for bit"),
     }
@@ -85,8 +90,9 @@ def localize_kernels(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Di
         else ""
     )
     if one is not None:
+        calls = f" over {call['repeats']} repeats" if call.get("repeats") else ""
         because += (
-            "; at 1 thread it repeats bit for bit (the difference depends on the thread count)"
+            f"; at 1 thread it repeats bit for bit{calls} (the difference depends on the thread count)"
             if not one
             else "; it differs at 1 thread too"
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
+import time
 from typing import Any
 
 import torch
@@ -25,7 +26,14 @@ from .._compat import compile_fx_module, current_compile_id, functorch_config, p
 from ..digests import fingerprint
 from .fx_nodes import clean_fqn, node_info, same
 
-REPEATS = 2  # extra calls per graph at the run's thread count (and as many at one thread)
+# Extra calls per graph at the run's thread count: at least MIN_REPEATS, then more until an output
+# differs, while the repeats have taken under REPEAT_BUDGET_S, up to MAX_REPEATS; then as many at one
+# thread. A race between threads shows in only some calls (2 repeats of a small GPT's backward missed
+# it in one replay of two on a quiet 2-core machine, in both under a loaded one), and a call that
+# shows it ends the search at once.
+MIN_REPEATS = 2
+MAX_REPEATS = 32
+REPEAT_BUDGET_S = 1.0
 # aten ops whose CPU lowering in inductor accumulates with atomic adds (order depends on threads)
 ACCUMULATING = (
     "index_put",
@@ -312,14 +320,18 @@ class KernelRepeater:
             return {i: d for i, (x, y) in enumerate(zip(a, b)) for equal, d in [same(x, y)] if not equal}
 
         repeats: dict[int, float | None] = {}
-        for _ in range(REPEATS):
+        count, start = 0, time.perf_counter()
+        while count < MIN_REPEATS or (
+            not repeats and count < MAX_REPEATS and time.perf_counter() - start < REPEAT_BUDGET_S
+        ):
             repeats |= differing(outs, again())
+            count += 1
         one_thread: dict[int, float | None] = {}
         if threads > 1:
             torch.set_num_threads(1)
             try:
                 first = again()
-                for _ in range(REPEATS):
+                for _ in range(count):
                     one_thread |= differing(first, again())
             finally:
                 torch.set_num_threads(threads)
@@ -329,6 +341,7 @@ class KernelRepeater:
             "compile_id": compile_id,
             "graph": graph,
             "threads": threads,
+            "repeats": count,
             "inputs": digest(saved),
             "outputs": digest(outs),
             "repeat_differs": {str(i): d for i, d in sorted(repeats.items())},
