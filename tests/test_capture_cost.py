@@ -297,12 +297,14 @@ def test_the_launching_process_does_not_import_torch(run_python):
 
 def test_a_rank_process_starts_without_the_terminal_views(run_python):
     """Every rank runs `python -m torchrepro run`: only that command's parser is built (no other
-    command module imported, ~60 ms of CPU per process), and rich (the terminal views, ~40 ms) is
-    imported only where a view is drawn; the full parser imports neither rich nor torch either."""
+    command module imported, ~60 ms of CPU per process), the report model (~20 ms) only where a
+    report is finished, and rich (the terminal views, ~40 ms) only where a view is drawn; the full
+    parser imports neither rich nor torch either."""
     out = run_python(
         "import sys, torchrepro.cli\n"
         "torchrepro.cli.build_parser('run')\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'torch') or m.startswith('torchrepro.commands.')))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'torch') or m.startswith("
+        "('torchrepro.commands.', 'torchrepro.report'))))\n"
         "torchrepro.cli.build_parser()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'torch')))"
     )

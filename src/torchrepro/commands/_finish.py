@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..otlp import record_report
-from ..report.model import CheckReport, DriftReport, Report
+
+if TYPE_CHECKING:  # imported once there is a report: a rank's `torchrepro run` hands back an int
+    from ..report.model import Report
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
     """A command's exit code; for a report, after writing, recording and rendering it."""
     if isinstance(outcome, int):
         return outcome
+    from ..report.model import CheckReport, DriftReport
+
     report, where = outcome.report, outcome.stored_in
     _write_outputs(report, args)
     if isinstance(report, DriftReport):
