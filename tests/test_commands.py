@@ -104,6 +104,7 @@ def test_run_options_json_round_trip():
         cache_policy="per-rank",
         cache_root="/tmp/c",
         warm_from="/tmp/w.tar",
+        analysis_only=True,
     )
     text = options.to_json()
     assert json.loads(text)["run_dir"] == "runs/a"

@@ -231,7 +231,10 @@ class Runner:
         logs.mkdir(parents=True)
         compile_mode, levels = child_levels(self.plan, cell)
         cmd = run_command(self.script, self.plan["args"])
-        env = child_env(self.plan["seed"], RunOptions(run_dir=run_dir, compile_mode=compile_mode, factors=levels).env())
+        env = child_env(
+            self.plan["seed"],
+            RunOptions(run_dir=run_dir, compile_mode=compile_mode, factors=levels, analysis_only=True).env(),
+        )
         t0 = time.perf_counter()
         with (
             launch_span(run_dir, 1) as trace,  # --otlp-endpoint: a span per run, its context to the child

@@ -5,6 +5,8 @@ Run by ``torchrepro run`` (:mod:`torchrepro.launch`) and in every rank capture f
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 
 from .run_options import RunOptions
@@ -25,6 +27,21 @@ def prepare(options: RunOptions) -> None:
         seed_everything(options.seed)
     if options.factors is not None:
         apply(options.factors)  # a drift run's factor levels: a seed per stream, threads, backend ...
+    if options.analysis_only:
+        atexit.register(_collect_then_freeze)  # before the script's own: called after them
+
+
+def _collect_then_freeze() -> None:
+    """A run that ``check``, ``check-resume`` or ``drift`` makes only to compare it ends without the
+    interpreter's final garbage collections, each a full pass over the millions of objects torch
+    and Dynamo hold (~1 s of CPU at exit in a process that compiled: docs/performance.md). Called
+    last of the ``atexit`` calls, after the script's own: what is garbage then is collected and
+    finalized as usual, and every object still alive is frozen (``gc.freeze``), out of reach of
+    those passes. Objects are still freed as their last reference goes while modules are torn
+    down; only a reference cycle that becomes garbage then is left to the operating system
+    (Python never promised to finalize those at exit)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _apply_cache(options: RunOptions) -> None:
