@@ -1,5 +1,6 @@
 """A process set up before the user's script starts, as its :class:`~torchrepro.run_options.RunOptions`
-say: the compile cache, the compile mode, a candidate fix, the seeds, a drift run's factor levels.
+say: the compile cache, the compile mode, a candidate fix, the seeds, a drift run's factor levels,
+and how a run made only to compare ends.
 Run by ``torchrepro run`` (:mod:`torchrepro.launch`) and in every rank capture follows into
 (:mod:`torchrepro.follow`)."""
 
@@ -33,13 +34,15 @@ def prepare(options: RunOptions) -> None:
 
 def _collect_then_freeze() -> None:
     """A run that ``check``, ``check-resume`` or ``drift`` makes only to compare it ends without the
-    interpreter's final garbage collections, each a full pass over the millions of objects torch
-    and Dynamo hold (~1 s of CPU at exit in a process that compiled: docs/performance.md). Called
-    last of the ``atexit`` calls, after the script's own: what is garbage then is collected and
-    finalized as usual, and every object still alive is frozen (``gc.freeze``), out of reach of
-    those passes. Objects are still freed as their last reference goes while modules are torn
-    down; only a reference cycle that becomes garbage then is left to the operating system
-    (Python never promised to finalize those at exit)."""
+    interpreter's final garbage collections, each a full pass over the hundreds of thousands of
+    objects torch and Dynamo hold (~1 s of CPU at exit in a process that compiled:
+    docs/performance.md). Called after the ``atexit`` calls registered later (the script's own
+    where the process is prepared before the script starts; a rank capture follows into is
+    prepared as it joins its group): what is garbage then is collected and finalized as usual,
+    and every object still alive is frozen (``gc.freeze``), out of reach of those passes. Objects
+    are still freed as their last reference goes while modules are torn down; only a reference
+    cycle that becomes garbage then is left to the operating system (Python never promised to
+    finalize those at exit)."""
     gc.collect()
     gc.freeze()
 
