@@ -52,7 +52,8 @@ class Checker:
     ):
         """``options``: what every run starts from (the seed, the cache policy)."""
         self.script, self.args, self.out, self.nproc, self.timeout = script, args, out, nproc, timeout
-        self.options, self.seed, self.snapshots = options, options.seed, snapshots
+        # every run and replay is made only to compare: it ends without the last collections (prepare)
+        self.options, self.seed, self.snapshots = replace(options, analysis_only=True), options.seed, snapshots
         self.console = console
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
@@ -73,7 +74,6 @@ class Checker:
                 grads=True,
                 compile_mode=spec.compile_mode,
                 snapshots=self.snapshots,
-                analysis_only=True,
                 **options,
             ),
             nproc=self.nproc,
@@ -155,7 +155,6 @@ class Checker:
                 replay_out=out,
                 replay_graphs=graphs,
                 replay_kernels=kernels,
-                analysis_only=True,
             ),
             nproc=self.nproc,
             env=child_env(self.seed),
