@@ -1,5 +1,5 @@
 """What the start-up hook costs a process that is no rank (a helper, a DataLoader or compile worker):
-the same command in fresh interpreters with and without the variables torchrepro.follow gives the
+the same command in fresh interpreters with and without the variables torchrepro.runtime.follow gives the
 children of a captured run, alternated, best of N; prints the ratio.
 
     .venv/bin/python bench/follow_startup.py                # python -c pass, and import torch
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from torchrepro.capture.session import CaptureConfig
-from torchrepro.follow import SEEN_VAR, follow_env
+from torchrepro.runtime.follow import SEEN_VAR, follow_env
 
 COMMANDS = {"python -c pass": "pass", "import torch": "import torch"}
 

@@ -21,7 +21,7 @@ from synthetic_runs import write_run
 
 from torchrepro.analysis.doctor import analyse
 from torchrepro.report.html import render_html
-from torchrepro.rundir import load_run
+from torchrepro.eventlog.rundir import load_run
 
 
 def measure(root: Path, label: str) -> None:

@@ -30,16 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchrepro.events import (
-    CacheLookup,
-    Compile,
-    Counters,
-    End,
-    GraphBreak,
-    Header,
-    Params,
-    Step,
-)
+from torchrepro.eventlog.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Params, Step
 
 
 def rank_log(events: int) -> str:
@@ -128,7 +119,7 @@ _CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 from torchrepro.analysis.doctor import analyse
-from torchrepro.rundir import load_run
+from torchrepro.eventlog.rundir import load_run
 sys.path.insert(0, sys.argv[2])
 from merge import bare_json
 try:  # the report's reader: each rank's steps reduced as read, JOBS processes (a tree from before: whole events)

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from torchrepro.capture.session import CaptureConfig, CaptureSession
-    from torchrepro.otlp import ENDPOINT_VAR
+    from torchrepro.telemetry.otlp import ENDPOINT_VAR
 
     if args.threads:
         torch.set_num_threads(args.threads)

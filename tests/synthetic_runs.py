@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torchrepro.analysis.kept_steps import KeptSteps
 
-from torchrepro.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Step, write_all
+from torchrepro.eventlog.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Step, write_all
 
 GUARD = "tensor 'x' size mismatch at index 0. expected 32, actual 8"
 
@@ -119,7 +119,7 @@ def drift_experiment(root: Path, markup: str) -> dict:
     (``init`` is not separable), compiling adds 0.05, and one eager run crashed with ``markup`` in its
     message; the script's argument and the metric's name carry ``markup`` too."""
     from torchrepro.analysis.drift import DriftRun
-    from torchrepro.drift import MetricSpec, build_report, cells_of, make_plan
+    from torchrepro.commands.drift.experiment import MetricSpec, build_report, cells_of, make_plan
 
     root.mkdir(parents=True)
     script = root / "<b onclick=x>train&.py"

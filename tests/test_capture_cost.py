@@ -344,7 +344,7 @@ def test_a_script_that_never_compiles_never_imports_dynamo(run_python, tmp_path)
 def test_dynamo_imported_after_start_still_gets_the_wrappers_hidden(run_python, tmp_path):
     """Importing Dynamo imports torch.distributed.fsdp, whose observer wraps fully_shard and asks
     to hide it from Dynamo while Dynamo is still being imported: that waits until it is done."""
-    from torchrepro.events import Capability, Step, read_events
+    from torchrepro.eventlog.events import Capability, Step, read_events
 
     assert "ok" in run_python(COMPILE_LATER).stdout
     log = read_events(tmp_path / "run/rank-0/events.jsonl")
@@ -377,7 +377,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, steps):
     import signal
 
-    from torchrepro.events import Step, read_events
+    from torchrepro.eventlog.events import Step, read_events
 
     (tmp_path / "killed.py").write_text(KILLED)
     proc = run_python(
@@ -400,7 +400,7 @@ def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path)
     every value reads back as written, NaN and inf included; unknown fields are still ignored."""
     import math
 
-    from torchrepro.events import EventWriter, Step, read_events
+    from torchrepro.eventlog.events import EventWriter, Step, read_events
 
     steps = [
         Step(index=0, step=0, loss=2.308467388153076, time_s=1e-05, rng_fps={"python": "ab"}, param_fps=["é"]),
@@ -408,7 +408,7 @@ def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path)
         Step(index=2, step=2, loss=-0.0),
     ]
     path = tmp_path / "rank-0" / "events.jsonl"
-    from torchrepro.events import Header
+    from torchrepro.eventlog.events import Header
 
     with EventWriter(path) as writer:
         writer.write(Header())

@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 import torchrepro.commands
-from torchrepro.cli import build_parser
+from torchrepro.cli import COMMANDS, build_parser
 from torchrepro.errors import InputError
-from torchrepro.run_options import OPTIONS_VAR, RunOptions
+from torchrepro.runtime.options import OPTIONS_VAR, RunOptions
 
-MODULES = [name for _, name, _ in pkgutil.iter_modules(torchrepro.commands.__path__) if not name.startswith("_")]
+MODULES = [name.replace("-", "_") for name in COMMANDS]
+# what the commands share (the launcher, the option layer, the output guard): modules without a sub-command
+SHARED = [name for _, name, _ in pkgutil.iter_modules(torchrepro.commands.__path__) if name not in MODULES]
 
 # Python's own RNG is seeded from the OS at start: the value differs between runs unless torchrepro seeds.
 DRAWS = """\
@@ -58,6 +60,12 @@ def seen(path: Path) -> dict:
 def steps(run_dir: Path) -> list[dict]:
     events = [json.loads(line) for line in (run_dir / "rank-0" / "events.jsonl").read_text().splitlines()]
     return [e for e in events if e["kind"] == "step"]
+
+
+def test_the_commands_folder_holds_the_commands_and_what_they_share():
+    assert {"launcher", "options"} <= set(SHARED)
+    for name in SHARED:
+        assert not hasattr(importlib.import_module(f"torchrepro.commands.{name}"), "add_parser"), name
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -16,9 +16,9 @@ import torch
 
 from torchrepro import _compat
 from torchrepro.analysis.doctor import analyse
-from torchrepro.events import Capability, Compile, read_events, write_all
-from torchrepro.rundir import load_run
-from torchrepro.structured_trace import TraceTranslator
+from torchrepro.eventlog.events import Capability, Compile, read_events, write_all
+from torchrepro.eventlog.rundir import load_run
+from torchrepro.eventlog.structured_trace import TraceTranslator
 
 from synthetic_runs import rank_events
 
@@ -115,8 +115,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torchrepro import _compat
 from torchrepro.capture.session import CaptureConfig, CaptureSession
-from torchrepro.prepare import prepare
-from torchrepro.run_options import RunOptions
+from torchrepro.runtime.prepare import prepare
+from torchrepro.runtime.options import RunOptions
 
 compile_mode, fix, replay, run_dir = sys.argv[1:]
 trace = logging.getLogger("torch.__trace")

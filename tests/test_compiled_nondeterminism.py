@@ -27,7 +27,7 @@ from torchrepro.analysis.fixes import (
 )
 from torchrepro.analysis.verdict import ending
 from torchrepro.capture.kernels import fused_ops, producers
-from torchrepro.events import End, EventLog, Header, Step
+from torchrepro.eventlog.events import End, EventLog, Header, Step
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[1]

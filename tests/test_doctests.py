@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "torchrepro"
 # importing the bootstrap installs capture in this interpreter: it has no examples to run
-NOT_IMPORTED = {"torchrepro._bootstrap.sitecustomize"}
+NOT_IMPORTED = {"torchrepro.runtime._bootstrap.sitecustomize"}
 
 
 def _modules_with_examples() -> list[str]:
@@ -33,5 +33,5 @@ def test_docstring_examples(name):
 
 
 def test_examples_are_found_and_run():
-    assert "torchrepro.safe_text" in _modules_with_examples()
-    assert doctest.testmod(importlib.import_module("torchrepro.safe_text")).attempted >= 3
+    assert "torchrepro.report.sanitize" in _modules_with_examples()
+    assert doctest.testmod(importlib.import_module("torchrepro.report.sanitize")).attempted >= 3

@@ -39,7 +39,7 @@ from torch._dynamo.utils import clear_compilation_metrics, counters, get_compila
 
 from torchrepro.analysis.doctor import analyse  # noqa: E402
 from torchrepro.capture.session import CaptureConfig, CaptureSession  # noqa: E402
-from torchrepro.rundir import load_run  # noqa: E402
+from torchrepro.eventlog.rundir import load_run  # noqa: E402
 
 THIS_FILE = str(Path(__file__).resolve())
 _LOG = logging.getLogger("torchrepro.tests.scenarios")

@@ -271,7 +271,7 @@ def test_ray_launcher_on_a_local_cluster(tmp_path):
 PROBE = """
 import json, sys, torch
 from torch._dynamo import register_backend
-from torchrepro import factors
+from torchrepro.runtime import factors
 from torchrepro.seed import active_plan
 
 calls = []

@@ -1,6 +1,6 @@
 """How captured runs end: the runs ``check`` makes only to compare (and ``check-resume``'s,
 ``drift``'s, the replays and fix runs) skip the interpreter's final garbage collections at exit
-(:func:`torchrepro.prepare._collect_then_freeze`); a run the user asked for (``doctor``,
+(:func:`torchrepro.runtime.prepare._collect_then_freeze`); a run the user asked for (``doctor``,
 ``torchrepro run``) ends as Python ends it. Real processes, real finalizers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The start-up hook of torchrepro.follow in single fresh interpreters: it chains to the user's own
+"""The start-up hook of torchrepro.runtime.follow in single fresh interpreters: it chains to the user's own
 sitecustomize, imports nothing where no capture is wanted, captures a process a launcher made a
 rank (with its exit code) or one that joins a process group, and leaves helpers alone."""
 
@@ -11,9 +11,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from torchrepro.run_options import RunOptions
-from torchrepro.follow import CONFIG_VAR, SEEN_VAR, follow_env
-from torchrepro.launch import child_env
+from torchrepro.runtime.options import RunOptions
+from torchrepro.runtime.follow import CONFIG_VAR, SEEN_VAR, follow_env
+from torchrepro.commands.launcher import child_env
 
 PROBE = "import sys; print('torchrepro' in sys.modules, sys.modules['sitecustomize'].__file__)"
 
@@ -92,7 +92,7 @@ def test_a_new_launch_does_not_inherit_a_capture_around_it(monkeypatch):
 
 def test_the_whole_capture_configuration_travels(tmp_path, monkeypatch):
     """A replay's step and record, a fix and a drift run's factor levels reach the ranks the script starts."""
-    from torchrepro import follow
+    from torchrepro.runtime import follow
 
     options = RunOptions(
         run_dir=Path("run"),
@@ -114,7 +114,7 @@ def test_the_whole_capture_configuration_travels(tmp_path, monkeypatch):
 
 
 def test_a_replay_record_is_found_whatever_the_world(tmp_path):
-    from torchrepro.rundir import replay_file
+    from torchrepro.eventlog.rundir import replay_file
 
     out = tmp_path / "a.json"
     assert replay_file(out, 0, 1) == out and replay_file(out, 1, 2) == tmp_path / "a.rank1.json"
@@ -138,7 +138,7 @@ dist.destroy_process_group()
 def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tmp_path):
     """What torch.multiprocessing.spawn starts for the captured process (TORCHREPRO_FOLLOW_SPAWN) is
     seeded from --seed before the script runs, as torchrun ranks are; other processes are not."""
-    from torchrepro.follow import SPAWN_VAR
+    from torchrepro.runtime.follow import SPAWN_VAR
 
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")}
     results = {}
@@ -173,7 +173,7 @@ def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tm
 
 def test_the_rank_whose_loss_differs_is_named_before_ranks_that_got_it_through_all_reduce():
     from torchrepro.analysis.divergence import Tolerance, first_divergence
-    from torchrepro.events import EventLog, Header, Step
+    from torchrepro.eventlog.events import EventLog, Header, Step
 
     def run(loss1: float, grads: str) -> list[EventLog]:
         steps = [Step(rank=0, index=0, loss=1.0, grads_fp=grads), Step(rank=1, index=0, loss=loss1, grads_fp=grads)]

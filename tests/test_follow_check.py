@@ -1,5 +1,5 @@
 """`check` and `drift` see every rank of a job whose ranks the script starts itself: Lightning's own
-launcher and torch.multiprocessing.spawn (torchrepro.follow). Two runs with two rank logs each, the
+launcher and torch.multiprocessing.spawn (torchrepro.runtime.follow). Two runs with two rank logs each, the
 rank that diverged named and its step replayed on that rank, spawned ranks seeded by --seed, and
 drift's runs with both ranks' metric."""
 

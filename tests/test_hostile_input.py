@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 import pytest
 
 from torchrepro.cli import main
-from torchrepro.events import End, Header, Step, write_all
+from torchrepro.eventlog.events import End, Header, Step, write_all
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SMALL = SCRIPTS / "train_small.py"

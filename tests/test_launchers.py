@@ -1,6 +1,6 @@
 """Every rank, however it is launched: Lightning's own launcher, torch.multiprocessing.spawn and
 `accelerate launch` start ranks below the process `torchrepro doctor` runs; each captures itself
-(torchrepro.follow), the report merges them, and capture does not change what they compute."""
+(torchrepro.runtime.follow), the report merges them, and capture does not change what they compute."""
 
 from __future__ import annotations
 

@@ -22,19 +22,19 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = "torchrepro"
 
 LAUNCHER = (
-    "torchrepro.launch",
-    "torchrepro.follow",
-    "torchrepro.check",
-    "torchrepro.fix_ladder",
-    "torchrepro.doctor",
-    "torchrepro.drift",
+    "torchrepro.commands.launcher",
+    "torchrepro.runtime.follow",
+    "torchrepro.commands.check.compare",
+    "torchrepro.commands.check.fix_ladder",
+    "torchrepro.commands.doctor.job",
+    "torchrepro.commands.drift.experiment",
     "torchrepro.cli",
     "torchrepro.__main__",
     "torchrepro.commands",
     "torchrepro._bootstrap",
 )
 READERS = ("torchrepro.analysis", "torchrepro.report")  # events in, findings and pages out
-WRITERS = ("torchrepro.capture", "torchrepro.structured_trace")  # torch in, events out
+WRITERS = ("torchrepro.capture", "torchrepro.eventlog.structured_trace")  # torch in, events out
 
 # (importer, imported) edges that close a cycle today, in modules being reshaped by other sessions
 KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
@@ -191,8 +191,8 @@ def test_the_graph_is_read_from_the_source():
     assert len(GRAPH) > 60 and "torchrepro.capture.session" in GRAPH
     assert "torchrepro.capture.steps" in GRAPH["torchrepro.capture.session"]  # from .steps import ...
     assert "torchrepro.capture.ops" in GRAPH["torchrepro.capture.session"]  # a function-level import
-    assert "torchrepro.events" in GRAPH["torchrepro.analysis.compile"]  # from ..events import ...
-    assert "torchrepro.rundir" in GRAPH["torchrepro.report.html"]
+    assert "torchrepro.eventlog.events" in GRAPH["torchrepro.analysis.compile"]  # from ..events import ...
+    assert "torchrepro.eventlog.rundir" in GRAPH["torchrepro.report.html"]
 
 
 def test_no_import_cycle():

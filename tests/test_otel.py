@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from torchrepro.analysis.categories import category_of
-from torchrepro.events import CacheLookup, Compile, End, GraphBreak, Header, Step, read_events, write_all
+from torchrepro.eventlog.events import CacheLookup, Compile, End, GraphBreak, Header, Step, read_events, write_all
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = SCRIPTS / "otel_train.py"
@@ -332,7 +332,7 @@ def test_refused_collector_costs_one_warning(tmp_path, baseline):
 
 _RANK_CLOSES = """
 import os, sys, time
-from torchrepro.report.otel import Telemetry
+from torchrepro.telemetry.otel import Telemetry
 telemetry = Telemetry(sys.argv[1], {"torchrepro.role": "rank"})
 telemetry.tracer.start_span("step").end()
 start = time.monotonic()

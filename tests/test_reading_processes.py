@@ -19,8 +19,8 @@ import pytest
 from synthetic_runs import keep_here_only, write_run
 from torchrepro.analysis.doctor import analyse
 from torchrepro.analysis.kept_steps import KeptSteps
-from torchrepro.events import Step
-from torchrepro.rundir import load_run
+from torchrepro.eventlog.events import Step
+from torchrepro.eventlog.rundir import load_run
 
 TESTS = Path(__file__).parent
 
@@ -93,7 +93,7 @@ def test_a_share_whose_reading_process_dies_is_read_by_the_parent(run_dir, monke
 def test_a_keep_the_reading_processes_cannot_import_is_run_here(tmp_path):
     """A lambda (no importable name): each reading process fails before it reads its list of
     files, which for 3 000 ranks overflows the pipe (the parent's write meets a closed pipe)."""
-    from torchrepro.events import Header, write_all
+    from torchrepro.eventlog.events import Header, write_all
 
     root = tmp_path / ("a-long-folder-name-" * 4)
     for rank in range(3000):
@@ -120,7 +120,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_reading_processes_do_not_outlive_a_killed_report(run_dir):
     """SIGKILL, which no handler sees: the reading processes end with their parent."""
-    code = f"from torchrepro.rundir import load_run; from synthetic_runs import keep_forever; load_run({str(run_dir)!r}, keep=keep_forever, jobs=2)"
+    code = f"from torchrepro.eventlog.rundir import load_run; from synthetic_runs import keep_forever; load_run({str(run_dir)!r}, keep=keep_forever, jobs=2)"
     parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(TESTS)})
     try:
         deadline = time.monotonic() + 60

@@ -13,7 +13,7 @@ from conftest import schema_problems
 from synthetic_runs import drift_experiment
 
 from torchrepro.analysis.verdict import Ending, judge
-from torchrepro.check import diff
+from torchrepro.commands.check.compare import diff
 from torchrepro.cli import main
 from torchrepro.errors import InputError
 from torchrepro.report.html import render_html
@@ -28,7 +28,7 @@ from torchrepro.report.model import (
     load_report,
     schema_path,
 )
-from torchrepro.rundir import HTML_FILE, REPORT_FILE
+from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.xdist_group("report_model")  # one worker builds the real runs below once

@@ -16,7 +16,7 @@ import pytest
 
 from torchrepro.analysis.doctor import analyse
 from torchrepro.analysis.kept_steps import KeptSteps
-from torchrepro.events import (
+from torchrepro.eventlog.events import (
     KINDS,
     CacheLookup,
     Compile,
@@ -32,7 +32,7 @@ from torchrepro.events import (
     read_events,
     write_all,
 )
-from torchrepro.rundir import load_run
+from torchrepro.eventlog.rundir import load_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -260,7 +260,7 @@ def test_step_lines_read_by_msgspec_are_what_the_general_reader_makes(tmp_path, 
     inside a container) falls back to the general reader: the same events, the same lines
     skipped, the same fields shared across ranks."""
     pytest.importorskip("msgspec")
-    from torchrepro import events as events_module
+    from torchrepro.eventlog import events as events_module
 
     assert events_module._decode_step is not None
     names = _names(Step)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from torchrepro.analysis.verdict import Ending, compare_lengths, describe_exit, ending, judge, verdict_line
-from torchrepro.events import Capability, End, EventLog, Header, Step
+from torchrepro.eventlog.events import Capability, End, EventLog, Header, Step
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -100,7 +100,7 @@ def test_verdict_lines_say_only_what_was_shown():
 
 def test_hint_never_repeats_a_fix_already_in_force():
     from torchrepro.analysis.determinism import CAUSE_HINTS, hint_key
-    from torchrepro.events import Setting
+    from torchrepro.eventlog.events import Setting
 
     on = log()
     on.events.insert(1, Setting(name="deterministic_algorithms", value=True))

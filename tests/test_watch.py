@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from torchrepro.analysis import compile as compile_analysis
-from torchrepro.events import GraphBreak, Header, Step, read_events, write_all
-from torchrepro.tail import RunFollower
+from torchrepro.eventlog.events import GraphBreak, Header, Step, read_events, write_all
+from torchrepro.eventlog.tail import RunFollower
 
 TRAIN = Path(__file__).parent / "scripts" / "otel_train.py"
 

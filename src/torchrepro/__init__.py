@@ -25,7 +25,7 @@ _API = {  # name -> the submodule defining it (a submodule's own name: the submo
     "checkpoint": "checkpoint",
     "rng": "rng",
     "UserError": "errors",
-    "log_metric": "metrics",
+    "log_metric": "runtime.metrics",
 }
 
 __all__ = sorted(_API)

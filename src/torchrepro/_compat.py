@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .events import Capability
+from .eventlog.events import Capability
 
 TRACE_LOGGER = "torch.__trace"
 

@@ -31,7 +31,7 @@ from typing import Any
 from . import _dist, _state
 from .errors import RngStateError
 from .rng import RngState
-from .rundir import write_json
+from .eventlog.rundir import write_json
 from .seed import derive
 
 POSITION_SCHEMA = "torchrepro.position/1"

@@ -13,11 +13,12 @@ import importlib
 import os
 import sys
 
-from . import __version__, options
+from . import __version__
+from .commands import options
 from .commands._finish import finish
 from .errors import UserError
-from .otlp import run_with_export
-from .safe_text import visible
+from .telemetry.otlp import run_with_export
+from .report.sanitize import visible
 
 
 # the sub-commands, in the order --help lists them; each is the module torchrepro.commands.<name, "-" as "_">

@@ -25,7 +25,7 @@ from . import _dist, _state
 from .digests import hash_bytes
 from .errors import RngStateError
 from .rng_raw import host_raw, numpy_bytes, numpy_state_bytes, python_bytes, python_state_bytes
-from .rundir import write_text
+from .eventlog.rundir import write_text
 
 SCHEMA = "torchrepro.rng/1"
 

@@ -18,8 +18,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..events import CacheLookup, EventLog
-from .findings import Finding
+from ..eventlog.events import CacheLookup, EventLog
+from ..report.model import Finding
 
 _NAME = re.compile(r"^([\w.]+(?:\[[^\]]*\])?):\s?(.*)$", re.DOTALL)
 _FIELD = re.compile(r"(\w+)=")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 
-from ..events import Compile
+from ..eventlog.events import Compile
 
 CATEGORIES = (
     "shape",

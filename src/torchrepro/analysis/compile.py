@@ -8,9 +8,9 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-from ..events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak
+from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak
 from .categories import category_of, guard_text
-from .findings import Finding
+from ..report.model import Finding
 
 RECOMPILE_HINTS = {
     "shape": "Mark the varying dimension dynamic before the first call "

@@ -1,7 +1,7 @@
 """Why two runs diverged: the cause of the first divergence decided from evidence, its hint, and
 the report's ``determinism`` section. Pure: event logs, recorded replays and the parameter
 difference curve in, a decision out; nothing here imports torch, launches a process or reads a
-file (:mod:`torchrepro.check` runs the scripts and replays, reads the snapshots and calls in).
+file (:mod:`torchrepro.commands.check.compare` runs the scripts and replays, reads the snapshots and calls in).
 
 The evidence is weighed in the order a step happens: the initial parameters, the batch, the RNG
 state the step ran with, the runs' environments, the graphs they compiled; what the step-level
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Capability, Compile, EventLog, Step
+from ..eventlog.events import Capability, Compile, EventLog, Step
 from .divergence import (
     Divergence,
     Tolerance,
@@ -29,7 +29,7 @@ from .divergence import (
     settings,
     steps_compared,
 )
-from .findings import Finding
+from ..report.model import Finding
 from .fixes import fix_hint
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
 

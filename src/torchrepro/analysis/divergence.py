@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..events import Compile, EventLog, Header, InitParams, Params, Setting, Step
-from ..random_ops import is_random_op
+from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
+from ..eventlog.random_ops import is_random_op
 
 if TYPE_CHECKING:
     import numpy as np  # only the snapshot comparisons need numpy (~60 ms to import): imported there

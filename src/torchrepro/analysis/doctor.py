@@ -7,12 +7,12 @@ import gc
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Capability, Counters, End, EventLog, Header
-from ..provenance import provenance
+from ..eventlog.events import Capability, Counters, End, EventLog, Header
+from ..eventlog.provenance import provenance
 from ..report.model import DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
 from . import compile as compile_analysis
 from .cache import rank_key_findings
-from .findings import Finding, sort_findings
+from ..report.model import Finding, sort_findings
 from .kept_steps import KeptSteps, kept_steps
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, eq
 
-from ..events import EventLog, Step
+from ..eventlog.events import EventLog, Step
 
 MAX_POINTS = 400  # per timeline series: longer runs are thinned evenly, steps that compiled are always kept
 COMPILE_STEPS = 50  # the steps that compiled, listed in the steps summary

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..events import CacheLookup, Capability, Compile, Counters, End, Event, EventLog, GraphBreak, Header, Step
+from ..eventlog.events import CacheLookup, Capability, Compile, Counters, End, Event, EventLog, GraphBreak, Header, Step
 from . import compile as compile_analysis
 
 STEP_WINDOW = 20  # steps/s over the last this many steps

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..events import CacheLookup, Compile, EventLog, GraphBreak
+from ..eventlog.events import CacheLookup, Compile, EventLog, GraphBreak
 from .categories import category_of, guard_text
 from .compile import display_function
 from .kept_steps import KeptSteps

@@ -11,10 +11,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..events import CacheLookup, Compile, EventLog, InitParams, Params, World
+from ..eventlog.events import CacheLookup, Compile, EventLog, InitParams, Params, World
 from .categories import guard_text
 from .compile import display_function
-from .findings import Finding
+from ..report.model import Finding
 from .kept_steps import KeptSteps
 from .rank_groups import rank_ranges
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import EventLog, Step
-from ..provenance import provenance
+from ..eventlog.events import EventLog, Step
+from ..eventlog.provenance import provenance
 from .kept_steps import MAX_POINTS
 
 

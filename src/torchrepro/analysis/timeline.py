@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..events import CacheLookup, Compile, EventLog
+from ..eventlog.events import CacheLookup, Compile, EventLog
 from .categories import guard_text
 from .compile import display_function
 from .kept_steps import KeptSteps

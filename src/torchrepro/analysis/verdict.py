@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Capability, EventLog, Step
+from ..eventlog.events import Capability, EventLog, Step
 from ..report.model import Verdict, comparison_exit_code
 from .ranks import missing_ranks, world_size
 

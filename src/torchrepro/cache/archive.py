@@ -31,7 +31,7 @@ from typing import IO, Any, Callable
 
 from .. import __version__
 from ..errors import InputError, UserError
-from ..rundir import atomic_path
+from ..eventlog.rundir import atomic_path
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"

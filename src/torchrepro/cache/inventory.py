@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..analysis.findings import Finding, sort_findings
+from ..report.model import Finding, sort_findings
 from ..errors import InputError, UserError
 from .layout import CATEGORIES, Entry, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
@@ -76,7 +76,7 @@ def _unreachable(entries: list[Entry]) -> list[dict[str, Any]]:
 
 def _writable_dirs(root: Path) -> list[str]:
     """Directories below ``root`` that other users may write to (they could add entries)."""
-    from ..envinfo import writers
+    from ..runtime.environment import writers
 
     found = []
     for current, dirs, _ in os.walk(root):  # never follows links
@@ -88,7 +88,7 @@ def _writable_dirs(root: Path) -> list[str]:
 
 
 def _permissions(root: Path, entries: list[Entry]) -> dict[str, Any]:
-    from ..envinfo import cache_risks, owner_name
+    from ..runtime.environment import cache_risks, owner_name
 
     st = root.stat()
     posix = hasattr(os, "geteuid")

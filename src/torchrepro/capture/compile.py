@@ -1,9 +1,9 @@
 """Compile events, live: a handler on PyTorch's structured-trace logger (``torch.__trace``).
 
 Every compile, recompile reason, graph break and cache lookup reaches the handler as the
-same record that ``TORCH_TRACE`` would write to a file; :mod:`torchrepro.structured_trace`
+same record that ``TORCH_TRACE`` would write to a file; :mod:`torchrepro.eventlog.structured_trace`
 turns them into events. Feature-detected: on a torch without that logger, a
-:class:`~torchrepro.events.Capability` event says what could not be observed.
+:class:`~torchrepro.eventlog.events.Capability` event says what could not be observed.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 
 from .._compat import dynamo_counters, trace_logger
-from ..events import Capability, Counters, Event
-from ..structured_trace import TraceTranslator
+from ..eventlog.events import Capability, Counters, Event
+from ..eventlog.structured_trace import TraceTranslator
 
 
 class _TraceHandler(logging.Handler):

@@ -29,8 +29,8 @@ from .._compat import (
 from ..digests import fingerprint
 from .. import _state
 from .._dist import placement
-from ..random_ops import is_random_op
-from ..rundir import replay_file
+from ..eventlog.random_ops import is_random_op
+from ..eventlog.rundir import replay_file
 from .fx_nodes import SKIP_DIRS, node_info, same, target_name
 
 _UNINITIALISED = re.compile(r"\bempty|_empty")
@@ -228,7 +228,7 @@ def _wait_for_child_ranks(timeout: float = 120.0) -> None:
     rank 0), which the launcher would otherwise stop before they finish the same step."""
     import time
 
-    from ..events import rank_logs, read_header
+    from ..eventlog.events import rank_logs, read_header
 
     session = _state.session()
     if session is None or session.pid != os.getpid():

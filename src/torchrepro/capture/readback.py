@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..events import Event
+from ..eventlog.events import Event
 
 Fill = Callable[[Event, list[int]], None]
 

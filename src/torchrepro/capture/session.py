@@ -19,8 +19,8 @@ import torch
 
 from .. import _dist, _state
 from .._compat import undo_patches, watch
-from ..events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
-from ..run_options import RunOptions
+from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
+from ..runtime.options import RunOptions
 from .compile import CompileCapture
 from .steps import StepConfig, StepRecorder
 
@@ -59,7 +59,7 @@ class CaptureConfig:
 
 def environment() -> tuple[dict[str, Any], str]:
     """What changes numerics or cache keys in this process, and its fingerprint."""
-    from ..envinfo import collect
+    from ..runtime.environment import collect
 
     info = collect()
     return info, str(info.get("env_fingerprint", ""))
@@ -86,7 +86,7 @@ class CaptureSession:
         """``rank``: (rank, world size, local rank) when known otherwise than from the torchrun
         environment; ``rank_from`` says where it came from (``env``, ``process_group``, or
         ``default``: rank 0 of 1 because nothing said otherwise); ``listeners`` get every event
-        written (the launcher's live OpenTelemetry export, :func:`torchrepro.otlp.live_listeners`)."""
+        written (the launcher's live OpenTelemetry export, :func:`torchrepro.telemetry.otlp.live_listeners`)."""
         self.config = config
         self.listeners = list(listeners)
         self.rank, self.world_size, self.local_rank = rank or (_dist.rank(), _dist.world_size(), _dist.local_rank())
@@ -221,7 +221,7 @@ class CaptureSession:
         _state.set_session(None)
 
     def joined(self, world: World) -> None:
-        """Record the process group this process joined (see :mod:`torchrepro.follow`)."""
+        """Record the process group this process joined (see :mod:`torchrepro.runtime.follow`)."""
         self.world_size = world.world_size
         if world.local_rank is not None:
             self.local_rank = world.local_rank

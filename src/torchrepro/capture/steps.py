@@ -38,10 +38,10 @@ import numpy as np
 import torch
 
 from .. import _compat as compat
-from ..events import Capability, Event, InitParams, Params, Setting, Step
+from ..eventlog.events import Capability, Event, InitParams, Params, Setting, Step
 from ..digests import DeviceDigest, fingerprint, fingerprint_later, hash_bytes
 from ..rng import combine, live_fingerprints
-from ..rundir import atomic_path
+from ..eventlog.rundir import atomic_path
 from .on_import import when_imported
 from .readback import Readback
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..otlp import record_report
+from ..telemetry.otlp import record_report
 
 if TYPE_CHECKING:  # imported once there is a report: a rank's `torchrepro run` hands back an int
     from ..report.model import Report
@@ -33,7 +33,7 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
     _write_outputs(report, args)
     if isinstance(report, DriftReport):
         from ..report.drift import render_drift
-        from ..rundir import HTML_FILE, REPORT_FILE
+        from ..eventlog.rundir import HTML_FILE, REPORT_FILE
 
         render_drift(report, report_path=f"{where / REPORT_FILE} · {where / HTML_FILE}")
         return report.exit_code
@@ -52,7 +52,7 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
 def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     """``--json FILE``, ``--junit FILE``, ``--html FILE`` (an existing non-report file needs
     ``--force``), and the report's verdict on the command's span."""
-    from ..rundir import write_json
+    from ..eventlog.rundir import write_json
 
     if getattr(args, "json", None):
         write_json(Path(args.json), report.to_json())
@@ -69,7 +69,7 @@ def _write_outputs(report: Report, args: argparse.Namespace) -> None:
 
 def _report_paths(directory: Path) -> str:
     """Where the report went: ``report.json`` and, when it was written, ``report.html``."""
-    from ..rundir import HTML_FILE, REPORT_FILE
+    from ..eventlog.rundir import HTML_FILE, REPORT_FILE
 
     written = [str(directory / name) for name in (REPORT_FILE, HTML_FILE) if (directory / name).exists()]
     return ", ".join(written) or str(directory / REPORT_FILE)

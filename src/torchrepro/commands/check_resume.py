@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import options
-from ..otlp import add_otlp_option
-from ..run_options import RunOptions
+from . import options
+from ..telemetry.otlp import add_otlp_option
+from ..runtime.options import RunOptions
 from ._finish import Outcome
 
 
@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run to the end, stop after ``--at`` with a checkpoint, resume, compare."""
-    from ..check import check_resume
+    from .check.compare import check_resume
 
     report, out = check_resume(
         Path(args.script),

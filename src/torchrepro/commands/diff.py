@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import options
+from . import options
 from ._finish import Outcome
 
 
@@ -24,6 +24,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> Outcome:
     """Where the two runs diverge, and why."""
     from ..analysis.divergence import Tolerance
-    from ..check import diff
+    from .check.compare import diff
 
     return Outcome(diff(Path(args.run_a), Path(args.run_b), Tolerance(args.rtol, args.atol)))

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import options
+from . import options
 from ..errors import UserError
-from ..otlp import add_otlp_option, export_stored_run
+from ..telemetry.otlp import add_otlp_option, export_stored_run
 from ._finish import Outcome
 
 
@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> Outcome:
     """The stored run analysed again (nothing is written into it)."""
     from ..analysis.doctor import Budgets
-    from ..doctor import analyse_run_dir
+    from .doctor.job import analyse_run_dir
     from .drift import stored_report
 
     run_dir = Path(args.run_dir)

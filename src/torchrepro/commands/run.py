@@ -1,5 +1,5 @@
 """``torchrepro run [options] SCRIPT``: run a script with capture in this process (what each
-torchrun rank runs). Launched by torchrepro, it takes its :class:`~torchrepro.run_options.RunOptions`
+torchrun rank runs). Launched by torchrepro, it takes its :class:`~torchrepro.runtime.options.RunOptions`
 from the environment; called directly (e.g. under the user's own torchrun), from its flags."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import options
+from . import options
 from ..errors import UserError
-from ..otlp import add_otlp_option
-from ..run_options import OPTIONS_VAR, RunOptions
+from ..telemetry.otlp import add_otlp_option
+from ..runtime.options import OPTIONS_VAR, RunOptions
 
 
 def add_parser(sub: Any) -> None:
@@ -62,8 +62,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the script under capture; its exit code."""
     from .._dist import rank
-    from ..events import EVENTS_FILE
-    from ..launch import run_in_process, validate_script
+    from ..eventlog.events import EVENTS_FILE
+    from .launcher import run_in_process, validate_script
 
     given = RunOptions.from_args(args)
     handed = RunOptions.from_env()

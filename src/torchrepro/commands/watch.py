@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from ..tail import RunFollower
+from ..eventlog.tail import RunFollower
 
 if TYPE_CHECKING:  # rich is imported where a view is drawn: every torchrepro process imports this module
     from rich.console import Group

@@ -1,6 +1,6 @@
 """The terminal views of `torchrepro cache status` and `cache explain-miss`. File names, writers and
 key components come from the cache directory and the user's code: every string passes through
-:func:`~torchrepro.safe_text.visible` and is printed as plain text."""
+:func:`~torchrepro.report.sanitize.visible` and is printed as plain text."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.findings import Finding
-from ..safe_text import visible_tree
+from .model import Finding
+from .sanitize import visible_tree
 from .terminal import render_findings
 
 

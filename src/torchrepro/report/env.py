@@ -1,4 +1,4 @@
-"""The terminal view of `torchrepro env` (:func:`torchrepro.envinfo.collect`'s data): versions,
+"""The terminal view of `torchrepro env` (:func:`torchrepro.runtime.environment.collect`'s data): versions,
 determinism switches, compile caches, risky variables. Values are shown as plain text (no rich
 markup from paths or values). Nothing here imports torch."""
 
@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..events import NOT_AVAILABLE
+from ..eventlog.events import NOT_AVAILABLE
 
 
 def render_env(info: dict[str, Any], console: Console | None = None) -> None:

@@ -22,7 +22,7 @@ from markupsafe import Markup, escape
 
 from .. import __version__
 from ..errors import InputError
-from ..rundir import write_text
+from ..eventlog.rundir import write_text
 from .model import Report
 
 GENERATOR = f"torchrepro {__version__}"

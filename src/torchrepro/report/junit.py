@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from ..rundir import write_bytes
-from ..safe_text import visible
+from ..eventlog.rundir import write_bytes
+from .sanitize import visible
 from .model import DoctorReport
 
 

@@ -1,5 +1,5 @@
 """Typed reports: what ``doctor``, ``check`` (``check-resume``, ``diff``) and ``drift`` conclude,
-as data. Analysis builds them, :mod:`torchrepro.rundir` saves them as ``report.json``, and the
+as data. Analysis builds them, :mod:`torchrepro.eventlog.rundir` saves them as ``report.json``, and the
 renderers (terminal, JUnit, HTML, OpenTelemetry) read them; none of those computes a verdict or an
 exit code of its own: both are derived here, from the report's content.
 
@@ -17,16 +17,38 @@ rank groups, provenance) stay JSON objects. Each kind has a JSON Schema in
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, Union
 
-from ..analysis.findings import Finding
 from ..errors import InputError, stop_exit_code
 
 LEGACY_SCHEMA = "torchrepro.report/1"  # shared by every kind before the schemas were split (still read)
 SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drift": "torchrepro.drift/1"}
+
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass
+class Finding:
+    """One conclusion. ``code`` is stable (tests and CI match on it), ``evidence`` says where
+    (ranks, steps, compile ids, source locations), ``hint`` what to change."""
+
+    code: str
+    severity: str
+    title: str
+    hint: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Most severe first, then by code, keeping the original order within a code."""
+    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), f.code))
 
 
 class Verdict(str, Enum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..rundir import HTML_FILE, REPORT_FILE, write_json
+from ..eventlog.rundir import HTML_FILE, REPORT_FILE, write_json
 from .html import write_html
 from .model import Report
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from ..rundir import write_text
+from ..eventlog.rundir import write_text
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
 

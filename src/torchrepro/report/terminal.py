@@ -1,5 +1,5 @@
 """A one-screen rich summary of a report. Every string of the report passes through
-:func:`~torchrepro.safe_text.visible` first and is printed without markup: text from the user's
+:func:`~torchrepro.report.sanitize.visible` first and is printed without markup: text from the user's
 script (exception messages, guards, file names) cannot style or control the terminal."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.findings import Finding
-from ..safe_text import visible_tree
+from .model import Finding
+from .sanitize import visible_tree
 from .model import CheckReport, DoctorReport
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

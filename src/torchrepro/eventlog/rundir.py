@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import InputError
+from ..errors import InputError
 from .events import EventLog, Shared, Step, rank_logs, read_events
 
 RUN_FILE = "run.json"
@@ -252,7 +252,7 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
     argv = [
         sys.executable,
         "-c",
-        "from torchrepro.rundir import _serve; _serve()",
+        "from torchrepro.eventlog.rundir import _serve; _serve()",
         f"{keep.__module__}:{keep.__qualname__}",
         str(os.getpid()),
     ]

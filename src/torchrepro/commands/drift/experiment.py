@@ -5,7 +5,7 @@ and resumably, then say which factor moves the metric (statistics: :mod:`torchre
 The design: the random factors are fully crossed (``--runs N`` levels each: N² runs for init ×
 order); every binary factor is run one at a time against the script as written on the *same*
 seeds, so each of its levels is compared in pairs. With no random factor the N levels vary every
-stream at once. What a run does with its levels: :mod:`torchrepro.factors`.
+stream at once. What a run does with its levels: :mod:`torchrepro.runtime.factors`.
 
 ``--out`` holds ``plan.json`` (the run matrix), ``runs/<key>/`` (one ``torchrepro run`` per cell;
 ``key`` hashes the script's content, its arguments, the root seed and the cell's levels, so a run
@@ -33,16 +33,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, analyse
-from .errors import InputError, UserError
-from .events import EVENTS_FILE, Metric, Step, read_events, read_header
-from .launch import STDERR_TAIL_LINES, child_env, run_command
-from .otlp import launch_span
-from .run_options import RunOptions
-from .report.drift import printable
-from .report.model import DriftReport
-from .rundir import write_json
-from .report.save import write_report
+from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, analyse
+from ...errors import InputError, UserError
+from ...eventlog.events import EVENTS_FILE, Metric, Step, read_events, read_header
+from ..launcher import STDERR_TAIL_LINES, child_env, run_command
+from ...telemetry.otlp import launch_span
+from ...runtime.options import RunOptions
+from ...report.drift import printable
+from ...report.model import DriftReport
+from ...eventlog.rundir import write_json
+from ...report.save import write_report
 
 ALL_SEEDS = "seeds"  # the one random axis when no random factor is named: every stream varied at once
 PLAN_FILE = "plan.json"
@@ -155,7 +155,7 @@ def cells_of(plan: dict[str, Any]) -> list[Cell]:
 
 
 def child_levels(plan: dict[str, Any], cell: Cell) -> tuple[str | None, dict[str, Any]]:
-    """The ``--compile-mode`` and the factor levels (:mod:`torchrepro.factors`) of one run. Random
+    """The ``--compile-mode`` and the factor levels (:mod:`torchrepro.runtime.factors`) of one run. Random
     factors not varied stay at level 0: their streams are still separate."""
     if ALL_SEEDS in cell.seeds:
         streams = {name: cell.seeds[ALL_SEEDS] for name in RANDOM_FACTORS}
@@ -460,8 +460,8 @@ def build_report(
 ) -> DriftReport:
     """Analyse the runs and write ``report.json`` (schema torchrepro.drift/1), ``report.html`` and the
     plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference."""
-    from .provenance import launch_meta, provenance
-    from .report.svg import write_drift_plots
+    from ...eventlog.provenance import launch_meta, provenance
+    from ...report.svg import write_drift_plots
 
     random = plan["random"]
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]

@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
-from .analysis.cache import key_findings
-from .analysis.determinism import (
+from ...analysis.cache import key_findings
+from ...analysis.determinism import (
     FIXABLE,
     cause_from_decomposition,
     cause_from_kernels,
@@ -26,20 +26,20 @@ from .analysis.determinism import (
     numerics_without_inductor,
     uses_inductor,
 )
-from .analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
-from .analysis.findings import Finding
-from .analysis.fixes import recommend
-from .analysis.sides import side, step_comparison
-from .analysis.verdict import compare_lengths, ending, verdict_line
-from .errors import InputError
-from .events import CacheLookup, Step
-from .launch import validate_script
-from .run_options import RunOptions
-from .provenance import launch_meta, provenance
-from .report.model import CheckReport, CheckRun, Determinism
-from .rundir import Run, create_run_dir, default_run_dir, load_run
-from .report.save import write_report
-from .checker import Checker, RunSpec, plan_runs
+from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
+from ...report.model import Finding
+from ...analysis.fixes import recommend
+from ...analysis.sides import side, step_comparison
+from ...analysis.verdict import compare_lengths, ending, verdict_line
+from ...errors import InputError
+from ...eventlog.events import CacheLookup, Step
+from ..launcher import validate_script
+from ...runtime.options import RunOptions
+from ...eventlog.provenance import launch_meta, provenance
+from ...report.model import CheckReport, CheckRun, Determinism
+from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run
+from ...report.save import write_report
+from .runs import Checker, RunSpec, plan_runs
 
 
 def _snaps(run: Run) -> Path:
@@ -336,7 +336,7 @@ def check_resume(
     """Run to the end; run again stopping after step ``at`` with a checkpoint; resume from it in a
     fresh process; compare every step after ``at`` and the final parameters bit for bit.
     ``options``: what every run starts from."""
-    from .checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
+    from ...checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
 
     console = console or Console(stderr=True)
     script = validate_script(script)

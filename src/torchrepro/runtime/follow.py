@@ -7,7 +7,7 @@ capture configuration in ``TORCHREPRO_FOLLOW``; the ``sitecustomize`` there star
 process that a launcher made a rank (:func:`activate_at_start`) and otherwise only wraps
 ``torch.distributed.init_process_group``, so that a process starts capture when it joins a process
 group (:func:`hook_process_group`). Whoever captures records the group it joined as a
-:class:`~torchrepro.events.World` event and marks its rank variables as seen
+:class:`~torchrepro.eventlog.events.World` event and marks its rank variables as seen
 (``TORCHREPRO_FOLLOW_SEEN``): its own children inherit them and are not ranks (DataLoader and
 compile workers, helpers).
 
@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from ._dist import from_env, placement
+from .._dist import from_env, placement
 
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
 SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
@@ -58,7 +58,7 @@ def _mark_seen() -> None:
 
 def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
     """The variables that make a process (and those it starts) capture itself as ``options`` (a
-    :class:`~torchrepro.run_options.RunOptions`, its run directory set) say once it becomes a rank:
+    :class:`~torchrepro.runtime.options.RunOptions`, its run directory set) say once it becomes a rank:
     the same capture, seed, compile mode, cache, replay, fix and drift factor levels;
     ``root_pid`` is the launched process, ``pythonpath`` the ``PYTHONPATH`` to extend."""
     path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
@@ -70,9 +70,9 @@ def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, s
 
 def propagate(options: Any) -> None:
     """Make every process the script starts capture itself once it becomes a rank (``options``:
-    the :class:`~torchrepro.run_options.RunOptions` of this process), and record the process
+    the :class:`~torchrepro.runtime.options.RunOptions` of this process), and record the process
     group this process joins."""
-    from .seed import active_plan
+    from ..seed import active_plan
 
     os.environ.update(follow_env(options, os.getpid(), os.environ.get("PYTHONPATH", "")))
     _PREPARED["plan"] = active_plan()  # made before the script ran: it takes the rank of a group joined later
@@ -88,7 +88,7 @@ def without_follow(env: dict[str, str]) -> dict[str, str]:
 
 def _config() -> tuple[Any, int]:
     """The run options of the launched process and its pid."""
-    from .run_options import RunOptions
+    from .options import RunOptions
 
     data = json.loads(os.environ[CONFIG_VAR])
     return RunOptions.from_json(data["options"]), int(data["root_pid"])
@@ -98,7 +98,7 @@ def _prepare(options: Any) -> None:
     """``prepare.prepare``; remembers the seed plan it makes, whose rank the process group will say
     (:func:`_joined`)."""
     from .prepare import prepare
-    from .seed import active_plan
+    from ..seed import active_plan
 
     prepare(options)
     _PREPARED["plan"] = active_plan()
@@ -177,7 +177,7 @@ def _after(function: Callable, then: Callable[[], None]) -> Callable:
 
 
 def _own_session() -> Any:
-    from .capture.session import active_session
+    from ..capture.session import active_session
 
     session = active_session()
     return session if session is not None and session.pid == os.getpid() else None  # not a forked parent's
@@ -187,7 +187,7 @@ def _joined() -> None:
     """After ``init_process_group``: record the world; a process not captured yet starts now."""
     import torch.distributed as dist
 
-    from .events import World
+    from ..eventlog.events import World
 
     here = placement()
     world = World(
@@ -220,7 +220,7 @@ def _joined() -> None:
 def _rank_the_plan(rank: int, world_size: int) -> None:
     """The seed plan made before this process knew its rank takes the group's (per-rank streams:
     DataLoader workers, ``plan.fork``); a plan the script made itself is left as it is."""
-    from .seed import active_plan
+    from ..seed import active_plan
 
     plan = active_plan()
     if plan is not None and plan is _PREPARED.get("plan"):
@@ -230,7 +230,7 @@ def _rank_the_plan(rank: int, world_size: int) -> None:
 def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
     """Make ``run_dir/rank-<rank>`` this process's: new, or held by the launched process (``root_pid``)
     as the rank 0 it assumed but never joined a group as (its log then moves to ``launcher/``)."""
-    from .events import EVENTS_FILE, read_header
+    from ..eventlog.events import EVENTS_FILE, read_header
 
     target = run_dir / f"rank-{rank}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -261,8 +261,8 @@ def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
 
 
 def _start(options: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
-    from .capture.session import CaptureConfig, CaptureSession
-    from .otlp import live_listeners
+    from ..capture.session import CaptureConfig, CaptureSession
+    from ..telemetry.otlp import live_listeners
 
     if not claim(Path(options.run_dir), rank[0], root_pid):
         _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import options
-from ..errors import UserError
-from ..otlp import add_otlp_option
-from ..run_options import RunOptions
-from ._finish import Outcome
+from ...errors import UserError
+from ...telemetry.otlp import add_otlp_option
+from ...runtime.options import RunOptions
+from .._finish import Outcome
 
 
 def add_parser(sub: Any) -> None:
@@ -51,8 +51,8 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run the script K times (or against a reference), compare and explain."""
-    from ..analysis.divergence import Tolerance
-    from ..check import check
+    from ...analysis.divergence import Tolerance
+    from .compare import check
 
     if args.runs is not None and args.against:
         raise UserError(
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def _fix_names(value: str | None) -> list[str] | None:
     """``--only-fixes threads_1,eager`` → those names (checked); None → every candidate."""
-    from ..analysis.fixes import LADDER
+    from ...analysis.fixes import LADDER
 
     if not value:
         return None

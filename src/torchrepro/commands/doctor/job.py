@@ -9,17 +9,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .analysis.doctor import Budgets, analyse
-from .analysis.kept_steps import KeptSteps
-from .errors import InputError, Stopped
-from .events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
-from .follow import LAUNCHER_DIR
-from .launch import ChildResult, child_env, launch, validate_script
-from .run_options import RunOptions
-from .provenance import launch_meta
-from .report.model import DoctorReport
-from .rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
-from .report.save import write_report
+from ...analysis.doctor import Budgets, analyse
+from ...analysis.kept_steps import KeptSteps
+from ...errors import InputError, Stopped
+from ...eventlog.events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
+from ...runtime.follow import LAUNCHER_DIR
+from ..launcher import ChildResult, child_env, launch, validate_script
+from ...runtime.options import RunOptions
+from ...eventlog.provenance import launch_meta
+from ...report.model import DoctorReport
+from ...eventlog.rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
+from ...report.save import write_report
 
 
 def analyse_run_dir(
@@ -44,7 +44,7 @@ def _say(text: str) -> None:
 
 def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: int = 1, **extra: Any) -> dict:
     """The ``run.json`` written before a run starts (completed by :func:`finish_meta`)."""
-    from ._compat import installed_torch_version
+    from ..._compat import installed_torch_version
 
     return {
         **launch_meta(script),
@@ -84,7 +84,7 @@ def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
         rank_stderr_tails={str(r): t[-15:] for r, t in result.rank_stderr_tails.items()},
     )
     launcher = run_dir / LAUNCHER_DIR / EVENTS_FILE
-    if launcher.exists():  # the launched process only started the ranks: how it ended (torchrepro.follow)
+    if launcher.exists():  # the launched process only started the ranks: how it ended (torchrepro.runtime.follow)
         end = read_events(launcher).end
         meta["launcher"] = {
             "exit_code": result.exit_code,
@@ -122,7 +122,7 @@ def doctor_script(
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
-    from .commands.watch import live_status
+    from ..watch import live_status
 
     with live_status(run_dir):  # a status line at the bottom of the terminal while the script runs
         result = launch(run_dir, script, args, options, nproc=nproc, env=child_env(seed), stall_timeout=timeout)
@@ -137,7 +137,7 @@ def doctor_script(
 
 def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tuple[DoctorReport, Path]:
     """Build the doctor report from ``TORCH_TRACE`` logs written by a job without torchrepro."""
-    from .structured_trace import trace_files, translate_file
+    from ...eventlog.structured_trace import trace_files, translate_file
 
     if not trace_dir.is_dir():
         raise InputError(f"no such trace directory: {trace_dir}")

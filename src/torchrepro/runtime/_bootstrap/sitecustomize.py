@@ -1,5 +1,5 @@
 """torchrepro's start-up hook, put first on the ``PYTHONPATH`` of every process a captured script
-starts (see :mod:`torchrepro.follow`). Standard library only, and nearly free where capture is
+starts (see :mod:`torchrepro.runtime.follow`). Standard library only, and nearly free where capture is
 not wanted: without ``TORCHREPRO_FOLLOW`` in the environment it only runs the next
 ``sitecustomize`` on the path (the user's own, or the distribution's), as Python would have.
 
@@ -18,8 +18,8 @@ import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _C10D = "torch.distributed.distributed_c10d"
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as torchrepro.follow.RANK_VARS
-SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as torchrepro.follow.SPAWN_VAR
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as torchrepro.runtime.follow.RANK_VARS
+SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as torchrepro.runtime.follow.SPAWN_VAR
 
 
 def _note(what, exc):
@@ -78,7 +78,7 @@ class _WatchProcessGroup:
         def exec_and_hook(module):
             exec_module(module)
             try:
-                from torchrepro import follow
+                from torchrepro.runtime import follow
             except ImportError:  # another Python or environment: this process cannot be captured
                 return
             try:
@@ -99,14 +99,14 @@ def _install():
         sys.meta_path.insert(0, _WatchProcessGroup())
         if spawned:
             try:
-                from torchrepro import follow
+                from torchrepro.runtime import follow
 
                 follow.prepare_spawned()
             except Exception as exc:
                 _note("the spawned process could not be prepared (seeded)", exc)
         return
     try:
-        from torchrepro import follow
+        from torchrepro.runtime import follow
 
         follow.activate_at_start(rank)
     except Exception as exc:

@@ -13,14 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .analysis.divergence import Divergence, Tolerance, first_divergence, settings, steps_compared
-from .analysis.fixes import Candidate, FixRun, candidates, first_changing_stage, judge_fix, median_step_time
-from .errors import InputError
-from .events import Compile, Step
-from .rundir import Run
+from ...analysis.divergence import Divergence, Tolerance, first_divergence, settings, steps_compared
+from ...analysis.fixes import Candidate, FixRun, candidates, first_changing_stage, judge_fix, median_step_time
+from ...errors import InputError
+from ...eventlog.events import Compile, Step
+from ...eventlog.rundir import Run
 
 if TYPE_CHECKING:
-    from .checker import Checker, RunSpec
+    from .runs import Checker, RunSpec
 
 STEPS_AFTER = 2  # a fix's runs stop this many steps after the divergent step
 FIX_TIMEOUT_S = 300.0
@@ -138,7 +138,7 @@ def _jobs(runs: list[Run]) -> int:
 def _try(
     checker: Checker, candidate: Candidate, spec: RunSpec, stop: int, timeout: float
 ) -> tuple[list[FixRun], Run | None, Run | None]:
-    from .checker import RunSpec
+    from .runs import RunSpec
 
     results: list[FixRun] = []
     runs: list[Run | None] = []
@@ -218,7 +218,7 @@ def run_fix_ladder(
 def backend_stages(checker: Checker, done: dict[str, tuple[RunSpec, Run]]) -> dict[str, Any]:
     """``--against eager``: eager → aot_eager → inductor with fallback_random → inductor, each
     compared bit for bit with the stage before; the first stage at which results change."""
-    from .checker import RunSpec
+    from .runs import RunSpec
 
     if "aot_eager" not in done:
         spec = RunSpec("aot_eager", None, "every compiled frame with backend='aot_eager'")

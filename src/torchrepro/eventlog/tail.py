@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .analysis.live import LiveRun, is_finished, snapshot
+from ..analysis.live import LiveRun, is_finished, snapshot
 from .events import EVENTS_FILE, from_json
 from .rundir import RUN_FILE
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from .. import __version__
 
 
 def script_repository(script: Path) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def launch_meta(script: Path | None) -> dict[str, Any]:
 
 def provenance(meta: dict[str, Any], header: Any | None) -> dict[str, Any]:
     """The report's ``provenance`` section from ``run.json`` (``meta``) and a rank's
-    :class:`~torchrepro.events.Header`: what ran, from which commit, with which versions."""
+    :class:`~torchrepro.eventlog.events.Header`: what ran, from which commit, with which versions."""
     env = getattr(header, "env", None) or {}
     versions = env.get("versions", {})
     return {

@@ -2,7 +2,7 @@
 
 Built on the official SDK (the ``torchrepro[otel]`` extra). One :class:`RankExporter` per rank
 turns that rank's events into telemetry, live (a listener on the capture session's event writer,
-see :func:`torchrepro.otlp.live_listeners`) or afterwards from a stored run (``torchrepro
+see :func:`torchrepro.telemetry.otlp.live_listeners`) or afterwards from a stored run (``torchrepro
 report RUN_DIR --otlp-endpoint URL``). The command that launches the ranks has a
 :class:`Launcher`: its span is the root of the job's trace, each launch (a ``check`` run, a
 replay) a child span, and every rank's span a child of its launch (``TRACEPARENT``).
@@ -57,9 +57,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from .. import __version__
 from ..analysis.categories import category_of
 from ..analysis.compile import display_function
-from ..events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
-from ..trace_context import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
-from .model import Report
+from ..eventlog.events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
+from .trace_context import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
+from ..report.model import Report
 
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
@@ -593,7 +593,7 @@ class Launcher:
 
     def export_run(self, run_dir: Path) -> None:
         """Every rank's stored events, as if exported live, under this command's span."""
-        from ..rundir import load_run
+        from ..eventlog.rundir import load_run
 
         for log in load_run(run_dir).logs:
             exporter = RankExporter(self.endpoint, parent=self.context, live=False)

@@ -1,6 +1,6 @@
 """What a launch hands the ranks it starts when telemetry is exported: the W3C trace context of
 its span (``TRACEPARENT``) and the file where a rank leaves its one warning for the launcher.
-Shared by the OTLP glue (:mod:`torchrepro.otlp`) and the exporter (:mod:`torchrepro.report.otel`),
+Shared by the OTLP glue (:mod:`torchrepro.telemetry.otlp`) and the exporter (:mod:`torchrepro.telemetry.otel`),
 neither importing the other's side."""
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ def log_metric(name: str, value: float) -> None:
     >>> import torchrepro
     >>> torchrepro.log_metric("test_accuracy", 0.9638)
     """
-    from .capture.session import active_session
-    from .events import Metric
+    from ..capture.session import active_session
+    from ..eventlog.events import Metric
 
     session = active_session()
     if session is None:

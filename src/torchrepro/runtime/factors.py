@@ -1,6 +1,6 @@
 """The factor levels of one ``torchrepro drift`` run, applied in its process before the script starts.
 
-``drift`` passes them in the run's :class:`~torchrepro.run_options.RunOptions` (``factors``,
+``drift`` passes them in the run's :class:`~torchrepro.runtime.options.RunOptions` (``factors``,
 applied by ``prepare.prepare``); ``compile`` and ``fallback-random`` are its ``compile_mode``. Every
 stream comes from the seed tree (:mod:`torchrepro.seed`) of the experiment's root seed:
 
@@ -23,14 +23,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ._compat import patch
+from .._compat import patch
 
 
 def apply(levels: dict[str, Any]) -> None:
     """Seed the streams and set the switches of one run (see the module docstring)."""
     import torch
 
-    from .seed import derive, seed_everything
+    from ..seed import derive, seed_everything
 
     root = int(levels.get("root", 0))
     augment = derive(root, "augment", level=int(levels.get("augment", 0)))
@@ -40,7 +40,7 @@ def apply(levels: dict[str, Any]) -> None:
     if "threads" in levels:
         torch.set_num_threads(int(levels["threads"]))
     if levels.get("deterministic"):
-        from .determinism import deterministic
+        from ..determinism import deterministic
 
         deterministic()
     if levels.get("backend"):
@@ -51,7 +51,7 @@ def _order_loaders(root: int, level: int) -> None:
     import torch
     from torch.utils.data import DistributedSampler, RandomSampler
 
-    from .seed import derive
+    from ..seed import derive
 
     cls = torch.utils.data.DataLoader
     original = cls.__init__

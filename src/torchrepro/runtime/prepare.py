@@ -1,8 +1,8 @@
-"""A process set up before the user's script starts, as its :class:`~torchrepro.run_options.RunOptions`
+"""A process set up before the user's script starts, as its :class:`~torchrepro.runtime.options.RunOptions`
 say: the compile cache, the compile mode, a candidate fix, the seeds, a drift run's factor levels,
 and how a run made only to compare ends.
-Run by ``torchrepro run`` (:mod:`torchrepro.launch`) and in every rank capture follows into
-(:mod:`torchrepro.follow`)."""
+Run by ``torchrepro run`` (:mod:`torchrepro.commands.launcher`) and in every rank capture follows into
+(:mod:`torchrepro.runtime.follow`)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ import atexit
 import gc
 import os
 
-from .run_options import RunOptions
+from .options import RunOptions
 
 
 def prepare(options: RunOptions) -> None:
     """Set a process up as ``torchrepro run`` does before capture starts: the cache policy (per
     rank, before any compile), the compile mode, a candidate fix, the seeds, a drift run's factors."""
-    from .capture.fixes import apply_fix
+    from ..capture.fixes import apply_fix
     from .factors import apply
 
     _apply_cache(options)
     apply_compile_mode(options.compile_mode)
     apply_fix(options.fix)  # check's fix ladder: one candidate fix, before the script starts
     if options.seed is not None:
-        from .seed import seed_everything
+        from ..seed import seed_everything
 
         seed_everything(options.seed)
     if options.factors is not None:
@@ -50,7 +50,7 @@ def _collect_then_freeze() -> None:
 def _apply_cache(options: RunOptions) -> None:
     """``--cache-policy`` / ``--cache-root`` / ``--warm-from``; without them, the
     ``TORCHREPRO_CACHE_*`` variables a user set (docs/cache.md)."""
-    from .cache.policy import PREWARM_POLICY, ROOT_VAR, configure, configure_from_env, prewarm
+    from ..cache.policy import PREWARM_POLICY, ROOT_VAR, configure, configure_from_env, prewarm
 
     if options.cache_root:
         os.environ[ROOT_VAR] = options.cache_root  # also where the script's own cache.configure() goes
@@ -65,7 +65,7 @@ def _apply_cache(options: RunOptions) -> None:
 def apply_compile_mode(mode: str | None) -> None:
     """``"eager"``: Dynamo off; ``"fallback-random"``: inductor draws random numbers as eager does
     (both undone when capture stops)."""
-    from ._compat import dynamo_config, inductor_config, patch
+    from .._compat import dynamo_config, inductor_config, patch
 
     if mode == "eager" and (config := dynamo_config()) is not None:
         patch(config, "disable", True)

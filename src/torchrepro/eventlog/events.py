@@ -585,7 +585,7 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

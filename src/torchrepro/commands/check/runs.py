@@ -1,6 +1,6 @@
 """The runs of one ``check``: :class:`RunSpec` (a run's label and compile mode) and
 :class:`Checker`, which launches each run and each replay of a divergent step and reads them back.
-Used by :mod:`torchrepro.check` and the fix ladder (:mod:`torchrepro.fix_ladder`)."""
+Used by :mod:`torchrepro.commands.check.compare` and the fix ladder (:mod:`torchrepro.commands.check.fix_ladder`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 from rich.console import Console
 
-from .analysis.verdict import Ending, ending
-from .errors import InputError, Stopped
-from .launch import ChildResult, child_env, launch
-from .run_options import RunOptions
-from .rundir import RUN_FILE, Run, load_run, replay_file, write_json
+from ...analysis.verdict import Ending, ending
+from ...errors import InputError, Stopped
+from ..launcher import ChildResult, child_env, launch
+from ...runtime.options import RunOptions
+from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, write_json
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``--otlp-endpoint``: how a command, its launches and every rank agree to export telemetry.
 
-Nothing here imports OpenTelemetry: the exporter itself (:mod:`torchrepro.report.otel`, the
+Nothing here imports OpenTelemetry: the exporter itself (:mod:`torchrepro.telemetry.otel`, the
 ``torchrepro[otel]`` extra) is imported only once a run asks for it.
 
 The protocol between processes is the environment:
@@ -30,11 +30,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from ..errors import InputError
 from .trace_context import WARN_ONCE_VAR, LaunchTrace
 
 if TYPE_CHECKING:
-    from .report.model import Report
+    from ..report.model import Report
 
 ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
 INSTALL_HINT = "install the OpenTelemetry extra: pip install 'torchrepro[otel]'"
@@ -95,7 +95,7 @@ def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace
     if args.otlp_in_process:
         return func(args)
     global _launcher
-    from .report.otel import Launcher
+    from .otel import Launcher
 
     with tempfile.TemporaryDirectory(prefix="torchrepro-otlp-") as tmp:
         os.environ[WARN_ONCE_VAR] = str(Path(tmp) / "warned")
@@ -140,7 +140,7 @@ def live_listeners() -> list[Callable[[Any], None]]:
     if not endpoint:
         return []
     try:
-        from .report.otel import live_exporter
+        from .otel import live_exporter
 
         return [live_exporter(endpoint)]
     except Exception as exc:  # noqa: BLE001 - telemetry must never stop a run

@@ -21,10 +21,10 @@ from typing import Any, TextIO
 
 import torch
 
-from . import __version__
-from .determinism import CUBLAS_DETERMINISTIC, CUBLAS_VAR, audit
-from .digests import stable_uid
-from .events import NOT_AVAILABLE
+from .. import __version__
+from ..determinism import CUBLAS_DETERMINISTIC, CUBLAS_VAR, audit
+from ..digests import stable_uid
+from ..eventlog.events import NOT_AVAILABLE
 
 __all__ = ["CacheDir", "EnvVar", "collect", "write_json"]
 

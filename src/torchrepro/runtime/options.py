@@ -5,7 +5,7 @@ A command that launches runs (``doctor``, ``check``, ``check-resume``, ``drift``
 (:data:`OPTIONS_VAR`, JSON); the child (``torchrepro run``, each rank under torchrun, and the ranks
 capture follows into) reads it back once, with no flags re-parsed. A user who calls ``torchrepro run
 [options] SCRIPT`` directly gets the same ``RunOptions`` from those flags. Values are checked when
-the flags are parsed (:mod:`torchrepro.options`), not here. Importing this module does not import torch.
+the flags are parsed (:mod:`torchrepro.commands.options`), not here. Importing this module does not import torch.
 
 >>> RunOptions.from_json(RunOptions(seed=3, grads=True).to_json()) == RunOptions(seed=3, grads=True)
 True
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, MutableMapping
 
-from .errors import InputError
+from ..errors import InputError
 
 OPTIONS_VAR = "TORCHREPRO_RUN_OPTIONS"
 _PATHS = ("run_dir", "replay_out")
@@ -43,7 +43,7 @@ class RunOptions:
     replay_kernels: bool = False  # repeat each compiled graph on identical inputs instead
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
     fix: str | None = None  # a candidate fix applied first (capture.fixes.apply_fix)
-    factors: dict[str, Any] | None = None  # a drift run's factor levels (torchrepro.factors.apply)
+    factors: dict[str, Any] | None = None  # a drift run's factor levels (torchrepro.runtime.factors.apply)
     cache_policy: str | None = None  # --cache-policy: per-node | shared | per-rank
     cache_root: str | None = None  # --cache-root (absolute)
     warm_from: str | None = None  # --warm-from: a cache pack to unpack first (absolute)
@@ -97,7 +97,7 @@ class RunOptions:
 
     def absolute(self) -> RunOptions:
         """These options with the run directory and the replay file absolute (for a rank that capture
-        follows into, :mod:`torchrepro.follow`, which may start in another working directory)."""
+        follows into, :mod:`torchrepro.runtime.follow`, which may start in another working directory)."""
         return replace(
             self,
             run_dir=Path(self.run_dir).resolve() if self.run_dir else None,

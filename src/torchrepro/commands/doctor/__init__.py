@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import options
-from ..errors import UserError
-from ..otlp import add_otlp_option
-from ..run_options import RunOptions
-from ._finish import Outcome
+from ...errors import UserError
+from ...telemetry.otlp import add_otlp_option
+from ...runtime.options import RunOptions
+from .._finish import Outcome
 
 
 def add_parser(sub: Any) -> None:
@@ -44,8 +44,8 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run the script under capture (or read ``--trace``) and analyse it."""
-    from ..analysis.doctor import Budgets
-    from ..doctor import doctor_from_trace, doctor_script
+    from ...analysis.doctor import Budgets
+    from .job import doctor_from_trace, doctor_script
 
     budgets = Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
     out = Path(args.out) if args.out else None

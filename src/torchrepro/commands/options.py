@@ -65,8 +65,8 @@ def size(text: str) -> int:
 
 def age(text: str) -> float:
     """Seconds in an age such as ``7d``, ``12h``, ``30m`` (see :func:`torchrepro.cache.inventory.parse_age`)."""
-    from .cache.inventory import parse_age
-    from .errors import UserError
+    from ..cache.inventory import parse_age
+    from ..errors import UserError
 
     try:
         return parse_age(text)
@@ -175,8 +175,8 @@ def add_html(p: argparse.ArgumentParser) -> None:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse ``--json``/``--junit`` files that exist (unless ``--force``) or are inputs, before anything runs."""
-    from .errors import UserError
-    from .rundir import check_output
+    from ..errors import UserError
+    from ..eventlog.rundir import check_output
 
     named = ("script", "run_dir", "run_a", "run_b", "trace")
     inputs = [Path(v) for v in (getattr(args, name, None) for name in named) if v]

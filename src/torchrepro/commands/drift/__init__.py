@@ -13,9 +13,9 @@ import signal
 import time
 from pathlib import Path
 from .. import options
-from ..errors import UserError
-from ..otlp import add_otlp_option
-from ._finish import Outcome, finish
+from ...errors import UserError
+from ...telemetry.otlp import add_otlp_option
+from .._finish import Outcome, finish
 
 EPILOG = """\
 factors: init (the global RNG the model is initialised from), order (DataLoader shuffling and samplers),
@@ -83,7 +83,7 @@ def add_parser(sub) -> None:
 
 
 def _metric(args: argparse.Namespace, plan: dict | None = None):
-    from ..drift import MetricSpec
+    from .experiment import MetricSpec
 
     if args.metric or args.metric_regex or plan is None:
         return MetricSpec(args.metric, args.metric_regex)
@@ -92,7 +92,7 @@ def _metric(args: argparse.Namespace, plan: dict | None = None):
 
 def run(args: argparse.Namespace) -> int:
     """Plan, run (or one cell), collect and report, as the flags say."""
-    from ..drift import Runner, cells_of, load_plan, read_record
+    from .experiment import Runner, cells_of, load_plan, read_record
 
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1")
@@ -120,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
 def _plan_and_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..analysis.drift import DEFAULT_FACTORS
-    from ..drift import make_plan, prepare_out, run_all
-    from ..launch import validate_script
-    from ..rundir import default_run_dir
+    from ...analysis.drift import DEFAULT_FACTORS
+    from .experiment import make_plan, prepare_out, run_all
+    from ..launcher import validate_script
+    from ...eventlog.rundir import default_run_dir
 
     if not args.script:
         raise UserError("drift needs a SCRIPT (or --collect DIR, or --run-one INDEX --out DIR)")
@@ -160,7 +160,7 @@ def _interrupt(signum, frame) -> None:
 
 
 def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> int:
-    from ..drift import build_report, collect
+    from .experiment import build_report, collect
 
     metric = _metric(args, plan)
     runs = collect(out, plan, metric)
@@ -179,9 +179,9 @@ def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
     view, ``DIR/report.html``, ``--html``/``--json``), not recompute. None when DIR holds no drift report."""
     import json
 
-    from ..report.html import write_html
-    from ..report.model import load_report, report_kind
-    from ..rundir import HTML_FILE, REPORT_FILE, RUN_FILE
+    from ...report.html import write_html
+    from ...report.model import load_report, report_kind
+    from ...eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE
 
     try:
         data = json.loads((directory / REPORT_FILE).read_text())

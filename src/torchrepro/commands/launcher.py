@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import InputError
-from .otlp import launch_span, live_listeners
-from .run_options import RunOptions
+from ..errors import InputError
+from ..telemetry.otlp import launch_span, live_listeners
+from ..runtime.options import RunOptions
 
 STDERR_TAIL_LINES = 40
 
@@ -44,9 +44,9 @@ def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
     """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`
     set up as ``options`` say (``options.run_dir`` is set); returns its exit code. The session's
     end event records how it ended."""
-    from .capture.session import CaptureConfig, CaptureSession
-    from .follow import propagate
-    from .prepare import prepare
+    from ..capture.session import CaptureConfig, CaptureSession
+    from ..runtime.follow import propagate
+    from ..runtime.prepare import prepare
 
     prepare(options)
     session = CaptureSession(CaptureConfig.from_options(options), listeners=live_listeners())
@@ -113,7 +113,7 @@ def _last_progress(run_dir: Path, since: float) -> float:
 
 
 def _rank_pids(run_dir: Path) -> list[int]:
-    from .events import read_header
+    from ..eventlog.events import read_header
 
     pids = []
     for path in run_dir.glob("rank-*/events.jsonl"):
@@ -329,9 +329,9 @@ def run_command(script: Path, args: list[str]) -> list[str]:
 
 
 def child_env(seed: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a child run: ours (less a capture around us, see :mod:`torchrepro.follow`),
+    """The environment for a child run: ours (less a capture around us, see :mod:`torchrepro.runtime.follow`),
     plus ``PYTHONHASHSEED`` when seeding."""
-    from .follow import without_follow
+    from ..runtime.follow import without_follow
 
     env = without_follow(dict(os.environ))
     if seed is not None:
