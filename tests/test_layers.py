@@ -1,15 +1,28 @@
 """The package's layers, read from the source with ``ast`` (every import, also those inside
-functions; not those under ``if TYPE_CHECKING:``, which never run):
+functions; not those under ``if TYPE_CHECKING:``, which never run). Each module's layer is its
+folder (docs/architecture.md); nothing here lists modules by hand:
 
-- no import cycle between torchrepro's modules;
-- ``analysis/`` and ``report/`` reach neither torch, ``capture/``, ``_compat`` nor the launcher, not
-  even through another module (they read event logs on a machine without torch);
-- ``capture/`` and the trace translator (``structured_trace``) reach neither ``analysis/`` nor
-  ``report/``: the event log holds what torch said, analysis decides what it means;
+    base      torchrepro/__init__, errors, _lazy      what every layer may use
+    eventlog  eventlog/                                the contract: events, run directories, traces
+    library   the other root modules                   seed, rng, determinism, digests, checkpoint,
+                                                       _dist, _state, _compat
+    model     report/model.py                          the typed reports analysis builds
+    analysis  analysis/                                events in, findings out
+    report    report/ (but model.py)                   renderers: read a report, compute nothing
+    telemetry telemetry/                               events and reports out over OTLP
+    capture   capture/, cache/                         observers in the user's process; the cache library
+    runtime   runtime/                                 what runs in the user's process around the script
+    commands  commands/                                one per command, and what they share
+    cli       cli.py, __main__.py                      dispatch
+
+- a module imports only modules of its own layer or of a lower one (data flows one way: command ->
+  launcher -> run directory -> event log -> analysis -> report);
+- no import cycle between modules;
+- ``analysis/`` and ``report/`` reach neither torch, ``capture/``, ``_compat``, ``runtime/`` nor
+  ``commands/``, not even through another module (they read event logs on a machine without torch);
+- ``capture/`` and ``eventlog/`` reach neither ``analysis/`` nor ``report/``: the event log holds
+  what torch said, analysis decides what it means;
 - only ``_compat`` names torch's private modules and attributes (``torch._inductor``, ``torch._C.x``).
-
-The KNOWN_* lists hold what is still wrong today in modules other sessions are reshaping; empty
-them as those land (an entry that no longer applies fails the test, so the lists only shrink).
 """
 
 from __future__ import annotations
@@ -21,27 +34,42 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = "torchrepro"
 
-LAUNCHER = (
-    "torchrepro.commands.launcher",
-    "torchrepro.runtime.follow",
-    "torchrepro.commands.check.compare",
-    "torchrepro.commands.check.fix_ladder",
-    "torchrepro.commands.doctor.job",
-    "torchrepro.commands.drift.experiment",
-    "torchrepro.cli",
-    "torchrepro.__main__",
-    "torchrepro.commands",
-    "torchrepro._bootstrap",
+LAYERS = (
+    "base",
+    "eventlog",
+    "library",
+    "model",
+    "analysis",
+    "report",
+    "telemetry",
+    "capture",
+    "runtime",
+    "commands",
+    "cli",
 )
-READERS = ("torchrepro.analysis", "torchrepro.report")  # events in, findings and pages out
-WRITERS = ("torchrepro.capture", "torchrepro.eventlog.structured_trace")  # torch in, events out
+BASE = ("torchrepro", "torchrepro.errors", "torchrepro._lazy")
+FOLDERS = {  # a folder's layer
+    "eventlog": "eventlog",
+    "analysis": "analysis",
+    "report": "report",
+    "telemetry": "telemetry",
+    "capture": "capture",
+    "cache": "capture",
+    "runtime": "runtime",
+    "commands": "commands",
+}
 
-# (importer, imported) edges that close a cycle today, in modules being reshaped by other sessions
-KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
-# (importer, imported) edges through which a layer reaches what it must not, today
-KNOWN_LAYER_EDGES: set[tuple[str, str]] = set()
-# modules other than _compat that still read a private torch name
-KNOWN_PRIVATE: set[tuple[str, str]] = set()
+
+def layer_of(name: str) -> str:
+    """The layer of a module of the package, from where it lives."""
+    parts = name.split(".")
+    if name in BASE:
+        return "base"
+    if name == "torchrepro.report.model":
+        return "model"
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS):
+        return FOLDERS[parts[1]]
+    return "cli" if parts[1] in ("cli", "__main__") else "library"
 
 
 def module_name(path: Path) -> str:
@@ -150,36 +178,51 @@ def within(name: str, prefixes: Iterable[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def reach(graph: dict[str, set[str]], start: str, skip: set[tuple[str, str]]) -> dict[str, list[str]]:
+def reach(graph: dict[str, set[str]], start: str) -> dict[str, list[str]]:
     """Every module ``start`` imports, directly or not, with the chain of imports to it."""
     chains, todo = {start: [start]}, [start]
     while todo:
         v = todo.pop()
         for w in sorted(graph[v]):
-            if w not in chains and (v, w) not in skip:
+            if w not in chains:
                 chains[w] = [*chains[v], w]
                 todo.append(w)
     return chains
 
 
-def layer_breaches(
-    graph: dict[str, set[str]], raw: dict[str, set[str]], skip: set[tuple[str, str]] = frozenset()
-) -> list[str]:
+READERS = ("torchrepro.analysis", "torchrepro.report")  # events in, findings and pages out
+WRITERS = ("torchrepro.capture", "torchrepro.eventlog")  # torch in, events out
+# what readers must not reach: torch's observers and whatever runs or launches a script
+READERS_MUST_NOT_REACH = ("torchrepro.capture", "torchrepro._compat", "torchrepro.runtime", "torchrepro.commands")
+
+
+def layer_breaches(graph: dict[str, set[str]], raw: dict[str, set[str]]) -> list[str]:
     """Each module of a layer that reaches what it must not, with the chain of imports."""
     torch_users = {name for name, imported in raw.items() if any(within(m, ("torch",)) for m in imported)}
     out = []
     for name in sorted(graph):
         if within(name, READERS):
-            banned = lambda m: within(m, (*WRITERS[:1], *LAUNCHER, "torchrepro._compat")) or m in torch_users  # noqa: E731
+            banned = lambda m: within(m, READERS_MUST_NOT_REACH) or m in torch_users  # noqa: E731
         elif within(name, WRITERS):
             banned = lambda m: within(m, READERS)  # noqa: E731
         else:
             continue
-        for module, chain in reach(graph, name, skip).items():
+        for module, chain in reach(graph, name).items():
             if banned(module):
                 what = "imports torch" if module in torch_users and not within(module, READERS) else "is banned"
                 out.append(f"{' -> '.join(chain)} ({module} {what})")
     return out
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import from a module to a module of a higher layer."""
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    return [
+        f"{a} ({layer_of(a)}) imports {b} ({layer_of(b)})"
+        for a in sorted(graph)
+        for b in sorted(graph[a])
+        if rank[layer_of(b)] > rank[layer_of(a)]
+    ]
 
 
 # --- the tests ---------------------------------------------------------------------------------
@@ -191,25 +234,34 @@ def test_the_graph_is_read_from_the_source():
     assert len(GRAPH) > 60 and "torchrepro.capture.session" in GRAPH
     assert "torchrepro.capture.steps" in GRAPH["torchrepro.capture.session"]  # from .steps import ...
     assert "torchrepro.capture.ops" in GRAPH["torchrepro.capture.session"]  # a function-level import
-    assert "torchrepro.eventlog.events" in GRAPH["torchrepro.analysis.compile"]  # from ..events import ...
+    assert "torchrepro.eventlog.events" in GRAPH["torchrepro.analysis.compile"]  # from ..eventlog.events import ...
     assert "torchrepro.eventlog.rundir" in GRAPH["torchrepro.report.html"]
 
 
+def test_every_module_has_a_layer_from_its_folder():
+    layers = {name: layer_of(name) for name in GRAPH}
+    assert set(layers.values()) == set(LAYERS)
+    assert layers["torchrepro.commands.check.fix_ladder"] == "commands"
+    assert layers["torchrepro.runtime.follow"] == "runtime" and layers["torchrepro.seed"] == "library"
+    assert layers["torchrepro.cli"] == "cli" and layers["torchrepro.report.model"] == "model"
+    assert upward_imports({"torchrepro.eventlog.tail": {"torchrepro.analysis.live"}}) != []  # the rule can fail
+
+
+def test_the_package_root_holds_the_public_face_only():
+    root = sorted(p.stem for p in (SRC / PKG).glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(root) <= 12, root
+
+
+def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
+    assert upward_imports(GRAPH) == []
+
+
 def test_no_import_cycle():
-    assert KNOWN_CYCLE_EDGES <= {(a, b) for a in GRAPH for b in GRAPH[a]}, "a known edge is gone: remove it"
-    pruned = {a: {b for b in GRAPH[a] if (a, b) not in KNOWN_CYCLE_EDGES} for a in GRAPH}
-    assert cycles(pruned) == []
-    for edge in KNOWN_CYCLE_EDGES:  # each known edge still closes a cycle (else it is no longer needed here)
-        a, b = edge
-        assert a in reach(pruned, b, set()), f"{edge} no longer closes a cycle: remove it from KNOWN_CYCLE_EDGES"
+    assert cycles(GRAPH) == []
 
 
 def test_analysis_and_report_reach_no_torch_capture_or_launcher_and_capture_reaches_no_analysis():
-    assert layer_breaches(GRAPH, RAW, KNOWN_LAYER_EDGES) == []
-    for edge in KNOWN_LAYER_EDGES:
-        assert any(edge[0] + " -> " + edge[1] in breach for breach in layer_breaches(GRAPH, RAW)), (
-            f"{edge} no longer breaches a layer: remove it from KNOWN_LAYER_EDGES"
-        )
+    assert layer_breaches(GRAPH, RAW) == []
 
 
 def test_only_compat_names_private_torch_apis():
@@ -219,4 +271,4 @@ def test_only_compat_names_private_torch_apis():
         if name != "torchrepro._compat"
         for private in private_torch_names(path)
     }
-    assert found == KNOWN_PRIVATE, "import it through torchrepro._compat (a probe there)"
+    assert found == set(), "import it through torchrepro._compat (a probe there)"
