@@ -204,3 +204,16 @@ def test_doctor_shows_a_status_line_on_a_terminal_only(tmp_path):
     for line in script_lines:  # the script's own lines reach the terminal whole, on lines of their own
         assert re.search(rf"(^|[\r\n]){re.escape(line)}\r?\n", text)
     assert "report:" in text.rsplit("torchrepro ·", 1)[-1]  # the line is gone before the report prints
+
+
+def test_the_follower_only_reads_files():
+    """``eventlog/tail.py`` reads the run directory; what the events mean is analysis's (fed by
+    ``report/live.py``): it imports neither ``analysis/`` nor ``report/``."""
+    import ast
+
+    import torchrepro.eventlog.tail as tail
+
+    tree = ast.parse(Path(tail.__file__).read_text())
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert "events" in imported and not [m for m in imported if "analysis" in m or "report" in m]
