@@ -275,7 +275,7 @@ def test_doctor_page(browser, doctor_run, tmp_path):
     assert browser.js("document.querySelectorAll('img, [onerror], b.x, script').length") == 0
     shown = browser.js("document.body.innerText")
     assert "train <b class=x> & 'q'.py" in shown
-    assert 'RuntimeError: <img src=x onerror=alert(1)> & "q" ␛[31mred␛[0m' in shown
+    assert 'RuntimeError: <img src=x onerror=alert(1)> & "q" \\x1b[31mred\\x1b[0m' in shown
     # graph breaks by source line, with the line of code; the recompile with its guard text
     assert "torch._dynamo.graph_break()" in browser.js("document.querySelector('#graph-breaks pre.source').textContent")
     guards = browser.js("[...document.querySelectorAll('#recompiles tr.recompile code')].map(c => c.textContent)")

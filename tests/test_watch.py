@@ -12,6 +12,7 @@ from pathlib import Path
 from torchrepro.analysis import compile as compile_analysis
 from torchrepro.eventlog.events import GraphBreak, Header, Step, read_events, write_all
 from torchrepro.eventlog.tail import RunFollower
+from torchrepro.report.live import FollowedRun
 
 TRAIN = Path(__file__).parent / "scripts" / "otel_train.py"
 
@@ -124,12 +125,23 @@ def test_follower_keeps_a_partial_last_line_until_it_is_complete(tmp_path):
     with open(log, "a") as fp:
         fp.write(line[:10])
     follower = RunFollower(tmp_path)
-    assert follower.poll() == 2 and follower.snapshot()["ranks"]["0"]["steps"] == 1
+    assert [(rank, type(e).__name__) for rank, e in follower.poll()] == [(0, "Header"), (0, "Step")]
     with open(log, "a") as fp:
         fp.write(line[10:] + "garbled\n")
-    assert follower.poll() == 1
-    snap = follower.snapshot()
-    assert snap["ranks"]["0"]["steps"] == 2 and snap["unreadable_lines"] == 1 and not snap["finished"]
+    assert [(rank, type(e).__name__) for rank, e in follower.poll()] == [(0, "Step")]
+    assert follower.unreadable == 1 and follower.poll() == []
+
+
+def test_followed_run_feeds_the_live_analysis(tmp_path):
+    log = tmp_path / "rank-0" / "events.jsonl"
+    write_all(log, [Header(world_size=1), Step(index=0, time_s=0.1)])
+    with open(log, "a") as fp:
+        fp.write("garbled\n")
+    followed = FollowedRun(tmp_path)
+    assert followed.poll() == 2 and followed.poll() == 0
+    snap = followed.snapshot()
+    assert snap["run_dir"] == str(tmp_path) and snap["ranks"]["0"]["steps"] == 1
+    assert snap["unreadable_lines"] == 1 and not snap["finished"] and not followed.finished
 
 
 def test_watch_bad_input_is_one_line_exit_2(tmp_path):
@@ -192,3 +204,16 @@ def test_doctor_shows_a_status_line_on_a_terminal_only(tmp_path):
     for line in script_lines:  # the script's own lines reach the terminal whole, on lines of their own
         assert re.search(rf"(^|[\r\n]){re.escape(line)}\r?\n", text)
     assert "report:" in text.rsplit("torchrepro ·", 1)[-1]  # the line is gone before the report prints
+
+
+def test_the_follower_only_reads_files():
+    """``eventlog/tail.py`` reads the run directory; what the events mean is analysis's (fed by
+    ``report/live.py``): it imports neither ``analysis/`` nor ``report/``."""
+    import ast
+
+    import torchrepro.eventlog.tail as tail
+
+    tree = ast.parse(Path(tail.__file__).read_text())
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert "events" in imported and not [m for m in imported if "analysis" in m or "report" in m]

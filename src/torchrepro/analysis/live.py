@@ -2,8 +2,9 @@
 
 :class:`LiveRun` accumulates each rank's events in bounded memory (step counts and a window of
 recent step times; compile, graph-break and cache events, which are few); :func:`snapshot` turns
-it into the view ``torchrepro watch`` shows and ``--once --json`` prints. Pure: no files, no
-clock (the caller passes ``now``), no torch.
+it into the view ``torchrepro watch`` shows and ``--once --json`` prints. Pure: no files (the
+caller reads them: :class:`torchrepro.eventlog.tail.RunFollower`), no clock (the caller passes
+``now``), no torch.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ class LiveRun:
     """Every rank's state, fed event by event (``add``) in the order each rank wrote them."""
 
     ranks: dict[int, RankState] = field(default_factory=dict)
-    problems: int = 0
 
     def add(self, rank: int, event: Event) -> None:
         """Take one event of ``rank`` into account."""
@@ -87,9 +87,10 @@ def lagging(steps: dict[int, int], running: set[int]) -> list[int]:
     return sorted(r for r in running if lead - steps[r] >= max(LAG_STEPS, 0.05 * lead))
 
 
-def snapshot(live: LiveRun, meta: dict[str, Any], now: float) -> dict[str, Any]:
+def snapshot(live: LiveRun, meta: dict[str, Any], now: float, unreadable: int = 0) -> dict[str, Any]:
     """What the run looks like now: per rank steps, steps/s, compiles and status; the ranks that
-    lag; recompiles by category; the latest graph break with its source line; compile findings."""
+    lag; recompiles by category; the latest graph break with its source line; compile findings
+    (and the ``unreadable`` lines the reader of the logs skipped)."""
     logs = [live.ranks[r].log for r in sorted(live.ranks)]
     section, findings = compile_analysis.summarize(logs)
     ranks = {}
@@ -132,5 +133,5 @@ def snapshot(live: LiveRun, meta: dict[str, Any], now: float) -> dict[str, Any]:
             "gb_id": latest.gb_id,
         },
         "findings": [{"code": f.code, "severity": f.severity, "title": f.title} for f in findings],
-        "unreadable_lines": live.problems,
+        "unreadable_lines": unreadable,
     }

@@ -2,18 +2,17 @@
 
 Each rank's log is read from where the last read stopped (its offset is remembered); a last
 line still being written is kept until its newline arrives. ``run.json`` is re-read each time
-(it is written atomically). Used by ``torchrepro watch`` and ``doctor``'s live status line.
+(it is written atomically). This module only reads files: what the events mean is for whoever
+polls (:class:`torchrepro.report.live.FollowedRun` feeds them to the live analysis).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from ..analysis.live import LiveRun, is_finished, snapshot
-from .events import EVENTS_FILE, from_json
+from .events import EVENTS_FILE, Event, from_json
 from .rundir import RUN_FILE
 
 
@@ -25,28 +24,31 @@ def _rank_of(path: Path) -> int | None:
 
 
 class RunFollower:
-    """Reads what is new in a run directory on each :meth:`poll`.
+    """Reads what is new in a run directory on each :meth:`poll`: ``meta`` is ``run.json`` as
+    last read, ``unreadable`` counts the lines that were no event.
 
     >>> follower = RunFollower(Path("torchrepro-runs/x"))  # doctest: +SKIP
-    >>> follower.poll(); follower.snapshot()["ranks"]  # doctest: +SKIP
+    >>> [(rank, type(event).__name__) for rank, event in follower.poll()]  # doctest: +SKIP
+    [(0, 'Header'), (0, 'Compile')]
     """
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.live = LiveRun()
         self.meta: dict[str, Any] = {}
+        self.unreadable = 0
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
 
-    def poll(self) -> int:
-        """Read new events of every rank (new ranks included); returns how many were read."""
+    def poll(self) -> list[tuple[int, Event]]:
+        """Re-read ``run.json``; the new events of every rank (new ranks included) as
+        ``(rank, event)``, each rank's in the order it wrote them."""
         self._read_meta()
-        count = 0
+        events: list[tuple[int, Event]] = []
         for path in sorted(self.run_dir.glob(f"rank-*/{EVENTS_FILE}")):
             rank = _rank_of(path)
             if rank is not None:
-                count += self._read(path, rank)
-        return count
+                events += ((rank, event) for event in self._read(path))
+        return events
 
     def _read_meta(self) -> None:
         try:
@@ -54,35 +56,26 @@ class RunFollower:
         except (OSError, ValueError):
             pass  # not written yet (or by a launcher that writes none)
 
-    def _read(self, path: Path, rank: int) -> int:
+    def _read(self, path: Path) -> list[Event]:
         try:
             with open(path, "rb") as fp:
                 fp.seek(self._offsets.get(path, 0))
                 data = fp.read()
         except OSError:
-            return 0
+            return []
         self._offsets[path] = self._offsets.get(path, 0) + len(data)
         lines = (self._partial.pop(path, b"") + data).split(b"\n")
         if lines[-1]:
             self._partial[path] = lines[-1]  # still being written
-        count = 0
+        events = []
         for raw in lines[:-1]:
             if not raw.strip():
                 continue
             try:
                 event = from_json(json.loads(raw))
             except (ValueError, TypeError, AttributeError):
-                self.live.problems += 1
+                self.unreadable += 1
                 continue
             if event is not None:
-                self.live.add(rank, event)
-                count += 1
-        return count
-
-    def snapshot(self, now: float | None = None) -> dict[str, Any]:
-        """The run as read so far (see :func:`torchrepro.analysis.live.snapshot`)."""
-        return {"run_dir": str(self.run_dir), **snapshot(self.live, self.meta, time.time() if now is None else now)}
-
-    @property
-    def finished(self) -> bool:
-        return is_finished(self.live, self.meta)
+                events.append(event)
+        return events

@@ -1,21 +1,15 @@
 """The terminal view of a drift report: the verdict, effects of binary factors, variance shares,
-what could not be separated, excluded runs. Text from the user's script is shown without markup
-and without control characters."""
+what could not be separated, excluded runs. Every text passes through
+:func:`~torchrepro.report.sanitize.visible_tree` and is shown without markup."""
 
 from __future__ import annotations
-
-import re
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from .model import DriftReport
-
-
-def printable(value: object) -> str:
-    """``value`` as text with control characters (escape sequences from a script's output) replaced."""
-    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", "?", str(value))
+from .sanitize import visible_tree
 
 
 def _num(x: float | None) -> str:
@@ -29,10 +23,11 @@ def _ci(ci: list[float] | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
 def render_drift(report: DriftReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict first, then one table per kind of factor and every run that was left out."""
     console = console or Console()
+    report = visible_tree(report)  # metric, labels and errors come from the user's script
     drift = report.drift
-    console.print(Text(printable(report.verdict_line), style="bold"), highlight=False)
+    console.print(Text(report.verdict_line, style="bold"), highlight=False)
     console.print(
-        Text(f"metric: {printable(drift['metric']['source'])} · design: {drift['design']}", style="dim"),
+        Text(f"metric: {drift['metric']['source']} · design: {drift['design']}", style="dim"),
         highlight=False,
     )
     summary = drift["summary"]
@@ -83,12 +78,10 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
             Text(f" ! not separable: {', '.join(item['factors'])} — {item['reason']}", style="yellow"), highlight=False
         )
     for note in drift["notes"]:
-        console.print(Text(f" · {printable(note)}", style="cyan"), highlight=False)
+        console.print(Text(f" · {note}", style="cyan"), highlight=False)
     for run in drift["excluded"]:
         console.print(
-            Text(
-                f" ✗ run {run['index']} excluded ({run['status']}): {printable(run['error'] or '')}"[:240], style="red"
-            ),
+            Text(f" ✗ run {run['index']} excluded ({run['status']}): {run['error'] or ''}"[:240], style="red"),
             highlight=False,
         )
     if report_path:

@@ -1,6 +1,7 @@
 """The terminal view of `torchrepro env` (:func:`torchrepro.runtime.environment.collect`'s data): versions,
-determinism switches, compile caches, risky variables. Values are shown as plain text (no rich
-markup from paths or values). Nothing here imports torch."""
+determinism switches, compile caches, risky variables. Values (paths, variables) pass through
+:func:`~torchrepro.report.sanitize.visible_tree` and are shown as plain text (no rich markup from
+paths or values). Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..eventlog.events import NOT_AVAILABLE
+from .sanitize import visible_tree
 
 
 def render_env(info: dict[str, Any], console: Console | None = None) -> None:
@@ -19,7 +21,7 @@ def render_env(info: dict[str, Any], console: Console | None = None) -> None:
     Example: ``render_env(envinfo.collect())``, or ``render_env(info, Console(file=buf))`` to capture it.
     """
     console = console or Console()
-
+    info = visible_tree(info)  # paths and variables come from outside
     title = f"torchrepro {info['torchrepro']} — env fingerprint {info['env_fingerprint']}"
     versions = Table(title=title, show_header=False, title_justify="left")
     versions.add_column(style="bold")

@@ -3,16 +3,16 @@ the network (a Content-Security-Policy meta forbids it), readable offline and sm
 attach to an issue.
 
 The page is rendered from the report dict exactly as ``report.json`` holds it: Jinja2 templates
-with autoescape (every string from the user's run — script names, guard texts, exception
-messages — is escaped, and control characters such as ANSI escapes are shown as visible
-symbols), and charts drawn here as hand-written SVG from the report's own series. Nothing is
+with autoescape, and charts drawn here as hand-written SVG from the report's own series. Every
+string from the user's run (script names, guard texts, exception messages), in a template or a
+chart, first passes through :func:`~torchrepro.report.sanitize.visible` (control and
+bidirectional-override characters show as escapes such as ``\\x1b``), then is escaped. Nothing is
 recomputed: what a chart needs, the analysis put into the report.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
 from .model import Report
+from .sanitize import visible
 
 GENERATOR = f"torchrepro {__version__}"
 MAX_FINDINGS = 60  # and "n more in report.json": the page stays small whatever the run did
@@ -31,36 +32,20 @@ MAX_ROWS = 40
 MAX_LANES = 24
 MAX_RUNS = 500  # rows of a drift experiment's run table
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
-
-
-def visible(text: str) -> str:
-    """Control characters as visible symbols (``\\x1b`` → ``␛``, DEL → ``␡``): an ANSI colour code
-    in a script's output shows as text instead of reaching the page raw.
-
-    >>> visible("\\x1b[31mred")
-    '␛[31mred'
-    """
-
-    def symbol(m: re.Match[str]) -> str:
-        code = ord(m.group())
-        return chr(0x2400 + code) if code < 0x20 else "␡" if code == 0x7F else f"\\x{code:02x}"
-
-    return _CONTROL.sub(symbol, text)
-
 
 def _finalize(value: Any) -> Any:
-    """Every ``{{ value }}``: None as a dash, strings made visible (then autoescaped)."""
+    """Every ``{{ value }}``: None as a dash, strings made visible (then autoescaped); newlines
+    stay (a ``<pre>`` shows them as lines, any other element as a space)."""
     if value is None or isinstance(value, ChainableUndefined):
         return "—"
     if isinstance(value, Markup):
         return value
-    return visible(value if isinstance(value, str) else str(value))
+    return visible(value, newlines=True)
 
 
 def _text(value: Any) -> Markup:
-    """Escaped, visible text for SVG built here."""
-    return escape(visible(str(value)))
+    """Escaped, visible text (on one line) for SVG built here."""
+    return escape(visible(value))
 
 
 def fmt_num(value: Any, digits: int = 3) -> str:

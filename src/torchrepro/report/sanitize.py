@@ -1,6 +1,23 @@
-"""Text from the user's script (exception messages, file names, guards, stderr) made safe to show:
-control characters become visible escapes, so nothing the script printed can move the cursor,
-clear the screen, retitle the terminal or break an XML file."""
+r"""The one sanitiser for text from outside: what the user's script wrote or named (exception
+messages, file names, guards, stderr, metric names, labels) made safe to show. Every renderer
+(terminal views, the live view, HTML, SVG, JUnit XML, OpenTelemetry attributes) passes such text
+through :func:`visible` (one string) or :func:`visible_tree` (a whole report) and nothing else
+defines which characters are unsafe.
+
+Unsafe characters become visible escapes (``\x1b``, ``\u202e``), so nothing a script printed can
+move the cursor, clear the screen, retitle the terminal, reorder what a reader sees (bidirectional
+overrides: "Trojan Source") or make an XML file ill-formed. Tabs stay. A newline is kept only where
+the caller shows multi-line text (``newlines=True``: an HTML ``<pre>``, a JUnit failure body);
+everywhere else, one-line summaries included, it shows as ``\n``, so a message of many lines stays
+on the one line it was given. Backslashes are left as they are (Windows paths stay readable), so
+the function is idempotent. Markup escaping (``<``, ``&``) stays the job of each format's own
+escaper, applied after :func:`visible`.
+
+>>> visible("boom\n\x1b]0;title\x07 \u202eevil")
+'boom\\n\\x1b]0;title\\x07 \\u202eevil'
+>>> visible(visible("a\nb", newlines=True)) == visible("a\nb")
+True
+"""
 
 from __future__ import annotations
 
@@ -8,46 +25,50 @@ import dataclasses
 import re
 from enum import Enum
 
-# C0 controls but tab and newline, DEL, C1 controls, bidirectional overrides and isolates, and the
-# code points XML 1.0 forbids (lone surrogates, U+FFFE, U+FFFF)
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
+# C0 controls but tab and newline, DEL, C1 controls; the bidirectional marks, embeddings,
+# overrides and isolates (U+061C, U+200E-200F, U+202A-202E, U+2066-2069); the line and paragraph
+# separators; the code points XML 1.0 forbids (lone surrogates, U+FFFE, U+FFFF)
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]"
+)
 _UNSAFE_LINE = re.compile(_UNSAFE.pattern[:-1] + "\n]")
+_SHORT = {"\n": "\\n", "\r": "\\r"}
 
 
 def _escape(match: re.Match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    char = match.group()
+    code = ord(char)
+    return _SHORT.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def visible(text: object, newlines: bool = False) -> str:
-    r"""``text`` with every control character written as an escape (``\x1b``); tabs stay, and
-    newlines too when ``newlines``.
+    r"""``str(text)`` with every unsafe character written as an escape; tabs stay, and newlines
+    too when ``newlines``.
 
-    >>> visible("loss\x1b[2J nan\tok")
-    'loss\\x1b[2J nan\tok'
-    >>> visible("a\nb"), visible("a\nb", newlines=True)
-    ('a\\x0ab', 'a\nb')
+    >>> visible("loss\x1b[2J nan\tok\x00")
+    'loss\\x1b[2J nan\tok\\x00'
+    >>> visible("a\r\nb"), visible("a\nb", newlines=True)
+    ('a\\r\\nb', 'a\nb')
     """
     return (_UNSAFE if newlines else _UNSAFE_LINE).sub(_escape, str(text))
 
 
-def visible_tree(data: object) -> object:
+def visible_tree(data: object, newlines: bool = False) -> object:
     r"""A copy of a JSON-like structure (or a dataclass of them, such as a typed report) with every
-    string passed through :func:`visible` (for renderers).
+    string, keys included, passed through :func:`visible` (for renderers that show a whole report).
 
-    >>> visible_tree({"title\x07": ["\u202eevil", 3]})
-    {'title\\x07': ['\\u202eevil', 3]}
+    >>> visible_tree({"title\x07": ["\u202eevil\n", 3]})
+    {'title\\x07': ['\\u202eevil\\n', 3]}
     """
     if isinstance(data, Enum):
         return data
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
-        return dataclasses.replace(
-            data, **{f.name: visible_tree(getattr(data, f.name)) for f in dataclasses.fields(data) if f.init}
-        )
+        fields = (f.name for f in dataclasses.fields(data) if f.init)
+        return dataclasses.replace(data, **{name: visible_tree(getattr(data, name), newlines) for name in fields})
     if isinstance(data, str):
-        return visible(data, newlines=True)
+        return visible(data, newlines)
     if isinstance(data, dict):
-        return {visible(k) if isinstance(k, str) else k: visible_tree(v) for k, v in data.items()}
+        return {visible(k) if isinstance(k, str) else k: visible_tree(v, newlines) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [visible_tree(v) for v in data]
+        return [visible_tree(v, newlines) for v in data]
     return data

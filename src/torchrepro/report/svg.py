@@ -1,5 +1,5 @@
-"""Strip plots as self-contained SVG files, written by hand: every text escaped, no scripts, no
-external references."""
+"""Strip plots as self-contained SVG files, written by hand: every text made visible and escaped,
+no scripts, no external references."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from ..eventlog.rundir import write_text
+from .sanitize import visible
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
 
 
 def _text(value: object) -> str:
-    """Escaped XML text without the control characters XML 1.0 forbids."""
-    return escape(re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", "?", str(value)))
+    """Visible (:func:`~torchrepro.report.sanitize.visible`: no control or bidirectional-override
+    character, nothing XML 1.0 forbids), escaped XML text."""
+    return escape(visible(value))
 
 
 def _tick(x: float) -> str:

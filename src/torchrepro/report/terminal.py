@@ -1,6 +1,7 @@
 """A one-screen rich summary of a report. Every string of the report passes through
-:func:`~torchrepro.report.sanitize.visible` first and is printed without markup: text from the user's
-script (exception messages, guards, file names) cannot style or control the terminal."""
+:func:`~torchrepro.report.sanitize.visible_tree` first and is printed without markup: text from the
+user's script (exception messages, guards, file names) cannot style or control the terminal, and a
+newline in it shows as ``\\n``, so each finding stays on its line."""
 
 from __future__ import annotations
 

@@ -60,6 +60,7 @@ from ..analysis.compile import display_function
 from ..eventlog.events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
 from .trace_context import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
 from ..report.model import Report
+from ..report.sanitize import visible
 
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
@@ -79,8 +80,9 @@ def _ns(t: float) -> int:
 
 
 def _attrs(values: dict[str, Any]) -> dict[str, Any]:
-    """OpenTelemetry attributes: no None values, long texts cut."""
-    return {k: v[:_MAX_TEXT] if isinstance(v, str) else v for k, v in values.items() if v is not None}
+    """OpenTelemetry attributes: no None values, texts made visible (they quote the user's script:
+    :func:`~torchrepro.report.sanitize.visible`) and cut."""
+    return {k: visible(v)[:_MAX_TEXT] if isinstance(v, str) else v for k, v in values.items() if v is not None}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -466,7 +468,7 @@ class RankExporter:
                 timestamp=_ns(b.t),
             )
         if c.fail_type or c.limit_hit:
-            span.set_status(Status(StatusCode.ERROR, c.fail_reason or c.limit_hit or c.fail_type))
+            span.set_status(Status(StatusCode.ERROR, visible(c.fail_reason or c.limit_hit or c.fail_type)))
         span.end(end_time=end)
         if c.limit_hit:
             return
@@ -514,7 +516,7 @@ class RankExporter:
             )
         )
         if status not in ("ok", "imported"):
-            self.rank_span.set_status(Status(StatusCode.ERROR, (e.error if e else None) or status))
+            self.rank_span.set_status(Status(StatusCode.ERROR, visible((e.error if e else None) or status)))
         self.rank_span.end(end_time=_ns(e.t if e else self._last_t))
         self.rank_span = None
 
@@ -566,11 +568,9 @@ class Launcher:
         span = self.telemetry.tracer.start_span(
             "torchrepro launch",
             context=self.context,
-            attributes={
-                "torchrepro.run.label": run_dir.name,
-                "torchrepro.run_dir": str(run_dir),
-                "torchrepro.nproc": nproc,
-            },
+            attributes=_attrs(
+                {"torchrepro.run.label": run_dir.name, "torchrepro.run_dir": str(run_dir), "torchrepro.nproc": nproc}
+            ),
         )
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))

@@ -122,7 +122,7 @@ def doctor_script(
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
-    from ..watch import live_status
+    from ...report.live import live_status
 
     with live_status(run_dir):  # a status line at the bottom of the terminal while the script runs
         result = launch(run_dir, script, args, options, nproc=nproc, env=child_env(seed), stall_timeout=timeout)

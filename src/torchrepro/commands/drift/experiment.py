@@ -39,7 +39,7 @@ from ...eventlog.events import EVENTS_FILE, Metric, Step, read_events, read_head
 from ..launcher import STDERR_TAIL_LINES, child_env, run_command
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
-from ...report.drift import printable
+from ...report.sanitize import visible
 from ...report.model import DriftReport
 from ...eventlog.rundir import write_json
 from ...report.save import write_report
@@ -340,7 +340,7 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
                     counts["crashed"] += 1
                     last = record["stderr_tail"][-1] if record["stderr_tail"] else ""
                     progress.console.print(
-                        f"run {record['index']} exited with {record['exit_code']}: {printable(last)[:160]}",
+                        f"run {record['index']} exited with {record['exit_code']}: {visible(last)[:160]}",
                         markup=False,
                         highlight=False,
                     )
@@ -438,7 +438,7 @@ def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRu
         if record.get("exit_code"):
             tail = record.get("stderr_tail") or []
             run.status = "crashed"
-            run.error = f"exit {record['exit_code']}" + (f": {printable(tail[-1])[:300]}" if tail else "")
+            run.error = f"exit {record['exit_code']}" + (f": {visible(tail[-1])[:300]}" if tail else "")
             continue
         run.metric, problem = _metric(metric, events, out / cell.dir / "logs" / "stdout.log")
         if run.metric is not None and not math.isfinite(run.metric):
