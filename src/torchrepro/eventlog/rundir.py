@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import InputError
 from .events import EventLog, Shared, Step, rank_logs, read_events
@@ -66,7 +66,15 @@ def write_bytes(path: Path, data: bytes) -> None:
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
     except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise InputError(cannot_write(path, exc)) from None
+
+
+def cannot_write(path: Path | None, exc: OSError) -> str:
+    """The one line for a file that could not be written (a full disk, a quota, an I/O error...)."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why += ": free some space and run again"
+    return f"cannot write {path}: {why}" if path is not None else f"cannot write: {why}"
 
 
 def _new_file_mode() -> int:
@@ -82,31 +90,12 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (see :func:`write_bytes`)."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    write_text(path, json_text(data))
 
 
-def check_output(path: Path, *, force: bool = False, inputs: Iterable[Path] = ()) -> Path:
-    """A file the user named for output (``--json``, ``--junit``), checked before anything runs:
-    :class:`InputError` if it is a directory, cannot be created there (a regular file on the way,
-    a read-only or virtual file system), is one of ``inputs`` (a script, or a file inside a run
-    directory being read), or exists and not ``force``. Missing folders are created when written."""
-    if path.is_dir():
-        raise InputError(f"{path} is a directory: name a file to write")
-    folder = next(p for p in path.absolute().parents if p.exists())
-    try:
-        if not folder.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file")
-        tempfile.TemporaryFile(dir=folder).close()  # the one sure test (root passes access(), /proc refuses)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    target = path.resolve()
-    for item in inputs:
-        item = Path(item).resolve()
-        if target == item or (item.is_dir() and target.is_relative_to(item) and target.exists()):
-            raise InputError(f"{path} is an input of this command: write the output elsewhere")
-    if path.exists() and not force:
-        raise InputError(f"{path} already exists: choose another name, or pass --force to replace it")
-    return path
+def json_text(data: Any) -> str:
+    """How torchrepro writes a JSON file: indented, one newline at the end."""
+    return json.dumps(data, indent=2, default=str) + "\n"
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
