@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import InputError
-from .events import EventLog, Shared, Step, rank_logs, read_events
+from .events import EventLog, Shared, Step, open_regular, rank_logs, read_events
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
@@ -134,6 +134,60 @@ class Run:
         return [log.rank for log in self.logs]
 
 
+# run.json's fields and the JSON types each may hold (null too); fields not named here are kept as they are
+RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("command", "args", "stderr_tail", "trace_files"), (list,)),
+    **dict.fromkeys(("git", "rank_exit_codes", "rank_stderr_tails", "stall", "launcher", "records_not_used"), (dict,)),
+    **dict.fromkeys(("seed", "world_size", "exit_code"), (int,)),
+    **dict.fromkeys(("wall_s", "stalled_after_s"), (int, float)),
+    **dict.fromkeys(
+        ("script", "cwd", "torchrepro_version", "torch_version", "python_version", "started", "ended", "label"),
+        (str,),
+    ),
+    **dict.fromkeys(("compile_mode", "env_fingerprint", "source", "trace_dir", "stopped_by"), (str,)),
+}
+MAX_JSON = 64 << 20  # run.json, plan.json: larger is not one torchrepro wrote
+
+
+def read_json_file(path: Path) -> Any:
+    """A small JSON file of a run directory (``run.json``, a drift ``plan.json``): ``OSError``
+    when it cannot be read, :class:`InputError` when it is not a regular file or over
+    :data:`MAX_JSON` bytes, ``ValueError`` when it is not JSON."""
+    with open_regular(path) as fp:
+        data = fp.read(MAX_JSON + 1)
+    if len(data) > MAX_JSON:
+        raise InputError(f"{path}: over {MAX_JSON >> 20} MiB: not a file torchrepro wrote")
+    return json.loads(data)
+
+
+def read_run_json(path: Path) -> dict[str, Any]:
+    """``run.json``, its fields checked (:data:`RUN_FIELDS`): :class:`InputError` naming the first
+    field of a wrong type, or a file that is not a regular file (see :func:`read_json_file`)."""
+    meta = read_json_file(path)
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: not a JSON object: not a torchrepro run.json")
+    for name, value in meta.items():
+        accepted = RUN_FIELDS.get(name)
+        if accepted is None or value is None:
+            continue
+        if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+            wanted = " or ".join(JSON_TYPES[t] for t in accepted)
+            raise InputError(f"{path}: field {name!r} is {JSON_TYPES.get(type(value), 'a value')}, not {wanted}")
+    if isinstance(meta.get("stopped_by"), str) and meta["stopped_by"] not in signal.Signals.__members__:
+        raise InputError(f"{path}: field 'stopped_by' is {meta['stopped_by']!r}, not a signal name")
+    return meta
+
+
+JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
     enabled = gc.isenabled()
@@ -166,7 +220,7 @@ def load_run(
     meta_file = path / RUN_FILE
     if meta_file.exists():
         try:
-            run.meta = json.loads(meta_file.read_text())
+            run.meta = read_run_json(meta_file)
         except (OSError, ValueError) as exc:
             run.problems.append(f"{meta_file}: unreadable ({exc}); using the event logs alone")
     files = rank_logs(path)
@@ -216,11 +270,11 @@ def _read_logs(files: list[Path], keep: Callable[[list[Step]], Any] | None) -> l
     read; what repeats across the ranks is held once (:class:`~.events.Shared`)."""
     shared, out = Shared(), []
     for file in files:
-        if not file.is_file():  # a FIFO or device would block or never end
-            out.append(f"{file}: not a regular file, skipped")
-            continue
         try:
             log = read_events(file, shared)
+        except InputError as exc:  # a FIFO or a device: it would block or never end
+            out.append(f"{exc}, skipped")
+            continue
         except OSError as exc:
             out.append(f"{file}: unreadable ({exc})")
             continue
