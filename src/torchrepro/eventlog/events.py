@@ -38,7 +38,7 @@ SCHEMA = "torchrepro.events/1"
 EVENTS_FILE = "events.jsonl"
 MAX_LINE = 64 << 20  # a longer line is damage (a sparse or garbled file), skipped unread: memory stays bounded
 _CHUNK = 4 << 20  # what the reader holds of the file at once, besides one line
-OVERSIZED = b"\0 a line over MAX_LINE bytes"  # what _Lines gives for such a line (never valid JSON)
+OVERSIZED = b"\0 a line over MAX_LINE bytes"  # what LineReader gives for such a line (never valid JSON)
 NOT_AVAILABLE = "not available"  # a version or capability of the environment (Header.env) this machine lacks
 
 
@@ -544,7 +544,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
         raise
 
 
-class _Lines:
+class LineReader:
     """The lines of a binary file (without their newline), read :data:`_CHUNK` bytes at a time, so
     memory holds one chunk and one line at most: a line over ``limit`` bytes comes out as
     :data:`OVERSIZED`, never held whole. ``final`` turns True when the file's last line comes out
@@ -583,7 +583,7 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
     path = Path(path)
     log = EventLog(path)
     with open_regular(path) as fp:
-        _read_lines(log, _Lines(fp), shared)
+        _read_lines(log, LineReader(fp), shared)
     if log.bad_lines > 5:
         log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
     header = log.header
@@ -600,7 +600,7 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
     return log
 
 
-def _read_lines(log: EventLog, lines: _Lines, shared: Shared | None) -> None:
+def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None) -> None:
     """Each line of ``lines`` into ``log``: its event, or counted as skipped (see :func:`read_events`)."""
     loads, builders, events = _orjson.loads if _orjson is not None else json.loads, _BUILDERS, log.events
     fast, share_step, step_prefix = _decode_step, _share_step, _STEP_PREFIX
