@@ -124,3 +124,27 @@ def test_a_huge_sparse_event_log_is_read_in_bounded_memory(tmp_path):
     peak_mb, bad, problems = proc.stdout.split(maxsplit=2)
     assert int(bad) == 1 and "over 64 MiB" in problems
     assert int(peak_mb) < 250, f"peak RSS {peak_mb} MB reading a 400 MB log"  # whole-file reading: > 800 MB
+
+
+def test_plan_json_with_a_field_of_a_wrong_type(tmp_path):
+    from torchrepro.commands.drift.experiment import MetricSpec, make_plan
+
+    script = tmp_path / "train.py"
+    script.write_text("print('loss=1.0')\n")
+    plan = make_plan(script, [], "init", 2, 0, MetricSpec(name="loss"))
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "plan.json").write_text(json.dumps({**plan, "metric": "loss"}))
+    line = one_line_error(torchrepro("drift", "--collect", tmp_path / "exp", cwd=tmp_path))
+    assert "'metric' is a string, not an object" in line
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [("drift", "x", "'drift' is str"), ("run", {}, "lacks 'script'")])
+def test_report_json_with_a_field_of_a_wrong_type(tmp_path, field, value, said):
+    from synthetic_runs import drift_experiment
+
+    drift_experiment(tmp_path / "exp", "m")
+    stored = tmp_path / "exp" / "report.json"
+    stored.write_text(json.dumps({**json.loads(stored.read_text()), field: value}))
+    line = one_line_error(torchrepro("report", tmp_path / "exp", cwd=tmp_path))
+    stored.unlink()  # damaged on purpose: not one for the schema check every test ends with
+    assert said in line and "report.json" in line

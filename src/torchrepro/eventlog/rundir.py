@@ -161,21 +161,27 @@ def read_json_file(path: Path) -> Any:
 
 
 def read_run_json(path: Path) -> dict[str, Any]:
-    """``run.json``, its fields checked (:data:`RUN_FIELDS`): :class:`InputError` naming the first
-    field of a wrong type, or a file that is not a regular file (see :func:`read_json_file`)."""
+    """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`); :class:`InputError`
+    also for a file that is not a regular file (see :func:`read_json_file`)."""
     meta = read_json_file(path)
     if not isinstance(meta, dict):
         raise InputError(f"{path}: not a JSON object: not a torchrepro run.json")
-    for name, value in meta.items():
-        accepted = RUN_FIELDS.get(name)
+    check_fields(path, meta, RUN_FIELDS)
+    if isinstance(meta.get("stopped_by"), str) and meta["stopped_by"] not in signal.Signals.__members__:
+        raise InputError(f"{path}: field 'stopped_by' is {meta['stopped_by']!r}, not a signal name")
+    return meta
+
+
+def check_fields(path: Path, data: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+    """:class:`InputError` naming the first field of ``data`` (read from ``path``) whose JSON type is
+    not one ``fields`` allows it (null is allowed; a field not named there is not checked)."""
+    for name, value in data.items():
+        accepted = fields.get(name)
         if accepted is None or value is None:
             continue
         if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
             wanted = " or ".join(JSON_TYPES[t] for t in accepted)
             raise InputError(f"{path}: field {name!r} is {JSON_TYPES.get(type(value), 'a value')}, not {wanted}")
-    if isinstance(meta.get("stopped_by"), str) and meta["stopped_by"] not in signal.Signals.__members__:
-        raise InputError(f"{path}: field 'stopped_by' is {meta['stopped_by']!r}, not a signal name")
-    return meta
 
 
 JSON_TYPES = {
