@@ -141,10 +141,10 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("seed", "world_size", "exit_code"), (int,)),
     **dict.fromkeys(("wall_s", "stalled_after_s"), (int, float)),
     **dict.fromkeys(
-        ("script", "cwd", "torchrepro_version", "torch_version", "python_version", "started", "ended", "label"),
+        ("script", "cwd", "torchrepro_version", "torch_version", "python_version", "started", "ended", "label")
+        + ("compile_mode", "env_fingerprint", "source", "trace_dir", "stopped_by"),
         (str,),
     ),
-    **dict.fromkeys(("compile_mode", "env_fingerprint", "source", "trace_dir", "stopped_by"), (str,)),
 }
 MAX_JSON = 64 << 20  # run.json, plan.json: larger is not one torchrepro wrote
 
