@@ -107,8 +107,10 @@ def test_report_does_not_replace_the_stored_report(tmp_path, capsys):
     stored.write_text('{"stored": true}')
     assert cli(capsys, "report", run)[0] == 0
     assert stored.read_text() == '{"stored": true}'
-    assert cli(capsys, "report", run, "--json", run / "report.again.json")[0] == 0
-    assert json.loads((run / "report.again.json").read_text())["schema"] == "torchrepro.doctor/1"
+    code, _, err = cli(capsys, "report", run, "--json", run / "report.again.json")  # inside the run read
+    assert code == 2 and "input" in one_line_error(err) and not (run / "report.again.json").exists()
+    assert cli(capsys, "report", run, "--json", tmp_path / "report.again.json")[0] == 0
+    assert json.loads((tmp_path / "report.again.json").read_text())["schema"] == "torchrepro.doctor/1"
     assert stored.read_text() == '{"stored": true}'
     assert cli(capsys, "report", run, "--junit", tmp_path / "new" / "dir" / "out.xml")[0] == 0  # folders made
     ElementTree.parse(tmp_path / "new" / "dir" / "out.xml")

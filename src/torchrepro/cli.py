@@ -74,12 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "args", None) and args.args[0] == "--":
         args.args = args.args[1:]
     try:
-        options.check_outputs(args)
+        from .commands.outputs import check_args
+
+        check_args(args)
         _check_torch_logs()
         return run_with_export(args, _dispatch)
     except UserError as exc:
         print(f"torchrepro: error: {visible(exc)}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a full disk or an I/O error wherever it is met: one line too
+        from .commands.outputs import disk_error
+
+        if (error := disk_error(exc, args)) is None:
+            raise
+        print(f"torchrepro: error: {visible(error)}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:
         print("torchrepro: interrupted", file=sys.stderr)
         return 130

@@ -96,11 +96,14 @@ def run_summary(
 def _outcome_findings(run: dict[str, Any], meta: dict[str, Any], logs: list[EventLog]) -> list[Finding]:
     findings = fault_findings(run, meta) + world_findings(logs, meta)
     if run["problems"]:
+        skipped = sum(log.bad_lines for log in logs)
         findings.append(
             Finding(
                 "EVENT_LOG_DAMAGED",
                 "warning",
-                f"{len(run['problems'])} problem(s) reading the event logs",
+                f"{skipped} damaged line(s) skipped reading the event logs"
+                if skipped
+                else f"{len(run['problems'])} problem(s) reading the event logs",
                 hint="Damaged lines were skipped; everything else was read.",
                 evidence={"problems": run["problems"][:10]},
             )
@@ -131,7 +134,8 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
         for counters in log.of(Counters):
             bad = counters.counters.get("torchrepro", {}).get("malformed_records", 0)
             if bad:
-                entry = lost.setdefault("trace_records", {"what": "trace_records", "note": "", "ranks": []})
+                note = "damaged or cut records were skipped, compile events may be missing"
+                entry = lost.setdefault("trace_records", {"what": "trace_records", "note": note, "ranks": []})
                 entry["records"] = entry.get("records", 0) + bad
                 if log.rank not in entry["ranks"]:
                     entry["ranks"].append(log.rank)

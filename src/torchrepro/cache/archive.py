@@ -17,6 +17,7 @@ any point leaves the targets as they were.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -31,7 +32,7 @@ from typing import IO, Any, Callable
 
 from .. import __version__
 from ..errors import InputError, UserError
-from ..eventlog.rundir import atomic_path
+from ..commands.outputs import check, written
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"
@@ -147,15 +148,11 @@ def pack(
     out = Path(out).absolute()
     if not out.name.endswith(PACK_SUFFIXES):
         raise InputError(f"{out.name}: a pack is written as .tar, .tar.gz or .tgz (not {out.suffix or 'no suffix'})")
-    if out.exists() and not force:
-        raise UserError(f"{out} already exists: choose another name, or pass --force to replace it")
-    if out.is_relative_to(root):
-        raise UserError(f"{out} is inside the cache being packed ({root}): write the pack elsewhere")
-    if not out.parent.is_dir():
-        raise InputError(f"no such directory: {out.parent}")
+    header_root = Path(headers_from).absolute() if headers_from else headers_dir()
+    read = [root, header_root] if headers else [root]
+    check(out, inputs=read, force=force)  # before the cache is scanned; again when it is written
     entries = scan(root)
     files = [_record("cache", root / e.rel, e.rel) for e in entries if e.category in PACKED and not e.unreachable]
-    header_root = Path(headers_from).absolute() if headers_from else headers_dir()
     files += [_record("headers", p, p.name) for p in (_header_files(header_root) if headers else [])]
     manifest = {
         "schema": PACK_SCHEMA,
@@ -178,13 +175,10 @@ def pack(
     data = json.dumps(manifest, indent=1).encode()
     compression = _compression(out)
     options = {"compresslevel": 1} if compression else {}  # fast: the headers are most of the bytes
-    try:
-        with atomic_path(out) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
-            tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
-            for f in files:
-                _add_file(tar, root if f["area"] == "cache" else header_root, f)
-    except OSError as exc:
-        raise InputError(f"cannot write {out}: {exc.strerror or exc}") from None
+    with written(out, inputs=read, force=force) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
+        tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
+        for f in files:
+            _add_file(tar, root if f["area"] == "cache" else header_root, f)
     return manifest
 
 
@@ -199,7 +193,9 @@ def _add_file(tar: tarfile.TarFile, root: Path, spec: dict[str, Any]) -> None:
         with open(path, "rb") as fp:
             reader = _Hashing(fp)
             tar.addfile(_tarinfo(f"{spec['area']}/{spec['path']}", spec["size"], spec["mtime"]), reader)
-    except OSError:  # gone, or shrank (tarfile: "unexpected end of data")
+    except OSError as exc:  # gone, or shrank (tarfile: "unexpected end of data"); a full disk is the pack's
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
         raise _changed(path) from None
     if reader.sha.hexdigest() != spec["sha256"]:
         raise _changed(path)

@@ -50,20 +50,22 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
 
 
 def _write_outputs(report: Report, args: argparse.Namespace) -> None:
-    """``--json FILE``, ``--junit FILE``, ``--html FILE`` (an existing non-report file needs
-    ``--force``), and the report's verdict on the command's span."""
-    from ..eventlog.rundir import write_json
+    """``--json FILE``, ``--junit FILE``, ``--html FILE`` (:mod:`.outputs`: never onto an input; an
+    existing file only with ``--force``, or a torchrepro page for ``--html``), and the report's
+    verdict on the command's span."""
+    from ..eventlog.rundir import json_text
+    from .outputs import write_args
 
     if getattr(args, "json", None):
-        write_json(Path(args.json), report.to_json())
+        write_args(args, args.json, json_text(report.to_json()).encode())
     if getattr(args, "junit", None):
-        from ..report.junit import write_junit
+        from ..report.junit import junit_xml
 
-        write_junit(report, Path(args.junit))
+        write_args(args, args.junit, junit_xml(report))
     if getattr(args, "html", None):
-        from ..report.html import write_html
+        from ..report.html import render_html
 
-        write_html(report, Path(args.html), force=args.force)
+        write_args(args, args.html, render_html(report).encode())
     record_report(report)
 
 

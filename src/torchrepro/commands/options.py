@@ -108,7 +108,7 @@ class Parser(argparse.ArgumentParser):
 
 def add_outputs(p: argparse.ArgumentParser, junit: bool = False) -> None:
     """``--json FILE`` (and ``--junit FILE``) with ``--force``: the files a command writes for the
-    user, checked before anything runs (:func:`check_outputs`)."""
+    user, checked before anything runs (:func:`torchrepro.commands.outputs.check_args`)."""
     p.add_argument("--json", metavar="FILE", help="also write the report JSON here (a new file unless --force)")
     if junit:
         p.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI (a new file unless --force)")
@@ -171,17 +171,3 @@ def add_tolerance(p: argparse.ArgumentParser) -> None:
 def add_html(p: argparse.ArgumentParser) -> None:
     """``--html FILE``: the report as one HTML page."""
     p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page here")
-
-
-def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse ``--json``/``--junit`` files that exist (unless ``--force``) or are inputs, before anything runs."""
-    from ..errors import UserError
-    from ..eventlog.rundir import check_output
-
-    named = ("script", "run_dir", "run_a", "run_b", "trace")
-    inputs = [Path(v) for v in (getattr(args, name, None) for name in named) if v]
-    paths = [Path(v) for v in (getattr(args, "json", None), getattr(args, "junit", None)) if isinstance(v, str)]
-    if len(paths) == 2 and paths[0].resolve() == paths[1].resolve():
-        raise UserError("--json and --junit name the same file")
-    for path in paths:
-        check_output(path, force=args.force, inputs=inputs)

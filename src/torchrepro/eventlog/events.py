@@ -3,8 +3,10 @@
 One file per rank, ``RUN_DIR/rank-<r>/events.jsonl``; the first line is a :class:`Header`
 carrying ``"schema": "torchrepro.events/1"``. Every line is one JSON object with a ``kind``.
 The writer hands each event to the kernel with one ``write``, so a crash keeps everything before it. The reader skips
-garbled lines and a truncated last line and says so in ``EventLog.problems``; events of
-kinds it does not know are counted, not fatal. Nothing here imports torch.
+garbled lines, lines over :data:`MAX_LINE` bytes and a truncated last line and says so in
+``EventLog.problems``; events of kinds it does not know are counted, not fatal. It reads a chunk at
+a time (memory holds the events, not the file) and only regular files (:func:`open_regular`: a FIFO
+or a device would block or never end). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
+
+from ..errors import InputError
 
 try:
     import orjson as _orjson
@@ -31,6 +36,9 @@ except ImportError:  # optional: step lines are then read through orjson or json
 
 SCHEMA = "torchrepro.events/1"
 EVENTS_FILE = "events.jsonl"
+MAX_LINE = 64 << 20  # a longer line is damage (a sparse or garbled file), skipped unread: memory stays bounded
+_CHUNK = 4 << 20  # what the reader holds of the file at once, besides one line
+OVERSIZED = b"\0 a line over MAX_LINE bytes"  # what LineReader gives for such a line (never valid JSON)
 NOT_AVAILABLE = "not available"  # a version or capability of the environment (Header.env) this machine lacks
 
 
@@ -521,14 +529,79 @@ def _rank_from_dir(name: str) -> int:
         return 0
 
 
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """``path`` opened for reading in binary; :class:`InputError` unless it is a regular file: a FIFO
+    would block the reader (it is opened non-blocking, then checked), a device would never end.
+    ``OSError`` when it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path}: not a regular file (a FIFO, a device or a directory)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class LineReader:
+    """The lines of a binary file (without their newline), read :data:`_CHUNK` bytes at a time, so
+    memory holds one chunk and one line at most: a line over ``limit`` bytes comes out as
+    :data:`OVERSIZED`, never held whole. ``final`` turns True when the file's last line comes out
+    without a newline (a file cut while written)."""
+
+    def __init__(self, fp: BinaryIO, limit: int = MAX_LINE):
+        self.fp, self.limit, self.final = fp, limit, False
+
+    def __iter__(self) -> Iterator[bytes]:
+        pieces: list[bytes] = []  # the line read so far, when it spans chunks
+        size, skipping, limit, read = 0, False, self.limit, self.fp.read
+        while chunk := read(_CHUNK):
+            lines = chunk.split(b"\n")
+            tail = lines.pop()
+            if lines:  # the line that spanned chunks ends here
+                if skipping:
+                    lines[0], skipping = OVERSIZED, False
+                elif pieces:
+                    size += len(lines[0])
+                    lines[0] = OVERSIZED if size > limit else b"".join([*pieces, lines[0]])
+                    pieces, size = [], 0
+                yield from lines
+            if tail and not skipping:
+                pieces.append(tail)
+                size += len(tail)
+                if size > limit:
+                    pieces, size, skipping = [], 0, True
+        if skipping or pieces:
+            self.final = True
+            yield OVERSIZED if skipping else b"".join(pieces)
+
+
 def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventLog:
     """Read one rank's log, tolerating damage: see the module docstring. ``shared`` (one
     :class:`Shared` for every rank of a run) keeps what repeats across ranks once."""
     path = Path(path)
     log = EventLog(path)
-    with open(path, "rb") as fp:
-        lines = fp.read().split(b"\n")
-    last = len(lines) - 1
+    with open_regular(path) as fp:
+        _read_lines(log, LineReader(fp), shared)
+    if log.bad_lines > 5:
+        log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
+    header = log.header
+    if header is None:
+        log.unreadable = "no header line: not a torchrepro event log"
+    elif header.schema != SCHEMA:
+        by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
+        log.unreadable = (
+            f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
+        )
+        log.events = [header]  # nothing else is trusted: field meanings may have changed
+    if log.unreadable:
+        log.problems.append(f"{path}: {log.unreadable}")
+    return log
+
+
+def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None) -> None:
+    """Each line of ``lines`` into ``log``: its event, or counted as skipped (see :func:`read_events`)."""
     loads, builders, events = _orjson.loads if _orjson is not None else json.loads, _BUILDERS, log.events
     fast, share_step, step_prefix = _decode_step, _share_step, _STEP_PREFIX
     by_type: dict[type, list[Event]] = {Step: []}  # the events grouped by type as they are read (EventLog.of)
@@ -562,26 +635,15 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
             by_type.setdefault(type(event), []).append(event)
         except (ValueError, TypeError, UnicodeDecodeError):
             log.bad_lines += 1
-            log.truncated = number - 1 == last
+            log.truncated = lines.final
             if log.bad_lines <= 5:
-                what = "truncated last line" if log.truncated else f"unreadable line {number}"
-                log.problems.append(f"{path}: {what} skipped")
-    if log.bad_lines > 5:
-        log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
-    header = log.header
-    if header is None:
-        log.unreadable = "no header line: not a torchrepro event log"
-    elif header.schema != SCHEMA:
-        by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
-        log.unreadable = (
-            f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
-        )
-        log.events = [header]  # nothing else is trusted: field meanings may have changed
-    if log.unreadable:
-        log.problems.append(f"{path}: {log.unreadable}")
-    else:
-        log._by_type = (events, len(events), by_type)
-    return log
+                what = f"unreadable line {number}"
+                if raw is OVERSIZED:
+                    what = f"line {number} (over {MAX_LINE >> 20} MiB)"
+                elif log.truncated:
+                    what = "truncated last line"
+                log.problems.append(f"{log.path}: {what} skipped")
+    log._by_type = (events, len(events), by_type)
 
 
 def _version() -> str:
@@ -592,12 +654,10 @@ def _version() -> str:
 
 def read_header(path: str | os.PathLike) -> Header | None:
     """Only the header (first line) of a rank's log, without reading the rest."""
-    if not Path(path).is_file():  # a FIFO would block
-        return None
     try:
-        with open(path, "rb") as fp:
-            event = from_json(json.loads(fp.readline()))
-    except (OSError, ValueError, TypeError, AttributeError):
+        with open_regular(path) as fp:
+            event = from_json(json.loads(fp.readline(MAX_LINE)))
+    except (OSError, InputError, ValueError, TypeError, AttributeError):
         return None
     return event if isinstance(event, Header) else None
 

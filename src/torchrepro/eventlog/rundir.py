@@ -23,10 +23,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import InputError
-from .events import EventLog, Shared, Step, rank_logs, read_events
+from .events import EventLog, Shared, Step, open_regular, rank_logs, read_events
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
@@ -66,7 +66,15 @@ def write_bytes(path: Path, data: bytes) -> None:
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
     except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise InputError(cannot_write(path, exc)) from None
+
+
+def cannot_write(path: Path | None, exc: OSError) -> str:
+    """The one line for a file that could not be written (a full disk, a quota, an I/O error...)."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why += ": free some space and run again"
+    return f"cannot write {path}: {why}" if path is not None else f"cannot write: {why}"
 
 
 def _new_file_mode() -> int:
@@ -82,31 +90,12 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (see :func:`write_bytes`)."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    write_text(path, json_text(data))
 
 
-def check_output(path: Path, *, force: bool = False, inputs: Iterable[Path] = ()) -> Path:
-    """A file the user named for output (``--json``, ``--junit``), checked before anything runs:
-    :class:`InputError` if it is a directory, cannot be created there (a regular file on the way,
-    a read-only or virtual file system), is one of ``inputs`` (a script, or a file inside a run
-    directory being read), or exists and not ``force``. Missing folders are created when written."""
-    if path.is_dir():
-        raise InputError(f"{path} is a directory: name a file to write")
-    folder = next(p for p in path.absolute().parents if p.exists())
-    try:
-        if not folder.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file")
-        tempfile.TemporaryFile(dir=folder).close()  # the one sure test (root passes access(), /proc refuses)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    target = path.resolve()
-    for item in inputs:
-        item = Path(item).resolve()
-        if target == item or (item.is_dir() and target.is_relative_to(item) and target.exists()):
-            raise InputError(f"{path} is an input of this command: write the output elsewhere")
-    if path.exists() and not force:
-        raise InputError(f"{path} already exists: choose another name, or pass --force to replace it")
-    return path
+def json_text(data: Any) -> str:
+    """How torchrepro writes a JSON file: indented, one newline at the end."""
+    return json.dumps(data, indent=2, default=str) + "\n"
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
@@ -145,6 +134,66 @@ class Run:
         return [log.rank for log in self.logs]
 
 
+# run.json's fields and the JSON types each may hold (null too); fields not named here are kept as they are
+RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("command", "args", "stderr_tail", "trace_files"), (list,)),
+    **dict.fromkeys(("git", "rank_exit_codes", "rank_stderr_tails", "stall", "launcher", "records_not_used"), (dict,)),
+    **dict.fromkeys(("seed", "world_size", "exit_code"), (int,)),
+    **dict.fromkeys(("wall_s", "stalled_after_s"), (int, float)),
+    **dict.fromkeys(
+        ("script", "cwd", "torchrepro_version", "torch_version", "python_version", "started", "ended", "label")
+        + ("compile_mode", "env_fingerprint", "source", "trace_dir", "stopped_by"),
+        (str,),
+    ),
+}
+MAX_JSON = 64 << 20  # run.json, plan.json: larger is not one torchrepro wrote
+
+
+def read_json_file(path: Path) -> Any:
+    """A small JSON file of a run directory (``run.json``, a drift ``plan.json``): ``OSError``
+    when it cannot be read, :class:`InputError` when it is not a regular file or over
+    :data:`MAX_JSON` bytes, ``ValueError`` when it is not JSON."""
+    with open_regular(path) as fp:
+        data = fp.read(MAX_JSON + 1)
+    if len(data) > MAX_JSON:
+        raise InputError(f"{path}: over {MAX_JSON >> 20} MiB: not a file torchrepro wrote")
+    return json.loads(data)
+
+
+def read_run_json(path: Path) -> dict[str, Any]:
+    """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`); :class:`InputError`
+    also for a file that is not a regular file (see :func:`read_json_file`)."""
+    meta = read_json_file(path)
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: not a JSON object: not a torchrepro run.json")
+    check_fields(path, meta, RUN_FIELDS)
+    if isinstance(meta.get("stopped_by"), str) and meta["stopped_by"] not in signal.Signals.__members__:
+        raise InputError(f"{path}: field 'stopped_by' is {meta['stopped_by']!r}, not a signal name")
+    return meta
+
+
+def check_fields(path: Path, data: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+    """:class:`InputError` naming the first field of ``data`` (read from ``path``) whose JSON type is
+    not one ``fields`` allows it (null is allowed; a field not named there is not checked)."""
+    for name, value in data.items():
+        accepted = fields.get(name)
+        if accepted is None or value is None:
+            continue
+        if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+            wanted = " or ".join(JSON_TYPES[t] for t in accepted)
+            raise InputError(f"{path}: field {name!r} is {JSON_TYPES.get(type(value), 'a value')}, not {wanted}")
+
+
+JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
     enabled = gc.isenabled()
@@ -177,7 +226,7 @@ def load_run(
     meta_file = path / RUN_FILE
     if meta_file.exists():
         try:
-            run.meta = json.loads(meta_file.read_text())
+            run.meta = read_run_json(meta_file)
         except (OSError, ValueError) as exc:
             run.problems.append(f"{meta_file}: unreadable ({exc}); using the event logs alone")
     files = rank_logs(path)
@@ -227,11 +276,11 @@ def _read_logs(files: list[Path], keep: Callable[[list[Step]], Any] | None) -> l
     read; what repeats across the ranks is held once (:class:`~.events.Shared`)."""
     shared, out = Shared(), []
     for file in files:
-        if not file.is_file():  # a FIFO or device would block or never end
-            out.append(f"{file}: not a regular file, skipped")
-            continue
         try:
             log = read_events(file, shared)
+        except InputError as exc:  # a FIFO or a device: it would block or never end
+            out.append(f"{exc}, skipped")
+            continue
         except OSError as exc:
             out.append(f"{file}: unreadable ({exc})")
             continue

@@ -11,6 +11,7 @@ imports torch or analysis.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .events import CacheLookup, Compile, Event, GraphBreak
+from .events import OVERSIZED, CacheLookup, Compile, Event, GraphBreak, LineReader, open_regular
 
 _CONTEXT_KEYS = {
     "frame_id",
@@ -261,26 +262,45 @@ def _cache_counts(m: dict[str, Any]) -> dict[str, dict[str, int]]:
 _LINE = re.compile(r"^[A-Z]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
 
 
-def iter_trace_file(path: Path) -> Iterator[tuple[dict[str, Any], str | None]]:
-    """(metadata, payload) records of one ``TORCH_TRACE`` log; damaged lines are skipped."""
+def iter_trace_file(path: Path, counts: Counter | None = None) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """(metadata, payload) records of one ``TORCH_TRACE`` log. Damaged records are skipped and
+    counted in ``counts["malformed"]``: a line that is neither a record nor a payload line, metadata
+    that is not JSON, a payload whose MD5 is not the one its metadata names (``has_payload``: a
+    record cut, the file ending mid-record). A line over :data:`~.events.MAX_LINE` bytes is damage
+    too, never held whole; only a regular file is read (:func:`~.events.open_regular`)."""
+    counts = Counter() if counts is None else counts
     metadata: dict[str, Any] | None = None
-    payload: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as fp:
-        for line in fp:
-            if line.startswith("\t"):
-                payload.append(line[1:])
+    payload: list[bytes] = []
+    with open_regular(path) as fp:
+        for raw in LineReader(fp):
+            if raw.startswith(b"\t"):
+                payload.append(raw[1:])
                 continue
             if metadata is not None:
-                yield metadata, "".join(payload) if payload else None
+                yield from _checked(metadata, payload, counts)
             metadata, payload = None, []
-            m = _LINE.match(line)
-            if m:
-                try:
-                    metadata = json.loads(m.group(1))
-                except ValueError:
-                    metadata = None
+            m = _LINE.match(raw.decode("utf-8", errors="replace")) if raw is not OVERSIZED else None
+            try:
+                metadata = json.loads(m.group(1)) if m else None
+            except ValueError:
+                metadata = None
+            if metadata is None and raw.strip() or metadata is not None and not isinstance(metadata, dict):
+                metadata = None
+                counts["malformed"] += 1
     if metadata is not None:
-        yield metadata, "".join(payload) if payload else None
+        yield from _checked(metadata, payload, counts)
+
+
+def _checked(
+    metadata: dict[str, Any], payload: list[bytes], counts: Counter
+) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """The record, unless its payload is not the one its metadata's MD5 names (then counted)."""
+    text = b"\n".join(payload)
+    expected = metadata.get("has_payload")
+    if isinstance(expected, str) and hashlib.md5(text, usedforsecurity=False).hexdigest() != expected:
+        counts["malformed"] += 1
+        return
+    yield metadata, text.decode("utf-8", errors="replace") + "\n" if payload else None
 
 
 def trace_files(trace_dir: Path) -> list[Path]:
@@ -298,7 +318,7 @@ def translate_file(path: Path, rank: int = 0) -> tuple[list[Event], TraceTransla
     rank = _rank_of_file(path) if _rank_of_file(path) is not None else rank
     translator = TraceTranslator(rank=rank)
     events: list[Event] = []
-    for metadata, payload in iter_trace_file(path):
+    for metadata, payload in iter_trace_file(path, translator.counts):
         if "rank" in metadata and isinstance(metadata["rank"], int):
             translator.rank = metadata["rank"]
         try:

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .events import EVENTS_FILE, Event, from_json
-from .rundir import RUN_FILE
+from .events import EVENTS_FILE, MAX_LINE, Event, from_json, open_regular
+from .rundir import RUN_FILE, read_run_json
 
 
 def _rank_of(path: Path) -> int | None:
@@ -52,19 +52,22 @@ class RunFollower:
 
     def _read_meta(self) -> None:
         try:
-            self.meta = json.loads((self.run_dir / RUN_FILE).read_text())
+            self.meta = read_run_json(self.run_dir / RUN_FILE)  # InputError: a FIFO, a field of a wrong type
         except (OSError, ValueError):
             pass  # not written yet (or by a launcher that writes none)
 
     def _read(self, path: Path) -> list[Event]:
         try:
-            with open(path, "rb") as fp:
+            with open_regular(path) as fp:  # InputError: a FIFO would block the view
                 fp.seek(self._offsets.get(path, 0))
-                data = fp.read()
+                data = fp.read(MAX_LINE)  # the rest on the next poll: memory stays bounded
         except OSError:
             return []
         self._offsets[path] = self._offsets.get(path, 0) + len(data)
         lines = (self._partial.pop(path, b"") + data).split(b"\n")
+        if len(lines[-1]) > MAX_LINE:  # damage, not a line being written: skipped
+            lines[-1] = b""
+            self.unreadable += 1
         if lines[-1]:
             self._partial[path] = lines[-1]  # still being written
         events = []

@@ -456,11 +456,12 @@ def is_torchrepro_html(path: Path) -> bool:
     return b'<meta name="generator" content="torchrepro' in head
 
 
-def write_html(report: Report, path: Path, *, force: bool = False, title: str | None = None) -> Path:
-    """Render ``report`` into ``path`` atomically. An existing file that is not a torchrepro
-    report is never replaced unless ``force``: :class:`InputError` instead."""
+def write_html(report: Report, path: Path, *, title: str | None = None) -> Path:
+    """Render ``report`` into ``path`` atomically, beside the report it shows in a run directory
+    (a file named by the user is written by :mod:`torchrepro.commands.outputs`). An existing file
+    that is not a torchrepro report is never replaced: :class:`InputError` instead."""
     path = Path(path)
-    if path.exists() and not force and (path.is_dir() or not is_torchrepro_html(path)):
-        raise InputError(f"{path} exists and is not a torchrepro report: choose another file, or pass --force")
+    if path.exists() and (path.is_dir() or not is_torchrepro_html(path)):
+        raise InputError(f"{path} exists and is not a torchrepro report: choose another file")
     write_text(path, render_html(report, title))
     return path

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from ..eventlog.rundir import write_bytes
 from .sanitize import visible
 from .model import DoctorReport
 
 
-def write_junit(report: DoctorReport, path: Path) -> None:
-    """Write ``report`` as a JUnit test suite (budgets and error findings fail). Text from the
+def junit_xml(report: DoctorReport) -> bytes:
+    """``report`` as a JUnit test suite (budgets and error findings fail). Text from the
     user's script is escaped, control characters included, so the file is always well-formed."""
     suite = ET.Element("testsuite", name="torchrepro")
     cases = [("budgets", report.budget_failures)]
@@ -25,4 +23,4 @@ def write_junit(report: DoctorReport, path: Path) -> None:
             failure.text = visible("\n".join(problems), newlines=True)
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(failures))
-    write_bytes(path, ET.tostring(suite, encoding="utf-8", xml_declaration=True))
+    return ET.tostring(suite, encoding="utf-8", xml_declaration=True)

@@ -17,6 +17,7 @@ rank groups, provenance) stay JSON objects. Each kind has a JSON Schema in
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -477,10 +478,53 @@ def load_report(data: Any, source: str = "report") -> Report:
     if kind is None:
         schema = data.get("schema") if isinstance(data, dict) else None
         raise InputError(f"{source} is not a torchrepro report (schema {schema!r})")
+    schema = json.loads(schema_path(kind).read_text())
+    if (problem := schema_problem(data, schema, schema)) is not None:
+        raise InputError(f"{source}: a damaged {kind} report: {problem}")
     try:
         return _KINDS[kind].from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
+
+
+_JSON_TYPES = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def schema_problem(data: Any, schema: dict[str, Any], root: dict[str, Any], where: str = "") -> str | None:
+    """The first place ``data`` breaks ``schema`` (``root``: where its ``$ref`` point), as
+    ``field 'a.b' is ...``, or None. The subset of JSON Schema the shipped schemas use: ``type``,
+    ``properties``, ``required``, ``items``, ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``."""
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rpartition("/")[2]]
+    name = f"field {where!r}" if where else "the document"
+    if "anyOf" in schema and all(schema_problem(data, s, root, where) for s in schema["anyOf"]):
+        return f"{name} matches none of its allowed forms"
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        fits = any(isinstance(data, _JSON_TYPES[n]) for n in names)
+        if not fits or (isinstance(data, bool) and "boolean" not in names):
+            return f"{name} is {type(data).__name__} {json.dumps(data, default=str)[:40]}, not {' or '.join(names)}"
+    if ("enum" in schema and data not in schema["enum"]) or ("const" in schema and data != schema["const"]):
+        return f"{name} is {json.dumps(data, default=str)[:40]}, not one of {schema.get('enum', [schema.get('const')])}"
+    if isinstance(data, dict):
+        if missing := [k for k in schema.get("required", ()) if k not in data]:
+            return f"{name} lacks {missing[0]!r}"
+        for key, sub in schema.get("properties", {}).items():
+            if key in data and (problem := schema_problem(data[key], sub, root, f"{where}.{key}".lstrip("."))):
+                return problem
+    if isinstance(data, list) and "items" in schema:
+        for i, item in enumerate(data):
+            if problem := schema_problem(item, schema["items"], root, f"{where}[{i}]"):
+                return problem
+    return None
 
 
 def schema_path(kind: str) -> Path:

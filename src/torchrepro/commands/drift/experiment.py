@@ -41,7 +41,7 @@ from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
 from ...report.sanitize import visible
 from ...report.model import DriftReport
-from ...eventlog.rundir import write_json
+from ...eventlog.rundir import check_fields, read_json_file, write_json
 from ...report.save import write_report
 
 ALL_SEEDS = "seeds"  # the one random axis when no random factor is named: every stream varied at once
@@ -182,12 +182,22 @@ def load_plan(out: Path) -> dict[str, Any]:
     if not path.is_file():
         raise InputError(f"{out} holds no {PLAN_FILE}: not a drift directory (make one with torchrepro drift --plan)")
     try:
-        plan = json.loads(path.read_text())
+        plan = read_json_file(path)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: unreadable ({exc})") from None
     if not isinstance(plan, dict) or plan.get("schema") != PLAN_SCHEMA:
         raise InputError(f"{path}: not a {PLAN_SCHEMA} file")
+    check_fields(path, plan, PLAN_FIELDS)
     return plan
+
+
+# plan.json's fields (make_plan) and the JSON types each may hold
+PLAN_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("script", "schema"), (str,)),
+    **dict.fromkeys(("args", "vary", "random", "binary", "cells"), (list,)),
+    **dict.fromkeys(("seed", "runs"), (int,)),
+    "metric": (dict,),
+}
 
 
 def prepare_out(out: Path, plan: dict[str, Any]) -> None:

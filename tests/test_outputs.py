@@ -1,0 +1,131 @@
+"""Every file a command writes for the user goes through one guard (:mod:`torchrepro.commands.outputs`):
+never onto an input (the script, a file of a run being read, a plan, a cache being packed), however
+the path is spelled (a symlink, ``..``, a hard link), ``--force`` or not; a full disk is one line,
+with no partial file left and the previous file intact. Real files, real processes, a real tmpfs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_hostile_input import SMALL, fake_run, one_line_error, snapshot, torchrepro
+
+
+def _cases(tmp: Path) -> dict[str, list]:
+    """Commands whose output is one of their inputs, each spelled another way; all with --force."""
+    from synthetic_runs import drift_experiment
+    from test_cache import fake_cache
+
+    run, other = fake_run(tmp / "run"), fake_run(tmp / "other")
+    script = tmp / "train.py"
+    shutil.copy(SMALL, script)
+    drift_experiment(tmp / "exp", "m")
+    (tmp / "exp" / "plan.json").write_text('{"schema": "a plan"}')
+    (tmp / "link.json").symlink_to(run / "run.json")
+    os.link(run / "rank-0" / "events.jsonl", tmp / "hard.json")
+    cache = fake_cache(tmp / "cache")
+    return {
+        "--html onto the event log read": ["report", run, "--html", run / "rank-0" / "events.jsonl"],
+        "--json onto run.json": ["report", run, "--json", run / "run.json"],
+        "--junit onto report.json": ["report", run, "--junit", run / "report.json"],
+        "--json onto the script": ["doctor", "--json", script, script],
+        "--html onto the drift plan": ["report", tmp / "exp", "--html", tmp / "exp" / "plan.json"],
+        "diff --html onto run B": ["diff", run, other, "--html", other / "run.json"],
+        "a symlink to run.json": ["report", run, "--json", tmp / "link.json"],
+        "a path through ..": ["report", run, "--json", tmp / "other" / ".." / "run" / "run.json"],
+        "a hard link to the event log": ["report", run, "--json", tmp / "hard.json"],
+        "a new file inside the run": ["report", run, "--json", run / "rank-0" / "new.json"],
+        "a pack inside the cache": ["cache", "pack", cache / "ab" / "x.tar", "--from", cache, "--no-headers"],
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "--html onto the event log read",
+        "--json onto run.json",
+        "--junit onto report.json",
+        "--json onto the script",
+        "--html onto the drift plan",
+        "diff --html onto run B",
+        "a symlink to run.json",
+        "a path through ..",
+        "a hard link to the event log",
+        "a new file inside the run",
+        "a pack inside the cache",
+    ],
+)
+def test_an_output_is_never_an_input_even_with_force(tmp_path, case):
+    args = _cases(tmp_path)[case]
+    (tmp_path / "run" / "report.json").write_text('{"stored": true}')
+    before = snapshot(tmp_path)
+    line = one_line_error(torchrepro(*args, "--force", cwd=tmp_path))
+    assert "input" in line
+    assert snapshot(tmp_path) == before  # every input byte-identical, nothing new
+
+
+def test_force_still_replaces_an_earlier_output(tmp_path):
+    run = fake_run(tmp_path / "run")
+    earlier = tmp_path / "r.html"
+    earlier.write_text("my notes")
+    earlier.chmod(0o600)
+    assert "--force" in one_line_error(torchrepro("report", run, "--html", earlier, cwd=tmp_path))
+    proc = torchrepro("report", run, "--html", earlier, "--force", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert 'content="torchrepro' in earlier.read_text() and stat.S_IMODE(earlier.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_two_outputs_naming_one_file_are_refused(tmp_path):
+    run = fake_run(tmp_path / "run")
+    line = one_line_error(torchrepro("report", run, "--json", "x", "--html", "./x", cwd=tmp_path))
+    assert "different files" in line and not (tmp_path / "x").exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs holding ``earlier.json``, filled to the last block (root only: skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], capture_output=True, text=True)
+    if mount.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        (disk / "earlier.json").write_text('{"earlier": true}')
+        with open(disk / "filler", "wb", buffering=0) as fp:  # fill it: the rest of the 1 MiB, to the last block
+            try:
+                while True:
+                    fp.write(b"\0" * 4096)
+            except OSError:
+                pass
+        yield disk
+    finally:
+        subprocess.run(["umount", disk], check=True)
+
+
+def test_report_json_onto_a_full_disk(tmp_path, full_disk):
+    run = fake_run(tmp_path / "run")
+    before = snapshot(full_disk)
+    line = one_line_error(torchrepro("report", run, "--json", full_disk / "earlier.json", "--force", cwd=tmp_path))
+    assert "No space left on device" in line and "earlier.json" in line
+    assert snapshot(full_disk) == before  # the previous file intact, no temporary file left
+    line = one_line_error(torchrepro("report", run, "--json", full_disk / "new.json", cwd=tmp_path))
+    assert "new.json" in line and snapshot(full_disk) == before
+
+
+@pytest.mark.parametrize("free", [0, 16 << 10])  # nothing; room for run.json but not the rest of the run
+def test_doctor_out_onto_a_full_disk(tmp_path, full_disk, free):
+    filler = full_disk / "filler"
+    os.truncate(filler, filler.stat().st_size - free)
+    proc = torchrepro("doctor", "--out", full_disk / "run", SMALL, "--", "--epochs", "1", cwd=tmp_path)
+    line = one_line_error(proc)
+    assert "No space left on device" in line and str(full_disk / "run") in line
+    assert json.loads((full_disk / "earlier.json").read_text()) == {"earlier": True}
+    assert not [p for p in full_disk.rglob("*.tmp")]  # no temporary file of an atomic write left
