@@ -32,7 +32,7 @@ from typing import IO, Any, Callable
 
 from .. import __version__
 from ..errors import InputError, UserError
-from ..commands.outputs import check, written
+from ..eventlog.outputs import check, written
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"
