@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import options
 from ...errors import UserError
 from ...telemetry.otlp import add_otlp_option
-from .._finish import Outcome, finish
+from .._finish import Outcome
 
 MAX_RUNS = 10_000  # the largest design (cells x runs) run without --allow-large
 
@@ -111,7 +111,7 @@ def _metric(args: argparse.Namespace, plan: dict | None = None):
     return MetricSpec(**plan["metric"])
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> Outcome | int:
     """Plan, run (or one cell), collect and report, as the flags say."""
     from .experiment import Runner, cells_of, load_plan, read_record
 
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     return _plan_and_run(args)
 
 
-def _plan_and_run(args: argparse.Namespace) -> int:
+def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     from rich.console import Console
 
     from ...analysis.drift import DEFAULT_FACTORS
@@ -181,7 +181,9 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> int:
+def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> Outcome:
+    """Collect and analyse the runs (``report.json``, ``report.html`` and the plots are written);
+    a :class:`UserError` when no run produced the metric and none crashed."""
     from .experiment import build_report, collect
 
     metric = _metric(args, plan)
@@ -189,11 +191,10 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
     report = build_report(
         out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect, counts=counts, wall_s=wall_s
     )
-    code = finish(Outcome(report, out), args)
     drift = report.drift
-    if code != 3 and not drift["summary"]["n"] and drift["excluded"]:
-        raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
-    return code
+    if report.exit_code != 3 and not drift.summary["n"] and drift.excluded:
+        raise UserError(f"no run produced the metric: {drift.excluded[0].error}")
+    return Outcome(report, out)
 
 
 def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:

@@ -40,7 +40,7 @@ from ..launcher import STDERR_TAIL_LINES, child_env, run_command
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
 from ...report.drift import printable
-from ...report.model import DriftReport
+from ...report.model import DriftReport, DriftSection, DriftSettings
 from ...report.sanitize import visible
 from ...eventlog.rundir import write_json
 from ...report.save import write_report
@@ -489,44 +489,46 @@ def build_report(
     random = plan["random"]
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]
     section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
-    drift = {
-        "metric": {
-            "name": metric.label(),
-            "source": metric.describe(),
-            "log_metric": metric.name,
-            "regex": metric.regex,
-        },
-        "design": _design(plan),
-        "runs": [
-            {
-                "index": r.index,
-                "levels": {**r.seeds, **r.settings},
-                "seed": {"root": plan["seed"], **r.seeds},
-                "metric": r.metric,
-                "status": r.status,
-                "error": r.error,
-                "dir": r.dir,
-                "wall_s": r.extra.get("wall_s"),
-            }
-            for r in runs
-        ],
-        **section,
-    }
-    drift["plots"] = write_drift_plots(out, drift)
+    drift = DriftSection.from_json(
+        {
+            "metric": {
+                "name": metric.label(),
+                "source": metric.describe(),
+                "log_metric": metric.name,
+                "regex": metric.regex,
+            },
+            "design": _design(plan),
+            "runs": [
+                {
+                    "index": r.index,
+                    "levels": {**r.seeds, **r.settings},
+                    "seed": {"root": plan["seed"], **r.seeds},
+                    "metric": r.metric,
+                    "status": r.status,
+                    "error": r.error,
+                    "dir": r.dir,
+                    "wall_s": r.extra.get("wall_s"),
+                }
+                for r in runs
+            ],
+            **section,
+        }
+    )
+    drift.plots = write_drift_plots(out, drift)
     logs = (Path(r.dir) / "rank-0" / EVENTS_FILE for r in runs)
     header = next((h for log in logs if log.is_file() and (h := read_header(log)) is not None), None)
     report = DriftReport(
-        run={
-            "script": plan["script"],
-            "args": plan["args"],
-            "out": str(out),
-            "seed": plan["seed"],
-            "vary": plan["vary"],
-            "levels_per_factor": plan["runs"],
-            **(counts or {}),
-            "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
-            "wall_s": wall_s,
-        },
+        run=DriftSettings(
+            script=plan["script"],
+            args=plan["args"],
+            out=str(out),
+            seed=plan["seed"],
+            vary=plan["vary"],
+            levels_per_factor=plan["runs"],
+            compile_cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
+            wall_s=wall_s,
+            counts=counts or {},
+        ),
         drift=drift,
         provenance=provenance(
             {**launch_meta(Path(plan["script"])), "script": plan["script"], "args": plan["args"]}, header
