@@ -125,7 +125,7 @@ def drift_experiment(root: Path, markup: str) -> dict:
     script = root / "<b onclick=x>train&.py"
     script.write_text("print('loss=1.0')\n")
     metric = MetricSpec(name=markup)
-    plan = make_plan(script, [markup], "init,order,compile", 3, 0, metric)
+    plan = make_plan(script, [markup], ["init", "order", "compile"], 3, 0, metric)
     runs = []
     for cell in cells_of(plan):
         init, order = cell.seeds["init"], cell.seeds["order"]

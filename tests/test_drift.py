@@ -228,7 +228,17 @@ def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path)
     [
         (["--vary", "init,speed", str(TOY)], "unknown factor(s) speed"),
         (["--metric-regex", "loss=[0-9.]+", str(TOY)], "exactly one group"),
-        (["--runs", "1", str(TOY)], "--runs must be at least 2"),
+        (["--runs", "1", str(TOY)], "argument --runs: must be at least 2"),
+        (["--runs", "0", str(TOY)], "argument --runs: must be an integer >= 1, got '0'"),
+        (["--runs=-1", str(TOY)], "argument --runs: must be an integer >= 1, got '-1'"),
+        (["--seed=-1", str(TOY)], "argument --seed: must be an integer >= 0"),
+        (["--jobs", "0", str(TOY)], "argument --jobs: must be an integer >= 1, got '0'"),
+        (["--vary", "", str(TOY)], "argument --vary: unknown factor(s) (none given)"),
+        (["--vary", "init,init", str(TOY)], "argument --vary: names a factor twice"),
+        (["--target-effect", "nan", str(TOY)], "argument --target-effect: must be a number > 0, got 'nan'"),
+        (["--observed", "inf", str(TOY)], "argument --observed: must be a finite number, got 'inf'"),
+        (["--runs", "1000000", str(TOY)], "plans 2,000,000,000,000 runs, more than 10,000: give fewer"),
+        (["--runs", "101", "--vary", "init,order", "--plan", str(TOY)], "plans 10,201 runs, more than 10,000"),
         (["--collect", "nowhere"], "holds no plan.json"),
     ],
 )
@@ -237,6 +247,29 @@ def test_bad_input_is_one_line_and_runs_nothing(tmp_path, args, message):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("torchrepro: error: ") and message in line
     assert not (tmp_path / "torchrepro-runs").exists()
+
+
+def test_a_design_over_the_size_limit_runs_only_with_allow_large(tmp_path):
+    args = ["--runs", "101", "--vary", "init,order", "--plan", "--out", "exp", str(TOY)]
+    drift(tmp_path, *args, expect=2)
+    assert not (tmp_path / "exp").exists()
+    proc, _ = drift(tmp_path, "--allow-large", *args, expect=0)
+    assert len(json.loads((tmp_path / "exp" / "plan.json").read_text())["cells"]) == 101 * 101
+    assert "10201 runs planned" in proc.stdout
+
+
+def test_a_missing_metric_stops_the_experiment_after_the_first_run(tmp_path):
+    args = ["--vary", "init", "--runs", "3", "--jobs", "1", "--metric", "acc\x1b", "--out", "exp", str(TOY)]
+    proc, report = drift(tmp_path, *args, expect=2)
+    assert "Traceback" not in proc.stderr and report is None
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "torchrepro: error: --metric 'acc\\x1b': run 0 logged no such metric (it logged: 'acc'); "
+        "stopped after it, finished runs are kept in exp"
+    )
+    assert len(list((tmp_path / "exp" / "runs").glob("*/drift-run.json"))) == 1  # the other runs never ran
+    args[args.index("--metric") + 1] = "acc"
+    _, report = drift(tmp_path, *args, expect=0)  # the finished run is reused
+    assert report["run"]["reused"] == 1 and report["run"]["ran"] == 2
 
 
 def test_an_existing_directory_is_never_taken_over(tmp_path):

@@ -180,19 +180,19 @@ def test_drift_page_shows_the_experiment_escaped_and_self_contained(tmp_path):
     assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
     assert "default-src 'none'" in page and 'class="verdict bad"' in page  # a run crashed: exit code 3
     d = report.drift
-    assert page.index(str(escape(d["verdict"]))) < page.index('id="plots"')  # the verdict first
+    assert page.index(str(escape(d.verdict))) < page.index('id="plots"')  # the verdict first
     # one inline strip plot per factor, as drift wrote them to plot-*.svg; the crashed run is left out
     plots = re.findall(r"<svg xmlns.*?</svg>", page, re.S)
-    assert len(plots) == len(d["plots"]) == 3
-    for name, svg in zip(d["plots"], plots):
+    assert len(plots) == len(d.plots) == 3
+    for name, svg in zip(d.plots, plots):
         assert (tmp_path / "exp" / name).read_text().strip() == svg
     assert plots[2].count("<circle") == 2 * 8 and "paired over 8 seeds" in plots[2]
     assert "RuntimeError: &lt;img src=x" in page[page.index('id="excluded"') :]
     assert "&lt;b onclick=x&gt;train&amp;.py" in page
-    (effect,) = d["effects"]
-    assert f'<td class="num">{fmt_num(effect["p_value"])}</td>' in page and effect["test"] in page
-    assert "not separable" in page and str(escape(d["not_separable"][0]["reason"])) in page
-    assert page.count('<tr><td class="num">') == len(d["runs"]) + len(d["excluded"])
+    (effect,) = d.effects
+    assert f'<td class="num">{fmt_num(effect.p_value)}</td>' in page and effect.test in page
+    assert "not separable" in page and str(escape(d.not_separable[0]["reason"])) in page
+    assert page.count('<tr><td class="num">') == len(d.runs) + len(d.excluded)
     assert 'id="provenance"' in page and "not in a git repository" in page
 
 

@@ -184,6 +184,35 @@ def test_a_drift_report_of_before_is_rerendered_with_its_own_exit_code(tmp_path,
     assert report.verdict_line.split(";")[0] in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_drift_report_is_typed_reads_back_equal_and_matches_its_schema(tmp_path):
+    report = drift_experiment(tmp_path / "exp", "m")
+    data = _stored(tmp_path / "exp")
+    assert load_report(data).to_json() == data and not schema_problems(tmp_path / "exp" / REPORT_FILE)
+    d = report.drift
+    assert (
+        d.metric.log_metric == "m"
+        and report.run.levels_per_factor == 3
+        and report.run.vary == ["init", "order", "compile"]
+    )
+    assert [r.status for r in d.runs].count("crashed") == 1 and d.excluded[0].status == "crashed"
+    (effect,) = d.effects
+    assert effect.factor == "compile" and effect.target_effect == 0.01 and len(effect.per_level) == 2
+    # the verdict and exit code follow the typed content: no crash, then no real difference
+    ran = dataclasses.replace(d, excluded=[])
+    assert dataclasses.replace(report, drift=ran).exit_code == (1 if effect.real else 0)
+    noise = dataclasses.replace(ran, effects=[dataclasses.replace(effect, p_value=0.5)])
+    assert dataclasses.replace(report, drift=noise).verdict is Verdict.NOISE
+    real = dataclasses.replace(ran, effects=[dataclasses.replace(effect, p_value=0.001)])
+    assert dataclasses.replace(report, drift=real).exit_code == 1
+    broken = json.loads(json.dumps(data))
+    del broken["drift"]["effects"][0]["p_value"]
+    broken["run"]["ran"] = -1
+    problems = schema_problems_of(broken, tmp_path)
+    assert any("/drift/effects/0" in p for p in problems) and any("/run/ran" in p for p in problems)
+    with pytest.raises(InputError, match="damaged drift report"):
+        load_report(broken)
+
+
 def test_broken_reports_are_refused(doctor_run, tmp_path):
     data = _stored(doctor_run[0])
     with pytest.raises(InputError, match="not a torchrepro report"):

@@ -23,7 +23,7 @@ from torchrepro.report.cache import render_status
 from torchrepro.report.drift import render_drift
 from torchrepro.report.env import render_env
 from torchrepro.report.html import render_html
-from torchrepro.report.junit import write_junit
+from torchrepro.report.junit import junit_xml
 from torchrepro.report.live import FollowedRun, render, status_line
 from torchrepro.report.sanitize import visible, visible_tree
 from torchrepro.report.svg import strip_plot
@@ -140,7 +140,7 @@ def test_html_page(kind, doctor_report, check_report, drift_report):
 
 def test_svg_plot(drift_report):
     svg = strip_plot(f"<b>{HOSTILE}</b>", HOSTILE, [(HOSTILE, [0.1, 0.2], {"mean": 0.15})], HOSTILE)
-    plots = [(DRIFT_DIR[0] / name).read_text() for name in drift_report.drift["plots"]]
+    plots = [(DRIFT_DIR[0] / name).read_text() for name in drift_report.drift.plots]
     assert plots  # drift's own plots: the metric, named by the script, in their titles and axes
     for svg in [svg, *plots]:
         root = ET.fromstring(svg)  # well-formed: no character XML forbids
@@ -151,7 +151,7 @@ def test_svg_plot(drift_report):
 
 def test_junit_xml(doctor_report, tmp_path):
     path = tmp_path / "junit.xml"
-    write_junit(doctor_report, path)
+    path.write_bytes(junit_xml(doctor_report))
     _assert_shown(path.read_text(), one_line=False)
     failures = {case.get("name"): case.find("failure") for case in ET.parse(path).getroot().iter("testcase")}
     failure = failures["SCRIPT_FAILED"]

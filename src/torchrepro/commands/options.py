@@ -40,6 +40,17 @@ tolerance = _number(float, "a number", 0, True)
 fraction = _number(float, "a number", 0, True, 1)
 
 
+def finite(text: str) -> float:
+    """Any finite number (``drift --observed``: a difference, of either sign)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def seed(text: str) -> int:
     """A root seed: an integer in [0, 2**128) (what ``seed_everything`` accepts)."""
     try:
@@ -58,9 +69,10 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgtp]?)i?b?", re.IGNORECASE)
 def size(text: str) -> int:
     """Bytes from ``500M``, ``2G``, ``1.5T`` or a plain number (powers of 1024)."""
     match = _SIZE.fullmatch(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"must be a size such as 500M, 2G or 1T, got {text!r}")
-    return int(float(match.group(1)) * 1024 ** _POWERS[match.group(2).lower()])
+    value = int(float(match.group(1)) * 1024 ** _POWERS[match.group(2).lower()]) if match else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a size of at least 1 byte such as 500M, 2G or 1T, got {text!r}")
+    return value
 
 
 def age(text: str) -> float:
@@ -121,6 +133,53 @@ def runs(text: str) -> int:
     if value < 2:
         raise argparse.ArgumentTypeError(f"must be at least 2 (there is nothing to compare with one run), got {text!r}")
     return value
+
+
+def factors(text: str) -> list[str]:
+    """``drift --vary``: a comma-separated list of known factors, each named once."""
+    from ..analysis.drift import BINARY_FACTORS, RANDOM_FACTORS
+    from ..report.sanitize import visible
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = (*RANDOM_FACTORS, *BINARY_FACTORS)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown factor(s) {visible(', '.join(unknown)) or '(none given)'}: give a comma-separated "
+            f"list of {', '.join(known)}"
+        )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"names a factor twice, got '{visible(text)}'")
+    return names
+
+
+def otlp_endpoint(text: str) -> str:
+    """``--otlp-endpoint``: an ``http(s)://host[:port]`` URL (the URL is echoed escaped in the error)."""
+    from urllib.parse import urlsplit
+
+    from ..report.sanitize import visible
+
+    problem = None
+    if any(not c.isprintable() or c.isspace() for c in text):
+        problem = "a control or space character in it"
+    else:
+        try:
+            url = urlsplit(text)
+            port = url.port  # ValueError: a port out of range or not a number
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if url.scheme not in ("http", "https"):
+                problem = "no http:// or https:// scheme"
+            elif not url.hostname:
+                problem = "no host name"
+            elif port == 0:
+                problem = "port 0"
+    if problem:
+        raise argparse.ArgumentTypeError(
+            f"give the collector's http(s) URL, e.g. http://localhost:4318 ({problem}), got '{visible(text)}'"
+        )
+    return text
 
 
 def add_script(p: argparse.ArgumentParser, required: bool = True) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from . import options
-from ..errors import UserError
 from ..telemetry.otlp import add_otlp_option, export_stored_run
 from ._finish import Outcome
 
@@ -22,7 +21,7 @@ def add_parser(sub: Any) -> None:
     add_otlp_option(p)
     p.add_argument(
         "--jobs",
-        type=int,
+        type=options.positive_int,
         default=None,
         metavar="J",
         help="processes reading the rank logs (default: one per core for logs over 128 MB, else 1)",
@@ -37,8 +36,6 @@ def run(args: argparse.Namespace) -> Outcome:
     from .drift import stored_report
 
     run_dir = Path(args.run_dir)
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError("--jobs must be at least 1")
     if (drift := stored_report(run_dir, args)) is not None:  # a drift experiment: its stored report
         return drift
     report = analyse_run_dir(run_dir, Budgets(strict=args.strict), store=False, jobs=args.jobs)

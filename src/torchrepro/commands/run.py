@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="with --replay-step: repeat each inductor graph (forward and backward) on identical inputs",
     )
-    p.add_argument("--stop-after-step", type=int, metavar="K", help="end the script cleanly after step K")
+    p.add_argument("--stop-after-step", type=options.count, metavar="K", help="end the script cleanly after step K")
     p.add_argument(
         "--fix",
         metavar="NAME",

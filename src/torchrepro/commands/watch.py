@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import options
 from ..errors import InputError
 from ..report.live import FollowedRun, render
 
@@ -25,7 +26,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
+    p.add_argument(
+        "--interval",
+        type=options.positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes (default 1)",
+    )
     p.set_defaults(func=run)
 
 

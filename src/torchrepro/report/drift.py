@@ -27,10 +27,10 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
     drift = report.drift
     console.print(Text(report.verdict_line, style="bold"), highlight=False)
     console.print(
-        Text(f"metric: {drift['metric']['source']} · design: {drift['design']}", style="dim"),
+        Text(f"metric: {drift.metric.source} · design: {drift.design}", style="dim"),
         highlight=False,
     )
-    summary = drift["summary"]
+    summary = drift.summary
     if summary["n"]:
         console.print(
             Text(
@@ -40,30 +40,30 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
             ),
             highlight=False,
         )
-    if drift["effects"]:
+    if drift.effects:
         table = Table(title="binary factors (paired on the same seeds)", title_justify="left")
         for col in ("factor", "levels", "difference", "95 % CI", "p", "MDE", "pairs"):
             table.add_column(col, justify="left" if col in ("factor", "levels") else "right")
-        for e in drift["effects"]:
+        for e in drift.effects:
             table.add_row(
-                e["factor"],
-                f"{e['levels'][1]} − {e['levels'][0]}",
-                _num(e["difference"]),
-                _ci(e["ci95"]),
-                _num(e["p_value"]),
-                _num(e["mde"]),
-                str(e["n"]),
+                e.factor,
+                f"{e.levels[1]} − {e.levels[0]}",
+                _num(e.difference),
+                _ci(e.ci95),
+                _num(e.p_value),
+                _num(e.mde),
+                str(e.n),
             )
         console.print(table)
         console.print(
-            Text(f"test: {drift['effects'][0]['test']}; MDE: {drift['effects'][0]['mde_method']}", style="dim"),
+            Text(f"test: {drift.effects[0].test}; MDE: {drift.effects[0].mde_method}", style="dim"),
             highlight=False,
         )
-    if drift["factors"]:
+    if drift.factors:
         table = Table(title="random factors (variance components, crossed design)", title_justify="left")
         for col in ("factor", "levels", "std", "share", "95 % CI"):
             table.add_column(col, justify="left" if col == "factor" else "right")
-        for f in drift["factors"]:
+        for f in drift.factors:
             share = f["variance_share"]
             table.add_row(
                 f["name"],
@@ -73,19 +73,19 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
                 _ci(f["ci95"], 100, "{:.0f}"),
             )
         console.print(table)
-    for item in drift["not_separable"]:
+    for item in drift.not_separable:
         console.print(
             Text(f" ! not separable: {', '.join(item['factors'])} — {item['reason']}", style="yellow"), highlight=False
         )
-    for note in drift["notes"]:
+    for note in drift.notes:
         console.print(Text(f" · {note}", style="cyan"), highlight=False)
-    for run in drift["excluded"]:
+    for run in drift.excluded:
         console.print(
-            Text(f" ✗ run {run['index']} excluded ({run['status']}): {run['error'] or ''}"[:240], style="red"),
+            Text(f" ✗ run {run.index} excluded ({run.status}): {run.error or ''}"[:240], style="red"),
             highlight=False,
         )
     if report_path:
-        plots = ", ".join(drift.get("plots", []))
+        plots = ", ".join(drift.plots or [])
         console.print(
             Text(f"report: {report_path}" + (f" · plots: {plots}" if plots else ""), style="dim"), highlight=False
         )

@@ -23,7 +23,7 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
-from .model import Report
+from .model import DriftSection, Report
 from .sanitize import visible
 
 GENERATOR = f"torchrepro {__version__}"
@@ -385,10 +385,10 @@ def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
 
 def drift_plots(drift: dict[str, Any]) -> list[Markup]:
     """The drift report's strip plots (:func:`torchrepro.report.svg.drift_plots`, which escapes
-    every text it draws), inline."""
+    every text it draws), inline, from the page's ``drift`` section (read back typed)."""
     from .svg import drift_plots as plots
 
-    return [Markup(svg) for _, svg in plots(drift)]
+    return [Markup(svg) for _, svg in plots(DriftSection.from_json(drift))]
 
 
 def fmt_ci(ci: Sequence[float] | None, scale: float = 1.0, unit: str = "") -> str:

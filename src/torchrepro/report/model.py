@@ -411,28 +411,161 @@ class CheckReport:
 
 
 @dataclass
+class DriftMetric:
+    """What was measured: its label, where it comes from (``log_metric`` name, stdout regex, or the final loss)."""
+
+    name: str
+    source: str
+    log_metric: str | None = None
+    regex: str | None = None
+
+
+@dataclass
+class DriftRunResult:
+    """One run of the experiment: its factor levels, seeds, metric and outcome (``ok``, ``crashed``,
+    ``missing``, ``no_metric``)."""
+
+    index: int
+    levels: dict[str, Any]
+    seed: dict[str, int]
+    metric: float | None
+    status: str
+    error: str | None = None
+    dir: str = ""
+    wall_s: float | None = None
+
+
+@dataclass
+class Excluded:
+    """A run left out of every statistic, and why."""
+
+    index: int
+    status: str
+    dir: str = ""
+    error: str | None = None
+
+
+@dataclass
+class Effect:
+    """A binary factor's paired difference (:func:`torchrepro.analysis.drift.paired_effect`): real
+    when ``p_value`` is below ``alpha``. ``per_level``: each level's summary (for the plots)."""
+
+    factor: str
+    levels: list[str]
+    n: int
+    p_value: float | None
+    alpha: float
+    difference: float | None = None
+    std: float | None = None
+    ci95: list[float] | None = None
+    test: str = ""
+    mde: float | None = None
+    mde_method: str = ""
+    target_effect: float | None = None  # with --target-effect: the pairs needed to detect it
+    pairs_needed: int | None = None
+    per_level: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def real(self) -> bool:
+        return self.p_value is not None and self.p_value < self.alpha
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.target_effect is None:  # written only when asked for
+            del out["target_effect"], out["pairs_needed"]
+        return out
+
+
+@dataclass
+class DriftSection:
+    """The ``drift`` section (:func:`torchrepro.analysis.drift.analyse`): the metric, the design, every
+    run, the effects of binary factors and the runs excluded (what the verdict rests on, typed); the
+    summary, variance components (``factors``), what could not be separated and the placed
+    ``observed`` difference stay JSON objects (they are only shown)."""
+
+    metric: DriftMetric
+    design: str
+    runs: list[DriftRunResult]
+    effects: list[Effect]
+    excluded: list[Excluded]
+    verdict: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    factors: list[dict[str, Any]] = field(default_factory=list)
+    not_separable: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    observed: dict[str, Any] | None = None
+    plots: list[str] | None = None  # plot-<factor>.svg files, once written
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            **dataclasses.asdict(self),
+            "runs": [dataclasses.asdict(r) for r in self.runs],
+            "effects": [e.to_json() for e in self.effects],
+        }
+        if self.plots is None:
+            del out["plots"]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DriftSection:
+        return _build(
+            cls,
+            data,
+            metric=_build(DriftMetric, data["metric"]),
+            runs=[_build(DriftRunResult, r) for r in data["runs"]],
+            effects=[_build(Effect, e) for e in data["effects"]],
+            excluded=[_build(Excluded, e) for e in data["excluded"]],
+        )
+
+
+@dataclass
+class DriftSettings:
+    """The ``run`` section of a drift experiment: the script and its arguments, the directory, the
+    root seed, the factors varied and levels per factor; ``counts`` (``planned``, ``reused``,
+    ``ran``, ``crashed``) when the runs were launched by this command (not ``--collect``)."""
+
+    script: str
+    args: list[str]
+    out: str
+    seed: int
+    vary: list[str]
+    levels_per_factor: int | None = None
+    compile_cache: str | None = None
+    wall_s: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**dataclasses.asdict(self), **self.counts}
+        del out["counts"]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DriftSettings:
+        return _build(cls, data, counts={k: data[k] for k in ("planned", "reused", "ran", "crashed") if k in data})
+
+
+@dataclass
 class DriftReport:
     """``torchrepro drift``: ``run`` (the experiment's settings) and ``drift`` (metric, design,
     runs, effects, variance shares, excluded runs: :func:`torchrepro.analysis.drift.analyse`)."""
 
     kind: ClassVar[str] = "drift"
-    run: dict[str, Any]
-    drift: dict[str, Any]
+    run: DriftSettings
+    drift: DriftSection
     provenance: dict[str, Any] = field(default_factory=dict)
     findings: ClassVar[tuple[Finding, ...]] = ()  # drift reports state effects, not findings
 
     @property
     def verdict_line(self) -> str:
-        return self.drift["verdict"]
+        return self.drift.verdict
 
     @property
     def verdict(self) -> Verdict:
         """``run_failed`` when a run crashed, ``real_difference`` when a binary factor makes one
         (p below its alpha), else ``noise``."""
-        if any(r["status"] == "crashed" for r in self.drift["excluded"]):
+        if any(r.status == "crashed" for r in self.drift.excluded):
             return Verdict.RUN_FAILED
-        real = any(e["p_value"] is not None and e["p_value"] < e["alpha"] for e in self.drift["effects"])
-        return Verdict.REAL_DIFFERENCE if real else Verdict.NOISE
+        return Verdict.REAL_DIFFERENCE if any(e.real for e in self.drift.effects) else Verdict.NOISE
 
     @property
     def exit_code(self) -> int:
@@ -446,15 +579,19 @@ class DriftReport:
             "kind": "drift",
             "verdict": self.verdict_line,
             "exit_code": self.exit_code,
-            "run": self.run,
-            "drift": self.drift,
+            "run": self.run.to_json(),
+            "drift": self.drift.to_json(),
             "provenance": self.provenance,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DriftReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
-        return cls(run=data["run"], drift=data["drift"], provenance=data.get("provenance", {}))
+        return cls(
+            run=DriftSettings.from_json(data["run"]),
+            drift=DriftSection.from_json(data["drift"]),
+            provenance=data.get("provenance", {}),
+        )
 
 
 Report = Union[DoctorReport, CheckReport, DriftReport]

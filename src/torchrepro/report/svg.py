@@ -9,6 +9,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from ..eventlog.rundir import write_text
+from .model import DriftRunResult, DriftSection
 from .sanitize import visible
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
@@ -89,16 +90,16 @@ def strip_plot(title: str, ylabel: str, groups: list[Group], subtitle: str = "")
     return "\n".join(out) + "\n"
 
 
-def drift_plots(drift: dict[str, Any]) -> list[tuple[str, str]]:
+def drift_plots(drift: DriftSection) -> list[tuple[str, str]]:
     """``(plot-<factor>.svg, SVG text)`` per factor, drawn from the report's own ``drift`` section:
     random factors by seed level over the runs of the script as written, binary factors by level
     over the paired seeds; means and intervals are the report's ``per_level`` summaries."""
     from ..analysis.drift import BINARY_FACTORS
 
-    metric = drift["metric"]["name"]
-    ok = [_levels(r) for r in drift["runs"] if r["status"] == "ok" and r["metric"] is not None]
+    metric = drift.metric.name
+    ok = [_levels(r) for r in drift.runs if r.status == "ok" and r.metric is not None]
     plots = []
-    for comp in drift["factors"]:
+    for comp in drift.factors:
         if "per_level" not in comp:  # the interaction/residual component has no levels
             continue
         name = comp["name"]
@@ -107,12 +108,12 @@ def drift_plots(drift: dict[str, Any]) -> list[tuple[str, str]]:
         share = comp["variance_share"]
         sub = f"variance share {100 * share:.0f} %" if share is not None else "not separable (see not_separable)"
         plots.append(_plot(name, metric, groups, sub))
-    for effect in drift["effects"]:
-        name = effect["factor"]
+    for effect in drift.effects:
+        name = effect.factor
         sides = [{key: m for m, _, key, settings in ok if settings == s} for s in BINARY_FACTORS[name].settings]
         common = sides[0].keys() & sides[1].keys()
-        groups = [(s["level"], [side[k] for k in sorted(common)], s) for s, side in zip(effect["per_level"], sides)]
-        p = effect.get("p_value")
+        groups = [(s["level"], [side[k] for k in sorted(common)], s) for s, side in zip(effect.per_level, sides)]
+        p = effect.p_value
         plots.append(
             _plot(
                 name,
@@ -124,14 +125,14 @@ def drift_plots(drift: dict[str, Any]) -> list[tuple[str, str]]:
     return plots
 
 
-def _levels(run: dict[str, Any]) -> tuple[float, dict[str, int], tuple, dict[str, Any]]:
+def _levels(run: DriftRunResult) -> tuple[float, dict[str, int], tuple, dict[str, Any]]:
     """A report's run as (metric, its seed levels, the same as a hashable key, its settings)."""
-    seeds = {k: v for k, v in run["seed"].items() if k != "root"}
-    settings = {k: v for k, v in run["levels"].items() if k not in seeds}
-    return run["metric"], seeds, tuple(sorted(seeds.items())), settings
+    seeds = {k: v for k, v in run.seed.items() if k != "root"}
+    settings = {k: v for k, v in run.levels.items() if k not in seeds}
+    return run.metric, seeds, tuple(sorted(seeds.items())), settings
 
 
-def write_drift_plots(out: Path, drift: dict[str, Any]) -> list[str]:
+def write_drift_plots(out: Path, drift: DriftSection) -> list[str]:
     """Write :func:`drift_plots` into ``out``; returns the file names."""
     for file, svg in (plots := drift_plots(drift)):
         write_text(out / file, svg)

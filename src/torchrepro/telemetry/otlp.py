@@ -54,8 +54,11 @@ def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False
 
     >>> add_otlp_option(sub.add_parser("doctor"))  # doctest: +SKIP
     """
+    from ..commands.options import otlp_endpoint
+
     parser.add_argument(
         "--otlp-endpoint",
+        type=otlp_endpoint,
         metavar="URL",
         help="export spans and metrics over OTLP/HTTP to this collector, live "
         "(e.g. http://localhost:4318; OTEL_EXPORTER_OTLP_* variables apply)",

@@ -15,7 +15,9 @@ from pathlib import Path
 from .. import options
 from ...errors import UserError
 from ...telemetry.otlp import add_otlp_option
-from .._finish import Outcome, finish
+from .._finish import Outcome
+
+MAX_RUNS = 10_000  # the largest design (cells x runs) run without --allow-large
 
 EPILOG = """\
 factors: init (the global RNG the model is initialised from), order (DataLoader shuffling and samplers),
@@ -25,6 +27,7 @@ inductor), fallback-random (inductor's fallback_random), threads (1 vs default),
 binary factors run on the same seeds as the script as written (paired).
 scheduler: drift --plan --out DIR SCRIPT writes DIR/plan.json; run each cell anywhere with
 drift --out DIR --run-one I; then drift --collect DIR.
+size: a design of more than {max_runs:,} runs (cells x runs) is refused unless --allow-large is given.
 exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error, 3 a run failed, 130 interrupted.
 """
 
@@ -34,22 +37,31 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "drift",
         help="run N seeds per factor: is a difference real, which factor causes it",
-        epilog=EPILOG,
+        epilog=EPILOG.format(max_runs=MAX_RUNS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--vary", default=None, metavar="FACTORS", help="comma-separated factors (default init,order,compile)"
+        "--vary",
+        type=options.factors,
+        default=None,
+        metavar="FACTORS",
+        help="comma-separated factors (default init,order,compile)",
     )
     p.add_argument(
         "--runs",
-        type=int,
+        type=options.runs,
         default=None,
         metavar="N",
-        help="seeds per random factor (default 4); binary factors are paired over every seed cell",
+        help="seeds per random factor (default 4, at least 2); binary factors are paired over every seed cell",
+    )
+    p.add_argument(
+        "--allow-large",
+        action="store_true",
+        help=f"run a design of more than {MAX_RUNS:,} runs (refused without it)",
     )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=options.positive_int,
         default=os.cpu_count() or 1,
         metavar="J",
         help="runs in parallel (default: the number of cores)",
@@ -61,20 +73,29 @@ def add_parser(sub) -> None:
         metavar="REGEX",
         help="one group (...) matched against the script's stdout, last match (default: final loss)",
     )
-    p.add_argument("--observed", type=float, metavar="X", help="place a difference you saw against the measured noise")
-    p.add_argument("--target-effect", type=float, metavar="E", help="report the pairs needed to detect this difference")
+    p.add_argument(
+        "--observed", type=options.finite, metavar="X", help="place a difference you saw against the measured noise"
+    )
+    p.add_argument(
+        "--target-effect",
+        type=options.positive_float,
+        metavar="E",
+        help="report the pairs needed to detect this difference",
+    )
     p.add_argument(
         "--launcher",
         choices=("local", "ray"),
         default="local",
         help="local child processes (default), or Ray tasks on $RAY_ADDRESS (else a local Ray cluster)",
     )
-    p.add_argument("--seed", type=int, default=0, help="root of the seed tree every stream derives from (default 0)")
+    p.add_argument(
+        "--seed", type=options.seed, default=0, help="root of the seed tree every stream derives from (default 0)"
+    )
     p.add_argument("--out", metavar="DIR", help="experiment directory; the same DIR again reuses finished runs")
     options.add_outputs(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="only write DIR/plan.json (the run matrix)")
-    mode.add_argument("--run-one", type=int, metavar="INDEX", help="run one cell of DIR/plan.json")
+    mode.add_argument("--run-one", type=options.count, metavar="INDEX", help="run one cell of DIR/plan.json")
     mode.add_argument("--collect", metavar="DIR", help="analyse the runs in DIR")
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script")
     add_otlp_option(p)
@@ -90,12 +111,10 @@ def _metric(args: argparse.Namespace, plan: dict | None = None):
     return MetricSpec(**plan["metric"])
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> Outcome | int:
     """Plan, run (or one cell), collect and report, as the flags say."""
     from .experiment import Runner, cells_of, load_plan, read_record
 
-    if args.jobs < 1:
-        raise UserError("--jobs must be at least 1")
     if args.collect:
         if args.script:
             raise UserError("--collect DIR analyses stored runs: give no SCRIPT")
@@ -108,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         plan = load_plan(out)
         cells = cells_of(plan)
-        if not 0 <= args.run_one < len(cells):
+        if args.run_one >= len(cells):
             raise UserError(f"--run-one {args.run_one}: the plan has cells 0..{len(cells) - 1}")
         cell = cells[args.run_one]
         record = read_record(out, cell) or Runner(out, plan).run(cell)  # a finished cell is not rerun
@@ -117,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     return _plan_and_run(args)
 
 
-def _plan_and_run(args: argparse.Namespace) -> int:
+def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     from rich.console import Console
 
     from ...analysis.drift import DEFAULT_FACTORS
@@ -128,7 +147,10 @@ def _plan_and_run(args: argparse.Namespace) -> int:
     if not args.script:
         raise UserError("drift needs a SCRIPT (or --collect DIR, or --run-one INDEX --out DIR)")
     script = validate_script(args.script)
-    plan = make_plan(script, args.args, args.vary or DEFAULT_FACTORS, args.runs or 4, args.seed, _metric(args))
+    factors = args.vary or DEFAULT_FACTORS.split(",")
+    plan = make_plan(
+        script, args.args, factors, args.runs or 4, args.seed, _metric(args), None if args.allow_large else MAX_RUNS
+    )
     out = Path(args.out) if args.out else default_run_dir(script, label="drift")
     prepare_out(out, plan)
     if args.plan:
@@ -159,7 +181,9 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> int:
+def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> Outcome:
+    """Collect and analyse the runs (``report.json``, ``report.html`` and the plots are written);
+    a :class:`UserError` when no run produced the metric and none crashed."""
     from .experiment import build_report, collect
 
     metric = _metric(args, plan)
@@ -167,11 +191,10 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
     report = build_report(
         out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect, counts=counts, wall_s=wall_s
     )
-    code = finish(Outcome(report, out), args)
     drift = report.drift
-    if code != 3 and not drift["summary"]["n"] and drift["excluded"]:
-        raise UserError(f"no run produced the metric: {drift['excluded'][0]['error']}")
-    return code
+    if report.exit_code != 3 and not drift.summary["n"] and drift.excluded:
+        raise UserError(f"no run produced the metric: {drift.excluded[0].error}")
+    return Outcome(report, out)
 
 
 def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:

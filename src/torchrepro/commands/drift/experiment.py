@@ -39,8 +39,8 @@ from ...eventlog.events import EVENTS_FILE, Metric, Step, read_events, read_head
 from ..launcher import STDERR_TAIL_LINES, child_env, run_command
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
+from ...report.model import DriftReport, DriftSection, DriftSettings
 from ...report.sanitize import visible
-from ...report.model import DriftReport
 from ...eventlog.rundir import check_fields, read_json_file, write_json
 from ...report.save import write_report
 
@@ -91,21 +91,6 @@ class Cell:
         return f"runs/{self.key}"
 
 
-def parse_factors(text: str) -> tuple[list[str], list[str]]:
-    """``--vary`` → (random factors, binary factors), in the order given."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    known = (*RANDOM_FACTORS, *BINARY_FACTORS)
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise UserError(
-            f"unknown factor(s) {', '.join(unknown) or '(none given)'}: --vary takes a comma-separated "
-            f"list of {', '.join(known)}"
-        )
-    if len(set(names)) != len(names):
-        raise UserError("--vary names a factor twice")
-    return [n for n in names if n in RANDOM_FACTORS], [n for n in names if n in BINARY_FACTORS]
-
-
 def _key(script_sha: str, args: list[str], root: int, seeds: dict[str, int], settings: dict[str, str]) -> str:
     text = json.dumps(
         {"script": script_sha, "args": args, "root": root, "seeds": seeds, "settings": settings}, sort_keys=True
@@ -113,16 +98,31 @@ def _key(script_sha: str, args: list[str], root: int, seeds: dict[str, int], set
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def make_plan(script: Path, args: list[str], factors: str, runs: int, seed: int, metric: MetricSpec) -> dict[str, Any]:
-    """The run matrix (see the module docstring) as JSON: everything ``--run-one`` and ``--collect`` need."""
-    if runs < 2:
-        raise UserError("--runs must be at least 2 (levels per random factor, pairs per binary factor)")
-    random, binary = parse_factors(factors)
-    script_sha = hashlib.sha256(script.read_bytes()).hexdigest()
+def make_plan(
+    script: Path,
+    args: list[str],
+    factors: list[str],
+    runs: int,
+    seed: int,
+    metric: MetricSpec,
+    max_runs: int | None = None,
+) -> dict[str, Any]:
+    """The run matrix (see the module docstring) as JSON: everything ``--run-one`` and ``--collect`` need.
+    ``factors``: known names, each once (:func:`torchrepro.commands.options.factors`). A design of more
+    than ``max_runs`` runs is a :class:`UserError`, raised before the matrix is built."""
+    random = [n for n in factors if n in RANDOM_FACTORS]
+    binary = [n for n in factors if n in BINARY_FACTORS]
     axes = random or [ALL_SEEDS]
     settings_list: list[dict[str, str]] = [{}]
     for name in binary:
         settings_list += [s for s in BINARY_FACTORS[name].settings if s not in settings_list]
+    size = len(settings_list) * runs ** len(axes)
+    if max_runs is not None and size > max_runs:
+        raise UserError(
+            f"--runs {runs} --vary {','.join(factors)} plans {size:,} runs, more than {max_runs:,}: "
+            "give fewer --runs or factors, or --allow-large to run it anyway"
+        )
+    script_sha = hashlib.sha256(script.read_bytes()).hexdigest()
     cells = []
     for settings in settings_list:
         for levels in itertools.product(range(runs), repeat=len(axes)):
@@ -316,7 +316,9 @@ def _waited(proc: subprocess.Popen, deadline: float) -> bool:
 def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str = "local") -> dict[str, int]:
     """Run every cell without a record, ``jobs`` at a time (``launcher="ray"``: as Ray tasks), with a
     live progress bar (ETA) on ``console``. Returns counts ``{"planned", "reused", "ran", "crashed"}``;
-    on Ctrl-C or SIGTERM the live runs are ended (they rerun next time) and KeyboardInterrupt propagates."""
+    on Ctrl-C or SIGTERM the live runs are ended (they rerun next time) and KeyboardInterrupt propagates,
+    as :class:`UserError` does when the first run that ends normally lacks the ``--metric``
+    (:func:`check_metric`)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -327,6 +329,8 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
     )
 
     cells = cells_of(plan)
+    metric = MetricSpec(**plan["metric"])
+    checked = False
     pending = [c for c in cells if read_record(out, c) is None]
     counts = {"planned": len(cells), "reused": len(cells) - len(pending), "ran": 0, "crashed": 0}
     if not pending:
@@ -354,6 +358,9 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
                         markup=False,
                         highlight=False,
                     )
+                elif not checked:
+                    checked = True
+                    check_metric(out, record, metric)
                 progress.advance(task)
     return counts
 
@@ -427,6 +434,21 @@ def _metric(spec: MetricSpec, events: list, stdout: Path) -> tuple[float | None,
     return (losses[-1], None) if losses else (None, "no training step recorded a loss")
 
 
+def check_metric(out: Path, record: dict[str, Any], metric: MetricSpec) -> None:
+    """``--metric NAME``: a :class:`UserError` naming the metrics a finished run did log when it
+    logged no ``NAME`` (checked on the first run, so a misspelt name does not cost the whole design)."""
+    if not metric.name:
+        return
+    log = out / "runs" / record["key"] / "rank-0" / EVENTS_FILE
+    names = {e.name for e in read_events(log).events if isinstance(e, Metric)} if log.is_file() else set()
+    if metric.name not in names:
+        logged = ", ".join(repr(n) for n in sorted(names)) or "none"
+        raise UserError(
+            f"--metric {visible(repr(metric.name))}: run {record['index']} logged no such metric (it logged: "
+            f"{visible(logged)}); stopped after it, finished runs are kept in {out}"
+        )
+
+
 def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRun]:
     """Every cell as a :class:`DriftRun`: its metric and what capture observed, or why it is excluded."""
     runs = []
@@ -476,44 +498,46 @@ def build_report(
     random = plan["random"]
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]
     section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
-    drift = {
-        "metric": {
-            "name": metric.label(),
-            "source": metric.describe(),
-            "log_metric": metric.name,
-            "regex": metric.regex,
-        },
-        "design": _design(plan),
-        "runs": [
-            {
-                "index": r.index,
-                "levels": {**r.seeds, **r.settings},
-                "seed": {"root": plan["seed"], **r.seeds},
-                "metric": r.metric,
-                "status": r.status,
-                "error": r.error,
-                "dir": r.dir,
-                "wall_s": r.extra.get("wall_s"),
-            }
-            for r in runs
-        ],
-        **section,
-    }
-    drift["plots"] = write_drift_plots(out, drift)
+    drift = DriftSection.from_json(
+        {
+            "metric": {
+                "name": metric.label(),
+                "source": metric.describe(),
+                "log_metric": metric.name,
+                "regex": metric.regex,
+            },
+            "design": _design(plan),
+            "runs": [
+                {
+                    "index": r.index,
+                    "levels": {**r.seeds, **r.settings},
+                    "seed": {"root": plan["seed"], **r.seeds},
+                    "metric": r.metric,
+                    "status": r.status,
+                    "error": r.error,
+                    "dir": r.dir,
+                    "wall_s": r.extra.get("wall_s"),
+                }
+                for r in runs
+            ],
+            **section,
+        }
+    )
+    drift.plots = write_drift_plots(out, drift)
     logs = (Path(r.dir) / "rank-0" / EVENTS_FILE for r in runs)
     header = next((h for log in logs if log.is_file() and (h := read_header(log)) is not None), None)
     report = DriftReport(
-        run={
-            "script": plan["script"],
-            "args": plan["args"],
-            "out": str(out),
-            "seed": plan["seed"],
-            "vary": plan["vary"],
-            "levels_per_factor": plan["runs"],
-            **(counts or {}),
-            "compile_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
-            "wall_s": wall_s,
-        },
+        run=DriftSettings(
+            script=plan["script"],
+            args=plan["args"],
+            out=str(out),
+            seed=plan["seed"],
+            vary=plan["vary"],
+            levels_per_factor=plan["runs"],
+            compile_cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
+            wall_s=wall_s,
+            counts=counts or {},
+        ),
         drift=drift,
         provenance=provenance(
             {**launch_meta(Path(plan["script"])), "script": plan["script"], "args": plan["args"]}, header
