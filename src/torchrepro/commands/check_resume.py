@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from . import options
-from ..telemetry.otlp import add_otlp_option
 from ..runtime.options import RunOptions
 from ._finish import Outcome
 
@@ -22,7 +21,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=options.directory, metavar="DIR", help="where the runs, checkpoint and report go")
     options.add_outputs(p)
     options.add_ranks(p)
-    add_otlp_option(p)
+    options.add_otlp_option(p)
     options.add_script(p)
     p.set_defaults(func=run)
 

@@ -182,6 +182,28 @@ def otlp_endpoint(text: str) -> str:
     return text
 
 
+def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False) -> None:
+    """Add ``--otlp-endpoint URL`` and ``--otel-service-name NAME`` to a command's parser.
+    ``in_process``: the command runs the capture session itself (``torchrepro run``), so the
+    session exports and there is no launcher span.
+
+    >>> add_otlp_option(sub.add_parser("doctor"))  # doctest: +SKIP
+    """
+    parser.add_argument(
+        "--otlp-endpoint",
+        type=otlp_endpoint,
+        metavar="URL",
+        help="export spans and metrics over OTLP/HTTP to this collector, live "
+        "(e.g. http://localhost:4318; OTEL_EXPORTER_OTLP_* variables apply)",
+    )
+    parser.add_argument(
+        "--otel-service-name",
+        metavar="NAME",
+        help="service.name of the exported telemetry (default: OTEL_SERVICE_NAME, else torchrepro)",
+    )
+    parser.set_defaults(otlp_in_process=in_process)
+
+
 def add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
     """``SCRIPT [ARGS...]``: the training script and its arguments."""
     p.add_argument("script", nargs=None if required else "?", metavar="SCRIPT", help="the training script")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import options
-from ..telemetry.otlp import add_otlp_option, export_stored_run
+from ..telemetry.otlp import export_stored_run
 from ._finish import Outcome
 
 
@@ -18,7 +18,7 @@ def add_parser(sub: Any) -> None:
     options.add_outputs(p, junit=True)
     options.add_strict(p)
     options.add_html(p)
-    add_otlp_option(p)
+    options.add_otlp_option(p)
     p.add_argument(
         "--jobs",
         type=options.positive_int,

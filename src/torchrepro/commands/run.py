@@ -13,7 +13,6 @@ from typing import Any
 
 from . import options
 from ..errors import UserError
-from ..telemetry.otlp import add_otlp_option
 from ..runtime.options import OPTIONS_VAR, RunOptions
 
 
@@ -54,7 +53,7 @@ def add_parser(sub: Any) -> None:
         metavar="NAME",
         help="apply a candidate fix first (threads_1, deterministic, fallback_random, aot_eager[:FRAMES])",
     )
-    add_otlp_option(p, in_process=True)
+    options.add_otlp_option(p, in_process=True)
     options.add_script(p)
     p.set_defaults(func=run)
 

@@ -47,30 +47,6 @@ _PROTOCOL_VARS = (
 _launcher: Any = None  # the command's report.otel.Launcher while a launcher command exports
 
 
-def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False) -> None:
-    """Add ``--otlp-endpoint URL`` and ``--otel-service-name NAME`` to a command's parser.
-    ``in_process``: the command runs the capture session itself (``torchrepro run``), so the
-    session exports and there is no launcher span.
-
-    >>> add_otlp_option(sub.add_parser("doctor"))  # doctest: +SKIP
-    """
-    from ..commands.options import otlp_endpoint
-
-    parser.add_argument(
-        "--otlp-endpoint",
-        type=otlp_endpoint,
-        metavar="URL",
-        help="export spans and metrics over OTLP/HTTP to this collector, live "
-        "(e.g. http://localhost:4318; OTEL_EXPORTER_OTLP_* variables apply)",
-    )
-    parser.add_argument(
-        "--otel-service-name",
-        metavar="NAME",
-        help="service.name of the exported telemetry (default: OTEL_SERVICE_NAME, else torchrepro)",
-    )
-    parser.set_defaults(otlp_in_process=in_process)
-
-
 def _validate(endpoint: str) -> None:
     if not endpoint.startswith(("http://", "https://")):
         raise InputError(f"--otlp-endpoint {endpoint!r}: give the collector's http(s) URL, e.g. http://localhost:4318")

@@ -8,7 +8,6 @@ from typing import Any
 
 from .. import options
 from ...errors import UserError
-from ...telemetry.otlp import add_otlp_option
 from ...runtime.options import RunOptions
 from .._finish import Outcome
 
@@ -43,7 +42,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--no-fixes", action="store_true", help="do not run the fix ladder")
     options.add_ranks(p)
-    add_otlp_option(p)
+    options.add_otlp_option(p)
     options.add_tolerance(p)
     options.add_script(p)
     p.set_defaults(func=run)

@@ -9,7 +9,6 @@ from typing import Any
 
 from .. import options
 from ...errors import UserError
-from ...telemetry.otlp import add_otlp_option
 from ...runtime.options import RunOptions
 from .._finish import Outcome
 
@@ -37,7 +36,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
     options.add_strict(p)
     options.add_ranks(p)
-    add_otlp_option(p)
+    options.add_otlp_option(p)
     options.add_script(p, required=False)
     p.set_defaults(func=run)
 

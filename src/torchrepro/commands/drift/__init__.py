@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from .. import options
 from ...errors import UserError
-from ...telemetry.otlp import add_otlp_option
 from .._finish import Outcome
 
 MAX_RUNS = 10_000  # the largest design (cells x runs) run without --allow-large
@@ -98,7 +97,7 @@ def add_parser(sub) -> None:
     mode.add_argument("--run-one", type=options.count, metavar="INDEX", help="run one cell of DIR/plan.json")
     mode.add_argument("--collect", metavar="DIR", help="analyse the runs in DIR")
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script")
-    add_otlp_option(p)
+    options.add_otlp_option(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
     p.set_defaults(func=run)
 
