@@ -219,6 +219,28 @@ def compile_fx_module() -> ModuleType | None:
     )
 
 
+def wrap_compile_fx(outer: Callable[..., Any]) -> Patch | None:
+    """Wrap inductor's entry point ``compile_fx`` (the one wrapper every capture and fix uses): its
+    outermost call goes to ``outer(original, gm, example_inputs, *args, **kwargs)``; the calls it
+    makes of itself (config patches, inference graphs) go straight to the original. None where
+    this torch lacks it (see :func:`compile_fx_module`)."""
+    module = compile_fx_module()
+    if module is None:
+        return None
+    original, depth = module.compile_fx, [0]
+
+    def compile_fx(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if depth[0]:
+            return original(gm, example_inputs, *args, **kwargs)
+        depth[0] += 1
+        try:
+            return outer(original, gm, example_inputs, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    return patch(module, "compile_fx", compile_fx)
+
+
 def current_compile_id() -> Any:
     """The id of the compile running now (``CompileId``, printed ``0/1``), or None: none is
     running, or this torch cannot say (``torch._guards.CompileContext.current_compile_id``)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .._compat import compile_fx_module, current_compile_id, functorch_config, patch
+from .._compat import compile_fx_module, current_compile_id, functorch_config, patch, wrap_compile_fx
 from ..digests import fingerprint
 from .fx_nodes import clean_fqn, node_info, same
 
@@ -250,23 +250,19 @@ class KernelRepeater:
     def install(self) -> bool:
         """Patch inductor (feature-detected); False when this torch lacks what is needed."""
         module = compile_fx_module()
-        if module is None:
-            return False
-        original, depth = module.compile_fx, [0]
 
-        def compile_fx(gm, example_inputs, *args, **kwargs):
-            if depth[0] or args or "inner_compile" in kwargs:
+        def compile_fx(original, gm, example_inputs, *args, **kwargs):
+            if args or "inner_compile" in kwargs:
                 return original(gm, example_inputs, *args, **kwargs)
             compile_id = str(current_compile_id())
             names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
             inner = self._inner(compile_id, names, module.compile_fx_inner)
-            depth[0] += 1
-            try:
-                return original(gm, example_inputs, inner_compile=inner, **kwargs)
-            finally:
-                depth[0] -= 1
+            return original(gm, example_inputs, inner_compile=inner, **kwargs)
 
-        self._undo.append(patch(module, "compile_fx", compile_fx).undo)
+        wrapped = wrap_compile_fx(compile_fx)
+        if wrapped is None:
+            return False
+        self._undo.append(wrapped.undo)
         config = functorch_config()  # a cached AOTAutograd entry would skip inductor's inner compile
         if getattr(config, "enable_autograd_cache", None):  # (the FX cache still serves)
             self._undo.append(patch(config, "enable_autograd_cache", False).undo)
