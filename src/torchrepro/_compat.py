@@ -341,6 +341,34 @@ def foreach_norm(tensors: list[Any]) -> list[Any]:
     return [torch.linalg.vector_norm(t) for t in tensors]
 
 
+# --- private attributes of torch objects --------------------------------------------------------
+# Read per object, where their absence is ordinary (a module torch.compile did not wrap, an FX
+# target that is a plain function): no probe, the fallback is the public value.
+
+
+def compiled_original(module: Any) -> Any:
+    """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``, through every layer),
+    else ``module`` itself: both have one fingerprint and one set of parameter names."""
+    import torch.nn
+
+    while isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+        module = module._orig_mod
+    return module
+
+
+def op_name(target: Any) -> str | None:
+    """An FX target's op name: ``OpOverload._opname`` (``add`` for ``aten.add.Tensor``), else its
+    ``__name__``, else None."""
+    return getattr(target, "_opname", None) or getattr(target, "__name__", None)
+
+
+def keep_boxed_call(wrapper: Any, compiled: Any) -> Any:
+    """``wrapper`` called as the compiled graph it wraps is: ``_boxed_call`` (AOTAutograd's
+    boxed convention, the inputs as one list the callee may free) copied over."""
+    wrapper._boxed_call = getattr(compiled, "_boxed_call", False)
+    return wrapper
+
+
 # --- patches ---------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from .._compat import (
     current_autograd_node,
     current_compile_id,
     dispatch_mode,
+    keep_boxed_call,
     ops_replay,
     tree_flatten,
     wrap_compile_fx,
@@ -167,8 +168,7 @@ class GraphChecker:
             self._compare(compile_id, reference, out, expected)
             return out
 
-        run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
-        return run
+        return keep_boxed_call(run, compiled)
 
     def _compare(self, compile_id: str, reference: Any, out: Any, expected: Any) -> None:
         outputs = list(out) if isinstance(out, (list, tuple)) else [out]

@@ -220,7 +220,7 @@ class StepRecorder:
         if self._names is None and len(self._called) < 8 and all(m is not module for m in self._called):
             self._called.append(module)
         if not self._init_done:
-            root = getattr(module, "_orig_mod", module)  # torch.compile(model)
+            root = compat.compiled_original(module)  # torch.compile(model)
             named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
             if named:  # the first call of a module with parameters (not a parameter-free transform)
                 self._init_done = True
