@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import _state
 from .eventlog.events import Capability
 
 TRACE_LOGGER = "torch.__trace"
@@ -77,7 +78,6 @@ def installed_torch_version() -> str:
 
 _FOUND: dict[str, Any] = {}
 _PROBES: dict[str, Probe] = {}
-_WATCHERS: list[Callable[[Probe], None]] = []
 
 
 def _probe(name: str, where: str, lost: str, find: Callable[[], Any], names: Sequence[str] = ()) -> Any:
@@ -91,7 +91,7 @@ def _probe(name: str, where: str, lost: str, find: Callable[[], Any], names: Seq
         _FOUND[name] = value
         missing = tuple(n for n in names if value is not None and not hasattr(value, n))
         probe = _PROBES[name] = Probe(name, where, value is not None, lost, missing)
-        for watcher in list(_WATCHERS):
+        for watcher in list(_state.current().probe_watchers):
             watcher(probe)
     return _FOUND[name]
 
@@ -106,8 +106,9 @@ def watch(callback: Callable[[Probe], None]) -> Callable[[], None]:
     function that stops it."""
     for probe in probes():
         callback(probe)
-    _WATCHERS.append(callback)
-    return lambda: _WATCHERS.remove(callback) if callback in _WATCHERS else None
+    watchers = _state.current().probe_watchers
+    watchers.append(callback)
+    return lambda: watchers.remove(callback) if callback in watchers else None
 
 
 def _attribute(module: str, *path: str) -> Callable[[], Any]:
@@ -384,25 +385,24 @@ class Patch:
 
     def undo(self) -> None:
         """Put the original back (once), unless something replaced ours since: theirs stays."""
-        if self in _PATCHES:
-            _PATCHES.remove(self)
+        patches = _state.current().patches
+        if self in patches:
+            patches.remove(self)
         if not self.done and getattr(self.owner, self.name, None) is self.replacement:
             setattr(self.owner, self.name, self.original)
         self.done = True
-
-
-_PATCHES: list[Patch] = []
 
 
 def patch(owner: Any, name: str, replacement: Any) -> Patch:
     """Set ``owner.name = replacement`` until :func:`undo_patches` (or the patch's own undo)."""
     handle = Patch(owner, name, getattr(owner, name), replacement)
     setattr(owner, name, replacement)
-    _PATCHES.append(handle)
+    _state.current().patches.append(handle)
     return handle
 
 
 def undo_patches() -> None:
     """Undo every patch still in place, the latest first."""
-    while _PATCHES:
-        _PATCHES[-1].undo()
+    patches = _state.current().patches
+    while patches:
+        patches[-1].undo()
