@@ -272,3 +272,29 @@ def test_only_compat_names_private_torch_apis():
         for private in private_torch_names(path)
     }
     assert found == set(), "import it through torchrepro._compat (a probe there)"
+
+
+PRIVATE_TORCH_ATTRIBUTES = {"_orig_mod", "_boxed_call", "_opname"}
+
+
+def private_attributes_read(path: Path) -> set[str]:
+    """The private torch attribute names (:data:`PRIVATE_TORCH_ATTRIBUTES`) a module reads or sets:
+    as ``x._name`` or as a string constant (``getattr(x, "_name")``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_TORCH_ATTRIBUTES:
+            found.add(node.attr)
+        elif isinstance(node, ast.Constant) and node.value in PRIVATE_TORCH_ATTRIBUTES:
+            found.add(node.value)
+    return found
+
+
+def test_only_compat_reads_private_attributes_of_torch_objects():
+    found = {
+        (name, attribute)
+        for name, path in PATHS.items()
+        if name != "torchrepro._compat"
+        for attribute in private_attributes_read(path)
+    }
+    assert found == set(), "read it through an accessor in torchrepro._compat"
+    assert private_attributes_read(PATHS["torchrepro._compat"]) == PRIVATE_TORCH_ATTRIBUTES

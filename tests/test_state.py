@@ -298,3 +298,18 @@ def test_no_private_name_is_read_from_another_module(name):
         and _private(node.attr)
     ]
     assert imported == [] and read == []
+
+
+def test_process_state_is_kept_only_in_the_state_module():
+    """``global`` rebinds module state: only ``_state`` does, and two caches of pure lookups:
+    ``rng_raw`` (the memory layouts it calibrated once) and ``report.html`` (its Jinja environment)."""
+    rebinding = {
+        str(path.relative_to(SRC))
+        for path in SRC.rglob("*.py")
+        if any(isinstance(node, ast.Global) for node in ast.walk(ast.parse(path.read_text())))
+    }
+    assert rebinding == {"_state.py", "rng_raw.py", "report/html.py"}
+    _state.current().cublas_set_late = True
+    _state.current().prepared["spawned"] = True
+    _state.reset()
+    assert not _state.current().cublas_set_late and _state.current().prepared == {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import _state
 from .eventlog.events import Capability
 
 TRACE_LOGGER = "torch.__trace"
@@ -77,7 +78,6 @@ def installed_torch_version() -> str:
 
 _FOUND: dict[str, Any] = {}
 _PROBES: dict[str, Probe] = {}
-_WATCHERS: list[Callable[[Probe], None]] = []
 
 
 def _probe(name: str, where: str, lost: str, find: Callable[[], Any], names: Sequence[str] = ()) -> Any:
@@ -91,7 +91,7 @@ def _probe(name: str, where: str, lost: str, find: Callable[[], Any], names: Seq
         _FOUND[name] = value
         missing = tuple(n for n in names if value is not None and not hasattr(value, n))
         probe = _PROBES[name] = Probe(name, where, value is not None, lost, missing)
-        for watcher in list(_WATCHERS):
+        for watcher in list(_state.current().probe_watchers):
             watcher(probe)
     return _FOUND[name]
 
@@ -106,8 +106,9 @@ def watch(callback: Callable[[Probe], None]) -> Callable[[], None]:
     function that stops it."""
     for probe in probes():
         callback(probe)
-    _WATCHERS.append(callback)
-    return lambda: _WATCHERS.remove(callback) if callback in _WATCHERS else None
+    watchers = _state.current().probe_watchers
+    watchers.append(callback)
+    return lambda: watchers.remove(callback) if callback in watchers else None
 
 
 def _attribute(module: str, *path: str) -> Callable[[], Any]:
@@ -219,6 +220,28 @@ def compile_fx_module() -> ModuleType | None:
     )
 
 
+def wrap_compile_fx(outer: Callable[..., Any]) -> Patch | None:
+    """Wrap inductor's entry point ``compile_fx`` (the one wrapper every capture and fix uses): its
+    outermost call goes to ``outer(original, gm, example_inputs, *args, **kwargs)``; the calls it
+    makes of itself (config patches, inference graphs) go straight to the original. None where
+    this torch lacks it (see :func:`compile_fx_module`)."""
+    module = compile_fx_module()
+    if module is None:
+        return None
+    original, depth = module.compile_fx, [0]
+
+    def compile_fx(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if depth[0]:
+            return original(gm, example_inputs, *args, **kwargs)
+        depth[0] += 1
+        try:
+            return outer(original, gm, example_inputs, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    return patch(module, "compile_fx", compile_fx)
+
+
 def current_compile_id() -> Any:
     """The id of the compile running now (``CompileId``, printed ``0/1``), or None: none is
     running, or this torch cannot say (``torch._guards.CompileContext.current_compile_id``)."""
@@ -319,6 +342,34 @@ def foreach_norm(tensors: list[Any]) -> list[Any]:
     return [torch.linalg.vector_norm(t) for t in tensors]
 
 
+# --- private attributes of torch objects --------------------------------------------------------
+# Read per object, where their absence is ordinary (a module torch.compile did not wrap, an FX
+# target that is a plain function): no probe, the fallback is the public value.
+
+
+def compiled_original(module: Any) -> Any:
+    """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``, through every layer),
+    else ``module`` itself: both have one fingerprint and one set of parameter names."""
+    import torch.nn
+
+    while isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+        module = module._orig_mod
+    return module
+
+
+def op_name(target: Any) -> str | None:
+    """An FX target's op name: ``OpOverload._opname`` (``add`` for ``aten.add.Tensor``), else its
+    ``__name__``, else None."""
+    return getattr(target, "_opname", None) or getattr(target, "__name__", None)
+
+
+def keep_boxed_call(wrapper: Any, compiled: Any) -> Any:
+    """``wrapper`` called as the compiled graph it wraps is: ``_boxed_call`` (AOTAutograd's
+    boxed convention, the inputs as one list the callee may free) copied over."""
+    wrapper._boxed_call = getattr(compiled, "_boxed_call", False)
+    return wrapper
+
+
 # --- patches ---------------------------------------------------------------------------------
 
 
@@ -334,25 +385,24 @@ class Patch:
 
     def undo(self) -> None:
         """Put the original back (once), unless something replaced ours since: theirs stays."""
-        if self in _PATCHES:
-            _PATCHES.remove(self)
+        patches = _state.current().patches
+        if self in patches:
+            patches.remove(self)
         if not self.done and getattr(self.owner, self.name, None) is self.replacement:
             setattr(self.owner, self.name, self.original)
         self.done = True
-
-
-_PATCHES: list[Patch] = []
 
 
 def patch(owner: Any, name: str, replacement: Any) -> Patch:
     """Set ``owner.name = replacement`` until :func:`undo_patches` (or the patch's own undo)."""
     handle = Patch(owner, name, getattr(owner, name), replacement)
     setattr(owner, name, replacement)
-    _PATCHES.append(handle)
+    _state.current().patches.append(handle)
     return handle
 
 
 def undo_patches() -> None:
     """Undo every patch still in place, the latest first."""
-    while _PATCHES:
-        _PATCHES[-1].undo()
+    patches = _state.current().patches
+    while patches:
+        patches[-1].undo()

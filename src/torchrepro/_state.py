@@ -1,5 +1,12 @@
 """This process's state, in one place: the active seed plan and its ``fork()`` streams, the
-registered generators, the DataLoader worker's stream and the capture session.
+registered generators, the DataLoader worker's stream and the capture session; and what the
+modules that patch or prepare this process keep for its life (:class:`ProcessState`, read and
+written by them through :func:`current`): torch's patches in place and who watches the probes
+(``_compat``), the imports capture waits for (``capture.on_import``), the DataLoader's original
+``_get_iterator`` (``seed``), whether the cuBLAS workspace was set too late (``determinism``),
+how the process was prepared before its rank was known (``runtime.follow``) and the telemetry
+exporter's (``telemetry``). Caches of pure lookups (digests of unchanged states, calibrated
+memory layouts) stay in their modules.
 
 Each piece has one writer (:func:`torchrepro.seed_everything` the plan, :func:`torchrepro.rng.register`
 the generators, a :class:`~torchrepro.capture.session.CaptureSession` itself) and is read here by
@@ -14,6 +21,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -44,9 +52,23 @@ class ProcessState:
     generators: dict[str, Any] = field(default_factory=dict)  # torch / numpy Generators, by registered name
     worker: WorkerStream | None = None
     session: CaptureSession | None = None
+    patches: list[Any] = field(default_factory=list)  # _compat.Patch: torch objects capture replaced, in order
+    probe_watchers: list[Callable[[Any], None]] = field(default_factory=list)  # _compat.watch callbacks
+    awaited_imports: dict[str, list[Callable[[], None]]] = field(default_factory=dict)  # module -> callbacks
+    original_get_iterator: Callable[[Any], Any] | None = None  # DataLoader._get_iterator while seed wraps it
+    cublas_set_late: bool = False  # CUBLAS_WORKSPACE_CONFIG set after CUDA initialised (too late to count)
+    prepared: dict[str, Any] = field(default_factory=dict)  # runtime.follow: plan, factors, spawned
+    otlp_launcher: Any = None  # telemetry.otlp: the command's Launcher while a launcher command exports
+    otel_health: dict[str, Any] = field(default_factory=dict)  # telemetry.otel: the exporter's health
 
 
 _STATE = ProcessState()
+
+
+def current() -> ProcessState:
+    """This process's state (for the modules that keep theirs here; read it anew each time:
+    :func:`reset` replaces it)."""
+    return _STATE
 
 
 def reset() -> None:

@@ -19,6 +19,7 @@ from typing import Literal
 
 import torch
 
+from . import _state
 from .errors import UserError
 
 __all__ = [
@@ -39,7 +40,6 @@ _CUBLAS_VALUE = ":4096:8"
 CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two values cuBLAS documents as deterministic
 
 # Set by `deterministic` when it had to set CUBLAS_VAR after CUDA was initialised.
-_cublas_set_late = False
 
 
 class DeterminismArgumentError(UserError, ValueError):
@@ -101,11 +101,10 @@ class deterministic:  # noqa: N801  (used like a function, as torch.no_grad is)
         self._apply()
 
     def _apply(self) -> None:
-        global _cublas_set_late
         if self._prev_cublas is None:
             os.environ[CUBLAS_VAR] = _CUBLAS_VALUE
             if torch.cuda.is_initialized():
-                _cublas_set_late = True
+                _state.current().cublas_set_late = True
                 warnings.warn(
                     f"CUDA is already initialised, so {CUBLAS_VAR}={_CUBLAS_VALUE} may not reach "
                     "cuBLAS; set it in the shell or call deterministic() before any CUDA work",
@@ -230,12 +229,13 @@ def _cuda_switches(cuda: bool, cudnn: bool) -> list[Switch]:
     if not cuda:
         cublas_switch = Switch(CUBLAS_VAR, cublas, _CUBLAS_VALUE, False, "info", "no CUDA: cuBLAS is not used")
     else:
-        ok = cublas in CUBLAS_DETERMINISTIC and not _cublas_set_late
+        set_late = _state.current().cublas_set_late
+        ok = cublas in CUBLAS_DETERMINISTIC and not set_late
         if cublas is None:
             note = "unset: cuBLAS may vary run to run; deterministic algorithms then raise"
         elif cublas not in CUBLAS_DETERMINISTIC:
             note = f"not one of {', '.join(CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run"
-        elif _cublas_set_late:
+        elif set_late:
             note = "set after CUDA was initialised: may not reach cuBLAS"
         elif torch.cuda.is_initialized():
             note = "CUDA already initialised: in effect if it was set before that"

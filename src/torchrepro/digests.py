@@ -46,6 +46,8 @@ import torch
 import xxhash
 from torch import nn
 
+from ._compat import compiled_original
+
 __all__ = ["DeviceDigest", "fingerprint", "fingerprint_later", "fingerprints", "hash_bytes", "stable_uid"]
 
 
@@ -118,7 +120,7 @@ def fingerprints(x: nn.Module | torch.optim.Optimizer | Mapping) -> dict[str, st
     Example: ``fingerprints(model)["fc.weight"] == fingerprint(model.fc.weight)``.
     """
     if isinstance(x, nn.Module):
-        m = _unwrap(x)
+        m = compiled_original(x)  # one fingerprint for a model and torch.compile(model)
         x = dict([*m.named_parameters(), *m.named_buffers()])
     elif isinstance(x, torch.optim.Optimizer):
         x = x.state_dict()
@@ -135,13 +137,6 @@ def _leaves(prefix: str, x: Any) -> Iterator[tuple[str, Any]]:
         return
     for k, v in items:
         yield from _leaves(f"{prefix}.{k}" if prefix else str(k), v)
-
-
-def _unwrap(m: nn.Module) -> nn.Module:
-    """The module that ``torch.compile`` wrapped, so both have one fingerprint."""
-    while isinstance(getattr(m, "_orig_mod", None), nn.Module):
-        m = m._orig_mod
-    return m
 
 
 def _u64(n: int) -> bytes:
@@ -193,7 +188,7 @@ def _enc(x: Any, stateful: bool) -> bytes:
     if isinstance(x, (torch.dtype, torch.device)):
         return b"x" + _enc(_qualname(x), stateful) + _enc(str(x), stateful)
     if stateful and isinstance(x, nn.Module):
-        m = _unwrap(x)
+        m = compiled_original(x)
         named = {"parameters": dict(m.named_parameters()), "buffers": dict(m.named_buffers())}
         return b"M" + _enc(named, stateful)
     if stateful and isinstance(x, torch.optim.Optimizer):

@@ -333,8 +333,6 @@ def _require_plan() -> SeedPlan:
 # One class-level wrapper around DataLoader._get_iterator (where worker processes are
 # created): it wraps the loader's worker_init_fn in a WorkerSeeder once and sets its epoch.
 
-_ORIGINAL_GET_ITERATOR: dict[str, Callable] = {}
-
 
 def _loader_epoch(loader: torch.utils.data.DataLoader, seeder: WorkerSeeder) -> int:
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
@@ -346,9 +344,10 @@ def _loader_epoch(loader: torch.utils.data.DataLoader, seeder: WorkerSeeder) -> 
 
 def _patch_dataloader() -> None:
     original = dataloader_get_iterator()
-    if "fn" in _ORIGINAL_GET_ITERATOR or original is None:
+    state = _state.current()  # the original, while the wrapper is in place
+    if state.original_get_iterator is not None or original is None:
         return
-    _ORIGINAL_GET_ITERATOR["fn"] = original
+    state.original_get_iterator = original
 
     def _get_iterator(self):
         plan = active_plan()
@@ -365,6 +364,7 @@ def _patch_dataloader() -> None:
 
 
 def _unpatch_dataloader() -> None:
-    original = _ORIGINAL_GET_ITERATOR.pop("fn", None)
+    state = _state.current()
+    original, state.original_get_iterator = state.original_get_iterator, None
     if original is not None:
         set_dataloader_get_iterator(original)

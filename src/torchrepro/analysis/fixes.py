@@ -16,7 +16,6 @@ from typing import Any
 
 DOC = "docs/compiled-nondeterminism.md"
 LADDER = ("threads_1", "deterministic", "fallback_random", "aot_eager", "eager")
-STAGES = ("eager", "aot_eager", "fallback-random", "inductor")
 
 
 @dataclass

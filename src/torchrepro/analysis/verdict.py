@@ -18,8 +18,6 @@ from ..eventlog.events import Capability, EventLog, Step
 from ..report.model import Verdict, comparison_exit_code
 from .ranks import missing_ranks, world_size
 
-VERDICTS = ("bit_exact", "within_tolerance", "diverged", "incomplete", "nothing_compared")
-
 
 @dataclass
 class Ending:

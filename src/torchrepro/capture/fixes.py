@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._compat import compile_fx_module, current_compile_id, inductor_config, lookup_backend, patch
+from .._compat import compile_fx_module, current_compile_id, inductor_config, lookup_backend, patch, wrap_compile_fx
 
 
 def _one_thread() -> None:
@@ -45,18 +45,18 @@ def _aot_eager(frames: set[int] | None) -> None:
     process (the dynamo inductor backend and torch.compile's inductor wrapper both import it at call
     time); where a frame is not chosen the real inductor runs. Not applied where this torch lacks
     either entry point."""
-    module, lookup = compile_fx_module(), lookup_backend()
-    if module is None or lookup is None:
+    found, lookup = compile_fx_module(), lookup_backend()
+    if found is None or lookup is None:
         return
-    inductor, aot_eager = module.compile_fx, lookup("aot_eager")
+    aot_eager = lookup("aot_eager")
 
-    def compile_fx(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    def compile_fx(inductor: Any, gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
         frame = getattr(current_compile_id(), "frame_id", None)
         if frames is None or frame in frames:
             return aot_eager(gm, example_inputs)
         return inductor(gm, example_inputs, *args, **kwargs)
 
-    patch(module, "compile_fx", compile_fx)
+    wrap_compile_fx(compile_fx)
 
 
 def apply_fix(spec: str | None) -> None:

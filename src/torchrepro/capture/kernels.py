@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .._compat import compile_fx_module, current_compile_id, functorch_config, patch
+from .._compat import compile_fx_module, current_compile_id, functorch_config, op_name, patch, wrap_compile_fx
 from ..digests import fingerprint
 from .fx_nodes import clean_fqn, node_info, same
 
@@ -46,12 +46,8 @@ ACCUMULATING = (
 )
 
 
-def _opname(target: Any) -> str | None:
-    return getattr(target, "_opname", None) or getattr(target, "__name__", None)
-
-
 def _accumulates(node: Any) -> bool:
-    name = _opname(node.target) or ""
+    name = op_name(node.target) or ""
     if not any(name.startswith(a) or name == a for a in ACCUMULATING):
         return False
     if name.startswith(("index_put", "_index_put_impl")):  # accumulate=True only
@@ -97,7 +93,7 @@ def describe_outputs(gm: Any) -> dict[str, Any]:
     ops = set()
     for n in gm.graph.nodes:
         for t in (n.target, n.meta.get("original_aten")):
-            name = _opname(t) if n.op == "call_function" or t is not n.target else None
+            name = op_name(t) if n.op == "call_function" or t is not n.target else None
             if name:
                 ops.add(name)
     return {"outputs": outs, "ops": sorted(ops)}
@@ -105,7 +101,7 @@ def describe_outputs(gm: Any) -> dict[str, Any]:
 
 def _aten(node: Any) -> str:
     original = node.meta.get("original_aten")
-    return f"aten.{_opname(original)}" if original is not None and _opname(original) else f"aten.{_opname(node.target)}"
+    return f"aten.{op_name(original)}" if original is not None and op_name(original) else f"aten.{op_name(node.target)}"
 
 
 # --- inductor's generated wrapper code ---------------------------------------------------------
@@ -250,23 +246,19 @@ class KernelRepeater:
     def install(self) -> bool:
         """Patch inductor (feature-detected); False when this torch lacks what is needed."""
         module = compile_fx_module()
-        if module is None:
-            return False
-        original, depth = module.compile_fx, [0]
 
-        def compile_fx(gm, example_inputs, *args, **kwargs):
-            if depth[0] or args or "inner_compile" in kwargs:
+        def compile_fx(original, gm, example_inputs, *args, **kwargs):
+            if args or "inner_compile" in kwargs:
                 return original(gm, example_inputs, *args, **kwargs)
             compile_id = str(current_compile_id())
             names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
             inner = self._inner(compile_id, names, module.compile_fx_inner)
-            depth[0] += 1
-            try:
-                return original(gm, example_inputs, inner_compile=inner, **kwargs)
-            finally:
-                depth[0] -= 1
+            return original(gm, example_inputs, inner_compile=inner, **kwargs)
 
-        self._undo.append(patch(module, "compile_fx", compile_fx).undo)
+        wrapped = wrap_compile_fx(compile_fx)
+        if wrapped is None:
+            return False
+        self._undo.append(wrapped.undo)
         config = functorch_config()  # a cached AOTAutograd entry would skip inductor's inner compile
         if getattr(config, "enable_autograd_cache", None):  # (the FX cache still serves)
             self._undo.append(patch(config, "enable_autograd_cache", False).undo)

@@ -14,8 +14,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .. import _state
 
-_WAITING: dict[str, list[Callable[[], None]]] = {}  # module name -> callbacks, while its import is awaited
+
+def _waiting() -> dict[str, list[Callable[[], None]]]:
+    """Module name -> callbacks, while its import is awaited (process state: :mod:`torchrepro._state`)."""
+    return _state.current().awaited_imports
 
 
 class _Hook(importlib.abc.MetaPathFinder):
@@ -29,13 +33,13 @@ class _Hook(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = getattr(spec, "loader", None)
         if spec is None or not hasattr(loader, "exec_module"):
-            _WAITING.pop(fullname, None)
+            _waiting().pop(fullname, None)
             return spec
         exec_module = loader.exec_module
 
         def exec_then_call(module: Any) -> None:
             exec_module(module)
-            for callback in _WAITING.pop(fullname, []):  # also those added while the module ran
+            for callback in _waiting().pop(fullname, []):  # also those added while the module ran
                 callback()
 
         loader.exec_module = exec_then_call  # this spec's loader only: one module, loaded once
@@ -51,20 +55,20 @@ def when_imported(name: str, callback: Callable[[], None]) -> Callable[[], None]
     """Call ``callback()`` once ``name`` is imported (now, if it is); returns a function that
     cancels a callback still waiting. A module still running its own code (it imported
     something that asked) counts as not imported yet: the callback runs when it is done."""
-    if name in sys.modules and name not in _WAITING:
+    if name in sys.modules and name not in _waiting():
         callback()
         return lambda: None
-    if name not in _WAITING:
-        _WAITING[name] = []
+    if name not in _waiting():
+        _waiting()[name] = []
         sys.meta_path.insert(0, _Hook(name))
-    _WAITING[name].append(callback)
+    _waiting()[name].append(callback)
 
     def cancel() -> None:
-        waiting = _WAITING.get(name, [])
+        waiting = _waiting().get(name, [])
         if callback in waiting:
             waiting.remove(callback)
-        if name in _WAITING and not waiting:  # nothing left to call: the import hook goes too
-            del _WAITING[name]
+        if name in _waiting() and not waiting:  # nothing left to call: the import hook goes too
+            del _waiting()[name]
             for hook in [h for h in sys.meta_path if isinstance(h, _Hook) and h.name == name]:
                 _remove(hook)
 

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from .._compat import (
-    compile_fx_module,
     current_autograd_node,
     current_compile_id,
     dispatch_mode,
+    keep_boxed_call,
     ops_replay,
-    patch,
     tree_flatten,
+    wrap_compile_fx,
 )
 from ..digests import fingerprint
 from .. import _state
@@ -138,24 +138,13 @@ class GraphChecker:
         """Wrap inductor's entry point; False when this torch lacks it."""
         import copy
 
-        module = compile_fx_module()
-        if module is None:
-            return False
-        original, depth = module.compile_fx, [0]
-
-        def compile_fx(gm, example_inputs, *args, **kwargs):
-            if depth[0]:  # compile_fx calls itself (config patches, inference graphs): wrap the outer call only
-                return original(gm, example_inputs, *args, **kwargs)
+        def compile_fx(original, gm, example_inputs, *args, **kwargs):
             reference = copy.deepcopy(gm)  # inductor's passes may rewrite gm in place
-            depth[0] += 1
-            try:
-                compiled = original(gm, example_inputs, *args, **kwargs)
-            finally:
-                depth[0] -= 1
+            compiled = original(gm, example_inputs, *args, **kwargs)
             return self._wrap(compiled, reference, str(current_compile_id()))
 
-        self._patch = patch(module, "compile_fx", compile_fx)
-        return True
+        self._patch = wrap_compile_fx(compile_fx)
+        return self._patch is not None
 
     def uninstall(self) -> None:
         """Put inductor's entry point back."""
@@ -179,8 +168,7 @@ class GraphChecker:
             self._compare(compile_id, reference, out, expected)
             return out
 
-        run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
-        return run
+        return keep_boxed_call(run, compiled)
 
     def _compare(self, compile_id: str, reference: Any, out: Any, expected: Any) -> None:
         outputs = list(out) if isinstance(out, (list, tuple)) else [out]

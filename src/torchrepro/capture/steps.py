@@ -220,20 +220,11 @@ class StepRecorder:
         if self._names is None and len(self._called) < 8 and all(m is not module for m in self._called):
             self._called.append(module)
         if not self._init_done:
-            root = getattr(module, "_orig_mod", module)  # torch.compile(model)
+            root = compat.compiled_original(module)  # torch.compile(model)
             named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
             if named:  # the first call of a module with parameters (not a parameter-free transform)
                 self._init_done = True
-                self._emit(
-                    InitParams(
-                        rank=self.rank,
-                        step=self.completed,
-                        source="first_forward",
-                        module=type(root).__name__,
-                        names=[n for n, _ in named],
-                        fps=[fingerprint(_local(p))[:16] for _, p in named],
-                    )
-                )
+                self._emit_init_params("first_forward", root, named, [fingerprint(_local(p))[:16] for _, p in named])
         if self.config.batches and not self._batch_fps:
             tensors = _tensors((args, kwargs))
             if tensors:
@@ -242,6 +233,20 @@ class StepRecorder:
                 except (TypeError, ValueError):  # sparse or nested inputs: an unhashable batch, as for the DataLoader's
                     self._input_fps.append(["unhashable"])
         self._own += time.perf_counter() - t0
+
+    def _emit_init_params(self, source: str, module: Any, named: list[tuple[str, Any]], fps: list[str]) -> None:
+        """The one ``InitParams`` event: the fingerprints ``fps`` of ``module``'s ``named``
+        parameters as training starts (``source``: at its first forward, or before FSDP2 shards it)."""
+        self._emit(
+            InitParams(
+                rank=self.rank,
+                step=self.completed,
+                source=source,
+                module=type(module).__name__,
+                names=[n for n, _ in named],
+                fps=fps,
+            )
+        )
 
     def _note_optimizer(self, *args: Any, **kwargs: Any) -> None:
         self._optimizers_made += 1
@@ -262,16 +267,7 @@ class StepRecorder:
         def before(module: Any, *args: Any, **kwargs: Any) -> None:
             named = [(n, p) for n, p in module.named_parameters() if not hasattr(p, "placements")]
             fps = ["meta" if p.is_meta else fingerprint(p)[:16] for _, p in named]
-            self._emit(
-                InitParams(
-                    rank=self.rank,
-                    step=self.completed,
-                    source="fully_shard",
-                    module=type(module).__name__,
-                    names=[n for n, _ in named],
-                    fps=fps,
-                )
-            )
+            self._emit_init_params("fully_shard", module, named, fps)
 
         self._wrap(fsdp, "fully_shard", self._safe(before), hide_from_dynamo=True)
         self._emit(

@@ -16,8 +16,9 @@ import stat
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import torch
 
@@ -263,134 +264,171 @@ def _caches(triton: str) -> list[CacheDir]:
 # ---------------------------------------------------------------- environment variables
 
 
+def _always(value: str | None) -> bool:
+    return True
+
+
+def _never(value: str | None) -> bool:
+    return False
+
+
+def _unset(value: str | None) -> bool:
+    return value is None
+
+
+def _on(value: str | None) -> bool:
+    return value not in (None, "", "0", "false", "False")
+
+
+def _omp_unset_note() -> str:
+    return (
+        f"unset: torch uses this machine's cores ({torch.get_num_threads()} threads); another machine "
+        "reduces in another order and misses the inductor cache"
+    )
+
+
+class _Rule(NamedTuple):
+    """One row of :data:`_RULES`: the variables it is about (exact names; ``X_*``: every name that
+    starts ``X_``), for which values (``when``), whether that value is a risk, what it means (a
+    function where the text is computed) and whether it is part of the environment's fingerprint."""
+
+    names: tuple[str, ...]
+    when: Callable[[str | None], bool]
+    risky: Callable[[str | None], bool]
+    note: str | Callable[[], str]
+    in_fingerprint: bool = True
+
+
+_RULES: tuple[_Rule, ...] = (  # the first row that matches a variable and its value decides
+    _Rule(
+        ("PYTHONHASHSEED",),
+        lambda v: v in (None, "random"),
+        _always,
+        "unset: str hashing and set order vary between processes and ranks; export PYTHONHASHSEED=0 before launching",
+    ),
+    _Rule(("PYTHONHASHSEED",), _always, _never, "fixed str hashing and set order (not part of inductor's cache key)"),
+    _Rule(("OMP_NUM_THREADS",), _unset, _always, _omp_unset_note),
+    _Rule(
+        ("OMP_NUM_THREADS",),
+        _always,
+        _never,
+        "CPU threads: changes reduction order and inductor's cache key; keep it the same across runs",
+    ),
+    _Rule(("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), _always, _never, "BLAS threads: can change reduction order"),
+    _Rule(("MKL_CBWR",), _always, _never, "MKL conditional numerical reproducibility: same code path on every CPU"),
+    _Rule(
+        ("ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE"),
+        _always,
+        lambda v: (v or "").upper() not in ("", "STRICT"),
+        "lets oneDNN compute fp32 in lower precision: numerics change",
+    ),
+    _Rule(
+        (CUBLAS_VAR,),
+        _unset,
+        _always,
+        "unset: cuBLAS may vary run to run; deterministic algorithms raise on cuBLAS ops",
+    ),
+    _Rule((CUBLAS_VAR,), lambda v: v in CUBLAS_DETERMINISTIC, _never, "fixed cuBLAS workspace: deterministic"),
+    _Rule((CUBLAS_VAR,), _always, _always, f"not {' or '.join(CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run"),
+    _Rule(
+        ("CUDA_LAUNCH_BLOCKING",),
+        _always,
+        _on,
+        "serialises every kernel launch: much slower, numerics unchanged (usually left over from debugging)",
+        in_fingerprint=False,
+    ),
+    _Rule(("NVIDIA_TF32_OVERRIDE",), _always, _never, "=0 forces TF32 off in cuBLAS/cuDNN, whatever torch's flags say"),
+    _Rule(
+        ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",), _always, _on, "forces TF32 cuBLAS matmuls on, whatever torch's flags say"
+    ),
+    _Rule(
+        ("CUDA_VISIBLE_DEVICES",),
+        _always,
+        _never,
+        "selects GPUs: another GPU model runs other kernels",
+        in_fingerprint=False,
+    ),
+    _Rule(("RANK", "LOCAL_RANK", "GROUP_RANK"), _always, _never, "this process's rank", in_fingerprint=False),
+    _Rule(
+        ("WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+        _always,
+        _never,
+        "number of ranks: changes data sharding and all-reduce order",
+    ),
+    _Rule(("TORCH_LOGS",), _always, _never, "compile logging only", in_fingerprint=False),
+    _Rule(
+        ("TORCH_TRACE",),
+        _always,
+        _never,
+        "structured compile trace, including your source code, is written here",
+        in_fingerprint=False,
+    ),
+    _Rule(
+        ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME"),
+        _always,
+        _never,
+        "compiled kernels are loaded from here (see caches)",
+        in_fingerprint=False,
+    ),
+    _Rule(
+        ("TORCHINDUCTOR_FORCE_DISABLE_CACHES",),
+        _always,
+        _on,
+        "every compile is cold (10-20 s on CPU); results do not change",
+        in_fingerprint=False,
+    ),
+    _Rule(
+        ("TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"),
+        _always,
+        lambda v: v == "0",
+        "=0 turns this compile cache off: every compile is cold",
+        in_fingerprint=False,
+    ),
+    _Rule(("TORCHINDUCTOR_DETERMINISTIC",), _always, _never, "=1: inductor makes no timing-driven kernel choices"),
+    _Rule(
+        ("TORCHINDUCTOR_MAX_AUTOTUNE*", "TORCHINDUCTOR_COORDINATE_DESCENT*"),
+        _always,
+        _on,
+        "kernels chosen by on-device timing may differ between runs unless inductor's deterministic mode is on",
+    ),
+    _Rule(
+        ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE"),
+        _always,
+        _on,
+        "torch.compile does nothing: runs eager, whose numerics and RNG differ from compiled runs",
+    ),
+    _Rule(
+        ("TORCH_COMPILE_DEBUG",),
+        _always,
+        _on,
+        "writes debug output for every compile: slow",
+        in_fingerprint=False,
+    ),
+    _Rule(
+        ("PYTORCH_TUNABLEOP_ENABLED",),
+        _always,
+        _on,
+        "TunableOp picks GEMM kernels by timing: runs can differ unless its results file is reused",
+    ),
+    _Rule(("NCCL_ALGO", "NCCL_PROTO"), _always, _never, "pins NCCL's collective algorithm, and so its reduction order"),
+    _Rule(("NCCL_*", "TORCH_NCCL_*"), _always, _never, "NCCL transport/debug setting", in_fingerprint=False),
+    _Rule(("TORCHINDUCTOR_*",), _always, _never, "inductor setting: part of what is compiled and of its cache key"),
+    _Rule(("TORCHDYNAMO_*", "TORCH_COMPILE_*"), _always, _never, "torch.compile setting: can change what is compiled"),
+    _Rule(("PYTORCH_TUNABLEOP_*",), _always, _never, "TunableOp setting"),
+    _Rule(("*",), _always, _never, "Triton setting"),  # TRITON_*, the last prefix _relevant() admits
+)
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(name == p or (p.endswith("*") and name.startswith(p[:-1])) for p in patterns)
+
+
 def _env_var(name: str, value: str | None) -> EnvVar:
-    """Note, risk and fingerprint relevance of one variable (unset only where that matters)."""
-    on = value not in (None, "", "0", "false", "False")
-    if name == "PYTHONHASHSEED":
-        if value in (None, "random"):
-            return EnvVar(
-                name,
-                value,
-                "unset: str hashing and set order vary between processes "
-                "and ranks; export PYTHONHASHSEED=0 before launching",
-                risky=True,
-            )
-        return EnvVar(name, value, "fixed str hashing and set order (not part of inductor's cache key)")
-    if name == "OMP_NUM_THREADS":
-        if value is None:
-            return EnvVar(
-                name,
-                None,
-                f"unset: torch uses this machine's cores "
-                f"({torch.get_num_threads()} threads); another machine reduces in "
-                "another order and misses the inductor cache",
-                risky=True,
-            )
-        return EnvVar(
-            name, value, "CPU threads: changes reduction order and inductor's cache key; keep it the same across runs"
-        )
-    if name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        return EnvVar(name, value, "BLAS threads: can change reduction order")
-    if name == "MKL_CBWR":
-        return EnvVar(name, value, "MKL conditional numerical reproducibility: same code path on every CPU")
-    if name in ("ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE"):
-        return EnvVar(
-            name,
-            value,
-            "lets oneDNN compute fp32 in lower precision: numerics change",
-            risky=(value or "").upper() not in ("", "STRICT"),
-        )
-    if name == CUBLAS_VAR:
-        if value is None:
-            return EnvVar(
-                name,
-                None,
-                "unset: cuBLAS may vary run to run; deterministic algorithms raise on cuBLAS ops",
-                risky=True,
-            )
-        ok = value in CUBLAS_DETERMINISTIC
-        return EnvVar(
-            name,
-            value,
-            "fixed cuBLAS workspace: deterministic"
-            if ok
-            else f"not {' or '.join(CUBLAS_DETERMINISTIC)}: cuBLAS may vary run to run",
-            risky=not ok,
-        )
-    if name == "CUDA_LAUNCH_BLOCKING":
-        return EnvVar(
-            name,
-            value,
-            "serialises every kernel launch: much slower, numerics unchanged (usually left over from debugging)",
-            risky=on,
-            in_fingerprint=False,
-        )
-    if name == "NVIDIA_TF32_OVERRIDE":
-        return EnvVar(name, value, "=0 forces TF32 off in cuBLAS/cuDNN, whatever torch's flags say")
-    if name == "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE":
-        return EnvVar(name, value, "forces TF32 cuBLAS matmuls on, whatever torch's flags say", risky=on)
-    if name == "CUDA_VISIBLE_DEVICES":
-        return EnvVar(name, value, "selects GPUs: another GPU model runs other kernels", in_fingerprint=False)
-    if name in ("RANK", "LOCAL_RANK", "GROUP_RANK"):
-        return EnvVar(name, value, "this process's rank", in_fingerprint=False)
-    if name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        return EnvVar(name, value, "number of ranks: changes data sharding and all-reduce order")
-    if name == "TORCH_LOGS":
-        return EnvVar(name, value, "compile logging only", in_fingerprint=False)
-    if name == "TORCH_TRACE":
-        return EnvVar(
-            name, value, "structured compile trace, including your source code, is written here", in_fingerprint=False
-        )
-    if name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME"):
-        return EnvVar(name, value, "compiled kernels are loaded from here (see caches)", in_fingerprint=False)
-    if name == "TORCHINDUCTOR_FORCE_DISABLE_CACHES":
-        return EnvVar(
-            name, value, "every compile is cold (10-20 s on CPU); results do not change", risky=on, in_fingerprint=False
-        )
-    if name in ("TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"):
-        return EnvVar(
-            name,
-            value,
-            "=0 turns this compile cache off: every compile is cold",
-            risky=value == "0",
-            in_fingerprint=False,
-        )
-    if name == "TORCHINDUCTOR_DETERMINISTIC":
-        return EnvVar(name, value, "=1: inductor makes no timing-driven kernel choices")
-    if name.startswith(("TORCHINDUCTOR_MAX_AUTOTUNE", "TORCHINDUCTOR_COORDINATE_DESCENT")):
-        return EnvVar(
-            name,
-            value,
-            "kernels chosen by on-device timing may differ between runs unless inductor's deterministic mode is on",
-            risky=on,
-        )
-    if name in ("TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE"):
-        return EnvVar(
-            name,
-            value,
-            "torch.compile does nothing: runs eager, whose numerics and RNG differ from compiled runs",
-            risky=on,
-        )
-    if name == "TORCH_COMPILE_DEBUG":
-        return EnvVar(name, value, "writes debug output for every compile: slow", risky=on, in_fingerprint=False)
-    if name == "PYTORCH_TUNABLEOP_ENABLED":
-        return EnvVar(
-            name,
-            value,
-            "TunableOp picks GEMM kernels by timing: runs can differ unless its results file is reused",
-            risky=on,
-        )
-    if name in ("NCCL_ALGO", "NCCL_PROTO"):
-        return EnvVar(name, value, "pins NCCL's collective algorithm, and so its reduction order")
-    if name.startswith(("NCCL_", "TORCH_NCCL_")):
-        return EnvVar(name, value, "NCCL transport/debug setting", in_fingerprint=False)
-    if name.startswith("TORCHINDUCTOR_"):
-        return EnvVar(name, value, "inductor setting: part of what is compiled and of its cache key")
-    if name.startswith(("TORCHDYNAMO_", "TORCH_COMPILE_")):
-        return EnvVar(name, value, "torch.compile setting: can change what is compiled")
-    if name.startswith("PYTORCH_TUNABLEOP_"):
-        return EnvVar(name, value, "TunableOp setting")
-    return EnvVar(name, value, "Triton setting")  # TRITON_*, the last prefix _relevant() admits
+    """Note, risk and fingerprint relevance of one variable (unset only where that matters): the
+    first row of :data:`_RULES` for ``name`` whose condition ``value`` meets."""
+    rule = next(r for r in _RULES if _matches(name, r.names) and r.when(value))
+    note = rule.note if isinstance(rule.note, str) else rule.note()
+    return EnvVar(name, value, note, risky=rule.risky(value), in_fingerprint=rule.in_fingerprint)
 
 
 _NAMES = frozenset(

@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import _state
 from .._dist import from_env, placement
 
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
@@ -44,7 +45,6 @@ RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomi
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 LAUNCHER_DIR = "launcher"
 _WRAPPED = "__torchrepro_follows__"
-_PREPARED: dict[str, Any] = {}  # how this process was prepared before its rank was known: plan, factors, spawned
 
 
 def _note(text: str) -> None:
@@ -75,7 +75,9 @@ def propagate(options: Any) -> None:
     from ..seed import active_plan
 
     os.environ.update(follow_env(options, os.getpid(), os.environ.get("PYTHONPATH", "")))
-    _PREPARED["plan"] = active_plan()  # made before the script ran: it takes the rank of a group joined later
+    _state.current().prepared["plan"] = (
+        active_plan()
+    )  # made before the script ran: it takes the rank of a group joined later
     _mark_seen()
     hook_process_group()
     hook_spawn()
@@ -101,7 +103,7 @@ def _prepare(options: Any) -> None:
     from ..seed import active_plan
 
     prepare(options)
-    _PREPARED["plan"] = active_plan()
+    _state.current().prepared["plan"] = active_plan()
 
 
 def activate_at_start(rank: int) -> None:
@@ -123,7 +125,7 @@ def prepare_spawned() -> None:
     bootstrap ``sitecustomize``."""
     options, _ = _config()
     _prepare(options)
-    _PREPARED["spawned"] = True
+    _state.current().prepared["spawned"] = True
 
 
 def hook_spawn() -> None:
@@ -203,7 +205,7 @@ def _joined() -> None:
         options, root_pid = _config()
         from .prepare import apply_compile_mode
 
-        if not _PREPARED.get("spawned"):  # no seeding: the script has run; seeding now would change it
+        if not _state.current().prepared.get("spawned"):  # no seeding: the script has run; seeding now would change it
             apply_compile_mode(options.compile_mode)
         rank = (
             world.group_rank,
@@ -223,7 +225,7 @@ def _rank_the_plan(rank: int, world_size: int) -> None:
     from ..seed import active_plan
 
     plan = active_plan()
-    if plan is not None and plan is _PREPARED.get("plan"):
+    if plan is not None and plan is _state.current().prepared.get("plan"):
         plan.rank, plan.world_size = rank, world_size
 
 

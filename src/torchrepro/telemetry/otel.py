@@ -54,7 +54,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .. import __version__
+from .. import __version__, _state
 from ..analysis.categories import category_of
 from ..analysis.compile import display_function
 from ..eventlog.events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
@@ -158,13 +158,11 @@ def _job_failed() -> bool:
     return bool(path) and os.path.exists(path)
 
 
-_HEALTH: dict[str, _Health] = {}
-
-
 def _health(endpoint: str) -> _Health:
-    if "process" not in _HEALTH:
-        _HEALTH["process"] = _Health(endpoint)
-    return _HEALTH["process"]
+    health = _state.current().otel_health  # one per process
+    if "process" not in health:
+        health["process"] = _Health(endpoint)
+    return health["process"]
 
 
 # --- exporters and providers ----------------------------------------------------------------

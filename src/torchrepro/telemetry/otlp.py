@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import _state
 from ..errors import InputError
 from .trace_context import WARN_ONCE_VAR, LaunchTrace
 
@@ -43,8 +44,6 @@ _PROTOCOL_VARS = (
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
     "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
 )
-
-_launcher: Any = None  # the command's report.otel.Launcher while a launcher command exports
 
 
 def _validate(endpoint: str) -> None:
@@ -73,12 +72,11 @@ def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace
         os.environ["OTEL_SERVICE_NAME"] = args.otel_service_name
     if args.otlp_in_process:
         return func(args)
-    global _launcher
     from .otel import Launcher
 
     with tempfile.TemporaryDirectory(prefix="torchrepro-otlp-") as tmp:
         os.environ[WARN_ONCE_VAR] = str(Path(tmp) / "warned")
-        _launcher = Launcher(
+        launcher = _state.current().otlp_launcher = Launcher(
             endpoint, args.command, script=getattr(args, "script", None), nproc=getattr(args, "nproc", None)
         )
         code = None
@@ -86,30 +84,33 @@ def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace
             code = func(args)
             return code
         finally:
-            _launcher.close(code)
-            _launcher = None
+            launcher.close(code)
+            _state.current().otlp_launcher = None
 
 
 @contextmanager
 def launch_span(run_dir: Path, nproc: int) -> Iterator[LaunchTrace]:
     """A span around one launch of the script (one ``check`` run, a replay, a doctor run)."""
-    if _launcher is None:
+    launcher = _state.current().otlp_launcher
+    if launcher is None:
         yield LaunchTrace()
         return
-    with _launcher.launch_span(run_dir, nproc) as trace:
+    with launcher.launch_span(run_dir, nproc) as trace:
         yield trace
 
 
 def record_report(report: Report) -> None:
     """Put a finished report's verdict and findings on the command's span and metrics."""
-    if _launcher is not None:
-        _launcher.record_report(report)
+    launcher = _state.current().otlp_launcher
+    if launcher is not None:
+        launcher.record_report(report)
 
 
 def export_stored_run(run_dir: Path) -> None:
     """Export a stored run's events (``torchrepro report RUN_DIR --otlp-endpoint URL``)."""
-    if _launcher is not None:
-        _launcher.export_run(run_dir)
+    launcher = _state.current().otlp_launcher
+    if launcher is not None:
+        launcher.export_run(run_dir)
 
 
 def live_listeners() -> list[Callable[[Any], None]]:

@@ -102,6 +102,65 @@ def _compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None,
     )
 
 
+Pair = tuple[tuple[RunSpec, Run], tuple[RunSpec, Run]]
+
+
+def _earliest_divergence(
+    checker: Checker, pairs: list[Pair], tol: Tolerance
+) -> tuple[Divergence | None, bool, list[str], Pair]:
+    """The earliest divergence (by step, then rank) over ``pairs`` (each run with the first), the
+    pair it is in (else the first pair), whether any pair differed only within ``tol``, and every
+    pair's notes; each pair's lengths are compared into the checker's endings."""
+    div, within, notes, pair = None, False, [], pairs[0]
+    for (sa, ra), (sb, rb) in pairs:
+        compare_lengths(checker.endings[sa.label], checker.endings[sb.label])
+        d, w, n = _compare(ra, rb, tol)
+        notes += n
+        within = within or w
+        if d is not None and (div is None or (d.step, d.rank) < (div.step, div.rank)):
+            div, pair = d, ((sa, ra), (sb, rb))
+    return div, within, notes, pair
+
+
+def _explain(
+    checker: Checker,
+    done: dict[str, tuple[RunSpec, Run]],
+    pair: Pair,
+    div: Divergence,
+    against: str | None,
+    localize_divergence: bool,
+) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """The cause of ``div`` between the runs of ``pair``, its evidence and (``--against`` with
+    inductor) the backend decomposition: decided from the logs, then, while still unknown, from
+    the decomposition, repeated kernels, or replays of the divergent step with op capture."""
+    from .fix_ladder import localize_kernels
+
+    (spec_a, run_a), (spec_b, run_b) = pair
+    decomposition = None
+    cause, evidence = decide(div, run_a.logs, run_b.logs, same_config=spec_a.compile_mode == spec_b.compile_mode)
+    if against is not None and cause == "unknown":
+        if uses_inductor(run_b.logs):
+            decomposition = _decomposition(checker, done, against)
+            cause, evidence = cause_from_decomposition(decomposition, against)
+            if localize_divergence:
+                evidence.update(localize_graph(checker, spec_b, div))
+        else:
+            cause, evidence = numerics_without_inductor()
+    kernels = None
+    if localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
+        kernels = localize_kernels(checker, spec_a, spec_b, div, [run_a, run_b])
+        if kernels is not None:
+            cause, evidence = cause_from_kernels(evidence, kernels)
+    if (
+        kernels is None
+        and localize_divergence
+        and (cause in ("unknown", "init_params") or against is None and cause == "numerics")
+    ):
+        cause, more = localize(checker, spec_a, spec_b, div, cause)
+        evidence.update(more)
+    return cause, evidence, decomposition
+
+
 def check(
     script: Path,
     args: list[str],
@@ -121,7 +180,7 @@ def check(
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
     divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
     False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from."""
-    from .fix_ladder import backend_stages, localize_kernels, run_fix_ladder
+    from .fix_ladder import backend_stages, run_fix_ladder
 
     console = console or Console(stderr=True)
     tol = tolerance or Tolerance()
@@ -138,38 +197,11 @@ def check(
     done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
-    div, within, notes, pair = None, False, [], pairs[0]
-    for (sa, ra), (sb, rb) in pairs:  # the earliest divergence over all pairs with the first run
-        compare_lengths(checker.endings[sa.label], checker.endings[sb.label])
-        d, w, n = _compare(ra, rb, tol)
-        notes += n
-        within = within or w
-        if d is not None and (div is None or (d.step, d.rank) < (div.step, div.rank)):
-            div, pair = d, ((sa, ra), (sb, rb))
+    div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
     cause, evidence, decomposition = None, {}, None
     if div is not None:
-        cause, evidence = decide(div, run_a.logs, run_b.logs, same_config=spec_a.compile_mode == spec_b.compile_mode)
-        if against is not None and cause == "unknown":
-            if uses_inductor(run_b.logs):
-                decomposition = _decomposition(checker, done, against)
-                cause, evidence = cause_from_decomposition(decomposition, against)
-                if localize_divergence:
-                    evidence.update(localize_graph(checker, spec_b, div))
-            else:
-                cause, evidence = numerics_without_inductor()
-        kernels = None
-        if localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
-            kernels = localize_kernels(checker, spec_a, spec_b, div, [run_a, run_b])
-            if kernels is not None:
-                cause, evidence = cause_from_kernels(evidence, kernels)
-        if (
-            kernels is None
-            and localize_divergence
-            and (cause in ("unknown", "init_params") or against is None and cause == "numerics")
-        ):
-            cause, more = localize(checker, spec_a, spec_b, div, cause)
-            evidence.update(more)
+        cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
     ladder, stages = [], None
     if div is not None and fixes is not False and against is None and (fixes or cause in FIXABLE):
         ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
@@ -322,6 +354,36 @@ RESUME_HINTS = {
 }
 
 
+def _resume_notes(full: Run, stopped: Run, resumed: Run, at: int) -> list[str]:
+    """What may explain a resume that differs although no step did: the runs already differ before
+    the checkpoint, or the resumed run's steps are not numbered from ``at``."""
+    notes = []
+    before, _, _ = _compare(full, stopped, Tolerance())
+    if before is not None:
+        notes.append(
+            f"the run is not reproducible before the checkpoint (step {before.step} differs between two "
+            "runs): fix that first (torchrepro check)"
+        )
+    first_resumed = min((s.index for log in resumed.logs for s in log.of(Step)), default=None)
+    if first_resumed != at:
+        notes.append(
+            f"the resumed run's first step is numbered {first_resumed}, expected {at}: call "
+            "resume.apply(...) (it aligns the step numbers)"
+        )
+    return notes
+
+
+def _check_resumed_ending(checker: Checker, full: Run, resumed: Run) -> None:
+    """A resumed run that agrees on every step but ends at another step than the full run did, on
+    some rank, did not end normally (a problem of its ending: the verdict cannot be bit-exact)."""
+    last = {log.rank: log.of(Step)[-1].index for log in full.logs if log.of(Step)}
+    last_resumed = {log.rank: log.of(Step)[-1].index for log in resumed.logs if log.of(Step)}
+    if last != last_resumed:
+        checker.endings["resumed"].problems.append(
+            f"the resumed run ended at step {last_resumed}, the full run at {last}"
+        )
+
+
 def check_resume(
     script: Path,
     args: list[str],
@@ -365,25 +427,9 @@ def check_resume(
         )
     resumed, _ = checker.run(RunSpec("resumed", None, f"resumed after step {at}"), env={ENV_RESUME_FROM: str(saved)})
     div, _, notes = _compare(full, resumed, Tolerance())
-    notes = [n for n in notes if "with the same index" not in n]  # a resumed run has only the later steps
-    before, _, _ = _compare(full, stopped, Tolerance())
-    if before is not None:
-        notes.append(
-            f"the run is not reproducible before the checkpoint (step {before.step} differs between two "
-            "runs): fix that first (torchrepro check)"
-        )
-    first_resumed = min((s.index for log in resumed.logs for s in log.of(Step)), default=None)
-    if first_resumed != at:
-        notes.append(
-            f"the resumed run's first step is numbered {first_resumed}, expected {at}: call "
-            "resume.apply(...) (it aligns the step numbers)"
-        )
-    last = {log.rank: log.of(Step)[-1].index for log in full.logs if log.of(Step)}
-    last_resumed = {log.rank: log.of(Step)[-1].index for log in resumed.logs if log.of(Step)}
-    if div is None and last != last_resumed:
-        checker.endings["resumed"].problems.append(
-            f"the resumed run ended at step {last_resumed}, the full run at {last}"
-        )
+    notes = [n for n in notes if "with the same index" not in n] + _resume_notes(full, stopped, resumed, at)
+    if div is None:
+        _check_resumed_ending(checker, full, resumed)
     cause, evidence = (None, {})
     if div is not None:
         cause, evidence = decide(div, full.logs, resumed.logs)
