@@ -13,7 +13,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from torchrepro.runtime import environment as envinfo
+from torchrepro.capture import environment as envinfo
 from torchrepro.report.env import render_env
 
 
@@ -161,7 +161,7 @@ def test_collect_is_fast_and_json_serialisable():
 def test_collect_does_not_import_inductor(run_python):
     proc = run_python(
         "import sys, torch\n"
-        "from torchrepro.runtime import environment as envinfo\n"
+        "from torchrepro.capture import environment as envinfo\n"
         "envinfo.collect()\n"
         "print('torch._dynamo' in sys.modules, torch.cuda.is_initialized())\n"
     )

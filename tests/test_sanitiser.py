@@ -178,7 +178,7 @@ def test_cache_status_view(tmp_path):
 
 
 def test_env_view(monkeypatch):
-    from torchrepro.runtime.environment import collect
+    from torchrepro.capture.environment import collect
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", f"/tmp/{PATH_SAFE}")
     console, buf = _console()

@@ -76,7 +76,7 @@ def _unreachable(entries: list[Entry]) -> list[dict[str, Any]]:
 
 def _writable_dirs(root: Path) -> list[str]:
     """Directories below ``root`` that other users may write to (they could add entries)."""
-    from ..runtime.environment import writers
+    from ..capture.environment import writers
 
     found = []
     for current, dirs, _ in os.walk(root):  # never follows links
@@ -88,7 +88,7 @@ def _writable_dirs(root: Path) -> list[str]:
 
 
 def _permissions(root: Path, entries: list[Entry]) -> dict[str, Any]:
-    from ..runtime.environment import cache_risks, owner_name
+    from ..capture.environment import cache_risks, owner_name
 
     st = root.stat()
     posix = hasattr(os, "geteuid")

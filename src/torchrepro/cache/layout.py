@@ -70,7 +70,7 @@ def current_build() -> dict[str, Any]:
     """
     import torch
 
-    from ..runtime.environment import NOT_AVAILABLE, dist_version
+    from ..capture.environment import NOT_AVAILABLE, dist_version
 
     triton = dist_version("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
     cpu = getattr(torch.backends, "cpu", None)
@@ -118,7 +118,7 @@ def cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
         return Path(path).expanduser().absolute(), "argument"
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).expanduser().absolute(), "TORCHINDUCTOR_CACHE_DIR"
-    from ..runtime.environment import inductor_default_dir
+    from ..capture.environment import inductor_default_dir
 
     default, source = inductor_default_dir()
     return Path(default).absolute(), source
@@ -127,7 +127,7 @@ def cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
 def headers_dir() -> Path:
     """Where inductor keeps precompiled C++ headers: under torch's *default* cache directory,
     whatever ``TORCHINDUCTOR_CACHE_DIR`` says."""
-    from ..runtime.environment import inductor_default_dir
+    from ..capture.environment import inductor_default_dir
 
     return Path(inductor_default_dir()[0]).absolute() / "precompiled_headers"
 
@@ -301,7 +301,7 @@ def walk(root: Path) -> list[tuple[Path, tuple[str, ...], os.stat_result]]:
 
 def scan(root: Path, build: dict[str, Any] | None = None) -> list[Entry]:
     """Every entry under ``root``, classified, with writer and reachability where readable."""
-    from ..runtime.environment import foreign_owner, owner_name, writers
+    from ..capture.environment import foreign_owner, owner_name, writers
 
     build = build or current_build()
     entries = []

@@ -59,7 +59,7 @@ class CaptureConfig:
 
 def environment() -> tuple[dict[str, Any], str]:
     """What changes numerics or cache keys in this process, and its fingerprint."""
-    from ..runtime.environment import collect
+    from .environment import collect
 
     info = collect()
     return info, str(info.get("env_fingerprint", ""))

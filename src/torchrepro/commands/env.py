@@ -16,7 +16,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print this environment (as JSON with ``--json``)."""
-    from ..runtime import environment as envinfo
+    from ..capture import environment as envinfo
     from ..report.env import render_env
 
     info = envinfo.collect()
