@@ -92,6 +92,7 @@ def _metric(args: argparse.Namespace, plan: dict | None = None):
 
 def run(args: argparse.Namespace) -> int:
     """Plan, run (or one cell), collect and report, as the flags say."""
+    from ...eventlog.rundir import claim_run_dir
     from .experiment import Runner, cells_of, load_plan, read_record
 
     if args.jobs < 1:
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--collect DIR analyses stored runs: give no SCRIPT")
         out = Path(args.collect)
         plan = load_plan(out)
+        claim_run_dir(out, fresh=False)  # one writer of the report at a time
         return _report(out, plan, args, None, None)
     if args.run_one is not None:
         if not args.out:
@@ -121,15 +123,16 @@ def _plan_and_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ...analysis.drift import DEFAULT_FACTORS
-    from .experiment import make_plan, prepare_out, run_all
+    from .experiment import PLAN_FILE, make_plan, prepare_out, run_all
     from ..launcher import validate_script
-    from ...eventlog.rundir import default_run_dir
+    from ...eventlog.rundir import claim_run_dir, default_run_dir
 
     if not args.script:
         raise UserError("drift needs a SCRIPT (or --collect DIR, or --run-one INDEX --out DIR)")
     script = validate_script(args.script)
     plan = make_plan(script, args.args, args.vary or DEFAULT_FACTORS, args.runs or 4, args.seed, _metric(args))
     out = Path(args.out) if args.out else default_run_dir(script, label="drift")
+    claim_run_dir(out, fresh=not (out / PLAN_FILE).exists())  # one drift writes it at a time (--run-one: cells)
     prepare_out(out, plan)
     if args.plan:
         n = len(plan["cells"])
