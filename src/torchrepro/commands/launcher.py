@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import InputError
-from ..telemetry.otlp import launch_span, live_listeners
+from ..telemetry.otlp import launch_span
 from ..runtime.options import RunOptions
 from ..runtime.runner import die_with_parent, libc_prctl
 

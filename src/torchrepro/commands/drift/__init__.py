@@ -93,7 +93,7 @@ def _metric(args: argparse.Namespace, plan: dict | None = None):
 def run(args: argparse.Namespace) -> int:
     """Plan, run (or one cell), collect and report, as the flags say."""
     from ...eventlog.rundir import claim_run_dir
-    from .experiment import Runner, cells_of, load_plan, read_record
+    from .experiment import Runner, cells_of, load_plan, read_record, unfinished
 
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1")
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= args.run_one < len(cells):
             raise UserError(f"--run-one {args.run_one}: the plan has cells 0..{len(cells) - 1}")
         cell = cells[args.run_one]
-        record = read_record(out, cell) or Runner(out, plan).run(cell)  # a finished cell is not rerun
+        record = Runner(out, plan).run(cell) if unfinished(out, cell) else read_record(out, cell)  # not rerun
         print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({out / cell.dir})")
         return 3 if record["exit_code"] else 0
     return _plan_and_run(args)
