@@ -45,6 +45,7 @@ VOLATILE_KEYS = {
     "steps_timing",
     "pid",
     "host",
+    "supervisor",  # the pid and start time of the torchrepro that ran the job
     "schema",
 }
 VOLATILE_SUFFIXES = ("_s", "_share", "_ms")

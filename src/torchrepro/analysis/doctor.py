@@ -82,7 +82,8 @@ def run_summary(
         "failed": any(r["status"] not in ("ok", "imported") for r in ranks.values())
         or "stall" in meta
         or (launcher is not None and launcher.severity == "error")
-        or "stopped_by" in meta,
+        or "stopped_by" in meta
+        or "interrupted" in meta,
         "torch_version": meta.get("torch_version") or (first.torch_version if first else None),
         "world_size": world_size(logs, meta),
         "env_fingerprint": meta.get("env_fingerprint") or (first.env_fingerprint if first else None),
@@ -93,8 +94,33 @@ def run_summary(
     }
 
 
+def interrupted_line(meta: dict[str, Any], run: dict[str, Any]) -> str | None:
+    """Why a job reads as interrupted (``meta["interrupted"]``, set when its run directory is read: see
+    :func:`~torchrepro.eventlog.rundir.supervisor_lost`) is said to be; None for any other run."""
+    lost = meta.get("interrupted")
+    if not isinstance(lost, dict):
+        return None
+    steps = [r["last_step"] for r in run["ranks"].values() if r["last_step"] is not None]
+    return (
+        f"torchrepro's supervisor (pid {lost.get('supervisor_pid')}) ended without recording "
+        f"the end of the job; last step seen: {max(steps) if steps else 'none'}"
+    )
+
+
 def _outcome_findings(run: dict[str, Any], meta: dict[str, Any], logs: list[EventLog]) -> list[Finding]:
     findings = fault_findings(run, meta) + world_findings(logs, meta)
+    interrupted = interrupted_line(meta, run)
+    if interrupted is not None:
+        findings.append(
+            Finding(
+                "RUN_INTERRUPTED",
+                "error",
+                f"interrupted: {interrupted}",
+                hint="torchrepro was killed (SIGKILL, the OOM killer) while the job ran; the job was ended with it. "
+                "Everything recorded before is analysed; run it again for a verdict.",
+                evidence={**meta["interrupted"], "last_steps": {r: i["last_step"] for r, i in run["ranks"].items()}},
+            )
+        )
     if run["problems"]:
         skipped = sum(log.bad_lines for log in logs)
         findings.append(
@@ -212,6 +238,7 @@ def verdict_line(
     budget_failures: list[str],
     compile_section: dict[str, Any],
     steps: StepsSummary,
+    interrupted: str | None = None,
 ) -> str:
     """The one-line summary at the top of the report."""
     c = compile_section
@@ -220,6 +247,8 @@ def verdict_line(
         f"{c['compiles']} compile(s), {c['recompiles']} recompile(s), {c['graph_breaks']} graph "
         f"break(s), {c['compile_time_s']:.1f} s compiling, {steps.steps} step(s)"
     )
+    if verdict is Verdict.INTERRUPTED:
+        return f"INTERRUPTED: {interrupted} ({figures})"
     if verdict is Verdict.FAILS_BUDGET:
         return f"FAILS BUDGET ({'; '.join(budget_failures)}): {figures}"
     if verdict is Verdict.PROBLEMS:
@@ -253,7 +282,8 @@ def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bu
     findings = sort_findings(findings)
     failures = budget_failures(compile_section, budgets or Budgets())
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())
-    verdict = Verdict.of_doctor(findings, failures)
+    interrupted = interrupted_line(meta, run)
+    verdict = Verdict.of_doctor(findings, failures, interrupted is not None)
     groups = rank_groups(logs, kept)
     compile_section["timeline"] = timeline(logs, groups["groups"], kept)
     compile_section["recompile_groups"] = recompile_groups(compile_section["recompile_events"])
@@ -264,7 +294,7 @@ def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], bu
         steps=steps,
         findings=findings,
         verdict=verdict,
-        verdict_line=verdict_line(verdict, findings, failures, compile_section, steps),
+        verdict_line=verdict_line(verdict, findings, failures, compile_section, steps, interrupted),
         capabilities=compile_analysis.capabilities(logs),
         budget_failures=failures,
         failing_findings=[f.code for f in findings if f.code in failing],

@@ -79,6 +79,12 @@ def ending(label: str, meta: dict[str, Any], logs: list[EventLog]) -> Ending:
     missing = missing_ranks(logs, meta)
     if missing:
         out.problems.append(f"rank(s) {', '.join(map(str, missing))} of {world_size(logs, meta)} wrote no event log")
+    lost = meta.get("interrupted")  # set when the run directory is read (eventlog.rundir.supervisor_lost)
+    if isinstance(lost, dict):
+        out.problems.append(
+            f"interrupted: torchrepro's supervisor (pid {lost.get('supervisor_pid')}) ended without recording "
+            "the end of the job"
+        )
     code = meta.get("exit_code")
     if isinstance(code, int) and code != 0:
         out.problems.append(f"the job ended with {describe_exit(code)}")

@@ -1,26 +1,28 @@
-"""Run a user's script with capture installed: in this process (``torchrepro run``, also what
-each rank runs under ``torchrun``), or in a fresh child process whose output is shown live and
-kept (``doctor`` and ``check``)."""
+"""The supervisor's side of a run: start a user's script under capture in fresh child processes
+(``doctor``, ``check``, ``check-resume``, ``drift``), show and keep their output, forward stop
+signals, and end them. One way to spawn (:func:`spawn`: its own process group, killed with
+torchrepro), watch (:class:`Job`) and end (:func:`end_jobs`) a job. What runs inside the child
+(``torchrepro run``) is :mod:`torchrepro.runtime.runner`."""
 
 from __future__ import annotations
 
 import os
 import re
-import runpy
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import InputError
-from ..telemetry.otlp import launch_span, live_listeners
+from ..telemetry.otlp import launch_span
 from ..runtime.options import RunOptions
+from ..runtime.runner import die_with_parent, libc_prctl
 
 STDERR_TAIL_LINES = 40
 
@@ -38,45 +40,6 @@ def validate_script(script: str | os.PathLike) -> Path:
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read {path}: {exc}") from None
     return path
-
-
-def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
-    """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`
-    set up as ``options`` say (``options.run_dir`` is set); returns its exit code. The session's
-    end event records how it ended."""
-    from ..capture.session import CaptureConfig, CaptureSession
-    from ..runtime.follow import propagate
-    from ..runtime.prepare import prepare
-
-    prepare(options)
-    session = CaptureSession(CaptureConfig.from_options(options), listeners=live_listeners())
-    session.start()
-    propagate(options)  # every process the script starts that becomes a rank captures itself
-    sys.argv = [str(script), *args]
-    sys.path.insert(0, str(script.resolve().parent))
-    code, error = 0, None
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-        error = None if code == 0 else f"SystemExit({exc.code!r})"
-    except KeyboardInterrupt:
-        code, error = 130, "KeyboardInterrupt"
-    except BaseException as exc:  # the user's script failed: report it like Python would
-        traceback.print_exc()
-        code, error = 1, "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    finally:
-        session.stop(code, error)
-    return code
-
-
-def _exit_code(value: object) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value
-    print(value, file=sys.stderr)
-    return 1
 
 
 @dataclass
@@ -123,7 +86,126 @@ def _rank_pids(run_dir: Path) -> list[int]:
     return pids
 
 
-def _stop_stalled(proc: subprocess.Popen, run_dir: Path) -> None:
+GRACE_S = 5.0  # between SIGTERM and SIGKILL when a job is ended
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+_PRCTL = libc_prctl()  # resolved before any fork (see die_with_parent)
+
+
+def _proc_table() -> dict[int, tuple[int, int, int, bool]] | None:
+    """Every process as ``pid -> (ppid, pgid, start time, zombie)`` from ``/proc`` (None without one)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    table = {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            table[int(entry)] = (int(fields[1]), int(fields[2]), int(fields[19]), fields[0] == "Z")
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+class Job:
+    """A job started by :func:`spawn`: the child (leader of its own process group) and every
+    descendant seen while it ran (pid and start time), so that processes which left the group
+    (``start_new_session=True`` in the script, torchrun's ranks) are ended with it where this
+    system shows them (``/proc``)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.pgid = proc.pid
+        self.seen: dict[int, int] = {}  # pid -> start time (a reused pid is not another's)
+
+    def watch(self) -> None:
+        """Record the job's descendants as they are now (children of the child, and of any seen before)."""
+        table = _proc_table()
+        if table is None:
+            return
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, *_rest) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        todo = [self.proc.pid, *self._alive(table)]
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in self.seen and child != self.proc.pid:
+                    self.seen[child] = table[child][2]
+                    todo.append(child)
+
+    def _alive(self, table: dict[int, tuple[int, int, int, bool]]) -> list[int]:
+        return [pid for pid, start in self.seen.items() if pid in table and table[pid][2:] == (start, False)]
+
+    def alive(self) -> bool:
+        """Whether any process of the job's group, or a descendant seen, still runs (zombies do not count)."""
+        table = _proc_table()
+        if table is None:
+            try:
+                os.killpg(self.pgid, 0)
+            except OSError:
+                return False
+            return True
+        return bool(self._alive(table)) or any(pgid == self.pgid and not z for _, pgid, _, z in table.values())
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the job's group and to every descendant seen that still runs."""
+        _signal_group(self.pgid, sig)
+        table = _proc_table() or {}
+        for pid in self._alive(table):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+def spawn(cmd: list[str], **popen: object) -> Job:
+    """Start ``cmd`` as a job: in its own session (process group), killed by the kernel when the
+    calling thread ends (Linux ``PR_SET_PDEATHSIG``: a torchrepro killed with SIGKILL leaves no
+    job running; the caller waits for it in that thread). ``popen``: :class:`subprocess.Popen`'s
+    streams and ``env``."""
+    parent = os.getpid()
+    preexec = None if _PRCTL is None else lambda: die_with_parent(parent, _PRCTL)
+    return Job(subprocess.Popen(cmd, start_new_session=True, preexec_fn=preexec, **popen))  # type: ignore[arg-type]
+
+
+def wait_job(job: Job, every: Callable[[], None] | None = None, tick: float = 0.5) -> int:
+    """Wait for the job's child to exit, recording its descendants (and calling ``every``) each
+    ``tick`` s meanwhile; its exit code. Whatever it leaves running is the caller's to end
+    (:func:`end_jobs`)."""
+    while True:
+        try:
+            return job.proc.wait(timeout=tick)
+        except subprocess.TimeoutExpired:
+            job.watch()
+            if every is not None:
+                every()
+
+
+def end_jobs(jobs: Iterable[Job], grace: float = GRACE_S) -> None:
+    """End every process left in ``jobs`` (their groups and the descendants seen): SIGTERM, then
+    SIGKILL after ``grace`` s; the children are reaped."""
+    jobs = list(jobs)
+    for job in jobs:
+        job.watch()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = [job for job in jobs if job.alive()]
+        if not live:
+            break
+        for job in live:
+            job.signal(sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(job.alive() for job in live):
+            time.sleep(0.05)
+    for job in jobs:
+        try:
+            job.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _stop_stalled(job: Job, run_dir: Path) -> None:
     """Ask every rank for its Python stacks (SIGUSR1 → faulthandler), then end the job."""
     for pid in _rank_pids(run_dir):
         try:
@@ -131,11 +213,7 @@ def _stop_stalled(proc: subprocess.Popen, run_dir: Path) -> None:
         except OSError:
             pass
     time.sleep(2.0)
-    end_group(proc.pid)
-
-
-GRACE_S = 5.0  # between SIGTERM and SIGKILL when a job is ended
-STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+    end_jobs([job])
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -145,46 +223,13 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still runs (zombies waiting for a reaper do not count)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        try:
-            os.killpg(pgid, 0)
-        except OSError:
-            return False
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
-
-
-def end_group(pgid: int, grace: float = GRACE_S) -> None:
-    """End every process left in group ``pgid`` (a job's session): SIGTERM, then SIGKILL after ``grace`` s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not group_alive(pgid):
-            return
-        _signal_group(pgid, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and group_alive(pgid):
-            time.sleep(0.05)
-
-
 class _ForwardStops:
     """While a job runs, SIGINT/SIGTERM/SIGHUP sent to torchrepro stop the whole job (the same signal
     to its process group, SIGKILL after :data:`GRACE_S` s or at a second signal) instead of leaving
     it running; the run is then recorded as stopped and its report written."""
 
-    def __init__(self, pgid: int):
-        self.pgid, self.signum, self.since = pgid, None, None
+    def __init__(self, job: Job):
+        self.job, self.signum, self.since = job, None, None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _ForwardStops:
@@ -203,7 +248,7 @@ class _ForwardStops:
         first = self.signum is None
         if first:
             self.signum, self.since = signum, time.monotonic()
-        _signal_group(self.pgid, signum if first else signal.SIGKILL)
+        _signal_group(self.job.pgid, signum if first else signal.SIGKILL)
 
     @property
     def name(self) -> str | None:
@@ -222,8 +267,8 @@ def run_child(
     stall_timeout: float | None = None,
     run_dir: Path | None = None,
 ) -> ChildResult:
-    """Run ``cmd`` in its own session (process group), showing its output live (unless ``quiet``)
-    and keeping it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job
+    """Run ``cmd`` as a job (:func:`spawn`), showing its output live (unless ``quiet``) and
+    keeping it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job
     whose ranks write no event into ``run_dir`` for that many seconds has its stacks dumped and is
     ended. A stop signal sent to torchrepro is forwarded to the job (see :class:`_ForwardStops`);
     whatever the job leaves running when it ends (a subprocess of the script) is ended too."""
@@ -232,7 +277,8 @@ def run_child(
     stalled = None
     with open(log_dir / "stdout.log", "wb") as out_log, open(log_dir / "stderr.log", "wb") as err_log:
         started = time.time()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        job = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = job.proc
         out_sinks = [out_log] if quiet else [out_log, sys.stdout.buffer]
         err_sinks = [err_log] if quiet else [err_log, sys.stderr.buffer]
         pumps = [
@@ -241,22 +287,22 @@ def run_child(
         ]
         for pump in pumps:
             pump.start()
-        with _ForwardStops(proc.pid) as stops:
+
+        def check() -> None:
+            nonlocal stalled
+            if stops.overdue():
+                job.signal(signal.SIGKILL)
+            elif stops.signum is None and stall_timeout is not None and run_dir is not None:
+                quiet_for = time.time() - _last_progress(run_dir, started)
+                if quiet_for > stall_timeout:
+                    stalled = round(quiet_for, 1)
+                    _stop_stalled(job, run_dir)
+
+        with _ForwardStops(job) as stops:
             try:
-                while True:
-                    try:
-                        code = proc.wait(timeout=0.5)
-                        break
-                    except subprocess.TimeoutExpired:
-                        if stops.overdue():
-                            _signal_group(proc.pid, signal.SIGKILL)
-                        elif stops.signum is None and stall_timeout is not None and run_dir is not None:
-                            quiet_for = time.time() - _last_progress(run_dir, started)
-                            if quiet_for > stall_timeout:
-                                stalled = round(quiet_for, 1)
-                                _stop_stalled(proc, run_dir)
+                code = wait_job(job, check)
             finally:
-                end_group(proc.pid)  # the script's own subprocesses, and the job itself on any error here
+                end_jobs([job])  # the script's own subprocesses, and the job itself on any error here
         for pump in pumps:  # a process that left the group may still hold the pipes: do not wait for it
             pump.join(timeout=2)
     return ChildResult(code, list(tail), stalled_after_s=stalled, stopped_by=stops.name)

@@ -1,5 +1,5 @@
 """``torchrepro run [options] SCRIPT``: run a script with capture in this process (what each
-torchrun rank runs). Launched by torchrepro, it takes its :class:`~torchrepro.runtime.options.RunOptions`
+torchrun rank runs; :mod:`torchrepro.runtime.runner`). Launched by torchrepro, it takes its :class:`~torchrepro.runtime.options.RunOptions`
 from the environment; called directly (e.g. under the user's own torchrun), from its flags."""
 
 from __future__ import annotations
@@ -59,21 +59,32 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the script under capture; its exit code."""
+    """Run the script under capture; its exit code. Started by torchrepro (its options in the
+    environment), it dies with the process that started it (:func:`~torchrepro.runtime.runner.die_with_parent`),
+    which holds the run directory; started by hand, it holds its rank's folder for the run
+    (:func:`~torchrepro.eventlog.rundir.claim_run_dir`)."""
     from .._dist import rank
     from ..eventlog.events import EVENTS_FILE
-    from .launcher import run_in_process, validate_script
+    from ..eventlog.rundir import claim_run_dir
+    from ..runtime.runner import die_with_parent, run_in_process
+    from .launcher import validate_script
 
     given = RunOptions.from_args(args)
     handed = RunOptions.from_env()
     if handed is not None and given != RunOptions():
         raise UserError(f"{OPTIONS_VAR} holds this run's options: give torchrepro run no options as well")
+    if handed is not None:
+        die_with_parent()  # here, in the main thread: the kernel's signal follows the thread that started us
     chosen = handed or given
     script = validate_script(args.script)
     run_dir = Path(chosen.run_dir) if chosen.run_dir else _shared_run_dir(script)
-    log = run_dir / f"rank-{rank()}" / EVENTS_FILE
-    if log.exists():
-        raise UserError(f"{run_dir} already holds a run ({log} exists): choose another --out, or delete it")
+    folder = run_dir / f"rank-{rank()}"
+    if handed is None:
+        claim_run_dir(folder, fresh=False)
+    if (folder / EVENTS_FILE).exists():
+        raise UserError(
+            f"{run_dir} already holds a run ({folder / EVENTS_FILE} exists): choose another --out, or delete it"
+        )
     return run_in_process(script, args.args, replace(chosen, run_dir=run_dir))
 
 

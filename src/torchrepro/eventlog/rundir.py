@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import gc
 import importlib
 import json
@@ -16,6 +17,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -110,14 +112,122 @@ def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", la
 
 
 def create_run_dir(path: Path) -> Path:
-    """Make a new, empty run directory; an existing non-empty one is an error (never overwritten)."""
+    """Make a new, empty run directory and hold it for this process (:func:`claim_run_dir`); an
+    existing non-empty one is an error (never overwritten)."""
+    return claim_run_dir(path)
+
+
+# --- one writer per run directory -----------------------------------------------------------------
+
+LOCK_FILE = ".torchrepro.lock"
+_HELD: dict[Path, int] = {}  # the run directories this process holds: resolved path -> lock file descriptor
+
+
+def claim_run_dir(path: Path, *, fresh: bool = True) -> Path:
+    """Make ``path`` (created if missing) this process's to write until it ends or
+    :func:`release_run_dir`: an advisory lock (``flock``) on ``path/.torchrepro.lock``, which
+    holds the holder's pid. The kernel drops the lock when its holder dies, even by SIGKILL, so no
+    stale lock outlives a writer. Held by another process: :class:`InputError` naming the
+    directory and that pid. ``fresh``: the directory must also be empty but for the lock file
+    (tested before anything is created in it, and again once held, so two commands started
+    together on one empty directory cannot both write it). Readers (``report``, ``watch``) take no lock."""
+    key = path.resolve()
+    if key in _HELD:  # this process writes it already (one command after another in one process)
+        return path
+    lock = path / LOCK_FILE
+    fd = _locked(path, lock, create=False) if lock.is_file() else None  # a writer at work is named first
     try:
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise InputError(f"{path} already exists and is not empty: choose another --out, or delete it")
-        path.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            _must_be_empty(path)
+        if fd is None:
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}") from None
+            fd = _locked(path, lock, create=True)
+        if fresh:
+            _must_be_empty(path)  # again, now that it is ours: another command may have written it meanwhile
+    except InputError:
+        if fd is not None:
+            os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+    return path
+
+
+def _locked(path: Path, lock: Path, create: bool) -> int:
+    """``lock`` opened and locked (its descriptor); :class:`InputError` naming the holder if another has it."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
     except OSError as exc:
         raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}") from None
-    return path
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0)
+        if not holder:  # the holder writes its pid just after taking the lock
+            time.sleep(0.2)
+            holder = os.pread(fd, 32, 0)
+        os.close(fd)
+        holder = holder.decode("ascii", "replace").strip() or "unknown"
+        raise InputError(f"{path} is being written by another torchrepro (pid {holder}): wait for it to end") from None
+    return fd
+
+
+def _must_be_empty(path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(p.name != LOCK_FILE for p in path.iterdir())):
+        raise InputError(f"{path} already exists and is not empty: choose another --out, or delete it")
+
+
+def release_run_dir(path: Path) -> None:
+    """Let go of a run directory :func:`claim_run_dir` took (before removing it, say)."""
+    fd = _HELD.pop(path.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+# --- how the supervisor's job ended ---------------------------------------------------------------
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``); None if it is gone or unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def supervisor_record() -> dict[str, Any]:
+    """What ``run.json`` says, as a job starts, of the torchrepro process supervising it (``supervisor``):
+    its pid, host and start time. The job's end is recorded by ``ended`` (with ``exit_code``)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "start_time": _start_time(os.getpid())}
+
+
+def supervisor_lost(meta: dict[str, Any]) -> int | None:
+    """The pid of a supervisor that ended without recording the end of its job (``run.json`` has a
+    ``supervisor`` and no ``ended``, and that process is gone: a different start time, or another
+    host's run directory); None otherwise, also for a run without supervisor (``torchrepro run``
+    under the user's own torchrun, where each rank's end event decides)."""
+    who = meta.get("supervisor")
+    if not isinstance(who, dict) or "ended" in meta or not isinstance(who.get("pid"), int):
+        return None
+    if who.get("host") == socket.gethostname() and _running(who["pid"], who.get("start_time")):
+        return None
+    return who["pid"]
+
+
+def _running(pid: int, start_time: int | None) -> bool:
+    if start_time is not None:
+        return _start_time(pid) == start_time
+    try:  # no /proc: the pid alone
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @dataclass
@@ -229,6 +339,8 @@ def load_run(
             run.meta = read_run_json(meta_file)
         except (OSError, ValueError) as exc:
             run.problems.append(f"{meta_file}: unreadable ({exc}); using the event logs alone")
+        if isinstance(run.meta, dict) and (lost := supervisor_lost(run.meta)) is not None:
+            run.meta["interrupted"] = {"supervisor_pid": lost}
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")

@@ -56,7 +56,9 @@ class Verdict(str, Enum):
     """Every verdict a report can reach. Doctor: ``healthy``, ``warnings``, ``problems``,
     ``fails_budget``; a comparison of runs (:mod:`torchrepro.analysis.verdict`): ``bit_exact``,
     ``within_tolerance``, ``diverged``, ``incomplete``, ``nothing_compared``; drift:
-    ``noise`` (no factor makes a real difference), ``real_difference``, ``run_failed``."""
+    ``noise`` (no factor makes a real difference), ``real_difference``, ``run_failed``; any run:
+    ``interrupted`` (torchrepro's supervisor ended without recording the end of the job: killed by
+    SIGKILL or the OOM killer; how the job ended is unknown, so it is never healthy)."""
 
     HEALTHY = "healthy"
     WARNINGS = "warnings"
@@ -70,6 +72,7 @@ class Verdict(str, Enum):
     NOISE = "noise"
     REAL_DIFFERENCE = "real_difference"
     RUN_FAILED = "run_failed"
+    INTERRUPTED = "interrupted"
 
     @property
     def passing(self) -> bool:
@@ -84,8 +87,10 @@ class Verdict(str, Enum):
         return "warn" if self is Verdict.WARNINGS else "bad"
 
     @classmethod
-    def of_doctor(cls, findings: list[Finding], budget_failures: list[str]) -> Verdict:
-        """A doctor report's verdict: a failed budget, then error findings, then warnings."""
+    def of_doctor(cls, findings: list[Finding], budget_failures: list[str], interrupted: bool = False) -> Verdict:
+        """A doctor report's verdict: an interrupted job, a failed budget, then error findings, then warnings."""
+        if interrupted:
+            return cls.INTERRUPTED
         if budget_failures:
             return cls.FAILS_BUDGET
         severities = {f.severity for f in findings}
@@ -222,12 +227,14 @@ class DoctorReport:
     failing_findings: list[str] = field(default_factory=list)  # codes of findings that fail the run
     rank_groups: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    reread: bool = False  # a stored run analysed again (torchrepro report), not a job this command ran
 
     @property
     def exit_code(self) -> int:
-        """128+N when a signal N stopped the job, 3 when the script failed, 1 when it fails a
-        budget or a failing finding, else 0."""
-        if self.run.meta.get("stopped_by"):
+        """128+N when a signal N stopped the job this command ran, 3 when the script failed, the
+        job was interrupted, or (:attr:`reread`) a stored run had been stopped by a signal; 1 when
+        it fails a budget or a failing finding, else 0."""
+        if self.run.meta.get("stopped_by") and not self.reread:
             return stop_exit_code(self.run.meta["stopped_by"])
         if self.run.failed:  # judged per rank by its last event: a teardown abort is not a failure
             return 3
@@ -259,7 +266,7 @@ class DoctorReport:
             compile=data["compile"],
             steps=StepsSummary.from_json(data["steps"]),
             findings=findings,
-            verdict=Verdict.of_doctor(findings, budget_failures),
+            verdict=Verdict.of_doctor(findings, budget_failures, "interrupted" in data["run"]),
             verdict_line=data["verdict"],
             capabilities=data.get("capabilities", []),
             budget_failures=budget_failures,

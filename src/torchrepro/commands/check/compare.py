@@ -5,6 +5,7 @@ reads them; the decisions are pure (:mod:`torchrepro.analysis.determinism`)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from ..launcher import validate_script
 from ...runtime.options import RunOptions
 from ...eventlog.provenance import launch_meta, provenance
 from ...report.model import CheckReport, CheckRun, Determinism
-from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run
+from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...report.save import write_report
 from .runs import Checker, RunSpec, plan_runs
 
@@ -384,6 +385,20 @@ def _check_resumed_ending(checker: Checker, full: Run, resumed: Run) -> None:
         )
 
 
+def _remove_created(out: Path, existed: bool) -> None:
+    """Remove what a check that ends in a usage error created: ``out`` itself, or (a directory the
+    user made, empty before) what is in it."""
+    release_run_dir(out)
+    if not existed:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for item in out.iterdir():
+        if item.is_dir() and not item.is_symlink():
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            item.unlink(missing_ok=True)
+
+
 def check_resume(
     script: Path,
     args: list[str],
@@ -404,6 +419,7 @@ def check_resume(
     script = validate_script(script)
     if at < 1:
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
+    existed = out is not None and out.exists()
     out = create_run_dir(out or default_run_dir(script, label="resume"))
     seed = options.seed
     checker = Checker(
@@ -412,9 +428,10 @@ def check_resume(
     full, _ = checker.run(RunSpec("full", None, "to the end"))
     steps = min((len(log.of(Step)) for log in full.logs), default=0)
     if at >= steps and checker.endings["full"].ok:
+        _remove_created(out, existed)
         raise InputError(
             f"--at {at}: the run has {steps} step(s), so nothing would run after the checkpoint; "
-            f"choose --at below {steps}"
+            f"choose --at below {steps} (nothing was kept)"
         )
     saved = out / "checkpoint"
     stopped, _ = checker.run(

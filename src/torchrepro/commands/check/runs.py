@@ -16,7 +16,7 @@ from ...analysis.verdict import Ending, ending
 from ...errors import InputError, Stopped
 from ..launcher import ChildResult, child_env, launch
 from ...runtime.options import RunOptions
-from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, write_json
+from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, write_json
 
 
 @dataclass
@@ -63,6 +63,15 @@ class Checker:
     ) -> tuple[Run, int]:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
+        meta: dict[str, Any] = {
+            "label": spec.label,
+            "compile_mode": spec.compile_mode,
+            "seed": self.seed,
+            "script": str(self.script),
+            "args": self.args,
+            "supervisor": supervisor_record(),  # with no "ended" once it is gone: the run was interrupted
+        }
+        write_json(run_dir / RUN_FILE, meta)
         t0 = time.perf_counter()
         result = launch(
             run_dir,
@@ -82,19 +91,15 @@ class Checker:
             stall_timeout=timeout or self.timeout,
         )
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
-        meta = {
-            "label": spec.label,
-            "compile_mode": spec.compile_mode,
-            "seed": self.seed,
-            "script": str(self.script),
-            "args": self.args,
-            "exit_code": result.exit_code,
-            "stderr_tail": result.stderr_tail,
-            "rank_exit_codes": {str(r): c for r, c in result.rank_exit_codes.items()},
-            "stalled_after_s": result.stalled_after_s,
-            "wall_s": self.timings[spec.label],
-            "stopped_by": result.stopped_by,
-        }
+        meta.update(
+            ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            exit_code=result.exit_code,
+            stderr_tail=result.stderr_tail,
+            rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},
+            stalled_after_s=result.stalled_after_s,
+            wall_s=self.timings[spec.label],
+            stopped_by=result.stopped_by,
+        )
         write_json(run_dir / RUN_FILE, meta)
         self._stopped(result, spec.label)
         if not any(run_dir.glob("rank-*/events.jsonl")):

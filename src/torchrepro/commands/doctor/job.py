@@ -18,7 +18,7 @@ from ..launcher import ChildResult, child_env, launch, validate_script
 from ...runtime.options import RunOptions
 from ...eventlog.provenance import launch_meta
 from ...report.model import DoctorReport
-from ...eventlog.rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, write_json
+from ...eventlog.rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, supervisor_record, write_json
 from ...report.save import write_report
 
 
@@ -35,6 +35,8 @@ def analyse_run_dir(
     report = analyse(run.meta, run.logs, run.problems, budgets)
     if store:
         write_report(run_dir, report)
+    else:  # a signal that stopped the job then is the stored run's failure, not this command's
+        report.reread = True
     return report
 
 
@@ -55,6 +57,7 @@ def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: i
         "torch_version": installed_torch_version(),
         "python_version": platform.python_version(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "supervisor": supervisor_record(),  # with no "ended" once it is gone: the job was interrupted
         **extra,
     }
 
@@ -72,7 +75,8 @@ def parse_stacks(path: Path) -> list[dict[str, Any]]:
 
 
 def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
-    """Complete ``run.json`` with how the run ended: per rank exit codes and stderr, a stall."""
+    """Complete ``run.json`` with how the run ended (``ended``: the supervisor's end record, see
+    :func:`~torchrepro.eventlog.rundir.supervisor_lost`): per rank exit codes and stderr, a stall."""
     logs = rank_logs(run_dir)
     header = read_header(logs[0]) if logs else None
     meta.update(

@@ -112,13 +112,15 @@ def _metric(args: argparse.Namespace, plan: dict | None = None):
 
 def run(args: argparse.Namespace) -> Outcome | int:
     """Plan, run (or one cell), collect and report, as the flags say."""
-    from .experiment import Runner, cells_of, load_plan, read_record
+    from ...eventlog.rundir import claim_run_dir
+    from .experiment import Runner, cells_of, load_plan, read_record, unfinished
 
     if args.collect:
         if args.script:
             raise UserError("--collect DIR analyses stored runs: give no SCRIPT")
         out = Path(args.collect)
         plan = load_plan(out)
+        claim_run_dir(out, fresh=False)  # one writer of the report at a time
         return _report(out, plan, args, None, None)
     if args.run_one is not None:
         if not args.out:
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> Outcome | int:
         if args.run_one >= len(cells):
             raise UserError(f"--run-one {args.run_one}: the plan has cells 0..{len(cells) - 1}")
         cell = cells[args.run_one]
-        record = read_record(out, cell) or Runner(out, plan).run(cell)  # a finished cell is not rerun
+        record = Runner(out, plan).run(cell) if unfinished(out, cell) else read_record(out, cell)  # not rerun
         print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({out / cell.dir})")
         return 3 if record["exit_code"] else 0
     return _plan_and_run(args)
@@ -139,9 +141,9 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     from rich.console import Console
 
     from ...analysis.drift import DEFAULT_FACTORS
-    from .experiment import make_plan, prepare_out, run_all
+    from .experiment import PLAN_FILE, make_plan, prepare_out, run_all
     from ..launcher import validate_script
-    from ...eventlog.rundir import default_run_dir
+    from ...eventlog.rundir import claim_run_dir, default_run_dir
 
     if not args.script:
         raise UserError("drift needs a SCRIPT (or --collect DIR, or --run-one INDEX --out DIR)")
@@ -151,6 +153,7 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
         script, args.args, factors, args.runs or 4, args.seed, _metric(args), None if args.allow_large else MAX_RUNS
     )
     out = Path(args.out) if args.out else default_run_dir(script, label="drift")
+    claim_run_dir(out, fresh=not (out / PLAN_FILE).exists())  # one drift writes it at a time (--run-one: cells)
     prepare_out(out, plan)
     if args.plan:
         n = len(plan["cells"])

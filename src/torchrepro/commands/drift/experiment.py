@@ -23,7 +23,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -36,12 +35,12 @@ from typing import Any
 from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, analyse
 from ...errors import InputError, UserError
 from ...eventlog.events import EVENTS_FILE, Metric, Step, read_events, read_header
-from ..launcher import STDERR_TAIL_LINES, child_env, run_command
+from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, spawn, wait_job
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
 from ...report.model import DriftReport, DriftSection, DriftSettings
 from ...report.sanitize import visible
-from ...eventlog.rundir import check_fields, read_json_file, write_json
+from ...eventlog.rundir import LOCK_FILE, check_fields, read_json_file, write_json
 from ...report.save import write_report
 
 ALL_SEEDS = "seeds"  # the one random axis when no random factor is named: every stream varied at once
@@ -203,7 +202,7 @@ PLAN_FIELDS: dict[str, tuple[type, ...]] = {
 def prepare_out(out: Path, plan: dict[str, Any]) -> None:
     """Write the plan into ``out``: a new or empty directory, or one holding a drift experiment of
     the same script (its finished runs are reused). Anything else is never touched."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(p.name != LOCK_FILE for p in out.iterdir())):
         old = load_plan(out) if (out / PLAN_FILE).exists() else None
         if old is None:
             raise InputError(f"{out} exists and is not a drift directory: choose another --out")
@@ -222,13 +221,13 @@ def read_record(out: Path, cell: Cell) -> dict[str, Any] | None:
 
 
 class Runner:
-    """Runs cells as ``torchrepro run`` children (own process groups, output to the run's logs);
-    :meth:`stop` ends every live one."""
+    """Runs cells as ``torchrepro run`` jobs (:func:`~torchrepro.commands.launcher.spawn`, output to
+    the run's logs); :meth:`stop` ends every live one."""
 
     def __init__(self, out: Path, plan: dict[str, Any]):
         self.out, self.plan = out, plan
         self.script = Path(plan["script"])
-        self._live: dict[int, subprocess.Popen] = {}
+        self._live: dict[int, Job] = {}
         self._lock = threading.Lock()
         self.stopping = threading.Event()
 
@@ -254,23 +253,17 @@ class Runner:
             with self._lock:
                 if self.stopping.is_set():
                     return None
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=out_log,
-                    stderr=err_log,
-                    stdin=subprocess.DEVNULL,
-                    env=trace.child_env(env),
-                    start_new_session=True,
-                )
-                self._live[proc.pid] = proc
+                job = spawn(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL, env=trace.child_env(env))
+                self._live[job.pgid] = job
             try:
-                code = trace.exit_code = proc.wait()
+                code = trace.exit_code = wait_job(job)
             except BaseException:  # Ctrl-C of a foreground --run-one, a cancelled Ray task
                 self.stop()
                 raise
             finally:
                 with self._lock:
-                    self._live.pop(proc.pid, None)
+                    self._live.pop(job.pgid, None)
+            end_jobs([job])  # what the script left running
         if self.stopping.is_set():
             return None
         tail = (logs / "stderr.log").read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
@@ -289,28 +282,24 @@ class Runner:
         return record
 
     def stop(self) -> None:
-        """End every live run: SIGTERM to its process group, SIGKILL after 5 s."""
+        """End every live run (:func:`~torchrepro.commands.launcher.end_jobs`)."""
         self.stopping.set()
         with self._lock:
             live = list(self._live.values())
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for proc in live:
-                try:
-                    os.killpg(proc.pid, sig)
-                except OSError:
-                    pass
-            deadline = time.time() + 5
-            live = [p for p in live if not _waited(p, deadline)]
-            if not live:
-                return
+        end_jobs(live)
 
 
-def _waited(proc: subprocess.Popen, deadline: float) -> bool:
-    try:
-        proc.wait(timeout=max(0.0, deadline - time.time()))
+def unfinished(out: Path, cell: Cell) -> bool:
+    """Whether ``cell`` is still to run: it has no record, or its process died without writing its
+    end event (killed: by the OOM killer, ``kill -9``, a torchrepro that was itself killed), which
+    says nothing about the script."""
+    record = read_record(out, cell)
+    if record is None:
         return True
-    except subprocess.TimeoutExpired:
+    if not record.get("exit_code"):
         return False
+    log = out / cell.dir / "rank-0" / EVENTS_FILE
+    return not log.is_file() or read_events(log).end is None
 
 
 def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str = "local") -> dict[str, int]:
@@ -331,7 +320,7 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
     cells = cells_of(plan)
     metric = MetricSpec(**plan["metric"])
     checked = False
-    pending = [c for c in cells if read_record(out, c) is None]
+    pending = [c for c in cells if unfinished(out, c)]
     counts = {"planned": len(cells), "reused": len(cells) - len(pending), "ran": 0, "crashed": 0}
     if not pending:
         return counts

@@ -1,0 +1,246 @@
+"""Faults of torchrepro itself, with real processes and real signals: a supervisor killed with
+SIGKILL takes its job with it and its run reads as interrupted; one writer per run directory (a
+lock the kernel drops when its holder dies); what the script starts in a session of its own ends
+with the job; a drift cell whose process was killed runs again on resume; a stored run stopped by
+a signal is reported with the run's outcome, not as if ``report`` had been signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchrepro.errors import InputError
+from torchrepro.eventlog.rundir import LOCK_FILE, claim_run_dir, release_run_dir
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux (/proc, prctl)")
+
+LOOP = """
+import sys, time, torch
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(int(sys.argv[1]) if len(sys.argv) > 1 else 600):
+    loss = model(torch.ones(3, 4)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.1)
+"""
+
+# starts `sleep 300` in a session of its own (out of the job's process group), never waits for it
+ESCAPES = """
+import subprocess, sys, time, torch
+child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+open(sys.argv[1], "w").write(str(child.pid))
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    loss = model(torch.ones(3, 4)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.15)
+"""
+
+# the first process to run it (no marker yet) kills itself with SIGKILL after one step
+KILLED_ONCE = """
+import os, signal, sys
+import torch, torchrepro
+marker = sys.argv[1]
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.ones(2, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+torchrepro.log_metric("m", float(loss))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _torchrepro(cwd: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchrepro", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},  # one line per finding
+    )
+
+
+def _rank_pid_after_steps(run_dir: Path, steps: int, timeout: float = 240) -> int:
+    """Rank 0's pid once it has recorded ``steps`` steps."""
+    log = run_dir / "rank-0" / "events.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists():
+            events = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
+            if sum(e["kind"] == "step" for e in events) >= steps:
+                return events[0]["pid"]
+        time.sleep(0.2)
+    raise AssertionError(f"rank 0 did not reach step {steps}")
+
+
+def _script(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_supervisor_killed_with_sigkill_takes_the_job_with_it_and_reads_interrupted(tmp_path):
+    script = _script(tmp_path, "loop.py", LOOP)
+    doctor = _torchrepro(tmp_path, "doctor", "--out", "run", str(script))
+    rank = _rank_pid_after_steps(tmp_path / "run", 3)
+    os.kill(doctor.pid, signal.SIGKILL)
+    doctor.communicate()
+    assert _gone_within(rank, 5), "the training child outlived its supervisor"
+    report = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "report", "run", "--json", "r.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert report.returncode == 3, report.stderr
+    said = f"interrupted: torchrepro's supervisor (pid {doctor.pid}) ended without recording the end of the job"
+    assert said in report.stdout
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verdict"].startswith("INTERRUPTED")
+    finding = next(f for f in data["findings"] if f["code"] == "RUN_INTERRUPTED")
+    last = data["run"]["ranks"]["0"]["last_step"]
+    assert last >= 2 and finding["title"].endswith(f"last step seen: {last}")
+
+
+def test_two_doctors_on_one_out_one_runs_the_other_names_it(tmp_path):
+    script = _script(tmp_path, "loop.py", LOOP)
+    first, second = (_torchrepro(tmp_path, "doctor", "--out", "same", str(script), "--", "5") for _ in range(2))
+    results = {p.pid: (p.wait(timeout=240), p.communicate()) for p in (first, second)}
+    codes = sorted(code for code, _ in results.values())
+    assert codes == [0, 2], results
+    loser = next(pid for pid, (code, _) in results.items() if code == 2)
+    winner = next(pid for pid in results if pid != loser)
+    err = results[loser][1][1].strip().splitlines()
+    assert err == [f"torchrepro: error: same is being written by another torchrepro (pid {winner}): wait for it to end"]
+    assert (tmp_path / "same" / "report.json").is_file()
+
+
+def test_a_lock_held_by_a_killed_process_does_not_block_the_next_writer(tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from torchrepro.eventlog.rundir import claim_run_dir; "
+            "claim_run_dir(Path(sys.argv[1])); print('held', flush=True); time.sleep(300)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(InputError, match=f"pid {holder.pid}"):
+        claim_run_dir(out, fresh=False)
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+    assert claim_run_dir(out, fresh=False) == out
+    assert (out / LOCK_FILE).read_text().strip() == str(os.getpid())
+    release_run_dir(out)
+
+
+def test_a_process_the_script_starts_in_its_own_session_ends_with_the_job(tmp_path):
+    script = _script(tmp_path, "escapes.py", ESCAPES)
+    pid_file = tmp_path / "sleep.pid"
+    doctor = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "doctor", "--out", "run", str(script), "--", str(pid_file)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert doctor.returncode == 0, doctor.stderr
+    sleeper = int(pid_file.read_text())
+    assert _gone_within(sleeper, 2), "the script's `sleep` (start_new_session=True) outlived the job"
+
+
+def test_a_drift_cell_killed_without_a_record_runs_again_on_resume(tmp_path):
+    script = _script(tmp_path, "killed_once.py", KILLED_ONCE)
+    args = [
+        "drift",
+        "--vary",
+        "init",
+        "--runs",
+        "2",
+        "--jobs",
+        "1",
+        "--metric",
+        "m",
+        "--out",
+        "exp",
+        str(script),
+        "--",
+        "marker",
+    ]
+    first = subprocess.run([sys.executable, "-m", "torchrepro", *args], cwd=tmp_path, capture_output=True, text=True)
+    assert first.returncode == 3, first.stderr  # one run was killed: the report says so
+    killed = [
+        json.loads(p.read_text()) for p in (tmp_path / "exp" / "runs").glob("*/drift-run.json")
+    ]  # written by the surviving drift for both cells
+    assert sorted(r["exit_code"] for r in killed) == [-signal.SIGKILL, 0]
+    again = subprocess.run([sys.executable, "-m", "torchrepro", *args], cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    run = json.loads((tmp_path / "exp" / "report.json").read_text())["run"]
+    assert (run["reused"], run["ran"], run["crashed"]) == (1, 1, 0)
+
+
+def test_report_of_a_run_stopped_by_sigterm_exits_3_not_143(tmp_path):
+    script = _script(tmp_path, "loop.py", LOOP)
+    doctor = _torchrepro(tmp_path, "doctor", "--out", "run", str(script))
+    _rank_pid_after_steps(tmp_path / "run", 2)
+    doctor.send_signal(signal.SIGTERM)
+    doctor.communicate(timeout=60)
+    assert doctor.returncode == 128 + signal.SIGTERM  # the doctor itself was signalled
+    report = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "report", "run"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert report.returncode == 3, report.stderr  # the stored run failed; `report` was not signalled
+    assert "SIGTERM" in report.stdout
+
+
+def test_check_resume_at_past_the_last_step_keeps_nothing(tmp_path):
+    script = _script(tmp_path, "loop.py", LOOP)
+    result = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "check-resume", "--at", "50", str(script), "--", "4"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("torchrepro: error: --at 50: the run has 4 step(s)")
+    assert not any((tmp_path / "torchrepro-runs").glob("*")), "check-resume left its runs behind"
