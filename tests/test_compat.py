@@ -114,7 +114,7 @@ import torch, torch._dynamo, torch._functorch.config, torch._inductor.compile_fx
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torchrepro import _compat
-from torchrepro.capture.session import CaptureConfig, CaptureSession
+from torchrepro.capture.session import CaptureSession
 from torchrepro.runtime.prepare import prepare
 from torchrepro.runtime.options import RunOptions
 
@@ -142,7 +142,7 @@ threads = torch.get_num_threads()
 options = RunOptions(run_dir=Path(run_dir), compile_mode=compile_mode, fix=fix, replay_step=50,
                      replay_graphs=replay == "graphs", replay_kernels=replay == "kernels")
 prepare(options)
-session = CaptureSession(CaptureConfig.from_options(options))
+session = CaptureSession(options.capture_config())
 session.start()
 during = state()
 model = torch.nn.Linear(4, 2)
@@ -215,7 +215,7 @@ def test_a_log_written_with_categories_analyses_as_before(tmp_path):
     for name in ("raw", "with_category"):
         run_dir = tmp_path / name
         write_all(run_dir / "rank-0" / "events.jsonl", rank_events(0, 1, steps=6, recompiles=3))
-        (run_dir / "run.json").write_text(json.dumps({"command": "doctor", "exit_code": 0, "world_size": 1}))
+        (run_dir / "run.json").write_text(json.dumps({"command": ["torchrepro", "doctor"], "exit_code": 0, "world_size": 1}))
         runs[name] = run_dir
     path = runs["with_category"] / "rank-0" / "events.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]

@@ -20,7 +20,6 @@ import torch
 from .. import _dist, _state
 from .._compat import undo_patches, watch
 from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
-from ..runtime.options import RunOptions
 from .compile import CompileCapture
 from .steps import StepConfig, StepRecorder
 
@@ -38,23 +37,6 @@ class CaptureConfig:
     replay_graphs: bool = False  # compare compiled graphs with their eager FX graphs instead of ops
     replay_kernels: bool = False  # repeat each compiled graph (forward and backward) on identical inputs instead
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
-
-    @classmethod
-    def from_options(cls, options: RunOptions) -> CaptureConfig:
-        """What capture records for a run with these options (``options.run_dir`` is set)."""
-        return cls(
-            run_dir=Path(options.run_dir),
-            seed=options.seed,
-            compile_mode=options.compile_mode,
-            steps=StepConfig(
-                fingerprint_every=options.fingerprint_every, grads=options.grads, snapshots=options.snapshots
-            ),
-            replay_step=options.replay_step,
-            replay_out=options.replay_out,
-            replay_graphs=options.replay_graphs,
-            replay_kernels=options.replay_kernels,
-            stop_after_step=options.stop_after_step,
-        )
 
 
 def environment() -> tuple[dict[str, Any], str]:

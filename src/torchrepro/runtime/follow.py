@@ -263,15 +263,13 @@ def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
 
 
 def _start(options: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
-    from ..capture.session import CaptureConfig, CaptureSession
+    from ..capture.session import CaptureSession
     from ..telemetry.otlp import live_listeners
 
     if not claim(Path(options.run_dir), rank[0], root_pid):
         _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")
         return None
-    session = CaptureSession(
-        CaptureConfig.from_options(options), rank=rank, rank_from=rank_from, listeners=live_listeners()
-    )
+    session = CaptureSession(options.capture_config(), rank=rank, rank_from=rank_from, listeners=live_listeners())
     session.start()
     _end_at_exit(session)
     return session

@@ -18,9 +18,12 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import TYPE_CHECKING, Any, MutableMapping
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..capture.session import CaptureConfig
 
 OPTIONS_VAR = "TORCHREPRO_RUN_OPTIONS"
 _PATHS = ("run_dir", "replay_out")
@@ -94,6 +97,23 @@ class RunOptions:
             if name in given:
                 given[name] = Path(given[name])
         return cls(**given, **values)
+
+    def capture_config(self) -> CaptureConfig:
+        """What capture records for a run with these options (``run_dir`` is set)."""
+        from ..capture.session import CaptureConfig
+        from ..capture.steps import StepConfig
+
+        return CaptureConfig(
+            run_dir=Path(self.run_dir or "."),
+            seed=self.seed,
+            compile_mode=self.compile_mode,
+            steps=StepConfig(fingerprint_every=self.fingerprint_every, grads=self.grads, snapshots=self.snapshots),
+            replay_step=self.replay_step,
+            replay_out=self.replay_out,
+            replay_graphs=self.replay_graphs,
+            replay_kernels=self.replay_kernels,
+            stop_after_step=self.stop_after_step,
+        )
 
     def absolute(self) -> RunOptions:
         """These options with the run directory and the replay file absolute (for a rank that capture

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from ..runtime.options import RunOptions
+from .options import RunOptions
 from ..telemetry.otlp import live_listeners
 
 PR_SET_PDEATHSIG = 1
@@ -47,12 +47,12 @@ def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
     """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`
     set up as ``options`` say (``options.run_dir`` is set); returns its exit code. The session's
     end event records how it ended."""
-    from ..capture.session import CaptureConfig, CaptureSession
-    from ..runtime.follow import propagate
-    from ..runtime.prepare import prepare
+    from ..capture.session import CaptureSession
+    from .follow import propagate
+    from .prepare import prepare
 
     prepare(options)
-    session = CaptureSession(CaptureConfig.from_options(options), listeners=live_listeners())
+    session = CaptureSession(options.capture_config(), listeners=live_listeners())
     session.start()
     propagate(options)  # every process the script starts that becomes a rank captures itself
     sys.argv = [str(script), *args]
