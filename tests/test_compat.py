@@ -215,7 +215,9 @@ def test_a_log_written_with_categories_analyses_as_before(tmp_path):
     for name in ("raw", "with_category"):
         run_dir = tmp_path / name
         write_all(run_dir / "rank-0" / "events.jsonl", rank_events(0, 1, steps=6, recompiles=3))
-        (run_dir / "run.json").write_text(json.dumps({"command": ["torchrepro", "doctor"], "exit_code": 0, "world_size": 1}))
+        (run_dir / "run.json").write_text(
+            json.dumps({"command": ["torchrepro", "doctor"], "exit_code": 0, "world_size": 1})
+        )
         runs[name] = run_dir
     path = runs["with_category"] / "rank-0" / "events.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]

@@ -80,7 +80,9 @@ def test_the_command_reports_alike_with_one_and_with_several_readers(run_dir, tm
     proc = subprocess.run(
         [sys.executable, "-m", "torchrepro", "report", str(run_dir), "--jobs", "0"], capture_output=True, text=True
     )
-    assert proc.returncode == 2 and proc.stderr.strip() == "torchrepro: error: --jobs must be at least 1"
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "torchrepro: error: argument --jobs: must be an integer >= 1, got '0' (see torchrepro report --help)"
+    )
 
 
 def test_a_share_whose_reading_process_dies_is_read_by_the_parent(run_dir, monkeypatch):

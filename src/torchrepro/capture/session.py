@@ -90,7 +90,22 @@ class CaptureSession:
         if isinstance(event, Compile) and self.steps is not None:
             self.steps.note_compile()
         with self._lock:
-            self.writer.write(event)
+            try:
+                self.writer.write(event)
+            except OSError as exc:  # a full disk, a quota: capture stops, the user's run goes on
+                self._stop_writing(exc)
+
+    def _stop_writing(self, exc: OSError) -> None:
+        """The event log cannot be written: close it, say so once on stderr, emit nothing more (the
+        log ends without an end event, so the run reads as ended early, never as complete)."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.close()
+            print(
+                f"torchrepro: warning: capture stopped, cannot write {writer.path}: {exc.strerror or exc}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _install_signals(self) -> None:
         """SIGUSR1 dumps every thread's stack to ``stacks.txt`` (a launcher's --timeout asks for it);

@@ -79,12 +79,13 @@ def run(args: argparse.Namespace) -> int:
     script = validate_script(args.script)
     run_dir = Path(chosen.run_dir) if chosen.run_dir else _shared_run_dir(script)
     folder = run_dir / f"rank-{rank()}"
-    if handed is None:
-        claim_run_dir(folder, fresh=False)
-    if (folder / EVENTS_FILE).exists():
-        raise UserError(
-            f"{run_dir} already holds a run ({folder / EVENTS_FILE} exists): choose another --out, or delete it"
-        )
+    for held in (False, True):  # refused before the folder is touched, and again once it is ours
+        if (folder / EVENTS_FILE).exists():
+            raise UserError(
+                f"{run_dir} already holds a run ({folder / EVENTS_FILE} exists): choose another --out, or delete it"
+            )
+        if handed is None and not held:
+            claim_run_dir(folder, fresh=False)
     return run_in_process(script, args.args, replace(chosen, run_dir=run_dir))
 
 

@@ -141,7 +141,7 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     from rich.console import Console
 
     from ...analysis.drift import DEFAULT_FACTORS
-    from .experiment import PLAN_FILE, make_plan, prepare_out, run_all
+    from .experiment import check_out, make_plan, prepare_out, run_all
     from ..launcher import validate_script
     from ...eventlog.rundir import claim_run_dir, default_run_dir
 
@@ -153,8 +153,9 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
         script, args.args, factors, args.runs or 4, args.seed, _metric(args), None if args.allow_large else MAX_RUNS
     )
     out = Path(args.out) if args.out else default_run_dir(script, label="drift")
-    claim_run_dir(out, fresh=not (out / PLAN_FILE).exists())  # one drift writes it at a time (--run-one: cells)
-    prepare_out(out, plan)
+    check_out(out, plan)  # before anything is created in it
+    claim_run_dir(out, fresh=False)  # one drift writes it at a time (--run-one: cells)
+    prepare_out(out, plan)  # under the lock: an empty directory, or this experiment's
     if args.plan:
         n = len(plan["cells"])
         print(

@@ -199,15 +199,20 @@ PLAN_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def prepare_out(out: Path, plan: dict[str, Any]) -> None:
-    """Write the plan into ``out``: a new or empty directory, or one holding a drift experiment of
-    the same script (its finished runs are reused). Anything else is never touched."""
+def check_out(out: Path, plan: dict[str, Any]) -> None:
+    """:class:`InputError` unless ``out`` is a new or empty directory, or one holding a drift
+    experiment of the same script (its finished runs are reused). Anything else is never touched."""
     if out.exists() and (not out.is_dir() or any(p.name != LOCK_FILE for p in out.iterdir())):
         old = load_plan(out) if (out / PLAN_FILE).exists() else None
         if old is None:
             raise InputError(f"{out} exists and is not a drift directory: choose another --out")
         if old.get("script") != plan["script"]:
             raise InputError(f"{out} holds a drift experiment of {old.get('script')}: choose another --out")
+
+
+def prepare_out(out: Path, plan: dict[str, Any]) -> None:
+    """Write the plan into ``out`` (:func:`check_out` first)."""
+    check_out(out, plan)
     write_json(out / PLAN_FILE, plan)
 
 
