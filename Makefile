@@ -26,6 +26,7 @@ demo: bytecode
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/mypy  # what it checks and how strictly: [tool.mypy] in pyproject.toml
 
 test: lint bytecode
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=12
