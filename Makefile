@@ -35,4 +35,4 @@ bench: $(STAMP)
 	$(PY) bench/fingerprint.py
 
 clean:
-	rm -rf $(VENV) torchrepro-runs .pytest_cache
+	rm -rf $(VENV) torchrepro-runs .pytest_cache .mypy_cache
