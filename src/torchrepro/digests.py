@@ -39,17 +39,27 @@ import dataclasses
 import enum
 import struct
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import xxhash
 from torch import nn
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from typing import TypeAlias
+
+    from _typeshed import ReadableBuffer
+
+    # numpy declares an array's buffer protocol (`__buffer__`) only for Python >= 3.12
+    Buffer: TypeAlias = ReadableBuffer | np.ndarray[Any, Any]
+
 __all__ = ["DeviceDigest", "fingerprint", "fingerprint_later", "fingerprints", "hash_bytes", "stable_uid"]
 
 
-def hash_bytes(*buffers) -> str:
+def hash_bytes(*buffers: Buffer) -> str:
     """xxh3-128 of the concatenated buffers, as 32 hex characters.
 
     Example: ``hash_bytes(b"ab", b"c") == hash_bytes(b"abc")``.
@@ -107,7 +117,7 @@ def stable_uid(obj: Any) -> str:
     return xxhash.xxh3_128_hexdigest(_enc(obj, stateful=False))
 
 
-def fingerprints(x: nn.Module | torch.optim.Optimizer | Mapping) -> dict[str, str]:
+def fingerprints(x: nn.Module | torch.optim.Optimizer | Mapping[str, Any]) -> dict[str, str]:
     """Fingerprint of each leaf, by dotted name, in traversal order.
 
     For a module the leaves are its parameters then its buffers, named as in
@@ -126,6 +136,7 @@ def fingerprints(x: nn.Module | torch.optim.Optimizer | Mapping) -> dict[str, st
 
 
 def _leaves(prefix: str, x: Any) -> Iterator[tuple[str, Any]]:
+    items: Iterable[tuple[Any, Any]]
     if isinstance(x, Mapping):
         items = x.items()
     elif type(x) in (list, tuple):
@@ -139,8 +150,8 @@ def _leaves(prefix: str, x: Any) -> Iterator[tuple[str, Any]]:
 
 def _unwrap(m: nn.Module) -> nn.Module:
     """The module that ``torch.compile`` wrapped, so both have one fingerprint."""
-    while isinstance(getattr(m, "_orig_mod", None), nn.Module):
-        m = m._orig_mod
+    while isinstance(inner := getattr(m, "_orig_mod", None), nn.Module):
+        m = inner
     return m
 
 
@@ -173,7 +184,7 @@ def _enc(x: Any, stateful: bool) -> bytes:
     if isinstance(x, float):
         return b"f" + struct.pack("<d", x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return b"n" + _enc(_qualname(x), stateful) + _enc(x._asdict(), stateful)
+        return b"n" + _enc(_qualname(x), stateful) + _enc(x._asdict(), stateful)  # type: ignore[attr-defined]  # a namedtuple
     if isinstance(x, (list, tuple)):
         tag = b"l" if isinstance(x, list) else b"u"
         return tag + _u64(len(x)) + b"".join([_enc(v, stateful) for v in x])
@@ -254,14 +265,14 @@ def _header(kind: str, dtype: Any, shape: tuple[int, ...]) -> bytes:
     return header
 
 
-_HEADERS: dict[tuple, bytes] = {}
+_HEADERS: dict[tuple[Any, ...], bytes] = {}
 
 
-def _xxh3(*buffers) -> bytes:
+def _xxh3(*buffers: Buffer) -> bytes:
     """xxh3-128 of the concatenated buffers, as 16 bytes (big-endian, like its hex)."""
     h = xxhash.xxh3_128()
     for b in buffers:
-        h.update(b)
+        h.update(b)  # type: ignore[arg-type]  # an array is a buffer (see Buffer)
     return h.digest()
 
 
