@@ -1,7 +1,6 @@
-"""What the wheel ships: the type marker (PEP 561), the start-up hook, the schemas and templates."""
+"""What the built wheel ships: the PEP 561 marker that lets type checkers read torchrepro's annotations."""
 
-from __future__ import annotations
-
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,19 +11,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_wheel_ships_py_typed_and_the_package_data(tmp_path):
+def test_wheel_ships_py_typed(tmp_path):
+    # built from a copy: setuptools leaves build/ and *.egg-info in the tree it builds, and a stale
+    # build/lib would put back in the wheel a file the sources no longer have
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tree / name)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, ROOT],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(tree),
+        ],
         capture_output=True,
         text=True,
-        timeout=300,
     )
-    if build.returncode:
-        pytest.skip(f"cannot build a wheel here: {build.stderr.strip().splitlines()[-1:]}")
+    if build.returncode != 0:
+        pytest.skip(f"the wheel could not be built here (offline, no setuptools?): {build.stderr.strip()[-300:]}")
     (wheel,) = tmp_path.glob("torchrepro-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    names = zipfile.ZipFile(wheel).namelist()
     assert "torchrepro/py.typed" in names
-    assert "torchrepro/runtime/_bootstrap/sitecustomize.py" in names
-    assert {"torchrepro/schemas/doctor.schema.json", "torchrepro/schemas/drift.schema.json"} <= names
-    assert "torchrepro/report/templates/doctor.html.j2" in names
-    assert not [n for n in names if n.startswith("torchrepro/") and "__pycache__" in n]
+    assert "torchrepro/analysis/verdict.py" in names  # the marker covers the sub-packages below it

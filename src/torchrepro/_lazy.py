@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_api(package: str, api: dict[str, str], namespace: dict[str, Any]) -> tuple[Callable, Callable]:
+def lazy_api(
+    package: str, api: dict[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for ``package`` whose names in ``api`` live in submodules.
 
     >>> __getattr__, __dir__ = lazy_api(__name__, {"seed_everything": "seed"}, globals())  # doctest: +SKIP

@@ -54,7 +54,7 @@ class Plan:
         return self.stop_at is not None and step >= self.stop_at
 
 
-def plan(default_dir: str | os.PathLike = "checkpoint") -> Plan:
+def plan(default_dir: str | os.PathLike[str] = "checkpoint") -> Plan:
     """Read the resume plan from ``$TORCHREPRO_STOP_AT``, ``$TORCHREPRO_CHECKPOINT_TO`` and
     ``$TORCHREPRO_RESUME_FROM``.
 
@@ -106,7 +106,7 @@ def _position_file(path: Path, rank: int) -> Path:
 
 
 def save(
-    path: str | os.PathLike, *, step: int, epoch: int = 0, batch: int = 0, extra: dict[str, Any] | None = None
+    path: str | os.PathLike[str], *, step: int, epoch: int = 0, batch: int = 0, extra: dict[str, Any] | None = None
 ) -> Path:
     """Save this rank's RNG states and data position into the folder ``path``.
 
@@ -132,7 +132,7 @@ def save(
     return path
 
 
-def load(path: str | os.PathLike, *, rederive: bool = False) -> Resume:
+def load(path: str | os.PathLike[str], *, rederive: bool = False) -> Resume:
     """Read this rank's position and RNG states from ``path`` (restored by :meth:`Resume.apply`).
 
     A checkpoint from another world size raises :class:`~torchrepro.errors.RngStateError` unless

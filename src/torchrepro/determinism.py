@@ -169,6 +169,7 @@ class Switch:
 
 def _switch(name: str, value: Scalar, recommended: Scalar, note: str, *, applies: bool = True) -> Switch:
     """A Switch whose status follows from `value` versus `recommended`; in effect iff it applies."""
+    status: Literal["ok", "risk", "info"]
     if not applies or recommended is None:
         status = "info"
     elif value == recommended:

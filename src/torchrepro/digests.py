@@ -39,7 +39,7 @@ import dataclasses
 import enum
 import struct
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,10 +48,20 @@ from torch import nn
 
 from ._compat import compiled_original
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from typing import TypeAlias
+
+    from _typeshed import ReadableBuffer
+
+    # numpy declares an array's buffer protocol (`__buffer__`) only for Python >= 3.12
+    Buffer: TypeAlias = ReadableBuffer | np.ndarray[Any, Any]
+
 __all__ = ["DeviceDigest", "fingerprint", "fingerprint_later", "fingerprints", "hash_bytes", "stable_uid"]
 
 
-def hash_bytes(*buffers) -> str:
+def hash_bytes(*buffers: Buffer) -> str:
     """xxh3-128 of the concatenated buffers, as 32 hex characters.
 
     Example: ``hash_bytes(b"ab", b"c") == hash_bytes(b"abc")``.
@@ -109,7 +119,7 @@ def stable_uid(obj: Any) -> str:
     return xxhash.xxh3_128_hexdigest(_enc(obj, stateful=False))
 
 
-def fingerprints(x: nn.Module | torch.optim.Optimizer | Mapping) -> dict[str, str]:
+def fingerprints(x: nn.Module | torch.optim.Optimizer | Mapping[str, Any]) -> dict[str, str]:
     """Fingerprint of each leaf, by dotted name, in traversal order.
 
     For a module the leaves are its parameters then its buffers, named as in
@@ -128,6 +138,7 @@ def fingerprints(x: nn.Module | torch.optim.Optimizer | Mapping) -> dict[str, st
 
 
 def _leaves(prefix: str, x: Any) -> Iterator[tuple[str, Any]]:
+    items: Iterable[tuple[Any, Any]]
     if isinstance(x, Mapping):
         items = x.items()
     elif type(x) in (list, tuple):
@@ -168,7 +179,7 @@ def _enc(x: Any, stateful: bool) -> bytes:
     if isinstance(x, float):
         return b"f" + struct.pack("<d", x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return b"n" + _enc(_qualname(x), stateful) + _enc(x._asdict(), stateful)
+        return b"n" + _enc(_qualname(x), stateful) + _enc(x._asdict(), stateful)  # type: ignore[attr-defined]  # a namedtuple
     if isinstance(x, (list, tuple)):
         tag = b"l" if isinstance(x, list) else b"u"
         return tag + _u64(len(x)) + b"".join([_enc(v, stateful) for v in x])
@@ -249,14 +260,14 @@ def _header(kind: str, dtype: Any, shape: tuple[int, ...]) -> bytes:
     return header
 
 
-_HEADERS: dict[tuple, bytes] = {}
+_HEADERS: dict[tuple[Any, ...], bytes] = {}
 
 
-def _xxh3(*buffers) -> bytes:
+def _xxh3(*buffers: Buffer) -> bytes:
     """xxh3-128 of the concatenated buffers, as 16 bytes (big-endian, like its hex)."""
     h = xxhash.xxh3_128()
     for b in buffers:
-        h.update(b)
+        h.update(b)  # type: ignore[arg-type]  # an array is a buffer (see Buffer)
     return h.digest()
 
 

@@ -16,7 +16,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import numpy as np
 import torch
@@ -82,7 +82,8 @@ class RngState:
     def capture(cls, generators: dict[str, Generator] | None = None) -> RngState:
         """Snapshot every generator, plus the registered ones and ``generators``."""
         version, internal, gauss = random.getstate()
-        key, words, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        legacy = cast("tuple[str, np.ndarray[Any, Any], int, int, float]", np.random.get_state(legacy=True))
+        key, words, pos, has_gauss, cached = legacy
         cuda = []
         if torch.cuda.is_available():
             cuda = [_b64(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
@@ -182,7 +183,7 @@ class RngState:
         }
         return {"schema": SCHEMA, "sha256": hashlib.sha256(_canonical(payload)).hexdigest(), "state": payload}
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write this state atomically; a directory gets ``rng-rank<r>.json`` (one file per
         global rank). Returns the file written."""
         target = _rank_file(Path(path), self.rank)
@@ -192,7 +193,7 @@ class RngState:
     @classmethod
     def load(
         cls,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         *,
         rank: int | None = None,
         world_size: int | None = None,
@@ -259,7 +260,8 @@ def _host_digests() -> dict[str, str]:
     digests again, without reading their official states."""
     raw = host_raw()
     if raw is not None and raw == _HOST_LAST[0]:
-        return _HOST_LAST[1]
+        last: dict[str, str] = _HOST_LAST[1]
+        return last
     digests = {
         "python": _short_digest("python", python_state_bytes()),
         "numpy": _short_digest("numpy", numpy_state_bytes()),
@@ -319,7 +321,7 @@ def _set_generator_state(name: str, g: Generator, saved: dict[str, Any]) -> None
     kind = "torch" if isinstance(g, torch.Generator) else "numpy"
     if saved.get("kind") != kind:
         raise RngStateError(f"generator {name!r} was a {saved.get('kind')} generator, it is a {kind} one here")
-    if kind == "torch":
+    if isinstance(g, torch.Generator):
         g.set_state(_byte_tensor(saved["state"]))
     else:
         g.bit_generator.state = saved["state"]

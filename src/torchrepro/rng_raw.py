@@ -22,17 +22,24 @@ import random
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 __all__ = ["host_raw", "python_state_bytes", "numpy_state_bytes", "python_bytes", "numpy_bytes"]
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    _Chars: TypeAlias = ctypes.Array[ctypes.c_char]  # a view of raw memory
+    _Spans: TypeAlias = tuple[tuple[int, int], ...]  # (address, size) of each view
+    HostRaw: TypeAlias = tuple[bytes, bytes, float | None, bytes, bytes, bytes]
+
 _WORDS = 624  # MT19937
 
 
-def python_bytes(state: tuple) -> bytes:
+def python_bytes(state: tuple[Any, ...]) -> bytes:
     """Canonical bytes of a ``random.getstate()`` tuple: version, 625 words, Gaussian."""
     version, internal, gauss = state
     return struct.pack(f"<q{len(internal)}Qd", version, *internal, -1.0 if gauss is None else gauss) + bytes(
@@ -50,32 +57,33 @@ def _python_slow(gen: random.Random) -> bytes:
 
 
 def _numpy_slow(gen: np.random.RandomState) -> bytes:
-    _, words, pos, has_gauss, cached = gen.get_state(legacy=True)
+    state = cast("tuple[str, np.ndarray[Any, Any], int, int, float]", gen.get_state(legacy=True))
+    _, words, pos, has_gauss, cached = state
     return numpy_bytes(words.astype("<u4").tobytes(), pos, has_gauss, cached)
 
 
-def _python_spans(gen: random.Random) -> tuple[tuple[int, int], ...]:
+def _python_spans(gen: random.Random) -> _Spans:
     # _random.Random holds uint32_t state[624] and int index (getstate() = (*state, index)); their
     # offsets differ between CPython versions and are found by _calibrate()
-    return (id(gen) + _PY_LAYOUT[0], 4 * _WORDS), (id(gen) + _PY_LAYOUT[1], 4)
+    layout = _PY_LAYOUT
+    assert layout is not None, "called only once _calibrate() found the layout"
+    return (id(gen) + layout[0], 4 * _WORDS), (id(gen) + layout[1], 4)
 
 
-def _numpy_spans(gen: np.random.RandomState) -> tuple[tuple[int, int], ...]:
+def _numpy_spans(gen: np.random.RandomState) -> _Spans:
     # mt19937_state: uint32 key[624], int pos; after the RandomState's pointer to its own bitgen,
     # aug_bitgen_t: int has_gauss, double gauss
     return (gen._bit_generator.ctypes.state_address, 4 * _WORDS + 4), (id(gen) + _NP_AUG, 16)
 
 
-def _arrays(spans: tuple[tuple[int, int], ...]) -> tuple[ctypes.Array, ...]:
+def _arrays(spans: _Spans) -> tuple[_Chars, ...]:
     """ctypes char arrays over (address, size) spans: ``.raw`` copies the bytes, no foreign call."""
     return tuple((ctypes.c_char * size).from_address(address) for address, size in spans)
 
 
-def _python_raw(
-    gen: random.Random, arrays: tuple[ctypes.Array, ...] | None = None
-) -> tuple[bytes, bytes, float | None]:
+def _python_raw(gen: random.Random, arrays: tuple[_Chars, ...] | None = None) -> tuple[bytes, bytes, float | None]:
     state, index = arrays or _arrays(_python_spans(gen))
-    return state.raw, index.raw, gen.gauss_next
+    return state.raw, index.raw, gen.gauss_next  # type: ignore[attr-defined]  # CPython's, not in typeshed
 
 
 def _python_canonical(raw: bytes, index: bytes, gauss: float | None) -> bytes:
@@ -87,7 +95,7 @@ def _python_fast(gen: random.Random) -> bytes:
     return _python_canonical(*_python_raw(gen))
 
 
-def _numpy_raw(gen: np.random.RandomState, arrays: tuple[ctypes.Array, ...] | None = None) -> tuple[bytes, bytes]:
+def _numpy_raw(gen: np.random.RandomState, arrays: tuple[_Chars, ...] | None = None) -> tuple[bytes, bytes]:
     state, aug = arrays or _arrays(_numpy_spans(gen))
     return state.raw, aug.raw
 
@@ -153,32 +161,32 @@ def _find_aug(gen: np.random.RandomState) -> int:
 # where they point), and the last raw state read with its canonical bytes: a state that has not
 # changed since (the common case for ``random`` and numpy in a torch training loop) is compared,
 # not converted again, and the same bytes object is returned, so digests of it can be reused too.
-_ARRAYS: dict[str, tuple[tuple[Any, ...], tuple[ctypes.Array, ...]]] = {}
-_LAST: dict[str, tuple[tuple, bytes]] = {}
+_ARRAYS: dict[str, tuple[tuple[Any, ...], tuple[_Chars, ...]]] = {}
+_LAST: dict[str, tuple[tuple[Any, ...], bytes]] = {}
 
 
-def _live_arrays(name: str, owners: tuple[Any, ...], spans: Callable[[], tuple]) -> tuple[ctypes.Array, ...]:
+def _live_arrays(name: str, owners: tuple[Any, ...], spans: Callable[[], _Spans]) -> tuple[_Chars, ...]:
     cached = _ARRAYS.get(name)
     if cached is None or any(a is not b for a, b in zip(cached[0], owners)):
         cached = _ARRAYS[name] = (owners, _arrays(spans()))
     return cached[1]
 
 
-def _memo(name: str, raw: tuple, canonical: Callable[..., bytes]) -> bytes:
+def _memo(name: str, raw: tuple[Any, ...], canonical: Callable[..., bytes]) -> bytes:
     last = _LAST.get(name)
     if last is None or last[0] != raw:
         last = _LAST[name] = (raw, canonical(*raw))
     return last[1]
 
 
-def _python_arrays(gen: random.Random) -> tuple[ctypes.Array, ...] | None:
+def _python_arrays(gen: random.Random) -> tuple[_Chars, ...] | None:
     """The in-place views of the global ``random`` state, or None where it cannot be read so."""
     if _PY_LAYOUT is None or type(gen) is not random.Random:
         return None
     return _live_arrays("python", (gen,), lambda: _python_spans(gen))
 
 
-def _numpy_arrays(gen: np.random.RandomState) -> tuple[ctypes.Array, ...] | None:
+def _numpy_arrays(gen: np.random.RandomState) -> tuple[_Chars, ...] | None:
     """The in-place views of numpy's global legacy state, or None where it cannot be read so."""
     bitgen = gen._bit_generator
     if _NP_AUG < 0 or type(gen) is not np.random.RandomState or type(bitgen) is not np.random.MT19937:
@@ -279,7 +287,7 @@ class _HostReader:
     """The three global generators' objects and ctypes views of their state in memory (the
     Python and numpy views those of :func:`python_state_bytes` and :func:`numpy_state_bytes`)."""
 
-    def __init__(self, arrays: tuple[ctypes.Array, ...]) -> None:
+    def __init__(self, arrays: tuple[_Chars, ...]) -> None:
         self.py, self.np = random._inst, np.random.mtrand._rand
         self.bitgen, self.torch = self.np._bit_generator, torch.default_generator
         self.arrays = arrays
@@ -290,7 +298,7 @@ class _HostReader:
         if _TORCH_SPAN is None:
             return None
         py, npr = _python_arrays(random._inst), _numpy_arrays(np.random.mtrand._rand)
-        if py is None or npr is None or not _default_generator_checked():
+        if py is None or npr is None or not _default_generator_checked(_TORCH_SPAN):
             return None
         start, size = _TORCH_SPAN
         return _HostReader((*py, *npr, *_arrays(((_torch_impl(torch.default_generator) + start, size),))))
@@ -308,15 +316,16 @@ _HOST: list[_HostReader] = []
 _DEFAULT_CHECKED: list[bool] = []  # whether torch.default_generator has the scratch generator's layout
 
 
-def _default_generator_checked() -> bool:
-    """Checked once per process (the default generator is one object for its whole life): a
-    failure must not be paid again at every step."""
+def _default_generator_checked(span: tuple[int, int]) -> bool:
+    """Whether the default generator has ``span`` (the scratch generator's layout). Checked once per
+    process (the default generator is one object for its whole life): a failure must not be paid
+    again at every step."""
     if not _DEFAULT_CHECKED:
-        _DEFAULT_CHECKED.append(_torch_layout(torch.default_generator, _TORCH_SPAN[0]) == _TORCH_SPAN)
+        _DEFAULT_CHECKED.append(_torch_layout(torch.default_generator, span[0]) == span)
     return _DEFAULT_CHECKED[0]
 
 
-def host_raw() -> tuple | None:
+def host_raw() -> HostRaw | None:
     """The raw state of Python's ``random``, numpy's legacy global generator and torch's CPU
     generator, as one tuple of bytes: equal tuples mean unchanged states. None where a
     generator cannot be read in place (the official paths decide)."""
@@ -327,7 +336,7 @@ def host_raw() -> tuple | None:
         _HOST[:] = [reader]
     reader = _HOST[0]
     a = reader.arrays
-    return a[0].raw, a[1].raw, reader.py.gauss_next, a[2].raw, a[3].raw, a[4].raw
+    return a[0].raw, a[1].raw, reader.py.gauss_next, a[2].raw, a[3].raw, a[4].raw  # type: ignore[attr-defined]
 
 
 _calibrate()

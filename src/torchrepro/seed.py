@@ -39,13 +39,18 @@ import os
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from . import _dist, _state
 from ._compat import dataloader_get_iterator, set_dataloader_get_iterator
+
+if TYPE_CHECKING:
+    import torch as _torch  # for StreamSeeds, whose `torch` property hides the module in its body
+
+    from .determinism import Mode
 
 _MAX_ROOT = 2**128
 
@@ -81,7 +86,7 @@ class StreamSeeds:
         """A fresh numpy ``Generator`` on this stream."""
         return np.random.default_rng(int.from_bytes(self._library_bytes("numpy-gen"), "little"))
 
-    def torch_generator(self, device: str | torch.device = "cpu") -> torch.Generator:
+    def torch_generator(self, device: str | _torch.device = "cpu") -> _torch.Generator:
         """A fresh ``torch.Generator`` on this stream."""
         g = torch.Generator(device=device)
         g.manual_seed(self.torch)
@@ -138,7 +143,7 @@ class SeedPlan:
     rank: int = 0
     world_size: int = 1
     workers: bool = True
-    deterministic: str | None = None
+    deterministic: Mode | None = None
     streams: dict[str, StreamSeeds] = field(default_factory=dict)
     _fork_states: dict[str, _state.TorchStates] = field(default_factory=dict, repr=False)
 
@@ -281,7 +286,7 @@ def seed_everything(
     *,
     workers: bool = True,
     rank: int | None = None,
-    deterministic: str | None = None,
+    deterministic: Mode | None = None,
 ) -> SeedPlan:
     """Seed Python, numpy, torch CPU and every CUDA device from one root; return the plan.
 
@@ -334,7 +339,7 @@ def _require_plan() -> SeedPlan:
 # created): it wraps the loader's worker_init_fn in a WorkerSeeder once and sets its epoch.
 
 
-def _loader_epoch(loader: torch.utils.data.DataLoader, seeder: WorkerSeeder) -> int:
+def _loader_epoch(loader: torch.utils.data.DataLoader[Any], seeder: WorkerSeeder) -> int:
     for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         epoch = getattr(sampler, "epoch", None)
         if isinstance(epoch, int):
@@ -349,7 +354,7 @@ def _patch_dataloader() -> None:
         return
     state.original_get_iterator = original
 
-    def _get_iterator(self):
+    def _get_iterator(self: torch.utils.data.DataLoader[Any]) -> Any:
         plan = active_plan()
         if self.num_workers > 0 and plan is not None and plan.workers:
             seeder = self.worker_init_fn
