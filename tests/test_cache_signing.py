@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import stat
+import subprocess
+import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -154,3 +157,37 @@ def test_prewarm_follows_the_same_policy(tmp_path, keys, capsys, monkeypatch):
     with pytest.warns(UserWarning, match="was not verified"):
         plan = prewarm(unsigned, "shared", tmp_path / "root-c", allow_unsigned=True)
     assert (plan.inductor_dir / "ab" / "cabc.so").is_file()
+
+
+def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys, capsys):
+    """``--warm-from`` on the ranks: an unsigned pack is a warning and a cold start (the run goes
+    on); ``--allow-unsigned`` unpacks it; a pack signed by a key in TORCHREPRO_TRUSTED_KEYS warms
+    without a word."""
+    unsigned = _pack(tmp_path, capsys, "unsigned.tar")
+    signed = _pack(tmp_path, capsys, "signed.tar", "--sign", keys["mine"])
+    script = tmp_path / "s.py"
+    script.write_text("print('trained')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHREPRO_", "TORCHINDUCTOR_"))}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1] / "src")
+
+    def doctor(pack: Path, root: str, *options: str, **extra: str) -> subprocess.CompletedProcess:
+        command = ["doctor", "--cache-policy", "shared", "--cache-root", str(tmp_path / root), "--warm-from"]
+        return subprocess.run(
+            [sys.executable, "-m", "torchrepro", *command, str(pack), *options, str(script)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**env, **extra},
+            timeout=300,
+        )
+
+    cold = doctor(unsigned, "cold")
+    assert cold.returncode == 0 and "trained" in cold.stdout
+    assert "warm start skipped" in cold.stderr and "unsigned" in cold.stderr
+    assert not (tmp_path / "cold" / "ab").exists()
+    allowed = doctor(unsigned, "allowed", "--allow-unsigned")
+    assert allowed.returncode == 0 and "was not verified (unsigned)" in allowed.stderr
+    assert (tmp_path / "allowed" / "ab" / "cabc.so").is_file()
+    trusted = doctor(signed, "trusted", TORCHREPRO_TRUSTED_KEYS=str(tmp_path / "mine.pub"))
+    assert trusted.returncode == 0 and "warm start skipped" not in trusted.stderr
+    assert "not verified" not in trusted.stderr and (tmp_path / "trusted" / "ab" / "cabc.so").is_file()
