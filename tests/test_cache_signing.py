@@ -137,6 +137,14 @@ def test_verify_shows_the_signer(tmp_path, keys, capsys):
     assert code == 0 and f"signed by {mine}" in out
     code, out, _ = cli(capsys, "cache", "verify", signed, "--json")
     assert json.loads(out)["signer"] == mine
+    extracted = tmp_path / "extracted"  # a pack unpacked by hand: its .sig file is checked the same way
+    with tarfile.open(signed) as tar:
+        tar.extractall(extracted, filter="data")
+    code, out, _ = cli(capsys, "cache", "verify", extracted)
+    assert code == 0 and f"signed by {mine}" in out
+    (extracted / "torchrepro-pack.sig").write_text("{}")
+    code, out, _ = cli(capsys, "cache", "verify", extracted)
+    assert code == 1 and "unreadable torchrepro-pack.sig" in out
     code, out, _ = cli(capsys, "cache", "verify", unsigned)
     assert code == 0 and "unsigned" in out
 

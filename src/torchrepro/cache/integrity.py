@@ -67,11 +67,6 @@ def _verify_extracted(root: Path) -> dict[str, Any]:
     manifest = parse_manifest(data, str(root / MANIFEST))
     files = manifest["files"]
     problems, total, key = [], 0, None
-    if (root / SIGNATURE).is_file():
-        try:
-            key = signer(data, (root / SIGNATURE).read_bytes(), str(root / SIGNATURE))
-        except (InputError, OSError) as exc:
-            problems.append(str(exc))
     for f in files:
         if problem := unsafe_name(f["path"]):
             problems.append(problem)
@@ -85,11 +80,17 @@ def _verify_extracted(root: Path) -> dict[str, Any]:
             problems.append(f"{f['path']}: {exc.strerror or exc}")
             continue
         total += f["size"]
+    good = len(files) - len(problems)
+    if (root / SIGNATURE).is_file():
+        try:
+            key = signer(data, (root / SIGNATURE).read_bytes(), str(root / SIGNATURE))
+        except (InputError, OSError) as exc:
+            problems.append(str(exc))
     return {
         "kind": "extracted pack",
         "manifest": manifest,
         "signer": key,
-        "files": len(files) - len(problems),
+        "files": good,
         "bytes": total,
         "problems": problems,
     }
