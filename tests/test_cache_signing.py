@@ -102,6 +102,8 @@ def test_unsigned_pack_is_refused_unless_allowed(tmp_path, keys, capsys):
 def test_pack_signed_by_another_key_is_refused(tmp_path, keys, capsys):
     pack = _pack(tmp_path, capsys, "warm.tar", "--sign", keys["other"])
     _refused(capsys, tmp_path, pack, "--trusted", tmp_path / "mine.pub", says="not a trusted key (1 given)")
+    code, _, err = cli(capsys, "cache", "unpack", pack, "--into", tmp_path / "t", "--allow-unsigned")
+    assert code == 0 and "not verified (signed by SHA256:" in err and "not a trusted key" in err
 
 
 def _alter_manifest(signed: Path, out: Path) -> None:
