@@ -129,8 +129,10 @@ def test_explain_miss_names_the_thread_count(compiled, capsys):
 
 @pytest.mark.inductor
 def test_pack_gives_a_new_machine_a_warm_start_without_compiling(compiled, tmp_path, capsys):
-    pack = tmp_path / "warm.tar"
-    assert cli(capsys, "cache", "pack", pack, "--from", compiled.cache, "--headers-from", compiled.headers)[0] == 0
+    pack, key = tmp_path / "warm.tar", tmp_path / "key"
+    assert cli(capsys, "cache", "keygen", key)[0] == 0
+    packing = ("--from", compiled.cache, "--headers-from", compiled.headers, "--sign", key)
+    assert cli(capsys, "cache", "pack", pack, *packing)[0] == 0
     assert cli(capsys, "cache", "verify", pack)[0] == 0
     # "Machine B": an empty TMPDIR (no precompiled headers) and the documented per-rank flow in a
     # fresh process: prewarm (configure + unpack) rank 1's empty directory, then train.
@@ -143,7 +145,7 @@ def test_pack_gives_a_new_machine_a_warm_start_without_compiling(compiled, tmp_p
         "per-rank",
         root,
         cwd=tmp_path,
-        env={"RANK": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(machine)},
+        env={"RANK": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(machine), "TORCHREPRO_TRUSTED_KEYS": f"{key}.pub"},
     )
     counts = counters_of(proc)
     assert counts["cache_dir"] == str(root / "rank-1")
@@ -156,7 +158,9 @@ def test_pack_gives_a_new_machine_a_warm_start_without_compiling(compiled, tmp_p
         return {p.name: round(p.stat().st_mtime, 4) for p in directory.iterdir() if p.is_file()}
 
     assert stamps(headers) == stamps(compiled.headers)
-    code, out, _ = cli(capsys, "cache", "unpack", pack, "--into", root / "rank-1", "--headers-into", headers)
+    code, out, _ = cli(
+        capsys, "cache", "unpack", pack, "--into", root / "rank-1", "--headers-into", headers, "--trusted", f"{key}.pub"
+    )
     assert code == 0 and " 0 added" in out
 
 
@@ -418,7 +422,7 @@ def test_bad_pack_is_refused_and_changes_nothing(tmp_path, good_pack, capsys, ca
     bad = tmp_path / "bad.tar"
     _damage(case, good_pack, bad, target)
     before = snapshot(target.parent)  # the target, and no staging directory left next to it
-    code, _, err = cli(capsys, "cache", "unpack", bad, "--into", target)
+    code, _, err = cli(capsys, "cache", "unpack", bad, "--into", target, "--allow-unsigned")  # not about signing
     assert code == 2, err
     assert err.startswith("torchrepro: error:") and len(err.strip().splitlines()) == 1
     assert "nothing was unpacked" in err or case == "not-a-tar"
@@ -426,7 +430,7 @@ def test_bad_pack_is_refused_and_changes_nothing(tmp_path, good_pack, capsys, ca
     assert not (tmp_path / "evil").exists() and not (target.parent / "evil").exists()
     if case == "other-torch":
         assert "torch 1.13.0" in err and "--force" in err
-        assert cli(capsys, "cache", "unpack", bad, "--into", target, "--force")[0] == 0
+        assert cli(capsys, "cache", "unpack", bad, "--into", target, "--force", "--allow-unsigned")[0] == 0
     if case in ("hash", "dotdot", "symlink", "truncated"):
         code, out, _ = cli(capsys, "cache", "verify", bad)
         assert code == 1 and "damaged" in out
@@ -439,7 +443,7 @@ def test_unpack_keeps_newer_files_and_replaces_older_ones(tmp_path, good_pack, c
     newer.write_bytes(b"rebuilt later")
     older.write_bytes(b"stale")
     os.utime(older, (1, 1))
-    code, out, _ = cli(capsys, "cache", "unpack", good_pack, "--into", target)
+    code, out, _ = cli(capsys, "cache", "unpack", good_pack, "--into", target, "--allow-unsigned")
     assert code == 0 and "1 older replaced" in out
     assert newer.read_bytes() == b"rebuilt later"
     assert older.read_bytes() == (tmp_path / "source" / "ab" / "cabc.cpp").read_bytes()

@@ -2,8 +2,8 @@
 
 >>> import torchrepro.cache
 >>> torchrepro.cache.configure("per-node", root="/local/cache")  # before the first compile  # doctest: +SKIP
->>> torchrepro.cache.pack("warm.tar")            # after a run that compiled  # doctest: +SKIP
->>> torchrepro.cache.prewarm("warm.tar")         # on every rank, before training  # doctest: +SKIP
+>>> torchrepro.cache.pack("warm.tar", sign_with="packs.key")  # after a run that compiled  # doctest: +SKIP
+>>> torchrepro.cache.prewarm("warm.tar", trusted=["packs.key.pub"])  # every rank, before training  # doctest: +SKIP
 
 Submodules are imported on first use: ``configure`` must not pay for (or trigger) more than it needs.
 """
@@ -27,6 +27,7 @@ _API = {
     "pack": "archive",
     "unpack": "archive",
     "verify": "integrity",
+    "keygen": "signing",
 }
 
 __all__ = sorted(_API)

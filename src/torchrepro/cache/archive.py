@@ -18,8 +18,10 @@ any point leaves the targets as they were.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
@@ -28,11 +30,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterable
 
 from .. import __version__
 from ..errors import InputError, UserError
 from ..eventlog.outputs import check, written
+from .signing import SIGNATURE, sign, signer, trusted_keys
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"
@@ -129,6 +132,7 @@ def pack(
     headers: bool = True,
     headers_from: str | os.PathLike | None = None,
     force: bool = False,
+    sign_with: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Write a warm-start pack of an inductor cache directory (default: the one in use) and
     return its manifest. It holds the FX-graph and AOTAutograd entries, the compiled kernels,
@@ -137,7 +141,9 @@ def pack(
     its first cached kernel loads. Entries no
     current configuration can hit, locks, partial writes and links are left out. ``OUT`` ending
     in ``.tar.gz``/``.tgz`` is gzip-compressed (headers shrink ~6x). An existing ``OUT`` is
-    replaced only with ``force``; the write is atomic.
+    replaced only with ``force``; the write is atomic. With ``sign_with`` (a private key file from
+    :func:`~torchrepro.cache.signing.keygen`), the manifest's bytes are signed and the signature
+    stored as ``torchrepro-pack.sig`` right after it.
 
     >>> pack("warm.tar.gz", "/tmp/build-cache")["totals"]  # doctest: +SKIP
     {'files': 33, 'bytes': 312734521}
@@ -173,10 +179,13 @@ def pack(
         "files": files,
     }
     data = json.dumps(manifest, indent=1).encode()
+    signature = sign(data, sign_with) if sign_with is not None else None
     compression = _compression(out)
     options = {"compresslevel": 1} if compression else {}  # fast: the headers are most of the bytes
     with written(out, inputs=read, force=force) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
         tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
+        if signature is not None:
+            tar.addfile(_tarinfo(SIGNATURE, len(signature), time.time()), io.BytesIO(signature))
         for f in files:
             _add_file(tar, root if f["area"] == "cache" else header_root, f)
     return manifest
@@ -274,6 +283,7 @@ class PackCheck:
     manifest: dict[str, Any] = field(default_factory=dict)
     files: int = 0
     bytes: int = 0
+    signer: str | None = None  # fingerprint of the key that signed the manifest; None: unsigned
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -314,14 +324,17 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     return manifest
 
 
-def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo | None, path: Path) -> dict[str, Any]:
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> bytes:
+    try:
+        return tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise InputError(f"{path}: unreadable {member.name} ({_why(exc)})") from None
+
+
+def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo | None, path: Path) -> bytes:
     if member is None or member.name != MANIFEST or not member.isfile() or member.size > _MANIFEST_LIMIT:
         raise InputError(f"{path} is not a torchrepro cache pack (its first member is not {MANIFEST})")
-    try:
-        data = tar.extractfile(member).read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise InputError(f"{path}: unreadable manifest ({_why(exc)})") from None
-    return parse_manifest(data, str(path))
+    return _read_member(tar, member, path)
 
 
 def check_pack(
@@ -331,12 +344,17 @@ def check_pack(
     stop_early: bool = False,
     expect_build: dict[str, Any] | None = None,
     max_bytes: int | None = None,
+    authenticate: Callable[[str | None], None] | None = None,
 ) -> PackCheck:
     """Read a pack member by member, checking names, types, sizes and sha256 against its manifest;
     with ``extract_to``, also write each file to ``extract_to(area) / path``. With
     ``expect_build``, a pack made for another build is a problem found before any file is read; so
     is a manifest declaring more than ``max_bytes`` in all (default :func:`default_limit`) or,
     with ``extract_to``, more than the free disk space there.
+    A signature (``torchrepro-pack.sig``, right after the manifest) is checked against the
+    manifest's bytes first: ``signer`` is the key's fingerprint, a mismatch a problem found before
+    any file is read; ``authenticate(signer)`` then runs, before anything is extracted, and
+    refuses by raising.
     :class:`InputError` if it is not a pack at all; everything else is in ``problems``.
 
     >>> check_pack("warm.tar").ok  # doctest: +SKIP
@@ -348,9 +366,21 @@ def check_pack(
         members = iter(tar)
         try:
             first = next(members, None)
+            data = _read_manifest(tar, first, path)
+            result.manifest = parse_manifest(data, str(path))
+            second = next(members, None)
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise InputError(f"{path} is not a tar archive, or is damaged ({_why(exc)})") from None
-        result.manifest = _read_manifest(tar, first, path)
+        if second is not None and second.name == SIGNATURE and second.isfile() and second.size <= _MANIFEST_LIMIT:
+            try:
+                result.signer = signer(data, _read_member(tar, second, path), str(path))
+            except InputError as exc:
+                result.problems.append(str(exc).removeprefix(f"{path}: "))
+                return result
+        elif second is not None:
+            members = itertools.chain([second], members)
+        if authenticate is not None:
+            authenticate(result.signer)
         if expect_build is not None and (diff := build_mismatches(result.manifest.get("build", {}), expect_build)):
             result.problems.append("built for another installation: " + "; ".join(diff))
             return result
@@ -480,11 +510,18 @@ def unpack(
     headers_into: str | os.PathLike | None = None,
     force: bool = False,
     max_bytes: int | None = None,
+    trusted: Iterable[str | os.PathLike] | None = None,
+    allow_unsigned: bool = False,
 ) -> dict[str, Any]:
     """Unpack a warm-start pack into an inductor cache directory (default: the one in use), and
     its precompiled headers into ``headers_into`` (default: where this process's inductor reads
     them, ``<torch's default cache dir>/precompiled_headers``).
 
+    A compile cache is code (torch loads its pickles), so the pack must be signed by one of the
+    public keys in ``trusted`` (``.pub`` files; default: those ``TORCHREPRO_TRUSTED_KEYS`` lists),
+    checked before anything is extracted; an unsigned pack, or one signed by another key, is
+    refused unless ``allow_unsigned`` (then ``verified`` is False in the result); a signature that
+    does not match the manifest is always refused.
     Every hash is checked before anything is moved in; a pack built for another torch, Python
     minor version, Triton or platform is refused unless ``force``; members that are links,
     devices, absolute or ``..`` paths are refused; a file already there that is as new or newer
@@ -498,11 +535,18 @@ def unpack(
     {'path': '/tmp/rank-0-cache', 'added': 31, 'replaced': 0, 'kept': 2, ...}
     """
     here = current_build()
+    keys = trusted_keys(trusted)
+    authenticate = functools.partial(_authenticate, Path(pack_path), keys, allow_unsigned)
     targets = {"cache": cache_dir(into)[0], "headers": Path(headers_into).absolute() if headers_into else headers_dir()}
     staging = _Staging(targets)
     try:
         check = check_pack(
-            pack_path, staging, stop_early=True, expect_build=None if force else here, max_bytes=max_bytes
+            pack_path,
+            staging,
+            stop_early=True,
+            expect_build=None if force else here,
+            max_bytes=max_bytes,
+            authenticate=authenticate,
         )
         if check.problems:
             hint = " (pass --force to unpack anyway)" if check.problems[0].startswith("built for") else ""
@@ -528,9 +572,33 @@ def unpack(
         "pack": str(check.path),
         **move.counts,
         "bytes": check.bytes,
+        "signer": check.signer,
+        "verified": check.signer in keys,
         "built_with": built,
         "kernels_rebuilt": kernel_mismatches(built, here),
     }
+
+
+def unverified(result: dict[str, Any]) -> str:
+    """The one warning for a pack unpacked with ``allow_unsigned`` that no trusted key signed."""
+    who = f"signed by {result['signer']}, not a trusted key" if result["signer"] else "unsigned"
+    return f"warning: the author of {result['pack']} was not verified ({who}); unpacked because of --allow-unsigned"
+
+
+def _authenticate(path: Path, keys: dict[str, str], allow_unsigned: bool, signer: str | None) -> None:
+    """Refuse a pack no trusted key signed, unless ``allow_unsigned``."""
+    if signer in keys or allow_unsigned:
+        return
+    if signer is None:
+        raise InputError(
+            f"{path}: the pack is unsigned, and a compile cache is code (torch loads its pickles): unpack only "
+            "packs signed by a key you trust, or pass --allow-unsigned; nothing was unpacked"
+        )
+    given = f"{len(keys)} given" if keys else "none given: --trusted KEY.pub or TORCHREPRO_TRUSTED_KEYS"
+    raise InputError(
+        f"{path}: signed by {signer}, which is not a trusted key ({given}); pass its .pub with --trusted if you "
+        "trust it, or --allow-unsigned; nothing was unpacked"
+    )
 
 
 @dataclass

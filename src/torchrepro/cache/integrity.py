@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InputError
 from .layout import Entry, current_build, existing_cache_dir, scan
+from .signing import SIGNATURE, signer
 from .archive import MANIFEST, build_mismatches, check_pack, kernel_mismatches, parse_manifest, sha256_file, unsafe_name
 
 
@@ -65,7 +66,7 @@ def _verify_extracted(root: Path) -> dict[str, Any]:
         raise InputError(f"cannot read {root / MANIFEST}: {exc.strerror or exc}") from None
     manifest = parse_manifest(data, str(root / MANIFEST))
     files = manifest["files"]
-    problems, total = [], 0
+    problems, total, key = [], 0, None
     for f in files:
         if problem := unsafe_name(f["path"]):
             problems.append(problem)
@@ -79,10 +80,17 @@ def _verify_extracted(root: Path) -> dict[str, Any]:
             problems.append(f"{f['path']}: {exc.strerror or exc}")
             continue
         total += f["size"]
+    good = len(files) - len(problems)
+    if (root / SIGNATURE).is_file():
+        try:
+            key = signer(data, (root / SIGNATURE).read_bytes(), str(root / SIGNATURE))
+        except (InputError, OSError) as exc:
+            problems.append(str(exc))
     return {
         "kind": "extracted pack",
         "manifest": manifest,
-        "files": len(files) - len(problems),
+        "signer": key,
+        "files": good,
         "bytes": total,
         "problems": problems,
     }
@@ -94,6 +102,7 @@ def _verify_cache_dir(root: Path) -> dict[str, Any]:
     return {
         "kind": "cache directory",
         "manifest": None,
+        "signer": None,
         "files": len(entries),
         "problems": problems,
         "bytes": sum(e.size for e in entries),
@@ -102,6 +111,8 @@ def _verify_cache_dir(root: Path) -> dict[str, Any]:
 
 def verify(path: str | os.PathLike) -> dict[str, Any]:
     """Check a pack, an extracted pack or a cache directory; ``problems`` lists each defect.
+    ``signer`` is the fingerprint of the key whose signature matches the manifest (None: unsigned;
+    a signature that does not match is a problem). Whether to trust that key is ``unpack``'s question.
 
     A pack built for another installation is not a defect: ``mismatches`` says why ``unpack``
     would refuse it, ``kernels_rebuilt`` why its compiled kernels would be rebuilt here.
@@ -120,6 +131,7 @@ def verify(path: str | os.PathLike) -> dict[str, Any]:
         result = {
             "kind": "pack",
             "manifest": check.manifest,
+            "signer": check.signer,
             "files": check.files,
             "bytes": check.bytes,
             "problems": check.problems,

@@ -18,7 +18,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from .._dist import from_env
 from ..errors import InputError, UserError
@@ -28,6 +28,7 @@ DEFAULT_POLICY = "per-node"
 PREWARM_POLICY = "per-rank"
 # Set by `--cache-policy` (CLI) for the processes it launches: read by `configure_from_env`.
 POLICY_VAR, ROOT_VAR, WARM_VAR = "TORCHREPRO_CACHE_POLICY", "TORCHREPRO_CACHE_ROOT", "TORCHREPRO_CACHE_WARM_FROM"
+ALLOW_UNSIGNED_VAR = "TORCHREPRO_ALLOW_UNSIGNED"  # "1": prewarm accepts a pack no trusted key signed
 
 
 @dataclass(frozen=True)
@@ -143,24 +144,34 @@ def prewarm(
     root: str | os.PathLike | None = None,
     *,
     strict: bool = False,
+    trusted: Iterable[str | os.PathLike] | None = None,
+    allow_unsigned: bool | None = None,
 ) -> CachePlan:
     """:func:`configure`, then unpack a warm-start pack into this process's cache directory so
     the first step loads compiled kernels instead of compiling. Ranks that share a directory
     unpack one after the other (a file lock); files already there are kept. A pack that cannot
-    be used (damaged, or built for another torch) is a warning and a cold start, unless ``strict``.
+    be used (damaged, built for another torch, or not signed by a trusted key) is a warning and a
+    cold start, unless ``strict``. Trust is :func:`~torchrepro.cache.archive.unpack`'s: keys from
+    ``trusted``, else ``TORCHREPRO_TRUSTED_KEYS``; ``allow_unsigned`` (default: ``TORCHREPRO_ALLOW_UNSIGNED=1``,
+    what ``--allow-unsigned`` passes to the ranks) accepts a pack no trusted key signed, with a warning.
 
     >>> torchrepro.cache.prewarm("warm.tar", root="/local/cache")  # doctest: +SKIP
     """
-    from .archive import unpack
+    from .archive import unpack, unverified
 
     chosen = configure(policy, root)
     with _exclusive(chosen.inductor_dir):
         try:
-            unpack(pack, into=chosen.inductor_dir)
+            if allow_unsigned is None:
+                allow_unsigned = os.environ.get(ALLOW_UNSIGNED_VAR) == "1"
+            result = unpack(pack, into=chosen.inductor_dir, trusted=trusted, allow_unsigned=allow_unsigned)
         except InputError as exc:
             if strict:
                 raise
             warnings.warn(f"torchrepro: warm start skipped, compiling cold: {exc}", stacklevel=2)
+        else:
+            if not result["verified"]:
+                warnings.warn(f"torchrepro: {unverified(result)}", stacklevel=2)
     return chosen
 
 

@@ -1,9 +1,10 @@
-"""``torchrepro cache status|explain-miss|pack|unpack|verify|clear``: the command line of the compile-cache
+"""``torchrepro cache status|explain-miss|keygen|pack|unpack|verify|clear``: the command line of the compile-cache
 library (:mod:`torchrepro.cache`); each sub-command sets its own ``func``.
 
 Exit codes: 0 ok; 1 analysed and fails (status: someone else can write to the cache; verify:
 a damaged or altered file; explain-miss: the two runs' keys differ); 2 usage or input error,
-with nothing written (unpack refuses the whole pack on any problem).
+with nothing written (unpack refuses the whole pack on any problem, and any pack no trusted key
+signed unless --allow-unsigned; keygen never overwrites a key).
 """
 
 from __future__ import annotations
@@ -79,12 +80,28 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from ..cache.signing import keygen
+
+    private, public, fingerprint = keygen(args.keyfile)
+    print(
+        f"wrote the private key {private} (keep it secret; sign with cache pack --sign {args.keyfile}) and the "
+        f"public key {public} (give it to those who unpack: --trusted {public.name}); fingerprint {fingerprint}"
+    )
+    return 0
+
+
 def _cmd_pack(args: argparse.Namespace) -> int:
     from ..report.cache import size_text
     from ..cache.archive import pack
 
     manifest = pack(
-        args.out, args.source, headers=not args.no_headers, headers_from=args.headers_from, force=args.force
+        args.out,
+        args.source,
+        headers=not args.no_headers,
+        headers_from=args.headers_from,
+        force=args.force,
+        sign_with=args.sign,
     )
     left, totals = manifest["left_out"], manifest["totals"]
     print(
@@ -96,12 +113,23 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
-    from ..cache.archive import unpack
+    from ..cache.archive import unpack, unverified
 
-    result = unpack(args.pack, args.into, headers_into=args.headers_into, force=args.force, max_bytes=args.max_size)
+    result = unpack(
+        args.pack,
+        args.into,
+        headers_into=args.headers_into,
+        force=args.force,
+        max_bytes=args.max_size,
+        trusted=args.trusted,
+        allow_unsigned=args.allow_unsigned,
+    )
+    if not result["verified"]:
+        print(f"torchrepro: {unverified(result)}", file=sys.stderr)
+    signed = f"signed by {result['signer']} (trusted)" if result["verified"] else "author not verified"
     print(
         f"unpacked into {result['path']}: {result['added']} added, {result['replaced']} older replaced, "
-        f"{result['kept']} kept (already there, as new or newer); every sha256 verified"
+        f"{result['kept']} kept (already there, as new or newer); every sha256 verified; {signed}"
     )
     _kernel_note(result["kernels_rebuilt"])
     return 0
@@ -127,9 +155,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     built = result["built_with"]
     made = f", built with torch {built.get('torch')} on {built.get('system')} {built.get('machine')}" if built else ""
     verdict = "FAILED" if result["problems"] else "ok"
+    signed = "" if result["kind"] == "cache directory" else f"; signed by {result['signer'] or 'nobody: unsigned'}"
     print(
         f"verify {verdict}: {result['kind']} {result['path']}: {result['files']} files, "
-        f"{size_text(result['bytes'])}{made}"
+        f"{size_text(result['bytes'])}{made}{signed}"
     )
     if result["mismatches"]:
         print(f"note: unpack here would refuse it without --force: {'; '.join(result['mismatches'])}")
@@ -199,6 +228,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     explain.add_argument("--json", action="store_true", help="print machine-readable JSON")
     explain.set_defaults(func=_cmd_explain)
 
+    keygen = commands.add_parser(
+        "keygen", help="make an Ed25519 key pair to sign packs with (KEYFILE and KEYFILE.pub)", epilog=_EPILOG
+    )
+    keygen.add_argument("keyfile", metavar="KEYFILE", help="the private key to write (mode 0600); never overwritten")
+    keygen.set_defaults(func=_cmd_keygen)
+
     pack = commands.add_parser("pack", help="write a warm-start pack (compiled kernels included)", epilog=_EPILOG)
     pack.add_argument("out", metavar="OUT.tar", help="the pack to write (.tar, or .tar.gz/.tgz to compress)")
     pack.add_argument("--from", dest="source", metavar="DIR", help="cache directory to pack (default: the one in use)")
@@ -213,6 +248,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="where the precompiled headers are (default: <torch's default cache dir>/precompiled_headers)",
     )
     pack.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    pack.add_argument(
+        "--sign", metavar="KEYFILE", help="sign the pack with this private key (from cache keygen): share signed packs"
+    )
     pack.set_defaults(func=_cmd_pack)
 
     unpack = commands.add_parser("unpack", help="verify a pack and unpack it into a cache directory", epilog=_EPILOG)
@@ -230,6 +268,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=options.size,
         metavar="SIZE",
         help="refuse a pack that unpacks to more than SIZE (500M, 20G; default: 20x the pack's size)",
+    )
+    unpack.add_argument(
+        "--trusted",
+        nargs="+",
+        metavar="KEY.pub",
+        help="public keys whose signed packs are unpacked (default: the files TORCHREPRO_TRUSTED_KEYS lists)",
+    )
+    unpack.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="also unpack a pack no trusted key signed (a compile cache is code: only a pack you made yourself)",
     )
     unpack.set_defaults(func=_cmd_unpack)
 

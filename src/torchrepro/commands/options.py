@@ -230,7 +230,16 @@ def add_ranks(p: argparse.ArgumentParser) -> None:
         "--cache-root", type=directory, metavar="DIR", help="where --cache-policy puts the cache directories"
     )
     p.add_argument(
-        "--warm-from", type=pack_file, metavar="PACK", help="unpack this torchrepro cache pack on every rank first"
+        "--warm-from",
+        type=pack_file,
+        metavar="PACK",
+        help="unpack this torchrepro cache pack on every rank first, if a key in TORCHREPRO_TRUSTED_KEYS signed it "
+        "(otherwise: a warning and a cold start)",
+    )
+    p.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="--warm-from also unpacks a pack no trusted key signed (a compile cache is code: only your own)",
     )
 
 

@@ -50,6 +50,7 @@ class RunOptions:
     cache_policy: str | None = None  # --cache-policy: per-node | shared | per-rank
     cache_root: str | None = None  # --cache-root (absolute)
     warm_from: str | None = None  # --warm-from: a cache pack to unpack first (absolute)
+    allow_unsigned: bool = False  # --allow-unsigned: --warm-from accepts a pack no trusted key signed
     analysis_only: bool = False  # a run of check/drift: its last garbage collections skipped at exit (prepare)
 
     def to_json(self) -> str:

@@ -55,7 +55,7 @@ def _apply_cache(options: RunOptions) -> None:
     if options.cache_root:
         os.environ[ROOT_VAR] = options.cache_root  # also where the script's own cache.configure() goes
     if options.warm_from:
-        prewarm(options.warm_from, options.cache_policy or PREWARM_POLICY)
+        prewarm(options.warm_from, options.cache_policy or PREWARM_POLICY, allow_unsigned=options.allow_unsigned)
     elif options.cache_policy:
         configure(options.cache_policy)
     else:
