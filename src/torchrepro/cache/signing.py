@@ -20,7 +20,8 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
 
@@ -31,18 +32,22 @@ TRUSTED_VAR = "TORCHREPRO_TRUSTED_KEYS"  # a path list (os.pathsep) of .pub file
 _KEY_LIMIT = 64 << 10
 
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+
 def fingerprint(raw: bytes) -> str:
     """``SHA256:<base64>`` of a raw public key, as ``ssh-keygen -l`` shows keys."""
     return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
 
 
-def _raw_public(key) -> bytes:
+def _raw_public(key: Ed25519PrivateKey) -> bytes:
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-def keygen(keyfile: str | os.PathLike) -> tuple[Path, Path, str]:
+def keygen(keyfile: str | os.PathLike[str]) -> tuple[Path, Path, str]:
     """Write a new private key to ``keyfile`` (mode 0600) and its public key to ``keyfile.pub``;
     returns both paths and the fingerprint. Refuses (:class:`InputError`) if either exists."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -85,7 +90,7 @@ def _b64(text: object, what: str, size: int) -> bytes:
     return data
 
 
-def sign(manifest: bytes, keyfile: str | os.PathLike) -> bytes:
+def sign(manifest: bytes, keyfile: str | os.PathLike[str]) -> bytes:
     """The ``torchrepro-pack.sig`` member for ``manifest`` (its exact bytes), signed with the
     private key in ``keyfile``."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -130,7 +135,7 @@ def signer(manifest: bytes, signature: bytes, where: str) -> str:
     return fingerprint(raw)
 
 
-def trusted_keys(paths: Iterable[str | os.PathLike] | None = None) -> dict[str, str]:
+def trusted_keys(paths: Iterable[str | os.PathLike[str]] | None = None) -> dict[str, str]:
     """Fingerprint -> file of the public keys in ``paths`` (default: the files ``TORCHREPRO_TRUSTED_KEYS``
     lists); :class:`InputError` for a file that is missing or holds no torchrepro public key."""
     if paths is None:
