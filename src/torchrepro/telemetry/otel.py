@@ -67,6 +67,7 @@ from ..report.sanitize import visible
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
 EXPORT_TIMEOUT_S = 2.0  # one export, retries included (the SDK's default is 10 s): OTEL_EXPORTER_OTLP_TIMEOUT wins
+GIVEN_UP_S = 0.2  # the same, once the job saw its collector fail: what is left fails at once
 END_GRACE_S = 1.0  # how long a retry, once told to stop, may take to end and be counted
 STORED_FLUSH_S = 30.0  # exporting a stored run is the whole job: wait longer
 STEP_FLUSH_S = 1.0  # step times reach the histogram in batches, once a second
@@ -309,10 +310,11 @@ class Telemetry:
         """Send what is left, spans and metrics at once, waiting at most ``timeout_s``; once this
         process or another of its job saw the collector fail, nothing more is sent (an endpoint
         that never answers would hold every process of the job). Never raises."""
-        if self.health.failures or _job_failed():
+        given_up = bool(self.health.failures or _job_failed())
+        if given_up:  # the job's warning is out already: an export still in flight is not awaited
             _quietly(self.spans.exporter.shutdown)
             _quietly(self.metrics.shutdown)
-            timeout_s = min(timeout_s, 0.5)
+            timeout_s = min(timeout_s, GIVEN_UP_S)
         closers = [
             threading.Thread(target=_quietly, args=(fn,), name="torchrepro-otel-close", daemon=True)
             for fn in (self.spans.shutdown, lambda: self.meter_provider.shutdown(timeout_millis=timeout_s * 1e3))
@@ -326,7 +328,7 @@ class Telemetry:
         # then counted (and warned of) before this process goes on to its end, where a daemon
         # thread would be cut off before it could leave the job's warning.
         for closer, exporter in zip(closers, (self.spans.exporter, self.metrics)):
-            if closer.is_alive():
+            if closer.is_alive() and not given_up:
                 _quietly(exporter.shutdown)
                 closer.join(END_GRACE_S)
         if self.spans.dropped:
