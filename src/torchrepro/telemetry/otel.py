@@ -185,11 +185,24 @@ def _export_timeout(signal: str) -> float | None:
     return EXPORT_TIMEOUT_S
 
 
-class _Spans(OTLPSpanExporter):
-    """The official exporter, counting what it was handed and telling health how it went. In a
-    forked child (a DataLoader worker) it sends nothing: the parent exports. Once shut down (the
-    collector failed: :meth:`Telemetry.close`), or with ``give_up`` (a stored run) once an export
-    failed, a batch fails at once, and is no new failure."""
+class _Guarded:
+    """What both exporters add to the SDK's: in a forked child (a DataLoader worker) they send
+    nothing (the parent exports); shut down (:meth:`Telemetry.close` after a failure), or with
+    ``give_up`` (a stored run, a process's end) once an export of this process failed, a batch
+    fails at once and is no new failure: a silent collector costs one export timeout, not one
+    per batch."""
+
+    health: _Health
+    give_up: bool
+    _pid: int
+    _shutdown: bool
+
+    def _sends(self) -> bool:
+        return not (self._shutdown or (self.give_up and self.health.failures))
+
+
+class _Spans(_Guarded, OTLPSpanExporter):
+    """The official exporter, counting what it was handed and telling health how it went."""
 
     def __init__(self, health: _Health, endpoint: str, give_up: bool = False):
         super().__init__(endpoint=_signal_endpoint(endpoint, "traces"), timeout=_export_timeout("traces"))
@@ -199,7 +212,7 @@ class _Spans(OTLPSpanExporter):
         if os.getpid() != self._pid:
             return SpanExportResult.SUCCESS
         self.handed += len(spans)
-        if self._shutdown or (self.give_up and self.health.failures):
+        if not self._sends():
             return SpanExportResult.FAILURE
         result = super().export(spans)
         if result is not SpanExportResult.SUCCESS:
@@ -207,15 +220,15 @@ class _Spans(OTLPSpanExporter):
         return result
 
 
-class _Metrics(OTLPMetricExporter):
-    def __init__(self, health: _Health, endpoint: str):
+class _Metrics(_Guarded, OTLPMetricExporter):
+    def __init__(self, health: _Health, endpoint: str, give_up: bool = False):
         super().__init__(endpoint=_signal_endpoint(endpoint, "metrics"), timeout=_export_timeout("metrics"))
-        self.health, self._pid = health, os.getpid()
+        self.health, self.give_up, self._pid = health, give_up, os.getpid()
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         if os.getpid() != self._pid:
             return MetricExportResult.SUCCESS
-        if self._shutdown:
+        if not self._sends():
             return MetricExportResult.FAILURE
         result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         if result is not MetricExportResult.SUCCESS:
@@ -291,7 +304,7 @@ class Telemetry:
         self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(self.spans)
         interval = None if os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") else METRIC_INTERVAL_MS
-        self.metrics = _Metrics(self.health, endpoint)
+        self.metrics = _Metrics(self.health, endpoint, give_up=block)
         reader = PeriodicExportingMetricReader(self.metrics, export_interval_millis=interval)
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
         self.tracer = self.tracer_provider.get_tracer("torchrepro", __version__)
@@ -310,6 +323,7 @@ class Telemetry:
         """Send what is left, spans and metrics at once, waiting at most ``timeout_s``; once this
         process or another of its job saw the collector fail, nothing more is sent (an endpoint
         that never answers would hold every process of the job). Never raises."""
+        self.spans.exporter.give_up = self.metrics.give_up = True  # one failed export ends the close
         given_up = bool(self.health.failures or _job_failed())
         if given_up:  # the job's warning is out already: an export still in flight is not awaited
             _quietly(self.spans.exporter.shutdown)
