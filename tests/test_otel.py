@@ -499,9 +499,10 @@ def test_ranks_launched_elsewhere_share_a_trace_from_the_job_id(tmp_path, receiv
 
 def test_a_full_queue_drops_and_counts_spans(tmp_path):
     """A collector that takes 5 s per trace request and a queue of one span: spans are dropped
-    and counted, the run is not held up by more than the end's bounded wait."""
+    and counted, the run is not held up by more than the end's bounded wait. The user's export
+    timeout (10 s) replaces torchrepro's 2 s: the collector is slow, not failing."""
     receiver = Receiver(trace_delay=5.0)
-    env = _env(OTEL_BSP_MAX_QUEUE_SIZE="1", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1")
+    env = _env(OTEL_BSP_MAX_QUEUE_SIZE="1", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1", OTEL_EXPORTER_OTLP_TIMEOUT="10")
     try:
         proc = _cli(
             tmp_path, "run", "--out", str(tmp_path / "run"), "--otlp-endpoint", receiver.url, str(TRAIN), env=env

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         from .commands.outputs import check_args
 
         check_args(args)
+        options.otlp_endpoint_from_env(args)
         _check_torch_logs()
         return run_with_export(args, _dispatch)
     except UserError as exc:

@@ -182,6 +182,38 @@ def otlp_endpoint(text: str) -> str:
     return text
 
 
+OTLP_ENDPOINT_VARS = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
+
+
+def otlp_endpoint_from_env(args: argparse.Namespace) -> None:
+    """The standard ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variables turn export on as ``--otlp-endpoint``
+    does, the flag winning over ``OTEL_EXPORTER_OTLP_ENDPOINT``. Without both, the base URL is a
+    per-signal URL less its ``/v1/traces`` (``/v1/metrics``) path; a per-signal URL stays the URL of
+    its signal (the exporter reads it). Each variable in use is checked like the flag: a bad one is
+    a :class:`~torchrepro.errors.InputError` (exit 2)."""
+    import os
+
+    from ..errors import InputError
+
+    if not hasattr(args, "otlp_endpoint"):
+        return
+    for var in OTLP_ENDPOINT_VARS[0 if args.otlp_endpoint is None else 1 :]:
+        value = os.environ.get(var, "").strip()
+        if not value:
+            continue
+        try:
+            otlp_endpoint(value)
+        except argparse.ArgumentTypeError as exc:
+            raise InputError(f"{var}: {exc}") from None
+        if args.otlp_endpoint is None:
+            path = "/v1/" + var.split("_")[3].lower()  # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: /v1/traces
+            args.otlp_endpoint = value.removesuffix(path) if var != OTLP_ENDPOINT_VARS[0] else value
+
+
 def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False) -> None:
     """Add ``--otlp-endpoint URL`` and ``--otel-service-name NAME`` to a command's parser.
     ``in_process``: the command runs the capture session itself (``torchrepro run``), so the
@@ -194,7 +226,7 @@ def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False
         type=otlp_endpoint,
         metavar="URL",
         help="export spans and metrics over OTLP/HTTP to this collector, live "
-        "(e.g. http://localhost:4318; OTEL_EXPORTER_OTLP_* variables apply)",
+        "(e.g. http://localhost:4318; default: OTEL_EXPORTER_OTLP_ENDPOINT; OTEL_EXPORTER_OTLP_* variables apply)",
     )
     parser.add_argument(
         "--otel-service-name",

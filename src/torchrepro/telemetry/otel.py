@@ -20,8 +20,10 @@ and ``torchrepro.step.duration`` (histograms, seconds), ``torchrepro.cache.looku
 Nothing here can slow or stop a step: recording a span or a measurement is an append to the
 SDK's bounded queue or an in-memory aggregation; batches leave from the SDK's background threads
 (BatchSpanProcessor, PeriodicExportingMetricReader). Spans beyond the queue bound are dropped and
-counted. A collector that is down or slow costs one warning line per job and at most
-:data:`END_FLUSH_S` at the end of each process.
+counted. A collector that is down, refuses or never answers costs one warning line per job and
+at most :data:`EXPORT_TIMEOUT_S` per command: each export (retries included) gives up after
+:data:`EXPORT_TIMEOUT_S`, and once one failed, what is left is not sent (a process's end, the
+rest of a stored run).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ from ..report.sanitize import visible
 
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
+EXPORT_TIMEOUT_S = 2.0  # one export, retries included (the SDK's default is 10 s): OTEL_EXPORTER_OTLP_TIMEOUT wins
+GIVEN_UP_S = 0.2  # the same, once the job saw its collector fail: what is left fails at once
 END_GRACE_S = 1.0  # how long a retry, once told to stop, may take to end and be counted
 STORED_FLUSH_S = 30.0  # exporting a stored run is the whole job: wait longer
 STEP_FLUSH_S = 1.0  # step times reach the histogram in batches, once a second
@@ -120,7 +124,7 @@ class _Health(logging.Handler):
 
     def failed(self) -> None:
         self.failures += 1
-        reason = " ".join((self.reason or "no answer").split())
+        reason = " ".join((self.reason or "no answer in time").split())
         errno = re.search(r"\[Errno -?\d+\] ([^'\")]+)", reason)
         reason = errno.group(1).strip() if errno else reason[:160]
         self.warn(f"OpenTelemetry export to {self.endpoint} failed ({reason}); the run goes on, its telemetry is lost")
@@ -173,32 +177,59 @@ def _signal_endpoint(base: str, signal: str) -> str:
     return os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT") or base.rstrip("/") + f"/v1/{signal}"
 
 
-class _Spans(OTLPSpanExporter):
-    """The official exporter, counting what it was handed and telling health how it went. In a
-    forked child (a DataLoader worker) it sends nothing: the parent exports."""
+def _export_timeout(signal: str) -> float | None:
+    """:data:`EXPORT_TIMEOUT_S`, or None where the user set ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]TIMEOUT``
+    (the SDK then reads it): the SDK's 10 s would make a silent collector hold every command."""
+    if os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
+        return None
+    return EXPORT_TIMEOUT_S
 
-    def __init__(self, health: _Health, endpoint: str):
-        super().__init__(endpoint=_signal_endpoint(endpoint, "traces"))
-        self.health, self.handed, self._pid = health, 0, os.getpid()
+
+class _Guarded:
+    """What both exporters add to the SDK's: in a forked child (a DataLoader worker) they send
+    nothing (the parent exports); shut down (:meth:`Telemetry.close` after a failure), or with
+    ``give_up`` (a stored run, a process's end) once an export of this process failed, a batch
+    fails at once and is no new failure: a silent collector costs one export timeout, not one
+    per batch."""
+
+    health: _Health
+    give_up: bool
+    _pid: int
+    _shutdown: bool
+
+    def _sends(self) -> bool:
+        return not (self._shutdown or (self.give_up and self.health.failures))
+
+
+class _Spans(_Guarded, OTLPSpanExporter):
+    """The official exporter, counting what it was handed and telling health how it went."""
+
+    def __init__(self, health: _Health, endpoint: str, give_up: bool = False):
+        super().__init__(endpoint=_signal_endpoint(endpoint, "traces"), timeout=_export_timeout("traces"))
+        self.health, self.give_up, self.handed, self._pid = health, give_up, 0, os.getpid()
 
     def export(self, spans: Any) -> SpanExportResult:
         if os.getpid() != self._pid:
             return SpanExportResult.SUCCESS
         self.handed += len(spans)
+        if not self._sends():
+            return SpanExportResult.FAILURE
         result = super().export(spans)
         if result is not SpanExportResult.SUCCESS:
             self.health.failed()
         return result
 
 
-class _Metrics(OTLPMetricExporter):
-    def __init__(self, health: _Health, endpoint: str):
-        super().__init__(endpoint=_signal_endpoint(endpoint, "metrics"))
-        self.health, self._pid = health, os.getpid()
+class _Metrics(_Guarded, OTLPMetricExporter):
+    def __init__(self, health: _Health, endpoint: str, give_up: bool = False):
+        super().__init__(endpoint=_signal_endpoint(endpoint, "metrics"), timeout=_export_timeout("metrics"))
+        self.health, self.give_up, self._pid = health, give_up, os.getpid()
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         if os.getpid() != self._pid:
             return MetricExportResult.SUCCESS
+        if not self._sends():
+            return MetricExportResult.FAILURE
         result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         if result is not MetricExportResult.SUCCESS:
             self.health.failed()
@@ -207,7 +238,8 @@ class _Metrics(OTLPMetricExporter):
 
 class _BoundedSpans(BatchSpanProcessor):
     """The SDK's batching (it reads ``OTEL_BSP_*``); a span that would overflow the queue is
-    dropped here and counted, or with ``block`` (a stored run) the queue is flushed first."""
+    dropped here and counted, or with ``block`` (a stored run) the queue is flushed first, unless
+    an export failed already."""
 
     def __init__(self, exporter: _Spans, block: bool = False):
         super().__init__(exporter)
@@ -217,7 +249,7 @@ class _BoundedSpans(BatchSpanProcessor):
 
     def on_end(self, span: Any) -> None:
         if self.ended - self.exporter.handed >= self.limit:
-            if not self.block:
+            if not self.block or self.exporter.health.failures:
                 self.dropped += 1
                 return
             self.force_flush()
@@ -268,11 +300,11 @@ class Telemetry:
     def __init__(self, endpoint: str, attributes: dict[str, Any], *, block: bool = False):
         self.health = _health(endpoint)
         resource = _resource(attributes)
-        self.spans = _BoundedSpans(_Spans(self.health, endpoint), block=block)
+        self.spans = _BoundedSpans(_Spans(self.health, endpoint, give_up=block), block=block)
         self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(self.spans)
         interval = None if os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") else METRIC_INTERVAL_MS
-        self.metrics = _Metrics(self.health, endpoint)
+        self.metrics = _Metrics(self.health, endpoint, give_up=block)
         reader = PeriodicExportingMetricReader(self.metrics, export_interval_millis=interval)
         self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
         self.tracer = self.tracer_provider.get_tracer("torchrepro", __version__)
@@ -288,10 +320,15 @@ class Telemetry:
         yield Observation(self.spans.dropped, {"signal": "traces"})
 
     def close(self, timeout_s: float = END_FLUSH_S) -> None:
-        """Send what is left, spans and metrics at once, waiting at most ``timeout_s`` (0.5 s once
-        this process or another of its job saw the collector fail). Never raises."""
-        if self.health.failures or _job_failed():
-            timeout_s = min(timeout_s, 0.5)
+        """Send what is left, spans and metrics at once, waiting at most ``timeout_s``; once this
+        process or another of its job saw the collector fail, nothing more is sent (an endpoint
+        that never answers would hold every process of the job). Never raises."""
+        self.spans.exporter.give_up = self.metrics.give_up = True  # one failed export ends the close
+        given_up = bool(self.health.failures or _job_failed())
+        if given_up:  # the job's warning is out already: an export still in flight is not awaited
+            _quietly(self.spans.exporter.shutdown)
+            _quietly(self.metrics.shutdown)
+            timeout_s = min(timeout_s, GIVEN_UP_S)
         closers = [
             threading.Thread(target=_quietly, args=(fn,), name="torchrepro-otel-close", daemon=True)
             for fn in (self.spans.shutdown, lambda: self.meter_provider.shutdown(timeout_millis=timeout_s * 1e3))
@@ -305,7 +342,7 @@ class Telemetry:
         # then counted (and warned of) before this process goes on to its end, where a daemon
         # thread would be cut off before it could leave the job's warning.
         for closer, exporter in zip(closers, (self.spans.exporter, self.metrics)):
-            if closer.is_alive():
+            if closer.is_alive() and not given_up:
                 _quietly(exporter.shutdown)
                 closer.join(END_GRACE_S)
         if self.spans.dropped:
@@ -590,10 +627,13 @@ class Launcher:
             self.span.add_event("finding", _attrs({**attributes, "torchrepro.finding.title": finding.title}))
 
     def export_run(self, run_dir: Path) -> None:
-        """Every rank's stored events, as if exported live, under this command's span."""
+        """Every rank's stored events, as if exported live, under this command's span; after an
+        export failed, the remaining ranks are not sent (its warning says the telemetry is lost)."""
         from ..eventlog.rundir import load_run
 
         for log in load_run(run_dir).logs:
+            if self.telemetry.health.failures:
+                break
             exporter = RankExporter(self.endpoint, parent=self.context, live=False)
             for event in log.events:
                 exporter(event)

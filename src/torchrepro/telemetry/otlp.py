@@ -5,8 +5,9 @@ Nothing here imports OpenTelemetry: the exporter itself (:mod:`torchrepro.teleme
 
 The protocol between processes is the environment:
 
-- ``TORCHREPRO_OTLP_ENDPOINT`` — set by ``--otlp-endpoint`` in the command's process and
-  inherited by every rank; a capture session that sees it exports its events live.
+- ``TORCHREPRO_OTLP_ENDPOINT`` — set by ``--otlp-endpoint`` (or ``OTEL_EXPORTER_OTLP_*ENDPOINT``,
+  which the command layer turns into the flag's value) in the command's process and inherited by
+  every rank; a capture session that sees it exports its events live.
 - ``TRACEPARENT`` — the W3C trace context of the launch span, given to every rank of a launch,
   so that all ranks of a job share one trace (a trace context already in the command's own
   environment, e.g. from CI, becomes the parent of the command's span).
