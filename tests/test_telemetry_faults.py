@@ -117,3 +117,32 @@ def test_malformed_env_endpoint_is_one_line_exit_2(tmp_path, stored_run):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("torchrepro: error: OTEL_EXPORTER_OTLP_ENDPOINT:") and "http(s) URL" in line
     assert not list(tmp_path.iterdir())  # nothing was written
+
+
+def test_drift_on_an_unreachable_ray_cluster_is_one_line_exit_2(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (the torchrepro[ray] extra)")
+    address = f"127.0.0.1:{_free_port()}"  # nothing listens: refused
+    start = time.monotonic()
+    proc = _cli(
+        tmp_path,
+        "drift",
+        "--launcher",
+        "ray",
+        "--vary",
+        "compile",
+        "--runs",
+        "2",
+        "--out",
+        "exp",
+        str(TRAIN.parent / "drift_toy.py"),
+        env=_env(RAY_ADDRESS=address),
+        timeout=120,
+    )
+    assert time.monotonic() - start < 30  # Ray alone retries for minutes
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [
+        f"torchrepro: error: --launcher ray: the Ray cluster at RAY_ADDRESS={address} is unreachable "
+        "(Connection refused)"
+    ]
+    assert "Traceback" not in proc.stderr

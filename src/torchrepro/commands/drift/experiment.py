@@ -23,6 +23,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -384,8 +385,15 @@ def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Ge
         raise UserError("--launcher ray needs Ray: pip install 'torchrepro[ray]'") from None
     started = not ray.is_initialized()
     if started:
-        local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": jobs, "include_dashboard": False}
-        ray.init(log_to_driver=False, **local)
+        address = os.environ.get("RAY_ADDRESS", "").strip()
+        _ray_reachable(address)
+        local = {} if address else {"num_cpus": jobs, "include_dashboard": False}
+        try:
+            ray.init(log_to_driver=False, **local)
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+            raise UserError(
+                f"--launcher ray: cannot join the Ray cluster at {address or 'a new local one'}: {exc}"
+            ) from None
     run_cell = ray.remote(num_cpus=1)(_run_cell)
     waiting = [run_cell.remote(str(out.resolve()), plan, asdict(cell)) for cell in cells]
     try:
@@ -401,6 +409,23 @@ def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Ge
     finally:
         if started:
             ray.shutdown()
+
+
+def _ray_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """A ``RAY_ADDRESS`` (``host:port``, ``ray://host:port``) whose port does not answer is one line,
+    in seconds: Ray itself retries for minutes and ends in a traceback. ``auto``/``local``/unset: Ray's."""
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    default = 10001 if address.startswith("ray://") else 6379
+    try:
+        socket.create_connection((host.strip("[]") or hostport, int(port) if host else default), timeout_s).close()
+    except (OSError, ValueError) as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else getattr(exc, "strerror", None) or str(exc)
+        raise UserError(
+            f"--launcher ray: the Ray cluster at RAY_ADDRESS={visible(address)} is unreachable ({reason})"
+        ) from None
 
 
 def _run_cell(out: str, plan: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any] | None:
