@@ -43,8 +43,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"no such run directory: {run_dir}")
     if args.json and not args.once:
         raise InputError("--json needs --once (a live view is for a terminal)")
-    if args.interval <= 0:
-        raise InputError("--interval must be > 0")
     from rich.console import Console
     from rich.live import Live
 
