@@ -39,6 +39,8 @@ def test_deterministic_script_is_bit_exact(tmp_path):
     det = report["determinism"]
     assert det["verdict"] == "bit_exact" and det["first_divergence"] is None and det["steps_compared"] == 5
     assert not report["findings"]
+    commit = report["provenance"]["git"]["commit"]  # the script lives in this repository
+    assert commit and [s["provenance"]["git"]["commit"] for s in report["sides"]] == [commit, commit]
 
 
 def test_clock_seeded_data_order(tmp_path):

@@ -31,6 +31,7 @@ from .divergence import (
 )
 from ..report.model import Finding
 from .fixes import fix_hint
+from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
 
 Decision = tuple[str, dict[str, Any]]  # (cause, evidence)
@@ -81,7 +82,7 @@ def compare(
     staying within it, and notes. ``params_within`` says whether the final parameters are within
     ``tol`` (from the runs' last common snapshot; None: the runs have no snapshots)."""
     ranks_a, ranks_b = [log.rank for log in logs_a], [log.rank for log in logs_b]
-    notes = [f"ranks {ranks_a} vs {ranks_b}"] if ranks_a != ranks_b else []
+    notes = [f"{ranks_label(ranks_a)} vs {ranks_label(ranks_b)}"] if ranks_a != ranks_b else []
     exact, more = first_divergence(logs_a, logs_b, Tolerance())
     if exact is None or tol.exact:
         return exact, False, notes + more

@@ -286,7 +286,11 @@ def _report(
     if compared:  # the two runs side by side (the HTML report draws them)
         a, b = compared
         report.provenance = provenance({**a.meta, **meta}, a.logs[0].header)
-        report.sides = [side(label, str(r.path), r.meta, r.logs) for label, r in zip(det["runs"], compared)]
+        # every run of a check ran the same script: its commit, recorded once for the check, is each run's
+        report.sides = [
+            side(label, str(r.path), {"git": meta.get("git"), **r.meta}, r.logs)
+            for label, r in zip(det["runs"], compared)
+        ]
         rank = (det["first_divergence"] or {}).get("rank", a.logs[0].rank)
         log_a = next((log for log in a.logs if log.rank == rank), a.logs[0])
         log_b = next((log for log in b.logs if log.rank == log_a.rank), b.logs[0])
