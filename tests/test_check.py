@@ -41,6 +41,9 @@ def test_deterministic_script_is_bit_exact(tmp_path):
     assert not report["findings"]
     commit = report["provenance"]["git"]["commit"]  # the script lives in this repository
     assert commit and [s["provenance"]["git"]["commit"] for s in report["sides"]] == [commit, commit]
+    again = torchrepro("report", str(tmp_path / "check"), "--json", str(tmp_path / "again.json"), cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.splitlines()[0] == proc.stdout.splitlines()[0], again.stderr
+    assert json.loads((tmp_path / "again.json").read_text()) == report  # re-rendered, not recomputed
 
 
 def test_clock_seeded_data_order(tmp_path):
