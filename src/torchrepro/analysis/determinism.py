@@ -63,6 +63,8 @@ CAUSE_HINTS = {
     "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
     "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
     "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
+    "unknown_diff": "No evidence in the two stored runs points to one cause: torchrepro check SCRIPT runs the "
+    "script again with every piece of evidence recorded and localises the divergence.",
 }
 
 
