@@ -33,3 +33,36 @@ def test_compile_time_advice_reads_the_cache_evidence(tmp_path, status, warm_adv
     assert ("warm the compile cache" in hint) is warm_advice, hint
     if not warm_advice:
         assert "already warm (1 hit, no miss)" in hint
+
+
+def eval_recompiles(root: Path, evaluations: int) -> Path:
+    """One rank compiled once for training, then ``evaluations`` times under ``no_grad``."""
+    events: list = [Header(t=0.0, rank=0, world_size=1, argv=["train.py"])]
+    for n in range(evaluations + 1):
+        reasons = ["GLOBAL_STATE changed: grad_mode "] if n else []
+        events.append(
+            Compile(
+                t=1.0 + n,
+                rank=0,
+                step=n,
+                compile_id=f"0/{n}",
+                function="forward",
+                file="train.py",
+                line=3,
+                dynamo_s=0.01,
+                recompile_reasons=reasons,
+            )
+        )
+    events += [Step(t=10.0 + s, rank=0, step=s, index=s, loss=1.0, time_s=1.0) for s in range(4)]
+    events.append(End(t=20.0, rank=0, duration_s=20.0))
+    write_all(root / "rank-0" / "events.jsonl", events)
+    return root
+
+
+@pytest.mark.parametrize(("evaluations", "severity"), [(1, "info"), (3, "warning")])
+def test_one_evaluation_graph_is_expected_not_a_problem(tmp_path, evaluations, severity):
+    run = load_run(eval_recompiles(tmp_path, evaluations))
+    report = analyse(run.meta, run.logs, run.problems)
+    (finding,) = [f for f in report.findings if f.code == "RECOMPILE_GRAD_MODE"]
+    assert finding.severity == severity and finding.evidence["expected"] is (evaluations == 1)
+    assert report.verdict_line.startswith("HEALTHY" if evaluations == 1 else "WARNINGS"), report.verdict_line
