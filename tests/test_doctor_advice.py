@@ -66,3 +66,25 @@ def test_one_evaluation_graph_is_expected_not_a_problem(tmp_path, evaluations, s
     (finding,) = [f for f in report.findings if f.code == "RECOMPILE_GRAD_MODE"]
     assert finding.severity == severity and finding.evidence["expected"] is (evaluations == 1)
     assert report.verdict_line.startswith("HEALTHY" if evaluations == 1 else "WARNINGS"), report.verdict_line
+
+
+def test_a_tolerance_says_it_does_not_cover_the_initial_parameters(tmp_path):
+    """Initial parameters are fingerprints: `--atol` cannot apply to them, and the comparison says so."""
+    from torchrepro.analysis.divergence import Tolerance, first_divergence
+    from torchrepro.eventlog.events import InitParams, read_events
+
+    logs = []
+    for name, fp in (("a", "00"), ("b", "01")):
+        path = tmp_path / name / "events.jsonl"
+        write_all(
+            path,
+            [
+                Header(t=0.0, rank=0, world_size=1, argv=["train.py"]),
+                InitParams(t=0.1, rank=0, source="first_forward", module="net", names=["w"], fps=[fp]),
+            ],
+        )
+        logs.append(read_events(path))
+    exact, exact_notes = first_divergence([logs[0]], [logs[1]], Tolerance())
+    tolerant, notes = first_divergence([logs[0]], [logs[1]], Tolerance(atol=1e-3))
+    assert exact.what == tolerant.what == "init_params"
+    assert not exact_notes and any("--rtol/--atol do not apply" in n for n in notes)
