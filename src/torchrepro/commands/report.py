@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from . import options
-from ..errors import UserError
 from ..telemetry.otlp import export_stored_run
 from ._finish import Outcome
 
@@ -63,7 +62,5 @@ def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
     if kind in (None, "doctor"):
         return None
     report = load_report(data, str(directory / REPORT_FILE))
-    if args.junit:
-        raise UserError(f"{directory} holds a {kind} report: --junit is written for doctor reports")
     write_html(report, directory / HTML_FILE)
     return Outcome(report, directory)
