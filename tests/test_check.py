@@ -39,6 +39,11 @@ def test_deterministic_script_is_bit_exact(tmp_path):
     det = report["determinism"]
     assert det["verdict"] == "bit_exact" and det["first_divergence"] is None and det["steps_compared"] == 5
     assert not report["findings"]
+    commit = report["provenance"]["git"]["commit"]  # the script lives in this repository
+    assert commit and [s["provenance"]["git"]["commit"] for s in report["sides"]] == [commit, commit]
+    again = torchrepro("report", str(tmp_path / "check"), "--json", str(tmp_path / "again.json"), cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.splitlines()[0] == proc.stdout.splitlines()[0], again.stderr
+    assert json.loads((tmp_path / "again.json").read_text()) == report  # re-rendered, not recomputed
 
 
 def test_clock_seeded_data_order(tmp_path):
@@ -143,3 +148,25 @@ def test_check_bad_input(tmp_path, args):
     proc = torchrepro(*args, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("torchrepro: error:")
+
+
+def test_diff_hints_only_at_what_diff_and_run_have(tmp_path):
+    """Two stored runs that part for no visible reason: the hint names `check` (not `--runs`, which diff
+    lacks), and a note says which evidence the runs did not record."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_runs import rank_events
+
+    from torchrepro.commands.check.compare import diff
+    from torchrepro.eventlog.events import Step, write_all
+
+    for name in ("a", "b"):
+        events = rank_events(0, 1, steps=8)
+        for e in events:
+            if isinstance(e, Step) and e.step >= 3 and name == "b":
+                e.loss += 1.0
+        write_all(tmp_path / name / "rank-0" / "events.jsonl", events)
+    report = diff(tmp_path / "a", tmp_path / "b")
+    assert report.verdict_line.startswith("DIVERGED at step 3")
+    hint = report.findings[0].hint
+    assert "--runs" not in hint and "torchrepro check SCRIPT" in hint
+    assert any("no gradient fingerprints (torchrepro run --grads" in n for n in report.determinism.notes)

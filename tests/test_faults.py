@@ -244,3 +244,33 @@ def test_check_resume_at_past_the_last_step_keeps_nothing(tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("torchrepro: error: --at 50: the run has 4 step(s)")
     assert not any((tmp_path / "torchrepro-runs").glob("*")), "check-resume left its runs behind"
+
+
+# torch.multiprocessing.spawn's two ranks loop (their own pids written to argv[1]-<rank>): they are not
+# in the job's process group's reach once torchrepro is SIGKILLed, only the bootstrap's watch ends them
+SPAWNED = """
+import os, sys, time, torch
+import torch.multiprocessing as mp
+
+def work(rank, out):
+    open(f"{out}-{rank}", "w").write(str(os.getpid()))
+    time.sleep(300)
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(sys.argv[1],), nprocs=2)
+"""
+
+
+def test_spawned_ranks_end_when_torchrepro_is_sigkilled(tmp_path):
+    script = _script(tmp_path, "spawned.py", SPAWNED)
+    doctor = _torchrepro(tmp_path, "doctor", "--out", "run", str(script), "--", str(tmp_path / "rank"))
+    files = [tmp_path / f"rank-{r}" for r in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and doctor.poll() is None, doctor.communicate()
+        time.sleep(0.2)
+    ranks = [int(f.read_text()) for f in files]
+    os.kill(doctor.pid, signal.SIGKILL)
+    doctor.communicate()
+    for pid in ranks:  # the watch polls every second; a process of ~1 GB takes seconds to exit on a busy machine
+        assert _gone_within(pid, 15), "a spawned rank outlived torchrepro"

@@ -16,7 +16,7 @@ from torchrepro.commands.check.compare import diff
 from torchrepro.cli import main
 from torchrepro.commands.doctor.job import analyse_run_dir
 from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, write_all
-from torchrepro.report.html import fmt_num, fmt_value, render_html, write_html
+from torchrepro.report.html import fmt_num, fmt_value, line_chart, render_html, write_html
 from torchrepro.report.model import Verdict, load_report
 from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE, write_json
 
@@ -208,3 +208,25 @@ def test_report_rerenders_a_stored_drift_experiment(tmp_path, capsys):
     assert report.verdict_line.split(";")[0] in " ".join(capsys.readouterr().out.split())
     assert main(["report", str(tmp_path / "exp"), "--junit", str(tmp_path / "j.xml")]) == 2
     assert "--junit is written for doctor reports" in capsys.readouterr().err
+
+
+def test_ticks_of_a_narrow_range_read_apart():
+    """A loss curve between 11.10 and 11.16: every y tick has a label of its own (not three "11.1")."""
+    chart = str(
+        line_chart(
+            [{"name": "loss", "points": [[0, 11.10], [1, 11.13], [2, 11.16]]}],
+            x_label="step",
+            y_label="loss",
+            zero=False,
+        )
+    )
+    labels = re.findall(r'text-anchor="end">([^<]+)</text>', chart)
+    assert len(labels) >= 3
+    assert len(set(labels)) == len(labels), labels
+
+
+def test_one_rank_is_rank_not_ranks(tmp_path):
+    run = write_run(tmp_path / "run", 1)
+    write_json(run / RUN_FILE, {"script": "train.py", "args": [], "command": ["torchrepro", "doctor", "train.py"]})
+    page = render_html(analyse_run_dir(run))
+    assert "· rank 0 ·" in page and "ranks 0" not in page

@@ -289,25 +289,37 @@ def _per_rank(logs: list[EventLog]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def for_evaluation(c: Compile) -> bool:
+    """Whether a recompile is the graph evaluation needs: a call under ``no_grad``/``inference_mode``,
+    or after ``model.eval()`` (a guard on a module's ``training`` flag)."""
+    category = category_of(c)
+    return category == "grad_mode" or (category == "module_attribute" and ".training" in c.recompile_reasons[0])
+
+
 def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
     groups: dict[tuple, list[Compile]] = defaultdict(list)
     for c in recompiles:
-        groups[(display_function(c), category_of(c))].append(c)
+        groups[(display_function(c), category_of(c), for_evaluation(c))].append(c)
     findings = []
-    for (function, category), items in groups.items():
+    for (function, category, evaluation), items in groups.items():
         file, line = items[0].file, items[0].line
         reasons = [c.recompile_reasons[0] for c in items]
         hint = recompile_hint(category, reasons)
+        # one evaluation graph per rank is what evaluating costs, nothing to fix; more is a problem
+        expected = evaluation and max(Counter(c.rank for c in items).values()) == 1
         findings.append(
             Finding(
                 code=f"RECOMPILE_{(category or 'other').upper()}",
-                severity="warning",
-                title=f"{function} recompiled {len(items)}x ({category}): {guard_text(reasons[0])}",
+                severity="info" if expected else "warning",
+                title=f"{function} recompiled {len(items)}x ({category}"
+                + (", expected: the evaluation graph" if expected else "")
+                + f"): {guard_text(reasons[0])}",
                 hint=hint,
                 evidence={
                     "function": function,
                     "location": _where(file, line),
                     "count": len(items),
+                    "expected": expected,
                     "ranks": sorted({c.rank for c in items}),
                     "steps": [c.step for c in items][:20],
                     "compile_ids": [c.compile_id for c in items][:20],

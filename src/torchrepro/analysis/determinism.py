@@ -31,6 +31,7 @@ from .divergence import (
 )
 from ..report.model import Finding
 from .fixes import fix_hint
+from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
 
 Decision = tuple[str, dict[str, Any]]  # (cause, evidence)
@@ -62,6 +63,8 @@ CAUSE_HINTS = {
     "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
     "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
     "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
+    "unknown_diff": "No evidence in the two stored runs points to one cause: torchrepro check SCRIPT runs the "
+    "script again with every piece of evidence recorded and localises the divergence.",
 }
 
 
@@ -81,7 +84,7 @@ def compare(
     staying within it, and notes. ``params_within`` says whether the final parameters are within
     ``tol`` (from the runs' last common snapshot; None: the runs have no snapshots)."""
     ranks_a, ranks_b = [log.rank for log in logs_a], [log.rank for log in logs_b]
-    notes = [f"ranks {ranks_a} vs {ranks_b}"] if ranks_a != ranks_b else []
+    notes = [f"{ranks_label(ranks_a)} vs {ranks_label(ranks_b)}"] if ranks_a != ranks_b else []
     exact, more = first_divergence(logs_a, logs_b, Tolerance())
     if exact is None or tol.exact:
         return exact, False, notes + more

@@ -155,6 +155,8 @@ def first_divergence(
     inits = [d for log in logs_a if log.rank in by_rank_b for d in [init_divergence(log, by_rank_b[log.rank])] if d]
     notes, found = [], []
     if inits:
+        if not tol.exact:  # fingerprints are equal or not: no distance to hold against a tolerance
+            notes.append("the initial parameters are compared by fingerprint, bit for bit: --rtol/--atol do not apply")
         return min(inits, key=lambda d: d.rank), notes
     for log_a in logs_a:
         log_b = by_rank_b.get(log_a.rank)

@@ -190,12 +190,18 @@ def _time_findings(compile_section: dict[str, Any], run: dict[str, Any]) -> list
     compile_section["compile_time_share"] = round(share, 4)
     if share < 0.2:
         return []
+    lookups = compile_section["cache"].values()
+    hits, misses = sum(c["hit"] for c in lookups), sum(c["miss"] for c in lookups)
+    if hits and not misses:  # the evidence says the cache is already warm: advising to warm it is wrong
+        hint = f"Cut recompiles; the compile cache is already warm ({hits} hit{'' if hits == 1 else 's'}, no miss), so warming it saves nothing."
+    else:
+        hint = "Cut recompiles, or warm the compile cache (torchrepro cache pack/unpack)."
     return [
         Finding(
             "COMPILE_TIME_SHARE",
             "warning" if share >= 0.5 else "info",
             f"compilation took {compile_section['compile_time_s']:.1f} s, {share:.0%} of the run",
-            hint="Cut recompiles, or warm the compile cache (torchrepro cache pack/unpack).",
+            hint=hint,
             evidence={"compile_time_s": compile_section["compile_time_s"], "share": round(share, 4)},
         )
     ]

@@ -42,7 +42,7 @@ class KeptSteps:
     compile_steps: list[int]  # the first COMPILE_STEPS steps that compiled
     fingerprinted: int  # steps with a parameter fingerprint
     first_t: float | None  # the earliest step's time stamp
-    series: list[list]  # [index, host time, compiles] of the steps with a host time, thinned to MAX_POINTS
+    series: list[list[float]]  # [index, host time, compiles] of the steps with a host time, thinned to MAX_POINTS
     indices: Sequence[int]  # a range where they count up by one
     torch_streams: list[str | None]
     batch_fps: Sequence[int | str | None]  # see _batch_column
@@ -78,7 +78,7 @@ class KeptSteps:
         )
 
 
-def _series(steps: list[Step]) -> list[list]:
+def _series(steps: list[Step]) -> list[list[float]]:
     """``[index, host time, compiles]`` of the steps with a host time: at most :data:`MAX_POINTS`
     evenly spread, and every step that compiled."""
     timed = [s for s in steps if s.time_s is not None]
@@ -87,7 +87,7 @@ def _series(steps: list[Step]) -> list[list]:
         keep = {int(i * stride) for i in range(MAX_POINTS)}
         keep.update(compress(range(len(timed)), map(_COMPILES, timed)))
         timed = [timed[i] for i in sorted(keep)]
-    return [[s.index, round(s.time_s, 6), s.compiles] for s in timed]
+    return [[s.index, round(s.time_s or 0.0, 6), s.compiles] for s in timed]  # timed: time_s is set
 
 
 def _indices(steps: list[Step]) -> Sequence[int]:
@@ -106,8 +106,9 @@ def _batch_column(fps: list[str | None]) -> Sequence[int | str | None]:
     of their 8 bytes each (a 65-byte string each before: over 1024 ranks x 10 000 steps the report's
     peak RSS fell from 1.97 to 1.12 GB); else a list, each such fingerprint as the integer the array
     would hold."""
-    if None not in fps and set(map(len, fps)) <= {16}:
-        joined = "".join(fps)
+    known = [fp for fp in fps if fp is not None]
+    if len(known) == len(fps) and set(map(len, known)) <= {16}:
+        joined = "".join(known)
         if not joined.strip(_HEX):
             column = array("Q")
             column.frombytes(bytes.fromhex(joined))

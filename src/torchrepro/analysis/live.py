@@ -30,7 +30,7 @@ class RankState:
     log: EventLog
     steps: int = 0
     last_index: int | None = None
-    step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))  # wall time at each step's end
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))  # wall time at each step's end
     last_t: float | None = None
 
 
@@ -58,7 +58,7 @@ def _steps_per_s(state: RankState) -> float | None:
     times = state.step_times
     if len(times) < 2 or times[-1] <= times[0]:
         return None
-    return round((len(times) - 1) / (times[-1] - times[0]), 3)
+    return round(float((len(times) - 1) / (times[-1] - times[0])), 3)
 
 
 def _rank_status(state: RankState) -> str:

@@ -36,6 +36,16 @@ def rank_ranges(ranks: list[int]) -> str:
     return ", ".join(parts) if ordered else ""
 
 
+def ranks_label(ranks: list[int] | str) -> str:
+    """``"rank 3"`` for one rank, ``"ranks 0–2, 5"`` for several (a list, or :func:`rank_ranges` text).
+
+    >>> ranks_label([0]), ranks_label([0, 1, 2, 5]), ranks_label("4–7")
+    ('rank 0', 'ranks 0–2, 5', 'ranks 4–7')
+    """
+    text = ranks if isinstance(ranks, str) else rank_ranges(ranks)
+    return ("rank " if text.isdigit() else "ranks ") + text
+
+
 def _compile_key(c: Compile) -> tuple:
     guard = guard_text(c.recompile_reasons[0]) if c.recompile_reasons else None
     return (display_function(c), guard, category_of(c), c.step, c.limit_hit)

@@ -16,7 +16,7 @@ from .categories import guard_text
 from .compile import display_function
 from ..report.model import Finding
 from .kept_steps import KeptSteps
-from .rank_groups import rank_ranges
+from .rank_groups import rank_ranges, ranks_label
 
 _INTERNAL = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]torchrepro[/\\]|^<")
 
@@ -463,7 +463,7 @@ def _cache_findings(logs: list[EventLog]) -> list[Finding]:
         Finding(
             "CACHE_DECISION_SPLIT",
             "warning",
-            f"ranks {hitters} hit the compile cache, ranks {missers} missed",
+            f"{ranks_label(hitters)} hit the compile cache, {ranks_label(missers)} missed",
             hint="The ranks compiled with different cache keys or cache contents (per-rank cache directories, a "
             "device index or thread count in the key): the missing ranks compile while the others wait. "
             f"torchrepro cache explain-miss RUN --ranks {hitters[0]} {missers[0]} names the key component.",

@@ -67,8 +67,13 @@ def _why(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
-def _compression(path: Path) -> str:
-    return "gz" if path.name.endswith((".tar.gz", ".tgz")) else ""
+def _gzipped(path: Path) -> bool:
+    return path.name.endswith((".tar.gz", ".tgz"))
+
+
+def _new_tar(path: Path, gzip: bool) -> tarfile.TarFile:
+    # gzip level 1: fast, and the headers are most of the bytes
+    return tarfile.open(path, "w:gz", compresslevel=1) if gzip else tarfile.open(path, "w")
 
 
 class _Hashing:
@@ -126,13 +131,13 @@ def _record(area: str, path: Path, rel: str) -> dict[str, Any]:
 
 
 def pack(
-    out: str | os.PathLike,
-    source: str | os.PathLike | None = None,
+    out: str | os.PathLike[str],
+    source: str | os.PathLike[str] | None = None,
     *,
     headers: bool = True,
-    headers_from: str | os.PathLike | None = None,
+    headers_from: str | os.PathLike[str] | None = None,
     force: bool = False,
-    sign_with: str | os.PathLike | None = None,
+    sign_with: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Write a warm-start pack of an inductor cache directory (default: the one in use) and
     return its manifest. It holds the FX-graph and AOTAutograd entries, the compiled kernels,
@@ -180,9 +185,7 @@ def pack(
     }
     data = json.dumps(manifest, indent=1).encode()
     signature = sign(data, sign_with) if sign_with is not None else None
-    compression = _compression(out)
-    options = {"compresslevel": 1} if compression else {}  # fast: the headers are most of the bytes
-    with written(out, inputs=read, force=force) as tmp, tarfile.open(tmp, f"w:{compression}", **options) as tar:
+    with written(out, inputs=read, force=force) as tmp, _new_tar(tmp, gzip=_gzipped(out)) as tar:
         tar.addfile(_tarinfo(MANIFEST, len(data), time.time()), io.BytesIO(data))
         if signature is not None:
             tar.addfile(_tarinfo(SIGNATURE, len(signature), time.time()), io.BytesIO(signature))
@@ -252,8 +255,7 @@ def build_mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[str]:
     for key, label in (("torch", "torch"), ("system", "OS"), ("machine", "CPU architecture"), ("triton", "Triton")):
         if built.get(key) != here.get(key):
             out.append(f"{label} {built.get(key)} (this is {here.get(key)})")
-    minor = lambda v: ".".join(str(v).split(".")[:2])  # noqa: E731
-    if minor(built.get("python")) != minor(here.get("python")):
+    if _minor(built.get("python")) != _minor(here.get("python")):
         out.append(f"Python {built.get('python')} (this is {here.get('python')})")
     return out
 
@@ -307,7 +309,7 @@ def _open_tar(path: Path) -> tarfile.TarFile:
 def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     """A pack manifest from its bytes, validated; :class:`InputError` names ``where`` otherwise."""
     try:
-        manifest = json.loads(data)
+        manifest: dict[str, Any] = json.loads(data)
         files = manifest["files"]
         if manifest.get("schema") != PACK_SCHEMA or not isinstance(files, list):
             raise ValueError(f"schema {manifest.get('schema')!r}")
@@ -324,9 +326,22 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     return manifest
 
 
+def _minor(version: object) -> str:
+    """``"3.11"`` of ``"3.11.7"``."""
+    return ".".join(str(version).split(".")[:2])
+
+
+def _member_file(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    """A regular member's bytes (the members read here were checked to be regular files)."""
+    fp = tar.extractfile(member)
+    if fp is None:
+        raise tarfile.TarError(f"{member.name} is not a regular file")
+    return fp
+
+
 def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> bytes:
     try:
-        return tar.extractfile(member).read()
+        return _member_file(tar, member).read()
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise InputError(f"{path}: unreadable {member.name} ({_why(exc)})") from None
 
@@ -338,7 +353,7 @@ def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo | None, path: P
 
 
 def check_pack(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     extract_to: Callable[[str], Path] | None = None,
     *,
     stop_early: bool = False,
@@ -431,7 +446,7 @@ def _size_problem(
 def _check_member(
     tar: tarfile.TarFile,
     member: tarfile.TarInfo,
-    expected: dict[str, dict],
+    expected: dict[str, dict[str, Any]],
     seen: set[str],
     result: PackCheck,
     extract_to: Callable[[str], Path] | None,
@@ -450,7 +465,7 @@ def _check_member(
             f"{name}: {format_size(member.size)} in the archive, the manifest says {format_size(spec['size'])}"
         )
         return
-    reader = _Hashing(tar.extractfile(member))
+    reader = _Hashing(_member_file(tar, member))
     if extract_to is None:
         _drain(reader, spec["size"])
     else:
@@ -483,7 +498,8 @@ class _Staging:
     """One temporary directory per target, next to it (same filesystem: moves are renames)."""
 
     def __init__(self, targets: dict[str, Path]):
-        self.targets, self.dirs = targets, {}
+        self.targets: dict[str, Path] = targets
+        self.dirs: dict[str, Path] = {}
 
     def __call__(self, area: str) -> Path:
         if area not in self.dirs:
@@ -504,13 +520,13 @@ class _Staging:
 
 
 def unpack(
-    pack_path: str | os.PathLike,
-    into: str | os.PathLike | None = None,
+    pack_path: str | os.PathLike[str],
+    into: str | os.PathLike[str] | None = None,
     *,
-    headers_into: str | os.PathLike | None = None,
+    headers_into: str | os.PathLike[str] | None = None,
     force: bool = False,
     max_bytes: int | None = None,
-    trusted: Iterable[str | os.PathLike] | None = None,
+    trusted: Iterable[str | os.PathLike[str]] | None = None,
     allow_unsigned: bool = False,
 ) -> dict[str, Any]:
     """Unpack a warm-start pack into an inductor cache directory (default: the one in use), and

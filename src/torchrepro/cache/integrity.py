@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import InputError
 from .layout import Entry, current_build, existing_cache_dir, scan
@@ -24,7 +24,7 @@ def _elf_truncated(path: Path, size: int) -> bool:
         head = fp.read(64)
     if head[:4] != b"\x7fELF" or len(head) < 52:
         return head[:4] == b"\x7fELF"  # an ELF magic with no room for its header
-    order = "little" if head[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
     wide = head[4] == 2
     offset = int.from_bytes(head[0x28:0x30] if wide else head[0x20:0x24], order)
     entsize = int.from_bytes(head[0x3A:0x3C] if wide else head[0x2E:0x30], order)
@@ -109,7 +109,7 @@ def _verify_cache_dir(root: Path) -> dict[str, Any]:
     }
 
 
-def verify(path: str | os.PathLike) -> dict[str, Any]:
+def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check a pack, an extracted pack or a cache directory; ``problems`` lists each defect.
     ``signer`` is the fingerprint of the key whose signature matches the manifest (None: unsigned;
     a signature that does not match is a problem). Whether to trust that key is ``unpack``'s question.

@@ -50,7 +50,7 @@ def _categories(entries: list[Entry], now: float) -> dict[str, dict[str, Any]]:
 
 def writers(entries: list[Entry]) -> dict[str, dict[str, int]]:
     """How many entries each torch / Python / platform wrote, where the bytes say so."""
-    out: dict[str, Counter] = defaultdict(Counter)
+    out: dict[str, Counter[str]] = defaultdict(Counter)
     for e in entries:
         for what, value in e.writer.items():
             out[what][value] += 1
@@ -179,7 +179,7 @@ def _findings(root: Path, entries: list[Entry], perms: dict[str, Any]) -> list[F
     return sort_findings(findings)
 
 
-def status(path: str | os.PathLike | None = None) -> dict[str, Any]:
+def status(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Inventory of an inductor cache directory: counts, sizes and ages by kind, who wrote the
     entries, what can never be hit again, and who can write to it (schema
     ``torchrepro.cache-status/1``). Never creates the directory; never unpickles an entry.
@@ -232,7 +232,11 @@ def _deletable(e: Entry, now: float) -> bool:
 
 
 def clear(
-    path: str | os.PathLike | None = None, *, older_than: float | None = None, stale: bool = False, yes: bool = False
+    path: str | os.PathLike[str] | None = None,
+    *,
+    older_than: float | None = None,
+    stale: bool = False,
+    yes: bool = False,
 ) -> dict[str, Any]:
     """Remove cache entries: all of them, those older than ``older_than`` seconds (by when they
     were written), and/or (``stale``) those no current configuration can hit. A dry run unless
@@ -255,13 +259,14 @@ def clear(
         for e in entries
         if _deletable(e, now) and (older_than is None or now - e.mtime > older_than) and (not stale or e.unreachable)
     ]
+    errors: list[str] = []
     result = {
         "path": str(root),
         "dry_run": not yes,
         "files": len(chosen),
         "bytes": sum(e.size for e in chosen),
         "by_category": dict(Counter(e.category for e in chosen)),
-        "errors": [],
+        "errors": errors,
         "left_alone": [e.rel for e in entries if e.category in ("other", "link")],
     }
     if yes:
@@ -271,7 +276,7 @@ def clear(
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                result["errors"].append(f"{e.rel}: {exc.strerror or exc}")
+                errors.append(f"{e.rel}: {exc.strerror or exc}")
         _remove_empty_dirs(root, {(root / e.rel).parent for e in chosen})
     return result
 

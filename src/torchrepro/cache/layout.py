@@ -22,7 +22,7 @@ import subprocess
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import InputError
 
@@ -70,7 +70,8 @@ def current_build() -> dict[str, Any]:
     """
     import torch
 
-    from ..capture.environment import NOT_AVAILABLE, dist_version
+    from ..capture.environment import dist_version
+    from ..eventlog.events import NOT_AVAILABLE
 
     triton = dist_version("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
     cpu = getattr(torch.backends, "cpu", None)
@@ -85,7 +86,7 @@ def current_build() -> dict[str, Any]:
         # part of every C++ kernel's key (its compile command): another value rebuilds the kernels
         "torch_dir": str(Path(torch.__file__).parent),
         "python_include": sysconfig.get_paths().get("include"),
-        "cpu_capability": cpu.get_cpu_capability() if hasattr(cpu, "get_cpu_capability") else None,
+        "cpu_capability": cpu.get_cpu_capability() if cpu is not None and hasattr(cpu, "get_cpu_capability") else None,
         "compiler": _compiler_version(),
     }
 
@@ -105,7 +106,7 @@ def machine() -> str:
     return _MACHINE_ALIASES.get(name, name)
 
 
-def cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
+def cache_dir(path: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
     """The inductor cache directory and where that answer came from; never creates it.
 
     ``path`` if given, else ``TORCHINDUCTOR_CACHE_DIR``, else torch's default (computed the way
@@ -132,7 +133,7 @@ def headers_dir() -> Path:
     return Path(inductor_default_dir()[0]).absolute() / "precompiled_headers"
 
 
-def existing_cache_dir(path: str | os.PathLike | None = None) -> tuple[Path, str]:
+def existing_cache_dir(path: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
     """Like :func:`cache_dir`, but an :class:`InputError` unless it is a readable directory."""
     root, source = cache_dir(path)
     if not root.exists():
@@ -206,9 +207,9 @@ def _read(path: Path, limit: int = _READ_LIMIT) -> bytes:
 
 
 def _so_writer(data: bytes) -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     if data[:4] == b"\x7fELF" and len(data) >= 20:
-        order = "little" if data[5] == 1 else "big"
+        order: Literal["little", "big"] = "little" if data[5] == 1 else "big"
         number = int.from_bytes(data[18:20], order)
         out.update(system="Linux", machine=_ELF_MACHINES.get(number, f"elf-machine-{number}"))
     elif data[:4] in (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe"):

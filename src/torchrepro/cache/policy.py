@@ -58,7 +58,7 @@ def _default_root(environ: Mapping[str, str]) -> Path:
 
 
 def plan(
-    policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+    policy: str = DEFAULT_POLICY, root: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> CachePlan:
     """Where this process (rank from :func:`torchrepro._dist.from_env`, node from ``GROUP_RANK`` or the
     host name) would compile under ``policy``; sets and creates nothing. ``root`` defaults to
@@ -89,7 +89,7 @@ def _compiles_so_far() -> int:
     return sum(sum(counters.get(group, {}).values()) for group in ("inductor", "aot_autograd") if group in counters)
 
 
-def configure(policy: str = DEFAULT_POLICY, root: str | os.PathLike | None = None) -> CachePlan:
+def configure(policy: str = DEFAULT_POLICY, root: str | os.PathLike[str] | None = None) -> CachePlan:
     """Point this process's inductor and Triton caches at the policy's directory (created with
     mode 0700 when missing). Call it before the first ``torch.compile`` runs: after that,
     inductor has already used the old directory and :class:`UserError` is raised.
@@ -139,12 +139,12 @@ def _exclusive(directory: Path) -> Iterator[None]:
 
 
 def prewarm(
-    pack: str | os.PathLike,
+    pack: str | os.PathLike[str],
     policy: str = PREWARM_POLICY,
-    root: str | os.PathLike | None = None,
+    root: str | os.PathLike[str] | None = None,
     *,
     strict: bool = False,
-    trusted: Iterable[str | os.PathLike] | None = None,
+    trusted: Iterable[str | os.PathLike[str]] | None = None,
     allow_unsigned: bool | None = None,
 ) -> CachePlan:
     """:func:`configure`, then unpack a warm-start pack into this process's cache directory so

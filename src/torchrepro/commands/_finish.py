@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
 from ..telemetry.otlp import record_report
 
 if TYPE_CHECKING:  # imported once there is a report: a rank's `torchrepro run` hands back an int
@@ -35,6 +36,7 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
         from ..report.drift import render_drift
         from ..eventlog.rundir import HTML_FILE, REPORT_FILE
 
+        assert where is not None, "a drift report is always stored in its experiment's directory"
         render_drift(report, report_path=f"{where / REPORT_FILE} · {where / HTML_FILE}")
         return report.exit_code
     shown = _report_paths(where) if where else (getattr(args, "html", None) or getattr(args, "json", None))
@@ -54,11 +56,14 @@ def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     existing file only with ``--force``, or a torchrepro page for ``--html``), and the report's
     verdict on the command's span."""
     from ..eventlog.rundir import json_text
+    from ..report.model import DoctorReport
     from .outputs import write_args
 
+    if getattr(args, "junit", None) and not isinstance(report, DoctorReport):  # before any file is written
+        raise UserError(f"--junit is written for doctor reports, not for a {report.to_json().get('kind')} report")
     if getattr(args, "json", None):
         write_args(args, args.json, json_text(report.to_json()).encode())
-    if getattr(args, "junit", None):
+    if getattr(args, "junit", None) and isinstance(report, DoctorReport):
         from ..report.junit import junit_xml
 
         write_args(args, args.junit, junit_xml(report))

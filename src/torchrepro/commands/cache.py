@@ -13,11 +13,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import options
 from ..errors import UserError
 from ..report.sanitize import visible
+
+if TYPE_CHECKING:
+    from ..eventlog.events import CacheLookup
 
 _EPILOG = (
     "Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
@@ -43,7 +46,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 1 if failing else 0
 
 
-def _events(run: str, rank: int | None):
+def _events(run: str, rank: int | None) -> tuple[list[CacheLookup], str]:
     from ..eventlog.events import CacheLookup
     from ..eventlog.rundir import load_run
 
@@ -194,7 +197,7 @@ def _cmd_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: Any) -> None:
     """Register ``torchrepro cache`` and its subcommands on the main parser."""
     cache = sub.add_parser(
         "cache",
@@ -301,4 +304,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the cache sub-command the arguments name."""
-    return args.func(args)
+    return int(args.func(args))

@@ -1,4 +1,6 @@
-"""``torchrepro report RUN_DIR``: re-render a stored run (a drift experiment: its stored report)."""
+"""``torchrepro report RUN_DIR``: a doctor run analysed again from its events; a check, check-resume,
+diff or drift directory: its stored report re-rendered (typed reports are rendered, never recomputed:
+the comparison they hold needed the runs as they were launched)."""
 
 from __future__ import annotations
 
@@ -33,11 +35,32 @@ def run(args: argparse.Namespace) -> Outcome:
     """The stored run analysed again (nothing is written into it)."""
     from ..analysis.doctor import Budgets
     from .doctor.job import analyse_run_dir
-    from .drift import stored_report
 
     run_dir = Path(args.run_dir)
-    if (drift := stored_report(run_dir, args)) is not None:  # a drift experiment: its stored report
-        return drift
+    if (stored := stored_report(run_dir, args)) is not None:
+        return stored
     report = analyse_run_dir(run_dir, Budgets(strict=args.strict), store=False, jobs=args.jobs)
     export_stored_run(run_dir)
     return Outcome(report)
+
+
+def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
+    """A check, check-resume, diff or drift directory's stored report, to re-render (the terminal view,
+    ``DIR/report.html``, ``--html``/``--json``); None for a doctor run (its ``run.json`` beside the
+    report: analysed again from its events) or a directory with no report."""
+    from ..eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE, read_json_file
+    from ..report.html import write_html
+    from ..report.model import load_report, report_kind
+
+    if (directory / RUN_FILE).exists() or not (directory / REPORT_FILE).exists():
+        return None
+    try:
+        data = read_json_file(directory / REPORT_FILE)
+    except (OSError, ValueError):
+        return None
+    kind = report_kind(data)
+    if kind in (None, "doctor"):
+        return None
+    report = load_report(data, str(directory / REPORT_FILE))
+    write_html(report, directory / HTML_FILE)
+    return Outcome(report, directory)

@@ -40,7 +40,11 @@ def script_repository(script: Path) -> dict[str, Any]:
 def launch_meta(script: Path | None) -> dict[str, Any]:
     """The command line, working directory, torchrepro version and (given a script) the git
     commit of this invocation."""
-    meta = {"command": [sys.argv[0], *sys.argv[1:]], "cwd": os.getcwd(), "torchrepro_version": __version__}
+    meta: dict[str, Any] = {
+        "command": [sys.argv[0], *sys.argv[1:]],
+        "cwd": os.getcwd(),
+        "torchrepro_version": __version__,
+    }
     if script is not None:
         meta["git"] = script_repository(script)
     return meta

@@ -191,7 +191,7 @@ def release_run_dir(path: Path) -> None:
 # --- how the supervisor's job ended ---------------------------------------------------------------
 
 
-def _start_time(pid: int) -> int | None:
+def process_start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, from ``/proc``); None if it is gone or unknown."""
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
@@ -202,7 +202,7 @@ def _start_time(pid: int) -> int | None:
 def supervisor_record() -> dict[str, Any]:
     """What ``run.json`` says, as a job starts, of the torchrepro process supervising it (``supervisor``):
     its pid, host and start time. The job's end is recorded by ``ended`` (with ``exit_code``)."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "start_time": _start_time(os.getpid())}
+    return {"pid": os.getpid(), "host": socket.gethostname(), "start_time": process_start_time(os.getpid())}
 
 
 def supervisor_lost(meta: dict[str, Any]) -> int | None:
@@ -220,7 +220,7 @@ def supervisor_lost(meta: dict[str, Any]) -> int | None:
 
 def _running(pid: int, start_time: int | None) -> bool:
     if start_time is not None:
-        return _start_time(pid) == start_time
+        return process_start_time(pid) == start_time
     try:  # no /proc: the pid alone
         os.kill(pid, 0)
     except ProcessLookupError:

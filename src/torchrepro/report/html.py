@@ -13,7 +13,7 @@ recomputed: what a chart needs, the analysis put into the report.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..errors import InputError
 from ..eventlog.rundir import write_text
 from .model import DriftSection, Report
 from .sanitize import visible
+from ..analysis.rank_groups import ranks_label
 
 GENERATOR = f"torchrepro {__version__}"
 MAX_FINDINGS = 60  # and "n more in report.json": the page stays small whatever the run did
@@ -63,11 +64,22 @@ def fmt_num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
-def fmt_seconds(value: Any) -> str:
+def fmt_seconds(value: Any, digits: int = 3) -> str:
     """Seconds as ``1.23 s`` or ``4.5 ms``."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "—"
-    return f"{value * 1e3:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+    return f"{value * 1e3:.{digits}g} ms" if abs(value) < 1 else f"{value:.{digits}g} s"
+
+
+def distinct_labels(values: Sequence[float], fmt: Callable[[float, int], str]) -> list[str]:
+    """``values`` formatted with the fewest significant digits (3 at least) that tell them apart: the
+    ticks of a narrow range (11.10, 11.12, 11.14) must not all read "11.1"."""
+    labels = [fmt(v, 3) for v in values]
+    for digits in range(4, 16):
+        if len(set(labels)) == len(labels):
+            break
+        labels = [fmt(v, digits) for v in values]
+    return labels
 
 
 def fmt_value(value: Any, limit: int = 400) -> str:
@@ -134,19 +146,19 @@ class _Axes:
             return None
         return self.height - _B - (self._fy(v) - self.y0) / (self.y1 - self.y0) * (self.height - _T - _B)
 
-    def frame(self, x_label: str, y_label: str, y_format=fmt_num) -> list[str]:
+    def frame(self, x_label: str, y_label: str, y_format: Callable[[float, int], str] = fmt_num) -> list[str]:
         parts = [
             (f'<rect class="plot" x="{_L}" y="{_T}" width="{self.width - _L - _R}" height="{self.height - _T - _B}"/>')
         ]
         y_ticks = [10.0**e for e in range(int(self.y0), int(self.y1) + 1)] if self.log_y else _ticks(self.y0, self.y1)
-        for t in y_ticks:
+        y_ticks = [t for t in y_ticks if self.y(t) is not None]
+        for t, label in zip(y_ticks, distinct_labels(y_ticks, y_format)):
             y = self.y(t)
-            if y is None:
-                continue
+            assert y is not None
             parts.append(
                 f'<line class="grid" x1="{_L}" x2="{self.width - _R}" y1="{y:.1f}" y2="{y:.1f}"/>'
                 f'<text class="tick" x="{_L - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                f"{_text(y_format(t))}</text>"
+                f"{_text(label)}</text>"
             )
         for t in _ticks(self.x0, self.x1, 8, integer=all(float(v).is_integer() for v in (self.x0, self.x1))):
             x = self.x(t)
@@ -178,7 +190,7 @@ def line_chart(
     y_label: str,
     log_y: bool = False,
     zero: bool = True,
-    y_format=fmt_num,
+    y_format: Callable[[float, int], str] = fmt_num,
     label: str = "chart",
 ) -> Markup:
     """Lines (``{"name", "points": [[x, y], ...], "marks": [[x, y, title], ...]}``) on shared axes,
@@ -259,7 +271,7 @@ def compile_timeline(lanes: Sequence[dict[str, Any]]) -> Markup:
         y = _T + i * lane_h
         parts.append(
             f'<text class="tick" x="{label_w - 8}" y="{y + lane_h / 2 + 4}" text-anchor="end">'
-            f"{_text(_lane_name(lane['ranks_text']))}</text>"
+            f"{_text(ranks_label(lane['ranks_text']))}</text>"
         )
         for c in lane["compiles"]:
             x0, x1 = x(c["start_s"]), x(c["start_s"] + c["duration_s"])
@@ -302,15 +314,11 @@ def bar_chart(items: Sequence[tuple[str, float]], *, unit: str = "", label: str 
 # --- the report's series as chart input (no new figures: only the report's own) -------------
 
 
-def _lane_name(ranks_text: str) -> str:
-    return ("rank " if ranks_text.isdigit() else "ranks ") + ranks_text
-
-
 def step_time_chart(lanes: Sequence[dict[str, Any]]) -> Markup:
     """Host time per step of each rank group's first rank (log scale); steps that compiled marked."""
     series = [
         {
-            "name": _lane_name(lane["ranks_text"]),
+            "name": ranks_label(lane["ranks_text"]),
             "points": [[i, t] for i, t, _ in lane["steps"]],
             "marks": [[i, t, f"step {i}: {fmt_seconds(t)}, {n} compile(s)"] for i, t, n in lane["steps"] if n],
         }
@@ -413,7 +421,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=fmt_num, seconds=fmt_seconds, value=fmt_value)
+    env.filters.update(num=fmt_num, seconds=fmt_seconds, value=fmt_value, ranks=ranks_label)
     env.globals.update(
         compile_timeline=compile_timeline,
         bar_chart=bar_chart,

@@ -23,4 +23,4 @@ def junit_xml(report: DoctorReport) -> bytes:
             failure.text = visible("\n".join(problems), newlines=True)
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(failures))
-    return ET.tostring(suite, encoding="utf-8", xml_declaration=True)
+    return bytes(ET.tostring(suite, encoding="utf-8", xml_declaration=True))

@@ -24,6 +24,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from enum import Enum
+from typing import Any, TypeVar, cast
+
+_T = TypeVar("_T")
 
 # C0 controls but tab and newline, DEL, C1 controls; the bidirectional marks, embeddings,
 # overrides and isolates (U+061C, U+200E-200F, U+202A-202E, U+2066-2069); the line and paragraph
@@ -35,7 +38,7 @@ _UNSAFE_LINE = re.compile(_UNSAFE.pattern[:-1] + "\n]")
 _SHORT = {"\n": "\\n", "\r": "\\r"}
 
 
-def _escape(match: re.Match) -> str:
+def _escape(match: re.Match[str]) -> str:
     char = match.group()
     code = ord(char)
     return _SHORT.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
@@ -53,22 +56,26 @@ def visible(text: object, newlines: bool = False) -> str:
     return (_UNSAFE if newlines else _UNSAFE_LINE).sub(_escape, str(text))
 
 
-def visible_tree(data: object, newlines: bool = False) -> object:
+def visible_tree(data: _T, newlines: bool = False) -> _T:
     r"""A copy of a JSON-like structure (or a dataclass of them, such as a typed report) with every
     string, keys included, passed through :func:`visible` (for renderers that show a whole report).
 
     >>> visible_tree({"title\x07": ["\u202eevil\n", 3]})
     {'title\\x07': ['\\u202eevil\\n', 3]}
     """
+    return cast(_T, _visible_tree(data, newlines))  # the same shape (a tuple comes back a list, as JSON has it)
+
+
+def _visible_tree(data: Any, newlines: bool) -> Any:
     if isinstance(data, Enum):
         return data
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         fields = (f.name for f in dataclasses.fields(data) if f.init)
-        return dataclasses.replace(data, **{name: visible_tree(getattr(data, name), newlines) for name in fields})
+        return dataclasses.replace(data, **{name: _visible_tree(getattr(data, name), newlines) for name in fields})
     if isinstance(data, str):
         return visible(data, newlines)
     if isinstance(data, dict):
-        return {visible(k) if isinstance(k, str) else k: visible_tree(v, newlines) for k, v in data.items()}
+        return {visible(k) if isinstance(k, str) else k: _visible_tree(v, newlines) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [visible_tree(v, newlines) for v in data]
+        return [_visible_tree(v, newlines) for v in data]
     return data

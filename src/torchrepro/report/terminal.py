@@ -13,6 +13,7 @@ from rich.text import Text
 
 from .model import Finding
 from .sanitize import visible_tree
+from ..analysis.rank_groups import ranks_label
 from .model import CheckReport, DoctorReport
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -75,7 +76,7 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
             table.add_column(col, overflow="fold")
         for row in c["graph_break_groups"][:8]:
             where = f"{_short(row['file'])}:{row['line']}" + (
-                f" (ranks {row['ranks_text']})" if len(report.run.ranks) > 1 else ""
+                f" ({ranks_label(row['ranks_text'])})" if len(report.run.ranks) > 1 else ""
             )
             _row(table, where, str(row["count"]), row["reason"][:60], row["gb_id"] or "")
         console.print(table)

@@ -57,7 +57,7 @@ def _order_loaders(root: int, level: int) -> None:
     original = cls.__init__
     count = itertools.count()
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         stream = derive(root, "order", level=level, loader=next(count))
         generator, theirs = stream.torch_generator(), self.generator

@@ -286,7 +286,11 @@ def _report(
     if compared:  # the two runs side by side (the HTML report draws them)
         a, b = compared
         report.provenance = provenance({**a.meta, **meta}, a.logs[0].header)
-        report.sides = [side(label, str(r.path), r.meta, r.logs) for label, r in zip(det["runs"], compared)]
+        # every run of a check ran the same script: its commit, recorded once for the check, is each run's
+        report.sides = [
+            side(label, str(r.path), {"git": meta.get("git"), **r.meta}, r.logs)
+            for label, r in zip(det["runs"], compared)
+        ]
         rank = (det["first_divergence"] or {}).get("rank", a.logs[0].rank)
         log_a = next((log for log in a.logs if log.rank == rank), a.logs[0])
         log_b = next((log for log in b.logs if log.rank == log_a.rank), b.logs[0])
@@ -298,6 +302,27 @@ def _script_of(run: Run) -> str | None:
     """The file name of the script a run ran, as its run.json says."""
     script = run.meta.get("script")
     return Path(str(script)).name if script else None
+
+
+def _missing_evidence(*runs: Run) -> list[str]:
+    """What stored runs did not record that a divergence can first show in: gradients (``torchrepro run
+    --grads``) and parameters after every step (``--fingerprint-every 1``; by default capture spends at
+    most 1 % of the step time on them). ``check`` records both in its runs."""
+    steps = [s for run in runs for log in run.logs for s in log.of(Step)]
+    if not steps:
+        return []
+    lacking = []
+    if not any(s.grads_fp for s in steps):
+        lacking.append("no gradient fingerprints (torchrepro run --grads records them)")
+    fingerprinted = sum(s.params_fp is not None for s in steps)
+    if fingerprinted < len(steps):
+        lacking.append(
+            f"parameter fingerprints at {fingerprinted} of {len(steps)} steps (torchrepro run --fingerprint-every 1 "
+            "records every step)"
+        )
+    if not lacking:
+        return []
+    return ["the runs hold " + " and ".join(lacking) + ": the first divergence may be earlier than the step named"]
 
 
 def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> CheckReport:
@@ -312,7 +337,7 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
     compare_lengths(*endings)
     div, within, notes = _compare(run_a, run_b, tol)
-    notes = run_a.problems + run_b.problems + notes
+    notes = run_a.problems + run_b.problems + notes + _missing_evidence(run_a, run_b)
     cause, evidence = decide(div, run_a.logs, run_b.logs) if div is not None else (None, {})
     if div is not None and cause == "unknown":
         cause, evidence = numerics_of_modes(run_a.meta.get("compile_mode"), run_b.meta.get("compile_mode")) or (
@@ -334,9 +359,10 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
         tol,
         unreadable_exit=2,
     )
+    key = hint_key(cause, None, run_b.logs) if cause else None
     return _report(
         det,
-        hint_key(cause, None, run_b.logs) if cause else None,
+        "unknown_diff" if key == "unknown" else key,
         {"a": str(path_a), "b": str(path_b)},
         {},
         {**launch_meta(None), "diff": [str(path_a), str(path_b)]},

@@ -198,25 +198,3 @@ def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None
     if report.exit_code != 3 and not drift.summary["n"] and drift.excluded:
         raise UserError(f"no run produced the metric: {drift.excluded[0].error}")
     return Outcome(report, out)
-
-
-def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
-    """``torchrepro report DIR`` on a drift experiment: its stored report, to re-render (the terminal
-    view, ``DIR/report.html``, ``--html``/``--json``), not recompute. None when DIR holds no drift report."""
-    import json
-
-    from ...report.html import write_html
-    from ...report.model import load_report, report_kind
-    from ...eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE
-
-    try:
-        data = json.loads((directory / REPORT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if (directory / RUN_FILE).exists() or report_kind(data) != "drift":
-        return None
-    report = load_report(data, str(directory / REPORT_FILE))
-    if args.junit:
-        raise UserError(f"{directory} is a drift experiment: --junit is written for doctor reports")
-    write_html(report, directory / HTML_FILE)
-    return Outcome(report, directory)

@@ -11,22 +11,34 @@ that wraps ``torch.distributed.init_process_group`` if it ever imports torch; ca
 when it joins a process group. A process ``torch.multiprocessing.spawn`` started for a captured
 one (``TORCHREPRO_FOLLOW_SPAWN``, taken out of the environment so that its own children do not
 inherit it) is also prepared now, as a torchrun rank is: seeded with ``--seed``.
+
+Every such process ends (SIGKILL) within about a second of the captured process it descends from
+(``TORCHREPRO_FOLLOW_ROOT``: its pid and start time) vanishing: when torchrepro is SIGKILLed, the
+kernel kills that root (a parent-death signal), and nothing else would end the ranks
+``torch.multiprocessing.spawn`` started or what left the job's process group.
 """
 
 import os
 import sys
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at every start-up
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _C10D = "torch.distributed.distributed_c10d"
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as torchrepro.runtime.follow.RANK_VARS
 SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as torchrepro.runtime.follow.SPAWN_VAR
+ROOT_VAR = "TORCHREPRO_FOLLOW_ROOT"  # as torchrepro.runtime.follow.ROOT_VAR
 
 
-def _note(what, exc):
+def _note(what: str, exc: BaseException) -> None:
     print(f"torchrepro: note: {what} in process {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _chain():
+def _chain() -> None:
     """Run the next ``sitecustomize`` on ``sys.path``, as if this one were not there."""
     try:  # what importlib.machinery and importlib.util re-export, without importing them (~8 ms)
         from _frozen_importlib import module_from_spec
@@ -44,7 +56,7 @@ def _chain():
     spec.loader.exec_module(module)
 
 
-def _start_rank():
+def _start_rank() -> "int | None":
     """This process's rank when a launcher gave it one at start, else None."""
     env = os.environ
     own = ":".join(env.get(name, "") for name in RANK_VARS)
@@ -62,20 +74,22 @@ class _WatchProcessGroup:
     """Wraps ``init_process_group`` as soon as ``torch.distributed`` defines it, then leaves
     ``sys.meta_path``."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(
+        self, name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
         if name != _C10D:
             return None
         sys.meta_path.remove(self)
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find else None
+            spec: "ModuleSpec | None" = find(name, path, target) if find else None
             if spec is not None and spec.loader is not None:
                 break
         else:
             return None
         exec_module = spec.loader.exec_module
 
-        def exec_and_hook(module):
+        def exec_and_hook(module: "ModuleType") -> None:
             exec_module(module)
             try:
                 from torchrepro.runtime import follow
@@ -86,13 +100,41 @@ class _WatchProcessGroup:
             except Exception as exc:  # never break the user's import of torch
                 _note("capture could not watch torch.distributed", exc)
 
-        spec.loader.exec_module = exec_and_hook
+        spec.loader.exec_module = exec_and_hook  # type: ignore[method-assign]  # the hook: run torch's, then ours
         return spec
 
 
-def _install():
+def _start_time(pid: int) -> "int | None":
+    """The start time of process ``pid`` (clock ticks since boot), None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            fields = fp.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else int(fields[19])
+
+
+def _end_with_root(pid: int, start: int) -> None:
+    import time
+
+    while _start_time(pid) == start:
+        time.sleep(1.0)
+    os.kill(os.getpid(), 9)  # SIGKILL, as the kernel's parent-death signal ends the root itself
+
+
+def _watch_root() -> None:
+    """End this process when the captured process it descends from is gone (Linux: /proc)."""
+    pid, _, start = os.environ.get(ROOT_VAR, "").partition(":")
+    if pid.isdigit() and start.isdigit() and int(pid) != os.getpid():
+        import _thread
+
+        _thread.start_new_thread(_end_with_root, (int(pid), int(start)))  # dies with the process, never joined
+
+
+def _install() -> None:
     if "TORCHREPRO_FOLLOW" not in os.environ:
         return
+    _watch_root()
     spawned = os.environ.pop(SPAWN_VAR, None) is not None
     rank = _start_rank()
     if rank is None:
