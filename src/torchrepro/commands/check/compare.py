@@ -56,13 +56,16 @@ def localize(
     same_config = spec_a.compile_mode == spec_b.compile_mode
     replay_a = checker.replay(spec_a, div.step, "a", eager=same_config, rank=div.rank)
     replay_b = checker.replay(spec_b, div.step, "b", eager=same_config, rank=div.rank)
-    return cause_from_replays(cause, replay_a, replay_b, same_config)
+    failure = "; ".join(f"replay {t}: {w}" for t, w in checker.replay_failures.items() if t in ("a", "b"))
+    return cause_from_replays(cause, replay_a, replay_b, same_config, failure or None)
 
 
-def localize_graph(checker: Checker, spec: RunSpec, div: Divergence) -> dict[str, Any]:
+def localize_graph(checker: Checker, spec: RunSpec, div: Divergence, cause: str) -> dict[str, Any]:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
-    graph: names the first graph (compile id) whose outputs differ, the output and its FX node."""
-    return graph_evidence(checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank), div.step)
+    graph: names the first graph (compile id) whose outputs differ, the output and its FX node
+    (the op blamed agrees with ``cause``)."""
+    replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
+    return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"))
 
 
 def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> dict[str, Any] | None:
@@ -144,7 +147,7 @@ def _explain(
             decomposition = _decomposition(checker, done, against)
             cause, evidence = cause_from_decomposition(decomposition, against)
             if localize_divergence:
-                evidence.update(localize_graph(checker, spec_b, div))
+                evidence.update(localize_graph(checker, spec_b, div, cause))
         else:
             cause, evidence = numerics_without_inductor()
     kernels = None
@@ -159,6 +162,10 @@ def _explain(
     ):
         cause, more = localize(checker, spec_a, spec_b, div, cause)
         evidence.update(more)
+    failed = [f"replay {t}: {w}" for t, w in checker.replay_failures.items() if t.startswith("kernels")]
+    if failed:  # the kernel replays' own failures: said with what was concluded without them
+        note = f"kernel replays failed ({'; '.join(failed[:2])}); concluded without them: cause {cause}"
+        evidence["localisation_note"] = "; ".join(filter(None, [evidence.get("localisation_note"), note]))
     return cause, evidence, decomposition
 
 
@@ -203,6 +210,8 @@ def check(
     cause, evidence, decomposition = None, {}, None
     if div is not None:
         cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
+        if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
+            notes.append(evidence["localisation_note"])
     ladder, stages = [], None
     if div is not None and fixes is not False and against is None and (fixes or cause in FIXABLE):
         ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
