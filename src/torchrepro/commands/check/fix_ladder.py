@@ -143,36 +143,42 @@ def _name_kernel(
         because = f"compiled graph {call['compile_id']} ({call['graph']}): {what} differs when repeated in one process on identical inputs"
         if call["repeat_differs"].get(str(index)) is not None:
             because += f", by up to {call['repeat_differs'][str(index)]:.3g}"
-    repeat = (
-        within[0]
-        if within
-        else next(
-            (
-                c
-                for k in found
-                for c in k["calls"]
-                if (c["compile_id"], c["graph"]) == (call["compile_id"], call["graph"])
-            ),
-            None,
-        )
-    )
-    one = (repeat or {}).get("one_thread_differs")
+    # the named graph's own call at the divergent step, repeated in one process (one that differed first)
+    same_graph = [
+        c for k in found for c in k["calls"] if (c["compile_id"], c["graph"]) == (call["compile_id"], call["graph"])
+    ]
+    repeat = next((c for c in same_graph if c.get("repeat_differs")), same_graph[0] if same_graph else {})
+    one = repeat.get("one_thread_differs")
     threads = {
-        "threads": (repeat or {}).get("threads"),
-        "repeats": (repeat or {}).get("repeats"),
-        "repeats_differ": within is not None,
+        "threads": repeat.get("threads"),
+        "repeats": repeat.get("repeats"),
+        "repeats_differ": bool(repeat.get("repeat_differs")),
         "one_thread": None if one is None else ("differs" if one else "repeats bit for bit"),
     }
-    if by_processes:
-        because += (
-            "; the in-process repeats show it too"
-            if within
-            else "; the in-process repeats did not show it (the race did not recur)"
+    if (
+        by_processes
+        and within
+        and (within[0]["compile_id"], within[0]["graph"], within[1])
+        == (
+            call["compile_id"],
+            call["graph"],
+            index,
         )
+    ):
+        because += "; the in-process repeats show it too"
+    elif by_processes and within:
+        other = within[0]
+        because += (
+            f"; the in-process repeats show a difference in compiled graph {other['compile_id']} "
+            f"({other['graph']}) output {within[1]}"
+        )
+    elif by_processes:
+        because += "; the in-process repeats did not show it (the race did not recur in one process)"
     if one is not None:
         calls = f" over {repeat['repeats']} repeats" if repeat.get("repeats") else ""
         because += (
-            f"; at 1 thread it repeats bit for bit{calls} (the difference depends on the thread count)"
+            f"; at 1 thread it repeats bit for bit{calls}"
+            + (" (the difference depends on the thread count)" if threads["repeats_differ"] else "")
             if not one
             else "; it differs at 1 thread too"
         )
