@@ -182,6 +182,10 @@ def _why_no_record(result: ChildResult, step: int) -> str:
     ended cleanly before reaching ``step``."""
     if result.exit_code == 0:
         return f"the replay ended (exit 0) before step {step}"
-    errors = [line.strip() for line in result.stderr_tail if re.match(r"\s*[\w.]+(Error|Exception)\b.*:", line)]
+    errors = [
+        line.strip()
+        for line in result.stderr_tail
+        if re.match(r"\s*[\w.]*(Error|Exception|Failed|Failure|Interrupt)\b", line)
+    ]
     last = errors[-1] if errors else next((line.strip() for line in reversed(result.stderr_tail) if line.strip()), "")
     return f"the replay exited with {result.exit_code}" + (f": {last}" if last else "")
