@@ -380,6 +380,12 @@ def test_a_failed_localisation_is_said_with_its_exception_and_what_was_concluded
     assert "compiled graph 0/1: ValueError: odd output" in crashed["localisation_failed"]
     cause, evidence = cause_from_replays("unknown", None, {"ops": []}, True, why)
     assert cause == "unknown" and "RuntimeError: boom here" in evidence["localisation_note"]
+    from torchrepro.commands.check.compare import _guarded
+
+    assert _guarded("the graph replay", "numerics", lambda x: x + 1, 1) == (2, {})
+    result, evidence = _guarded("the graph replay", "numerics", lambda: {}["logits"])  # our own bug, not the run's
+    assert result is None and evidence["localisation_failed"] == "the graph replay: KeyError: 'logits'"
+    assert "cause numerics" in evidence["localisation_note"]
 
 
 @pytest.mark.inductor

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +24,7 @@ from ...analysis.determinism import (
     divergence_findings,
     graph_evidence,
     hint_key,
+    not_localised,
     numerics_of_modes,
     numerics_without_inductor,
     uses_inductor,
@@ -32,7 +34,7 @@ from ...report.model import Finding
 from ...analysis.fixes import recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
-from ...errors import InputError
+from ...errors import InputError, UserError
 from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
 from ...runtime.options import RunOptions
@@ -126,6 +128,18 @@ def _earliest_divergence(
     return div, within, notes, pair
 
 
+def _guarded(what: str, cause: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, Any]]:
+    """``(fn(*args), {})``; a failure of the localisation itself (torchrepro's, not the user's run:
+    a stop or a user error still ends the check) is ``(None, evidence)`` saying so, with the
+    exception's first line and the cause still concluded."""
+    try:
+        return fn(*args), {}
+    except UserError:
+        raise
+    except Exception as exc:
+        return None, not_localised(cause, f"{what}: " + f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+
 def _explain(
     checker: Checker,
     done: dict[str, tuple[RunSpec, Run]],
@@ -147,12 +161,16 @@ def _explain(
             decomposition = _decomposition(checker, done, against)
             cause, evidence = cause_from_decomposition(decomposition, against)
             if localize_divergence:
-                evidence.update(localize_graph(checker, spec_b, div, cause))
+                graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause)
+                evidence.update(graph or failed)
         else:
             cause, evidence = numerics_without_inductor()
     kernels = None
     if localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
-        kernels = localize_kernels(checker, spec_a, spec_b, div, [run_a, run_b])
+        kernels, failed = _guarded(
+            "the kernel replays", cause, localize_kernels, checker, spec_a, spec_b, div, [run_a, run_b]
+        )
+        evidence.update(failed)
         if kernels is not None:
             cause, evidence = cause_from_kernels(evidence, kernels)
     if (
@@ -160,11 +178,12 @@ def _explain(
         and localize_divergence
         and (cause in ("unknown", "init_params") or against is None and cause == "numerics")
     ):
-        cause, more = localize(checker, spec_a, spec_b, div, cause)
+        found, failed = _guarded("the op replays", cause, localize, checker, spec_a, spec_b, div, cause)
+        cause, more = found or (cause, failed)
         evidence.update(more)
-    failed = [f"replay {t}: {w}" for t, w in checker.replay_failures.items() if t.startswith("kernels")]
-    if failed:  # the kernel replays' own failures: said with what was concluded without them
-        note = f"kernel replays failed ({'; '.join(failed[:2])}); concluded without them: cause {cause}"
+    replays = [f"replay {t}: {w}" for t, w in checker.replay_failures.items() if t.startswith("kernels")]
+    if replays:  # the kernel replays' own failures: said with what was concluded without them
+        note = f"kernel replays failed ({'; '.join(replays[:2])}); concluded without them: cause {cause}"
         evidence["localisation_note"] = "; ".join(filter(None, [evidence.get("localisation_note"), note]))
     return cause, evidence, decomposition
 
