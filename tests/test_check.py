@@ -101,6 +101,48 @@ def test_inductor_dropout_against_eager_is_rng_and_remainder_is_numerics(tmp_pat
 
 
 @pytest.mark.inductor
+def test_compiled_gpt_with_a_scalar_loss_against_eager_names_graph_node_and_op_not_an_inert_dropout(tmp_path):
+    """A GPT whose compiled forward returns (logits, 0-dim loss), with dropouts of p=0.0: compiled
+    and eager part by rounding; the replay digests every output (the scalar loss too) and names the
+    first differing output's own node, not a dropout it passes through."""
+    proc, report = check(tmp_path, "gpt_loss.py", "--against", "eager", "--no-fixes")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    fd = report["determinism"]["first_divergence"]
+    assert fd["cause"] == "numerics" and fd["step"] == 0
+    evidence = fd["evidence"]
+    assert evidence["localisation"] == "compiled_graph", evidence
+    assert evidence["compile_id"] == "0/0" and "localisation_failed" not in evidence
+    assert evidence["output"].startswith("output 0 (linear, FX node logits)")  # the logits, as the script names them
+    assert fd["op"] == "linear (FX node logits, compiled graph 0/0)" and fd["module"] == "head (Linear)"
+    assert "dropout" not in fd["op"] and "Dropout" not in fd["module"] and "Dropout" not in report["verdict"]
+    assert fd["source"].endswith("gpt_loss.py:43")
+    assert not any("localisation failed" in n for n in report["determinism"]["notes"])
+
+
+def test_a_fix_that_slows_steps_costs_more_than_one_and_every_ratio_is_the_recorded_step_times(tmp_path):
+    """The fix ladder's step-time ratio divides by a baseline run as written in the same truncated
+    configuration (run beside the fixes), after warm-up: a fix whose steps wait 0.2 s is far above
+    1x, and each ratio is what the runs' own recorded step times give."""
+    from torchrepro.analysis.fixes import median_step_time
+    from torchrepro.commands.check.fix_ladder import step_times
+    from torchrepro.eventlog.rundir import load_run
+
+    proc, report = check(tmp_path, "slow_fix.py", "--no-localize", "--only-fixes", "deterministic,threads_1")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    out = tmp_path / "check"
+    rows = {r["name"]: r for r in report["determinism"]["fixes"]}
+    assert rows["deterministic"]["status"] == "bit_exact" and rows["deterministic"]["step_time_ratio"] > 10
+    baseline = median_step_time(step_times(load_run(out / "fix-baseline")))
+    assert baseline is not None and baseline < 0.1  # the baseline's own steps: no 0.2 s wait, no compile
+    for name, row in rows.items():
+        medians = [median_step_time(step_times(load_run(out / f"fix-{name}-{i}"))) for i in (1, 2)]
+        assert row["baseline_step_s"] == baseline
+        assert row["step_time_s"] == pytest.approx(sorted(medians)[0] / 2 + sorted(medians)[1] / 2)
+        assert row["step_time_ratio"] == round(row["step_time_s"] / baseline, 3)
+    assert f"{rows['deterministic']['step_time_ratio']:.2f}x" in report["verdict"]
+
+
+@pytest.mark.inductor
 def test_inductor_dropout_against_fallback_random(tmp_path):
     proc, report = check(tmp_path, "inductor_dropout.py", "--against", "fallback-random")
     assert proc.returncode == 1, proc.stderr

@@ -263,11 +263,16 @@ def test_check_names_graph_parameter_kernel_and_source(gpt_check):
     assert "aten.embedding_dense_backward" in fd["kernel_fuses"] and fd["op"] == "aten.embedding_dense_backward"
     assert fd["source"] == f"{GPT}:{_line_of('self.tok(idx)')}"
     assert fd["node"] and fd["evidence"]["kernel_atomic_add"] is True
-    threads = fd["evidence"]["thread_dependence"]
+    evidence = fd["evidence"]
+    # what named it: two replays' graph calls compared across processes, or (supporting) the repeat
+    said = {"replay_pair": "between two replays in separate processes", "in_process_repeat": "repeated in one process"}
+    assert said[evidence["named_by"]] in evidence["because"]  # the report says which evidence named it
+    threads = evidence["thread_dependence"]
     assert threads["threads"] == 2 and threads["one_thread"] == "repeats bit for bit"
     assert "compiled-nondeterminism.md" in report["findings"][0]["hint"]
-    replays = [k for k in report["run"]["timings_s"] if k.startswith("replay")]
-    assert sorted(replays) == ["replay kernels-a", "replay kernels-b"]  # no eager replay was needed
+    replays = sorted(k for k in report["run"]["timings_s"] if k.startswith("replay"))
+    pairs = evidence["replay_pairs"]  # no eager replay was needed
+    assert replays == sorted(f"replay kernels-{s}{i if i > 1 else ''}" for i in range(1, pairs + 1) for s in "ab")
 
 
 @pytest.mark.inductor
@@ -277,6 +282,9 @@ def test_the_ladder_finds_a_bit_exact_fix_and_recommends_only_that(gpt_check):
     det = report["determinism"]
     rows = {r["name"]: r for r in det["fixes"]}
     assert rows["deterministic"]["bit_exact"] is True and rows["deterministic"]["step_time_ratio"] > 0
+    for row in rows.values():  # each ratio is the fix's step time over the truncated baseline run's
+        assert row["step_time_ratio"] == round(row["step_time_s"] / row["baseline_step_s"], 3)
+    assert (out / "fix-baseline" / "run.json").exists()
     assert rows["threads_1"]["status"] in ("bit_exact", "not_bit_exact")
     assert set(rows) == {"threads_1", "deterministic"}  # --only-fixes
     best = det["fix_recommended"]
@@ -291,3 +299,124 @@ def test_the_ladder_finds_a_bit_exact_fix_and_recommends_only_that(gpt_check):
     page = (out / "report.html").read_text()
     shown = str(markupsafe.escape(best["how"].split(" (")[0]))  # as the page escapes it (quotes too)
     assert "tok.weight" in page and shown in page and det["first_divergence"]["kernel"] in page
+
+
+# --- every output a compiled graph can return; evidence from two processes ----------------------
+
+
+def test_same_compares_every_kind_of_graph_output_bit_for_bit():
+    from torchrepro.capture.fx_nodes import same
+
+    m = torch.arange(12.0).reshape(3, 4)
+    assert same(torch.tensor(1.5), torch.tensor(1.5)) == (True, 0.0)  # a 0-dim loss
+    assert same(torch.tensor(1.5), torch.tensor(2.0)) == (False, 0.5)
+    assert same(torch.tensor(True), torch.tensor(False)) == (False, 1.0)
+    assert same(torch.tensor([3, 4]), torch.tensor([3, 6])) == (False, 2.0)
+    assert same(torch.zeros(0, 3), torch.zeros(0, 3)) == (True, 0.0)
+    assert same(torch.zeros(0, 3), torch.zeros(0, 2)) == (False, None)
+    assert same(m.t(), m.t().contiguous()) == (True, 0.0)  # a non-contiguous view: its values count
+    assert same(m[1:, ::2], m[1:, ::2] + 1)[0] is False
+    c = torch.tensor([1 + 1j], dtype=torch.complex64)
+    assert same(c, c.conj()) == (False, 2.0)
+    assert same(torch.tensor(0.0), torch.tensor(-0.0))[0] is False  # bits, not ==
+    assert same(torch.tensor(float("nan")), torch.tensor(float("nan")))[0] is True
+    assert same((m, None, (2, torch.tensor(1.0))), (m, None, (2, torch.tensor(1.0)))) == (True, 0.0)
+    assert same((m, None, (2, torch.tensor(1.0))), (m, None, (2, torch.tensor(3.0)))) == (False, 2.0)
+    assert same((m, None), (m,))[0] is False and same(0.5, 0.5) == (True, 0.0) and same(1, 1.0)[0] is False
+
+
+def _call(cid, inputs, outputs, graph="backward", **more):
+    return {"compile_id": cid, "graph": graph, "inputs": inputs, "outputs": outputs, **more}
+
+
+def test_two_processes_name_the_first_graph_call_whose_outputs_differ_on_equal_inputs():
+    from torchrepro.commands.check.fix_ladder import first_cross_difference
+
+    a = [_call("0/0", ["x"], ["f"], "forward"), _call("0/0", ["f", "t"], ["g1", "g2"])]
+    b = [_call("0/0", ["x"], ["f"], "forward"), _call("0/0", ["f", "t"], ["g1", "G2"])]
+    assert first_cross_difference(a, b) == ((a[1], 1), None)
+    assert first_cross_difference(a, a) == (None, None)  # the race did not recur: no evidence
+    outside = [_call("0/0", ["x"], ["f"], "forward"), _call("0/0", ["f", "T"], ["g1", "G2"])]
+    hit, parted = first_cross_difference(a, outside)  # inputs parted before any output did
+    assert hit is None and "outside compiled code" in parted and "graph call 2 (0/0 backward)" in parted
+    other = [_call("1/0", ["x"], ["f"], "forward")]
+    assert first_cross_difference(a, other) == (None, "graph call 1 (0/0 forward): the replays called different graphs")
+
+
+def test_the_op_blamed_follows_the_cause_not_the_first_random_op():
+    from torchrepro.analysis.determinism import graph_evidence
+
+    dropout = {"node": "x", "target": "dropout", "module": "drop (Dropout)", "source": "m.py:3"}
+    graph = {
+        "compile_id": "0/0",
+        "first_differing_output": 0,
+        "max_abs": 1e-7,
+        "node": "logits",
+        "target": "linear",
+        "module": "head (Linear)",
+        "source": "m.py:9",
+        "depends_on_random": [dropout],
+    }
+    numerics = graph_evidence({"graphs": [graph]}, 0, "numerics")
+    assert numerics["op"] == "linear (FX node logits, compiled graph 0/0)" and numerics["module"] == "head (Linear)"
+    rng = graph_evidence({"graphs": [graph]}, 0, "rng")
+    assert rng["op"] == "dropout (FX node x, compiled graph 0/0)" and rng["module"] == "drop (Dropout)"
+
+
+def test_a_failed_localisation_is_said_with_its_exception_and_what_was_concluded():
+    from torchrepro.analysis.determinism import cause_from_replays, graph_evidence
+    from torchrepro.commands.check.runs import _why_no_record
+    from torchrepro.commands.launcher import ChildResult
+
+    why = _why_no_record(ChildResult(1, ["Traceback (most recent call last):", "RuntimeError: boom here", ""]), 3)
+    assert why == "the replay exited with 1: RuntimeError: boom here"
+    assert _why_no_record(ChildResult(0), 3) == "the replay ended (exit 0) before step 3"
+    evidence = graph_evidence(None, 3, "numerics", why)
+    assert evidence["localisation"] == "not_localised" and evidence["localisation_failed"] == why
+    assert (
+        "RuntimeError: boom here" in evidence["localisation_note"] and "cause numerics" in evidence["localisation_note"]
+    )
+    crashed = graph_evidence({"graphs": [{"compile_id": "0/1", "error": "ValueError: odd output"}]}, 3, "rng")
+    assert "compiled graph 0/1: ValueError: odd output" in crashed["localisation_failed"]
+    cause, evidence = cause_from_replays("unknown", None, {"ops": []}, True, why)
+    assert cause == "unknown" and "RuntimeError: boom here" in evidence["localisation_note"]
+    from torchrepro.commands.check.compare import _guarded
+
+    assert _guarded("the graph replay", "numerics", lambda x: x + 1, 1) == (2, {})
+    result, evidence = _guarded("the graph replay", "numerics", lambda: {}["logits"])  # our own bug, not the run's
+    assert result is None and evidence["localisation_failed"] == "the graph replay: KeyError: 'logits'"
+    assert "cause numerics" in evidence["localisation_note"]
+
+
+@pytest.mark.inductor
+def test_kernel_repeater_records_every_call_and_handles_odd_outputs():
+    """A compiled graph returning a 0-dim tensor, a bool tensor, an integer tensor and a
+    non-contiguous view: every call before the replayed step is digested, and the step's call is
+    repeated without error."""
+    from torchrepro.capture.kernels import KernelRepeater
+
+    def fn(x):
+        y = x * 2
+        return y.sum(), y > 1, y.long(), y.t(), (x + 1)[:, ::2]
+
+    repeater = KernelRepeater()
+    assert repeater.install()
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="inductor")
+        x = torch.arange(6.0).reshape(2, 3)
+        compiled(x)
+        compiled(x)
+        repeater.active = True
+        out = compiled(x)
+        repeater.active = False
+        summary = repeater.summary()
+    finally:
+        repeater.uninstall()
+        torch._dynamo.reset()
+    assert out[0].dim() == 0 and out[0].item() == 30.0
+    assert len(summary["before"]) == 2 and summary["before"][0] == summary["before"][1]
+    assert len(summary["calls"]) == 1 and not summary["errors"]
+    call = summary["calls"][0]
+    assert call["outputs"] == summary["before"][0]["outputs"] and not call["repeat_differs"]
+    assert all(isinstance(d, str) for d in call["outputs"][:5])

@@ -288,10 +288,9 @@ def test_eager_replays_that_agree_put_the_divergence_inside_compiled_code():
         "unknown",
         {"localisation": "not reproduced in replay"},
     )
-    assert cause_from_replays("unknown", ops(), None, True) == (
-        "unknown",
-        {"localisation": "the replay did not reach the divergent step"},
-    )
+    cause, evidence = cause_from_replays("unknown", ops(), None, True, "the replay ended (exit 0) before step 3")
+    assert cause == "unknown" and evidence["localisation"] == "not_localised"
+    assert evidence["localisation_failed"] == "the replay ended (exit 0) before step 3"
 
 
 KERNEL = {
@@ -430,7 +429,7 @@ def test_graph_evidence_names_the_compiled_graph_and_the_random_op_behind_the_ou
             },
         ]
     }
-    evidence = graph_evidence(replay, 3)
+    evidence = graph_evidence(replay, 3, "rng")  # the random op is blamed when the cause is RNG
     assert (evidence["compile_id"], evidence["module"], evidence["source"]) == ("1/0", "drop", "train.py:11")
     assert evidence["op"] == "aten.bernoulli_ (FX node bernoulli, compiled graph 1/0)"
     assert evidence["output"] == "output 0 (aten.mul, FX node mul_1)" and evidence["random_nodes"]

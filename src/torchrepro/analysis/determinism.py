@@ -174,14 +174,30 @@ def cause_from_kernels(evidence: dict[str, Any], kernels: dict[str, Any]) -> Dec
     return "nondeterministic_op", {**evidence, **kernels}
 
 
+def not_localised(cause: str | None, why: str) -> dict[str, Any]:
+    """Evidence when localisation itself failed: why (an exception's first line, or a replay that
+    ended early), and what was still concluded without it."""
+    return {
+        "localisation": "not_localised",
+        "localisation_failed": why,
+        "localisation_note": f"localisation failed ({why}); still concluded from the step records: "
+        f"cause {cause or 'unknown'}",
+    }
+
+
 def cause_from_replays(
-    cause: str, replay_a: dict[str, Any] | None, replay_b: dict[str, Any] | None, same_config: bool
+    cause: str,
+    replay_a: dict[str, Any] | None,
+    replay_b: dict[str, Any] | None,
+    same_config: bool,
+    failure: str | None = None,
 ) -> Decision:
     """The divergent step replayed in both runs with op capture (eagerly when the configurations
     are the same): the first divergent op, its module and source, and what it says about ``cause``.
-    Eager replays that agree put a same-configuration divergence inside compiled code."""
+    Eager replays that agree put a same-configuration divergence inside compiled code. A replay
+    without a record leaves the cause as it was, with ``failure`` (why) in the evidence."""
     if replay_a is None or replay_b is None:
-        return cause, {"localisation": "the replay did not reach the divergent step"}
+        return cause, not_localised(cause, failure or "a replay wrote no record")
     found = compare_replays(replay_a["ops"], replay_b["ops"])
     if found is None:
         where = "inside compiled code (the eager replays agree)" if same_config else "not reproduced in replay"
@@ -195,20 +211,28 @@ def cause_from_replays(
     return new_cause, {"localisation": kind, **found}
 
 
-def graph_evidence(replay: dict[str, Any] | None, step: int) -> dict[str, Any]:
+def graph_evidence(
+    replay: dict[str, Any] | None, step: int, cause: str | None = None, failure: str | None = None
+) -> dict[str, Any]:
     """The divergent step replayed compiled, each compiled graph checked against its eager FX graph:
-    the first graph (compile id) whose outputs differ, the output, its FX node and the random op it
-    depends on."""
+    the first graph (compile id) whose outputs differ, the output and its FX node; the op blamed
+    agrees with ``cause``: the random op the output depends on when the cause is ``rng``, else
+    the differing output's own node (an inert random op is not blamed for rounding). A replay
+    without a record, or a graph the check failed on, is said, with what was still concluded."""
     if replay is None:
-        return {"localisation": "the replay did not reach the divergent step"}
+        return not_localised(cause, failure or "the graph replay wrote no record")
     graphs = replay.get("graphs", [])
+    errors = [f"compiled graph {g['compile_id']}: {g['error']}" for g in graphs if "error" in g]
     first = next((g for g in graphs if "first_differing_output" in g), None)
     if first is None:
+        if errors:
+            return not_localised(cause, "; ".join(errors[:2]))
         return {
             "localisation": f"the {len(graphs)} compiled graph call(s) of step {step} match their eager "
             "FX graphs in the forward pass (the difference arises in backward)"
         }
-    origin = (first.get("depends_on_random") or [first])[0]  # a random op the output depends on, else the output
+    random = first.get("depends_on_random") or []
+    origin = random[0] if cause == "rng" and random else first
     evidence = {
         "localisation": "compiled_graph",
         "compile_id": first["compile_id"],
@@ -218,8 +242,10 @@ def graph_evidence(replay: dict[str, Any] | None, step: int) -> dict[str, Any]:
         "module": origin.get("module"),
         "source": origin.get("source"),
     }
-    if first.get("depends_on_random"):
-        evidence["random_nodes"] = first["depends_on_random"]
+    if random:
+        evidence["random_nodes"] = random
+    if errors:
+        evidence["localisation_note"] = "checking some graphs failed: " + "; ".join(errors[:2])
     return evidence
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..digests import fingerprint
 
 # torch's and torchrepro's own files: a user source line is the innermost frame outside them
 SKIP_DIRS = tuple(str(Path(m.__file__).parent) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))
@@ -43,12 +46,54 @@ def node_info(node: Any) -> dict[str, Any]:
     return {"node": node.name, "target": target_name(node), "module": module, "source": source}
 
 
+def leaves(x: Any) -> list[Any]:
+    """A compiled graph's outputs as a flat list: nested tuples and lists opened, ``None`` and
+    Python scalars kept in place (the order FX's output node lists them in)."""
+    if isinstance(x, (list, tuple)):
+        return [leaf for item in x for leaf in leaves(item)]
+    return [x]
+
+
+def first_line(exc: BaseException) -> str:
+    """``TypeError: what went wrong`` — an exception's type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 def same(x: Any, y: Any) -> tuple[bool, float | None]:
-    """(bitwise equal, max absolute difference) of two outputs (tensors, or anything else by ==)."""
+    """(bitwise equal, max absolute difference) of two outputs of a graph: tensors of any dtype,
+    shape (0-dim, zero-size), layout or strides (views) bit for bit through their digests; nested
+    tuples element by element; ``None`` and Python scalars by value (floats bit for bit)."""
+    if isinstance(x, (list, tuple)) or isinstance(y, (list, tuple)):
+        a, b = leaves(x), leaves(y)
+        if len(a) != len(b):
+            return False, None
+        pairs = [same(p, q) for p, q in zip(a, b)]
+        diffs = [d for _, d in pairs if d is not None]
+        return all(e for e, _ in pairs), max(diffs) if diffs else None
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        return x == y, None
+        if isinstance(x, float) and isinstance(y, float):
+            equal = struct.pack("<d", x) == struct.pack("<d", y)
+            return equal, 0.0 if equal else abs(x - y)
+        return type(x) is type(y) and bool(x == y), None
     if x.shape != y.shape or x.dtype != y.dtype:
         return False, None
-    if torch.equal(x.view(torch.uint8) if x.is_contiguous() else x, y.view(torch.uint8) if y.is_contiguous() else y):
+    try:
+        equal = fingerprint(x) == fingerprint(y)
+    except TypeError:  # a layout digests do not read (sparse, nested): compare values
+        equal = bool(torch.equal(x, y))
+    if equal:
         return True, 0.0
-    return False, float((x.detach().double() - y.detach().double()).abs().max()) if x.numel() else 0.0
+    return False, _max_abs(x, y)
+
+
+def _max_abs(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """The largest absolute difference of two same-shaped tensors (None when empty or when their
+    values cannot be subtracted, e.g. quantized)."""
+    if not x.numel():
+        return None
+    wide = torch.complex128 if x.dtype.is_complex else torch.float64
+    try:
+        return float((x.detach().to(wide) - y.detach().to(wide)).abs().max())
+    except (RuntimeError, TypeError):
+        return None

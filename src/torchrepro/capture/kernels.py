@@ -1,9 +1,12 @@
 """Run-to-run nondeterminism inside compiled code, localised in a replay of the divergent step.
 
 Every inductor graph (forward and backward: inductor's inner compile is wrapped through
-``compile_fx(..., inner_compile=...)``) called during the replayed step runs as usual, and then
-again on clones of the same inputs — repeated at the run's thread count and at one thread — and
-its inputs and outputs are digested, so that two replays in two processes can also be compared.
+``compile_fx(..., inner_compile=...)``) runs as usual; each of its calls, from the first step on,
+is recorded with digests of its inputs and outputs, so that two replays in two processes can be
+compared graph call by graph call (the first call whose outputs differ on equal inputs names the
+kernel whether or not a race recurs within one process). During the replayed step each call is
+also run again on clones of the same inputs — repeated at the run's thread count and at one
+thread — which is supporting evidence: a race that recurs in one process.
 An output that differs on identical inputs is named: which gradient (the parameter, by name) or
 activation it is, its FX node, the nondeterministic node behind it (a scatter with accumulation),
 the inductor kernel that computes that node (found in inductor's generated code) with the aten
@@ -24,7 +27,7 @@ import torch
 
 from .._compat import compile_fx_module, current_compile_id, functorch_config, op_name, patch, wrap_compile_fx
 from ..digests import fingerprint
-from .fx_nodes import clean_fqn, node_info, same
+from .fx_nodes import clean_fqn, first_line, leaves, node_info, same
 
 # Extra calls per graph at the run's thread count: at least MIN_REPEATS, then more until an output
 # differs, while the repeats have taken under REPEAT_BUDGET_S, up to MAX_REPEATS; then as many at one
@@ -81,7 +84,7 @@ def _source_name(placeholder: Any) -> str:
 def describe_outputs(gm: Any) -> dict[str, Any]:
     """Per output of an (aten-level) FX graph: its node, and the accumulating nodes it depends on."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    values = leaves(output.args[0])
     outs = []
     for value in values:
         if not hasattr(value, "meta"):
@@ -226,6 +229,18 @@ def name_kernel(source: str | None, index: int, ops: list[str]) -> dict[str, Any
 # --- the repeater ------------------------------------------------------------------------------
 
 
+def _digests(values: Any) -> list[str | None]:
+    """Short digests of a graph call's inputs or outputs, flattened (None for what is no tensor;
+    a Python scalar by its value)."""
+    out: list[str | None] = []
+    for x in leaves(values):
+        if isinstance(x, torch.Tensor):
+            out.append(fingerprint(x)[:16])
+        else:
+            out.append(repr(x) if isinstance(x, (int, float, bool)) else None)
+    return out
+
+
 def _copy(x: Any) -> Any:
     """A copy with the same sizes and strides (compiled graphs assert both)."""
     if not isinstance(x, torch.Tensor):
@@ -238,8 +253,11 @@ class KernelRepeater:
     """Wraps inductor's compile so every compiled forward and backward graph can be repeated."""
 
     def __init__(self) -> None:
-        self.active = False
-        self.results: list[dict[str, Any]] = []
+        self.active = False  # during the replayed step: calls are repeated
+        self.results: list[dict[str, Any]] = []  # the replayed step's calls
+        self.before: list[dict[str, Any]] = []  # every call before it: digests only
+        self.errors: list[str] = []  # what failed in the localisation itself (never the user's run)
+        self._ours = False  # inside our own repeats
         self.graphs: dict[str, dict[str, Any]] = {}  # "compile_id/forward" -> what describes it
         self._undo: list[Any] = []
 
@@ -272,7 +290,11 @@ class KernelRepeater:
     def _inner(self, compile_id: str, names: list[str], inner: Any) -> Any:
         def inner_compile(gm, example_inputs, *args, **kwargs):
             graph = "backward" if kwargs.get("is_backward") else "forward"
-            described = describe_outputs(gm)  # before inductor's passes rewrite gm
+            try:
+                described = describe_outputs(gm)  # before inductor's passes rewrite gm
+            except Exception as exc:  # the description is ours: the compile goes on without it
+                self.errors.append(f"describing compiled graph {compile_id} ({graph}): {first_line(exc)}")
+                described = {"outputs": [], "ops": []}
             compiled = inner(gm, example_inputs, *args, **kwargs)
             key = f"{compile_id}/{graph}"
             self.graphs[key] = {**described, "inputs": names, "source_code": getattr(compiled, "source_code", None)}
@@ -285,28 +307,45 @@ class KernelRepeater:
 
     def _wrap(self, real: Any, compile_id: str, graph: str) -> Any:
         def run(args: list) -> Any:
-            if not self.active:
+            if self._ours:
                 return real(args)
+            if not self.active:
+                inputs = _digests(args)
+                out = real(args)
+                self.before.append(
+                    {"compile_id": compile_id, "graph": graph, "inputs": inputs, "outputs": _digests(out)}
+                )
+                return out
             saved = [_copy(x) for x in args]
             out = real(args)
-            self.active = False  # the repeats below are ours
+            self._ours = True  # the repeats below are ours
             try:
                 self.results.append(self._repeat(real, saved, out, compile_id, graph))
+            except Exception as exc:  # a failure of the repeat, not of the user's step: recorded
+                self.errors.append(f"repeating compiled graph {compile_id} ({graph}): {first_line(exc)}")
+                self.results.append(
+                    {
+                        "compile_id": compile_id,
+                        "graph": graph,
+                        "inputs": _digests(saved),
+                        "outputs": _digests(out),
+                        "error": first_line(exc),
+                    }
+                )
             finally:
-                self.active = True
+                self._ours = False
             return out
 
         return run
 
     def _repeat(self, real: Any, saved: list, out: Any, compile_id: str, graph: str) -> dict[str, Any]:
-        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        outs = leaves(out)
         rng = torch.random.get_rng_state()
         threads = torch.get_num_threads()
 
         def again() -> list:
             torch.random.set_rng_state(rng)
-            result = real([_copy(x) for x in saved])
-            return list(result) if isinstance(result, (list, tuple)) else [result]
+            return leaves(real([_copy(x) for x in saved]))
 
         def differing(a: list, b: list) -> dict[int, float | None]:
             return {i: d for i, (x, y) in enumerate(zip(a, b)) for equal, d in [same(x, y)] if not equal}
@@ -328,14 +367,13 @@ class KernelRepeater:
             finally:
                 torch.set_num_threads(threads)
         torch.random.set_rng_state(rng)
-        digest = lambda xs: [fingerprint(x)[:16] if isinstance(x, torch.Tensor) else None for x in xs]  # noqa: E731
         return {
             "compile_id": compile_id,
             "graph": graph,
             "threads": threads,
             "repeats": count,
-            "inputs": digest(saved),
-            "outputs": digest(outs),
+            "inputs": _digests(saved),
+            "outputs": _digests(outs),
             "repeat_differs": {str(i): d for i, d in sorted(repeats.items())},
             "one_thread_differs": {str(i): d for i, d in sorted(one_thread.items())} if threads > 1 else None,
         }
@@ -372,11 +410,12 @@ class KernelRepeater:
     def summary(self) -> dict[str, Any]:
         """The calls with their digests and repeat results, and every output of every graph called,
         explained (so that replays in two processes can be compared afterwards)."""
-        called = sorted({(r["compile_id"], r["graph"]) for r in self.results})
-        explained = {
-            f"{c}/{g}": [
-                self.explain(c, g, i) for i in range(len(self.graphs.get(f"{c}/{g}", {}).get("outputs") or []))
-            ]
-            for c, g in called
-        }
-        return {"calls": self.results, "explained": explained}
+        called = sorted({(r["compile_id"], r["graph"]) for r in self.results + self.before})
+        explained = {}
+        for c, g in called:
+            try:
+                count = len(self.graphs.get(f"{c}/{g}", {}).get("outputs") or [])
+                explained[f"{c}/{g}"] = [self.explain(c, g, i) for i in range(count)]
+            except Exception as exc:  # naming is ours: the digests still compare
+                self.errors.append(f"explaining compiled graph {c} ({g}): {first_line(exc)}")
+        return {"calls": self.results, "before": self.before, "explained": explained, "errors": self.errors}

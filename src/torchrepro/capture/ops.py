@@ -31,7 +31,7 @@ from .. import _state
 from .._dist import placement
 from ..eventlog.random_ops import is_random_op
 from ..eventlog.rundir import replay_file
-from .fx_nodes import SKIP_DIRS, node_info, same, target_name
+from .fx_nodes import SKIP_DIRS, first_line, leaves, node_info, same, target_name
 
 _UNINITIALISED = re.compile(r"\bempty|_empty")
 
@@ -165,16 +165,17 @@ class GraphChecker:
             with torch.no_grad():
                 expected = reference(*saved)
             torch.random.set_rng_state(after)
-            self._compare(compile_id, reference, out, expected)
+            try:
+                self._compare(compile_id, reference, out, expected)
+            except Exception as exc:  # the localisation's failure, not the user's: reported as such
+                self.results.append({"compile_id": compile_id, "error": first_line(exc)})
             return out
 
         return keep_boxed_call(run, compiled)
 
     def _compare(self, compile_id: str, reference: Any, out: Any, expected: Any) -> None:
-        outputs = list(out) if isinstance(out, (list, tuple)) else [out]
-        wanted = list(expected) if isinstance(expected, (list, tuple)) else [expected]
-        nodes = [n for n in reference.graph.nodes if n.op == "output"][0].args[0]
-        nodes = list(nodes) if isinstance(nodes, (list, tuple)) else [nodes]
+        outputs, wanted = leaves(out), leaves(expected)
+        nodes = leaves([n for n in reference.graph.nodes if n.op == "output"][0].args[0])
         random = [
             node_info(n)
             for n in reference.graph.nodes

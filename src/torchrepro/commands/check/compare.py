@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +24,7 @@ from ...analysis.determinism import (
     divergence_findings,
     graph_evidence,
     hint_key,
+    not_localised,
     numerics_of_modes,
     numerics_without_inductor,
     uses_inductor,
@@ -32,7 +34,7 @@ from ...report.model import Finding
 from ...analysis.fixes import recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
-from ...errors import InputError
+from ...errors import InputError, UserError
 from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
 from ...runtime.options import RunOptions
@@ -56,13 +58,16 @@ def localize(
     same_config = spec_a.compile_mode == spec_b.compile_mode
     replay_a = checker.replay(spec_a, div.step, "a", eager=same_config, rank=div.rank)
     replay_b = checker.replay(spec_b, div.step, "b", eager=same_config, rank=div.rank)
-    return cause_from_replays(cause, replay_a, replay_b, same_config)
+    failure = "; ".join(f"replay {t}: {w}" for t, w in checker.replay_failures.items() if t in ("a", "b"))
+    return cause_from_replays(cause, replay_a, replay_b, same_config, failure or None)
 
 
-def localize_graph(checker: Checker, spec: RunSpec, div: Divergence) -> dict[str, Any]:
+def localize_graph(checker: Checker, spec: RunSpec, div: Divergence, cause: str) -> dict[str, Any]:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
-    graph: names the first graph (compile id) whose outputs differ, the output and its FX node."""
-    return graph_evidence(checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank), div.step)
+    graph: names the first graph (compile id) whose outputs differ, the output and its FX node
+    (the op blamed agrees with ``cause``)."""
+    replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
+    return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"))
 
 
 def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> dict[str, Any] | None:
@@ -123,6 +128,18 @@ def _earliest_divergence(
     return div, within, notes, pair
 
 
+def _guarded(what: str, cause: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, Any]]:
+    """``(fn(*args), {})``; a failure of the localisation itself (torchrepro's, not the user's run:
+    a stop or a user error still ends the check) is ``(None, evidence)`` saying so, with the
+    exception's first line and the cause still concluded."""
+    try:
+        return fn(*args), {}
+    except UserError:
+        raise
+    except Exception as exc:
+        return None, not_localised(cause, f"{what}: " + f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+
 def _explain(
     checker: Checker,
     done: dict[str, tuple[RunSpec, Run]],
@@ -144,12 +161,16 @@ def _explain(
             decomposition = _decomposition(checker, done, against)
             cause, evidence = cause_from_decomposition(decomposition, against)
             if localize_divergence:
-                evidence.update(localize_graph(checker, spec_b, div))
+                graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause)
+                evidence.update(graph or failed)
         else:
             cause, evidence = numerics_without_inductor()
     kernels = None
     if localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
-        kernels = localize_kernels(checker, spec_a, spec_b, div, [run_a, run_b])
+        kernels, failed = _guarded(
+            "the kernel replays", cause, localize_kernels, checker, spec_a, spec_b, div, [run_a, run_b]
+        )
+        evidence.update(failed)
         if kernels is not None:
             cause, evidence = cause_from_kernels(evidence, kernels)
     if (
@@ -157,8 +178,13 @@ def _explain(
         and localize_divergence
         and (cause in ("unknown", "init_params") or against is None and cause == "numerics")
     ):
-        cause, more = localize(checker, spec_a, spec_b, div, cause)
+        found, failed = _guarded("the op replays", cause, localize, checker, spec_a, spec_b, div, cause)
+        cause, more = found or (cause, failed)
         evidence.update(more)
+    replays = [f"replay {t}: {w}" for t, w in checker.replay_failures.items() if t.startswith("kernels")]
+    if replays:  # the kernel replays' own failures: said with what was concluded without them
+        note = f"kernel replays failed ({'; '.join(replays[:2])}); concluded without them: cause {cause}"
+        evidence["localisation_note"] = "; ".join(filter(None, [evidence.get("localisation_note"), note]))
     return cause, evidence, decomposition
 
 
@@ -203,6 +229,8 @@ def check(
     cause, evidence, decomposition = None, {}, None
     if div is not None:
         cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
+        if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
+            notes.append(evidence["localisation_note"])
     ladder, stages = [], None
     if div is not None and fixes is not False and against is None and (fixes or cause in FIXABLE):
         ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)

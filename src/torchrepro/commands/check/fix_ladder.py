@@ -9,6 +9,7 @@ The decisions are pure (:mod:`torchrepro.analysis.fixes`); this module only laun
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,15 @@ if TYPE_CHECKING:
     from .runs import Checker, RunSpec
 
 STEPS_AFTER = 2  # a fix's runs stop this many steps after the divergent step
+BASELINE = "fix-baseline"  # the run as written, truncated like the fixes' runs: what their step times divide by
 FIX_TIMEOUT_S = 300.0
+
+
+# A race between threads may not recur in a given replay: kernel replays run in pairs until a pair
+# shows a difference (graph call by graph call, or in the in-process repeats), at most REPLAY_PAIRS
+# pairs, and no new pair once REPLAY_BUDGET_S (or twice the slowest run as written) has passed.
+REPLAY_PAIRS = 3
+REPLAY_BUDGET_S = 240.0
 
 
 def _first_repeat_difference(calls: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
@@ -33,72 +42,159 @@ def _first_repeat_difference(calls: list[dict[str, Any]]) -> tuple[dict[str, Any
     return None
 
 
-def _first_cross_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
-    """The first graph call whose inputs agree between two replays and whose outputs do not."""
-    for x, y in zip(a, b):
-        if (x["compile_id"], x["graph"]) != (y["compile_id"], y["graph"]) or x["inputs"] != y["inputs"]:
-            return None  # the replays already took different paths: not evidence about one kernel
+def _calls(kernels: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every compiled graph call of a kernel replay in order: those before the replayed step, then
+    the step's own (marked ``at_step``)."""
+    return [*kernels.get("before", []), *({**c, "at_step": True} for c in kernels["calls"])]
+
+
+def first_cross_difference(
+    a: list[dict[str, Any]], b: list[dict[str, Any]]
+) -> tuple[tuple[dict[str, Any], int] | None, str | None]:
+    """Two processes' graph calls compared in order: the first call whose inputs agree and whose
+    outputs do not (the call, the output's index), else None and, when the processes parted
+    elsewhere, where (other graphs called, or a call's inputs differing while every earlier output
+    agreed: the difference entered outside compiled code)."""
+    for n, (x, y) in enumerate(zip(a, b)):
+        where = f"graph call {n + 1} ({x['compile_id']} {x['graph']})"
+        if (x["compile_id"], x["graph"]) != (y["compile_id"], y["graph"]):
+            return None, f"{where}: the replays called different graphs"
+        if x["inputs"] != y["inputs"]:
+            return None, f"{where}: inputs differ while every earlier output agreed (outside compiled code)"
         for i, (p, q) in enumerate(zip(x["outputs"], y["outputs"])):
             if p != q:
-                return x, i
-    return None
+                return (x, i), None
+    return None, None
+
+
+def _replay_pair(
+    checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run], attempt: int
+) -> list[dict[str, Any]]:
+    """Two kernel replays of the divergent step, side by side where the cores allow both replays'
+    threads (a race between threads that take turns on a core rarely shows); their records."""
+    suffix = "" if attempt == 0 else str(attempt + 1)
+    with ThreadPoolExecutor(max_workers=min(2, _jobs(runs))) as pool:
+        jobs = [
+            pool.submit(checker.replay, spec, div.step, tag + suffix, kernels=True, rank=div.rank)
+            for spec, tag in ((spec_a, "kernels-a"), (spec_b, "kernels-b"))
+        ]
+        replays = [job.result() for job in jobs]
+    for tag, replay in zip(("kernels-a", "kernels-b"), replays):
+        errors = ((replay or {}).get("kernels") or {}).get("errors")
+        if errors:  # what failed inside the replay's own checks, said with the rest
+            checker.replay_failures[tag + suffix] = "; ".join(errors[:2])
+    return [r["kernels"] for r in replays if r and "kernels" in r]
 
 
 def localize_kernels(
     checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run]
 ) -> dict[str, Any] | None:
-    """Replay the divergent step compiled, in two processes (side by side where the cores allow
-    both replays' threads: a race between threads that have to take turns on a core rarely shows),
-    repeating every compiled graph on identical inputs: the first output that differs (within a
-    process, else between the two processes on identical inputs), named down to its kernel; None
-    when every graph repeats."""
-    with ThreadPoolExecutor(max_workers=min(2, _jobs(runs))) as pool:
-        jobs = [
-            pool.submit(checker.replay, spec, div.step, tag, kernels=True, rank=div.rank)
-            for spec, tag in ((spec_a, "kernels-a"), (spec_b, "kernels-b"))
-        ]
-        replays = [job.result() for job in jobs]
-    found = [r["kernels"] for r in replays if r and "kernels" in r]
-    if not found:
+    """Replay the divergent step compiled in pairs of processes (:data:`REPLAY_PAIRS`), each
+    recording every compiled graph call's input and output digests and, at the step, repeating
+    each call on identical inputs. The first call whose outputs differ on equal inputs between
+    the two processes names the graph, output and kernel; a difference within one process's
+    repeats is supporting evidence (and names it when the processes agree). None when no pair
+    showed a difference, or every replay failed (``checker.replay_failures`` says why)."""
+    budget = max(REPLAY_BUDGET_S, 2 * max((float(r.meta.get("wall_s") or 0) for r in runs), default=0.0))
+    start, attempts, parted = time.monotonic(), 0, None
+    across = within = None
+    found: list[dict[str, Any]] = []
+    while attempts < REPLAY_PAIRS and (attempts == 0 or time.monotonic() - start < budget):
+        found = _replay_pair(checker, spec_a, spec_b, div, runs, attempts)
+        attempts += 1
+        if len(found) == 2:
+            across, parted = first_cross_difference(_calls(found[0]), _calls(found[1]))
+        within = next((hit for k in found for hit in [_first_repeat_difference(k["calls"])] if hit), None)
+        if across or within or not found:
+            break
+    if not (across or within):
         return None
-    within = next((hit for k in found for hit in [_first_repeat_difference(k["calls"])] if hit), None)
-    across = _first_cross_difference(found[0]["calls"], found[1]["calls"]) if len(found) == 2 else None
-    hit = within or across
-    if hit is None:
-        return None
-    call, index = hit
+    call, index = across or within  # type: ignore[misc]
+    return _name_kernel(found, call, index, within, across is not None, attempts, parted)
+
+
+def _name_kernel(
+    found: list[dict[str, Any]],
+    call: dict[str, Any],
+    index: int,
+    within: tuple[dict[str, Any], int] | None,
+    by_processes: bool,
+    attempts: int,
+    parted: str | None,
+) -> dict[str, Any]:
+    """The evidence for the kernel behind output ``index`` of graph call ``call``: what names it
+    (two processes' graph calls, or the in-process repeats), and the repeats' thread dependence."""
     explained = found[0]["explained"].get(f"{call['compile_id']}/{call['graph']}") or []
     named = (
         dict(explained[index])
         if index < len(explained)
         else {"compile_id": call["compile_id"], "graph": call["graph"], "output_index": index}
     )
-    one = call.get("one_thread_differs")
+    what = f"gradient of {named['parameter']}" if named.get("parameter") else f"output {index}"
+    when = "at the divergent step" if call.get("at_step") else "in a step before the divergent one"
+    if by_processes:
+        named_by = "replay_pair"
+        because = (
+            f"compiled graph {call['compile_id']} ({call['graph']}): {what} differs between two replays in "
+            f"separate processes on equal inputs, {when} (pair {attempts} of at most {REPLAY_PAIRS})"
+        )
+    else:
+        named_by = "in_process_repeat"
+        because = f"compiled graph {call['compile_id']} ({call['graph']}): {what} differs when repeated in one process on identical inputs"
+        if call["repeat_differs"].get(str(index)) is not None:
+            because += f", by up to {call['repeat_differs'][str(index)]:.3g}"
+    # the named graph's own call at the divergent step, repeated in one process (one that differed first)
+    same_graph = [
+        c for k in found for c in k["calls"] if (c["compile_id"], c["graph"]) == (call["compile_id"], call["graph"])
+    ]
+    repeat = next((c for c in same_graph if c.get("repeat_differs")), same_graph[0] if same_graph else {})
+    one = repeat.get("one_thread_differs")
     threads = {
-        "threads": call.get("threads"),
-        "repeats": call.get("repeats"),
-        "repeats_differ": bool(call.get("repeat_differs")),
+        "threads": repeat.get("threads"),
+        "repeats": repeat.get("repeats"),
+        "repeats_differ": bool(repeat.get("repeat_differs")),
         "one_thread": None if one is None else ("differs" if one else "repeats bit for bit"),
     }
-    how = (
-        "repeated in one process on identical inputs" if within else "in the two replays' processes on identical inputs"
-    )
-    what = f"gradient of {named['parameter']}" if named.get("parameter") else f"output {index}"
-    because = f"compiled graph {call['compile_id']} ({call['graph']}): {what} differs when {how}" + (
-        f", by up to {call['repeat_differs'][str(index)]:.3g}"
-        if within and call["repeat_differs"].get(str(index)) is not None
-        else ""
-    )
-    if one is not None:
-        calls = f" over {call['repeats']} repeats" if call.get("repeats") else ""
+    if (
+        by_processes
+        and within
+        and (within[0]["compile_id"], within[0]["graph"], within[1])
+        == (
+            call["compile_id"],
+            call["graph"],
+            index,
+        )
+    ):
+        because += "; the in-process repeats show it too"
+    elif by_processes and within:
+        other = within[0]
         because += (
-            f"; at 1 thread it repeats bit for bit{calls} (the difference depends on the thread count)"
+            f"; the in-process repeats show a difference in compiled graph {other['compile_id']} "
+            f"({other['graph']}) output {within[1]}"
+        )
+    elif by_processes:
+        because += "; the in-process repeats did not show it (the race did not recur in one process)"
+    if one is not None:
+        calls = f" over {repeat['repeats']} repeats" if repeat.get("repeats") else ""
+        because += (
+            f"; at 1 thread it repeats bit for bit{calls}"
+            + (" (the difference depends on the thread count)" if threads["repeats_differ"] else "")
             if not one
             else "; it differs at 1 thread too"
         )
     if named.get("kernel_atomic_add"):
         because += f"; kernel {named['kernel']} accumulates with atomic adds"
-    return {"localisation": "compiled_kernel", "because": because, "thread_dependence": threads, **named}
+    out = {
+        "localisation": "compiled_kernel",
+        "named_by": named_by,
+        "because": because,
+        "thread_dependence": threads,
+        "replay_pairs": attempts,
+        **named,
+    }
+    if parted:
+        out["replays_parted"] = parted
+    return out
 
 
 def _offending(runs: list[Run], compile_id: str | None) -> tuple[list[int] | None, str | None]:
@@ -123,7 +219,25 @@ def _uses(runs: list[Run]) -> tuple[bool, bool]:
     return bool(compiles), any(c.inductor_s is not None or c.cache.get("fxgraph") for c in compiles)
 
 
-def _baseline(runs: list[Run], last: int) -> float | None:
+def step_times(run: Run) -> list[float]:
+    """Rank 0's step times for :func:`~torchrepro.analysis.fixes.median_step_time` (which leaves
+    out step 0): step 0, then every later step during which nothing was compiled (a recompile
+    is warm-up too, not the price of a fix)."""
+    times: list[float] = []
+    compiled = False
+    for event in run.logs[0].events if run.logs else []:
+        if isinstance(event, Compile):
+            compiled = True
+        elif isinstance(event, Step) and event.time_s is not None:
+            if not times or not compiled:
+                times.append(event.time_s)
+            compiled = False
+    return times
+
+
+def _written_baseline(runs: list[Run], last: int) -> float | None:
+    """The median over the runs as written of their median step time to step ``last`` (only
+    when the baseline run failed: these runs' early steps may hold a cold compile)."""
     medians = [median_step_time([s.time_s for s in r.logs[0].of(Step) if s.index <= last]) for r in runs if r.logs]
     medians = [m for m in medians if m is not None]
     return sorted(medians)[len(medians) // 2] if medians else None
@@ -135,38 +249,31 @@ def _jobs(runs: list[Run]) -> int:
     return max(1, (os.cpu_count() or 1) // max(threads, 1))
 
 
+def _truncated(
+    checker: Checker, label: str, title: str, mode: str | None, fix: str | None, stop: int, timeout: float
+) -> tuple[FixRun, Run | None]:
+    """One run stopping after step ``stop`` (with ``fix`` applied, or as written): how it ended and
+    its step times."""
+    from .runs import RunSpec
+
+    try:
+        run, _ = checker.run(RunSpec(label, mode, title), timeout=timeout, fix=fix, stop_after_step=stop)
+    except InputError as exc:
+        return FixRun(ok=False, problems=[str(exc)]), None
+    end = checker.endings[label]
+    timed_out = bool(run.meta.get("stalled_after_s"))
+    return FixRun(ok=end.ok, problems=list(end.problems), timed_out=timed_out, step_times=step_times(run)), run
+
+
 def _try(
     checker: Checker, candidate: Candidate, spec: RunSpec, stop: int, timeout: float
 ) -> tuple[list[FixRun], Run | None, Run | None]:
-    from .runs import RunSpec
-
-    results: list[FixRun] = []
-    runs: list[Run | None] = []
-    for i in (1, 2):
-        label = f"fix-{candidate.name}-{i}"
-        mode = candidate.compile_mode or spec.compile_mode
-        try:
-            run, _ = checker.run(
-                RunSpec(label, mode, f"fix {candidate.name}, stopping after step {stop}"),
-                timeout=timeout,
-                fix=candidate.spec,
-                stop_after_step=stop,
-            )
-        except InputError as exc:
-            results.append(FixRun(ok=False, problems=[str(exc)]))
-            runs.append(None)
-            continue
-        end = checker.endings[label]
-        results.append(
-            FixRun(
-                ok=end.ok,
-                problems=list(end.problems),
-                timed_out=bool(run.meta.get("stalled_after_s")),
-                step_times=[s.time_s for s in run.logs[0].of(Step)] if run.logs else [],
-            )
-        )
-        runs.append(run)
-    return results, runs[0], runs[1]
+    mode = candidate.compile_mode or spec.compile_mode
+    title = f"fix {candidate.name}, stopping after step {stop}"
+    (r1, a), (r2, b) = (
+        _truncated(checker, f"fix-{candidate.name}-{i}", title, mode, candidate.spec, stop, timeout) for i in (1, 2)
+    )
+    return [r1, r2], a, b
 
 
 def run_fix_ladder(
@@ -179,7 +286,10 @@ def run_fix_ladder(
     only: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Each applicable candidate fix: two runs stopping ``STEPS_AFTER`` steps after the divergent
-    step, compared bit for bit, with their median step time against the runs as written."""
+    step, compared bit for bit, with their median step time after warm-up against that of a
+    baseline run as written in the same truncated configuration (run beside the fixes, so under
+    the same load and with the same warm compile cache; the runs as written, whose early steps
+    may hold a cold compile, only when the baseline run fails)."""
     compiled, inductor = _uses(as_written)
     frames, function = _offending(as_written, evidence.get("compile_id"))
     ladder = candidates(
@@ -192,15 +302,29 @@ def run_fix_ladder(
     if only:
         ladder = [c for c in ladder if c.name in only]
     stop = div.step + STEPS_AFTER
-    baseline = _baseline(as_written, stop)
     tried = [c for c in ladder if c.applicable]
     checker.console.print(
-        f"[dim]· fix ladder: {', '.join(c.name for c in tried)} (2 runs each, to step {stop})[/]", highlight=False
+        f"[dim]· fix ladder: {', '.join(c.name for c in tried)} (2 runs each, to step {stop}) and a baseline[/]",
+        highlight=False,
     )
     # a fix that hangs is stopped: no event for 3x the slowest run as written (at least FIX_TIMEOUT_S)
     timeout = max([FIX_TIMEOUT_S, *(3 * float(r.meta.get("wall_s") or 0) for r in as_written)])
     with ThreadPoolExecutor(max_workers=_jobs(as_written)) as pool:
+        base = pool.submit(
+            _truncated,
+            checker,
+            BASELINE,
+            f"as written, stopping after step {stop}",
+            spec.compile_mode,
+            None,
+            stop,
+            timeout,
+        )
         outcomes = dict(zip([c.name for c in tried], pool.map(lambda c: _try(checker, c, spec, stop, timeout), tried)))
+        base_run, _ = base.result()
+    baseline = median_step_time(base_run.step_times) if base_run.ok else None
+    if baseline is None:
+        baseline = _written_baseline(as_written, stop)
     rows = []
     for candidate in ladder:
         if candidate.name not in outcomes:

@@ -5,6 +5,7 @@ Used by :mod:`torchrepro.commands.check.compare` and the fix ladder (:mod:`torch
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,6 +58,7 @@ class Checker:
         self.console = console
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
+        self.replay_failures: dict[str, str] = {}  # replay tag -> why it wrote no record
 
     def run(
         self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None, **options: Any
@@ -169,4 +171,21 @@ class Checker:
         self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)
-        return json.loads(out.read_text()) if out.exists() else None
+        if out.exists():
+            return json.loads(out.read_text())
+        self.replay_failures[tag] = _why_no_record(result, step)
+        return None
+
+
+def _why_no_record(result: ChildResult, step: int) -> str:
+    """Why a replay wrote no record: the exception that ended it (its first line), or that it
+    ended cleanly before reaching ``step``."""
+    if result.exit_code == 0:
+        return f"the replay ended (exit 0) before step {step}"
+    errors = [
+        line.strip()
+        for line in result.stderr_tail
+        if re.match(r"\s*[\w.]*(Error|Exception|Failed|Failure|Interrupt)\b", line)
+    ]
+    last = errors[-1] if errors else next((line.strip() for line in reversed(result.stderr_tail) if line.strip()), "")
+    return f"the replay exited with {result.exit_code}" + (f": {last}" if last else "")
