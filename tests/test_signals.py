@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from torchrepro.eventlog.events import read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LONG = SCRIPTS / "long_train.py"
@@ -25,10 +26,7 @@ def _alive(pid: int) -> bool:
 
 
 def _events(run_dir: Path) -> list[list[dict]]:
-    return [
-        [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-        for p in sorted(run_dir.glob("rank-*/events.jsonl"))
-    ]
+    return [[e.to_json() for e in read_events(p).events] for p in sorted(run_dir.glob("rank-*/events.jsonl"))]
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:

@@ -6,6 +6,7 @@ torchrepro), watch (:class:`Job`) and end (:func:`end_jobs`) a job. What runs in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -70,8 +71,12 @@ def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque | None) -> None
 
 
 def _last_progress(run_dir: Path, since: float) -> float:
-    """When a rank last wrote an event (the launch time before any did)."""
-    times = [p.stat().st_mtime for p in run_dir.glob("rank-*/events.jsonl")]
+    """When a rank last wrote an event (the launch time before any did): a line to its
+    events.jsonl or a step record to its steps.bin."""
+    times = []
+    for path in (*run_dir.glob("rank-*/events.jsonl"), *run_dir.glob("rank-*/steps.bin")):
+        with contextlib.suppress(OSError):  # a rank's directory being created or removed
+            times.append(path.stat().st_mtime)
     return max([since, *times])
 
 
