@@ -44,6 +44,7 @@ here imports torch.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -93,7 +94,7 @@ def _micros(f: float) -> int | None:
     if not -1e9 < f < 1e9:  # NaN and infinities too
         return None
     m = round(f * 1e6)
-    return m if m / 1e6 == f else None
+    return m if m / 1e6 == f and (m or math.copysign(1.0, f) > 0) else None  # -0.0 is no 0 µs
 
 
 class Encoder:
@@ -151,7 +152,7 @@ class Encoder:
         _varint(_zigzag(value), out)
 
     def _float(self, value: float, old: Any, out: bytearray) -> None:
-        if -1e9 < value < 1e9 and (m := round(value * 1e6)) / 1e6 == value:
+        if (m := _micros(value)) is not None:
             # a duration rounded to the microsecond: its change in µs (from the previous such float)
             out.append(0x04)
             _varint(_zigzag(m - ((_micros(old) or 0) if type(old) is float else 0)), out)
