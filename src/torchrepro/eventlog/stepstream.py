@@ -272,6 +272,7 @@ class Decoder:
         self.damaged = 0
         self.problems: list[str] = []
         self.truncated = False
+        self.table = self._table()
         self._buf = b""
         self._seeking = False
         self._reset()
@@ -280,7 +281,9 @@ class Decoder:
         n = len(self.fields or ())
         self.prev: list[Any] = [_ABSENT] * n
         self.delta: list[int] = [0] * n
+        self.moving: set[int] = set()  # fields whose delta is not 0
         self.strings: list[str] = []
+        self.fresh = True  # the next record must hold every field
 
     def feed(self, data: bytes) -> list[tuple[int, Any]]:
         buf = self._buf + data if self._buf else data
@@ -358,28 +361,35 @@ class Decoder:
             self.problems.append(why)
 
     def _record(self, buf: bytes, pos: int, end: int) -> tuple[int, Any]:
-        fields, prev, delta = self.fields, self.prev, self.delta
+        fields, prev, delta, moving, table = self.fields, self.prev, self.delta, self.moving, self.table
         assert fields is not None
         mask, pos = _read_varint(buf, pos)
         if mask >> len(fields):
             raise Damaged("a field beyond the header's")
-        for i in range(len(fields)):
+        if self.fresh:
+            if mask != (1 << len(fields)) - 1:
+                raise Damaged("a field missing from the first record")
+            self.fresh = False
+        for i in moving:  # ints that change as they changed last time: no bit, no byte
+            if not mask >> i & 1:
+                prev[i] += delta[i]
+        while mask:
+            low = mask & -mask
+            mask ^= low
+            i = low.bit_length() - 1
             old = prev[i]
-            if mask >> i & 1:
-                if buf[pos] == 0x03 and type(old) is int:  # an int's change, less the predicted change
-                    z, pos = _read_varint(buf, pos + 1)
-                    delta[i] += z >> 1 if not z & 1 else -(z >> 1) - 1
-                    value = old + delta[i]
-                else:
-                    value, pos = self._value(buf, pos, old)
-                    delta[i] = 0
-            elif old is _ABSENT:
-                raise Damaged(f"{fields[i]} missing from the first record")
-            elif type(old) is int:
-                value = old + delta[i]
+            if buf[pos] == 0x03 and type(old) is int:  # an int's change, less the predicted change
+                z, pos = _read_varint(buf, pos + 1)
+                change = delta[i] + (z >> 1 if not z & 1 else -(z >> 1) - 1)
+                prev[i] = old + change
             else:
-                value = old
-            prev[i] = value
+                prev[i], pos = table[buf[pos]](buf, pos + 1, old)
+                change = 0
+            delta[i] = change
+            if change:
+                moving.add(i)
+            else:
+                moving.discard(i)
         if pos != end:
             raise Damaged("a record of the wrong length")
         lines = prev[0]
@@ -387,72 +397,97 @@ class Decoder:
             raise Damaged("no line count")
         return lines, self.make(dict(zip(fields[1:], prev[1:])))
 
-    def _value(self, buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
-        tag = buf[pos]
-        pos += 1
-        if tag < 0x03:
-            return (None, False, True)[tag], pos
-        if tag == 0x03:
+    def _table(self) -> list[Callable[[bytes, int, Any], tuple[Any, int]]]:
+        """The decoder of each tag byte: ``(buf, pos after the tag, previous value) -> (value, pos)``.
+        Reading past a record is caught by the record's length check."""
+
+        def bad(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            raise Damaged(f"tag {buf[pos - 1]:#x}")
+
+        def const(value: Any) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            return lambda buf, pos, old: (value, pos)
+
+        def whole(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
             z, pos = _read_varint(buf, pos)
             return (z >> 1 if not z & 1 else -(z >> 1) - 1), pos
-        if 0x40 <= tag < 0x80:
-            tz, nb = tag >> 3 & 7, (tag & 7) + 1
-            if tz + nb > 8:
-                raise Damaged("a float of over 8 bytes")
-            if pos + nb > len(buf):
-                raise IndexError("a cut float")
-            x = int.from_bytes(buf[pos : pos + nb], "little") << (8 * tz)
-            return _D.unpack(_Q.pack(x ^ (_bits(old) if type(old) is float else 0)))[0], pos + nb
-        if tag == 0x04:
+
+        def micros(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
             z, pos = _read_varint(buf, pos)
             base = (_micros(old) or 0) if type(old) is float else 0
             return (base + (z >> 1 if not z & 1 else -(z >> 1) - 1)) / 1e6, pos
-        if 0x80 <= tag < 0xC0:
-            size = tag & 0x3F
-            if pos + size > len(buf):
-                raise IndexError("a cut fingerprint")
-            return buf[pos : pos + size].hex(), pos + size
-        if tag == 0xC0:
+
+        def xor(tz: int, nb: int) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            shift, end = 8 * tz, nb
+
+            def read(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+                x = int.from_bytes(buf[pos : pos + end], "little") << shift
+                if type(old) is float:
+                    x ^= _Q.unpack(_D.pack(old))[0]
+                return _D.unpack(_Q.pack(x))[0], pos + end
+
+            return read
+
+        def hexed(size: int) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            return lambda buf, pos, old: (buf[pos : pos + size].hex(), pos + size)
+
+        def text(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
             size, pos = _read_varint(buf, pos)
-            if pos + size > len(buf):
-                raise IndexError("a cut string")
             s = buf[pos : pos + size].decode()
             self.strings.append(s)
             return s, pos + size
-        if tag == 0xC1:
+
+        def known(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
             index, pos = _read_varint(buf, pos)
             if index >= len(self.strings):
                 raise Damaged("a string index beyond the table")
             return self.strings[index], pos
-        if tag == 0xC2:
+
+        def items(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
             count, pos = _read_varint(buf, pos)
-            items = []
+            out = []
             for _ in range(count):
-                item, pos = self._value(buf, pos, None)
-                items.append(item)
-            return items, pos
-        if tag == 0xC3:
+                item, pos = table[buf[pos]](buf, pos + 1, None)
+                out.append(item)
+            return out, pos
+
+        def pairs(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
             count, pos = _read_varint(buf, pos)
             out = {}
             for _ in range(count):
-                k, pos = self._value(buf, pos, None)
+                k, pos = table[buf[pos]](buf, pos + 1, None)
                 if type(k) is not str:
                     raise Damaged("a dict key that is no string")
-                out[k], pos = self._value(buf, pos, None)
+                out[k], pos = table[buf[pos]](buf, pos + 1, None)
             return out, pos
-        if tag in (0xC4, 0xC5):
-            if tag == 0xC4 and type(old) is not list or tag == 0xC5 and type(old) is not dict:
-                raise Damaged("a change to a value that is not there")
-            olds = list(old.values()) if tag == 0xC5 else old
-            mask, pos = _read_varint(buf, pos)
-            if mask >> len(olds):
-                raise Damaged("an item beyond the previous value's")
-            items = list(olds)
-            for j in range(len(olds)):
-                if mask >> j & 1:
-                    items[j], pos = self._value(buf, pos, olds[j])
-            return (dict(zip(old, items)) if tag == 0xC5 else items), pos
-        raise Damaged(f"tag {tag:#x}")
+
+        def changed(keyed: bool) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            def read(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+                if type(old) is not (dict if keyed else list):
+                    raise Damaged("a change to a value that is not there")
+                olds = list(old.values() if isinstance(old, dict) else old)
+                mask, pos = _read_varint(buf, pos)
+                if mask >> len(olds):
+                    raise Damaged("an item beyond the previous value's")
+                out = list(olds)
+                for j in range(len(olds)):
+                    if mask >> j & 1:
+                        out[j], pos = table[buf[pos]](buf, pos + 1, olds[j])
+                return (dict(zip(old, out)) if keyed else out), pos
+
+            return read
+
+        table: list[Callable[[bytes, int, Any], tuple[Any, int]]] = [bad] * 256
+        table[0x00], table[0x01], table[0x02] = const(None), const(False), const(True)
+        table[0x03], table[0x04] = whole, micros
+        for tag in range(0x40, 0x80):
+            tz, nb = tag >> 3 & 7, (tag & 7) + 1
+            if tz + nb <= 8:
+                table[tag] = xor(tz, nb)
+        for tag in range(0x80, 0xC0):
+            table[tag] = hexed(tag & 0x3F)
+        table[0xC0], table[0xC1], table[0xC2], table[0xC3] = text, known, items, pairs
+        table[0xC4], table[0xC5] = changed(False), changed(True)
+        return table
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
