@@ -155,5 +155,6 @@ def test_sigterm_during_check_ends_the_check(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1].startswith("torchrepro: error: run-1: stopped by SIGTERM")
-    assert not (out / "run-2").exists()
-    assert json.loads((out / "run-1" / "run.json").read_text())["stopped_by"] == "SIGTERM"
+    for run in ("run-1", "run-2"):  # run-2 ran beside run-1 where the cores allow, and was stopped with it
+        if run == "run-1" or (out / run).exists():
+            assert json.loads((out / run / "run.json").read_text())["stopped_by"] == "SIGTERM"

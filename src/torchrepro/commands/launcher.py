@@ -243,6 +243,8 @@ class _ForwardStops:
         _RUNNING.append(self)
         if threading.current_thread() is threading.main_thread():
             self._previous = _forward_signals()
+        elif _STOPPED:  # a job started beside others after a stop signal: it stops at once
+            self._on_signal(_STOPPED[0], None)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -264,6 +266,7 @@ class _ForwardStops:
 
 
 _RUNNING: list[_ForwardStops] = []  # the jobs being waited for, in any thread
+_STOPPED: list[int] = []  # the stop signal received while jobs ran side by side (side_by_side)
 
 
 def _forward_signals() -> dict[int, Any]:
@@ -278,11 +281,15 @@ def _forward_signals() -> dict[int, Any]:
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:
+    """Put back the handlers :func:`_forward_signals` replaced, forgetting the stop it forwarded."""
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    if previous:
+        _STOPPED.clear()
 
 
 def _on_stop(signum: int, frame: Any) -> None:
+    _STOPPED.append(signum)
     for stops in list(_RUNNING):
         stops._on_signal(signum, frame)
 
@@ -290,7 +297,8 @@ def _on_stop(signum: int, frame: Any) -> None:
 def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
     """Each of ``calls`` (each launching and waiting for its own job) in a thread of its own, all
     at once; their results in order, or the first one's exception. A stop signal to torchrepro
-    reaches every job (:class:`_ForwardStops`), each call ending as it would alone."""
+    reaches every job (:class:`_ForwardStops`), also one started after it, each call ending as it
+    would alone."""
     results: list[Any] = [None] * len(calls)
     errors: list[BaseException | None] = [None] * len(calls)
 
