@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import InputError
-from .events import EventLog, Shared, Step, open_regular, rank_logs, read_events
+from .events import EVENTS_FILE, EventLog, Shared, Step, open_regular, rank_logs, read_events
 from .stepstream import STEPS_FILE
 
 RUN_FILE = "run.json"
@@ -99,6 +99,28 @@ def write_json(path: Path, data: Any) -> None:
 def json_text(data: Any) -> str:
     """How torchrepro writes a JSON file: indented, one newline at the end."""
     return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def disk_use(path: Path) -> tuple[int, int]:
+    """Bytes under a run directory: all its files, and its event logs among them (every
+    ``events.jsonl`` and ``steps.bin``, the runs of a check included)."""
+    total = logs = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed while walked
+                size = os.lstat(os.path.join(folder, name)).st_size
+                total += size
+                logs += size if name in (EVENTS_FILE, STEPS_FILE) else 0
+    return total, logs
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes in kB, MB or GB (powers of 1000), as ``du --si`` says them."""
+    units = ("B", "kB", "MB", "GB")
+    i = 0
+    while n >= 1000 and i < len(units) - 1:
+        n, i = n / 1000, i + 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
