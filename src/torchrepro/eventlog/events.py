@@ -325,10 +325,11 @@ def _checked(kind: str, data: dict[str, Any]) -> Event:
 _REPLICATED = ("params_fp", "grads_fp", "rng_fp", "param_fps", "rng_fps")
 
 
-def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
+def _builder(kind: str, cls: type[Event], positional: bool = False) -> Callable[..., Event]:
     """A function compiled for one kind that builds its event from a line holding exactly its
     fields in the writer's order, checking each value's exact JSON type in line, and falls back
-    to :func:`_checked` for anything else: the reader's hot path, same result."""
+    to :func:`_checked` for anything else: the reader's hot path, same result. ``positional``:
+    from the values alone, in field order (a step record whose fields are this torchrepro's)."""
     names = _names(cls)
     scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind}
     checks, types = [], []
@@ -338,12 +339,13 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
             scope[f"_T{i}"] = frozenset(accepted + ((bool,) if int in accepted else ()))
             checks.append(f"_type({name}) not in _T{i}")
             types.append(f"_T{i}=_T{i}")
-    slow = f"        return {'_share_step(_checked(_kind, data), shared)' if cls is Step else '_checked(_kind, data)'}"
-    lines = [
-        f"def build(data, shared=None, _type=type, {', '.join(types)}):",
-        "    if tuple(data) != _names:",
-        slow,
-        f"    {', '.join(names)}, = data.values()",
+    data = "dict(zip(_names, data))" if positional else "data"
+    slow = f"        return {f'_share_step(_checked(_kind, {data}), shared)' if cls is Step else f'_checked(_kind, {data})'}"
+    lines = [f"def build(data, shared=None, _type=type, {', '.join(types)}):"]
+    if not positional:
+        lines += ["    if tuple(data) != _names:", slow]
+    lines += [
+        f"    {', '.join(names)}, = {'data' if positional else 'data.values()'}",
         f"    if {' or '.join(checks) or 'False'}:",
         slow,
     ]
@@ -392,6 +394,7 @@ def _step_sharer() -> Callable[[Step, Shared | None], Step]:
 _STEP_PREFIX = b'{"kind":"step",'  # how the writer starts every step line
 _share_step = _step_sharer()
 _BUILDERS = {kind: _builder(kind, cls) for kind, cls in KINDS.items()}
+_step_from_values = _builder(Step.kind, Step, positional=True)
 _decode_step = _msgspec.json.Decoder(Step).decode if _msgspec is not None else None
 
 
@@ -668,8 +671,10 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
 def step_decoder(shared: Shared | None = None) -> stepstream.Decoder:
     """A decoder of ``steps.bin`` that makes :class:`Step` events (each field's JSON type checked,
     as for a line; a field a step no longer has is ignored, one the stream lacks is its default)."""
-    build = _BUILDERS[Step.kind]
-    return stepstream.Decoder(lambda fields: build(fields, shared))
+    build, from_values = _BUILDERS[Step.kind], _step_from_values
+    return stepstream.Decoder(
+        lambda fields: build(fields, shared), _names(Step), lambda values: from_values(values, shared)
+    )
 
 
 def _read_steps(log: EventLog, path: Path, shared: Shared | None) -> list[tuple[int, Step]]:

@@ -266,8 +266,16 @@ class Decoder:
     piece. ``make(fields)`` builds the event from a dict of the fields it knows by name. Damage is
     counted in ``damaged`` (with a reason in ``problems``) and skipped up to the next keyframe."""
 
-    def __init__(self, make: Callable[[dict[str, Any]], Any]):
-        self.make = make
+    def __init__(
+        self,
+        make: Callable[[dict[str, Any]], Any],
+        known: Sequence[str] = (),
+        make_from_values: Callable[[list[Any]], Any] | None = None,
+    ):
+        """``make_from_values``: builds the event from the values alone, in order, when the stream's
+        fields are ``known`` (this torchrepro's: the reader's hot path)."""
+        self.make, self.known, self.make_from_values = make, tuple(known), make_from_values
+        self.positional = False
         self.fields: tuple[str, ...] | None = None
         self.damaged = 0
         self.problems: list[str] = []
@@ -298,6 +306,7 @@ class Decoder:
                 if head.get("format") != FORMAT:
                     raise ValueError(head.get("format"))
                 self.fields = tuple(map(str, head["fields"]))
+                self.positional = self.make_from_values is not None and self.fields[1:] == self.known
             except (ValueError, TypeError, AttributeError, KeyError):
                 self._fail(f"not a step stream of format {FORMAT}")
                 self.fields = ()
@@ -395,6 +404,8 @@ class Decoder:
         lines = prev[0]
         if type(lines) is not int:
             raise Damaged("no line count")
+        if self.positional:
+            return lines, self.make_from_values(prev[1:])  # type: ignore[misc]
         return lines, self.make(dict(zip(fields[1:], prev[1:])))
 
     def _table(self) -> list[Callable[[bytes, int, Any], tuple[Any, int]]]:
