@@ -270,3 +270,10 @@ def test_a_step_a_stream_cannot_hold_is_written_as_a_line(tmp_path):
     got = read_events(path)
     assert [s.index for s in got.of(Step)] == [0, 1, 2] and got.of(Step)[2].loss == math.pi
     assert '"index":1' in path.read_text()  # the one step that is a line
+
+
+def test_a_step_stream_beside_a_log_without_header_is_not_read(tmp_path):
+    run = write_run(tmp_path / "run", doctor_like_steps(5), compact=True)
+    (run / "rank-0" / "events.jsonl").write_bytes(b"garbage\n{}\n")
+    log = read_events(run / "rank-0" / "events.jsonl")
+    assert log.unreadable and log.of(Step) == [] and log.events == []
