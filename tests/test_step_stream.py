@@ -277,3 +277,20 @@ def test_a_step_stream_beside_a_log_without_header_is_not_read(tmp_path):
     (run / "rank-0" / "events.jsonl").write_bytes(b"garbage\n{}\n")
     log = read_events(run / "rank-0" / "events.jsonl")
     assert log.unreadable and log.of(Step) == [] and log.events == []
+
+
+def test_storing_a_report_says_what_the_run_directory_holds(tmp_path, capsys):
+    from torchrepro.analysis.doctor import analyse
+    from torchrepro.eventlog.rundir import disk_use, load_run, size_text
+    from torchrepro.report.save import write_report
+
+    run_dir = write_run(tmp_path / "run", doctor_like_steps(300), compact=True)
+    logs = sum(f.stat().st_size for f in (run_dir / "rank-0").iterdir())
+    run = load_run(run_dir)
+    write_report(run_dir, analyse(run.meta, run.logs, run.problems))
+    total, counted = disk_use(run_dir)
+    assert counted == logs and total == sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
+    assert (
+        capsys.readouterr().err == f"torchrepro: {run_dir} holds {size_text(total)} ({size_text(logs)} of event logs)\n"
+    )
+    assert [size_text(n) for n in (999, 1000, 1_234_567, 5e12)] == ["999 B", "1.0 kB", "1.2 MB", "5000.0 GB"]
