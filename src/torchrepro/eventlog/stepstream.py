@@ -25,7 +25,8 @@ present, string table empty): every :data:`KEYFRAME_EVERY` records, so a reader 
 Values (one tag byte, then its payload)::
 
     00 None   01 False   02 True
-    03 int: zigzag varint of (value - predicted)
+    03 int: zigzag varint of (value - predicted) for a field whose previous value is an int, else
+          of the value
     04 float that is a whole number of microseconds: zigzag varint of its change in µs from the
           field's previous float (when that is one too; else from 0)
     40-7F float: bits XOR the field's previous float (0.0 if none); tag = 0x40 | trailing-zero bytes
@@ -35,6 +36,9 @@ Values (one tag byte, then its payload)::
     C2 list: varint count + values   C3 dict: varint count + (key value, value) pairs
     C4 list of the previous value's length: varint mask of changed items + their values
     C5 dict with the previous value's keys in order: varint mask of changed values + the values
+
+A list or dict equal (``==``) to the field's previous one is written as unchanged: a ``-0.0``
+inside one that held ``0.0`` reads back as ``0.0`` (no step field holds floats in a list).
 
 Writes are one ``os.write`` per record (``O_APPEND``): a record the kernel took survives SIGKILL, a
 record cut by a crash is the file's last bytes and is reported as a truncated last record. Nothing
@@ -81,11 +85,6 @@ def _hex_bytes(s: str) -> bytes | None:
     except ValueError:
         return None
     return raw if raw.hex() == s else None  # fromhex takes spaces and capitals: those stay strings
-
-
-def _bits(f: float) -> int:
-    bits: int = _Q.unpack(_D.pack(f))[0]
-    return bits
 
 
 def _micros(f: float) -> int | None:
