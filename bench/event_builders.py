@@ -1,59 +1,100 @@
-"""CPU time of ``events.from_json`` per step event, this tree next to another (``--baseline
-OTHER/src``), and ``orjson.loads`` of the same lines as the yardstick, in one run.
+"""What a step event costs to write and read, as a JSON line and as a compact record of
+``steps.bin`` (eventlog/stepstream.py), with ``orjson`` of the same line as the yardstick: CPU µs
+per step (best of 9 passes over the same steps) and bytes per step, in one run.
 
-    .venv/bin/python bench/event_builders.py --baseline /work/main/src
+    .venv/bin/python bench/event_builders.py [--steps 3000]
+
+The steps are as ``doctor`` records them on a training loop (loss, step time, batch and RNG digests
+every step, the parameters fingerprinted every 13th); ``--check`` makes them as ``check`` does
+(every parameter and the gradients every step). Writing is the event's bytes only (the ``write``
+system call is the same one either way); reading a record includes building its Step event.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
-import sys
+import random
+import struct
 import time
-from pathlib import Path
-from types import ModuleType
+from collections.abc import Callable
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).parent))
-from merge import rank_log  # noqa: E402
+from torchrepro.eventlog.events import Step, _line, _names, _step_values, step_decoder
+from torchrepro.eventlog.stepstream import Encoder
 
 
-def events_module(src: Path, name: str) -> ModuleType:
-    """``torchrepro/events.py`` of the source tree ``src``, imported on its own under ``name``."""
-    spec = importlib.util.spec_from_file_location(name, src / "torchrepro" / "events.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def steps(n: int, check: bool) -> list[Step]:
+    rng = random.Random(0)
+
+    def fp() -> str:
+        return "%016x" % rng.getrandbits(64)
+
+    t, out = 1_796_305_729.193371, []
+    for i in range(n):
+        t += 0.0075 + rng.random() / 1000
+        full = check or i % 13 == 0
+        out.append(
+            Step(
+                t=t,
+                step=i + 1,
+                index=i,
+                loss=struct.unpack("<f", struct.pack("<f", 3 / (i + 1) + rng.random() / 10))[0],
+                backward_calls=1,
+                time_s=round(0.0075 + rng.random() / 1000, 6),
+                params_fp=fp() if full else None,
+                param_fps=[fp() for _ in range(6)] if full else None,
+                grads_fp=fp() if check else None,
+                grad_norm=rng.random() if check else None,
+                batch_fp=fp(),
+                batches=1,
+                rng_fp=fp(),
+                rng_fps={"python": "2ba9ec2faa8fc04a", "numpy": "a30b678983c92d60", "torch_cpu": fp()},
+                rng_at="batch",
+            )
+        )
+    return out
 
 
-def per_step_us(build, lines: list[bytes]) -> float:
-    """Best of 9 of the CPU µs per line (fresh dicts each round: ``from_json`` consumes them)."""
+def best_us(run: Callable[[], object], n: int) -> float:
+    """Best of 9 of the CPU µs per step of ``run`` (which handles ``n`` steps)."""
     best = float("inf")
     for _ in range(9):
-        parsed = [orjson.loads(line) for line in lines]
         t0 = time.process_time()
-        for data, line in zip(parsed, lines):
-            build(data, line)
+        run()
         best = min(best, time.process_time() - t0)
-    return best / len(lines) * 1e6
+    return best / n * 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline", type=Path, required=True, metavar="SRC")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--check", action="store_true", help="steps as check records them")
     args = parser.parse_args()
-    lines = [line.encode() for line in rank_log(3000).splitlines() if '"kind":"step"' in line]
-    this = events_module(Path(__file__).parents[1] / "src", "events_this")
-    base = events_module(args.baseline, "events_baseline")
+    made = steps(args.steps, args.check)
+    lines = [_line(s) for s in made]
+    encoder = Encoder(_names(Step))
+    stream = encoder.header() + b"".join(encoder.encode([0, *_step_values(s)]) for s in made)
+
+    def encode_all() -> None:
+        enc = Encoder(_names(Step))
+        for s in made:
+            enc.encode([0, *_step_values(s)])
+
+    def decode_all() -> None:
+        decoder = step_decoder()
+        decoder.feed(stream)
+
     gc.disable()
+    n = len(made)
+    print(f"{n} steps ({'check' if args.check else 'doctor'}-like), CPU µs per step, best of 9")
+    print(f"{'':>14} {'bytes':>7} {'write µs':>9} {'read µs':>8}")
     print(
-        f"from_json per step event (CPU µs): this {per_step_us(lambda d, _: this.from_json(d), lines):.2f}, "
-        f"baseline {per_step_us(lambda d, _: base.from_json(d), lines):.2f}; "
-        f"orjson.loads of the line {per_step_us(lambda _, line: orjson.loads(line), lines):.2f}"
+        f"{'JSON line':>14} {sum(map(len, lines)) / n:>7.1f} {best_us(lambda: [_line(s) for s in made], n):>9.2f} "
+        f"{best_us(lambda: [orjson.loads(line) for line in lines], n):>8.2f}  (read: orjson.loads alone)"
     )
+    print(f"{'steps.bin':>14} {len(stream) / n:>7.1f} {best_us(encode_all, n):>9.2f} {best_us(decode_all, n):>8.2f}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ timed separately, with the time per event so linear scaling shows as a flat colu
     .venv/bin/python bench/merge.py                  # 2, 64 and 1024 ranks of 10 000 events
     .venv/bin/python bench/merge.py --ranks 2 8 --events 2000
 
-"vs json" is the whole time (read + analyse) over a bare ``json.loads`` of every line of the same
-logs, measured just before in the same child process (one per row, whose own peak RSS is printed:
+Each size is written twice: as the writer writes it now (``compact``: steps in ``steps.bin``) and
+with every step a JSON line (``lines``, as torchrepro.events/1 wrote it). "vs json" is the whole
+time (read + analyse) over a bare ``json.loads`` of every line of the ``lines`` logs (the same
+events as JSON lines), measured just before in the same child process (one per row, whose own peak RSS is printed:
 the yardstick reads one line at a time, so the peak is read + analyse), in CPU seconds and on the
 wall clock. Reading is the report's (each rank's steps reduced as it is read, by one process
 per core for logs over 128 MB; ``--jobs N`` sets the processes): CPU seconds are those of the
@@ -15,6 +17,9 @@ times another source tree on the same logs right after (before/after side by sid
 before the reduced reader reads whole events); ``--keep DIR`` keeps the logs (and reuses them).
 
     .venv/bin/python bench/merge.py --ranks 64 --events 3000 --baseline /work/main/src
+
+(A baseline tree from before the compact step stream reads ``compact`` logs as torchrepro.events/2,
+which it refuses: compare it on the ``lines`` rows.)
 """
 
 from __future__ import annotations
@@ -30,14 +35,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchrepro.eventlog.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Params, Step
+from torchrepro.eventlog.events import (
+    CacheLookup,
+    Compile,
+    Counters,
+    End,
+    GraphBreak,
+    Header,
+    Params,
+    Step,
+    write_all,
+)
 
 
-def rank_log(events: int) -> str:
-    """One rank's log as text (rank 0); every 50th event a compile-side event, the rest steps."""
+def rank_log(events: int, rank: int) -> list:
+    """One rank's events; every 50th event a compile-side event, the rest steps."""
     out = [
-        Header(world_size=1),
+        Header(rank=rank, world_size=1),
         Params(
+            rank=rank,
             names=[f"layer{i}.weight" for i in range(8)],
             shapes=[[64, 64]] * 8,
             dtypes=["float32"] * 8,
@@ -51,6 +67,7 @@ def rank_log(events: int) -> str:
             if kind == 0:
                 out.append(
                     Compile(
+                        rank=rank,
                         step=step,
                         compile_id=f"0/{i // 150}",
                         function="forward",
@@ -65,6 +82,7 @@ def rank_log(events: int) -> str:
             elif kind == 1:
                 out.append(
                     GraphBreak(
+                        rank=rank,
                         step=step,
                         compile_id="0/0",
                         reason="Data-dependent branching",
@@ -74,33 +92,35 @@ def rank_log(events: int) -> str:
                     )
                 )
             else:
-                out.append(CacheLookup(step=step, compile_id="0/0", cache="fxgraph", status="hit", key="abc"))
+                out.append(
+                    CacheLookup(rank=rank, step=step, compile_id="0/0", cache="fxgraph", status="hit", key="abc")
+                )
         else:
-            # like a DDP run: parameters and RNG agree across ranks, batches are per rank (BATCH)
+            # like a DDP run: parameters and RNG agree across ranks, batches are per rank
             fp = f"{step:016x}"
             out.append(
                 Step(
+                    t=1_000_000.0 + step * 0.0501,
+                    rank=rank,
                     step=step,
                     index=step,
                     loss=1.0 / (step + 1),
                     time_s=0.05,
                     params_fp=fp,
                     param_fps=[f"{step:012x}{j:04x}" for j in range(8)],
-                    batch_fp="BATCH" + fp[5:],
+                    batch_fp=f"{rank:05x}" + fp[5:],
                     rng_fp=fp,
                     rng_fps={"torch_cpu": fp, "numpy": fp, "python": fp},
                 )
             )
             step += 1
-    out += [Counters(counters={"stats": {"unique_graphs": 3}}), End(step=step, duration_s=10.0)]
-    return "".join(json.dumps(e.to_json(), separators=(",", ":")) + "\n" for e in out)
+    out += [Counters(rank=rank, counters={"stats": {"unique_graphs": 3}}), End(rank=rank, step=step, duration_s=10.0)]
+    return out
 
 
-def make_run(root: Path, ranks: int, text: str) -> None:
+def make_run(root: Path, ranks: int, events: int, compact: bool) -> None:
     for rank in range(ranks):
-        folder = root / f"rank-{rank}"
-        folder.mkdir(parents=True)
-        (folder / "events.jsonl").write_text(text.replace('"rank":0', f'"rank":{rank}').replace("BATCH", f"{rank:05x}"))
+        write_all(root / f"rank-{rank}" / "events.jsonl", rank_log(events, rank), compact_steps=compact)
 
 
 def bare_json(root: Path) -> float:
@@ -131,7 +151,7 @@ def clocks():  # CPU seconds of this process and of the reading processes it wai
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.perf_counter(), own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 c0 = clocks()
-bare_json(Path(sys.argv[1]))
+bare_json(Path(sys.argv[4]))
 c1 = clocks()
 run = load_run(sys.argv[1], **options)
 c2 = clocks()
@@ -143,18 +163,22 @@ print(json.dumps({"wall": [c1[0] - c0[0], c2[0] - c1[0], c3[0] - c2[0]],
 """
 
 
-def report_child(root: Path, src: str | None, jobs: str) -> dict[str, Any]:
-    """Time json, read and analyse of ``root`` in a child process (``src``: the torchrepro source
-    tree it imports; ``jobs``: its reading processes, or ``auto``)."""
+def report_child(root: Path, lines: Path, src: str | None, jobs: str) -> dict[str, Any]:
+    """Time json (of ``lines``), read and analyse of ``root`` in a child process (``src``: the
+    torchrepro source tree it imports; ``jobs``: its reading processes, or ``auto``)."""
     env = dict(os.environ, **({"PYTHONPATH": src} if src else {}))
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent), jobs],
+        [sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent), jobs, str(lines)],
         env=env,
         check=True,
         capture_output=True,
         text=True,
     )
     return json.loads(out.stdout.splitlines()[-1])
+
+
+def disk(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
 def main() -> None:
@@ -172,32 +196,34 @@ def main() -> None:
     )
     parser.add_argument("--keep", metavar="DIR", type=Path, help="write the logs under DIR (reused if it holds them)")
     args = parser.parse_args()
-    text = rank_log(args.events)
-    print("CPU seconds (wall seconds in the last columns)")
+    print("CPU seconds (wall seconds in the last columns); json: a bare json.loads of the same events as lines")
     print(
-        f"{'ranks':>6} {'events':>11} {'tree':>8} {'json s':>7} {'read s':>7} {'analyse s':>9} {'total s':>7} "
-        f"{'vs json':>7} {'µs/event':>8} {'wall s':>7} {'vs json':>7} {'peak RSS MB':>11}"
+        f"{'ranks':>6} {'events':>11} {'logs':>8} {'MB':>7} {'tree':>8} {'json s':>7} {'read s':>7} {'analyse s':>9} "
+        f"{'total s':>7} {'vs json':>7} {'µs/event':>8} {'wall s':>7} {'vs json':>7} {'peak RSS MB':>11}"
     )
     trees = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     for ranks in args.ranks:
-        root = args.keep / f"{ranks}x{args.events}" if args.keep else Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
+        base = args.keep / f"{ranks}x{args.events}" if args.keep else Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
         try:
-            if not (root / f"rank-{ranks - 1}" / "events.jsonl").exists():
-                make_run(root, ranks, text)
+            roots = {"lines": base / "lines", "compact": base / "compact"}
+            for name, root in roots.items():
+                if not (root / f"rank-{ranks - 1}" / "events.jsonl").exists():
+                    make_run(root, ranks, args.events, compact=name == "compact")
             total = ranks * args.events
-            for name, src in trees:
-                r = report_child(root, src, args.jobs)
-                (bare, read, analysed), wall = r["cpu"], r["wall"]
-                both, wall_both = read + analysed, wall[1] + wall[2]
-                print(
-                    f"{ranks:>6} {total:>11,} {name:>8} {bare:>7.2f} {read:>7.2f} {analysed:>9.2f} {both:>7.2f} "
-                    f"{both / bare:>6.2f}x {both / total * 1e6:>8.2f} {wall_both:>7.2f} {wall_both / wall[0]:>6.2f}x "
-                    f"{r['rss_mb']:>11.0f}",
-                    flush=True,
-                )
+            for name, root in roots.items():
+                for tree, src in trees:
+                    r = report_child(root, roots["lines"], src, args.jobs)
+                    (bare, read, analysed), wall = r["cpu"], r["wall"]
+                    both, wall_both = read + analysed, wall[1] + wall[2]
+                    print(
+                        f"{ranks:>6} {total:>11,} {name:>8} {disk(root) / 1e6:>7.1f} {tree:>8} {bare:>7.2f} {read:>7.2f} "
+                        f"{analysed:>9.2f} {both:>7.2f} {both / bare:>6.2f}x {both / total * 1e6:>8.2f} {wall_both:>7.2f} "
+                        f"{wall_both / wall[0]:>6.2f}x {r['rss_mb']:>11.0f}",
+                        flush=True,
+                    )
         finally:
             if not args.keep:
-                shutil.rmtree(root, ignore_errors=True)
+                shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -394,7 +394,10 @@ def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, 
 
 
 def _step_lines(run_root) -> list[str]:
-    return [line for line in (run_root / "run/rank-0/events.jsonl").read_text().splitlines() if '"kind":"step"' in line]
+    """The step events of the run's rank 0, each as a JSON line."""
+    from torchrepro.eventlog.events import Step, read_events
+
+    return [json.dumps(s.to_json()) for s in read_events(run_root / "run/rank-0/events.jsonl").of(Step)]
 
 
 def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path):

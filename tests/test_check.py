@@ -172,7 +172,7 @@ def test_diff_of_a_run_from_another_schema(tmp_path):
     torchrepro("run", "--out", str(tmp_path / "a"), str(SCRIPTS / "deterministic.py"), cwd=tmp_path)
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     log = tmp_path / "b" / "rank-0" / "events.jsonl"
-    log.write_text(log.read_text().replace("torchrepro.events/1", "torchrepro.events/9", 1))
+    log.write_text(log.read_text().replace("torchrepro.events/2", "torchrepro.events/9", 1))
     proc = torchrepro(
         "diff", "--json", str(tmp_path / "d.json"), str(tmp_path / "a"), str(tmp_path / "b"), cwd=tmp_path
     )

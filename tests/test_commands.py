@@ -20,6 +20,7 @@ import torchrepro.commands
 from torchrepro.cli import COMMANDS, build_parser
 from torchrepro.errors import InputError
 from torchrepro.runtime.options import OPTIONS_VAR, RunOptions
+from torchrepro.eventlog.events import Step, read_events
 
 MODULES = [name.replace("-", "_") for name in COMMANDS]
 # what the commands share (the launcher, the option layer, the output guard): modules without a sub-command
@@ -58,8 +59,7 @@ def seen(path: Path) -> dict:
 
 
 def steps(run_dir: Path) -> list[dict]:
-    events = [json.loads(line) for line in (run_dir / "rank-0" / "events.jsonl").read_text().splitlines()]
-    return [e for e in events if e["kind"] == "step"]
+    return [s.to_json() for s in read_events(run_dir / "rank-0" / "events.jsonl").of(Step)]
 
 
 def test_the_commands_folder_holds_the_commands_and_what_they_share():

@@ -18,6 +18,7 @@ import pytest
 
 from torchrepro.errors import InputError
 from torchrepro.eventlog.rundir import LOCK_FILE, claim_run_dir, release_run_dir
+from torchrepro.eventlog.events import read_events
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux (/proc, prctl)")
 
@@ -101,7 +102,7 @@ def _rank_pid_after_steps(run_dir: Path, steps: int, timeout: float = 240) -> in
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if log.exists():
-            events = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
+            events = [e.to_json() for e in read_events(log).events]
             if sum(e["kind"] == "step" for e in events) >= steps:
                 return events[0]["pid"]
         time.sleep(0.2)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torchrepro.eventlog.events import Step, read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.distributed
@@ -33,10 +34,7 @@ def torchrepro(tmp_path: Path, *args: str) -> tuple[int, dict]:
 
 def rank_steps(run: Path) -> dict[str, int]:
     """Each rank folder of a run and its number of steps."""
-    return {
-        d.name: sum('"kind":"step"' in line for line in (d / "events.jsonl").read_text().splitlines())
-        for d in sorted(run.glob("rank-*"))
-    }
+    return {d.name: len(read_events(d / "events.jsonl").of(Step)) for d in sorted(run.glob("rank-*"))}
 
 
 def assert_rank1_noise_found(code: int, report: dict, runs: list[Path]) -> None:
@@ -113,7 +111,7 @@ def test_drift_on_spawned_ranks_sees_both_ranks(tmp_path):
     first_batches = []
     for run in runs:
         logs = [
-            [json.loads(line) for line in (Path(run["dir"]) / f"rank-{rank}" / "events.jsonl").open()]
+            [e.to_json() for e in read_events(Path(run["dir"]) / f"rank-{rank}" / "events.jsonl").events]
             for rank in (0, 1)
         ]
         losses = [[e["value"] for e in log if e["kind"] == "metric" and e["name"] == "loss"] for log in logs]

@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 import pytest
 
 from torchrepro.cli import main
-from torchrepro.eventlog.events import End, Header, Step, write_all
+from torchrepro.eventlog.events import End, Header, Step, read_events, write_all
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SMALL = SCRIPTS / "train_small.py"
@@ -336,7 +336,7 @@ def test_batches_capture_cannot_hash_do_not_stop_capture(tmp_path):
     (tmp_path / "unhashable.py").write_text(UNHASHABLE_BATCHES)
     proc = torchrepro("run", "--out", "run", "unhashable.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    events = [json.loads(line) for line in (tmp_path / "run" / "rank-0" / "events.jsonl").read_text().splitlines()]
+    events = [e.to_json() for e in read_events(tmp_path / "run" / "rank-0" / "events.jsonl").events]
     assert not [e for e in events if e["kind"] == "capability" and e["name"] == "capture_error"]
     steps = [e for e in events if e["kind"] == "step"]
     assert len(steps) == 4 and all(s["loss"] is not None and s["batch_fp"] for s in steps)

@@ -153,7 +153,7 @@ def test_report_of_a_newer_schema_is_an_input_error(tmp_path):
     log.write_text(
         "\n".join(
             [
-                json.dumps(json.loads(lines[0]) | {"schema": "torchrepro.events/2", "torchrepro_version": "0.9"}),
+                json.dumps(json.loads(lines[0]) | {"schema": "torchrepro.events/9", "torchrepro_version": "0.9"}),
                 *lines[1:],
             ]
         )

@@ -6,6 +6,7 @@ torchrepro), watch (:class:`Job`) and end (:func:`end_jobs`) a job. What runs in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -70,8 +71,12 @@ def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque | None) -> None
 
 
 def _last_progress(run_dir: Path, since: float) -> float:
-    """When a rank last wrote an event (the launch time before any did)."""
-    times = [p.stat().st_mtime for p in run_dir.glob("rank-*/events.jsonl")]
+    """When a rank last wrote an event (the launch time before any did): a line to its
+    events.jsonl or a step record to its steps.bin."""
+    times = []
+    for path in (*run_dir.glob("rank-*/events.jsonl"), *run_dir.glob("rank-*/steps.bin")):
+        with contextlib.suppress(OSError):  # a rank's directory being created or removed
+            times.append(path.stat().st_mtime)
     return max([since, *times])
 
 
@@ -226,23 +231,25 @@ def _signal_group(pgid: int, sig: int) -> None:
 class _ForwardStops:
     """While a job runs, SIGINT/SIGTERM/SIGHUP sent to torchrepro stop the whole job (the same signal
     to its process group, SIGKILL after :data:`GRACE_S` s or at a second signal) instead of leaving
-    it running; the run is then recorded as stopped and its report written."""
+    it running; the run is then recorded as stopped and its report written. Jobs waited for in
+    other threads (:func:`side_by_side`) are stopped too: the main thread's handlers (installed by
+    the first job waited for there, or by :func:`side_by_side`) forward to every job running."""
 
     def __init__(self, job: Job):
         self.job, self.signum, self.since = job, None, None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _ForwardStops:
+        _RUNNING.append(self)
         if threading.current_thread() is threading.main_thread():
-            for name in STOP_SIGNALS:
-                if hasattr(signal, name):
-                    sig = getattr(signal, name)
-                    self._previous[sig] = signal.signal(sig, self._on_signal)
+            self._previous = _forward_signals()
+        elif _STOPPED:  # a job started beside others after a stop signal: it stops at once
+            self._on_signal(_STOPPED[0], None)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+        _RUNNING.remove(self)
+        _restore_signals(self._previous)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = self.signum is None
@@ -256,6 +263,65 @@ class _ForwardStops:
 
     def overdue(self) -> bool:
         return self.since is not None and time.monotonic() - self.since > GRACE_S
+
+
+_RUNNING: list[_ForwardStops] = []  # the jobs being waited for, in any thread
+_STOPPED: list[int] = []  # the stop signal received while jobs ran side by side (side_by_side)
+
+
+def _forward_signals() -> dict[int, Any]:
+    """Install (main thread) the handlers that forward a stop signal to every job running; the
+    handlers they replace, for :func:`_restore_signals`."""
+    previous = {}
+    for name in STOP_SIGNALS:
+        if hasattr(signal, name):
+            sig = getattr(signal, name)
+            previous[sig] = signal.signal(sig, _on_stop)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    """Put back the handlers :func:`_forward_signals` replaced, forgetting the stop it forwarded."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    if previous:
+        _STOPPED.clear()
+
+
+def _on_stop(signum: int, frame: Any) -> None:
+    _STOPPED.append(signum)
+    for stops in list(_RUNNING):
+        stops._on_signal(signum, frame)
+
+
+def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Each of ``calls`` (each launching and waiting for its own job) in a thread of its own, all
+    at once; their results in order, or the first one's exception. A stop signal to torchrepro
+    reaches every job (:class:`_ForwardStops`), also one started after it, each call ending as it
+    would alone."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def call(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the main thread, raised there
+            errors[i] = exc
+
+    previous = _forward_signals() if threading.current_thread() is threading.main_thread() else {}
+    try:
+        threads = [threading.Thread(target=call, args=(i,), name=f"torchrepro-run-{i}") for i in range(len(calls))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # (a join with a timeout lets the main thread take signals)
+                thread.join(timeout=0.2)
+    finally:
+        _restore_signals(previous)
+    for error in errors:
+        if error is not None:
+            raise error
+    return results
 
 
 def run_child(

@@ -1,9 +1,12 @@
-"""The event log: typed events, an append-only JSONL writer, and a tolerant reader.
+"""The event log: typed events, an append-only writer, and a tolerant reader.
 
-One file per rank, ``RUN_DIR/rank-<r>/events.jsonl``; the first line is a :class:`Header`
-carrying ``"schema": "torchrepro.events/1"``. Every line is one JSON object with a ``kind``.
+Per rank, ``RUN_DIR/rank-<r>/events.jsonl``: the first line is a :class:`Header` carrying
+``"schema": "torchrepro.events/2"``; every line is one JSON object with a ``kind``. Step events,
+one a step, go to ``steps.bin`` beside it as compact binary records (:mod:`.stepstream`, ~50
+bytes a step instead of ~400); the reader puts them back among the lines in writing order, and
+reads logs of ``torchrepro.events/1`` (every step a JSON line) too.
 The writer hands each event to the kernel with one ``write``, so a crash keeps everything before it. The reader skips
-garbled lines, lines over :data:`MAX_LINE` bytes and a truncated last line and says so in
+garbled lines, lines over :data:`MAX_LINE` bytes, a truncated last line and damaged step records and says so in
 ``EventLog.problems``; events of kinds it does not know are counted, not fatal. It reads a chunk at
 a time (memory holds the events, not the file) and only regular files (:func:`open_regular`: a FIFO
 or a device would block or never end). Nothing here imports torch.
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
 from ..errors import InputError
+from . import stepstream
+from .stepstream import STEPS_FILE
 
 try:
     import orjson as _orjson
@@ -34,7 +39,8 @@ try:
 except ImportError:  # optional: step lines are then read through orjson or json, the same events
     _msgspec = None
 
-SCHEMA = "torchrepro.events/1"
+SCHEMA = "torchrepro.events/2"
+READABLE = (SCHEMA, "torchrepro.events/1")  # /1: steps as JSON lines, no steps.bin (read the same way)
 EVENTS_FILE = "events.jsonl"
 MAX_LINE = 64 << 20  # a longer line is damage (a sparse or garbled file), skipped unread: memory stays bounded
 _CHUNK = 4 << 20  # what the reader holds of the file at once, besides one line
@@ -319,10 +325,11 @@ def _checked(kind: str, data: dict[str, Any]) -> Event:
 _REPLICATED = ("params_fp", "grads_fp", "rng_fp", "param_fps", "rng_fps")
 
 
-def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
+def _builder(kind: str, cls: type[Event], positional: bool = False) -> Callable[..., Event]:
     """A function compiled for one kind that builds its event from a line holding exactly its
     fields in the writer's order, checking each value's exact JSON type in line, and falls back
-    to :func:`_checked` for anything else: the reader's hot path, same result."""
+    to :func:`_checked` for anything else: the reader's hot path, same result. ``positional``:
+    from the values alone, in field order (a step record whose fields are this torchrepro's)."""
     names = _names(cls)
     scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind}
     checks, types = [], []
@@ -332,12 +339,13 @@ def _builder(kind: str, cls: type[Event]) -> Callable[..., Event]:
             scope[f"_T{i}"] = frozenset(accepted + ((bool,) if int in accepted else ()))
             checks.append(f"_type({name}) not in _T{i}")
             types.append(f"_T{i}=_T{i}")
-    slow = f"        return {'_share_step(_checked(_kind, data), shared)' if cls is Step else '_checked(_kind, data)'}"
-    lines = [
-        f"def build(data, shared=None, _type=type, {', '.join(types)}):",
-        "    if tuple(data) != _names:",
-        slow,
-        f"    {', '.join(names)}, = data.values()",
+    data = "dict(zip(_names, data))" if positional else "data"
+    slow = f"        return {f'_share_step(_checked(_kind, {data}), shared)' if cls is Step else f'_checked(_kind, {data})'}"
+    lines = [f"def build(data, shared=None, _type=type, {', '.join(types)}):"]
+    if not positional:
+        lines += ["    if tuple(data) != _names:", slow]
+    lines += [
+        f"    {', '.join(names)}, = {'data' if positional else 'data.values()'}",
         f"    if {' or '.join(checks) or 'False'}:",
         slow,
     ]
@@ -386,6 +394,7 @@ def _step_sharer() -> Callable[[Step, Shared | None], Step]:
 _STEP_PREFIX = b'{"kind":"step",'  # how the writer starts every step line
 _share_step = _step_sharer()
 _BUILDERS = {kind: _builder(kind, cls) for kind, cls in KINDS.items()}
+_step_from_values = _builder(Step.kind, Step, positional=True)
 _decode_step = _msgspec.json.Decoder(Step).decode if _msgspec is not None else None
 
 
@@ -425,8 +434,30 @@ def _finite(v: Any) -> bool:
     return v is None or type(v) is float and math.isfinite(v) or type(v) is int
 
 
+def _write(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    while written < len(data):  # a regular file takes it whole, unless interrupted
+        written += os.write(fd, data[written:])
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as fp:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: fp.read(_CHUNK), b""))
+
+
+def _step_getter() -> Callable[[Step], tuple]:
+    """A Step's field values in order, compiled for its fields (the writer's hot path)."""
+    scope: dict[str, Any] = {}
+    source = f"def values(e):\n    return ({''.join(f'e.{name}, ' for name in _names(Step))})"
+    exec(source, scope)  # noqa: S102 -- source built above from Step's own field names
+    return scope["values"]
+
+
+_step_values = _step_getter()
+
+
 class EventWriter:
-    """Appends events to a JSONL file, one ``write`` system call per event, nothing buffered in
+    """Appends events to a JSONL file (steps to ``steps.bin`` beside it), one ``write`` system call per event, nothing buffered in
     the process: once ``write`` returns, the line is the kernel's, and survives the process
     being killed (SIGKILL) at any later point; only an operating-system crash or power loss can
     take it (no ``fsync``). Each of ``listeners`` (e.g. the OpenTelemetry exporter) is called
@@ -437,26 +468,62 @@ class EventWriter:
     ...     w.write(Step(index=0, loss=1.5))
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, compact_steps: bool = True):
+        """``compact_steps``: step events go to ``steps.bin`` beside ``path`` (:mod:`.stepstream`);
+        they are JSON lines in ``path`` without it, and whenever ``steps.bin`` already holds
+        another writer's records (a second session of one process) or a step has a value that is
+        no JSON type."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         self.listeners: list[Callable[[Event], None]] = []
+        self.lines = _count_lines(self.path) if os.fstat(self._fd).st_size else 0  # what the reader counts
+        self._steps: tuple[int, stepstream.Encoder] | None = None
+        self._compact = compact_steps
+        # steps.bin is opened at the first step, in the folder this log is in then (it may have been
+        # renamed: a launched process's log moves to launcher/ while it writes, runtime.follow.claim)
+        self._dir: int | None = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY) if compact_steps else None
 
     def write(self, event: Event) -> None:
         if self._fd is None:
             return
-        line = _line(event)
-        written = os.write(self._fd, line)
-        while written < len(line):  # a regular file takes it whole, unless interrupted
-            written += os.write(self._fd, line[written:])
+        if type(event) is Step and self._compact and self._write_step(event):
+            pass
+        else:
+            _write(self._fd, _line(event))
+            self.lines += 1
         for listener in self.listeners:
             listener(event)
+
+    def _write_step(self, step: Step) -> bool:
+        """``step`` as a record of ``steps.bin``; False when it must be a JSON line instead."""
+        if self._steps is None:
+            fd = os.open(STEPS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666, dir_fd=self._dir)
+            if os.fstat(fd).st_size:  # another writer's stream: its records' state is not ours
+                os.close(fd)
+                self._compact = False
+                return False
+            encoder = stepstream.Encoder(_names(Step))
+            _write(fd, encoder.header())
+            self._steps = (fd, encoder)
+        fd, encoder = self._steps
+        try:
+            record = encoder.encode([self.lines, *_step_values(step)])
+        except TypeError:
+            return False
+        _write(fd, record)
+        return True
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._steps is not None:
+            os.close(self._steps[0])
+            self._steps = None
+        if self._dir is not None:
+            os.close(self._dir)
+            self._dir = None
 
     def __enter__(self) -> EventWriter:
         return self
@@ -582,14 +649,19 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
     :class:`Shared` for every rank of a run) keeps what repeats across ranks once."""
     path = Path(path)
     log = EventLog(path)
+    steps = _read_steps(log, path.with_name(STEPS_FILE), shared)
     with open_regular(path) as fp:
-        _read_lines(log, LineReader(fp), shared)
+        _read_lines(log, LineReader(fp), shared, steps)
     if log.bad_lines > 5:
         log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
     header = log.header
     if header is None:
         log.unreadable = "no header line: not a torchrepro event log"
-    elif header.schema != SCHEMA:
+        if steps:  # a step stream means nothing without the log it belongs to
+            stream = {id(step) for _, step in steps}
+            log.events = [e for e in log.events if id(e) not in stream]
+            log._by_type = None
+    elif header.schema not in READABLE:
         by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
         log.unreadable = (
             f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
@@ -600,13 +672,49 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
     return log
 
 
-def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None) -> None:
-    """Each line of ``lines`` into ``log``: its event, or counted as skipped (see :func:`read_events`)."""
+def step_decoder(shared: Shared | None = None) -> stepstream.Decoder:
+    """A decoder of ``steps.bin`` that makes :class:`Step` events (each field's JSON type checked,
+    as for a line; a field a step no longer has is ignored, one the stream lacks is its default)."""
+    build, from_values = _BUILDERS[Step.kind], _step_from_values
+    return stepstream.Decoder(
+        lambda fields: build(fields, shared), _names(Step), lambda values: from_values(values, shared)
+    )
+
+
+def _read_steps(log: EventLog, path: Path, shared: Shared | None) -> list[tuple[int, Step]]:
+    """The step records of ``path`` (``steps.bin``) as ``(lines before it in events.jsonl, step)``;
+    none if there is no such file. Damage is counted in ``log`` as for a line."""
+    try:
+        fp = open_regular(path)
+    except FileNotFoundError:
+        return []
+    decoder = step_decoder(shared)
+    out: list[tuple[int, Step]] = []
+    with fp:
+        while chunk := fp.read(_CHUNK):
+            out += decoder.feed(chunk)
+    out += decoder.finish()
+    if decoder.damaged:
+        log.bad_lines += decoder.damaged
+        log.truncated = decoder.truncated
+        log.problems += (f"{path}: {why}" for why in decoder.problems)
+    return out
+
+
+def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None, records: list[tuple[int, Step]]) -> None:
+    """Each line of ``lines`` into ``log``: its event, or counted as skipped (see :func:`read_events`);
+    the step ``records`` of ``steps.bin`` each after the line it follows."""
     loads, builders, events = _orjson.loads if _orjson is not None else json.loads, _BUILDERS, log.events
     fast, share_step, step_prefix = _decode_step, _share_step, _STEP_PREFIX
     by_type: dict[type, list[Event]] = {Step: []}  # the events grouped by type as they are read (EventLog.of)
     steps = by_type[Step]
+    pending = iter(records)
+    at, record = next(pending, (None, None))  # the next record and the line it follows
     for number, raw in enumerate(lines, 1):
+        while at is not None and at < number:
+            events.append(record)  # type: ignore[arg-type]
+            steps.append(record)  # type: ignore[arg-type]
+            at, record = next(pending, (None, None))
         if fast is not None and raw.startswith(step_prefix):
             try:  # a step line straight into its event, JSON types checked by msgspec
                 step = share_step(fast(raw), shared)
@@ -643,6 +751,10 @@ def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None) -> None
                 elif log.truncated:
                     what = "truncated last line"
                 log.problems.append(f"{log.path}: {what} skipped")
+    if at is not None:  # records after the last line (events.jsonl cut short, or steps alone)
+        rest = [record, *(r for _, r in pending)]
+        events += rest  # type: ignore[arg-type]
+        steps += rest  # type: ignore[arg-type]
     log._by_type = (events, len(events), by_type)
 
 
@@ -668,8 +780,9 @@ def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(found, key=lambda p: _rank_from_dir(p.parent.name))
 
 
-def write_all(path: str | os.PathLike, events: Iterable[Event]) -> None:
-    """Write a whole log at once (used by trace import and tests)."""
-    with EventWriter(path) as writer:
+def write_all(path: str | os.PathLike, events: Iterable[Event], compact_steps: bool = True) -> None:
+    """Write a whole log at once (used by trace import and tests); ``compact_steps``: as for
+    :class:`EventWriter` (False writes a log as torchrepro.events/1 did, every step a line)."""
+    with EventWriter(path, compact_steps) as writer:
         for event in events:
             writer.write(event)

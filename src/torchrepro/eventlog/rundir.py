@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import InputError
-from .events import EventLog, Shared, Step, open_regular, rank_logs, read_events
+from .events import EVENTS_FILE, EventLog, Shared, Step, open_regular, rank_logs, read_events
+from .stepstream import STEPS_FILE
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.json"
@@ -98,6 +99,28 @@ def write_json(path: Path, data: Any) -> None:
 def json_text(data: Any) -> str:
     """How torchrepro writes a JSON file: indented, one newline at the end."""
     return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def disk_use(path: Path) -> tuple[int, int]:
+    """Bytes under a run directory: all its files, and its event logs among them (every
+    ``events.jsonl`` and ``steps.bin``, the runs of a check included)."""
+    total = logs = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed while walked
+                size = os.lstat(os.path.join(folder, name)).st_size
+                total += size
+                logs += size if name in (EVENTS_FILE, STEPS_FILE) else 0
+    return total, logs
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes in kB, MB or GB (powers of 1000), as ``du --si`` says them."""
+    units = ("B", "kB", "MB", "GB")
+    i = 0
+    while n >= 1000 and i < len(units) - 1:
+        n, i = n / 1000, i + 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
 
 
 def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
@@ -344,7 +367,7 @@ def load_run(
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
-    size = sum(f.stat().st_size for f in files if f.is_file()) if keep is not None else 0  # (chooses jobs)
+    size = sum(map(_log_bytes, files)) if keep is not None else 0  # (chooses jobs)
     if jobs is None:
         jobs = _cores() if size >= PARALLEL_BYTES else 1
     jobs = min(jobs, len(files))
@@ -372,6 +395,16 @@ def load_run(
             )
         seen[log.rank] = log.path
     return run
+
+
+def _log_bytes(file: Path) -> int:
+    """What reading a rank's log costs, in bytes of JSON lines: its events.jsonl, and its steps.bin
+    as the ~8x longer lines its records stand for."""
+    size = 0
+    with contextlib.suppress(OSError):
+        size = file.stat().st_size
+        size += 8 * file.with_name(STEPS_FILE).stat().st_size
+    return size
 
 
 PARALLEL_BYTES = 128 << 20  # rank logs smaller than this in all are read in one process (starting

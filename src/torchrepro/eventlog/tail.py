@@ -1,7 +1,9 @@
 """Follow a run directory while it is written: new rank directories, new lines of each log.
 
 Each rank's log is read from where the last read stopped (its offset is remembered); a last
-line still being written is kept until its newline arrives. ``run.json`` is re-read each time
+line still being written is kept until its newline arrives. Its ``steps.bin`` (step records) is
+read the same way, each record put after the line it follows (a record that follows a line not
+read yet waits for it). ``run.json`` is re-read each time
 (it is written atomically). This module only reads files: what the events mean is for whoever
 polls (:class:`torchrepro.report.live.FollowedRun` feeds them to the live analysis).
 """
@@ -12,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .events import EVENTS_FILE, MAX_LINE, Event, from_json, open_regular
+from .events import EVENTS_FILE, MAX_LINE, Event, Step, from_json, open_regular, step_decoder
+from .stepstream import STEPS_FILE, Decoder
 from .rundir import RUN_FILE, read_run_json
 
 
@@ -38,6 +41,9 @@ class RunFollower:
         self.unreadable = 0
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
+        self._lines: dict[Path, int] = {}  # lines of each events.jsonl read so far
+        self._decoders: dict[Path, Decoder] = {}  # of each steps.bin
+        self._waiting: dict[Path, list[tuple[int, Step]]] = {}  # records after lines not read yet
 
     def poll(self) -> list[tuple[int, Event]]:
         """Re-read ``run.json``; the new events of every rank (new ranks included) as
@@ -57,28 +63,61 @@ class RunFollower:
             pass  # not written yet (or by a launcher that writes none)
 
     def _read(self, path: Path) -> list[Event]:
+        """The new events of one rank: its new lines, and its new step records each after the line
+        it follows."""
+        lines = self._new_lines(path)
+        steps = path.with_name(STEPS_FILE)
+        decoder = self._decoders.get(steps)
+        data = self._new_bytes(steps)
+        if data:
+            if decoder is None:
+                decoder = self._decoders[steps] = step_decoder()
+            before = decoder.damaged
+            self._waiting.setdefault(path, []).extend(decoder.feed(data))
+            self.unreadable += decoder.damaged - before
+        waiting = self._waiting.get(path, [])
+        events: list[Event] = []
+        for number, event in lines:
+            while waiting and waiting[0][0] < number:
+                events.append(waiting.pop(0)[1])
+            if event is not None:
+                events.append(event)
+        read = self._lines.get(path, 0)
+        while waiting and waiting[0][0] <= read:
+            events.append(waiting.pop(0)[1])
+        return events
+
+    def _new_bytes(self, path: Path) -> bytes:
+        """What was appended to ``path`` since the last read (at most :data:`MAX_LINE` bytes: the
+        rest on the next poll, memory stays bounded)."""
         try:
             with open_regular(path) as fp:  # InputError: a FIFO would block the view
                 fp.seek(self._offsets.get(path, 0))
-                data = fp.read(MAX_LINE)  # the rest on the next poll: memory stays bounded
+                data = fp.read(MAX_LINE)
         except OSError:
-            return []
+            return b""
         self._offsets[path] = self._offsets.get(path, 0) + len(data)
+        return data
+
+    def _new_lines(self, path: Path) -> list[tuple[int, Event | None]]:
+        """The complete lines appended to an ``events.jsonl`` since the last read, numbered from
+        its first line: each one's event, or None (blank, unknown kind or unreadable)."""
+        data = self._new_bytes(path)
         lines = (self._partial.pop(path, b"") + data).split(b"\n")
         if len(lines[-1]) > MAX_LINE:  # damage, not a line being written: skipped
             lines[-1] = b""
             self.unreadable += 1
         if lines[-1]:
             self._partial[path] = lines[-1]  # still being written
-        events = []
-        for raw in lines[:-1]:
-            if not raw.strip():
-                continue
-            try:
-                event = from_json(json.loads(raw))
-            except (ValueError, TypeError, AttributeError):
-                self.unreadable += 1
-                continue
-            if event is not None:
-                events.append(event)
-        return events
+        first = self._lines.get(path, 0) + 1
+        self._lines[path] = first - 1 + len(lines) - 1
+        out: list[tuple[int, Event | None]] = []
+        for number, raw in enumerate(lines[:-1], first):
+            event = None
+            if raw.strip():
+                try:
+                    event = from_json(json.loads(raw))
+                except (ValueError, TypeError, AttributeError):
+                    self.unreadable += 1
+            out.append((number, event))
+        return out

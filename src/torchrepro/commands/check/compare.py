@@ -221,7 +221,7 @@ def check(
         script, args, out, options=options, snapshots=snapshots, console=console, nproc=nproc, timeout=timeout
     )
     specs = plan_runs(runs, against)
-    done = {spec.label: (spec, checker.run(spec)[0]) for spec in specs}
+    done = {spec.label: (spec, run) for spec, (run, _) in zip(specs, checker.run_all(specs))}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)

@@ -5,6 +5,7 @@ Used by :mod:`torchrepro.commands.check.compare` and the fix ladder (:mod:`torch
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from ...analysis.verdict import Ending, ending
 from ...errors import InputError, Stopped
-from ..launcher import ChildResult, child_env, launch
+from ..launcher import ChildResult, child_env, launch, side_by_side
 from ...runtime.options import RunOptions
 from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, write_json
 
@@ -34,6 +35,27 @@ def plan_runs(runs: int, against: str | None) -> list[RunSpec]:
         return [RunSpec(f"run-{i + 1}", None, f"run {i + 1} (as written)") for i in range(runs)]
     reference = RunSpec(against, against, "compilation disabled" if against == "eager" else "fallback_random=True")
     return [reference, RunSpec("compiled", None, "as written")]
+
+
+SIDE_BY_SIDE_VAR = "TORCHREPRO_CHECK_SIDE_BY_SIDE"  # 0: one run after the other; 1: side by side
+
+
+def side_by_side_allowed(processes: int) -> bool:
+    """Whether a check may run its runs at once (``processes`` in all): ``TORCHREPRO_CHECK_SIDE_BY_SIDE``
+    decides if set; else when there is a core for each process and no accelerator device is visible
+    (runs sharing one GPU could run out of its memory, which alone they would not)."""
+    said = os.environ.get(SIDE_BY_SIDE_VAR)
+    if said in ("0", "1"):
+        return said == "1"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return processes <= cores and not accelerator_visible()
+
+
+def accelerator_visible() -> bool:
+    """A GPU device file (NVIDIA, AMD) this process could use, unless ``CUDA_VISIBLE_DEVICES`` hides them all."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
 
 
 class Checker:
@@ -59,6 +81,14 @@ class Checker:
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
         self.replay_failures: dict[str, str] = {}  # replay tag -> why it wrote no record
+
+    def run_all(self, specs: list[RunSpec]) -> list[tuple[Run, int]]:
+        """:meth:`run` of each of ``specs``: side by side where :func:`side_by_side_allowed` says
+        the machine has room, else one after the other."""
+        if len(specs) > 1 and side_by_side_allowed(len(specs) * self.nproc):
+            self.console.print(f"[dim]· {len(specs)} runs side by side[/]", highlight=False)
+            return side_by_side([lambda spec=spec: self.run(spec) for spec in specs])
+        return [self.run(spec) for spec in specs]
 
     def run(
         self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None, **options: Any

@@ -1,0 +1,513 @@
+"""The compact step stream: ``RUN_DIR/rank-<r>/steps.bin``, one binary record per step event,
+each a delta against the step before; everything else stays a JSON line in ``events.jsonl``.
+
+Why: a step event as a JSON line is ~400 bytes (field names, hex fingerprints, 17-digit floats),
+and a job writes one per step per rank. A record holds only what changed, in binary: ~40-60
+bytes a step for what ``doctor`` records (docs/reports.md, "The event log on disk").
+
+Layout (all integers unsigned LEB128 varints unless said)::
+
+    file    := header-line record*
+    header  := one JSON line: {"format": "torchrepro.steps/1", "fields": ["_lines", "t", "rank", ...]}
+    record  := [KEYFRAME] varint(len(body)) body
+    body    := varint(mask) value*          one value per field whose bit is set in mask, in order
+
+``fields`` names the record's fields (the step event's own, in the writer's order; the reader
+matches them by name, so fields added later or unknown to a reader cost nothing). Field 0,
+``_lines``, is how many lines ``events.jsonl`` held when the step was written: the reader puts the
+step after that line, so the two files read back as one log in writing order. A field's bit is
+clear when its value is the *predicted* one: the previous record's value, or for integers the
+previous value plus the previous change (``index`` and ``step`` grow by one: no bit, no byte).
+:data:`KEYFRAME` (4 bytes) starts a record that is encoded against nothing (every field
+present, string table empty): every :data:`KEYFRAME_EVERY` records, so a reader that meets damage
+(a cut record, bytes that do not decode) skips to the next keyframe and reads on.
+
+Values (one tag byte, then its payload)::
+
+    00 None   01 False   02 True
+    03 int: zigzag varint of (value - predicted) for a field whose previous value is an int, else
+          of the value
+    04 float that is a whole number of microseconds: zigzag varint of its change in µs from the
+          field's previous float (when that is one too; else from 0)
+    40-7F float: bits XOR the field's previous float (0.0 if none); tag = 0x40 | trailing-zero bytes
+          << 3 | (significant bytes - 1), then the significant bytes, little-endian
+    80-BF lowercase hex string of n = tag & 0x3F bytes (2n hex digits): the bytes
+    C0 str: varint length + UTF-8 (added to the string table)   C1 str: varint index into the table
+    C2 list: varint count + values   C3 dict: varint count + (key value, value) pairs
+    C4 list of the previous value's length: varint mask of changed items + their values
+    C5 dict with the previous value's keys in order: varint mask of changed values + the values
+
+A list or dict equal (``==``) to the field's previous one is written as unchanged: a ``-0.0``
+inside one that held ``0.0`` reads back as ``0.0`` (no step field holds floats in a list).
+
+Writes are one ``os.write`` per record (``O_APPEND``): a record the kernel took survives SIGKILL, a
+record cut by a crash is the file's last bytes and is reported as a truncated last record. Nothing
+here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+FORMAT = "torchrepro.steps/1"
+STEPS_FILE = "steps.bin"
+KEYFRAME = b"\x00TRK"  # no record starts with a zero byte (a body is never empty)
+KEYFRAME_EVERY = 256
+_MAX_RECORD = 16 << 20  # a longer record is damage (a garbled length), not a record still being written
+LINES = "_lines"  # the pseudo-field: events.jsonl lines written before the step
+
+_D = struct.Struct("<d")
+_Q = struct.Struct("<Q")
+_ABSENT = object()  # the previous value of a field before any record (and after a keyframe)
+
+
+def _varint(n: int, out: bytearray) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _zigzag(n: int) -> int:
+    return n * 2 if n >= 0 else -n * 2 - 1
+
+
+def _hex_bytes(s: str) -> bytes | None:
+    """``s`` as bytes when it is lowercase hex of 1 to 63 bytes (a fingerprint), else None."""
+    if not 0 < len(s) <= 126:
+        return None
+    try:
+        raw = bytes.fromhex(s)
+    except ValueError:
+        return None
+    return raw if raw.hex() == s else None  # fromhex takes spaces and capitals: those stay strings
+
+
+def _micros(f: float) -> int | None:
+    """``f`` in whole microseconds when it is exactly the float nearest such a number (a time
+    rounded to 6 decimals), else None."""
+    if not -1e9 < f < 1e9:  # NaN and infinities too
+        return None
+    m = round(f * 1e6)
+    return m if m / 1e6 == f and (m or math.copysign(1.0, f) > 0) else None  # -0.0 is no 0 µs
+
+
+class Encoder:
+    """Encodes step records for one stream; ``fields`` are the record's fields after ``_lines``.
+    Holds the previous record's values (memory stays flat)."""
+
+    def __init__(self, fields: Sequence[str]):
+        self.fields = (LINES, *fields)
+        self._body = _body_encoder(len(self.fields))
+        self._reset()
+        self.records = 0
+        self._key_next = True
+
+    def header(self) -> bytes:
+        return (json.dumps({"format": FORMAT, "fields": list(self.fields)}, separators=(",", ":")) + "\n").encode()
+
+    def _reset(self) -> None:
+        self.prev: list[Any] = [_ABSENT] * len(self.fields)
+        self.delta: list[int] = [0] * len(self.fields)
+        self.strings: dict[str, int] = {}
+
+    def encode(self, values: Sequence[Any]) -> bytes:
+        """One record of ``values`` (``_lines`` first, then ``fields`` in order); ``TypeError`` for a
+        value that is no JSON type (the caller writes that step as a JSON line instead)."""
+        key = self._key_next or self.records % KEYFRAME_EVERY == 0
+        if key:
+            self._reset()
+        try:
+            body, mask = self._body(values, self.prev, self.delta, self._value)
+        except TypeError:
+            self._key_next = True  # the state holds part of a record never written: start afresh
+            raise
+        self._key_next = False
+        self.records += 1
+        out = bytearray(KEYFRAME if key else b"")
+        head = bytearray()
+        _varint(mask, head)
+        _varint(len(head) + len(body), out)
+        return bytes(out + head + body)
+
+    def _value(self, value: Any, old: Any, out: bytearray) -> None:
+        encode = _ENCODE.get(type(value))
+        if encode is None:
+            raise TypeError(f"{type(value).__name__} in a step record")
+        encode(self, value, old, out)
+
+    def _none(self, value: None, old: Any, out: bytearray) -> None:
+        out.append(0x00)
+
+    def _bool(self, value: bool, old: Any, out: bytearray) -> None:
+        out.append(0x02 if value else 0x01)
+
+    def _int(self, value: int, old: Any, out: bytearray) -> None:
+        out.append(0x03)
+        _varint(_zigzag(value), out)
+
+    def _float(self, value: float, old: Any, out: bytearray) -> None:
+        if (m := _micros(value)) is not None:
+            # a duration rounded to the microsecond: its change in µs (from the previous such float)
+            out.append(0x04)
+            _varint(_zigzag(m - ((_micros(old) or 0) if type(old) is float else 0)), out)
+            return
+        x = _Q.unpack(_D.pack(value))[0]
+        if type(old) is float:
+            x ^= _Q.unpack(_D.pack(old))[0]
+        tz = min(((x & -x).bit_length() - 1) >> 3, 7) if x else 7
+        nb = max((x.bit_length() + 7) >> 3, tz + 1) - tz
+        out.append(0x40 | tz << 3 | (nb - 1))
+        out += (x >> (tz << 3)).to_bytes(nb, "little")
+
+    def _str(self, value: str, old: Any, out: bytearray) -> None:
+        raw = _hex_bytes(value)
+        if raw is not None:
+            out.append(0x80 | len(raw))
+            out += raw
+        elif value in self.strings:
+            out.append(0xC1)
+            _varint(self.strings[value], out)
+        else:
+            self.strings[value] = len(self.strings)
+            data = value.encode()
+            out.append(0xC0)
+            _varint(len(data), out)
+            out += data
+
+    def _list(self, value: list[Any], old: Any, out: bytearray) -> None:
+        if type(old) is list and len(old) == len(value):
+            self._changed(0xC4, value, old, out)
+            return
+        out.append(0xC2)
+        _varint(len(value), out)
+        for item in value:
+            self._value(item, None, out)
+
+    def _dict(self, value: dict[str, Any], old: Any, out: bytearray) -> None:
+        if type(old) is dict and len(old) == len(value) and list(old) == list(value):
+            self._changed(0xC5, list(value.values()), list(old.values()), out)
+            return
+        out.append(0xC3)
+        _varint(len(value), out)
+        for k, item in value.items():
+            if type(k) is not str:
+                raise TypeError(f"dict key {k!r}")
+            self._str(k, None, out)
+            self._value(item, None, out)
+
+    def _changed(self, tag: int, items: list[Any], olds: list[Any], out: bytearray) -> None:
+        mask, body = 0, bytearray()
+        for j, (item, old) in enumerate(zip(items, olds)):
+            if item is not old and (item != old or type(item) is not type(old) or type(item) is float and item == 0.0):
+                mask |= 1 << j
+                self._value(item, old, body)
+        out.append(tag)
+        _varint(mask, out)
+        out += body
+
+
+_ENCODE: dict[type, Callable[[Encoder, Any, Any, bytearray], None]] = {
+    type(None): Encoder._none,
+    bool: Encoder._bool,
+    int: Encoder._int,
+    float: Encoder._float,
+    str: Encoder._str,
+    list: Encoder._list,
+    dict: Encoder._dict,
+}
+
+
+def _body_encoder(n: int) -> Callable[..., tuple[bytearray, int]]:
+    """The function that encodes a record's ``n`` values against ``prev`` (updated in place), each
+    field's test written out (the writer's hot path): an int that changed by the predicted change,
+    or a value that is (or equals, of the same type) the previous one, costs no byte."""
+    lines = [
+        "def body(values, prev, delta, value_of, _int=int, _float=float, _type=type):",
+        "    mask = 0",
+        "    out = bytearray()",
+    ]
+    lines.append(f"    {''.join(f'v{i}, ' for i in range(n))}= values")
+    for i in range(n):
+        lines += [
+            f"    o = prev[{i}]",
+            f"    if _type(v{i}) is _int and _type(o) is _int:",
+            f"        c = v{i} - o",
+            f"        if c != delta[{i}]:",
+            f"            mask |= {1 << i}",
+            "            out.append(3)",
+            f"            _varint(_zigzag(c - delta[{i}]), out)",
+            f"            delta[{i}] = c",
+            f"    elif v{i} is not o and (v{i} != o or _type(v{i}) is not _type(o) or _type(v{i}) is _float and v{i} == 0.0):",
+            f"        mask |= {1 << i}",  # 0.0 == -0.0: a zero float is written again
+            f"        value_of(v{i}, o, out)",
+            f"        delta[{i}] = 0",
+            f"    prev[{i}] = v{i}",
+        ]
+    lines.append("    return out, mask")
+    scope: dict[str, Any] = {"_varint": _varint, "_zigzag": _zigzag}
+    exec("\n".join(lines), scope)  # noqa: S102 -- source built above from the field count alone
+    body: Callable[..., tuple[bytearray, int]] = scope["body"]
+    return body
+
+
+class Damaged(ValueError):
+    """Bytes that are no record."""
+
+
+class Decoder:
+    """Decodes a step stream fed in pieces (:meth:`feed`): the records complete so far come out as
+    ``(lines_before, fields)``, a record cut at the end of what was fed is kept for the next
+    piece. ``make(fields)`` builds the event from a dict of the fields it knows by name. Damage is
+    counted in ``damaged`` (with a reason in ``problems``) and skipped up to the next keyframe."""
+
+    def __init__(
+        self,
+        make: Callable[[dict[str, Any]], Any],
+        known: Sequence[str] = (),
+        make_from_values: Callable[[list[Any]], Any] | None = None,
+    ):
+        """``make_from_values``: builds the event from the values alone, in order, when the stream's
+        fields are ``known`` (this torchrepro's: the reader's hot path)."""
+        self.make, self.known, self.make_from_values = make, tuple(known), make_from_values
+        self.positional = False
+        self.fields: tuple[str, ...] | None = None
+        self.damaged = 0
+        self.problems: list[str] = []
+        self.truncated = False
+        self.table = self._table()
+        self._buf = b""
+        self._seeking = False
+        self._reset()
+
+    def _reset(self) -> None:
+        n = len(self.fields or ())
+        self.prev: list[Any] = [_ABSENT] * n
+        self.delta: list[int] = [0] * n
+        self.moving: set[int] = set()  # fields whose delta is not 0
+        self.strings: list[str] = []
+        self.fresh = True  # the next record must hold every field
+
+    def feed(self, data: bytes) -> list[tuple[int, Any]]:
+        buf = self._buf + data if self._buf else data
+        pos, out = 0, list[tuple[int, Any]]()
+        if self.fields is None:
+            end = buf.find(b"\n", 0, _MAX_RECORD)
+            if end < 0 and len(buf) < _MAX_RECORD:
+                self._buf = buf
+                return out
+            try:
+                head = json.loads(buf[:end])
+                if head.get("format") != FORMAT:
+                    raise ValueError(head.get("format"))
+                self.fields = tuple(map(str, head["fields"]))
+                self.positional = self.make_from_values is not None and self.fields[1:] == self.known
+            except (ValueError, TypeError, AttributeError, KeyError):
+                self._fail(f"not a step stream of format {FORMAT}")
+                self.fields = ()
+                self._seeking = True  # nothing in it can be read
+            self._reset()
+            pos = end + 1
+        n = len(buf)
+        while pos < n:
+            if self._seeking:
+                found = buf.find(KEYFRAME, pos) if self.fields else -1
+                if found < 0:
+                    pos = max(pos, n - len(KEYFRAME) + 1)
+                    break
+                pos, self._seeking = found, False
+            start = pos
+            if buf[pos] == 0:
+                if n - pos < len(KEYFRAME):
+                    break  # the rest of the mark comes with the next piece
+                if buf[pos : pos + len(KEYFRAME)] == KEYFRAME:
+                    pos += len(KEYFRAME)
+                    self._reset()
+            try:
+                size, pos = _read_varint(buf, pos)
+            except IndexError:
+                pos = start  # a length cut at the end of this piece: wait for the rest
+                break
+            if pos + size > n and size <= _MAX_RECORD:
+                pos = start
+                break
+            try:
+                if size == 0 or size > _MAX_RECORD:
+                    raise Damaged("a zero byte that is no keyframe mark" if size == 0 else "a record of over 16 MiB")
+                out.append(self._record(buf, pos, pos + size))
+            except (Damaged, IndexError, ValueError, TypeError, UnicodeDecodeError) as exc:
+                self._fail(f"an undecodable step record ({exc}); read on from the next keyframe")
+                pos, self._seeking = start + 1, True
+                continue
+            pos += size
+        self._buf = buf[pos:]
+        return out
+
+    def finish(self) -> list[tuple[int, Any]]:
+        """At the end of the file: a record left cut short is damage (``truncated`` turns True
+        when nothing after it could be read); the records after the next keyframe in what was left
+        (a garbled length that claimed the rest of the file) come out."""
+        out: list[tuple[int, Any]] = []
+        while self._buf and not self._seeking:
+            self._fail("truncated last step record")
+            self.truncated = True
+            rest, self._buf, self._seeking = self._buf[1:], b"", True
+            found = self.feed(rest)
+            if found:
+                self.truncated = False
+                out += found
+        self._buf = b""
+        return out
+
+    def _fail(self, why: str) -> None:
+        self.damaged += 1
+        if len(self.problems) < 5:
+            self.problems.append(why)
+
+    def _record(self, buf: bytes, pos: int, end: int) -> tuple[int, Any]:
+        fields, prev, delta, moving, table = self.fields, self.prev, self.delta, self.moving, self.table
+        assert fields is not None
+        mask, pos = _read_varint(buf, pos)
+        if mask >> len(fields):
+            raise Damaged("a field beyond the header's")
+        if self.fresh:
+            if mask != (1 << len(fields)) - 1:
+                raise Damaged("a field missing from the first record")
+            self.fresh = False
+        for i in moving:  # ints that change as they changed last time: no bit, no byte
+            if not mask >> i & 1:
+                prev[i] += delta[i]
+        while mask:
+            low = mask & -mask
+            mask ^= low
+            i = low.bit_length() - 1
+            old = prev[i]
+            if buf[pos] == 0x03 and type(old) is int:  # an int's change, less the predicted change
+                z, pos = _read_varint(buf, pos + 1)
+                change = delta[i] + (z >> 1 if not z & 1 else -(z >> 1) - 1)
+                prev[i] = old + change
+            else:
+                prev[i], pos = table[buf[pos]](buf, pos + 1, old)
+                change = 0
+            delta[i] = change
+            if change:
+                moving.add(i)
+            else:
+                moving.discard(i)
+        if pos != end:
+            raise Damaged("a record of the wrong length")
+        lines = prev[0]
+        if type(lines) is not int:
+            raise Damaged("no line count")
+        if self.positional:
+            return lines, self.make_from_values(prev[1:])  # type: ignore[misc]
+        return lines, self.make(dict(zip(fields[1:], prev[1:])))
+
+    def _table(self) -> list[Callable[[bytes, int, Any], tuple[Any, int]]]:
+        """The decoder of each tag byte: ``(buf, pos after the tag, previous value) -> (value, pos)``.
+        Reading past a record is caught by the record's length check."""
+
+        def bad(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            raise Damaged(f"tag {buf[pos - 1]:#x}")
+
+        def const(value: Any) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            return lambda buf, pos, old: (value, pos)
+
+        def whole(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            z, pos = _read_varint(buf, pos)
+            return (z >> 1 if not z & 1 else -(z >> 1) - 1), pos
+
+        def micros(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            z, pos = _read_varint(buf, pos)
+            base = (_micros(old) or 0) if type(old) is float else 0
+            return (base + (z >> 1 if not z & 1 else -(z >> 1) - 1)) / 1e6, pos
+
+        def xor(tz: int, nb: int) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            shift, end = 8 * tz, nb
+
+            def read(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+                x = int.from_bytes(buf[pos : pos + end], "little") << shift
+                if type(old) is float:
+                    x ^= _Q.unpack(_D.pack(old))[0]
+                return _D.unpack(_Q.pack(x))[0], pos + end
+
+            return read
+
+        def hexed(size: int) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            return lambda buf, pos, old: (buf[pos : pos + size].hex(), pos + size)
+
+        def text(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            size, pos = _read_varint(buf, pos)
+            s = buf[pos : pos + size].decode()
+            self.strings.append(s)
+            return s, pos + size
+
+        def known(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            index, pos = _read_varint(buf, pos)
+            if index >= len(self.strings):
+                raise Damaged("a string index beyond the table")
+            return self.strings[index], pos
+
+        def items(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            count, pos = _read_varint(buf, pos)
+            out = []
+            for _ in range(count):
+                item, pos = table[buf[pos]](buf, pos + 1, None)
+                out.append(item)
+            return out, pos
+
+        def pairs(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+            count, pos = _read_varint(buf, pos)
+            out = {}
+            for _ in range(count):
+                k, pos = table[buf[pos]](buf, pos + 1, None)
+                if type(k) is not str:
+                    raise Damaged("a dict key that is no string")
+                out[k], pos = table[buf[pos]](buf, pos + 1, None)
+            return out, pos
+
+        def changed(keyed: bool) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            def read(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+                if type(old) is not (dict if keyed else list):
+                    raise Damaged("a change to a value that is not there")
+                olds = list(old.values() if isinstance(old, dict) else old)
+                mask, pos = _read_varint(buf, pos)
+                if mask >> len(olds):
+                    raise Damaged("an item beyond the previous value's")
+                out = list(olds)
+                for j in range(len(olds)):
+                    if mask >> j & 1:
+                        out[j], pos = table[buf[pos]](buf, pos + 1, olds[j])
+                return (dict(zip(old, out)) if keyed else out), pos
+
+            return read
+
+        table: list[Callable[[bytes, int, Any], tuple[Any, int]]] = [bad] * 256
+        table[0x00], table[0x01], table[0x02] = const(None), const(False), const(True)
+        table[0x03], table[0x04] = whole, micros
+        for tag in range(0x40, 0x80):
+            tz, nb = tag >> 3 & 7, (tag & 7) + 1
+            if tz + nb <= 8:
+                table[tag] = xor(tz, nb)
+        for tag in range(0x80, 0xC0):
+            table[tag] = hexed(tag & 0x3F)
+        table[0xC0], table[0xC1], table[0xC2], table[0xC3] = text, known, items, pairs
+        table[0xC4], table[0xC5] = changed(False), changed(True)
+        return table
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+        if shift > 70:
+            raise Damaged("a varint of over 10 bytes")
