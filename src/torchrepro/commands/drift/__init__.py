@@ -202,15 +202,15 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
         plan = planned(looks[-1], sequential)
         prepare_out(out, plan)
         counts = _launch(out, plan, args, console)
-        total = {k: (counts[k] if k == "planned" else total[k] + counts[k]) for k in total}
+        ran, crashed = total["ran"] + counts["ran"], total["crashed"] + counts["crashed"]
+        total = {"planned": counts["planned"], "reused": counts["planned"] - ran, "ran": ran, "crashed": crashed}
         stop = sequential_stop(out, plan, _metric(args, plan), args.target_effect)
         if stop != "continue":
             break
-        looks = [*looks, next_levels(plan, looks[-1], args.jobs)]
-        if plan_size(plan, looks[-1]) > budget:  # a partial last batch: what the budget still allows
-            looks[-1] = max(n for n in range(looks[-2], looks[-1] + 1) if plan_size(plan, n) <= budget)
-            if looks[-1] == looks[-2]:
-                break
+        levels = next_levels(plan, looks[-1], args.jobs)
+        while plan_size(plan, levels) > budget:  # a last batch cut to the budget (one more level fits: not "budget")
+            levels -= 1
+        looks = [*looks, levels]
     return _report(out, plan, args, total, round(time.perf_counter() - t0, 3))
 
 

@@ -661,7 +661,6 @@ def add_plan_and_path(
     section["planning"] = planning(
         section, runs, random, binary, runs_at, step=batch, target_effect=target_effect, observed=observed
     )
-    fmt = fmt_number
     if seq_plan:
         blocked = frozenset(f for item in section["not_separable"] for f in item["factors"])
         seq = sequential_section(
@@ -675,20 +674,18 @@ def add_plan_and_path(
             blocked=blocked,
         )
         section["sequential"] = seq
+        real = {f["factor"] for f in seq["factors"] if f["decision"] in ("difference", "real")}
+        head = [sequential_verdict(seq, fmt_number)]
         rest = verdict([], section["factors"], section["not_separable"], section["observed"])
-        undecided = {f["factor"] for f in seq["factors"] if f["decision"] not in ("difference", "real")}
-        sentences = [
-            plan_sentence(p, fmt) for p in section["planning"] if p["factor"] in undecided and p["kind"] == "binary"
-        ]
-        section["verdict"] = "; ".join(
-            [sequential_verdict(seq, fmt), *([rest] if rest != "nothing to compare" else []), *sentences]
-        )
+        if section["factors"] or section["not_separable"] or section["observed"]:
+            head.append(rest)  # shares, what could not be separated, the observed difference
     else:
         real = {e["factor"] for e in section["effects"] if e["p_value"] is not None and e["p_value"] < e["alpha"]}
-        sentences = [
-            plan_sentence(p, fmt) for p in section["planning"] if p["kind"] == "binary" and p["factor"] not in real
-        ]
-        section["verdict"] = "; ".join([section["verdict"], *sentences])
+        head = [section["verdict"]]
+    more = [
+        plan_sentence(p, fmt_number) for p in section["planning"] if p["kind"] == "binary" and p["factor"] not in real
+    ]
+    section["verdict"] = "; ".join([*head, *more])
 
 
 def _design(plan: dict[str, Any]) -> str:
