@@ -186,3 +186,15 @@ def test_an_until_clear_report_is_typed_matches_its_schema_and_exits_by_the_sequ
     shown = capsys.readouterr().out
     assert f"--until-clear: {seq['runs_used']} runs of at most 40, the path as runs were added" in shown
     assert "wealth" in shown and "difference" in shown
+
+
+def test_identical_pairs_are_out_of_reach_without_a_target_and_smaller_than_one():
+    runs = _runs([0.0] * 10)  # compiled and eager bit-identical in every pair
+    compile_factor = [d.BINARY_FACTORS["compile"]]
+    alone = s.sequential_section(runs, [], compile_factor, [4, 6, 8, 10], lambda n: 2 * n, max_runs=100)
+    assert alone["factors"][0]["decision"] == "out_of_reach" and alone["stop"] == "out_of_reach"
+    target = s.sequential_section(
+        runs, [], compile_factor, [4, 6, 8, 10], lambda n: 2 * n, max_runs=100, target_effect=0.5
+    )
+    (entry,) = target["factors"]
+    assert entry["decision"] == "smaller" and target["stop"] == "decided" and entry["decided_at_runs"] <= 20

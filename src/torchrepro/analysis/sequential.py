@@ -138,8 +138,8 @@ PAIRED_TEST = (
 
 
 def _reachable(est: float, sd: float, n: int, budget: int, target: float | None) -> bool:
-    if sd == 0:
-        return True
+    if sd == 0:  # identical differences: a nonzero one grows the wealth, a zero one only bounds the interval
+        return est != 0 or target is not None
     upper = est + sd / math.sqrt(n)  # an optimistic difference: one standard error above the estimate
     end = mixture_halfwidth(sd, budget)
     return upper > end or (target is not None and est + end < target)

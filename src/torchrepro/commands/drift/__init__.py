@@ -1,6 +1,11 @@
 """``torchrepro drift``: is a difference between runs real, and which factor causes it.
 
-Exit codes: 0 analysed; 1 a binary factor makes a real difference (p < 0.05); 2 usage or input
+``--until-clear`` adds seed levels a batch at a time until each factor is decided (see
+:mod:`torchrepro.analysis.sequential`); ``--plan`` on a directory with finished runs says how many
+runs each factor needs.
+
+Exit codes: 0 analysed; 1 a binary factor makes a real difference (p < 0.05; under
+``--until-clear``, by its sequential decision); 2 usage or input
 error; 3 a run failed (it is reported and excluded from every statistic); 130 interrupted (rerun
 the same command: finished runs are reused).
 """

@@ -413,12 +413,19 @@ def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Ge
             raise UserError(
                 f"--launcher ray: cannot join the Ray cluster at {address or 'a new local one'}: {exc}"
             ) from None
-    run_cell = ray.remote(num_cpus=1)(_run_cell)
-    waiting = [run_cell.remote(str(out.resolve()), plan, asdict(cell)) for cell in cells]
+    run_cell = ray.remote(num_cpus=1)(_run_cell)  # a worker that dies: Ray runs the task again (attempts)
+    index = {run_cell.remote(str(out.resolve()), plan, asdict(cell)): cell.index for cell in cells}
+    waiting = list(index)
     try:
         while waiting:
             done, waiting = ray.wait(waiting, num_returns=1)
-            record = ray.get(done[0])
+            try:
+                record = ray.get(done[0])
+            except ray.exceptions.RayError as exc:  # its retries spent too
+                raise UserError(
+                    f"--launcher ray: run {index[done[0]]} failed in Ray ({type(exc).__name__}); finished runs are "
+                    f"kept in {out}: run the same command again"
+                ) from None
             if record is not None:
                 yield record
     except BaseException:
