@@ -569,7 +569,8 @@ def plan_sentence(p: dict[str, Any], fmt: Callable[[float | None], str]) -> str:
         if more > 0
         else f"{name}: N = {p['pairs']} already detects a difference of {effect} (80 % power)"
     )
-    seq = f"; --until-clear would stop after about {p['sequential_pairs']} pairs" if p["sequential_pairs"] else ""
+    pairs = p["sequential_pairs"]
+    seq = f"; --until-clear would stop after about {pairs} pair{'s' * (pairs != 1)}" if pairs else ""
     return f"{head}{seq}; {mde}"
 
 
@@ -581,13 +582,13 @@ STOPS = {
 }
 
 
-def sequential_sentence(entry: dict[str, Any], fmt: Callable[[float | None], str]) -> str:
+def sequential_sentence(entry: dict[str, Any], fmt: Callable[[float | None], str], target: float | None = None) -> str:
     """``compile: a real difference, decided after 24 runs (+0.84, interval [0.21, 1.5])``."""
     last = entry["path"][-1] if entry["path"] else None
     what = {
         "difference": "a real difference",
         "real": "a real share of the variance",
-        "smaller": "smaller than the target effect",
+        "smaller": f"smaller than {fmt(target)}",
         "out_of_reach": "out of reach of the budget",
         "undecided": "undecided",
     }[entry["decision"]]
@@ -606,6 +607,6 @@ def sequential_sentence(entry: dict[str, Any], fmt: Callable[[float | None], str
 
 def sequential_verdict(seq: dict[str, Any], fmt: Callable[[float | None], str]) -> str:
     """The sequential part of the verdict: one sentence per factor, then runs used and why it stopped."""
-    parts = [sequential_sentence(f, fmt) for f in seq["factors"]]
+    parts = [sequential_sentence(f, fmt, seq.get("target_effect")) for f in seq["factors"]]
     parts.append(f"--until-clear used {seq['runs_used']} runs of at most {seq['max_runs']} ({STOPS[seq['stop']]})")
     return "; ".join(parts)

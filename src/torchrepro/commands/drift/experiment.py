@@ -681,7 +681,7 @@ def add_plan_and_path(
             blocked=blocked,
         )
         section["sequential"] = seq
-        real = {f["factor"] for f in seq["factors"] if f["decision"] in ("difference", "real")}
+        real = {f["factor"] for f in seq["factors"] if f["decision"] not in ("undecided", "out_of_reach")}
         head = [sequential_verdict(seq, fmt_number)]
         rest = verdict([], section["factors"], section["not_separable"], section["observed"])
         if section["factors"] or section["not_separable"] or section["observed"]:
