@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# exactly this torch: a bare `torch` would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,digits,tlparse,thirdparty,otel,fast]'
+	$(PY) -m pip install -q -e '.[dev,digits,tlparse,thirdparty,otel,fast,ray]'
 	touch $(STAMP)
 
 # Byte-compile torchrepro's sources as pip does for an installed package (incremental: only what

@@ -18,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "tests" / "scripts" / "drift_toy.py"
+PLANTED = REPO / "tests" / "scripts" / "drift_planted.py"
 
 
 def drift(
@@ -240,6 +241,11 @@ def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path)
         (["--runs", "1000000", str(TOY)], "plans 2,000,000,000,000 runs, more than 10,000: give fewer"),
         (["--runs", "101", "--vary", "init,order", "--plan", str(TOY)], "plans 10,201 runs, more than 10,000"),
         (["--collect", "nowhere"], "holds no plan.json"),
+        (["--max-runs", "10", str(TOY)], "--max-runs is the budget of --until-clear"),
+        (["--until-clear", "--max-runs", "0", str(TOY)], "argument --max-runs: must be an integer >= 1, got '0'"),
+        (["--until-clear", "--vary", "init", str(TOY)], "--until-clear --vary init: nothing to decide"),
+        (["--until-clear", "--max-runs", "7", "--runs", "4", "--vary", "compile", str(TOY)], "smaller than the first"),
+        (["--until-clear", "--plan", str(TOY)], "argument --plan: not allowed with argument --until-clear"),
     ],
 )
 def test_bad_input_is_one_line_and_runs_nothing(tmp_path, args, message):
@@ -278,27 +284,6 @@ def test_an_existing_directory_is_never_taken_over(tmp_path):
     proc, _ = drift(tmp_path, "--out", "mine", str(TOY), expect=2)
     assert "not a drift directory" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
-
-
-def test_ray_launcher_on_a_local_cluster(tmp_path):
-    pytest.importorskip("ray")
-    _, report = drift(
-        tmp_path,
-        "--launcher",
-        "ray",
-        "--vary",
-        "init",
-        "--runs",
-        "2",
-        "--jobs",
-        "2",
-        "--out",
-        "exp",
-        str(TOY),
-        expect=0,
-    )
-    assert report["run"]["ran"] == 2 and [r["status"] for r in report["drift"]["runs"]] == ["ok", "ok"]
-    assert len({r["metric"] for r in report["drift"]["runs"]}) == 2  # two init seeds, two results
 
 
 PROBE = """
@@ -374,3 +359,34 @@ def test_strip_plot_is_valid_svg_with_escaped_text():
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert "<script>alert(1)</script> & \\x1b[31m" in texts and "<script>" not in svg
     assert len(list(root.iter("{http://www.w3.org/2000/svg}circle"))) == 4
+
+
+def test_plan_predicts_and_until_clear_finds_a_planted_compile_only_bug(tmp_path):
+    # metric = seed noise + 2 sd of the paired difference on the compiled path only (no training)
+    common = ["--vary", "compile", "--runs", "3", "--jobs", "2", "--metric", "acc", "--out", "exp"]
+    script = [str(PLANTED), "--", "--effect", "2", "--sd", str(0.5**0.5)]
+    _, pilot = drift(tmp_path, *common, *script, expect=0)  # a pilot of 3 pairs: not yet clear
+    (plan,) = pilot["drift"]["planning"]
+    assert plan["pairs"] == 3 and plan["basis"] == "difference measured" and plan["mde"] > 0
+    assert "at N = 3 the smallest detectable difference is" in pilot["drift"]["verdict"]
+
+    planned, _ = drift(tmp_path, "--plan", "--target-effect", "2", *common, *script, expect=0)
+    line = next(x for x in planned.stdout.splitlines() if x.startswith("compile: "))
+    predicted = int(line.split("--until-clear would stop after about ")[1].split()[0])  # pairs
+    assert "would detect a difference of 2.0 (80 % power)" in line
+
+    proc, report = drift(tmp_path, "--until-clear", "--max-runs", "40", *common, *script, expect=1)
+    seq = report["drift"]["sequential"]
+    (factor,) = seq["factors"]
+    assert factor["decision"] == "difference" and seq["stop"] == "decided"
+    assert report["run"]["reused"] == 6 and seq["runs_used"] == factor["decided_at_runs"] == len(
+        report["drift"]["runs"]
+    )
+    pairs_used = seq["runs_used"] // 2
+    assert predicted / 2 <= pairs_used <= 2 * predicted, (predicted, pairs_used)
+    path = factor["path"]
+    assert [p["runs"] for p in path] == [2 * n for n in seq["looks"]] and path[-1]["interval"][0] > 0
+    assert report["drift"]["verdict"].startswith(f"compile: a real difference, decided after {seq['runs_used']} runs")
+    assert f"--until-clear used {seq['runs_used']} runs of at most 40 (every factor decided)" in " ".join(
+        proc.stdout.split()
+    )

@@ -60,6 +60,7 @@ NUMERIC = {
     ("drift", "--observed"): options.finite,
     ("drift", "--target-effect"): options.positive_float,
     ("drift", "--run-one"): options.count,
+    ("drift", "--max-runs"): options.positive_int,
     ("cache explain-miss", "--ranks"): options.count,
     ("cache unpack", "--max-size"): options.size,
 }

@@ -442,7 +442,7 @@ def separability(runs: list[DriftRun], random_factors: list[str]) -> tuple[list[
     return not_separable, notes
 
 
-def _fmt(x: float | None, ref: float | None = None) -> str:
+def fmt_number(x: float | None, ref: float | None = None) -> str:
     if x is None or not math.isfinite(x):
         return "n/a"
     ref = abs(ref) if ref else abs(x)
@@ -464,16 +464,16 @@ def effect_sentence(e: dict[str, Any]) -> str:
     head = f"{e['factor']} ({e['levels'][1]} − {e['levels'][0]}): "
     if e["n"] < 2:
         return head + f"only {e['n']} complete pair(s): no test"
-    interval = f" [{_fmt(ci[0], ref)}, {_fmt(ci[1], ref)}]" if ci else ""
+    interval = f" [{fmt_number(ci[0], ref)}, {fmt_number(ci[1], ref)}]" if ci else ""
     p = e["p_value"]
-    text = f"{head}{'+' if e['difference'] > 0 else ''}{_fmt(e['difference'], ref)}{interval}, p = {p:.2g}"
+    text = f"{head}{'+' if e['difference'] > 0 else ''}{fmt_number(e['difference'], ref)}{interval}, p = {p:.2g}"
     if e["std"] == 0:
         return text + f" — identical in all {e['n']} pairs"
     if p < e["alpha"]:
         return text + f" — a real difference at N = {e['n']}"
-    tail = f" — not distinguishable from noise at N = {e['n']} (MDE {_fmt(e['mde'], ref)})"
+    tail = f" — not distinguishable from noise at N = {e['n']} (MDE {fmt_number(e['mde'], ref)})"
     if e.get("pairs_needed"):
-        tail += f"; N = {e['pairs_needed']} detects {_fmt(e['target_effect'], ref)}"
+        tail += f"; N = {e['pairs_needed']} detects {fmt_number(e['target_effect'], ref)}"
     return text + tail
 
 

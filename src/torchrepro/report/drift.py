@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..analysis.drift import fmt_number
+from ..analysis.sequential import plan_sentence
 from .model import DriftReport
 from .sanitize import visible_tree
 
@@ -73,10 +75,14 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
                 _ci(f["ci95"], 100, "{:.0f}"),
             )
         console.print(table)
+    if drift.sequential:
+        _render_path(console, drift.sequential)
     for item in drift.not_separable:
         console.print(
             Text(f" ! not separable: {', '.join(item['factors'])} — {item['reason']}", style="yellow"), highlight=False
         )
+    for item in drift.planning:
+        console.print(Text(f" → {plan_sentence(item, fmt_number)}", style="cyan"), highlight=False)
     for note in drift.notes:
         console.print(Text(f" · {note}", style="cyan"), highlight=False)
     for run in drift.excluded:
@@ -89,3 +95,30 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         console.print(
             Text(f"report: {report_path}" + (f" · plots: {plots}" if plots else ""), style="dim"), highlight=False
         )
+
+
+def _render_path(console: Console, seq: dict) -> None:
+    """``--until-clear``: each factor's estimate and interval at every look, and its decision."""
+    table = Table(
+        title=f"--until-clear: {seq['runs_used']} runs of at most {seq['max_runs']}, the path as runs were added",
+        title_justify="left",
+    )
+    for col in ("factor", "runs", "estimate", "interval", "evidence", "decision"):
+        table.add_column(col, justify="left" if col in ("factor", "decision") else "right")
+    for f in seq["factors"]:
+        for i, step in enumerate(f["path"]):
+            last = i == len(f["path"]) - 1
+            share = f["kind"] == "random"
+            scale, fmt = (100, "{:.0f}") if share else (1, "{:.4g}")
+            estimate = step["estimate"]
+            table.add_row(
+                f["factor"] if i == 0 else "",
+                str(step["runs"]),
+                "n/a" if estimate is None else (f"{100 * estimate:.0f} %" if share else _num(estimate)),
+                _ci(step["interval"], scale, fmt) if step["interval"] else "unbounded",
+                f"p {step['p_value']:.2g} < {step['alpha_spent']:.2g}?" if share else f"wealth {step['wealth']:.3g}",
+                f["decision"].replace("_", " ") if last else "",
+            )
+    console.print(table)
+    tests = {f["kind"]: f["test"] for f in seq["factors"]}
+    console.print(Text("; ".join(f"{kind}: {test}" for kind, test in tests.items()), style="dim"), highlight=False)

@@ -440,6 +440,7 @@ class DriftRunResult:
     error: str | None = None
     dir: str = ""
     wall_s: float | None = None
+    attempts: int = 1  # > 1: earlier attempts ended without finishing (their worker died); counted once
 
 
 @dataclass
@@ -502,6 +503,8 @@ class DriftSection:
     notes: list[str] = field(default_factory=list)
     observed: dict[str, Any] | None = None
     plots: list[str] | None = None  # plot-<factor>.svg files, once written
+    planning: list[dict[str, Any]] = field(default_factory=list)  # runs each factor needs
+    sequential: dict[str, Any] | None = None  # --until-clear: each factor's path and decision
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -509,9 +512,17 @@ class DriftSection:
             "runs": [dataclasses.asdict(r) for r in self.runs],
             "effects": [e.to_json() for e in self.effects],
         }
-        if self.plots is None:
-            del out["plots"]
+        for name in ("plots", "sequential"):
+            if out[name] is None:
+                del out[name]
         return out
+
+    def real_difference(self) -> bool:
+        """A binary factor makes a real difference: by its sequential decision under ``--until-clear``
+        (a fixed-N p-value is not valid after stopping on the data), else by its p-value."""
+        if self.sequential is not None:
+            return any(f["decision"] == "difference" for f in self.sequential["factors"])
+        return any(e.real for e in self.effects)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DriftSection:
@@ -569,10 +580,10 @@ class DriftReport:
     @property
     def verdict(self) -> Verdict:
         """``run_failed`` when a run crashed, ``real_difference`` when a binary factor makes one
-        (p below its alpha), else ``noise``."""
+        (:meth:`DriftSection.real_difference`), else ``noise``."""
         if any(r.status == "crashed" for r in self.drift.excluded):
             return Verdict.RUN_FAILED
-        return Verdict.REAL_DIFFERENCE if any(e.real for e in self.drift.effects) else Verdict.NOISE
+        return Verdict.REAL_DIFFERENCE if self.drift.real_difference() else Verdict.NOISE
 
     @property
     def exit_code(self) -> int:

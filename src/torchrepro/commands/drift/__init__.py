@@ -1,6 +1,11 @@
 """``torchrepro drift``: is a difference between runs real, and which factor causes it.
 
-Exit codes: 0 analysed; 1 a binary factor makes a real difference (p < 0.05); 2 usage or input
+``--until-clear`` adds seed levels a batch at a time until each factor is decided (see
+:mod:`torchrepro.analysis.sequential`); ``--plan`` on a directory with finished runs says how many
+runs each factor needs.
+
+Exit codes: 0 analysed; 1 a binary factor makes a real difference (p < 0.05; under
+``--until-clear``, by its sequential decision); 2 usage or input
 error; 3 a run failed (it is reported and excluded from every statistic); 130 interrupted (rerun
 the same command: finished runs are reused).
 """
@@ -17,6 +22,7 @@ from ...errors import UserError
 from .._finish import Outcome
 
 MAX_RUNS = 10_000  # the largest design (cells x runs) run without --allow-large
+DEFAULT_BUDGET = 200  # drift --until-clear's --max-runs
 
 EPILOG = """\
 factors: init (the global RNG the model is initialised from), order (DataLoader shuffling and samplers),
@@ -25,7 +31,10 @@ inductor), fallback-random (inductor's fallback_random), threads (1 vs default),
 (torchrepro.deterministic() on). Random factors (init, order, augment) get N seeds each, fully crossed;
 binary factors run on the same seeds as the script as written (paired).
 scheduler: drift --plan --out DIR SCRIPT writes DIR/plan.json; run each cell anywhere with
-drift --out DIR --run-one I; then drift --collect DIR.
+drift --out DIR --run-one I; then drift --collect DIR. With finished runs in DIR (a pilot), --plan also
+says how many runs each factor needs (--target-effect E, else --observed X, else the difference measured).
+sequential: drift --until-clear [--max-runs M] adds seed levels a batch at a time and stops as soon as
+each factor is decided (a test valid under continuous monitoring), or when the budget cannot decide it.
 size: a design of more than {max_runs:,} runs (cells x runs) is refused unless --allow-large is given.
 exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error, 3 a run failed, 130 interrupted.
 """
@@ -96,6 +105,17 @@ def add_parser(sub) -> None:
     mode.add_argument("--plan", action="store_true", help="only write DIR/plan.json (the run matrix)")
     mode.add_argument("--run-one", type=options.count, metavar="INDEX", help="run one cell of DIR/plan.json")
     mode.add_argument("--collect", metavar="DIR", help="analyse the runs in DIR")
+    mode.add_argument(
+        "--until-clear",
+        action="store_true",
+        help="start with --runs N levels, add levels a batch (--jobs runs) at a time, stop once each factor is decided",
+    )
+    p.add_argument(
+        "--max-runs",
+        type=options.positive_int,
+        metavar="M",
+        help=f"--until-clear: at most M runs in all (default {DEFAULT_BUDGET})",
+    )
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script")
     options.add_otlp_option(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
@@ -141,33 +161,95 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     from rich.console import Console
 
     from ...analysis.drift import DEFAULT_FACTORS
-    from .experiment import check_out, make_plan, prepare_out, run_all
+    from .experiment import check_out, make_plan, plan_size, prepare_out, sequential_stop
     from ..launcher import validate_script
     from ...eventlog.rundir import claim_run_dir, default_run_dir
 
     if not args.script:
         raise UserError("drift needs a SCRIPT (or --collect DIR, or --run-one INDEX --out DIR)")
+    if args.max_runs is not None and not args.until_clear:
+        raise UserError("--max-runs is the budget of --until-clear: give both, or --runs N for a fixed design")
     script = validate_script(args.script)
     factors = args.vary or DEFAULT_FACTORS.split(",")
-    plan = make_plan(
-        script, args.args, factors, args.runs or 4, args.seed, _metric(args), None if args.allow_large else MAX_RUNS
-    )
+    levels = args.runs or 4
+
+    def planned(n: int, sequential: dict | None = None) -> dict:
+        return make_plan(
+            script,
+            args.args,
+            factors,
+            n,
+            args.seed,
+            _metric(args),
+            None if args.allow_large else MAX_RUNS,
+            sequential,
+        )
+
+    plan = planned(levels)
+    if args.until_clear:
+        budget = args.max_runs or DEFAULT_BUDGET
+        _check_sequential(plan, factors, budget)
     out = Path(args.out) if args.out else default_run_dir(script, label="drift")
     check_out(out, plan)  # before anything is created in it
     claim_run_dir(out, fresh=False)  # one drift writes it at a time (--run-one: cells)
-    prepare_out(out, plan)  # under the lock: an empty directory, or this experiment's
     if args.plan:
-        n = len(plan["cells"])
-        print(
-            f"{n} runs planned in {out / 'plan.json'}\nrun each cell: torchrepro drift --out {out} --run-one I "
-            f"(I = 0..{n - 1})\nthen: torchrepro drift --collect {out}"
-        )
+        _print_plan(out, plan, args)
         return 0
     console = Console(stderr=True)
     t0 = time.perf_counter()
+    if not args.until_clear:
+        prepare_out(out, plan)  # under the lock: an empty directory, or this experiment's
+        counts = _launch(out, plan, args, console)
+        return _report(out, plan, args, counts, round(time.perf_counter() - t0, 3))
+    looks, total = [levels], {"planned": 0, "reused": 0, "ran": 0, "crashed": 0}
+    while True:
+        sequential = {"looks": looks, "max_runs": budget, "target_effect": args.target_effect}
+        plan = planned(looks[-1], sequential)
+        prepare_out(out, plan)
+        counts = _launch(out, plan, args, console)
+        ran, crashed = total["ran"] + counts["ran"], total["crashed"] + counts["crashed"]
+        total = {"planned": counts["planned"], "reused": counts["planned"] - ran, "ran": ran, "crashed": crashed}
+        stop = sequential_stop(out, plan, _metric(args, plan), args.target_effect)
+        if stop != "continue":
+            break
+        levels = next_levels(plan, looks[-1], args.jobs)
+        while plan_size(plan, levels) > budget:  # a last batch cut to the budget (one more level fits: not "budget")
+            levels -= 1
+        looks = [*looks, levels]
+    return _report(out, plan, args, total, round(time.perf_counter() - t0, 3))
+
+
+def _check_sequential(plan: dict, factors: list[str], budget: int) -> None:
+    """One-line errors for an ``--until-clear`` that could decide nothing or exceed its budget at once."""
+    from .experiment import plan_size
+
+    if not plan["binary"] and len(plan["random"]) not in (2, 3):
+        raise UserError(
+            f"--until-clear --vary {','.join(factors)}: nothing to decide; it needs a binary factor "
+            "(compile, backend, ...) or two or three random factors (init,order,augment)"
+        )
+    first = plan_size(plan, plan["runs"])
+    if budget < first:
+        raise UserError(f"--max-runs {budget} is smaller than the first look ({first} runs at --runs {plan['runs']})")
+
+
+def next_levels(plan: dict, levels: int, jobs: int) -> int:
+    """The levels of the next look: as many more as fit in one batch of ``jobs`` runs, at least one."""
+    from .experiment import plan_size
+
+    n = levels + 1
+    while plan_size(plan, n + 1) - plan_size(plan, levels) <= jobs:
+        n += 1
+    return n
+
+
+def _launch(out: Path, plan: dict, args: argparse.Namespace, console) -> dict:
+    """Run what ``plan`` still lacks (SIGTERM and Ctrl-C end the live runs; finished runs stay)."""
+    from .experiment import run_all
+
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        counts = run_all(out, plan, args.jobs, console, args.launcher)
+        return run_all(out, plan, args.jobs, console, args.launcher)
     except KeyboardInterrupt:
         console.print(
             f"drift interrupted: finished runs are kept in {out}; run the same command again to continue",
@@ -177,7 +259,26 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return _report(out, plan, args, counts, round(time.perf_counter() - t0, 3))
+
+
+def _print_plan(out: Path, plan: dict, args: argparse.Namespace) -> None:
+    """``--plan``: write the run matrix; with finished runs in ``out`` (a pilot), say how many runs
+    each factor needs."""
+    from ...analysis.drift import fmt_number
+    from ...analysis.sequential import plan_sentence
+    from .experiment import pilot_planning, prepare_out
+
+    pilot = pilot_planning(out, plan, _metric(args, plan), args.target_effect, args.observed, args.jobs)
+    prepare_out(out, plan)  # under the lock: an empty directory, or this experiment's
+    n = len(plan["cells"])
+    print(
+        f"{n} runs planned in {out / 'plan.json'}\nrun each cell: torchrepro drift --out {out} --run-one I "
+        f"(I = 0..{n - 1})\nthen: torchrepro drift --collect {out}"
+    )
+    if pilot is None:
+        print("runs needed: no finished runs in this directory yet (run a pilot, e.g. --runs 4, then --plan again)")
+    for item in pilot or []:
+        print(plan_sentence(item, fmt_number))
 
 
 def _interrupt(signum, frame) -> None:

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, analyse
+from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, fmt_number, analyse, verdict
+from ...analysis.sequential import plan_sentence, planning, sequential_section, sequential_verdict
 from ...errors import InputError, UserError
 from ...eventlog.events import EVENTS_FILE, Metric, Step, read_events, read_header
 from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, spawn, wait_job
@@ -48,6 +49,7 @@ ALL_SEEDS = "seeds"  # the one random axis when no random factor is named: every
 PLAN_FILE = "plan.json"
 PLAN_SCHEMA = "torchrepro.drift-plan/1"
 RECORD_FILE = "drift-run.json"
+ATTEMPT_FILE = "attempt.json"  # which attempt at the cell this run dir holds, and the process running it
 
 
 @dataclass
@@ -106,10 +108,12 @@ def make_plan(
     seed: int,
     metric: MetricSpec,
     max_runs: int | None = None,
+    sequential: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run matrix (see the module docstring) as JSON: everything ``--run-one`` and ``--collect`` need.
     ``factors``: known names, each once (:func:`torchrepro.commands.options.factors`). A design of more
-    than ``max_runs`` runs is a :class:`UserError`, raised before the matrix is built."""
+    than ``max_runs`` runs is a :class:`UserError`, raised before the matrix is built. ``sequential``
+    (``--until-clear``): its looks (levels per factor at each), budget and target effect."""
     random = [n for n in factors if n in RANDOM_FACTORS]
     binary = [n for n in factors if n in BINARY_FACTORS]
     axes = random or [ALL_SEEDS]
@@ -140,6 +144,7 @@ def make_plan(
         "runs": runs,
         "metric": asdict(metric),
         "cells": [{**asdict(c), "dir": c.dir} for c in cells],
+        **({"sequential": sequential} if sequential else {}),
     }
 
 
@@ -196,8 +201,14 @@ PLAN_FIELDS: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(("script", "schema"), (str,)),
     **dict.fromkeys(("args", "vary", "random", "binary", "cells"), (list,)),
     **dict.fromkeys(("seed", "runs"), (int,)),
-    "metric": (dict,),
+    **dict.fromkeys(("metric", "sequential"), (dict,)),
 }
+
+
+def plan_size(plan: dict[str, Any], levels: int) -> int:
+    """The runs of ``plan``'s design at ``levels`` levels per seed axis (the settings × levels^axes)."""
+    axes = len(plan["random"]) or 1
+    return len(plan["cells"]) // plan["runs"] ** axes * levels**axes
 
 
 def check_out(out: Path, plan: dict[str, Any]) -> None:
@@ -240,10 +251,17 @@ class Runner:
     def run(self, cell: Cell) -> dict[str, Any] | None:
         """Run one cell; its record, or None when stopped before it finished."""
         run_dir = self.out / cell.dir
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # an attempt that never finished (drift was interrupted)
+        attempt = 1
+        if run_dir.exists():  # an attempt that never finished (drift was interrupted, its worker died)
+            try:
+                previous = read_json_file(run_dir / ATTEMPT_FILE)
+            except (OSError, ValueError):
+                previous = None  # killed before it was written
+            attempt = (previous.get("attempt", 1) if isinstance(previous, dict) else 1) + 1
+            shutil.rmtree(run_dir)
         logs = run_dir / "logs"
         logs.mkdir(parents=True)
+        write_json(run_dir / ATTEMPT_FILE, {"attempt": attempt, "pid": os.getpid()})  # pid: the process running it
         compile_mode, levels = child_levels(self.plan, cell)
         cmd = run_command(self.script, self.plan["args"])
         env = child_env(
@@ -281,6 +299,7 @@ class Runner:
             "levels": levels,
             "compile_mode": compile_mode,
             "exit_code": code,
+            "attempts": attempt,
             "wall_s": round(time.perf_counter() - t0, 3),
             "stderr_tail": tail,
         }
@@ -394,12 +413,19 @@ def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Ge
             raise UserError(
                 f"--launcher ray: cannot join the Ray cluster at {address or 'a new local one'}: {exc}"
             ) from None
-    run_cell = ray.remote(num_cpus=1)(_run_cell)
-    waiting = [run_cell.remote(str(out.resolve()), plan, asdict(cell)) for cell in cells]
+    run_cell = ray.remote(num_cpus=1)(_run_cell)  # a worker that dies: Ray runs the task again (attempts)
+    index = {run_cell.remote(str(out.resolve()), plan, asdict(cell)): cell.index for cell in cells}
+    waiting = list(index)
     try:
         while waiting:
             done, waiting = ray.wait(waiting, num_returns=1)
-            record = ray.get(done[0])
+            try:
+                record = ray.get(done[0])
+            except ray.exceptions.RayError as exc:  # its retries spent too
+                raise UserError(
+                    f"--launcher ray: run {index[done[0]]} failed in Ray ({type(exc).__name__}); finished runs are "
+                    f"kept in {out}: run the same command again"
+                ) from None
             if record is not None:
                 yield record
     except BaseException:
@@ -486,6 +512,7 @@ def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRu
             if any(s.batch_fp for s in steps):
                 run.batches = tuple(s.batch_fp or "" for s in steps)
         run.extra["wall_s"] = record.get("wall_s")
+        run.extra["attempts"] = record.get("attempts", 1)
         if record.get("exit_code"):
             tail = record.get("stderr_tail") or []
             run.status = "crashed"
@@ -517,6 +544,14 @@ def build_report(
     random = plan["random"]
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]
     section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
+    add_plan_and_path(section, plan, runs, target_effect=target_effect, observed=observed)
+    rerun = [r for r in runs if r.extra.get("attempts", 1) > 1]
+    if rerun:
+        section["notes"].append(
+            "run again from the start, counted once (an earlier attempt ended without finishing: drift was "
+            "interrupted, or the process or Ray worker running it died): "
+            + ", ".join(f"run {r.index} ({r.extra['attempts']} attempts)" for r in rerun)
+        )
     drift = DriftSection.from_json(
         {
             "metric": {
@@ -536,6 +571,7 @@ def build_report(
                     "error": r.error,
                     "dir": r.dir,
                     "wall_s": r.extra.get("wall_s"),
+                    "attempts": r.extra.get("attempts", 1),
                 }
                 for r in runs
             ],
@@ -564,6 +600,99 @@ def build_report(
     )
     write_report(out, report)
     return report
+
+
+def sequential_stop(out: Path, plan: dict[str, Any], metric: MetricSpec, target_effect: float | None) -> str:
+    """Whether ``--until-clear`` goes on after this look: ``continue``, else why it stops
+    (:func:`torchrepro.analysis.sequential.sequential_section`)."""
+    runs = collect(out, plan, metric)
+    section = analyse(runs, plan["random"], [BINARY_FACTORS[b] for b in plan["binary"]], plan["runs"])
+    add_plan_and_path(section, plan, runs, target_effect=target_effect, observed=None)
+    return str(section["sequential"]["stop"])
+
+
+def pilot_planning(
+    out: Path,
+    plan: dict[str, Any],
+    metric: MetricSpec,
+    target_effect: float | None,
+    observed: float | None,
+    jobs: int,
+) -> list[dict[str, Any]] | None:
+    """``--plan`` on a directory with finished runs (a pilot): the runs each factor needs
+    (:func:`torchrepro.analysis.sequential.planning`, sequential batches of ``jobs`` runs); None
+    without a finished run."""
+    if not (out / PLAN_FILE).is_file():
+        return None
+    runs = collect(out, plan, metric)
+    if not any(r.status == "ok" for r in runs):
+        return None
+    random, binary = plan["random"], [BINARY_FACTORS[b] for b in plan["binary"]]
+    section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
+    per_level = plan_size(plan, 1)  # runs per seed cell: one per setting
+    return planning(
+        section,
+        runs,
+        random,
+        binary,
+        lambda n: plan_size(plan, n),
+        step=max(1, jobs // per_level),
+        target_effect=target_effect,
+        observed=observed,
+    )
+
+
+def add_plan_and_path(
+    section: dict[str, Any],
+    plan: dict[str, Any],
+    runs: list[DriftRun],
+    *,
+    target_effect: float | None,
+    observed: float | None,
+) -> None:
+    """Add ``planning`` (runs needed per factor) and, for an ``--until-clear`` experiment,
+    ``sequential`` (each factor's path and decision) to an analysed section, and say both in its
+    verdict (:mod:`torchrepro.analysis.sequential`)."""
+    random = plan["random"]
+    binary = [BINARY_FACTORS[name] for name in plan["binary"]]
+    seq_plan = plan.get("sequential")
+    looks = seq_plan["looks"] if seq_plan else []
+
+    def runs_at(levels: int) -> int:
+        return plan_size(plan, levels)
+
+    batch = 1
+    if len(looks) > 1:  # pairs added per batch, as the sequential run adds them
+        axes = len(random) or 1
+        batch = max(1, looks[-1] ** axes - looks[-2] ** axes)
+    section["planning"] = planning(
+        section, runs, random, binary, runs_at, step=batch, target_effect=target_effect, observed=observed
+    )
+    if seq_plan:
+        blocked = frozenset(f for item in section["not_separable"] for f in item["factors"])
+        seq = sequential_section(
+            runs,
+            random,
+            binary,
+            looks,
+            runs_at,
+            max_runs=seq_plan["max_runs"],
+            target_effect=seq_plan.get("target_effect"),
+            blocked=blocked,
+        )
+        section["sequential"] = seq
+        real = {f["factor"] for f in seq["factors"] if f["decision"] not in ("undecided", "out_of_reach")}
+        head = [sequential_verdict(seq, fmt_number)]
+        rest = verdict([], section["factors"], section["not_separable"], section["observed"])
+        if section["factors"] or section["not_separable"] or section["observed"]:
+            head.append(rest)  # shares, what could not be separated, the observed difference
+    else:
+        real = {e["factor"] for e in section["effects"] if e["p_value"] is not None and e["p_value"] < e["alpha"]}
+        head = [section["verdict"]]
+    more = [
+        plan_sentence(p, fmt_number) for p in section["planning"] if p["kind"] == "binary" and p["factor"] not in real
+    ]
+    section["verdict"] = "; ".join([*head, *more])
 
 
 def _design(plan: dict[str, Any]) -> str:
