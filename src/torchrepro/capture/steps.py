@@ -5,7 +5,13 @@
   ``torch.optim`` optimizer (parameters updated by hand, or no update at all) is clocked by
   ``backward()``: each call ends the step the previous one began (the last one ends at exit).
 - The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
-  wrapped; the wrapper keeps a detached reference, no copy, no sync).
+  wrapped; the wrapper keeps a detached reference, no copy, no sync), at its own precision. A
+  step's loss is what the script prints for it (README, "the loss of a step"): with one ``backward()``, its
+  value; with several before the step (gradient accumulation: micro-losses scaled for
+  ``backward()``), their sum in the losses' dtype, added in order as ``total += loss`` adds
+  them; with a closure passed to ``optimizer.step()`` (LBFGS calls it many times), the first
+  value, which ``step(closure)`` returns. ``loss_last`` keeps the last value of a step of
+  several ``backward()`` calls, ``backward_calls`` their count.
 - Batches are fingerprinted as the DataLoader iterator hands them out; a step that fetched no
   DataLoader batch is fingerprinted by the tensors passed to its outermost module call
   (``nn.Module.__call__`` is wrapped; calls inside compiled code pass straight through).
@@ -82,6 +88,7 @@ class StepRecorder:
         self._clock_optimizer: Any = None
         self._params: list[torch.Tensor] | None = None
         self._losses: list[torch.Tensor] = []
+        self._closure = False  # the clock's step() was given a closure (its backward() calls are inside it)
         self._batch_fps: list[str] = []
         self._batch_fp = ""  # the combination of _batch_fps
         self._grads: tuple[list[Digest], torch.Tensor] | None = None
@@ -342,6 +349,8 @@ class StepRecorder:
             return
         if self._params is None or self.clock != "optimizer":
             self._params = self._optimizer_params(optimizer)
+        given = args[1:] if args and args[0] is optimizer else args  # torch passes step()'s self first
+        self._closure = (given[0] if given else kwargs.get("closure")) is not None
         self._end_step("optimizer")
 
     def _end_step(self, clock: str) -> None:
@@ -383,11 +392,11 @@ class StepRecorder:
             compiles=self._compiles,
         )
         parts: list[torch.Tensor] = []  # read back at the batch point (readback.py), then filled in
-        if len(self._losses) == 1:
-            loss = self._losses[0]
-            parts.append(loss if loss.dtype == torch.float32 else loss.float())
-        elif self._losses:
-            parts.append(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
+        losses = self._losses
+        if len(losses) == 1:
+            parts.append(losses[0])  # at its own precision (a float64 loss stays float64)
+        elif losses:
+            parts.append(torch.stack([x.reshape(()) for x in losses]))
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         if self._batch_fps:
             event.batches, event.batch_fp = len(self._batch_fps), self._batch_fp
@@ -410,7 +419,8 @@ class StepRecorder:
             parts += [
                 d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)
             ]
-        self._readback.add(event, parts, partial(_fill, bool(self._losses), later))
+        loss = _Loss(len(losses), self._closure, parts[0].dtype) if losses else None
+        self._readback.add(event, parts, partial(_fill, loss, later))
         if self._params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._readback.poll()
@@ -441,6 +451,7 @@ class StepRecorder:
 
     def _reset_step(self) -> None:
         self._losses, self._batch_fps, self._input_fps, self._grads, self._compiles = [], [], [], None, 0
+        self._closure = False
         self._rng_fps, self._rng_at, self._own = None, None, 0.0
 
     def restart_at(self, step: int) -> None:
@@ -544,12 +555,25 @@ def _grad_digest(grads: list[torch.Tensor]) -> tuple[list[Digest], torch.Tensor]
     return [fingerprint_later(g) for g in grads], torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
 
-def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, values: list[Any]) -> None:
+@dataclass(frozen=True, slots=True)
+class _Loss:
+    """What a step's loss values read back are: how many ``backward()`` calls, whether inside a
+    closure, and their dtype (the module docstring defines the step's loss from them)."""
+
+    calls: int
+    closure: bool
+    dtype: torch.dtype
+
+
+def _fill(loss: _Loss | None, later: dict[str, list[list[Digest]]], event: Step, values: list[Any]) -> None:
     """Complete a step's event from its values read back (in the order ``_end_step`` queued
-    them: loss, gradient norm, then the two device sums of each digest in ``later``)."""
+    them: the losses, gradient norm, then the two device sums of each digest in ``later``)."""
     it = iter(values)
-    if has_loss:
-        event.loss = next(it)
+    if loss is not None:
+        losses = [next(it) for _ in range(loss.calls)]
+        event.loss = losses[0] if loss.closure or loss.calls == 1 else _summed(losses, loss.dtype)
+        if loss.calls > 1:
+            event.loss_last = losses[-1]
     if "grads" in later:
         event.grad_norm = round(next(it), 9)
     done = {
@@ -563,6 +587,15 @@ def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, val
     if "params" in done:
         event.param_fps = [d[:16] for d in done["params"][0]]
         event.params_fp = _combined(done["params"][0])
+
+
+def _summed(values: list[float], dtype: torch.dtype) -> float:
+    """``values`` added in order in ``dtype``, rounded after each addition, as a script's
+    ``total += loss.detach()`` adds them (CPU, at read-back: no extra work in the step)."""
+    total = torch.tensor(values[0], dtype=dtype)
+    for value in values[1:]:
+        total += value
+    return total.item()
 
 
 def _combined(digests: list[str]) -> str:
