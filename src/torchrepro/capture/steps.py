@@ -68,6 +68,9 @@ class StepConfig:
     batches: bool = True
     rng: bool = True
     snapshots: bool = False  # save parameter values (npz) at steps 0-15, powers of two, and the last
+    # doctor: RNG, batch and parameter digests only while the process is one of several ranks (the
+    # cross-rank checks compare them); one process's compile health needs none (docs/performance.md)
+    ranks_only: bool = False
 
 
 class StepRecorder:
@@ -85,6 +88,7 @@ class StepRecorder:
         self.config = config or StepConfig()
         self.completed = 0
         self.every = self.config.fingerprint_every
+        self._digests = True  # RNG, batch and parameter digests are taken (see StepConfig.ranks_only)
         self._clock_optimizer: Any = None
         self._params: list[torch.Tensor] | None = None
         self._losses: list[torch.Tensor] = []
@@ -156,7 +160,7 @@ class StepRecorder:
             )
         ]
         self._undo.append(when_imported("torch.distributed.fsdp", self._safe(self._watch_fully_shard)))
-        if self.config.batches:
+        if self.config.batches or self.config.ranks_only:
             iter_cls = compat.dataloader_iterator()
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
@@ -290,6 +294,14 @@ class StepRecorder:
     def note_compile(self) -> None:
         self._compiles += 1
 
+    def world(self, size: int) -> None:
+        """The process is one of ``size`` ranks: with ``ranks_only``, RNG, batch and parameter
+        digests are taken from the next step on while there are several (none while it is alone,
+        but the parameter fingerprints an explicit ``fingerprint_every`` asks for)."""
+        if self.config.ranks_only:
+            self.config.rng = self.config.batches = size > 1
+            self._digests = size > 1 or self.config.fingerprint_every is not None
+
     # --- observers ----------------------------------------------------------------------
     def _read_rng(self, at: str) -> None:
         """Once per step: the RNG state when its first batch is fetched (a new epoch's iterator
@@ -320,6 +332,8 @@ class StepRecorder:
         return self.clock != "optimizer" and self._optimizers_made == 0
 
     def _note_batch(self, batch: Any) -> None:
+        if not self.config.batches:
+            return
         t0 = time.perf_counter()
         self._read_rng("batch")
         try:
@@ -462,6 +476,8 @@ class StepRecorder:
         self._start = time.perf_counter()
 
     def _should_fingerprint(self, index: int) -> bool:
+        if not self._digests:
+            return False
         if self.every is None:
             return True  # still measuring
         return index % self.every == 0
@@ -469,7 +485,7 @@ class StepRecorder:
     def _choose_interval(self, index: int, step_time: float, fp_cost: float, own: float) -> None:
         """Automatic interval: all of capture's per-step work — the fixed part (RNG and batch
         digests, the event) plus parameter fingerprints every N steps — within 1 % of step time."""
-        if self.config.fingerprint_every is not None or self.every is not None:
+        if self.config.fingerprint_every is not None or self.every is not None or not self._digests:
             return
         if index >= 1:  # step 0 holds the first compile
             self._step_times.append(step_time)
