@@ -485,12 +485,13 @@ from torchrepro.capture.steps import StepConfig
 from torchrepro.digests import fingerprint
 
 finals = {}
-for name, world, ranks_only in (("doctor-1", 1, True), ("doctor-2", 2, True), ("run-1", 1, False)):
+runs = (("doctor-1", 1, True, None), ("doctor-2", 2, True, None), ("run-1", 1, False, None), ("doctor-every-2", 1, True, 2))
+for name, world, ranks_only, every in runs:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8, shuffle=True)
-    config = CaptureConfig(run_dir=Path(name), steps=StepConfig(ranks_only=ranks_only))
+    config = CaptureConfig(run_dir=Path(name), steps=StepConfig(fingerprint_every=every, ranks_only=ranks_only))
     session = CaptureSession(config, rank=(0, world, 0))
     session.start()
     for x, y in data:
@@ -506,8 +507,9 @@ print(json.dumps(finals))
 
 def test_doctor_alone_takes_no_rng_batch_or_parameter_digests_and_ranks_still_do(run_python, tmp_path):
     """``ranks_only`` (what doctor records): a process alone takes none of the per-step digests
-    that only check, diff and the cross-rank checks compare; one of several ranks takes them
-    all, as ``torchrepro run`` does; training is the same bit for bit in all three."""
+    that only check, diff and the cross-rank checks compare (but the parameter fingerprints an
+    explicit interval asks for); one of several ranks takes them all, as ``torchrepro run``
+    does; training is the same bit for bit in all."""
     import json
 
     from torchrepro.eventlog.events import Step, read_events
@@ -525,3 +527,6 @@ def test_doctor_alone_takes_no_rng_batch_or_parameter_digests_and_ranks_still_do
         assert all(s.params_fp for s in steps[name][:5]), name  # the automatic interval measures on steps 0-4
     assert [s.rng_fps for s in steps["doctor-2"]] == [s.rng_fps for s in steps["run-1"]]
     assert [s.loss for s in alone] == [s.loss for s in steps["run-1"]]
+    every = steps["doctor-every-2"]
+    assert [s.index for s in every if s.params_fp] == [0, 2, 4, 6]
+    assert all(s.rng_fps is None and s.batch_fp is None for s in every)
