@@ -8,7 +8,10 @@ AdamW on batch-32 batches from a DataLoader. Three configurations take turns, in
 every round:
 
     none        no capture
-    default     CaptureSession with default settings (automatic fingerprint interval)
+    doctor      what `torchrepro doctor` records: StepConfig(ranks_only=True) (in one process no RNG
+                or batch digests; automatic fingerprint interval)
+    default     CaptureSession with default settings, what `torchrepro run` records (automatic
+                fingerprint interval)
     every-1     CaptureSession with StepConfig(fingerprint_every=1)
 
 Each turn starts a session, runs --warmup + --steps steps and stops it; the first --warmup steps
@@ -51,7 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CONFIGS = ("none", "default", "every-1")
+CONFIGS = ("none", "doctor", "default", "every-1")
 
 
 def build(args: argparse.Namespace):
@@ -108,7 +111,8 @@ def session_for(config: str, run_dir: Path):
     if config == "none":
         return None
     every = 1 if config == "every-1" else None
-    return CaptureSession(CaptureConfig(run_dir=run_dir, steps=StepConfig(fingerprint_every=every)))
+    steps = StepConfig(fingerprint_every=every, ranks_only=config == "doctor")
+    return CaptureSession(CaptureConfig(run_dir=run_dir, steps=steps))
 
 
 def compile_seconds() -> tuple[float, float]:
@@ -171,7 +175,7 @@ def steady_state(args: argparse.Namespace) -> dict:
     chosen: list[int] = []
     with tempfile.TemporaryDirectory(prefix="torchrepro-bench-") as tmp:
         for r in range(args.rounds):
-            order = CONFIGS[r % 3 :] + CONFIGS[: r % 3]
+            order = CONFIGS[r % len(CONFIGS) :] + CONFIGS[: r % len(CONFIGS)]
             for config in order:
                 timer = HookTimer()
                 timer.before_start()
@@ -185,7 +189,7 @@ def steady_state(args: argparse.Namespace) -> dict:
                 timer.remove()
                 t0 = time.perf_counter()
                 if session is not None:
-                    if config == "default" and session.steps is not None and session.steps.every is not None:
+                    if config != "every-1" and session.steps is not None and session.steps.every is not None:
                         chosen.append(session.steps.every)
                     session.stop(0)
                 stopped = time.perf_counter() - t0
@@ -247,7 +251,7 @@ def print_steady(result: dict, args: argparse.Namespace) -> None:
         )
     chosen = result["chosen"]
     print(
-        f"automatic fingerprint interval (default): every {sorted(set(chosen))} step(s), over {len(chosen)} sessions"
+        f"automatic fingerprint interval (doctor, default): every {sorted(set(chosen))} step(s), over {len(chosen)} sessions"
         if chosen
         else "automatic fingerprint interval: not chosen (fewer than 6 steps per turn?)"
     )

@@ -1,11 +1,19 @@
-"""What default capture costs a small training step: its parts in µs, and its share of samples.
+"""What capture costs a small training step: its parts in µs, and its share of samples.
 
     python bench/step_cost.py                       # ~10 ms and ~100 ms steps, 1 thread
     python bench/step_cost.py --width 256 --steps 300
     python bench/step_cost.py --width 2600 --baseline OTHER/src   # two trees, interleaved
+    python bench/step_cost.py --model gpt --width 0 # the compiled GPT-style loop (~8-10 ms steps)
+    python bench/step_cost.py --capture run         # what `torchrepro run` records instead
 
-A loop (MLP, AdamW, DataLoader batches, eager) runs under a default ``CaptureSession``. Two
-measures, printed, never asserted:
+A loop runs under a ``CaptureSession`` recording what ``torchrepro doctor`` records (``--capture
+doctor``, the default: ``StepConfig(ranks_only=True)``, in one process no RNG or batch digests) or
+what ``torchrepro run`` records (``--capture run``: default settings). ``--model mlp``: an MLP,
+AdamW, DataLoader batches, eager, hidden width ``--width``; ``--model gpt``: a small GPT-style
+model (token and position embeddings, two attention blocks, tied head, the loss computed inside
+the compiled forward), ``torch.compile`` with ``--backend`` (inductor by default), AdamW, batches
+drawn with ``torch.randint`` as nanoGPT's ``get_batch`` does (no DataLoader: capture fingerprints
+the inputs of the outermost module call instead). Two measures, printed, never asserted:
 
 - end to end: the loop's median step CPU time without and with capture, taking turns over
   --rounds rounds; the median over rounds of the ratio within a round.
@@ -53,6 +61,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+SETUP = {"model": "mlp", "capture": "doctor", "backend": "inductor"}  # set from the command line
+
+
 def loop(width: int, steps: int, run_dir: Path | None, timers: dict[str, list[float]] | None = None) -> list[float]:
     """Train ``steps`` steps (under capture when ``run_dir``); the CPU time of each step (this
     thread's: with one intra-op thread it holds the compute, and a shared machine's other jobs
@@ -61,6 +72,8 @@ def loop(width: int, steps: int, run_dir: Path | None, timers: dict[str, list[fl
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.manual_seed(0)
+    if SETUP["model"] == "gpt":
+        return gpt_loop(steps, run_dir)
     model = torch.nn.Sequential(
         torch.nn.Linear(256, width),
         torch.nn.ReLU(),
@@ -71,10 +84,7 @@ def loop(width: int, steps: int, run_dir: Path | None, timers: dict[str, list[fl
     data = TensorDataset(torch.randn(64 * 32, 256), torch.randint(0, 10, (64 * 32,)))
     session = None
     if run_dir is not None:
-        from torchrepro.capture.session import CaptureConfig, CaptureSession
-
-        session = CaptureSession(CaptureConfig(run_dir=run_dir))
-        session.start()
+        session = start_session(run_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times: list[float] = []
     while len(times) < steps:
@@ -87,6 +97,90 @@ def loop(width: int, steps: int, run_dir: Path | None, timers: dict[str, list[fl
             times.append(time.thread_time() - t0)
             if len(times) == steps:
                 break
+    if session is not None:
+        session.stop(0)
+    return times
+
+
+def setup_args() -> list[str]:
+    """``SETUP`` as command-line options, for a child process."""
+    return [f"--{key}={value}" for key, value in SETUP.items()]
+
+
+def start_session(run_dir: Path):
+    """A started session recording what ``--capture`` says."""
+    from torchrepro.capture.session import CaptureConfig, CaptureSession
+    from torchrepro.capture.steps import StepConfig
+
+    session = CaptureSession(CaptureConfig(run_dir=run_dir, steps=StepConfig(ranks_only=SETUP["capture"] == "doctor")))
+    session.start()
+    return session
+
+
+def gpt_loop(steps: int, run_dir: Path | None) -> list[float]:
+    """``loop`` for ``--model gpt``: the compiled GPT-style training loop (compiled before the
+    session starts, as a warm compile cache would; its first steps are dropped anyway)."""
+    import torch
+    import torch.nn.functional as F
+
+    vocab, ctx, dim, heads = 96, 64, 64, 4
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+            self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+            self.mlp = torch.nn.Sequential(
+                torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim)
+            )
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, c // heads).transpose(1, 3).unbind(2)
+            x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = torch.nn.Embedding(vocab, dim), torch.nn.Embedding(ctx, dim)
+            self.blocks = torch.nn.Sequential(Block(), Block())
+            self.ln, self.head = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, vocab, bias=False)
+            self.head.weight = self.tok.weight
+
+        def forward(self, idx, targets):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+            logits = self.head(self.ln(self.blocks(x)))
+            return logits, F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+
+    data = torch.randint(0, vocab, (100_000,))
+
+    def get_batch():
+        ix = torch.randint(len(data) - ctx - 1, (8,))
+        return torch.stack([data[i : i + ctx] for i in ix]), torch.stack([data[i + 1 : i + 1 + ctx] for i in ix])
+
+    model = GPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    compiled = torch.compile(model, backend=SETUP["backend"])
+
+    def step() -> None:
+        x, y = get_batch()
+        _, loss = compiled(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def compile_first() -> None:  # forward and backward, outside the session (its samples are not the loop's)
+        step()
+        step()
+
+    compile_first()
+    session = start_session(run_dir) if run_dir is not None else None
+    times: list[float] = []
+    for _ in range(steps):
+        t0 = time.thread_time()
+        step()
+        times.append(time.thread_time() - t0)
     if session is not None:
         session.stop(0)
     return times
@@ -203,6 +297,7 @@ def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, floa
             str(steps),
             "--out",
             str(tmp / "spy"),
+            *setup_args(),
         ],
         check=True,
         capture_output=True,
@@ -215,6 +310,8 @@ def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, floa
         if start is None:
             continue
         inner = frames[start + 1 :]
+        if any(f.startswith("compile_first (") for f in inner):
+            continue
         in_loop += int(count)
         if any(f.startswith(("CaptureSession.start (", "CaptureSession.stop (")) for f in inner):
             continue  # once per run, not per step
@@ -285,6 +382,7 @@ def side_by_side(width: int, steps: int, rounds: int, baseline: str) -> None:
         for tree in order:
             with tempfile.TemporaryDirectory(prefix="torchrepro-stepcost-") as name:
                 command = [sys.executable, __file__, "--fixed-child", "--width", str(width), "--steps", str(steps)]
+                command += setup_args()
                 out = subprocess.run(
                     command + ["--out", name],
                     env={**os.environ, "PYTHONPATH": trees[tree]},
@@ -320,10 +418,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6, help="end-to-end rounds (none and capture take turns)")
     parser.add_argument("--baseline", metavar="OTHER/src", help="another source tree: fixed parts side by side")
+    parser.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
+    parser.add_argument("--capture", choices=("doctor", "run"), default="doctor", help="what capture records")
+    parser.add_argument("--backend", default="inductor", help="--model gpt: torch.compile's backend")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fixed-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    SETUP.update(model=args.model, capture=args.capture, backend=args.backend)
     import torch
 
     torch.set_num_threads(args.threads)

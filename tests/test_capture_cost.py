@@ -476,3 +476,60 @@ def test_parameter_names_come_from_the_modules_called_without_a_scan(run_python,
         assert result == {"names": [["weight", "bias"]], "scans": 0}  # inner.0 names them shortest
     else:
         assert result == {"names": [["weight", "bias", "param2"]], "scans": 1}
+
+
+RANKS_ONLY = """
+import json, sys
+from pathlib import Path
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+from torchrepro.capture.steps import StepConfig
+from torchrepro.digests import fingerprint
+
+finals = {}
+runs = (("doctor-1", 1, True, None), ("doctor-2", 2, True, None), ("run-1", 1, False, None), ("doctor-every-2", 1, True, 2))
+for name, world, ranks_only, every in runs:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8, shuffle=True)
+    config = CaptureConfig(run_dir=Path(name), steps=StepConfig(fingerprint_every=every, ranks_only=ranks_only))
+    session = CaptureSession(config, rank=(0, world, 0))
+    session.start()
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    session.stop(0)
+    finals[name] = fingerprint(model)
+print(json.dumps(finals))
+"""
+
+
+def test_doctor_alone_takes_no_rng_batch_or_parameter_digests_and_ranks_still_do(run_python, tmp_path):
+    """``ranks_only`` (what doctor records): a process alone takes none of the per-step digests
+    that only check, diff and the cross-rank checks compare (but the parameter fingerprints an
+    explicit interval asks for); one of several ranks takes them all, as ``torchrepro run``
+    does; training is the same bit for bit in all."""
+    import json
+
+    from torchrepro.eventlog.events import Step, read_events
+
+    (tmp_path / "ranks_only.py").write_text(RANKS_ONLY)
+    finals = json.loads(run_python("import runpy; runpy.run_path('ranks_only.py')").stdout.strip().splitlines()[-1])
+    assert len(set(finals.values())) == 1, finals  # capture did not change what was trained
+    steps = {name: read_events(tmp_path / name / "rank-0" / "events.jsonl").of(Step) for name in finals}
+    assert all(len(s) == 8 for s in steps.values())
+    alone = steps["doctor-1"]
+    assert all(s.rng_fps is None and s.batch_fp is None and s.params_fp is None for s in alone)
+    assert all(s.loss is not None and s.time_s is not None for s in alone)
+    for name in ("doctor-2", "run-1"):
+        assert all(s.rng_fps and s.batch_fp and s.batches == 1 for s in steps[name]), name
+        assert all(s.params_fp for s in steps[name][:5]), name  # the automatic interval measures on steps 0-4
+    assert [s.rng_fps for s in steps["doctor-2"]] == [s.rng_fps for s in steps["run-1"]]
+    assert [s.loss for s in alone] == [s.loss for s in steps["run-1"]]
+    every = steps["doctor-every-2"]
+    assert [s.index for s in every if s.params_fp] == [0, 2, 4, 6]
+    assert all(s.rng_fps is None and s.batch_fp is None for s in every)

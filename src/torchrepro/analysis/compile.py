@@ -128,13 +128,14 @@ _TORCH_INTERNAL = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]")
 
 def display_function(c: Compile) -> str:
     """A name a user recognises: the resume piece after a graph break is its parent function;
-    a compiled module entered through torch internals (``inner``) is named by its call site."""
+    a compiled module entered through torch internals (``inner``, or a torch module's forward
+    such as ``Sequential.forward`` as capture names it) is named by its call site."""
     name = c.function or "?"
     m = _RESUME.match(name)
     if m:
         return m.group(1)
     if c.file and _TORCH_INTERNAL.search(c.file) and c.call_site:
-        return f"compiled call at {c.call_site}"
+        return f"{name} called at {c.call_site}" if name.endswith(".forward") else f"compiled call at {c.call_site}"
     return name
 
 

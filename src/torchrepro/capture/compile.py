@@ -9,11 +9,14 @@ turns them into events. Feature-detected: on a torch without that logger, a
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
+from types import FrameType
 
-from .._compat import dynamo_counters, trace_logger
-from ..eventlog.events import Capability, Counters, Event
+from .._compat import compiled_original, dynamo_counters, trace_logger
+from ..eventlog.events import Capability, Compile, Counters, Event
 from ..eventlog.structured_trace import TraceTranslator
+from .fx_nodes import SKIP_DIRS
 
 
 class _TraceHandler(logging.Handler):
@@ -44,6 +47,37 @@ class _TraceHandler(logging.Handler):
             self.capture.emit(event)
 
 
+def _locate(event: Compile) -> None:
+    """Where the user compiled it, from this thread's stack (the record is logged while the call
+    that compiles runs): the call site is the first frame of the user's code outside torch's
+    frames and torchrepro's (the trace's own stack leaves out the caller's frame and counts
+    torchrepro's wrappers as the user's); a compiled module (``torch.compile(model)``) whose call
+    compiles is named by its class and ``forward`` (``GPT.forward``; ``Sequential.forward`` at its
+    definition instead of torch's ``inner``)."""
+    torch_dir = SKIP_DIRS[0]
+    frame: FrameType | None = sys._getframe(2)
+    in_torch, module = False, None
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if file.startswith(torch_dir):
+            in_torch = True
+            if module is None and "self" in frame.f_code.co_varnames:
+                found = frame.f_locals.get("self")
+                original = compiled_original(found)
+                module = original if original is not found else None
+        elif in_torch and not file.startswith((*SKIP_DIRS, "<")):
+            event.call_site = f"{file}:{frame.f_lineno}"
+            break
+        frame = frame.f_back
+    forward = getattr(type(module).forward, "__code__", None) if module is not None else None
+    if forward is None:
+        return
+    own = event.function == "forward" and (event.file, event.line) == (forward.co_filename, forward.co_firstlineno)
+    if own or (event.file or "").startswith(torch_dir):
+        event.function = f"{type(module).__name__}.forward"
+        event.file, event.line = forward.co_filename, forward.co_firstlineno
+
+
 class CompileCapture:
     """Installs the trace handler; ``emit`` receives each event with its step filled in."""
 
@@ -57,6 +91,11 @@ class CompileCapture:
 
     def emit(self, event: Event) -> None:
         event.step = self._clock()
+        if isinstance(event, Compile):
+            try:
+                _locate(event)
+            except Exception:  # noqa: BLE001 - an object on the stack that misbehaves: the trace's location stays
+                pass
         self._emit(event)
 
     def install(self) -> list[Capability]:

@@ -167,6 +167,7 @@ class CaptureSession:
         )
         self._unwatch = watch(lambda probe: self.emit(probe.event()))  # private torch APIs: found or not
         self.steps = StepRecorder(self.emit, self.rank, self.config.steps, snapshot_dir=self.dir / "snapshots")
+        self.steps.world(self.world_size)
         self.compiles = CompileCapture(self.emit, lambda: self.steps.completed if self.steps else None, self.rank)
         for capability in [*self.compiles.install(), *self.steps.install()]:
             self.emit(capability)
@@ -220,6 +221,8 @@ class CaptureSession:
     def joined(self, world: World) -> None:
         """Record the process group this process joined (see :mod:`torchrepro.runtime.follow`)."""
         self.world_size = world.world_size
+        if self.steps is not None:
+            self.steps.world(world.world_size)
         if world.local_rank is not None:
             self.local_rank = world.local_rank
         self.emit(world)

@@ -5,7 +5,13 @@
   ``torch.optim`` optimizer (parameters updated by hand, or no update at all) is clocked by
   ``backward()``: each call ends the step the previous one began (the last one ends at exit).
 - The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
-  wrapped; the wrapper keeps a detached reference, no copy, no sync).
+  wrapped; the wrapper keeps a detached reference, no copy, no sync), at its own precision. A
+  step's loss is what the script prints for it (README, "the loss of a step"): with one ``backward()``, its
+  value; with several before the step (gradient accumulation: micro-losses scaled for
+  ``backward()``), their sum in the losses' dtype, added in order as ``total += loss`` adds
+  them; with a closure passed to ``optimizer.step()`` (LBFGS calls it many times), the first
+  value, which ``step(closure)`` returns. ``loss_last`` keeps the last value of a step of
+  several ``backward()`` calls, ``backward_calls`` their count.
 - Batches are fingerprinted as the DataLoader iterator hands them out; a step that fetched no
   DataLoader batch is fingerprinted by the tensors passed to its outermost module call
   (``nn.Module.__call__`` is wrapped; calls inside compiled code pass straight through).
@@ -62,6 +68,9 @@ class StepConfig:
     batches: bool = True
     rng: bool = True
     snapshots: bool = False  # save parameter values (npz) at steps 0-15, powers of two, and the last
+    # doctor: RNG, batch and parameter digests only while the process is one of several ranks (the
+    # cross-rank checks compare them); one process's compile health needs none (docs/performance.md)
+    ranks_only: bool = False
 
 
 class StepRecorder:
@@ -79,9 +88,11 @@ class StepRecorder:
         self.config = config or StepConfig()
         self.completed = 0
         self.every = self.config.fingerprint_every
+        self._digests = True  # RNG, batch and parameter digests are taken (see StepConfig.ranks_only)
         self._clock_optimizer: Any = None
         self._params: list[torch.Tensor] | None = None
         self._losses: list[torch.Tensor] = []
+        self._closure = False  # the clock's step() was given a closure (its backward() calls are inside it)
         self._batch_fps: list[str] = []
         self._batch_fp = ""  # the combination of _batch_fps
         self._grads: tuple[list[Digest], torch.Tensor] | None = None
@@ -149,7 +160,7 @@ class StepRecorder:
             )
         ]
         self._undo.append(when_imported("torch.distributed.fsdp", self._safe(self._watch_fully_shard)))
-        if self.config.batches:
+        if self.config.batches or self.config.ranks_only:
             iter_cls = compat.dataloader_iterator()
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
@@ -283,6 +294,14 @@ class StepRecorder:
     def note_compile(self) -> None:
         self._compiles += 1
 
+    def world(self, size: int) -> None:
+        """The process is one of ``size`` ranks: with ``ranks_only``, RNG, batch and parameter
+        digests are taken from the next step on while there are several (none while it is alone,
+        but the parameter fingerprints an explicit ``fingerprint_every`` asks for)."""
+        if self.config.ranks_only:
+            self.config.rng = self.config.batches = size > 1
+            self._digests = size > 1 or self.config.fingerprint_every is not None
+
     # --- observers ----------------------------------------------------------------------
     def _read_rng(self, at: str) -> None:
         """Once per step: the RNG state when its first batch is fetched (a new epoch's iterator
@@ -313,6 +332,8 @@ class StepRecorder:
         return self.clock != "optimizer" and self._optimizers_made == 0
 
     def _note_batch(self, batch: Any) -> None:
+        if not self.config.batches:
+            return
         t0 = time.perf_counter()
         self._read_rng("batch")
         try:
@@ -342,6 +363,8 @@ class StepRecorder:
             return
         if self._params is None or self.clock != "optimizer":
             self._params = self._optimizer_params(optimizer)
+        given = args[1:] if args and args[0] is optimizer else args  # torch passes step()'s self first
+        self._closure = (given[0] if given else kwargs.get("closure")) is not None
         self._end_step("optimizer")
 
     def _end_step(self, clock: str) -> None:
@@ -383,11 +406,11 @@ class StepRecorder:
             compiles=self._compiles,
         )
         parts: list[torch.Tensor] = []  # read back at the batch point (readback.py), then filled in
-        if len(self._losses) == 1:
-            loss = self._losses[0]
-            parts.append(loss if loss.dtype == torch.float32 else loss.float())
-        elif self._losses:
-            parts.append(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
+        losses = self._losses
+        if len(losses) == 1:
+            parts.append(losses[0])  # at its own precision (a float64 loss stays float64)
+        elif losses:
+            parts.append(torch.stack([x.reshape(()) for x in losses]))
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         if self._batch_fps:
             event.batches, event.batch_fp = len(self._batch_fps), self._batch_fp
@@ -410,7 +433,8 @@ class StepRecorder:
             parts += [
                 d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)
             ]
-        self._readback.add(event, parts, partial(_fill, bool(self._losses), later))
+        loss = _Loss(len(losses), self._closure, parts[0].dtype) if losses else None
+        self._readback.add(event, parts, partial(_fill, loss, later))
         if self._params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._readback.poll()
@@ -441,6 +465,7 @@ class StepRecorder:
 
     def _reset_step(self) -> None:
         self._losses, self._batch_fps, self._input_fps, self._grads, self._compiles = [], [], [], None, 0
+        self._closure = False
         self._rng_fps, self._rng_at, self._own = None, None, 0.0
 
     def restart_at(self, step: int) -> None:
@@ -451,6 +476,8 @@ class StepRecorder:
         self._start = time.perf_counter()
 
     def _should_fingerprint(self, index: int) -> bool:
+        if not self._digests:
+            return False
         if self.every is None:
             return True  # still measuring
         return index % self.every == 0
@@ -458,7 +485,7 @@ class StepRecorder:
     def _choose_interval(self, index: int, step_time: float, fp_cost: float, own: float) -> None:
         """Automatic interval: all of capture's per-step work — the fixed part (RNG and batch
         digests, the event) plus parameter fingerprints every N steps — within 1 % of step time."""
-        if self.config.fingerprint_every is not None or self.every is not None:
+        if self.config.fingerprint_every is not None or self.every is not None or not self._digests:
             return
         if index >= 1:  # step 0 holds the first compile
             self._step_times.append(step_time)
@@ -544,12 +571,25 @@ def _grad_digest(grads: list[torch.Tensor]) -> tuple[list[Digest], torch.Tensor]
     return [fingerprint_later(g) for g in grads], torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
 
-def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, values: list[Any]) -> None:
+@dataclass(frozen=True, slots=True)
+class _Loss:
+    """What a step's loss values read back are: how many ``backward()`` calls, whether inside a
+    closure, and their dtype (the module docstring defines the step's loss from them)."""
+
+    calls: int
+    closure: bool
+    dtype: torch.dtype
+
+
+def _fill(loss: _Loss | None, later: dict[str, list[list[Digest]]], event: Step, values: list[Any]) -> None:
     """Complete a step's event from its values read back (in the order ``_end_step`` queued
-    them: loss, gradient norm, then the two device sums of each digest in ``later``)."""
+    them: the losses, gradient norm, then the two device sums of each digest in ``later``)."""
     it = iter(values)
-    if has_loss:
-        event.loss = next(it)
+    if loss is not None:
+        losses = [next(it) for _ in range(loss.calls)]
+        event.loss = losses[0] if loss.closure or loss.calls == 1 else _summed(losses, loss.dtype)
+        if loss.calls > 1:
+            event.loss_last = losses[-1]
     if "grads" in later:
         event.grad_norm = round(next(it), 9)
     done = {
@@ -563,6 +603,15 @@ def _fill(has_loss: bool, later: dict[str, list[list[Digest]]], event: Step, val
     if "params" in done:
         event.param_fps = [d[:16] for d in done["params"][0]]
         event.params_fp = _combined(done["params"][0])
+
+
+def _summed(values: list[float], dtype: torch.dtype) -> float:
+    """``values`` added in order in ``dtype``, rounded after each addition, as a script's
+    ``total += loss.detach()`` adds them (CPU, at read-back: no extra work in the step)."""
+    total = torch.tensor(values[0], dtype=dtype)
+    for value in values[1:]:
+        total += value
+    return total.item()
 
 
 def _combined(digests: list[str]) -> str:

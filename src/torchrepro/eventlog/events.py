@@ -195,6 +195,7 @@ class Step(Event):
     rng_fps: dict[str, str] | None = None
     rng_at: str | None = None  # where the step's RNG state was read: batch | backward | step_end | start
     compiles: int = 0
+    loss_last: float | None = None  # several backward() calls: the last one's value (README: "the loss of a step")
 
 
 @dataclass(slots=True)
@@ -406,6 +407,7 @@ def _line(event: Event) -> bytes:
         _orjson is not None
         and type(event) is Step
         and _finite(event.loss)
+        and _finite(event.loss_last)
         and _finite(event.grad_norm)
         and _finite(event.time_s)
         and _finite(event.t)

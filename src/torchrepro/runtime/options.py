@@ -52,6 +52,7 @@ class RunOptions:
     warm_from: str | None = None  # --warm-from: a cache pack to unpack first (absolute)
     allow_unsigned: bool = False  # --allow-unsigned: --warm-from accepts a pack no trusted key signed
     analysis_only: bool = False  # a run of check/drift: its last garbage collections skipped at exit (prepare)
+    ranks_only: bool = False  # doctor: RNG and batch digests only in a run of several ranks (capture.steps.StepConfig)
 
     def to_json(self) -> str:
         """One line of JSON (paths as strings)."""
@@ -108,7 +109,12 @@ class RunOptions:
             run_dir=Path(self.run_dir or "."),
             seed=self.seed,
             compile_mode=self.compile_mode,
-            steps=StepConfig(fingerprint_every=self.fingerprint_every, grads=self.grads, snapshots=self.snapshots),
+            steps=StepConfig(
+                fingerprint_every=self.fingerprint_every,
+                grads=self.grads,
+                snapshots=self.snapshots,
+                ranks_only=self.ranks_only,
+            ),
             replay_step=self.replay_step,
             replay_out=self.replay_out,
             replay_graphs=self.replay_graphs,

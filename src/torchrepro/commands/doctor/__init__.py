@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> Outcome:
             args.args,
             out=out,
             budgets=budgets,
-            options=RunOptions.from_args(args),
+            options=RunOptions.from_args(args, ranks_only=True),
             nproc=args.nproc,
             timeout=args.timeout,
         )
