@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -101,6 +101,9 @@ class Script:
     prep: Callable[[Path], None] = prep_nothing
     compiled: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    # files the script saves (checkpoints): their tensors are compared too, bit for bit, because a
+    # printed loss rounded to 2-5 digits hides a difference in the last bits
+    saves: tuple[str, ...] = ()
 
 
 SCRIPTS = [
@@ -129,6 +132,7 @@ SCRIPTS = [
         r"\bloss\s+([-0-9.]+)",
         "eager LSTM, hand-written SGD update (no torch.optim), no_grad evaluation each epoch",
         prep_wikitext,
+        saves=("model.pt",),
     ),
     Script(
         "word_language_model-transformer",
@@ -157,6 +161,7 @@ SCRIPTS = [
         r"\bloss\s+([-0-9.]+)",
         "eager Transformer (dropout 0.2), hand-written update, no_grad evaluation each epoch",
         prep_wikitext,
+        saves=("model.pt",),
     ),
     Script(
         "time_sequence_prediction",
@@ -234,6 +239,7 @@ SCRIPTS = [
         "(2 micro-batches), estimate_loss under no_grad in the loop",
         prep_nanogpt,
         compiled=True,
+        saves=("out/ckpt.pt",),
     ),
 ]
 
@@ -249,7 +255,37 @@ class Outcome:
 
     rc: int
     stdout: str
+    stderr: str
     seconds: float
+
+    def tail(self) -> str:
+        return (self.stdout + self.stderr)[-2000:]
+
+
+def _same_tensors(a: Any, b: Any) -> bool:
+    """Bit-for-bit equality of two saved objects: tensors by value (NaN equal to NaN), modules by
+    state_dict, containers item by item, anything else by ==."""
+    import torch
+
+    if isinstance(a, torch.nn.Module):
+        a, b = a.state_dict(), b.state_dict()
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or (a.dtype, a.shape) != (b.dtype, b.shape):
+            return False
+        return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same_tensors, a, b))
+    return bool(a == b)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
 
 
 class Runner:
@@ -257,7 +293,7 @@ class Runner:
 
     def __init__(self, script: Script, root: Path, timeout: float) -> None:
         self.s = script
-        self.work = root / script.name
+        self.work = root.resolve() / script.name  # commands run there: --out must not be relative
         self.timeout = timeout
         self.env = dict(os.environ)
         self.env.update(script.env)
@@ -269,7 +305,8 @@ class Runner:
         shutil.copytree(HERE / self.s.folder, self.work)
         self.s.prep(self.work)
 
-    def run(self, *argv: str) -> Outcome:
+    def run(self, label: str, *argv: str) -> Outcome:
+        """`python ARGV` in the work directory; its stdout and stderr also kept in LABEL.out/.err there."""
         start = time.monotonic()
         try:
             p = subprocess.run(
@@ -280,15 +317,32 @@ class Runner:
                 text=True,
                 timeout=self.timeout,
             )
-            rc, out = p.returncode, p.stdout + p.stderr
+            rc, out, err = p.returncode, p.stdout, p.stderr
         except subprocess.TimeoutExpired as e:
-            rc, out = -9, f"{e.stdout or ''}\n[timed out after {self.timeout:.0f} s]"
-        return Outcome(rc, out if isinstance(out, str) else out.decode(errors="replace"), time.monotonic() - start)
+            rc, out, err = -9, _text(e.stdout), _text(e.stderr) + f"\n[timed out after {self.timeout:.0f} s]"
+        (self.work / f"{label}.out").write_text(out)
+        (self.work / f"{label}.err").write_text(err)
+        return Outcome(rc, out, err, time.monotonic() - start)
+
+    def saved(self) -> list[Any]:
+        """What the script saved (`Script.saves`; None where it saved nothing), loaded and removed, so
+        that the next run's files are its own."""
+        import torch
+
+        sys.path.insert(0, str(self.work))  # a whole pickled model needs the script's classes
+        try:
+            files = [self.work / f for f in self.s.saves]
+            loaded = [torch.load(f, weights_only=False) if f.exists() else None for f in files]
+        finally:
+            sys.path.remove(str(self.work))
+        for f in files:
+            f.unlink(missing_ok=True)
+        return loaded
 
     def torchrepro(self, label: str, *argv: str) -> tuple[Outcome, dict]:
         """A torchrepro command writing its run directory `label` in the work directory; its report.json."""
         out_dir = self.work / label
-        outcome = self.run("-m", "torchrepro", *argv, "--out", str(out_dir), self.s.entry, "--", *self.s.args)
+        outcome = self.run(label, "-m", "torchrepro", *argv, "--out", str(out_dir), self.s.entry, "--", *self.s.args)
         report = out_dir / "report.json"
         return outcome, json.loads(report.read_text()) if report.exists() else {}
 
@@ -303,14 +357,17 @@ def check_script(script: Script, root: Path, timeout: float, log: Callable[[str]
     rec: dict = {"name": script.name, "covers": script.covers, "compiled": script.compiled}
     t0 = time.monotonic()
 
-    a = r.run(str(HERE / "dynamo_counters.py"), "counters.json", script.entry, *script.args)
-    b = r.run(script.entry, *script.args)
+    a = r.run("plain-counted", str(HERE / "dynamo_counters.py"), "counters.json", script.entry, *script.args)
+    saved_a = r.saved()
+    b = r.run("plain", script.entry, *script.args)
+    saved_b = r.saved()
     log(f"{script.name}: plain runs rc {a.rc}/{b.rc} ({a.seconds:.0f}+{b.seconds:.0f} s)")
     truth = json.loads((r.work / "counters.json").read_text()) if (r.work / "counters.json").exists() else {}
     pa, pb = printed(script, a.stdout), printed(script, b.stdout)
     rec["plain"] = {"rc": [a.rc, b.rc], "printed": [pa, pb], "seconds": round(b.seconds, 1), "counters": truth}
+    rec["plain"]["saved_identical"] = same_saved = all(_same_tensors(x, y) for x, y in zip(saved_a, saved_b))
     if a.rc or b.rc or not pa:
-        rec["plain"]["tail"] = (a.stdout if a.rc or not pa else b.stdout)[-2000:]
+        rec["plain"]["tail"] = (a if a.rc or not pa else b).tail()
 
     doc, report = r.torchrepro("tr-doctor", "doctor")
     log(f"{script.name}: doctor rc {doc.rc} ({doc.seconds:.0f} s)")
@@ -318,14 +375,15 @@ def check_script(script: Script, root: Path, timeout: float, log: Callable[[str]
     rec["doctor"] = {
         "rc": doc.rc,
         "counts": got,
-        "printed": printed(script, doc.stdout),
+        # the script's own stdout, which doctor keeps apart from its report (logs/stdout.log)
+        "printed": printed(script, _read(r.work / "tr-doctor" / "logs" / "stdout.log")),
         "seconds": round(doc.seconds, 1),
     }
     if not report:
-        rec["doctor"]["tail"] = doc.stdout[-2000:]
+        rec["doctor"]["tail"] = doc.tail()
     rec["counts_ok"] = bool(truth) and all(got[k] == truth.get(k) for k in COUNTS)
     # an unseeded script differs from itself: then there is no printed ground truth to perturb
-    rec["plain_identical"] = same = pa == pb
+    rec["plain_identical"] = same = pa == pb and same_saved
     rec["unperturbed"] = "n/a" if not same else "yes" if pb and rec["doctor"]["printed"] == pb else "no"
 
     chk, creport = r.torchrepro("tr-check", "check", "--no-fixes")
@@ -333,7 +391,7 @@ def check_script(script: Script, root: Path, timeout: float, log: Callable[[str]
     verdict = creport.get("verdict", "")
     rec["check"] = {"rc": chk.rc, "verdict": verdict, "seconds": round(chk.seconds, 1)}
     if not creport:
-        rec["check"]["tail"] = chk.stdout[-2000:]
+        rec["check"]["tail"] = chk.tail()
     rec["verdict_ok"] = bool(verdict) and (verdict.startswith("BIT-EXACT") if same else verdict.startswith("DIVERGED"))
 
     if script.compiled:
@@ -347,7 +405,7 @@ def check_script(script: Script, root: Path, timeout: float, log: Callable[[str]
             "seconds": round(ag.seconds, 1),
         }
         if not areport:
-            rec["against_eager"]["tail"] = ag.stdout[-2000:]
+            rec["against_eager"]["tail"] = ag.tail()
     rec["seconds"] = round(time.monotonic() - t0, 1)
     rec["ok"] = rec["counts_ok"] and rec["verdict_ok"] and rec["unperturbed"] != "no"
     return rec
