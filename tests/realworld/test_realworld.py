@@ -6,6 +6,7 @@ plain runs printed, doctor leaves the printed losses unchanged."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,8 +17,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RW = REPO / "realworld"
-sys.path.insert(0, str(RW))
-import run as corpus  # noqa: E402  (realworld/run.py)
+_spec = importlib.util.spec_from_file_location("realworld_run", RW / "run.py")
+assert _spec and _spec.loader
+corpus = importlib.util.module_from_spec(_spec)
+sys.modules["realworld_run"] = corpus  # dataclasses look their module up while the class is built
+_spec.loader.exec_module(corpus)
 
 MANIFEST = json.loads((RW / "manifest.json").read_text())
 
