@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.torchrepro-installed
 
-.PHONY: demo test lint bench bytecode clean
+.PHONY: demo test lint bench bytecode clean realworld
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ lint: $(STAMP)
 
 test: lint bytecode
 	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=12
+
+# The real-script corpus (realworld/, docs/accuracy.md): unmodified public training scripts, each checked
+# three ways against ground truth (slow: minutes per script on a CPU); the table goes to build/realworld/table.md
+realworld: bytecode
+	$(PY) -m pytest -q -m "realworld or not realworld" tests/realworld -k "not three_checks"
+	$(PY) realworld/run.py --table build/realworld/table.md
 
 bench: $(STAMP)
 	$(PY) bench/fingerprint.py

@@ -1,0 +1,54 @@
+"""Ground truth for `torchrepro doctor`'s compile counts: run an unmodified script as `python SCRIPT
+ARGS` would (runpy, `__main__`, its folder first on sys.path), and when the process exits write
+Dynamo's own bookkeeping to a JSON file. Nothing of torchrepro is imported.
+
+    python realworld/dynamo_counters.py OUT.json SCRIPT [ARGS...]
+
+The numbers follow the correspondence documented in docs/accuracy.md ("Report field <-> Dynamo's
+own numbers"): compiles = compilation-metrics records with a code name and no failure, recompiles =
+those of them with a recompile reason, graph breaks = `counters["graph_break"]` plus the
+`counters["unimplemented"]` entries that are not the recompile limit, unique graphs =
+`counters["stats"]["unique_graphs"]`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+
+
+def _dump(out: str, pid: int) -> None:
+    """Write the counters, in the process that started the script only (a forked DataLoader
+    worker that happens to run atexit handlers must not overwrite them)."""
+    if os.getpid() != pid or "torch._dynamo" not in sys.modules:
+        counts = {"compiles": 0, "recompiles": 0, "graph_breaks": 0, "unique_graphs": 0, "dynamo_imported": False}
+    else:
+        from torch._dynamo.utils import counters, get_compilation_metrics
+
+        metrics = [m for m in get_compilation_metrics() if m.co_name and not m.fail_type]
+        unimplemented = sum(n for msg, n in counters["unimplemented"].items() if "recompile limit" not in msg)
+        counts = {
+            "compiles": len(metrics),
+            "recompiles": sum(1 for m in metrics if m.recompile_reason),
+            "graph_breaks": sum(counters["graph_break"].values()) + unimplemented,
+            "unique_graphs": counters["stats"]["unique_graphs"],
+            "dynamo_imported": True,
+        }
+    if os.getpid() == pid:
+        with open(out, "w") as f:
+            json.dump(counts, f)
+
+
+def main() -> None:
+    out, script, *args = sys.argv[1:]
+    atexit.register(_dump, os.path.abspath(out), os.getpid())
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,485 @@
+"""The real-script corpus: unmodified public training scripts, each run small and checked three ways
+against ground truth that torchrepro does not compute:
+
+1. counts: `torchrepro doctor`'s compiles, recompiles, graph breaks and unique graphs against
+   Dynamo's own counters from a plain run of the same script (realworld/dynamo_counters.py);
+2. verdict: `torchrepro check`'s verdict against two plain runs' printed losses (identical printed
+   losses: BIT-EXACT expected; different: anything but BIT-EXACT);
+3. non-perturbation: the losses the script prints under `doctor` are the plain run's.
+
+Plus, on every compiled script, `torchrepro check --against eager`: its verdict and headline are
+recorded as they are (a localisation, or the reason it gives).
+
+    python realworld/run.py [--only NAME,...] [--work DIR] [--table FILE]
+
+Each script is copied with its folder into a fresh work directory (build/realworld/<name>), where a
+prep step writes the synthetic data it expects; every run starts there. The upstream files are
+never edited: realworld/manifest.json holds their sha256 (tests/realworld checks them). Exit 0 when
+every script passes its three checks, 1 otherwise; the table goes to stdout and --table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+STUBS = HERE / "stubs"
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def _words(path: Path, lines: int, rng: random.Random) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(" ".join(rng.choices(WORDS, k=rng.randint(4, 12))) + "\n" for _ in range(lines)))
+
+
+def prep_wikitext(work: Path) -> None:
+    """data/wikitext-2/{train,valid,test}.txt: lines of random words (the script builds its vocabulary)."""
+    rng = random.Random(0)
+    for split, lines in (("train", 40), ("valid", 12), ("test", 12)):
+        _words(work / "data" / "wikitext-2" / f"{split}.txt", lines, rng)
+
+
+def prep_sine(work: Path) -> None:
+    """traindata.pt as generate_sine_wave.py writes it (a pickled float64 numpy array of shifted sine
+    waves), but 8 waves of 40 points instead of 100 of 1000."""
+    import torch
+
+    rng = np.random.RandomState(2)
+    t, n, length = 20, 8, 40
+    x = np.empty((n, length), "int64")
+    x[:] = np.array(range(length)) + rng.randint(-4 * t, 4 * t, n).reshape(n, 1)
+    torch.save(np.sin(x / 1.0 / t).astype("float64"), work / "traindata.pt")
+
+
+def prep_nanogpt(work: Path) -> None:
+    """data/synth/{train,val}.bin (uint16 token ids) and meta.pkl ({vocab_size, itos, stoi}), the
+    layout nanoGPT's data/shakespeare_char/prepare.py writes."""
+    d = work / "data" / "synth"
+    d.mkdir(parents=True)
+    rng = np.random.RandomState(0)
+    rng.randint(0, 65, 4000).astype(np.uint16).tofile(d / "train.bin")
+    rng.randint(0, 65, 800).astype(np.uint16).tofile(d / "val.bin")
+    chars = [chr(33 + i) for i in range(65)]
+    meta = {"vocab_size": 65, "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+    (d / "meta.pkl").write_bytes(pickle.dumps(meta))
+
+
+def prep_chars(work: Path) -> None:
+    """input.txt: random text over an alphabet holding every character of the sampling prompt."""
+    rng = random.Random(0)
+    alphabet = "O God,!abcdefghij \n"
+    (work / "input.txt").write_text("".join(rng.choices(alphabet, k=3000)))
+
+
+def prep_nothing(work: Path) -> None:
+    """The script makes its own data."""
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str  # the corpus entry (a script may appear with two configurations)
+    folder: str  # under realworld/
+    entry: str  # the script, relative to its folder (= the work directory)
+    args: tuple[str, ...]
+    losses: str  # regex: every group of every match, in order, is "what the script printed"
+    covers: str
+    prep: Callable[[Path], None] = prep_nothing
+    compiled: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    # files the script saves (checkpoints): their tensors are compared too, bit for bit, because a
+    # printed loss rounded to 2-5 digits hides a difference in the last bits
+    saves: tuple[str, ...] = ()
+
+
+SCRIPTS = [
+    Script(
+        "word_language_model-lstm",
+        "word_language_model",
+        "main.py",
+        (
+            "--model",
+            "LSTM",
+            "--emsize",
+            "16",
+            "--nhid",
+            "16",
+            "--nlayers",
+            "1",
+            "--epochs",
+            "2",
+            "--bptt",
+            "8",
+            "--batch_size",
+            "4",
+            "--log-interval",
+            "1",
+        ),
+        r"\bloss\s+([-0-9.]+)",
+        "eager LSTM, hand-written SGD update (no torch.optim), no_grad evaluation each epoch",
+        prep_wikitext,
+        saves=("model.pt",),
+    ),
+    Script(
+        "word_language_model-transformer",
+        "word_language_model",
+        "main.py",
+        (
+            "--model",
+            "Transformer",
+            "--emsize",
+            "16",
+            "--nhid",
+            "16",
+            "--nlayers",
+            "1",
+            "--nhead",
+            "2",
+            "--epochs",
+            "2",
+            "--bptt",
+            "8",
+            "--batch_size",
+            "4",
+            "--log-interval",
+            "1",
+        ),
+        r"\bloss\s+([-0-9.]+)",
+        "eager Transformer (dropout 0.2), hand-written update, no_grad evaluation each epoch",
+        prep_wikitext,
+        saves=("model.pt",),
+    ),
+    Script(
+        "time_sequence_prediction",
+        "time_sequence_prediction",
+        "train.py",
+        ("--steps", "2"),
+        r"loss: (\S+)",
+        "LBFGS with a closure (20 backward calls per step), float64, no_grad prediction each step",
+        prep_sine,
+        # traindata.pt is a pickled numpy array: torch>=2.6 loads weights only unless told otherwise.
+        # One thread: ~10^5 tiny float64 ops, which 2 threads on a loaded machine make 10x slower
+        env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": "1"},
+    ),
+    Script(
+        "regression",
+        "regression",
+        "main.py",
+        (),
+        r"Loss: (\S+) after (\d+) batches|function:\t(.*)",
+        "eager, unseeded (runs differ by design), hand-written update, loop until loss < 1e-3",
+    ),
+    Script(
+        "minGPT-adder",
+        "minGPT",
+        "projects/adder/adder.py",
+        (
+            "--data.ndigit=1",
+            "--trainer.max_iters=21",
+            "--trainer.num_workers=2",
+            "--trainer.batch_size=16",
+            "--trainer.device=cpu",
+        ),
+        r"iter (\d+): train loss (\S+)|final score: (\S+)",
+        "eager GPT, DataLoader with 2 workers, no_grad evaluation (greedy generation) in the loop",
+    ),
+    Script(
+        "minGPT-chargpt",
+        "minGPT",
+        "projects/chargpt/chargpt.py",
+        (
+            "--model.model_type=gpt-nano",
+            "--data.block_size=16",
+            "--trainer.batch_size=8",
+            "--trainer.max_iters=21",
+            "--trainer.num_workers=2",
+            "--trainer.device=cpu",
+        ),
+        r"iter (\d+): train loss (\S+)",
+        "eager GPT, DataLoader with 2 workers, sampled generation (multinomial) under no_grad in the loop",
+        prep_chars,
+    ),
+    Script(
+        "nanoGPT",
+        "nanoGPT",
+        "train.py",
+        (
+            "--dataset=synth",
+            "--device=cpu",
+            "--dtype=float32",
+            "--compile=True",
+            "--n_layer=2",
+            "--n_head=2",
+            "--n_embd=32",
+            "--block_size=32",
+            "--batch_size=4",
+            "--gradient_accumulation_steps=2",
+            "--max_iters=4",
+            "--eval_interval=2",
+            "--eval_iters=2",
+            "--log_interval=1",
+            "--warmup_iters=2",
+            "--lr_decay_iters=4",
+        ),
+        r"step (\d+): train loss (\S+), val loss (\S+)|iter (\d+): loss (\S+),",
+        "torch.compile (inductor), GPT returning a 0-dim loss from the compiled graph, gradient accumulation "
+        "(2 micro-batches), estimate_loss under no_grad in the loop",
+        prep_nanogpt,
+        compiled=True,
+        saves=("out/ckpt.pt",),
+    ),
+]
+
+
+def printed(script: Script, stdout: str) -> list[str]:
+    """What the script printed that a person compares: the regex's groups, in order."""
+    return [g for m in re.finditer(script.losses, stdout) for g in m.groups() if g is not None]
+
+
+@dataclass
+class Outcome:
+    """One command's result."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def tail(self) -> str:
+        return (self.stdout + self.stderr)[-2000:]
+
+
+def _same_tensors(a: Any, b: Any) -> bool:
+    """Bit-for-bit equality of two saved objects: tensors by value (NaN equal to NaN), modules by
+    state_dict, containers item by item, anything else by ==."""
+    import torch
+
+    if isinstance(a, torch.nn.Module):
+        a, b = a.state_dict(), b.state_dict()
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or (a.dtype, a.shape) != (b.dtype, b.shape):
+            return False
+        return torch.equal(a.detach().reshape(-1).view(torch.uint8), b.detach().reshape(-1).view(torch.uint8))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same_tensors, a, b))
+    return bool(a == b)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+class Runner:
+    """Runs one corpus entry in its own work directory."""
+
+    def __init__(self, script: Script, root: Path, timeout: float) -> None:
+        self.s = script
+        self.work = root.resolve() / script.name  # commands run there: --out must not be relative
+        self.timeout = timeout
+        self.env = dict(os.environ)
+        self.env.update(script.env)
+        paths = [str(REPO / "src"), str(self.work), str(STUBS)]
+        self.env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
+
+    def prepare(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.copytree(HERE / self.s.folder, self.work)
+        self.s.prep(self.work)
+
+    def run(self, label: str, *argv: str) -> Outcome:
+        """`python ARGV` in the work directory; its stdout and stderr also kept in LABEL.out/.err there."""
+        start = time.monotonic()
+        try:
+            p = subprocess.run(
+                [sys.executable, *argv],
+                cwd=self.work,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+            )
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, out, err = -9, _text(e.stdout), _text(e.stderr) + f"\n[timed out after {self.timeout:.0f} s]"
+        (self.work / f"{label}.out").write_text(out)
+        (self.work / f"{label}.err").write_text(err)
+        return Outcome(rc, out, err, time.monotonic() - start)
+
+    def saved(self) -> list[Any]:
+        """What the script saved (`Script.saves`; None where it saved nothing), loaded and removed, so
+        that the next run's files are its own."""
+        import torch
+
+        sys.path.insert(0, str(self.work))  # a whole pickled model needs the script's classes
+        try:
+            files = [self.work / f for f in self.s.saves]
+            loaded = [torch.load(f, weights_only=False) if f.exists() else None for f in files]
+        finally:
+            sys.path.remove(str(self.work))
+        for f in files:
+            f.unlink(missing_ok=True)
+        return loaded
+
+    def torchrepro(self, label: str, *argv: str) -> tuple[Outcome, dict]:
+        """A torchrepro command writing its run directory `label` in the work directory; its report.json."""
+        out_dir = self.work / label
+        outcome = self.run(label, "-m", "torchrepro", *argv, "--out", str(out_dir), self.s.entry, "--", *self.s.args)
+        report = out_dir / "report.json"
+        return outcome, json.loads(report.read_text()) if report.exists() else {}
+
+
+COUNTS = ("compiles", "recompiles", "graph_breaks", "unique_graphs")
+
+
+def check_script(script: Script, root: Path, timeout: float, log: Callable[[str], None]) -> dict:
+    """The three checks (and --against eager for a compiled script); a JSON-able record."""
+    r = Runner(script, root, timeout)
+    r.prepare()
+    rec: dict = {"name": script.name, "covers": script.covers, "compiled": script.compiled}
+    t0 = time.monotonic()
+
+    a = r.run("plain-counted", str(HERE / "dynamo_counters.py"), "counters.json", script.entry, *script.args)
+    saved_a = r.saved()
+    b = r.run("plain", script.entry, *script.args)
+    saved_b = r.saved()
+    log(f"{script.name}: plain runs rc {a.rc}/{b.rc} ({a.seconds:.0f}+{b.seconds:.0f} s)")
+    truth = json.loads((r.work / "counters.json").read_text()) if (r.work / "counters.json").exists() else {}
+    pa, pb = printed(script, a.stdout), printed(script, b.stdout)
+    rec["plain"] = {"rc": [a.rc, b.rc], "printed": [pa, pb], "seconds": round(b.seconds, 1), "counters": truth}
+    rec["plain"]["saved_identical"] = same_saved = all(_same_tensors(x, y) for x, y in zip(saved_a, saved_b))
+    if a.rc or b.rc or not pa:
+        rec["plain"]["tail"] = (a if a.rc or not pa else b).tail()
+
+    doc, report = r.torchrepro("tr-doctor", "doctor")
+    log(f"{script.name}: doctor rc {doc.rc} ({doc.seconds:.0f} s)")
+    got = {k: report.get("compile", {}).get(k) for k in COUNTS}
+    rec["doctor"] = {
+        "rc": doc.rc,
+        "counts": got,
+        # the script's own stdout, which doctor keeps apart from its report (logs/stdout.log)
+        "printed": printed(script, _read(r.work / "tr-doctor" / "logs" / "stdout.log")),
+        "seconds": round(doc.seconds, 1),
+    }
+    if not report:
+        rec["doctor"]["tail"] = doc.tail()
+    rec["counts_ok"] = bool(truth) and all(got[k] == truth.get(k) for k in COUNTS)
+    # an unseeded script prints differently each run: then there is no printed ground truth to perturb
+    rec["plain_identical"] = same = pa == pb and same_saved
+    rec["unperturbed"] = "n/a" if pa != pb else "yes" if pb and rec["doctor"]["printed"] == pb else "no"
+
+    chk, creport = r.torchrepro("tr-check", "check", "--no-fixes")
+    log(f"{script.name}: check rc {chk.rc} ({chk.seconds:.0f} s)")
+    verdict = creport.get("verdict", "")
+    rec["check"] = {"rc": chk.rc, "verdict": verdict, "seconds": round(chk.seconds, 1)}
+    if not creport:
+        rec["check"]["tail"] = chk.tail()
+    rec["verdict_ok"] = bool(verdict) and (verdict.startswith("BIT-EXACT") if same else verdict.startswith("DIVERGED"))
+
+    if script.compiled:
+        ag, areport = r.torchrepro("tr-against-eager", "check", "--against", "eager", "--no-fixes")
+        log(f"{script.name}: check --against eager rc {ag.rc} ({ag.seconds:.0f} s)")
+        rec["against_eager"] = {
+            "rc": ag.rc,
+            "verdict": areport.get("verdict", ""),
+            "first_divergence": (areport.get("determinism") or {}).get("first_divergence"),
+            "notes": [f.get("message", "") for f in areport.get("findings", [])][:6],
+            "seconds": round(ag.seconds, 1),
+        }
+        if not areport:
+            rec["against_eager"]["tail"] = ag.tail()
+    rec["seconds"] = round(time.monotonic() - t0, 1)
+    rec["ok"] = rec["counts_ok"] and rec["verdict_ok"] and rec["unperturbed"] != "no"
+    return rec
+
+
+VERDICTS = ("BIT-EXACT", "WITHIN TOLERANCE", "DIVERGED", "INCOMPLETE", "NOTHING COMPARED")
+
+
+def _verdict(result: dict) -> str:
+    """The verdict's keyword (the report's verdict line goes on with the details)."""
+    return next((v for v in VERDICTS if result["verdict"].startswith(v)), "")
+
+
+def _c(d: dict) -> str:
+    return "/".join(str(d.get(k)) for k in COUNTS)
+
+
+def table(records: list[dict]) -> str:
+    """The results table (markdown) docs/accuracy.md carries."""
+    rows = [
+        "| script | covers | counts c/r/b/g: Dynamo → doctor | two plain runs | check verdict | "
+        "doctor leaves printed losses unchanged | pass | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for rec in records:
+        counts = f"{_c(rec['plain']['counters'])} → {_c(rec['doctor']['counts'])} {'✓' if rec['counts_ok'] else '✗'}"
+        plain = rec["plain"]
+        same = (
+            "differ (printed)"
+            if plain["printed"][0] != plain["printed"][1]
+            else "identical"
+            if plain["saved_identical"]
+            else "printed identical, saved tensors differ"
+        )
+        verdict = f"{_verdict(rec['check']) or 'none (rc %d)' % rec['check']['rc']} {'✓' if rec['verdict_ok'] else '✗'}"
+        unp = {"yes": "yes ✓", "no": "no ✗", "n/a": "n/a (plain runs print differently)"}[rec["unperturbed"]]
+        rows.append(
+            f"| {rec['name']} | {rec['covers']} | {counts} | {same} | {verdict} | {unp} | "
+            f"{'PASS' if rec['ok'] else 'FAIL'} | {rec['seconds']:.0f} s |"
+        )
+    against = [rec for rec in records if "against_eager" in rec]
+    if against:
+        rows += ["", "| compiled script | `check --against eager` (rc) | what it says |", "|---|---|---|"]
+        for rec in against:
+            ae = rec["against_eager"]
+            text = (ae["verdict"] or ae.get("tail", "")[-300:]).replace("|", "\\|").replace("\n", " ")
+            text = re.sub(r"/\S+/" + re.escape(rec["name"]) + "/", "", text)  # the work directory
+            rows.append(f"| {rec['name']} | {_verdict(ae) or 'none'} (rc {ae['rc']}) | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help="comma-separated corpus entries (default: all)")
+    p.add_argument("--work", type=Path, default=REPO / "build" / "realworld", help="work directory root")
+    p.add_argument("--table", type=Path, help="also write the markdown table here")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per command")
+    args = p.parse_args(argv)
+    chosen = [s for s in SCRIPTS if not args.only or s.name in args.only.split(",")]
+    if not chosen:
+        p.error(f"no such entry; known: {', '.join(s.name for s in SCRIPTS)}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    records = []
+    for s in chosen:
+        records.append(check_script(s, args.work, args.timeout, lambda m: print(m, file=sys.stderr, flush=True)))
+        (args.work / "results.json").write_text(json.dumps(records, indent=1))
+    text = table(records) + f"\n{len(records)} scripts, {time.monotonic() - start:.0f} s in all\n"
+    print(text)
+    if args.table:
+        args.table.write_text(text)
+    return 0 if all(r["ok"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

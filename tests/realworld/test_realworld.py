@@ -1,0 +1,106 @@
+"""The real-script corpus (realworld/): the upstream files are the upstream bytes, the ground-truth
+counter wrapper counts what Dynamo counts, and (marker `realworld`, slow, `make realworld`) every
+script passes its three checks: doctor's counts = Dynamo's counters, check's verdict = what two
+plain runs printed, doctor leaves the printed losses unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RW = REPO / "realworld"
+_spec = importlib.util.spec_from_file_location("realworld_run", RW / "run.py")
+assert _spec and _spec.loader
+corpus = importlib.util.module_from_spec(_spec)
+sys.modules["realworld_run"] = corpus  # dataclasses look their module up while the class is built
+_spec.loader.exec_module(corpus)
+
+MANIFEST = json.loads((RW / "manifest.json").read_text())
+
+
+def test_upstream_files_are_the_upstream_bytes() -> None:
+    """Every file the manifest names is there with the sha256 recorded when it was copied."""
+    changed = [p for p, digest in MANIFEST.items() if hashlib.sha256((RW / p).read_bytes()).hexdigest() != digest]
+    assert changed == []
+
+
+def test_every_script_folder_is_attributed() -> None:
+    """Each folder holds only upstream files (all in the manifest), its LICENSE and UPSTREAM.md with the
+    commit; every corpus entry's script is an upstream file."""
+    folders = sorted({s.folder for s in corpus.SCRIPTS})
+    assert len({(s.folder, s.entry) for s in corpus.SCRIPTS}) >= 6
+    for folder in folders:
+        upstream = (RW / folder / "UPSTREAM.md").read_text()
+        assert "https://github.com/" in upstream and "commit" in upstream and "License" in upstream
+        files = {
+            str(p.relative_to(RW)) for p in (RW / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        }
+        assert files - set(MANIFEST) == {f"{folder}/UPSTREAM.md"}
+        assert f"{folder}/LICENSE" in MANIFEST
+    for s in corpus.SCRIPTS:
+        assert f"{s.folder}/{s.entry}" in MANIFEST
+
+
+def test_printed_values_are_read_in_order() -> None:
+    """The regex of a script picks what it printed, in order, every group that matched."""
+    s = next(s for s in corpus.SCRIPTS if s.name == "nanoGPT")
+    out = "step 0: train loss 4.1743, val loss 4.1782\niter 0: loss 4.1807, time 61.2ms, mfu -100.00%\n"
+    assert corpus.printed(s, out) == ["0", "4.1743", "4.1782", "0", "4.1807"]
+
+
+COUNTED = """
+import torch
+
+@torch.compile(backend="eager")
+def f(x):
+    return x * 2
+
+@torch.compile(backend="eager")
+def g(x):
+    y = x + 1
+    print("break")
+    return y * 3
+
+f(torch.ones(3))
+f(torch.ones(3, dtype=torch.float64))
+g(torch.ones(3))
+"""
+
+
+@pytest.mark.realworld
+def test_ground_truth_wrapper_counts_what_dynamo_counts(tmp_path: Path) -> None:
+    """realworld/dynamo_counters.py: a dtype recompile and a print() graph break, counted (docs/accuracy.md)."""
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED)
+    out = tmp_path / "counts.json"
+    env = {**os.environ, "PYTHONPATH": ""}
+    p = subprocess.run(
+        [sys.executable, str(RW / "dynamo_counters.py"), str(out), str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "break" in p.stdout
+    counts = json.loads(out.read_text())
+    assert counts == {"compiles": 4, "recompiles": 1, "graph_breaks": 1, "unique_graphs": 4, "dynamo_imported": True}
+
+
+@pytest.mark.realworld
+@pytest.mark.parametrize("name", [s.name for s in corpus.SCRIPTS])
+def test_script_passes_its_three_checks(name: str, tmp_path: Path) -> None:
+    """doctor's counts = Dynamo's, check's verdict = the plain runs' printed losses, doctor unperturbing."""
+    script = next(s for s in corpus.SCRIPTS if s.name == name)
+    rec = corpus.check_script(script, tmp_path, timeout=1200, log=print)
+    assert rec["counts_ok"], (rec["plain"]["counters"], rec["doctor"]["counts"])
+    assert rec["verdict_ok"], (rec["plain_identical"], rec["check"])
+    assert rec["unperturbed"] != "no", (rec["plain"]["printed"], rec["doctor"]["printed"])
