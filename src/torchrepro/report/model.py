@@ -228,6 +228,10 @@ class DoctorReport:
     rank_groups: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     reread: bool = False  # a stored run analysed again (torchrepro report), not a job this command ran
+    # doctor --fixes (None: not asked for): each fix's row, the recommendation, what was run
+    compile_fixes: list[dict[str, Any]] | None = None
+    compile_fix_recommended: dict[str, Any] | None = None
+    compile_fix_note: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -254,6 +258,15 @@ class DoctorReport:
             "verdict": self.verdict_line,
             "rank_groups": self.rank_groups,
             "provenance": self.provenance,
+            **(
+                {
+                    "compile_fixes": self.compile_fixes,
+                    "compile_fix_recommended": self.compile_fix_recommended,
+                    "compile_fix_note": self.compile_fix_note,
+                }
+                if self.compile_fixes is not None
+                else {}
+            ),
         }
 
     @classmethod
@@ -273,6 +286,9 @@ class DoctorReport:
             failing_findings=data.get("failing_findings", []),
             rank_groups=data.get("rank_groups", {}),
             provenance=data.get("provenance", {}),
+            compile_fixes=data.get("compile_fixes"),
+            compile_fix_recommended=data.get("compile_fix_recommended"),
+            compile_fix_note=data.get("compile_fix_note"),
         )
 
 

@@ -18,8 +18,17 @@ from ..launcher import ChildResult, child_env, launch, validate_script
 from ...runtime.options import RunOptions
 from ...eventlog.provenance import launch_meta
 from ...report.model import DoctorReport
-from ...eventlog.rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, supervisor_record, write_json
+from ...eventlog.rundir import (
+    RUN_FILE,
+    claim_run_dir,
+    create_run_dir,
+    default_run_dir,
+    load_run,
+    supervisor_record,
+    write_json,
+)
 from ...report.save import write_report
+from .fixes import FixRunner, attach, resumable, try_fixes
 
 
 def analyse_run_dir(
@@ -33,6 +42,7 @@ def analyse_run_dir(
     if all(log.unreadable for log in run.logs):
         raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)
+    attach(report, run_dir)  # doctor --fixes' result, stored beside its runs
     if store:
         write_report(run_dir, report)
     else:  # a signal that stopped the job then is the stored run's failure, not this command's
@@ -117,12 +127,39 @@ def doctor_script(
     options: RunOptions,
     nproc: int = 1,
     timeout: float | None = None,
+    fixes: bool = False,
+    only_fixes: list[str] | None = None,
+    jobs: int = 1,
 ) -> tuple[DoctorReport, Path]:
     """Run ``script`` under capture as ``options`` say (one process, or ``nproc`` ranks via
     torchrun); analyse and write the report. ``timeout``: end the job after that many seconds
-    without progress."""
-    seed = options.seed
+    without progress. ``fixes``: then try the compile fixes (:mod:`.fixes`), ``only_fixes`` of
+    them, ``jobs`` runs at a time; with ``out`` holding this script's finished baseline, that
+    baseline and every finished fix run are kept (resumed)."""
     script = validate_script(script)
+    if fixes and out is not None and resumable(out, script, args):
+        claim_run_dir(out, fresh=False)
+        _say(f"{out} holds this script's baseline run: going on with its fix runs")
+        report = analyse_run_dir(out, budgets)
+    else:
+        report, out = _baseline(script, args, out, budgets, options, nproc, timeout)
+    if fixes:
+        runner = FixRunner(out, script, args, options, nproc=nproc, timeout=timeout)
+        try_fixes(report, runner, only=only_fixes, jobs=jobs)
+        write_report(out, report)
+    return report, out
+
+
+def _baseline(
+    script: Path,
+    args: list[str],
+    out: Path | None,
+    budgets: Budgets,
+    options: RunOptions,
+    nproc: int,
+    timeout: float | None,
+) -> tuple[DoctorReport, Path]:
+    seed = options.seed
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
