@@ -1,7 +1,10 @@
 """One torch.compile pitfall per scenario, in a tiny training loop (backend eager by default):
 what ``doctor --fixes`` tries fixes on (tests/test_doctor_fixes.py).
 
-Usage: compile_pitfalls.py SCENARIO [--epochs E] [--backend B]
+Usage: compile_pitfalls.py SCENARIO [--epochs E] [--backend B] [--counters FILE]
+
+With --counters, one JSON line is appended to FILE at exit (also when torchrepro stops the run
+after a step): Dynamo's own counts for this process and the settings a fix may have changed.
 
   clean          no recompile, no graph break
   short_batch    a short last batch (drop_last=False): a shape recompile on the batch dimension
@@ -14,16 +17,40 @@ Usage: compile_pitfalls.py SCENARIO [--epochs E] [--backend B]
 """
 
 import argparse
+import atexit
+import json
 
 import torch
+import torch._dynamo
 from torch import nn
+from torch._dynamo.utils import counters, get_compilation_metrics
 
 parser = argparse.ArgumentParser()
 parser.add_argument("scenario")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--backend", default="eager")
+parser.add_argument("--counters")
 args = parser.parse_args()
 s = args.scenario
+SETTINGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops", "allow_unspec_int_on_nn_module")
+
+
+def write_counters() -> None:
+    """Dynamo's bookkeeping, as tests/test_doctor_scenarios.py reads it."""
+    done = [m for m in get_compilation_metrics() if m.co_name and not m.fail_type]
+    breaks = sum(counters["graph_break"].values()) + sum(
+        n for reason, n in counters["unimplemented"].items() if not reason.startswith("Dynamo recompile limit")
+    )
+    config = {name: getattr(torch._dynamo.config, name) for name in SETTINGS}
+    config["recompile_limit"] = torch._dynamo.config.recompile_limit
+    config["dynamic_sources"] = torch.compiler.config.dynamic_sources
+    line = {"compiles": len(done), "recompiles": sum(bool(m.recompile_reason) for m in done), "graph_breaks": breaks}
+    with open(args.counters, "a") as f:
+        f.write(json.dumps({**line, "config": config, "steps": step}) + "\n")
+
+
+if args.counters:
+    atexit.register(write_counters)
 
 
 class Net(nn.Module):
