@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import options
 from ...errors import UserError
 from ...runtime.options import RunOptions
 from .._finish import Outcome
 from ...analysis.compile_fixes import COMPILE_FIXES
+
+if TYPE_CHECKING:
+    from ...report.model import DoctorReport
 
 
 def _fix_names(value: str) -> list[str]:
@@ -94,8 +97,20 @@ def run(args: argparse.Namespace) -> Outcome:
             options=RunOptions.from_args(args),
             nproc=args.nproc,
             timeout=args.timeout,
-            fixes=args.fixes,
-            only_fixes=args.only_fixes,
-            jobs=args.jobs,
+            resume=args.fixes,
         )
+        if args.fixes:
+            _try_fixes(report, run_dir, args)
     return Outcome(report, run_dir)
+
+
+def _try_fixes(report: DoctorReport, run_dir: Path, args: argparse.Namespace) -> None:
+    """``--fixes``: the compile fixes tried on the script (:mod:`.fixes`), into the report."""
+    from ...report.save import write_report
+    from .fixes import FixRunner, try_fixes
+
+    runner = FixRunner(
+        run_dir, Path(args.script), args.args, RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout
+    )
+    try_fixes(report, runner, only=args.only_fixes, jobs=args.jobs)
+    write_report(run_dir, report)

@@ -5,7 +5,7 @@ SPEC``), then the recommended set together once; measure each run against the ba
 
 Each run has its own directory, ``RUN_DIR/fixes/<name>``, and ``--jobs`` of them run side by side.
 A run that ended normally is kept: the same command on the same ``--out`` directory goes on where
-an interrupted one stopped (:func:`resumable`). The decisions are pure
+an interrupted one stopped (:func:`~.job.resumable`). The decisions are pure
 (:mod:`torchrepro.analysis.compile_fixes`); this module only launches and reads. The result is
 also stored in ``RUN_DIR/fixes/compile_fixes.json``, which ``torchrepro report`` reads back.
 """
@@ -34,44 +34,16 @@ from ...analysis.compile_fixes import (
 )
 from ...eventlog.events import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
+from .job import FIXES_DIR, FIXES_FILE, finish_meta, start_meta
 from ...report.model import DoctorReport
 from ...runtime.options import RunOptions
 from ..launcher import child_env, launch
 
-FIXES_DIR = "fixes"
-FIXES_FILE = "compile_fixes.json"
 COMBINED = "recommended_set"
 
 
 def _say(text: str) -> None:
     print(f"torchrepro: {text}", file=sys.stderr, flush=True)
-
-
-def resumable(run_dir: Path, script: Path, args: list[str]) -> bool:
-    """``run_dir`` holds a finished baseline of this script with these arguments: ``doctor
-    --fixes`` continues there instead of running it again."""
-    try:
-        meta = json.loads((run_dir / RUN_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return (
-        isinstance(meta, dict)
-        and meta.get("script") == str(script)
-        and meta.get("args") == args
-        and "ended" in meta
-        and bool(rank_logs(run_dir))
-    )
-
-
-def attach(report: DoctorReport, run_dir: Path) -> None:
-    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one."""
-    try:
-        stored = json.loads((run_dir / FIXES_DIR / FIXES_FILE).read_text())
-    except (OSError, ValueError):
-        return
-    report.compile_fixes = stored.get("compile_fixes")
-    report.compile_fix_recommended = stored.get("compile_fix_recommended")
-    report.compile_fix_note = stored.get("compile_fix_note")
 
 
 class FixRunner:
@@ -93,8 +65,6 @@ class FixRunner:
     def run(self, name: str, spec: str, stop: int | None) -> list[EventLog] | None:
         """The event logs of the run of ``spec`` in ``fixes/<name>`` (one that ended normally with
         the same fix and stop is reused), or None when it did not end normally."""
-        from .job import finish_meta, start_meta
-
         out = self.run_dir / FIXES_DIR / name
         try:
             meta = json.loads((out / RUN_FILE).read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 import sys
@@ -28,7 +29,36 @@ from ...eventlog.rundir import (
     write_json,
 )
 from ...report.save import write_report
-from .fixes import FixRunner, attach, resumable, try_fixes
+
+FIXES_DIR = "fixes"  # doctor --fixes: its runs, one folder each (commands.doctor.fixes)
+FIXES_FILE = "compile_fixes.json"  # ... and its result, in that folder
+
+
+def resumable(run_dir: Path, script: Path, args: list[str]) -> bool:
+    """``run_dir`` holds a finished baseline of this script with these arguments: ``doctor
+    --fixes`` continues there instead of running it again."""
+    try:
+        meta = json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(meta, dict)
+        and meta.get("script") == str(script)
+        and meta.get("args") == args
+        and "ended" in meta
+        and bool(rank_logs(run_dir))
+    )
+
+
+def attach(report: DoctorReport, run_dir: Path) -> None:
+    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one."""
+    try:
+        stored = json.loads((run_dir / FIXES_DIR / FIXES_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    report.compile_fixes = stored.get("compile_fixes")
+    report.compile_fix_recommended = stored.get("compile_fix_recommended")
+    report.compile_fix_note = stored.get("compile_fix_note")
 
 
 def analyse_run_dir(
@@ -127,27 +157,18 @@ def doctor_script(
     options: RunOptions,
     nproc: int = 1,
     timeout: float | None = None,
-    fixes: bool = False,
-    only_fixes: list[str] | None = None,
-    jobs: int = 1,
+    resume: bool = False,
 ) -> tuple[DoctorReport, Path]:
     """Run ``script`` under capture as ``options`` say (one process, or ``nproc`` ranks via
     torchrun); analyse and write the report. ``timeout``: end the job after that many seconds
-    without progress. ``fixes``: then try the compile fixes (:mod:`.fixes`), ``only_fixes`` of
-    them, ``jobs`` runs at a time; with ``out`` holding this script's finished baseline, that
-    baseline and every finished fix run are kept (resumed)."""
+    without progress. ``resume`` (``doctor --fixes``): when ``out`` holds this script's finished
+    run, analyse that one instead of running it again."""
     script = validate_script(script)
-    if fixes and out is not None and resumable(out, script, args):
+    if resume and out is not None and resumable(out, script, args):
         claim_run_dir(out, fresh=False)
         _say(f"{out} holds this script's baseline run: going on with its fix runs")
-        report = analyse_run_dir(out, budgets)
-    else:
-        report, out = _baseline(script, args, out, budgets, options, nproc, timeout)
-    if fixes:
-        runner = FixRunner(out, script, args, options, nproc=nproc, timeout=timeout)
-        try_fixes(report, runner, only=only_fixes, jobs=jobs)
-        write_report(out, report)
-    return report, out
+        return analyse_run_dir(out, budgets), out
+    return _baseline(script, args, out, budgets, options, nproc, timeout)
 
 
 def _baseline(
