@@ -259,7 +259,7 @@ def slower(before: dict[str, Any], after: dict[str, Any]) -> bool:
     median, tail, then = before["step_time_s"], before.get("step_time_tail_s"), after["step_time_s"]
     if median is None or then is None:
         return False
-    return then > median * (1 + SLOWER) and then > (tail or median)
+    return bool(then > median * (1 + SLOWER) and then > (tail or median))
 
 
 def recommendable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
