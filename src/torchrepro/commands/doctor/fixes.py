@@ -32,6 +32,7 @@ from ...analysis.compile_fixes import (
     recommendable,
     window,
 )
+from ...errors import Stopped
 from ...eventlog.events import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
 from .job import FIXES_DIR, FIXES_FILE, finish_meta, start_meta
@@ -63,16 +64,16 @@ class FixRunner:
         self.options = replace(options, analysis_only=True)
 
     def run(self, name: str, spec: str, stop: int | None) -> list[EventLog] | None:
-        """The event logs of the run of ``spec`` in ``fixes/<name>`` (one that ended normally with
-        the same fix and stop is reused), or None when it did not end normally."""
+        """The event logs of the run of ``spec`` in ``fixes/<name>`` (a finished one with the same
+        fix and stop is reused), or None when it did not end normally."""
         out = self.run_dir / FIXES_DIR / name
         try:
             meta = json.loads((out / RUN_FILE).read_text())
         except (OSError, ValueError):
             meta = None
-        done = isinstance(meta, dict) and meta.get("fix") == spec and meta.get("stop_after_step") == stop
-        if not (done and meta.get("exit_code") == 0 and "ended" in meta):
-            shutil.rmtree(out, ignore_errors=True)  # a run of ours cut short: started again
+        finished = isinstance(meta, dict) and "ended" in meta
+        if not (finished and meta.get("fix") == spec and meta.get("stop_after_step") == stop):
+            shutil.rmtree(out, ignore_errors=True)  # a run of ours cut short (or of another plan): again
             out.mkdir(parents=True)
             meta = start_meta(self.script, self.args, seed=self.options.seed, fix=spec, stop_after_step=stop)
             write_json(out / RUN_FILE, meta)
@@ -88,6 +89,8 @@ class FixRunner:
                 env=child_env(self.options.seed),
                 stall_timeout=self.timeout,
             )
+            if result.stopped_by:  # a signal to torchrepro: doctor ends here (128 + N); this run is redone
+                raise Stopped(f"fix {name}: stopped by {result.stopped_by}; rerun to go on", result.stopped_by)
             meta = finish_meta(meta, result, out)
         if meta.get("exit_code") != 0 or not rank_logs(out):
             return None
@@ -107,7 +110,9 @@ def try_fixes(
     tried = [c for c in plan.candidates if not only or c.name in only]
     rows: list[dict[str, Any]] = []
     combined: dict[str, Any] | None = None
-    if not tried:
+    if report.run.failed or report.run.meta.get("stopped_by"):
+        note = "the baseline run did not end normally: no fix was run"
+    elif not tried:
         note = (
             "no recompile or graph break with a mechanical fix: no fix was run"
             if not plan.candidates
