@@ -4,7 +4,7 @@ the baseline's last compile), each fix applied from outside the script (``torchr
 SPEC``), then the recommended set together once; measure each run against the baseline.
 
 Each run has its own directory, ``RUN_DIR/fixes/<name>``, and ``--jobs`` of them run side by side.
-A run that ended normally is kept: the same command on the same ``--out`` directory goes on where
+A finished run is kept (whatever its exit code): the same command on the same ``--out`` directory goes on where
 an interrupted one stopped (:func:`~.job.resumable`). The decisions are pure
 (:mod:`torchrepro.analysis.compile_fixes`); this module only launches and reads. The result is
 also stored in ``RUN_DIR/fixes/compile_fixes.json``, which ``torchrepro report`` reads back.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -35,16 +34,12 @@ from ...analysis.compile_fixes import (
 from ...errors import Stopped
 from ...eventlog.events import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
-from .job import FIXES_DIR, FIXES_FILE, finish_meta, start_meta
+from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
 from ...report.model import DoctorReport
 from ...runtime.options import RunOptions
 from ..launcher import child_env, launch
 
 COMBINED = "recommended_set"
-
-
-def _say(text: str) -> None:
-    print(f"torchrepro: {text}", file=sys.stderr, flush=True)
 
 
 class FixRunner:
