@@ -126,7 +126,6 @@ def try_fixes(
             rows = list(pool.map(attempt, tried))
         good = recommendable(rows)
         if len(good) > 1:
-            chosen = {r["name"] for r in good}
             together = CompileFix(
                 COMBINED,
                 "+".join(r["spec"] for r in good),
@@ -135,7 +134,6 @@ def try_fixes(
                 sum(r["expected_removed"] for r in good),
             )
             combined = attempt(together)
-            combined["set"] = sorted(chosen, key=[c.name for c in tried].index)
         runs = len(tried) + (combined is not None)
         window_text = f"stopped after step {stop}" if stop is not None else "whole runs"
         note = f"{len(tried)} fix(es) tried in {runs} run(s) ({window_text}), each against the baseline"
