@@ -4,7 +4,7 @@ what ``doctor --fixes`` tries fixes on (tests/test_doctor_fixes.py).
 Usage: compile_pitfalls.py SCENARIO [--epochs E] [--backend B] [--counters FILE]
 
 With --counters, one JSON line is appended to FILE at exit (also when torchrepro stops the run
-after a step): Dynamo's own counts for this process and the settings a fix may have changed.
+after a step): Dynamo's own counts for this process and the settings a fix may have changed, as the script started.
 
   clean          no recompile, no graph break
   short_batch    a short last batch (drop_last=False): a shape recompile on the batch dimension
@@ -33,6 +33,10 @@ parser.add_argument("--counters")
 args = parser.parse_args()
 s = args.scenario
 SETTINGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops", "allow_unspec_int_on_nn_module")
+# the settings as the script starts (a fix torchrepro applies is undone when its capture stops)
+CONFIG = {name: getattr(torch._dynamo.config, name) for name in SETTINGS}
+CONFIG["recompile_limit"] = torch._dynamo.config.recompile_limit
+CONFIG["dynamic_sources"] = torch.compiler.config.dynamic_sources
 
 
 def write_counters() -> None:
@@ -41,12 +45,9 @@ def write_counters() -> None:
     breaks = sum(counters["graph_break"].values()) + sum(
         n for reason, n in counters["unimplemented"].items() if not reason.startswith("Dynamo recompile limit")
     )
-    config = {name: getattr(torch._dynamo.config, name) for name in SETTINGS}
-    config["recompile_limit"] = torch._dynamo.config.recompile_limit
-    config["dynamic_sources"] = torch.compiler.config.dynamic_sources
     line = {"compiles": len(done), "recompiles": sum(bool(m.recompile_reason) for m in done), "graph_breaks": breaks}
     with open(args.counters, "a") as f:
-        f.write(json.dumps({**line, "config": config, "steps": step}) + "\n")
+        f.write(json.dumps({**line, "config": CONFIG, "steps": step}) + "\n")
 
 
 if args.counters:
