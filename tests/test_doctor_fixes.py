@@ -173,14 +173,17 @@ def test_pitfall_example_fixes_and_recommended_set(tmp_path):
     assert found["no_grad evaluation graph"]["status"] == "expected"
     for name in ("dynamic_shapes", "capture_scalar_outputs", "allow_unspec_int_on_nn_module"):
         assert found[name]["numerics"] in ("same", "within_tolerance", "changed")
-        assert (
-            found[name]["after"]["recompiles"] < found[name]["before"]["recompiles"] or name == "capture_scalar_outputs"
-        )
+        assert found[name]["after"]["recompiles"] <= found[name]["before"]["recompiles"]
+    assert found["dynamic_shapes"]["after"]["recompiles"] < found["dynamic_shapes"]["before"]["recompiles"]
+    # two epochs: the attribute changes once, and turns dynamic on that second value (a recompile still)
+    assert found["allow_unspec_int_on_nn_module"]["status"] in ("fixed", "partly", "no_effect")
     best = report["compile_fix_recommended"]
     assert best is not None and best["line"].startswith("torch.")
+    assert {"capture_scalar_outputs", "dynamic_shapes"} & set(best["set"])
     if len(best["set"]) > 1:  # tried together once
         together = best["combined"]
         assert together["after"]["graph_breaks"] == 0
+        assert together["after"]["recompiles"] < together["before"]["recompiles"]
         assert (out / "fixes" / "recommended_set" / "rank-0" / "events.jsonl").exists()
     assert "recommended:" in done.stdout
     # every format: HTML and OTel attributes from the same rows
