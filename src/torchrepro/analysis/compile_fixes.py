@@ -109,17 +109,14 @@ def plan_fixes(compile_section: dict[str, Any]) -> FixPlan:
     attributes = [e for e in events if e["category"] == "module_attribute" and _INT_ATTRIBUTE.match(e["guard"])]
     if attributes:
         names = sorted({_INT_ATTRIBUTE.match(e["guard"]).group(1) for e in attributes})  # type: ignore[union-attr]
-        # unspecialized, the int still recompiles once (it turns dynamic on its second value);
-        # named as a dynamic source too, it is dynamic from the first compile: no recompile stays
-        sources = ",".join(f"L['self'].{n}" for n in names)
         plan.candidates.append(
             CompileFix(
                 "allow_unspec_int_on_nn_module",
-                f"allow_unspec_int_on_nn_module+dynamic_sources:{sources}",
+                "allow_unspec_int_on_nn_module",
                 "int module attribute " + ", ".join(f"self.{n}" for n in names),
-                "torch._dynamo.config.allow_unspec_int_on_nn_module = True; "
-                f'torch.compiler.config.dynamic_sources = "{sources}"',
-                len(attributes),
+                "torch._dynamo.config.allow_unspec_int_on_nn_module = True",
+                # the attribute turns dynamic on its second value: one recompile each stays
+                max(0, len(attributes) - len(names)),
             )
         )
     hits = compile_section.get("recompile_limit_hits", [])

@@ -79,13 +79,11 @@ def _dynamo(name: str, value: Any) -> None:
 
 
 def _dynamic_sources(entries: str) -> None:
-    """Mark these sources dynamic from the first compile (``L['x']:0``: a tensor's dimension, what
-    ``torch._dynamo.mark_dynamic`` does; ``L['self'].n``: an int), by name from outside the script;
-    added to the entries already set (the user's ``TORCH_COMPILE_DYNAMIC_SOURCES``, another fix)."""
+    """Mark these sources' dimensions dynamic from the first compile (``L['x']:0``, comma
+    separated): what ``torch._dynamo.mark_dynamic`` does, applied by name from outside the script."""
     import torch.compiler.config as compiler_config  # public: torch.compiler.config
 
-    joined = ",".join(e for e in (compiler_config.dynamic_sources, entries) if e)
-    patch(compiler_config, "dynamic_sources", joined)
+    patch(compiler_config, "dynamic_sources", entries)
 
 
 def _apply_one(spec: str) -> None:
