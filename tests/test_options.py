@@ -49,6 +49,7 @@ NUMERIC = {
     ("diff", "--rtol"): options.tolerance,
     ("diff", "--atol"): options.tolerance,
     ("report", "--jobs"): options.positive_int,
+    ("doctor", "--jobs"): options.positive_int,
     ("run", "--seed"): options.seed,
     ("run", "--fingerprint-every"): options.positive_int,
     ("run", "--replay-step"): options.count,

@@ -1,10 +1,11 @@
-"""Candidate fixes for nondeterminism, applied in a child run before the user's script starts
-(``torchrepro run --fix NAME``): what ``check``'s fix ladder re-runs the script with.
+"""Candidate fixes applied in a child run before the user's script starts (``torchrepro run --fix
+SPEC``): what ``check``'s fix ladder (nondeterminism) and ``doctor --fixes`` (recompiles and graph
+breaks: Dynamo settings and dynamic dimensions) re-run the script with, without editing it.
 
-Each fix changes how the script computes, on purpose; it is only ever applied to the ladder's
-own truncated runs, never to the runs being compared. The names and the line a user would write
-live in :mod:`torchrepro.analysis.fixes`. Its patches are undone when capture stops
-(:func:`torchrepro._compat.undo_patches`).
+Each fix changes how the script computes, on purpose; it is only ever applied to those commands'
+own runs, never to the runs being compared. The names and the line a user would write live in
+:mod:`torchrepro.analysis.fixes` and :mod:`torchrepro.analysis.compile_fixes`. Its patches are
+undone when capture stops (:func:`torchrepro._compat.undo_patches`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,19 @@ from typing import Any
 
 import torch
 
-from .._compat import compile_fx_module, current_compile_id, inductor_config, lookup_backend, patch, wrap_compile_fx
+from .._compat import (
+    compile_fx_module,
+    current_compile_id,
+    dynamo_config,
+    inductor_config,
+    lookup_backend,
+    patch,
+    wrap_compile_fx,
+)
+
+# doctor --fixes: Dynamo settings turned on by name (analysis.compile_fixes names the same ones)
+_DYNAMO_SWITCHES = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops", "allow_unspec_int_on_nn_module")
+_DYNAMO_LIMITS = ("recompile_limit", "accumulated_recompile_limit")
 
 
 def _one_thread() -> None:
@@ -59,12 +72,21 @@ def _aot_eager(frames: set[int] | None) -> None:
     wrap_compile_fx(compile_fx)
 
 
-def apply_fix(spec: str | None) -> None:
-    """Apply the fix ``spec``: ``threads_1``, ``deterministic``, ``fallback_random``, ``aot_eager``
-    (every compiled frame) or ``aot_eager:F[,F...]`` (those Dynamo frames only). ``eager`` is the
-    launcher's own ``--compile-mode eager``."""
-    if not spec:
-        return
+def _dynamo(name: str, value: Any) -> None:
+    config = dynamo_config()
+    if config is not None:
+        patch(config, name, value)
+
+
+def _dynamic_sources(entries: str) -> None:
+    """Mark these sources' dimensions dynamic from the first compile (``L['x']:0``, comma
+    separated): what ``torch._dynamo.mark_dynamic`` does, applied by name from outside the script."""
+    import torch.compiler.config as compiler_config  # public: torch.compiler.config
+
+    patch(compiler_config, "dynamic_sources", entries)
+
+
+def _apply_one(spec: str) -> None:
     name, _, arg = spec.partition(":")
     if name == "threads_1":
         _one_thread()
@@ -74,5 +96,27 @@ def apply_fix(spec: str | None) -> None:
         _fallback_random()
     elif name == "aot_eager":
         _aot_eager({int(f) for f in arg.split(",") if f.strip().isdigit()} if arg else None)
+    elif name in _DYNAMO_SWITCHES:
+        _dynamo(name, True)
+    elif name in _DYNAMO_LIMITS and arg.isdigit():
+        _dynamo(name, int(arg))
+    elif name == "dynamic":  # torch.compile(..., dynamic=True) for every compiled function
+        _dynamo("assume_static_by_default", False)
+    elif name == "dynamic_sources" and arg:
+        _dynamic_sources(arg)
     else:
         raise ValueError(f"unknown fix {spec!r}")
+
+
+def apply_fix(spec: str | None) -> None:
+    """Apply the fix ``spec``: ``threads_1``, ``deterministic``, ``fallback_random``, ``aot_eager``
+    (every compiled frame) or ``aot_eager:F[,F...]`` (those Dynamo frames only); for compile
+    health, a Dynamo switch turned on (``capture_scalar_outputs``, ``capture_dynamic_output_shape_ops``,
+    ``allow_unspec_int_on_nn_module``), a raised limit (``recompile_limit:N``,
+    ``accumulated_recompile_limit:N``), ``dynamic`` (every dimension dynamic, as ``dynamic=True``)
+    or ``dynamic_sources:L['x']:0[,...]``. Several fixes join with ``+``. ``eager`` is the
+    launcher's own ``--compile-mode eager``."""
+    if not spec:
+        return
+    for one in spec.split("+"):
+        _apply_one(one)

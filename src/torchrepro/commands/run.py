@@ -51,7 +51,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--fix",
         metavar="NAME",
-        help="apply a candidate fix first (threads_1, deterministic, fallback_random, aot_eager[:FRAMES])",
+        help="apply a candidate fix first (threads_1, deterministic, fallback_random, aot_eager[:FRAMES]; compile "
+        "fixes: capture_scalar_outputs, recompile_limit:N, dynamic_sources:L['x']:0 ...; several joined by +)",
     )
     options.add_otlp_option(p, in_process=True)
     options.add_script(p)

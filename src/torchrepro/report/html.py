@@ -23,7 +23,7 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
-from .model import DriftSection, Report
+from .model import FIX_COLUMNS, DriftSection, Report, fix_cells, fix_recommendation
 from .sanitize import visible
 from ..analysis.rank_groups import ranks_label
 
@@ -438,6 +438,9 @@ def _environment() -> Environment:
         max_findings=MAX_FINDINGS,
         max_rows=MAX_ROWS,
         max_lanes=MAX_LANES,
+        fix_columns=FIX_COLUMNS,
+        fix_cells=fix_cells,
+        fix_recommendation=fix_recommendation,
     )
     return env
 

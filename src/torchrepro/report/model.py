@@ -228,6 +228,10 @@ class DoctorReport:
     rank_groups: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     reread: bool = False  # a stored run analysed again (torchrepro report), not a job this command ran
+    # doctor --fixes (None: not asked for): each fix's row, the recommendation, what was run
+    compile_fixes: list[dict[str, Any]] | None = None
+    compile_fix_recommended: dict[str, Any] | None = None
+    compile_fix_note: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -254,6 +258,15 @@ class DoctorReport:
             "verdict": self.verdict_line,
             "rank_groups": self.rank_groups,
             "provenance": self.provenance,
+            **(
+                {
+                    "compile_fixes": self.compile_fixes,
+                    "compile_fix_recommended": self.compile_fix_recommended,
+                    "compile_fix_note": self.compile_fix_note,
+                }
+                if self.compile_fixes is not None
+                else {}
+            ),
         }
 
     @classmethod
@@ -273,7 +286,64 @@ class DoctorReport:
             failing_findings=data.get("failing_findings", []),
             rank_groups=data.get("rank_groups", {}),
             provenance=data.get("provenance", {}),
+            compile_fixes=data.get("compile_fixes"),
+            compile_fix_recommended=data.get("compile_fix_recommended"),
+            compile_fix_note=data.get("compile_fix_note"),
         )
+
+
+FIX_COLUMNS = ("fix", "applied to", "compiles", "recompiles", "breaks", "compile s", "ms/step", "numerics", "status")
+
+
+def fix_cells(row: dict[str, Any]) -> list[str]:
+    """One ``compile_fixes`` row as the text of the fix table's cells (:data:`FIX_COLUMNS`), the
+    same in the terminal and the HTML report: each figure as ``before → after``; a fix not run
+    (a code change, an expected recompile) shows its note instead."""
+    before, after = row.get("before"), row.get("after")
+
+    def figure(key: str, scale: float = 1.0, digits: int = 0) -> str:
+        def one(m: dict[str, Any] | None) -> str:
+            value = None if m is None else m.get(key)
+            return "?" if value is None else f"{value * scale:.{digits}f}"
+
+        return "" if before is None else f"{one(before)} → {one(after)}"
+
+    if before is None:
+        status = row["status"].replace("_", " ")
+        return [row["name"], row.get("applied_to") or "", row.get("note") or "", "", "", "", "", "", status]
+    return [
+        row["name"],
+        row.get("applied_to") or "",
+        figure("compiles"),
+        figure("recompiles"),
+        figure("graph_breaks"),
+        figure("compile_time_s", digits=2),
+        figure("step_time_s", 1e3, 1),
+        (row.get("numerics") or "not compared").replace("_", " "),
+        row["status"].replace("_", " "),
+    ]
+
+
+def fix_recommendation(recommended: dict[str, Any] | None) -> str:
+    """The recommendation under the fix table: the fix and the exact line for the script, and how
+    the recommended set did tried together."""
+    if recommended is None:
+        return (
+            "no fix recommended: none removed recompiles or graph breaks without changing the numbers or the step time"
+        )
+    text = (
+        f"recommended: {recommended['name']} ({recommended['applied_to']}), {recommended['removed']} "
+        f"recompile(s)/break(s) fewer: put `{recommended['line']}` in the script before the first compiled call"
+    )
+    together = recommended.get("combined")
+    if together:
+        text += (
+            f"; together ({' + '.join(recommended['set'])}): recompiles {together['before']['recompiles']} → "
+            f"{(together['after'] or {}).get('recompiles', '?')}, breaks {together['before']['graph_breaks']} → "
+            f"{(together['after'] or {}).get('graph_breaks', '?')}, {together['status'].replace('_', ' ')}, "
+            f"numerics {(together['numerics'] or 'not compared').replace('_', ' ')}"
+        )
+    return text
 
 
 # --- check, check-resume, diff ----------------------------------------------------------------

@@ -14,7 +14,7 @@ from rich.text import Text
 from .model import Finding
 from .sanitize import visible_tree
 from ..analysis.rank_groups import ranks_label
-from .model import CheckReport, DoctorReport
+from .model import FIX_COLUMNS, CheckReport, DoctorReport, fix_cells, fix_recommendation
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
@@ -80,6 +80,8 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
             )
             _row(table, where, str(row["count"]), row["reason"][:60], row["gb_id"] or "")
         console.print(table)
+    if report.compile_fixes is not None:
+        _render_fixes(console, report)
     steps = report.steps.per_rank
     if len(c["per_rank"]) > 1:
         _render_ranks(console, report, c["per_rank"])
@@ -99,6 +101,27 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
             console.print(Text(f"not observed: {cap['name']} ({cap['note']})", style="dim"))
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
+
+
+def _render_fixes(console: Console, report: DoctorReport) -> None:
+    """``doctor --fixes``: each fix tried (or not) on two lines, its figures before → after, then
+    the recommendation (a table of nine columns does not fit a terminal)."""
+    rows = report.compile_fixes or []
+    if rows:
+        console.print(Text("compile fixes", style="italic"), highlight=False, markup=False)
+    for row in rows:
+        cells = dict(zip(FIX_COLUMNS, fix_cells(row)))
+        head = f" {cells['fix']} → {cells['applied to']}: {cells['status']}"
+        if row.get("before") is None:
+            console.print(Text(head + f" ({cells['compiles']})"), highlight=False, markup=False)
+            continue
+        console.print(Text(head + f", numerics {cells['numerics']}"), highlight=False, markup=False)
+        figures = " · ".join(f"{k} {cells[k]}" for k in FIX_COLUMNS[2:7])
+        console.print(Text(f"   {figures}", style="dim"), highlight=False, markup=False)
+    if report.compile_fix_note:
+        console.print(Text(f"fixes: {report.compile_fix_note}", style="dim"), highlight=False, markup=False)
+    if any(r["status"] not in ("expected", "not_tried") for r in rows):
+        console.print(Text(fix_recommendation(report.compile_fix_recommended)), highlight=False, markup=False)
 
 
 # More ranks than this show as the groups of ranks that behaved alike (the HTML report's lanes),

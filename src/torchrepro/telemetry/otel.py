@@ -578,6 +578,23 @@ def live_exporter(endpoint: str) -> RankExporter:
 # --- the launching command ----------------------------------------------------------------------
 
 
+_FIX_FIGURES = ("compiles", "recompiles", "graph_breaks", "compile_time_s", "step_time_s")
+
+
+def compile_fix_attributes(row: dict[str, Any]) -> dict[str, Any]:
+    """The attributes of one ``doctor --fixes`` row on the command's ``compile_fix`` span event:
+    ``torchrepro.compile_fix.{name,applied_to,status,numerics}`` and each figure before and after
+    (``torchrepro.compile_fix.recompiles.before`` ...; absent for a fix not run)."""
+    out: dict[str, Any] = {
+        f"torchrepro.compile_fix.{key}": row.get(key) for key in ("name", "applied_to", "status", "numerics")
+    }
+    for side in ("before", "after"):
+        figures = row.get(side) or {}
+        for key in _FIX_FIGURES:
+            out[f"torchrepro.compile_fix.{key}.{side}"] = figures.get(key)
+    return out
+
+
 class Launcher:
     """The command's own telemetry: its span (the root of the job's trace), a span per launch,
     the report's verdict and findings."""
@@ -625,6 +642,18 @@ class Launcher:
             attributes = {"torchrepro.finding.code": finding.code, "torchrepro.finding.severity": finding.severity}
             self.findings.add(1, attributes)
             self.span.add_event("finding", _attrs({**attributes, "torchrepro.finding.title": finding.title}))
+        for row in getattr(report, "compile_fixes", None) or []:  # doctor --fixes
+            self.span.add_event("compile_fix", _attrs(compile_fix_attributes(row)))
+        recommended = getattr(report, "compile_fix_recommended", None)
+        if recommended:
+            self.span.set_attributes(
+                _attrs(
+                    {
+                        "torchrepro.compile_fix.recommended": recommended["name"],
+                        "torchrepro.compile_fix.recommended_line": recommended["line"],
+                    }
+                )
+            )
 
     def export_run(self, run_dir: Path) -> None:
         """Every rank's stored events, as if exported live, under this command's span; after an

@@ -5,12 +5,27 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import options
 from ...errors import UserError
 from ...runtime.options import RunOptions
 from .._finish import Outcome
+from ...analysis.compile_fixes import COMPILE_FIXES
+
+if TYPE_CHECKING:
+    from ...report.model import DoctorReport
+
+
+def _fix_names(value: str) -> list[str]:
+    """``--only-fixes dynamic_shapes,recompile_limit`` → those names (checked)."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in COMPILE_FIXES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown fix {', '.join(unknown) or repr(value)} (choose from {', '.join(COMPILE_FIXES)})"
+        )
+    return names
 
 
 def add_parser(sub: Any) -> None:
@@ -34,6 +49,21 @@ def add_parser(sub: Any) -> None:
         help="fingerprint parameters every N steps (default: every step if that costs < 1%%)",
     )
     p.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
+    p.add_argument(
+        "--fixes",
+        action="store_true",
+        help="re-run the script once per mechanical compile fix (applied from outside it) and measure each; "
+        "the same command on the same --out goes on where it stopped",
+    )
+    p.add_argument(
+        "--only-fixes",
+        type=_fix_names,
+        metavar="NAMES",
+        help="with --fixes, try only these (comma list of " + ", ".join(COMPILE_FIXES) + ")",
+    )
+    p.add_argument(
+        "--jobs", type=options.positive_int, default=1, metavar="J", help="with --fixes: fix runs side by side"
+    )
     options.add_strict(p)
     options.add_ranks(p)
     options.add_otlp_option(p)
@@ -48,7 +78,11 @@ def run(args: argparse.Namespace) -> Outcome:
 
     budgets = Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
     out = Path(args.out) if args.out else None
+    if (args.only_fixes or args.jobs != 1) and not args.fixes:
+        raise UserError("--only-fixes and --jobs choose the fix runs of --fixes: give --fixes too")
     if args.trace:
+        if args.fixes:
+            raise UserError("--fixes re-runs the script: give a SCRIPT, not --trace")
         if args.script:
             raise UserError("give either --trace DIR or a SCRIPT, not both")
         report, run_dir = doctor_from_trace(Path(args.trace), out, budgets)
@@ -63,5 +97,20 @@ def run(args: argparse.Namespace) -> Outcome:
             options=RunOptions.from_args(args, ranks_only=True),
             nproc=args.nproc,
             timeout=args.timeout,
+            resume=args.fixes,
         )
+        if args.fixes:
+            _try_fixes(report, run_dir, args)
     return Outcome(report, run_dir)
+
+
+def _try_fixes(report: DoctorReport, run_dir: Path, args: argparse.Namespace) -> None:
+    """``--fixes``: the compile fixes tried on the script (:mod:`.fixes`), into the report."""
+    from ...report.save import write_report
+    from .fixes import FixRunner, try_fixes
+
+    runner = FixRunner(
+        run_dir, Path(args.script), args.args, RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout
+    )
+    try_fixes(report, runner, only=args.only_fixes, jobs=args.jobs)
+    write_report(run_dir, report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import re
 import sys
@@ -18,8 +19,46 @@ from ..launcher import ChildResult, child_env, launch, validate_script
 from ...runtime.options import RunOptions
 from ...eventlog.provenance import launch_meta
 from ...report.model import DoctorReport
-from ...eventlog.rundir import RUN_FILE, create_run_dir, default_run_dir, load_run, supervisor_record, write_json
+from ...eventlog.rundir import (
+    RUN_FILE,
+    claim_run_dir,
+    create_run_dir,
+    default_run_dir,
+    load_run,
+    supervisor_record,
+    write_json,
+)
 from ...report.save import write_report
+
+FIXES_DIR = "fixes"  # doctor --fixes: its runs, one folder each (commands.doctor.fixes)
+FIXES_FILE = "compile_fixes.json"  # ... and its result, in that folder
+
+
+def resumable(run_dir: Path, script: Path, args: list[str]) -> bool:
+    """``run_dir`` holds a finished baseline of this script with these arguments: ``doctor
+    --fixes`` continues there instead of running it again."""
+    try:
+        meta = json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(meta, dict)
+        and meta.get("script") == str(script)
+        and meta.get("args") == args
+        and "ended" in meta
+        and bool(rank_logs(run_dir))
+    )
+
+
+def attach(report: DoctorReport, run_dir: Path) -> None:
+    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one."""
+    try:
+        stored = json.loads((run_dir / FIXES_DIR / FIXES_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    report.compile_fixes = stored.get("compile_fixes")
+    report.compile_fix_recommended = stored.get("compile_fix_recommended")
+    report.compile_fix_note = stored.get("compile_fix_note")
 
 
 def analyse_run_dir(
@@ -33,6 +72,7 @@ def analyse_run_dir(
     if all(log.unreadable for log in run.logs):
         raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)
+    attach(report, run_dir)  # doctor --fixes' result, stored beside its runs
     if store:
         write_report(run_dir, report)
     else:  # a signal that stopped the job then is the stored run's failure, not this command's
@@ -117,12 +157,30 @@ def doctor_script(
     options: RunOptions,
     nproc: int = 1,
     timeout: float | None = None,
+    resume: bool = False,
 ) -> tuple[DoctorReport, Path]:
     """Run ``script`` under capture as ``options`` say (one process, or ``nproc`` ranks via
     torchrun); analyse and write the report. ``timeout``: end the job after that many seconds
-    without progress."""
-    seed = options.seed
+    without progress. ``resume`` (``doctor --fixes``): when ``out`` holds this script's finished
+    run, analyse that one instead of running it again."""
     script = validate_script(script)
+    if resume and out is not None and resumable(out, script, args):
+        claim_run_dir(out, fresh=False)
+        _say(f"{out} holds this script's baseline run: going on with its fix runs")
+        return analyse_run_dir(out, budgets), out
+    return _baseline(script, args, out, budgets, options, nproc, timeout)
+
+
+def _baseline(
+    script: Path,
+    args: list[str],
+    out: Path | None,
+    budgets: Budgets,
+    options: RunOptions,
+    nproc: int,
+    timeout: float | None,
+) -> tuple[DoctorReport, Path]:
+    seed = options.seed
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)

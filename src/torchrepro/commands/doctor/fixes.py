@@ -1,0 +1,151 @@
+"""``doctor --fixes``: after the baseline run, re-run the script once per mechanical compile fix
+(same seed and arguments, stopped :data:`~torchrepro.analysis.compile_fixes.WARM_STEPS` steps past
+the baseline's last compile), each fix applied from outside the script (``torchrepro run --fix
+SPEC``), then the recommended set together once; measure each run against the baseline.
+
+Each run has its own directory, ``RUN_DIR/fixes/<name>``, and ``--jobs`` of them run side by side.
+A finished run is kept (whatever its exit code): the same command on the same ``--out`` directory goes on where
+an interrupted one stopped (:func:`~.job.resumable`). The decisions are pure
+(:mod:`torchrepro.analysis.compile_fixes`); this module only launches and reads. The result is
+also stored in ``RUN_DIR/fixes/compile_fixes.json``, which ``torchrepro report`` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ...analysis.compile_fixes import (
+    CompileFix,
+    FixPlan,
+    judge,
+    listed,
+    measure,
+    numerics,
+    plan_fixes,
+    recommend,
+    recommendable,
+    window,
+)
+from ...errors import Stopped
+from ...eventlog.events import EventLog, rank_logs
+from ...eventlog.rundir import RUN_FILE, load_run, write_json
+from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
+from ...report.model import DoctorReport
+from ...runtime.options import RunOptions
+from ..launcher import child_env, launch
+
+COMBINED = "recommended_set"
+
+
+class FixRunner:
+    """Launches and reads back the fix runs of one ``doctor --fixes``."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        script: Path,
+        args: list[str],
+        options: RunOptions,
+        *,
+        nproc: int = 1,
+        timeout: float | None = None,
+    ):
+        self.run_dir, self.script, self.args, self.nproc, self.timeout = run_dir, script, args, nproc, timeout
+        self.options = replace(options, analysis_only=True)
+
+    def run(self, name: str, spec: str, stop: int | None) -> list[EventLog] | None:
+        """The event logs of the run of ``spec`` in ``fixes/<name>`` (a finished one with the same
+        fix and stop is reused), or None when it did not end normally."""
+        out = self.run_dir / FIXES_DIR / name
+        try:
+            meta = json.loads((out / RUN_FILE).read_text())
+        except (OSError, ValueError):
+            meta = None
+        finished = isinstance(meta, dict) and "ended" in meta
+        if not (finished and meta.get("fix") == spec and meta.get("stop_after_step") == stop):
+            shutil.rmtree(out, ignore_errors=True)  # a run of ours cut short (or of another plan): again
+            out.mkdir(parents=True)
+            meta = start_meta(self.script, self.args, seed=self.options.seed, fix=spec, stop_after_step=stop)
+            write_json(out / RUN_FILE, meta)
+            _say(f"fix {name}: {spec}" + (f", stopping after step {stop}" if stop is not None else ""))
+            options = replace(self.options, run_dir=out, fix=spec, stop_after_step=stop)
+            result = launch(
+                out,
+                self.script,
+                self.args,
+                options,
+                nproc=self.nproc,
+                quiet=True,
+                env=child_env(self.options.seed),
+                stall_timeout=self.timeout,
+            )
+            if result.stopped_by:  # a signal to torchrepro: doctor ends here (128 + N); this run is redone
+                raise Stopped(f"fix {name}: stopped by {result.stopped_by}; rerun to go on", result.stopped_by)
+            meta = finish_meta(meta, result, out)
+        if meta.get("exit_code") != 0 or not rank_logs(out):
+            return None
+        return load_run(out).logs
+
+
+def try_fixes(
+    report: DoctorReport,
+    runner: FixRunner,
+    *,
+    only: list[str] | None = None,
+    jobs: int = 1,
+) -> None:
+    """Plan, run and judge the compile fixes of ``report`` (the baseline in ``runner.run_dir``);
+    store the result beside the runs and in ``report``."""
+    plan: FixPlan = plan_fixes(report.compile)
+    tried = [c for c in plan.candidates if not only or c.name in only]
+    rows: list[dict[str, Any]] = []
+    combined: dict[str, Any] | None = None
+    if report.run.failed or report.run.meta.get("stopped_by"):
+        note = "the baseline run did not end normally: no fix was run"
+    elif not tried:
+        note = (
+            "no recompile or graph break with a mechanical fix: no fix was run"
+            if not plan.candidates
+            else f"--only-fixes left none of {', '.join(c.name for c in plan.candidates)} to try: no fix was run"
+        )
+    else:
+        baseline = load_run(runner.run_dir).logs
+        stop = window(baseline)
+        before = measure(baseline, stop)
+
+        def attempt(fix: CompileFix) -> dict[str, Any]:
+            logs = runner.run(fix.name, fix.spec, stop)
+            return judge(fix, before, measure(logs, stop) if logs else None, numerics(baseline, logs) if logs else None)
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            rows = list(pool.map(attempt, tried))
+        good = recommendable(rows)
+        if len(good) > 1:
+            together = CompileFix(
+                COMBINED,
+                "+".join(r["spec"] for r in good),
+                " + ".join(r["name"] for r in good),
+                "; ".join(r["line"] for r in good),
+                sum(r["expected_removed"] for r in good),
+            )
+            combined = attempt(together)
+        runs = len(tried) + (combined is not None)
+        window_text = f"stopped after step {stop}" if stop is not None else "whole runs"
+        note = f"{len(tried)} fix(es) tried in {runs} run(s) ({window_text}), each against the baseline"
+    report.compile_fixes = rows + listed(plan)
+    report.compile_fix_recommended = recommend(rows, combined)
+    report.compile_fix_note = note
+    (runner.run_dir / FIXES_DIR).mkdir(exist_ok=True)
+    write_json(
+        runner.run_dir / FIXES_DIR / FIXES_FILE,
+        {
+            "compile_fixes": report.compile_fixes,
+            "compile_fix_recommended": report.compile_fix_recommended,
+            "compile_fix_note": note,
+        },
+    )
