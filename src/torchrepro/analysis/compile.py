@@ -159,6 +159,7 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
             "reason": c.recompile_reasons[0],
             "guard": guard_text(c.recompile_reasons[0]),
             "category": category_of(c),
+            "evaluation": for_evaluation(c),
         }
         for c in recompiles
     ]

@@ -134,8 +134,8 @@ def plan_fixes(compile_section: dict[str, Any]) -> FixPlan:
             )
         )
     for label, rows in (
-        ("no_grad evaluation graph", [e for e in events if e["category"] == "grad_mode"]),
-        ("train/eval mode graph", [e for e in events if ".training" in e["guard"]]),
+        ("no_grad evaluation graph", [e for e in events if e.get("evaluation") and e["category"] == "grad_mode"]),
+        ("train/eval mode graph", [e for e in events if e.get("evaluation") and e["category"] != "grad_mode"]),
     ):
         if rows:
             functions = sorted({e["function"] for e in rows})
