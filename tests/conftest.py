@@ -118,12 +118,15 @@ def run_python(tmp_path):
     return run
 
 
-@pytest.fixture(autouse=True)
-def cpu_log(request):
+_CPU_LOG = os.environ.get("TORCHREPRO_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """With TORCHREPRO_TEST_CPU_LOG=FILE, append each test's CPU seconds (its worker's and the
-    processes it waited for), wall seconds and id to FILE: where the suite's time goes."""
-    path = os.environ.get("TORCHREPRO_TEST_CPU_LOG")
-    if not path:
+    processes it waited for), wall seconds and id to FILE: where the suite's time goes. Setup
+    and teardown included, so a shared (session) fixture counts in the first test that uses it."""
+    if not _CPU_LOG:
         yield
         return
     import resource
@@ -134,8 +137,8 @@ def cpu_log(request):
 
     cpu0, wall0 = cpu(), time.monotonic()
     yield
-    with open(path, "a") as fp:
-        fp.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {request.node.nodeid}\n")
+    with open(_CPU_LOG, "a") as fp:
+        fp.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {item.nodeid}\n")
 
 
 # The suite is CPU-bound on 2 workers: a long test handed out last keeps one worker busy while

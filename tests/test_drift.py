@@ -40,6 +40,7 @@ def drift(
     return proc, json.loads(report.read_text()) if report and report.exists() else None
 
 
+@pytest.mark.slow  # 18 real runs (a factorial design needs them): make test-slow
 def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found(tmp_path):
     # Full batch: the order seeds only permute rows inside the one batch. Compiled, the forward halves its logits.
     proc, report = drift(
@@ -75,6 +76,7 @@ def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found
     assert sorted(d["plots"]) == ["plot-compile.svg", "plot-init.svg", "plot-order.svg"]
 
 
+@pytest.mark.slow  # 12 real runs (the sign-flip test needs 6 pairs): make test-slow
 def test_compile_changing_only_rounding_is_not_significant(tmp_path):
     # No random factor named: every stream varies at once over 6 seed levels, each run eager and compiled.
     _, report = drift(
@@ -280,6 +282,7 @@ def test_an_existing_directory_is_never_taken_over(tmp_path):
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow  # starts a Ray cluster (~100 s of wall time): make test-slow
 def test_ray_launcher_on_a_local_cluster(tmp_path):
     pytest.importorskip("ray")
     _, report = drift(

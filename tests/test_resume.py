@@ -46,6 +46,7 @@ def check_resume(tmp_path: Path, script: Path, *args: str, options: tuple[str, .
 
 @pytest.mark.inductor
 @pytest.mark.distributed
+@pytest.mark.slow  # inductor on two ranks, run twice: make test-slow
 def test_example_resumes_bit_exact_compiled_two_ranks(tmp_path):
     proc, report = check_resume(tmp_path, ROOT / "examples" / "resume_ddp.py", options=("--nproc", "2", "--at", "5"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
