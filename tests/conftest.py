@@ -118,6 +118,40 @@ def run_python(tmp_path):
     return run
 
 
+# Runs that several tests only read, made once. A session fixture is made once per xdist worker:
+# the tests reading one share a worker through an xdist_group (make test runs --dist loadgroup).
+NOISE_CHECK_GROUP = "html-browser"
+
+
+@pytest.fixture(scope="session")
+def noise_check(tmp_path_factory):
+    """`torchrepro check` of tests/scripts/noise_module.py (an unseeded generator: the runs
+    diverge, and replays localise the op): its process and output directory. Read by
+    test_check.py's verdict test and test_html_browser.py's check page (xdist_group
+    NOISE_CHECK_GROUP). Its reports are checked against their schemas here, as a test's are."""
+    import subprocess
+
+    root = tmp_path_factory.mktemp("noise-check")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "check",
+            "--out",
+            str(root / "check"),
+            str(REPO / "tests" / "scripts" / "noise_module.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
+    )
+    problems = [f"{path}: {problem}" for path in sorted(root.rglob("*.json")) for problem in schema_problems(path)]
+    assert not problems, "reports that break their schema:\n" + "\n".join(problems)
+    return proc, root / "check"
+
+
 _CPU_LOG = os.environ.get("TORCHREPRO_TEST_CPU_LOG")
 
 
