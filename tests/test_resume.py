@@ -62,7 +62,14 @@ def test_example_resumes_bit_exact_compiled_two_ranks(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "forget, cause", [("nothing", None), ("rng", "rng"), ("data", "data_order"), ("optimizer", "unknown")]
+    "forget, cause",
+    [
+        ("nothing", None),
+        ("rng", "rng"),
+        # each case is a full run and a resumed one; deciding the cause: test_determinism_logic.py
+        pytest.param("data", "data_order", marks=pytest.mark.slow),
+        pytest.param("optimizer", "unknown", marks=pytest.mark.slow),
+    ],
 )
 def test_a_forgotten_piece_of_state_is_named(tmp_path, forget, cause):
     proc, report = check_resume(tmp_path, SMALL, "--forget", forget, options=("--at", "11"))

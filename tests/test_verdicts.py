@@ -101,6 +101,7 @@ def test_timeout_kills_both_runs(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # two torchrun jobs of two ranks: make test-slow
 def test_a_rank_killed_in_both_runs(tmp_path):
     proc, report = check(tmp_path, "rank_killed.py", "--nproc", "2", "--no-localize")
     assert proc.returncode == 3, proc.stdout + proc.stderr
