@@ -174,6 +174,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
+@pytest.mark.slow  # 4 runs, a SIGTERM and a resumed experiment: make test-slow
 def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path):
     draws = sorted(_first_draws(4))
     crash_below = (draws[0] + draws[1]) / 2  # exactly one init level crashes

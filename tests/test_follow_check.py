@@ -90,6 +90,7 @@ def fd_source(report: dict) -> str:
     return report["determinism"]["first_divergence"]["source"] or ""
 
 
+@pytest.mark.slow  # two 2-rank runs: make test-slow (bit-exact with --seed stays in make test)
 def test_drift_on_spawned_ranks_sees_both_ranks(tmp_path):
     """One factor (init), two levels: the levels reach the spawned ranks (the unseeded script's two
     ranks draw the same first batch from the level's stream, the two levels different ones); each

@@ -146,6 +146,7 @@ def test_accelerate_launch_ranks_are_all_captured(tmp_path):
     assert_not_perturbed(tmp_path)
 
 
+@pytest.mark.slow  # a 2-rank job; a rank killed under torchrun: test_distributed.py in make test
 def test_spawned_rank_that_dies_is_reported_as_crashed(tmp_path):
     code, report, _ = doctor(tmp_path, str(SCRIPTS / "launch_spawn.py"), "--", "--kill-rank1")
     assert code == 3
