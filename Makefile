@@ -1,4 +1,4 @@
-# `make demo`, `make test` (the suite, <= 10 min on 2 cores) and `make test-slow` (the slow end-to-end
+# `make demo`, `make test` (the suite but its slow tier) and `make test-slow` (the slow end-to-end
 # tier: pytest marker `slow`; CI runs it after `make test`). All create .venv when it is missing.
 PYTHON ?= python3
 VENV   := .venv

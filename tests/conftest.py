@@ -1,5 +1,10 @@
 """Shared test setup: one inductor cache for the whole run (cold compiles cost 10-20 s); every
-report a test writes is checked against the JSON Schema of its kind."""
+report a test writes is checked against the JSON Schema of its kind.
+
+Two tiers: `make test` runs every test not marked ``slow``; `make test-slow` runs those (CI runs
+both). Mark ``slow`` an end-to-end case whose processes cost tens of seconds of CPU (several ranks,
+many runs, inductor) when a cheaper test in `make test` covers the same code path. Runs that several
+tests only read are made once: a session fixture, its tests in one xdist_group."""
 
 from __future__ import annotations
 
