@@ -99,6 +99,7 @@ def test_inductor_dropout_against_eager_is_rng_and_remainder_is_numerics(tmp_pat
 
 
 @pytest.mark.inductor
+@pytest.mark.slow  # inductor runs again (the --against eager test above stays in make test)
 def test_inductor_dropout_against_fallback_random(tmp_path):
     proc, report = check(tmp_path, "inductor_dropout.py", "--against", "fallback-random")
     assert proc.returncode == 1, proc.stderr
