@@ -1,10 +1,11 @@
-# Two commands: `make demo` and `make test`. Both create .venv when it is missing.
+# `make demo`, `make test` (the suite but its slow tier) and `make test-slow` (the slow end-to-end
+# tier: pytest marker `slow`; CI runs it after `make test`). All create .venv when it is missing.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.torchrepro-installed
 
-.PHONY: demo test lint bench bytecode clean realworld
+.PHONY: demo test test-slow lint bench bytecode clean realworld
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +30,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy  # what it checks and how strictly: [tool.mypy] in pyproject.toml
 
 test: lint bytecode
-	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=12
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" --durations=12
+
+# the end-to-end cases too slow for every `make test` (marker `slow`, pyproject.toml); CI runs both
+test-slow: bytecode
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m slow --durations=12
 
 # The real-script corpus (realworld/, docs/accuracy.md): unmodified public training scripts, each checked
 # three ways against ground truth (slow: minutes per script on a CPU); the table goes to build/realworld/table.md

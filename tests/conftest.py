@@ -1,5 +1,10 @@
 """Shared test setup: one inductor cache for the whole run (cold compiles cost 10-20 s); every
-report a test writes is checked against the JSON Schema of its kind."""
+report a test writes is checked against the JSON Schema of its kind.
+
+Two tiers: `make test` runs every test not marked ``slow``; `make test-slow` runs those (CI runs
+both). Mark ``slow`` an end-to-end case whose processes cost tens of seconds of CPU (several ranks,
+many runs, inductor) when a cheaper test in `make test` covers the same code path. Runs that several
+tests only read are made once: a session fixture, its tests in one xdist_group."""
 
 from __future__ import annotations
 
@@ -118,12 +123,49 @@ def run_python(tmp_path):
     return run
 
 
-@pytest.fixture(autouse=True)
-def cpu_log(request):
+# Runs that several tests only read, made once. A session fixture is made once per xdist worker:
+# the tests reading one share a worker through an xdist_group (make test runs --dist loadgroup).
+NOISE_CHECK_GROUP = "html-browser"
+
+
+@pytest.fixture(scope="session")
+def noise_check(tmp_path_factory):
+    """`torchrepro check` of tests/scripts/noise_module.py (an unseeded generator: the runs
+    diverge, and replays localise the op): its process and output directory. Read by
+    test_check.py's verdict test and test_html_browser.py's check page (xdist_group
+    NOISE_CHECK_GROUP). Its reports are checked against their schemas here, as a test's are."""
+    import subprocess
+
+    root = tmp_path_factory.mktemp("noise-check")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            "check",
+            "--out",
+            str(root / "check"),
+            str(REPO / "tests" / "scripts" / "noise_module.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
+    )
+    problems = [f"{path}: {problem}" for path in sorted(root.rglob("*.json")) for problem in schema_problems(path)]
+    assert not problems, "reports that break their schema:\n" + "\n".join(problems)
+    return proc, root / "check"
+
+
+_CPU_LOG = os.environ.get("TORCHREPRO_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """With TORCHREPRO_TEST_CPU_LOG=FILE, append each test's CPU seconds (its worker's and the
-    processes it waited for), wall seconds and id to FILE: where the suite's time goes."""
-    path = os.environ.get("TORCHREPRO_TEST_CPU_LOG")
-    if not path:
+    processes it waited for), wall seconds and id to FILE: where the suite's time goes. Setup
+    and teardown included, so a shared (session) fixture counts in the first test that uses it."""
+    if not _CPU_LOG:
         yield
         return
     import resource
@@ -134,8 +176,8 @@ def cpu_log(request):
 
     cpu0, wall0 = cpu(), time.monotonic()
     yield
-    with open(path, "a") as fp:
-        fp.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {request.node.nodeid}\n")
+    with open(_CPU_LOG, "a") as fp:
+        fp.write(f"{cpu() - cpu0:.2f} {time.monotonic() - wall0:.2f} {item.nodeid}\n")
 
 
 # The suite is CPU-bound on 2 workers: a long test handed out last keeps one worker busy while

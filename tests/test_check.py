@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import NOISE_CHECK_GROUP
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -55,8 +56,10 @@ def test_clock_seeded_data_order(tmp_path):
     assert report["findings"][0]["code"] == "DIVERGED_DATA_ORDER"
 
 
-def test_unseeded_generator_names_module_and_op(tmp_path):
-    proc, report = check(tmp_path, "noise_module.py")
+@pytest.mark.xdist_group(NOISE_CHECK_GROUP)  # the worker that makes noise_check once
+def test_unseeded_generator_names_module_and_op(noise_check):
+    proc, out = noise_check  # `check noise_module.py`, shared with test_html_browser.py (conftest)
+    report = json.loads((out / "report.json").read_text()) if proc.returncode in (0, 1) else {}
     assert proc.returncode == 1, proc.stderr
     fd = report["determinism"]["first_divergence"]
     assert fd["step"] == 0 and fd["cause"] == "rng"
@@ -143,6 +146,7 @@ def test_a_fix_that_slows_steps_costs_more_than_one_and_every_ratio_is_the_recor
 
 
 @pytest.mark.inductor
+@pytest.mark.slow  # inductor runs again (the --against eager test above stays in make test)
 def test_inductor_dropout_against_fallback_random(tmp_path):
     proc, report = check(tmp_path, "inductor_dropout.py", "--against", "fallback-random")
     assert proc.returncode == 1, proc.stderr

@@ -251,6 +251,7 @@ def gpt_check(tmp_path_factory):
 
 @pytest.mark.inductor
 @pytest.mark.xdist_group("gpt")
+@pytest.mark.slow  # the GPT check (inductor, replays, two fix runs; minutes): make test-slow
 def test_check_names_graph_parameter_kernel_and_source(gpt_check):
     proc, report, _ = gpt_check
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -277,6 +278,7 @@ def test_check_names_graph_parameter_kernel_and_source(gpt_check):
 
 @pytest.mark.inductor
 @pytest.mark.xdist_group("gpt")
+@pytest.mark.slow  # shares the GPT check above
 def test_the_ladder_finds_a_bit_exact_fix_and_recommends_only_that(gpt_check):
     proc, report, out = gpt_check
     det = report["determinism"]

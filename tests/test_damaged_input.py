@@ -21,7 +21,7 @@ for n in (4, 5):
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # made once: its tests share a worker (xdist_group "damaged-trace")
 def trace_dir(tmp_path_factory) -> Path:
     """A real TORCH_TRACE directory: one function compiled twice (a shape recompile)."""
     root = tmp_path_factory.mktemp("trace")
@@ -38,6 +38,7 @@ def _doctor_trace(trace: Path, tmp_path: Path) -> dict:
     return json.loads((tmp_path / "r.json").read_text())
 
 
+@pytest.mark.xdist_group("damaged-trace")
 def test_a_trace_cut_mid_record_is_not_healthy(trace_dir, tmp_path):
     (log,) = trace_dir.glob("*.log")
     whole = _doctor_trace(trace_dir, tmp_path / "whole")
@@ -55,6 +56,7 @@ def test_a_trace_cut_mid_record_is_not_healthy(trace_dir, tmp_path):
     assert "compile events may be missing" in finding["title"]
 
 
+@pytest.mark.xdist_group("damaged-trace")
 def test_garbled_trace_lines_are_counted(trace_dir, tmp_path):
     (log,) = trace_dir.glob("*.log")
     (tmp_path / "bad").mkdir()

@@ -65,6 +65,7 @@ def test_ddp_compile_merged_report_and_recompile_asymmetry(tmp_path):
     assert report["compile"]["per_rank"]["1"]["recompiles"] == report["compile"]["per_rank"]["0"]["recompiles"] + 1
 
 
+@pytest.mark.slow  # two 2-rank FSDP2 jobs: make test-slow
 def test_fsdp2_ranks_seeded_differently_then_fixed(tmp_path):
     code, report = doctor(tmp_path, "fsdp2_init.py", "--seed-per-rank")
     assert code == 1
@@ -86,6 +87,7 @@ def test_killed_rank_is_named_and_others_kept(tmp_path):
     assert report["steps"]["per_rank"]["0"]["steps"] >= 3  # the surviving rank's events are kept
 
 
+@pytest.mark.slow  # waits out a 20 s --timeout: make test-slow
 def test_hanging_rank_is_ended_with_stacks(tmp_path):
     code, report = doctor(tmp_path, "rank_hangs.py", options=("--timeout", "20"))  # start-up alone can take 8 s
     assert code == 3
@@ -96,6 +98,7 @@ def test_hanging_rank_is_ended_with_stacks(tmp_path):
     assert (tmp_path / "run" / "rank-0" / "stacks.txt").read_text().strip()
 
 
+@pytest.mark.slow  # two torchrun launchers: make test-slow
 def test_two_nodes_launched_by_the_user_merge_into_one_report(tmp_path):
     """Two torchrun launchers (one per "node", static rendezvous on localhost), each running
     `-m torchrepro run`; the nodes' rank folders are copied together and reported as one run."""

@@ -41,6 +41,7 @@ def drift(
     return proc, json.loads(report.read_text()) if report and report.exists() else None
 
 
+@pytest.mark.slow  # 18 real runs (a factorial design needs them): make test-slow
 def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found(tmp_path):
     # Full batch: the order seeds only permute rows inside the one batch. Compiled, the forward halves its logits.
     proc, report = drift(
@@ -76,6 +77,7 @@ def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found
     assert sorted(d["plots"]) == ["plot-compile.svg", "plot-init.svg", "plot-order.svg"]
 
 
+@pytest.mark.slow  # 12 real runs (the sign-flip test needs 6 pairs): make test-slow
 def test_compile_changing_only_rounding_is_not_significant(tmp_path):
     # No random factor named: every stream varies at once over 6 seed levels, each run eager and compiled.
     _, report = drift(
@@ -173,6 +175,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
+@pytest.mark.slow  # 4 runs, a SIGTERM and a resumed experiment: make test-slow
 def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path):
     draws = sorted(_first_draws(4))
     crash_below = (draws[0] + draws[1]) / 2  # exactly one init level crashes

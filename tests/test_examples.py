@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_digits.py"
@@ -63,6 +65,7 @@ def test_pitfalls_are_found_with_fixes(tmp_path):
     assert report["run"]["exit_code"] == 0 and not report["budget_failures"]
 
 
+@pytest.mark.slow  # two runs of the example; test_doctor_cli's perturbation test stays in make test
 def test_clean_script_is_clean_and_capture_changes_nothing(tmp_path):
     """Without pitfalls: one graph, no recompile, no graph break. And the same script with the
     same --seed, alone and under doctor (without doctor's own --seed), ends with bit-identical

@@ -58,6 +58,7 @@ def test_spawned_ranks_unseeded_script_is_bit_exact_with_seed(tmp_path):
         assert rank_steps(tmp_path / "out" / run) == {"rank-0": 3, "rank-1": 3}
 
 
+@pytest.mark.slow  # two 2-rank runs and four replays: make test-slow
 def test_spawned_rank_that_diverges_is_named_and_replayed(tmp_path):
     code, report = torchrepro(tmp_path, "check", "--no-fixes", str(SCRIPTS / "spawn_ranks.py"), "--", "--noise-rank1")
     out = tmp_path / "out"
@@ -71,6 +72,7 @@ def test_spawned_rank_that_diverges_is_named_and_replayed(tmp_path):
     ]
 
 
+@pytest.mark.slow  # Lightning's 2-rank runs and four replays: make test-slow
 def test_lightning_rank_that_diverges_is_named_and_replayed(tmp_path):
     """Lightning starts rank 1 below rank 0; the replay ends rank 0 only once rank 1 recorded its step."""
     code, report = torchrepro(
@@ -86,6 +88,7 @@ def fd_source(report: dict) -> str:
     return report["determinism"]["first_divergence"]["source"] or ""
 
 
+@pytest.mark.slow  # two 2-rank runs: make test-slow (bit-exact with --seed stays in make test)
 def test_drift_on_spawned_ranks_sees_both_ranks(tmp_path):
     """One factor (init), two levels: the levels reach the spawned ranks (the unseeded script's two
     ranks draw the same first batch from the level's stream, the two levels different ones); each
@@ -122,6 +125,7 @@ def test_drift_on_spawned_ranks_sees_both_ranks(tmp_path):
     assert first_batches[0] != first_batches[1]
 
 
+@pytest.mark.slow  # a full run and a resumed one, two spawned ranks each: make test-slow
 def test_check_resume_on_spawned_ranks_is_bit_exact(tmp_path):
     """Each spawned rank saves and loads its own RNG states and position (the group's rank)."""
     code, report = torchrepro(tmp_path, "check-resume", "--at", "3", str(SCRIPTS / "spawn_resume.py"))

@@ -227,11 +227,10 @@ def doctor_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def check_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("check")
-    proc = torchrepro("check", "--out", str(root / "check"), str(SCRIPTS / "noise_module.py"), cwd=root)
+def check_run(noise_check) -> Path:
+    proc, out = noise_check  # made once, shared with test_check.py (conftest)
     assert proc.returncode == 1, proc.stderr
-    return root / "check"
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -94,6 +94,7 @@ def assert_not_perturbed(tmp_path: Path) -> None:
     assert captured["rank0"] == captured["rank1"]  # DDP replicas
 
 
+@pytest.mark.slow  # Lightning's own 2-rank launcher, captured and plain: make test-slow
 def test_lightning_ddp_ranks_are_all_captured(tmp_path):
     script = str(SCRIPTS / "launch_lightning.py")
     code, report, _ = doctor(tmp_path, script)
@@ -134,6 +135,7 @@ def test_mp_spawn_ranks_are_captured_and_the_launcher_is_no_rank(tmp_path):
 
 
 @pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is not installed")
+@pytest.mark.slow  # accelerate launch + torchrun, captured and plain: make test-slow
 def test_accelerate_launch_ranks_are_all_captured(tmp_path):
     command = [*ACCELERATE_LAUNCH, str(SCRIPTS / "launch_accelerate.py")]
     code, report, _ = doctor(tmp_path, *command)
@@ -144,6 +146,7 @@ def test_accelerate_launch_ranks_are_all_captured(tmp_path):
     assert_not_perturbed(tmp_path)
 
 
+@pytest.mark.slow  # a 2-rank job; a rank killed under torchrun: test_distributed.py in make test
 def test_spawned_rank_that_dies_is_reported_as_crashed(tmp_path):
     code, report, _ = doctor(tmp_path, str(SCRIPTS / "launch_spawn.py"), "--", "--kill-rank1")
     assert code == 3

@@ -269,6 +269,7 @@ def test_doctor_exports_one_trace_with_compile_spans_and_metrics_gzip(tmp_path, 
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # a 2-rank torchrun job: make test-slow
 def test_two_ranks_share_one_trace(tmp_path, receiver):
     proc = _cli(
         tmp_path,
@@ -584,6 +585,7 @@ def test_drift_exports_a_span_per_run_under_the_command(tmp_path, receiver):
     assert all(s["attributes"]["torchrepro.exit_code"] == 0 for s in launches)
 
 
+@pytest.mark.slow  # check-resume's full and resumed runs: make test-slow
 def test_check_resume_exports_its_verdict_and_both_launches(tmp_path, receiver):
     proc = _cli(
         tmp_path,

@@ -96,6 +96,7 @@ def _torchrepro(src: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow  # the baseline commit's doctor on the example: make test-slow
 def test_doctor_report_equal_to_the_baselines(tmp_path):
     """The pitfalls example under the baseline's doctor; this checkout's ``report`` of the same run."""
     old_run = tmp_path / "doctor"
@@ -119,6 +120,7 @@ def test_doctor_report_equal_to_the_baselines(tmp_path):
     assert normalise(json.loads((tmp_path / "new.json").read_text())) == normalise(old)
 
 
+@pytest.mark.slow  # the baseline commit's check (two runs) on the example: make test-slow
 def test_check_report_equal_to_the_baselines(tmp_path):
     """Two runs of the example under the baseline's check; this checkout's ``diff`` of the same runs
     (a diff has no check run of its own: the comparison, its findings and verdict are compared)."""

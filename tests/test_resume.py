@@ -46,6 +46,7 @@ def check_resume(tmp_path: Path, script: Path, *args: str, options: tuple[str, .
 
 @pytest.mark.inductor
 @pytest.mark.distributed
+@pytest.mark.slow  # inductor on two ranks, run twice: make test-slow
 def test_example_resumes_bit_exact_compiled_two_ranks(tmp_path):
     proc, report = check_resume(tmp_path, ROOT / "examples" / "resume_ddp.py", options=("--nproc", "2", "--at", "5"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -61,7 +62,14 @@ def test_example_resumes_bit_exact_compiled_two_ranks(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "forget, cause", [("nothing", None), ("rng", "rng"), ("data", "data_order"), ("optimizer", "unknown")]
+    "forget, cause",
+    [
+        ("nothing", None),
+        ("rng", "rng"),
+        # each case is a full run and a resumed one; deciding the cause: test_determinism_logic.py
+        pytest.param("data", "data_order", marks=pytest.mark.slow),
+        pytest.param("optimizer", "unknown", marks=pytest.mark.slow),
+    ],
 )
 def test_a_forgotten_piece_of_state_is_named(tmp_path, forget, cause):
     proc, report = check_resume(tmp_path, SMALL, "--forget", forget, options=("--at", "11"))

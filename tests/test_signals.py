@@ -106,6 +106,7 @@ def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     assert report["run"]["ranks"]["0"]["status"] != "ok"
 
 
+@pytest.mark.slow  # a 2-rank torchrun job: make test-slow
 def test_sigterm_stops_torchrun_and_both_ranks(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(tmp_path, "doctor", "--nproc", "2", "--out", str(run_dir), str(LONG), "--", "--ranks")

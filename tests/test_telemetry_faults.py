@@ -53,7 +53,7 @@ def silent():
     collector.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # made once: its tests share a worker (xdist_group "telemetry-stored")
 def stored_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("stored")
     proc = _cli(tmp, "doctor", "--out", str(tmp / "run"), str(TRAIN), "--", "--backend", "eager")
@@ -67,6 +67,7 @@ def _timed(cwd: Path, *args: str, env: dict[str, str] | None = None):
     return proc, time.monotonic() - start
 
 
+@pytest.mark.xdist_group("telemetry-stored")
 @pytest.mark.parametrize("kind", ["silent", "refused"])
 def test_failing_collector_costs_report_one_warning_and_seconds(tmp_path, stored_run, silent, kind):
     url = silent.url if kind == "silent" else f"http://127.0.0.1:{_free_port()}"
@@ -96,6 +97,7 @@ def test_silent_collector_costs_doctor_one_warning_and_seconds(tmp_path, silent,
     assert took < plain_s + SLACK_S, (took, plain_s)
 
 
+@pytest.mark.xdist_group("telemetry-stored")
 @pytest.mark.parametrize("var", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "flag_wins"])
 def test_env_endpoint_turns_export_on(tmp_path, stored_run, receiver, var):  # noqa: F811 - the fixture
     if var == "flag_wins":  # the variable names a port nobody listens on; the flag, the receiver
@@ -111,6 +113,7 @@ def test_env_endpoint_turns_export_on(tmp_path, stored_run, receiver, var):  # n
     assert receiver.metric("torchrepro.compiles")  # metrics too: the base URL without /v1/traces
 
 
+@pytest.mark.xdist_group("telemetry-stored")
 def test_malformed_env_endpoint_is_one_line_exit_2(tmp_path, stored_run):
     proc = _cli(tmp_path, "report", str(stored_run), env=_env(OTEL_EXPORTER_OTLP_ENDPOINT="localhost:4318"))
     assert proc.returncode == 2

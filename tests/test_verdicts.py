@@ -46,6 +46,12 @@ def record(tmp_path: Path, name: str, script: str, *args: str) -> Path:
     return tmp_path / name
 
 
+@pytest.fixture(scope="session")  # made once; its tests share a worker (xdist_group "verdicts-good")
+def good_run(tmp_path_factory) -> Path:
+    """A recorded run of deterministic.py that the tests below copy, then damage."""
+    return record(tmp_path_factory.mktemp("verdicts"), "good", "deterministic.py")
+
+
 def diff(tmp_path: Path, a: Path, b: Path, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / f"diff-{a.name}-{b.name}.json"
     proc = cli("diff", "--json", str(out), *options, str(a), str(b), cwd=tmp_path)
@@ -101,6 +107,7 @@ def test_timeout_kills_both_runs(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # two torchrun jobs of two ranks: make test-slow
 def test_a_rank_killed_in_both_runs(tmp_path):
     proc, report = check(tmp_path, "rank_killed.py", "--nproc", "2", "--no-localize")
     assert proc.returncode == 3, proc.stdout + proc.stderr
@@ -110,8 +117,9 @@ def test_a_rank_killed_in_both_runs(tmp_path):
         assert any(p.startswith("rank 1: no end record") for p in e["problems"]), e
 
 
-def test_diff_against_truncated_garbage_and_newer_schema_copies(tmp_path):
-    good = record(tmp_path, "good", "deterministic.py")
+@pytest.mark.xdist_group("verdicts-good")
+def test_diff_against_truncated_garbage_and_newer_schema_copies(tmp_path, good_run):
+    good = shutil.copytree(good_run, tmp_path / "good")
     log = good / "rank-0" / "events.jsonl"
 
     truncated = tmp_path / "truncated"
@@ -146,8 +154,9 @@ def test_diff_against_truncated_garbage_and_newer_schema_copies(tmp_path):
     assert proc.returncode == 0 and report["determinism"]["verdict"] == "bit_exact"
 
 
-def test_report_of_a_newer_schema_is_an_input_error(tmp_path):
-    good = record(tmp_path, "good", "deterministic.py")
+@pytest.mark.xdist_group("verdicts-good")
+def test_report_of_a_newer_schema_is_an_input_error(tmp_path, good_run):
+    good = shutil.copytree(good_run, tmp_path / "good")
     log = good / "rank-0" / "events.jsonl"
     lines = log.read_text().splitlines()
     log.write_text(
