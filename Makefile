@@ -30,11 +30,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy  # what it checks and how strictly: [tool.mypy] in pyproject.toml
 
 test: lint bytecode
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" --durations=12
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow and not realworld" --durations=12
 
 # the end-to-end cases too slow for every `make test` (marker `slow`, pyproject.toml); CI runs both
 test-slow: bytecode
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m slow --durations=12
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "slow and not realworld" --durations=12
 
 # The real-script corpus (realworld/, docs/accuracy.md): unmodified public training scripts, each checked
 # three ways against ground truth (slow: minutes per script on a CPU); the table goes to build/realworld/table.md
