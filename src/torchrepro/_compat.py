@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,28 @@ from . import _state
 from .eventlog.events import Capability
 
 TRACE_LOGGER = "torch.__trace"
+
+# The torch versions torchrepro is tested on, oldest and newest (`make compat`; `make test` runs the pinned
+# 2.13.0): the README's "Needs" line, and what `torchrepro env` compares the installed torch with (by minor
+# release: 2.14.2 is inside).
+TESTED_TORCH = ("2.6.0", "2.14.1")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"2.14.1+cu130"`` → ``(2, 14)``: a patch release (or pre-release) is tested as its minor release is."""
+    return tuple(int(re.match(r"\d*", part).group() or 0) for part in version.split("+", 1)[0].split(".")[:2])
+
+
+def outside_tested_range(version: str) -> str | None:
+    """Why torch ``version`` is outside :data:`TESTED_TORCH` (what may be misread), or None when inside."""
+    oldest, newest = TESTED_TORCH
+    if _release(oldest) <= _release(version) <= _release(newest):
+        return None
+    side = "older than" if _release(version) < _release(oldest) else "newer than"
+    return (
+        f"torch {version} is {side} the versions torchrepro is tested on ({oldest} to {newest}): "
+        "Dynamo's guard texts, compile metrics and trace records it reads may differ, and reports may miss them"
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from .._compat import dynamo_counters, trace_logger
 from ..eventlog.events import Capability, Counters, Event
-from ..eventlog.structured_trace import TraceTranslator
+from ..eventlog.structured_trace import TraceTranslator, constant_ids
 
 
 class _TraceHandler(logging.Handler):
@@ -49,7 +49,7 @@ class CompileCapture:
 
     def __init__(self, emit: Callable[[Event], None], clock: Callable[[], int | None], rank: int = 0):
         self._emit, self._clock = emit, clock
-        self.translator = TraceTranslator(rank=rank)
+        self.translator = TraceTranslator(rank=rank, constants=constant_ids())  # ids of this process: live
         self._handler: _TraceHandler | None = None
         self._logger: logging.Logger | None = None
         self._old_level: int | None = None
