@@ -80,23 +80,26 @@ def _torch_version() -> str:
 
 def installed_torch_version() -> str:
     """``torch.__version__`` without importing torch where it is not imported yet (~2 s of CPU a
-    process that only launches the script pays otherwise): the version of the installed distribution
-    whose ``torch/__init__.py`` is the one ``import torch`` would load; else (no metadata, or another
-    torch first on the path) torch's own."""
+    process that only launches the script pays otherwise): read from the ``version.py`` of the torch
+    ``import torch`` would load (the distribution's metadata lacks the local part, ``+cu124``); else
+    (no such file: a source checkout) torch's own."""
     if "torch" not in sys.modules:
-        import importlib.metadata
         import importlib.util
 
         try:
-            dist, spec = importlib.metadata.distribution("torch"), importlib.util.find_spec("torch")
-            origin = getattr(spec, "origin", None)
-            if origin and Path(str(dist.locate_file("torch/__init__.py"))) == Path(origin):
-                return dist.version
-        except (importlib.metadata.PackageNotFoundError, ValueError, OSError):
+            origin = getattr(importlib.util.find_spec("torch"), "origin", None)
+            if origin:
+                found = _VERSION.search((Path(origin).parent / "version.py").read_text(encoding="utf-8"))
+                if found:
+                    return found.group(1)
+        except (ImportError, ValueError, OSError):
             pass
     import torch
 
     return torch.__version__
+
+
+_VERSION = re.compile(r"^__version__ = ['\"]([^'\"]+)['\"]", re.MULTILINE)
 
 
 _FOUND: dict[str, Any] = {}
