@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.torchrepro-installed
 
-.PHONY: demo test test-slow lint bench bytecode clean realworld
+.PHONY: demo test test-slow lint bench bytecode clean realworld compat
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,28 @@ test-slow: bytecode
 realworld: bytecode
 	$(PY) -m pytest -q -m "realworld or not realworld" tests/realworld -k "not three_checks"
 	$(PY) realworld/run.py --table build/realworld/table.md
+
+# The compat tier on the oldest and newest torch tested besides the pinned one (README, "Tested torch
+# versions"): a venv per version, .venv-compat-<version> (a CUDA build, ~5 GB, run on CPU), then doctor's
+# counts and categories against Dynamo's counters, TORCH_TRACE import, check's causes, non-perturbation
+# and the distributed cases. `make compat TORCH_VERSIONS=2.10.0` tests another.
+TORCH_VERSIONS ?= 2.6.0 2.14.1
+COMPAT_TESTS := tests/test_doctor_scenarios.py tests/test_compat.py tests/compat tests/test_check.py \
+	tests/test_distributed.py tests/test_doctor_cli.py::test_doctor_from_torch_trace_logs \
+	tests/test_doctor_cli.py::test_observation_does_not_perturb
+
+.venv-compat-%/.torchrepro-installed: pyproject.toml
+	test -x .venv-compat-$*/bin/python || $(PYTHON) -m venv .venv-compat-$*
+	.venv-compat-$*/bin/python -m pip install -q --upgrade pip
+	.venv-compat-$*/bin/python -m pip install -q torch==$*
+	.venv-compat-$*/bin/python -m pip install -q -e '.[dev]'
+	touch $@
+
+compat: $(foreach v,$(TORCH_VERSIONS),.venv-compat-$(v)/.torchrepro-installed)
+	set -e; for v in $(TORCH_VERSIONS); do \
+		echo "== torch $$v"; \
+		.venv-compat-$$v/bin/python -m pytest -n 2 --dist loadgroup -q -m "not inductor" $(COMPAT_TESTS); \
+	done
 
 bench: $(STAMP)
 	$(PY) bench/fingerprint.py

@@ -1,7 +1,9 @@
 """The one probe of private torch APIs (``torchrepro._compat``): each is found on this torch, looked
 up once, written as a capability event, and every patch capture installs is undone when it stops.
 Also: the event log keeps what torch said (recompile reasons, no category), and a log written
-with categories in it analyses as before."""
+with categories in it analyses as before; what torch 2.6 to 2.14 say differently (guard texts, the
+recompile limit's names) is read the same way; ``torchrepro env`` says when torch is outside the
+tested range."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ import sys
 
 import pytest
 import torch
+import torch._functorch.config
 
 from torchrepro import _compat
+from torchrepro.analysis.categories import category_of
 from torchrepro.analysis.doctor import analyse
 from torchrepro.eventlog.events import Capability, Compile, read_events, write_all
 from torchrepro.eventlog.rundir import load_run
-from torchrepro.eventlog.structured_trace import TraceTranslator
+from torchrepro.eventlog.structured_trace import TraceTranslator, constant_ids
 
 from synthetic_runs import rank_events
 
@@ -41,16 +45,25 @@ PROBES = {
 }
 
 
+# what the oldest torch tested lacks (README, "Tested torch versions"): inductor's `deterministic` switch
+MISSING_ON_2_6 = {"inductor_config": ("deterministic",)}
+MISSING = MISSING_ON_2_6 if tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7) else {}
+
+
 def test_every_private_api_is_found_on_this_torch():
     for make in PROBES.values():
         make()
     probes = {p.name: p for p in _compat.probes()}
     assert set(PROBES) <= set(probes)
+    missing = MISSING
     for name in PROBES:
         probe = probes[name]
-        assert probe.available and not probe.missing, probe
+        assert probe.available and probe.missing == missing.get(name, ()), probe
         event = probe.event()
-        assert (event.name, event.available, event.note) == (f"torch_api.{name}", True, probe.where)
+        if name in missing:
+            assert not event.available and f"lacks {', '.join(missing[name])}" in event.note
+        else:
+            assert (event.name, event.available, event.note) == (f"torch_api.{name}", True, probe.where)
     assert _compat.trace_logger() is logging.getLogger("torch.__trace")
     assert _compat.ops_replay()
     assert torch.equal(torch.stack(_compat.foreach_norm([torch.ones(4), torch.zeros(3)])), torch.tensor([2.0, 0.0]))
@@ -174,7 +187,7 @@ def test_capture_undoes_every_patch_when_it_stops(tmp_path, compile_mode, fix, r
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["not_restored"] == []
     patched = {"set_num_threads", "disable"} if fix == "threads_1" else {"compile_fx", "fallback_random"}
-    if replay == "kernels":
+    if replay == "kernels" and torch._functorch.config.enable_autograd_cache:  # off by default on torch 2.6
         patched |= {"autograd_cache"}
     # what capture itself wraps (and more) was changed while it ran: the comparison can fail
     assert patched | {"Module.__call__", "backward", "Optimizer.__init__", "DataLoader.__next__", "trace"} <= set(
@@ -182,7 +195,12 @@ def test_capture_undoes_every_patch_when_it_stops(tmp_path, compile_mode, fix, r
     )
     capabilities = {c.name: c for c in read_events(tmp_path / "run" / "rank-0" / "events.jsonl").of(Capability)}
     assert {"torch_api.trace_log", "torch_api.skip_code", "torch_api.compile_fx"} <= set(capabilities)
-    assert all(c.available for name, c in capabilities.items() if name.startswith("torch_api."))
+    assert all(
+        c.available for name, c in capabilities.items() if name.startswith("torch_api.") and name[10:] not in MISSING
+    )
+    assert all(
+        not capabilities[f"torch_api.{name}"].available for name in MISSING if f"torch_api.{name}" in capabilities
+    )
 
 
 # --- the event log keeps what torch said ------------------------------------------------------
@@ -248,3 +266,159 @@ def test_the_torch_version_without_importing_torch_is_the_one_import_would_load(
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("__version__ = '0.0+checkout'\n")
     assert run(PYTHONPATH=str(tmp_path)) == ["0.0+checkout", "True"]
+
+
+# --- what each supported torch says, read the same way -----------------------------------------
+# Guard texts and records as torch 2.6.0 and 2.13.0/2.14.1 write them (copied from their TORCH_TRACE logs;
+# the ids are those of that process's True and of a function). The corpus test (tests/compat/) reads whole
+# logs of each version; these pin each difference to the category a user would name.
+
+TRUE_ID, FALSE_ID, SIN_ID = 139814190214912, 139814190214944, 139814176828896
+GUARDS_2_6 = """
+TREE_GUARD_MANAGER:
++- RootGuardManager
+| +- GuardManager: source={source}, accessed_by=DictGetItemGuardAccessor('flag')
+| | +- {guard}
+"""
+
+
+def _recompile(reason: str, guards: str | None = None, constants: dict[int, str] | None = None) -> Compile:
+    """The recompile event a translator makes of ``reason`` (and the new compile's guards, as 2.6 logs them)."""
+    translator = TraceTranslator(constants=constants or {})
+    ids = {"frame_id": 0, "frame_compile_id": 1}
+    translator.feed({"artifact": {"name": "recompile_reasons", "encoding": "json"}, **ids}, json.dumps([reason]))
+    if guards is not None:
+        translator.feed({"dynamo_cpp_guards_str": {}, **ids}, guards)
+    (event,) = translator.feed({"compilation_metrics": {"co_name": "f", "compile_id": "0/1"}, **ids})
+    return event
+
+
+@pytest.mark.parametrize(
+    "reason, category",
+    [
+        # torch 2.13 / 2.14: a value guard
+        (
+            "0/0: flag == True                                             # return x + 1 if flag else x - 1",
+            "python_value",
+        ),
+        ("1/0: fn._modules['1'].training == True", "module_attribute"),
+        ("2/0: G['FLAG'] == True", "python_global"),
+        ("3/0: GLOBAL_STATE changed: autocast(cpu)_enabled ", "autocast"),
+        ("4/0: ___check_obj_id(fn, 140308072942944), type=<class 'builtin_function_or_method'>", "object_identity"),
+        # torch 2.6: identity guards whose source says what they are, and autocast as a dispatch key
+        (f"1/0: ___check_obj_id(L['fn']._modules['1'].training, {TRUE_ID})", "module_attribute"),
+        (f"2/0: ___check_obj_id(G['FLAG'], {TRUE_ID})                 ", "python_global"),
+        (
+            "3/0: tensor 'L['a']' dispatch key set mismatch. expected DispatchKeySet(CPU, BackendSelect, "
+            "ADInplaceOrView, AutogradCPU), actual DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU, "
+            "AutocastCPU)",
+            "autocast",
+        ),
+        (
+            "tensor 'L['a']' dispatch key set mismatch. expected DispatchKeySet(CPU, BackendSelect), "
+            "actual DispatchKeySet(CUDA, BackendSelect)",
+            "device",
+        ),
+        (f"4/0: ___check_obj_id(L['fn'], {SIN_ID})                   ", "object_identity"),
+    ],
+)
+def test_each_versions_guard_text_has_the_category_a_user_would_name(reason, category):
+    assert category_of(_recompile(reason)) == category
+
+
+def test_an_identity_guard_on_a_python_constant_is_a_python_value():
+    """torch 2.6 guards a bool argument by identity: live, the id is compared with this process's
+    True/False/None/small ints; in a log read afterwards, the guard of the compile that replaced it says
+    (the other bool, or the same source now guarded by value); an unknown id stays an object."""
+    reason = f"0/0: ___check_obj_id(L['flag'], {id(True)})                 "
+    live = _recompile(reason, constants=constant_ids())
+    assert live.constant_ids == {str(id(True)): "True"} and category_of(live) == "python_value"
+    assert constant_ids()[id(None)] == "None" and constant_ids()[id(7)] == "7"
+
+    reason = f"0/0: ___check_obj_id(L['flag'], {TRUE_ID})                 "
+    now_false = GUARDS_2_6.format(source="L['flag']", guard=f"ID_MATCH: ___check_obj_id(L['flag'], {FALSE_ID})")
+    read = _recompile(reason, now_false)
+    assert read.constant_ids == {str(TRUE_ID): "bool"} and category_of(read) == "python_value"
+    now_value = GUARDS_2_6.format(source="L['flag']", guard="EQUALS_MATCH: L['flag'] == 2.0      ")
+    assert category_of(_recompile(reason, now_value)) == "python_value"
+    another = GUARDS_2_6.format(source="L['fn']", guard=f"ID_MATCH: ___check_obj_id(L['flag'], {SIN_ID})")
+    assert category_of(_recompile(reason, another)) == "object_identity"
+    assert category_of(_recompile(reason)) == "object_identity"  # nothing says what the id was
+
+
+@pytest.mark.parametrize(
+    "record, limit, switch",
+    [
+        # torch 2.6: a bwd record, the limit named cache_size_limit
+        (
+            {
+                "bwd_compilation_metrics": {
+                    "compile_id": "0/2",
+                    "co_name": None,
+                    "fail_type": "RecompileLimitExceeded",
+                    "fail_reason": "cache_size_limit reached",
+                }
+            },
+            "cache_size_limit",
+            "fail_on_cache_limit_hit",
+        ),
+        # torch 2.7 to 2.12
+        (
+            {
+                "compilation_metrics": {
+                    "compile_id": "0/2",
+                    "fail_type": "RecompileLimitExceeded",
+                    "fail_reason": "recompile_limit reached",
+                }
+            },
+            "recompile_limit",
+            "fail_on_recompile_limit_hit",
+        ),
+        # torch 2.13 / 2.14
+        (
+            {
+                "compilation_metrics": {
+                    "compile_id": "0/2",
+                    "fail_type": "RecompileLimitExceeded",
+                    "fail_reason": "Dynamo recompile limit exceeded\n  Limit type: recompile_limit",
+                }
+            },
+            "recompile_limit",
+            "fail_on_recompile_limit_hit",
+        ),
+    ],
+)
+def test_the_recompile_limit_is_an_error_under_both_names(tmp_path, record, limit, switch):
+    translator = TraceTranslator()
+    events = []
+    for attempt in (0, 1):
+        ids = {"frame_id": 0, "frame_compile_id": attempt}
+        if attempt:
+            translator.feed({"artifact": {"name": "recompile_reasons"}, **ids}, json.dumps(["0/0: size mismatch"]))
+        events += translator.feed({"compilation_metrics": {"co_name": "f", "co_filename": "t.py"}, **ids})
+    translator.feed({"artifact": {"name": "recompile_reasons"}, "frame_id": 0, "frame_compile_id": 2}, '["0/1: x"]')
+    events += translator.feed({**record, "frame_id": 0, "frame_compile_id": 2})
+    write_all(tmp_path / "rank-0" / "events.jsonl", events)
+    (tmp_path / "run.json").write_text(json.dumps({"command": ["torchrepro"], "exit_code": 0, "world_size": 1}))
+    run = load_run(tmp_path)
+    report = analyse(run.meta, run.logs, run.problems).to_json()
+    assert [h["limit"] for h in report["compile"]["recompile_limit_hits"]] == [limit]
+    assert report["compile"]["compiles"] == 2 and report["compile"]["recompiles"] == 1
+    (finding,) = [f for f in report["findings"] if f["code"] == "RECOMPILE_LIMIT_HIT"]
+    assert finding["severity"] == "error" and f"config.{limit}" in finding["title"] and switch in finding["hint"]
+
+
+def test_a_torch_outside_the_tested_range_is_said_by_env():
+    assert _compat.outside_tested_range(torch.__version__) is None  # the torch these tests run on
+    assert _compat.outside_tested_range("2.14.2+cu130") is None  # a patch release of a tested one
+    assert "older than" in _compat.outside_tested_range("2.5.1")
+    assert "newer than" in _compat.outside_tested_range("2.15.0a0+git1234")
+    code = (
+        "import sys, torchrepro._compat as c; c.TESTED_TORCH = ('1.0.0', '1.1.0'); "
+        "from torchrepro.cli import main; sys.exit(main(['env', '--json']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outside = json.loads(proc.stdout)["torch_tested"]
+    assert outside["range"] == ["1.0.0", "1.1.0"] and f"torch {torch.__version__} is newer" in outside["outside"]
+    assert proc.stderr.strip() == f"torchrepro: warning: {outside['outside']}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,28 @@ from . import _state
 from .eventlog.events import Capability
 
 TRACE_LOGGER = "torch.__trace"
+
+# The torch versions torchrepro is tested on, oldest and newest (`make compat`; `make test` runs the pinned
+# 2.13.0): the README's "Needs" line, and what `torchrepro env` compares the installed torch with (by minor
+# release: 2.14.2 is inside).
+TESTED_TORCH = ("2.6.0", "2.14.1")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"2.14.1+cu130"`` → ``(2, 14)``: a patch release (or pre-release) is tested as its minor release is."""
+    return tuple(int(re.match(r"\d*", part).group() or 0) for part in version.split("+", 1)[0].split(".")[:2])
+
+
+def outside_tested_range(version: str) -> str | None:
+    """Why torch ``version`` is outside :data:`TESTED_TORCH` (what may be misread), or None when inside."""
+    oldest, newest = TESTED_TORCH
+    if _release(oldest) <= _release(version) <= _release(newest):
+        return None
+    side = "older than" if _release(version) < _release(oldest) else "newer than"
+    return (
+        f"torch {version} is {side} the versions torchrepro is tested on ({oldest} to {newest}): "
+        "Dynamo's guard texts, compile metrics and trace records it reads may differ, and reports may miss them"
+    )
 
 
 @dataclass(frozen=True)
@@ -57,23 +80,26 @@ def _torch_version() -> str:
 
 def installed_torch_version() -> str:
     """``torch.__version__`` without importing torch where it is not imported yet (~2 s of CPU a
-    process that only launches the script pays otherwise): the version of the installed distribution
-    whose ``torch/__init__.py`` is the one ``import torch`` would load; else (no metadata, or another
-    torch first on the path) torch's own."""
+    process that only launches the script pays otherwise): read from the ``version.py`` of the torch
+    ``import torch`` would load (the distribution's metadata lacks the local part, ``+cu124``); else
+    (no such file: a source checkout) torch's own."""
     if "torch" not in sys.modules:
-        import importlib.metadata
         import importlib.util
 
         try:
-            dist, spec = importlib.metadata.distribution("torch"), importlib.util.find_spec("torch")
-            origin = getattr(spec, "origin", None)
-            if origin and Path(str(dist.locate_file("torch/__init__.py"))) == Path(origin):
-                return dist.version
-        except (importlib.metadata.PackageNotFoundError, ValueError, OSError):
+            origin = getattr(importlib.util.find_spec("torch"), "origin", None)
+            if origin:
+                found = _VERSION.search((Path(origin).parent / "version.py").read_text(encoding="utf-8"))
+                if found:
+                    return found.group(1)
+        except (ImportError, ValueError, OSError):
             pass
     import torch
 
     return torch.__version__
+
+
+_VERSION = re.compile(r"^__version__ = ['\"]([^'\"]+)['\"]", re.MULTILINE)
 
 
 _FOUND: dict[str, Any] = {}

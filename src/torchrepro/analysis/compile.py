@@ -333,13 +333,15 @@ def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
 
 
 def _limit_findings(compiles: list[Compile]) -> list[Finding]:
+    """An error per recompile-limit hit: ``recompile_limit`` (torch 2.7 on) or ``cache_size_limit`` (2.6),
+    each named with the switch of its own torch that makes the hit fail loudly."""
     return [
         Finding(
             code="RECOMPILE_LIMIT_HIT",
             severity="error",
             title=f"{display_function(c)} hit torch._dynamo.config.{c.limit_hit}: new inputs now run EAGER, silently",
             hint="Fix the recompile cause below; raising the limit only delays it. Use "
-            "torch._dynamo.config.fail_on_recompile_limit_hit = True to fail loudly.",
+            f"torch._dynamo.config.{_fail_on_limit(c.limit_hit)} = True to fail loudly.",
             evidence={
                 "rank": c.rank,
                 "compile_id": c.compile_id,
@@ -351,6 +353,11 @@ def _limit_findings(compiles: list[Compile]) -> list[Finding]:
         for c in compiles
         if c.limit_hit
     ]
+
+
+def _fail_on_limit(limit: str | None) -> str:
+    """The switch that turns a hit of ``limit`` into an error: torch 2.6's names its limits ``*cache_size_limit``."""
+    return "fail_on_cache_limit_hit" if limit and "cache_size_limit" in limit else "fail_on_recompile_limit_hit"
 
 
 def _break_findings(grouped: dict[tuple, dict[str, Any]]) -> list[Finding]:

@@ -15,7 +15,7 @@ from types import FrameType
 
 from .._compat import compiled_original, dynamo_counters, trace_logger
 from ..eventlog.events import Capability, Compile, Counters, Event
-from ..eventlog.structured_trace import TraceTranslator
+from ..eventlog.structured_trace import TraceTranslator, constant_ids
 from .fx_nodes import SKIP_DIRS
 
 
@@ -83,7 +83,7 @@ class CompileCapture:
 
     def __init__(self, emit: Callable[[Event], None], clock: Callable[[], int | None], rank: int = 0):
         self._emit, self._clock = emit, clock
-        self.translator = TraceTranslator(rank=rank)
+        self.translator = TraceTranslator(rank=rank, constants=constant_ids())  # ids of this process: live
         self._handler: _TraceHandler | None = None
         self._logger: logging.Logger | None = None
         self._old_level: int | None = None

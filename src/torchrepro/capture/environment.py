@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 from .. import __version__
+from .._compat import TESTED_TORCH, outside_tested_range
 from ..determinism import CUBLAS_DETERMINISTIC, CUBLAS_VAR, audit
 from ..digests import stable_uid
 from ..eventlog.events import NOT_AVAILABLE
@@ -483,7 +484,8 @@ def collect() -> dict[str, Any]:
     """Everything `torchrepro env` reports, as JSON-ready data.
 
     Keys: versions, hardware, threads, determinism (see `determinism.audit`), caches,
-    env_vars, env_fingerprint (16 hex digits over versions, hardware, threads, determinism
+    env_vars, torch_tested (the tested range of torch versions; ``outside``: why this torch is not in it,
+    or None), env_fingerprint (16 hex digits over versions, hardware, threads, determinism
     switches and the variables that change numerics or cache keys; ranks and paths excluded,
     so ranks of one job share it). Takes milliseconds after `import torch`; never initialises
     CUDA (device names only once the program has). Example:
@@ -516,6 +518,7 @@ def collect() -> dict[str, Any]:
         "caches": [asdict(c) for c in caches],
         "env_vars": [asdict(v) for v in env_vars],
         "env_fingerprint": stable_uid(fingerprinted)[:16],
+        "torch_tested": {"range": list(TESTED_TORCH), "outside": outside_tested_range(torch.__version__)},
     }
 
 

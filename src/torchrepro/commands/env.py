@@ -15,7 +15,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print this environment (as JSON with ``--json``)."""
+    """Print this environment (as JSON with ``--json``); a torch outside the tested range is said on
+    stderr too (``torch_tested.outside`` in the JSON)."""
     from ..capture import environment as envinfo
     from ..report.env import render_env
 
@@ -24,4 +25,6 @@ def run(args: argparse.Namespace) -> int:
         envinfo.write_json(info, sys.stdout)
     else:
         render_env(info)
+    if info["torch_tested"]["outside"]:
+        print(f"torchrepro: warning: {info['torch_tested']['outside']}", file=sys.stderr)
     return 0

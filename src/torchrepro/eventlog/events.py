@@ -115,6 +115,10 @@ class Compile(Event):
     graph_ops: int | None = None
     cache: dict[str, dict[str, int]] = field(default_factory=dict)
     recompile_reasons: list[str] = field(default_factory=list)  # as Dynamo said them (no category: analysis's)
+    # ids in recompile_reasons that stand for a Python constant, not an object (torch 2.6 guards bools and None by
+    # identity: ``___check_obj_id(L['flag'], 9412...)``): id -> the constant (``True``), or ``bool``/``value``
+    # where a TORCH_TRACE log's own guards showed it
+    constant_ids: dict[str, str] = field(default_factory=dict)
     fail_type: str | None = None
     fail_reason: str | None = None
     limit_hit: str | None = None

@@ -7,6 +7,15 @@ optional payload string. Record types this module does not use are counted, neve
 newer torch versions that add records keep working. Events keep what torch said (a recompile's
 reasons, not their category: :mod:`torchrepro.analysis.categories` reads them). Nothing here
 imports torch or analysis.
+
+What differs between the torch versions read (2.6 to 2.14): torch 2.6 writes a recompile-limit hit
+as a ``bwd_compilation_metrics`` record (``fail_reason`` "cache_size_limit reached"; later versions
+a ``compilation_metrics`` one, "recompile limit exceeded ... Limit type: recompile_limit"), has no
+``recompile_reason`` in its metrics (the ``recompile_reasons`` artifact says it), and guards a bool
+or None by identity (``___check_obj_id(L['flag'], <id>)``, later ``L['flag'] == True``): which ids
+are Python constants is told by comparing them with this process's own constants (live capture:
+``constants``), or in a log read afterwards by the guards of the compile that replaced them
+(:meth:`TraceTranslator._constant_ids`).
 """
 
 from __future__ import annotations
@@ -31,13 +40,23 @@ _CONTEXT_KEYS = {
     "compiled_autograd_id",
     "subgraph_name",
 }
-_USED = {"str", "dynamo_start", "compilation_metrics", "bwd_compilation_metrics", "artifact"}
+_USED = {"str", "dynamo_start", "dynamo_cpp_guards_str", "compilation_metrics", "bwd_compilation_metrics", "artifact"}
 _CACHE_ARTIFACT = re.compile(r"^(fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
 _GB_ID = re.compile(r"/gb/(gb\d+)\.html", re.IGNORECASE)
 _GB_LOCATION = re.compile(r"Graph break in user code at (.+):(\d+)")
 _TORCH_FILE = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]|^<")
-_LIMIT = re.compile(r"recompile limit exceeded", re.IGNORECASE)
+_LIMIT = re.compile(r"recompile limit exceeded|\b(\w*(?:recompile|cache_size)_limit) reached", re.IGNORECASE)
 _LIMIT_TYPE = re.compile(r"Limit type: (\w+)")
+_ID_GUARD = re.compile(r"___check_obj_id\((.+?), (\d+)\)")
+_VALUE_GUARD = re.compile(r"^[| +-]*EQUALS_MATCH: (.+?) == ", re.MULTILINE)
+# CPython keeps False and True as two neighbouring static objects of this size (3.10 to 3.13, 64-bit)
+_BOOL_SPACING = 32
+
+
+def constant_ids() -> dict[int, str]:
+    """This process's Python constants that Dynamo may guard by identity, by id: True, False, None,
+    Ellipsis and the small ints CPython keeps one object of (-5 to 256)."""
+    return {id(value): repr(value) for value in (True, False, None, Ellipsis, *range(-5, 257))}
 
 
 def record_kind(metadata: dict[str, Any]) -> str:
@@ -112,14 +131,18 @@ class _Pending:
     line: int | None = None
     call_site: str | None = None
     reasons: list[str] = field(default_factory=list)
+    id_guards: dict[str, int] = field(default_factory=dict)  # source -> the id its identity guard names
+    value_guards: set[str] = field(default_factory=set)  # sources guarded by equality (EQUALS_MATCH)
 
 
 @dataclass
 class TraceTranslator:
     """Turns structured-trace records into events, keeping the little state that needs:
-    interned file names, and what was said about a compile before its metrics arrived."""
+    interned file names, and what was said about a compile before its metrics arrived.
+    ``constants``: :func:`constant_ids` where the records come from this process (live capture)."""
 
     rank: int = 0
+    constants: dict[int, str] = field(default_factory=dict)
     strings: dict[int, str] = field(default_factory=dict)
     pending: dict[str, _Pending] = field(default_factory=dict)
     compiles: dict[str, Compile] = field(default_factory=dict)
@@ -141,6 +164,29 @@ class TraceTranslator:
 
     def _on_dynamo_output_graph(self, metadata, payload):
         self.unique_graphs += 1
+
+    def _on_dynamo_cpp_guards_str(self, metadata, payload):
+        """The guards a compile installed (torch 2.6 to 2.14 write them as this record): which sources
+        it guards by identity and which by value, to tell what an identity guard that fails later named."""
+        if payload and ("___check_obj_id(" in payload or "EQUALS_MATCH: " in payload):
+            item = self.pending.setdefault(_compile_id(metadata), _Pending())
+            item.id_guards.update((source, int(n)) for source, n in _ID_GUARD.findall(payload))
+            item.value_guards.update(_VALUE_GUARD.findall(payload))
+
+    def _constant_ids(self, reasons: list[str], replaced_by: _Pending) -> dict[str, str]:
+        """The ids in ``reasons`` that name a Python constant: this process's own (live), else as the
+        guards of the compile that replaced the failed entry show it (``replaced_by``): the same source
+        now guarded by value, or by the identity of the other bool."""
+        out = {}
+        for source, n in _ID_GUARD.findall(" ".join(reasons)):
+            now = replaced_by.id_guards.get(source)
+            if int(n) in self.constants:
+                out[n] = self.constants[int(n)]
+            elif source in replaced_by.value_guards:
+                out[n] = "value"
+            elif now is not None and abs(now - int(n)) == _BOOL_SPACING:
+                out[n] = "bool"
+        return out
 
     def _file(self, value: Any) -> str | None:
         return self.strings.get(value, f"<file #{value}>") if isinstance(value, int) else value
@@ -189,7 +235,10 @@ class TraceTranslator:
         )
 
     def _on_compilation_metrics(self, metadata, payload):
-        m = metadata["compilation_metrics"]
+        return self._compiled(metadata, metadata["compilation_metrics"])
+
+    def _compiled(self, metadata: dict[str, Any], m: dict[str, Any]) -> list[Event]:
+        """The compile event of a metrics record ``m`` (with what was said before it)."""
         cid = m.get("compile_id") or _compile_id(metadata)
         item = self.pending.pop(cid, _Pending())
         frame = cid.split("/", 1)[0]
@@ -208,9 +257,9 @@ class TraceTranslator:
             reasons = [_strip_compile_prefix(m["recompile_reason"])]
         fail_reason = m.get("fail_reason")
         limit = None
-        if fail_reason and _LIMIT.search(fail_reason):
+        if fail_reason and (hit := _LIMIT.search(fail_reason)):
             found = _LIMIT_TYPE.search(fail_reason)
-            limit = found.group(1) if found else "recompile_limit"
+            limit = found.group(1) if found else hit.group(1) or "recompile_limit"
         event = Compile(
             rank=self.rank,
             compile_id=cid,
@@ -226,6 +275,7 @@ class TraceTranslator:
             graph_ops=m.get("graph_op_count"),
             cache=_cache_counts(m),
             recompile_reasons=reasons,
+            constant_ids=self._constant_ids(reasons[:1], item),
             fail_type=m.get("fail_type"),
             fail_reason=_first_line(fail_reason),
             limit_hit=limit,
@@ -237,8 +287,8 @@ class TraceTranslator:
     def _on_bwd_compilation_metrics(self, metadata, payload):
         m = metadata["bwd_compilation_metrics"]
         event = self.compiles.get(m.get("compile_id") or _compile_id(metadata))
-        if event is None:
-            return None
+        if event is None:  # torch 2.6 writes a compile that failed before tracing (the recompile limit) so
+            return self._compiled(metadata, m) if m.get("fail_type") else None
         event.backward_s = _seconds(m.get("inductor_compile_time_s"))
         for name, counts in _cache_counts(m).items():
             merged = event.cache.setdefault(name, {})
