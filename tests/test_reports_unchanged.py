@@ -1,5 +1,5 @@
-"""The reshaping of issue 12 changed no report: the repository's example run by the code of
-BASELINE (the last commit before the reshaping, extracted from git), and its runs analysed again
+"""No report changes unless on purpose: the repository's example run by the code of BASELINE (the
+last commit whose reports changed on purpose, extracted from git), and its runs analysed again
 by this checkout, give the same report.json, modulo what differs between any two runs (times,
 paths, process ids). The event log did change on purpose (recompile categories are computed by
 analysis now, not written by capture; the torch APIs probed are recorded): reading the baseline's
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE = "c82e1ce"  # main before issue 12 (typed reports, commands/, _dist/_state/_compat)
+BASELINE = "8c89386"  # session 13: the loss of a step, evaluation recompiles, compile fixes, events/2 (on purpose)
 SCRIPT = ROOT / "examples" / "train_digits.py"
 
 # Keys whose values differ between two runs of one version: clocks, durations, paths, stderr.
