@@ -14,47 +14,18 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
-import struct
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 
 from torchrepro.eventlog.events import Step, _line, _names, _step_values, step_decoder
 from torchrepro.eventlog.stepstream import Encoder
 
-
-def steps(n: int, check: bool) -> list[Step]:
-    rng = random.Random(0)
-
-    def fp() -> str:
-        return "%016x" % rng.getrandbits(64)
-
-    t, out = 1_796_305_729.193371, []
-    for i in range(n):
-        t += 0.0075 + rng.random() / 1000
-        full = check or i % 13 == 0
-        out.append(
-            Step(
-                t=t,
-                step=i + 1,
-                index=i,
-                loss=struct.unpack("<f", struct.pack("<f", 3 / (i + 1) + rng.random() / 10))[0],
-                backward_calls=1,
-                time_s=round(0.0075 + rng.random() / 1000, 6),
-                params_fp=fp() if full else None,
-                param_fps=[fp() for _ in range(6)] if full else None,
-                grads_fp=fp() if check else None,
-                grad_norm=rng.random() if check else None,
-                batch_fp=fp(),
-                batches=1,
-                rng_fp=fp(),
-                rng_fps={"python": "2ba9ec2faa8fc04a", "numpy": "a30b678983c92d60", "torch_cpu": fp()},
-                rng_at="batch",
-            )
-        )
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_runs import training_steps  # noqa: E402  (the steps the tests use too)
 
 
 def best_us(run: Callable[[], object], n: int) -> float:
@@ -72,7 +43,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--check", action="store_true", help="steps as check records them")
     args = parser.parse_args()
-    made = steps(args.steps, args.check)
+    made = training_steps(args.steps, check=args.check)
     lines = [_line(s) for s in made]
     encoder = Encoder(_names(Step))
     stream = encoder.header() + b"".join(encoder.encode([0, *_step_values(s)]) for s in made)

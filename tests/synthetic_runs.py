@@ -4,6 +4,8 @@ that behave alike, and a few that do not."""
 from __future__ import annotations
 
 import os
+import random
+import struct
 import time
 from pathlib import Path
 
@@ -158,3 +160,38 @@ def keep_forever(steps: list) -> KeptSteps:
     """A ``keep`` that never returns (reading processes still at work when their parent dies)."""
     while True:
         time.sleep(1)
+
+
+def training_steps(n: int, *, check: bool = False, seed: int = 0) -> list[Step]:
+    """Step events as capture records them on a training loop: loss, step time, batch and RNG digests
+    every step, the parameters fingerprinted every 13th; ``check``: every parameter and the gradients
+    every step, as ``check``'s runs record them."""
+    rng = random.Random(seed)
+
+    def fp() -> str:
+        return "%016x" % rng.getrandbits(64)
+
+    t, out = 1_796_305_729.193371, []
+    for i in range(n):
+        t += 0.0075 + rng.random() / 1000
+        full = check or i % 13 == 0
+        out.append(
+            Step(
+                t=t,
+                step=i + 1,
+                index=i,
+                loss=struct.unpack("<f", struct.pack("<f", 3 / (i + 1) + rng.random() / 10))[0],
+                backward_calls=1,
+                time_s=round(0.0075 + rng.random() / 1000, 6),
+                params_fp=fp() if full else None,
+                param_fps=[fp() for _ in range(6)] if full else None,
+                grads_fp=fp() if check else None,
+                grad_norm=rng.random() if check else None,
+                batch_fp=fp(),
+                batches=1,
+                rng_fp=fp(),
+                rng_fps={"python": "2ba9ec2faa8fc04a", "numpy": "a30b678983c92d60", "torch_cpu": fp()},
+                rng_at="batch",
+            )
+        )
+    return out

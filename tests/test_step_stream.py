@@ -30,6 +30,7 @@ from torchrepro.eventlog.events import (
 )
 from torchrepro.eventlog.stepstream import KEYFRAME, KEYFRAME_EVERY, STEPS_FILE, Decoder, Encoder
 from torchrepro.eventlog.tail import RunFollower
+from synthetic_runs import training_steps
 
 
 def exact(value: object) -> object:
@@ -104,33 +105,8 @@ def test_fields_are_matched_by_name_across_versions(tmp_path):
 
 
 def doctor_like_steps(n: int, seed: int = 0) -> list[Step]:
-    """Steps as doctor records them on a training loop: loss, time, batch and RNG digests every
-    step, the parameters fingerprinted every 13th."""
-    rng = random.Random(seed)
-    fp = lambda: "%016x" % rng.getrandbits(64)  # noqa: E731
-    t = 1_796_305_729.193371
-    out = []
-    for i in range(n):
-        t += 0.0075 + rng.random() / 1000
-        fingerprinted = i % 13 == 0
-        out.append(
-            Step(
-                t=t,
-                step=i + 1,
-                index=i,
-                loss=struct.unpack("<f", struct.pack("<f", 3 / (i + 1) + rng.random() / 10))[0],
-                backward_calls=1,
-                time_s=round(0.0075 + rng.random() / 1000, 6),
-                params_fp=fp() if fingerprinted else None,
-                param_fps=[fp() for _ in range(6)] if fingerprinted else None,
-                batch_fp=fp(),
-                batches=1,
-                rng_fp=fp(),
-                rng_fps={"python": "2ba9ec2faa8fc04a", "numpy": "a30b678983c92d60", "torch_cpu": fp()},
-                rng_at="batch",
-            )
-        )
-    return out
+    """Steps as capture records them on a training loop, the parameters fingerprinted every 13th."""
+    return training_steps(n, seed=seed)
 
 
 def test_a_doctor_step_costs_at_most_64_bytes_on_disk(tmp_path):
