@@ -8,16 +8,15 @@ import base64
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 import tarfile
-import warnings
 from pathlib import Path
 
 import pytest
 
-from torchrepro.cache.policy import prewarm
 from torchrepro.cache.signing import TRUSTED_VAR, fingerprint
 
 from test_cache import cli, fake_cache, snapshot
@@ -151,22 +150,31 @@ def test_verify_shows_the_signer(tmp_path, keys, capsys):
     assert code == 0 and "unsigned" in out
 
 
-def test_prewarm_follows_the_same_policy(tmp_path, keys, capsys, monkeypatch):
+def test_prewarm_follows_the_same_policy(tmp_path, keys, capsys, run_python):
     unsigned = _pack(tmp_path, capsys, "unsigned.tar")
     signed = _pack(tmp_path, capsys, "signed.tar", "--sign", keys["mine"])
-    monkeypatch.setenv(TRUSTED_VAR, str(tmp_path / "mine.pub"))
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # prewarm sets them: restored after the test
-        monkeypatch.setenv(name, str(tmp_path / "default"))
-    with pytest.warns(UserWarning, match="warm start skipped.*unsigned"):
-        plan = prewarm(unsigned, "shared", tmp_path / "root-a")
-    assert not (plan.inductor_dir / "ab" / "cabc.so").exists()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        plan = prewarm(signed, "shared", tmp_path / "root-b")
-    assert (plan.inductor_dir / "ab" / "cabc.so").is_file()
-    with pytest.warns(UserWarning, match="was not verified"):
-        plan = prewarm(unsigned, "shared", tmp_path / "root-c", allow_unsigned=True)
-    assert (plan.inductor_dir / "ab" / "cabc.so").is_file()
+    # a fresh interpreter: prewarm must run before any compile of its process (others of this worker compiled)
+    code = f"""
+import warnings
+from pathlib import Path
+from torchrepro.cache.policy import prewarm
+
+def warm(pack, root, **kw):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        plan = prewarm(pack, "shared", root, **kw)
+    return (plan.inductor_dir / "ab" / "cabc.so").is_file(), " | ".join(str(w.message) for w in said)
+
+print(warm({str(unsigned)!r}, {str(tmp_path / "root-a")!r}))
+print(warm({str(signed)!r}, {str(tmp_path / "root-b")!r}))
+print(warm({str(unsigned)!r}, {str(tmp_path / "root-c")!r}, allow_unsigned=True))
+"""
+    env = {TRUSTED_VAR: str(tmp_path / "mine.pub")}
+    env.update({name: str(tmp_path / "default") for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")})
+    skipped, trusted, allowed = run_python(code, env=env).stdout.splitlines()
+    assert skipped.startswith("(False, ") and re.search("warm start skipped.*unsigned", skipped), skipped
+    assert trusted == "(True, '')", trusted
+    assert allowed.startswith("(True, ") and "was not verified" in allowed, allowed
 
 
 def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys, capsys):

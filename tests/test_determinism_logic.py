@@ -500,5 +500,6 @@ def test_every_cause_has_a_hint():
         "environment",
         "recompile",
         "unknown",
+        "unknown_diff",  # diff of two stored runs: no --runs to suggest
     }
     assert set(CAUSE_HINTS) == keys and all(CAUSE_HINTS.values())

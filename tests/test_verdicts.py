@@ -277,10 +277,13 @@ def test_check_resume_at_the_end_is_an_input_error(tmp_path):
 
 
 def test_an_observer_that_fails_is_a_finding_and_fails_under_strict(tmp_path):
-    proc = cli("doctor", "--out", str(tmp_path / "d"), str(SCRIPTS / "observer_fails.py"), cwd=tmp_path)
+    # `run` digests every batch (doctor alone does not: its verdicts do not read them)
+    proc = cli("run", "--out", str(tmp_path / "d"), str(SCRIPTS / "observer_fails.py"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "trained" in proc.stdout  # the script itself was untouched
-    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    shown = cli("report", str(tmp_path / "d"), "--json", str(tmp_path / "d.json"), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    report = json.loads((tmp_path / "d.json").read_text())
     degraded = [f for f in report["findings"] if f["code"] == "CAPTURE_DEGRADED"]
     assert degraded and "not iterable" in degraded[0]["title"] and "step events" in degraded[0]["title"]
     assert not report["verdict"].startswith("HEALTHY")

@@ -663,9 +663,11 @@ def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventL
     header = log.header
     if header is None:
         log.unreadable = "no header line: not a torchrepro event log"
-        if steps:  # a step stream means nothing without the log it belongs to
-            stream = {id(step) for _, step in steps}
-            log.events = [e for e in log.events if id(e) not in stream]
+        stream = {id(step) for _, step in steps}
+        if stream and all(id(e) in stream for e in log.events):
+            # a step stream beside a log of no event at all (garbage, not a torchrepro log) means nothing;
+            # beside a log that only lost its header line it is that log's steps, read as its lines are
+            log.events = []
             log._by_type = None
     elif header.schema not in READABLE:
         by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
