@@ -216,3 +216,24 @@ def test_diff_hints_only_at_what_diff_and_run_have(tmp_path):
     hint = report.findings[0].hint
     assert "--runs" not in hint and "torchrepro check SCRIPT" in hint
     assert any("no gradient fingerprints (torchrepro run --grads" in n for n in report.determinism.notes)
+
+
+def test_runs_that_diverge_and_then_run_for_different_lengths_both_ended_normally(tmp_path):
+    """A loop until the loss is small (pytorch/examples' regression): unseeded, the runs part at once
+    and stop after different numbers of steps. Both ended normally: DIVERGED, exit 1, no run blamed."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_runs import rank_events
+
+    from torchrepro.commands.check.compare import diff
+    from torchrepro.eventlog.events import Step, write_all
+
+    for name, steps in (("a", 12), ("b", 30)):
+        events = rank_events(0, 1, steps=steps)
+        for e in events:
+            if isinstance(e, Step) and name == "b":
+                e.loss += 1.0
+        write_all(tmp_path / name / "rank-0" / "events.jsonl", events)
+    report = diff(tmp_path / "a", tmp_path / "b")
+    assert report.verdict_line.startswith("DIVERGED at step 0") and report.exit_code == 1, report.verdict_line
+    assert all(e.ended_normally for e in report.determinism.endings)
+    assert "RUN_DID_NOT_END_NORMALLY" not in {f.code for f in report.findings}

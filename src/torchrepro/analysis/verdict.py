@@ -94,9 +94,13 @@ def ending(label: str, meta: dict[str, Any], logs: list[EventLog]) -> Ending:
     return out
 
 
-def compare_lengths(a: Ending, b: Ending) -> None:
+def compare_lengths(a: Ending, b: Ending, diverged: bool = False) -> None:
     """A run that recorded fewer steps than its twin on a rank (or lacks a rank its twin has)
-    did not end normally: say so on the shorter one."""
+    did not end normally: say so on the shorter one. Not when the runs ``diverged`` and both ended
+    normally: runs that part may run for different lengths (a loop until the loss is small), and
+    the comparison's notes say how many steps each recorded."""
+    if diverged and a.ok and b.ok:
+        return
     for rank in sorted(set(a.steps) | set(b.steps)):
         na, nb = a.steps.get(rank), b.steps.get(rank)
         if na is None or nb is None:

@@ -119,8 +119,8 @@ def _earliest_divergence(
     pair's notes; each pair's lengths are compared into the checker's endings."""
     div, within, notes, pair = None, False, [], pairs[0]
     for (sa, ra), (sb, rb) in pairs:
-        compare_lengths(checker.endings[sa.label], checker.endings[sb.label])
         d, w, n = _compare(ra, rb, tol)
+        compare_lengths(checker.endings[sa.label], checker.endings[sb.label], diverged=d is not None)
         notes += n
         within = within or w
         if d is not None and (div is None or (d.step, d.rank) < (div.step, div.rank)):
@@ -363,8 +363,8 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
             f"{path_a} is a run of {scripts[0]}, {path_b} of {scripts[1]}: diff compares two runs of one script"
         )
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
-    compare_lengths(*endings)
     div, within, notes = _compare(run_a, run_b, tol)
+    compare_lengths(*endings, diverged=div is not None)
     notes = run_a.problems + run_b.problems + notes + _missing_evidence(run_a, run_b)
     cause, evidence = decide(div, run_a.logs, run_b.logs) if div is not None else (None, {})
     if div is not None and cause == "unknown":
