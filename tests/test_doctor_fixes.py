@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrepro.analysis.compile_fixes import COMPILE_FIXES, plan_fixes
+from torchrepro.analysis.compile_fixes import COMPILE_FIXES, plan_fixes, slower
 from torchrepro.report.html import render_html
 from torchrepro.report.model import load_report
 from torchrepro.telemetry.otel import compile_fix_attributes
@@ -87,9 +87,20 @@ def test_fix_brings_counts_to_expected(tmp_path, scenario, fix, spec, recompiles
         assert baseline["config"][fix] is False
     assert row["numerics"] == "same"  # eager backend: the same ops, bit for bit
     assert row["before"]["step_time_s"] is not None and row["after"]["step_time_s"] is not None
-    best = report["compile_fix_recommended"]
-    assert best["name"] == fix and best["line"] == row["line"] and best["combined"] is None
+    best = assert_recommended(report, fix)
+    assert best is None or (best["line"] == row["line"] and best["combined"] is None)
     assert (out / "fixes" / fix / "rank-0" / "events.jsonl").exists()
+
+
+def assert_recommended(report: dict, name: str) -> dict | None:
+    """The recommendation as the rule makes it: the fix ``name`` unless it was measured slower than the
+    baseline (timer noise on a busy machine can do that to a handful of steps), then not that fix."""
+    row, best = rows(report)[name], report["compile_fix_recommended"]
+    if slower(row["before"], row["after"]):
+        assert best is None or best["name"] != name, best
+    else:
+        assert best is not None and best["name"] == name, best
+    return best
 
 
 def test_short_batch_names_drop_last_as_not_tried(tmp_path):
@@ -155,8 +166,7 @@ def test_recompile_limit_is_shown_with_its_cost_not_as_a_cure(tmp_path):
     assert limit["after"]["compiles"] > limit["before"]["compiles"]  # the cost: more graphs
     by_limit = {line["config"]["recompile_limit"]: line for line in counted(counters)}
     assert by_limit[64]["recompiles"] == limit["after"]["recompiles"]
-    best = report["compile_fix_recommended"]
-    assert best["name"] == "allow_unspec_int_on_nn_module"  # the cure, not the raised limit
+    assert_recommended(report, "allow_unspec_int_on_nn_module")  # the cure, not the raised limit
 
 
 def test_pitfall_example_fixes_and_recommended_set(tmp_path):
@@ -178,7 +188,10 @@ def test_pitfall_example_fixes_and_recommended_set(tmp_path):
     # two epochs: the attribute changes once, and turns dynamic on that second value (a recompile still)
     assert found["allow_unspec_int_on_nn_module"]["status"] in ("fixed", "partly", "no_effect")
     best = report["compile_fix_recommended"]
-    assert best is not None and best["line"].startswith("torch.")
+    if best is None:  # only when each fix that removed something was measured slower (a busy machine)
+        assert all(slower(found[n]["before"], found[n]["after"]) for n in ("capture_scalar_outputs", "dynamic_shapes"))
+        return
+    assert best["line"].startswith("torch.")
     assert {"capture_scalar_outputs", "dynamic_shapes"} & set(best["set"])
     if len(best["set"]) > 1:  # tried together once
         together = best["combined"]
@@ -207,7 +220,9 @@ def test_resume_reruns_only_what_did_not_finish(tmp_path):
     assert len(counted(counters)) == 3  # the fix run again, not the baseline
     again = json.loads((out / "report.json").read_text())
     assert rows(again)["allow_unspec_int_on_nn_module"]["after"]["recompiles"] == 1
-    assert again["compile_fix_recommended"]["name"] == first["compile_fix_recommended"]["name"]
+    assert (
+        rows(again)["allow_unspec_int_on_nn_module"]["status"] == rows(first)["allow_unspec_int_on_nn_module"]["status"]
+    )
 
 
 @pytest.mark.parametrize(
