@@ -159,10 +159,11 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
             "reason": c.recompile_reasons[0],
             "guard": guard_text(c.recompile_reasons[0]),
             "category": category_of(c),
-            "evaluation": for_evaluation(c),
         }
         for c in recompiles
     ]
+    for e in recompile_events:
+        e["evaluation"] = for_evaluation(e["category"], e["reason"])
 
     grouped: dict[tuple, dict[str, Any]] = {}
     sources: dict[tuple, str | None] = {}  # (file, line): its text, read once per analysis
@@ -291,17 +292,17 @@ def _per_rank(logs: list[EventLog]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def for_evaluation(c: Compile) -> bool:
-    """Whether a recompile is the graph evaluation needs: a call under ``no_grad``/``inference_mode``,
-    or after ``model.eval()`` (a guard on a module's ``training`` flag)."""
-    category = category_of(c)
-    return category == "grad_mode" or (category == "module_attribute" and ".training" in c.recompile_reasons[0])
+def for_evaluation(category: str | None, reason: str) -> bool:
+    """Whether a recompile (its category and guard ``reason``) is the graph evaluation needs: a call
+    under ``no_grad``/``inference_mode``, or after ``model.eval()`` (a guard on a module's ``training`` flag)."""
+    return category == "grad_mode" or (category == "module_attribute" and ".training" in reason)
 
 
 def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
     groups: dict[tuple, list[Compile]] = defaultdict(list)
     for c in recompiles:
-        groups[(display_function(c), category_of(c), for_evaluation(c))].append(c)
+        category = category_of(c)
+        groups[(display_function(c), category, for_evaluation(category, c.recompile_reasons[0]))].append(c)
     findings = []
     for (function, category, evaluation), items in groups.items():
         file, line = items[0].file, items[0].line
