@@ -32,8 +32,10 @@ os.environ["TORCHREPRO_TEST_SESSION"] = _TOKEN.split("=", 1)[1]
 
 
 def _marked_processes() -> dict[int, str]:
-    """Running processes (not zombies) started under this pytest session, except pytest itself
-    and inductor's compile workers (a pool pytest's own process keeps across tests)."""
+    """Running processes (not zombies) started under this pytest session, except pytest itself,
+    inductor's compile workers (a pool pytest's own process keeps across tests) and the guardian of
+    pytest's process (commands/_guardian.py, started by the first job a test launches in-process,
+    kept until pytest ends)."""
     found = {}
     token = _TOKEN.encode()
     for entry in os.listdir("/proc"):
@@ -46,7 +48,7 @@ def _marked_processes() -> dict[int, str]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):
             continue
-        if state != "Z" and "compile_worker" not in cmdline:
+        if state != "Z" and "compile_worker" not in cmdline and not cmdline.endswith(f"_guardian.py {os.getpid()} "):
             found[int(entry)] = cmdline.strip()
     return found
 

@@ -1,7 +1,7 @@
 """Faults of torchrepro itself, with real processes and real signals: a supervisor killed with
 SIGKILL takes its job with it and its run reads as interrupted; one writer per run directory (a
 lock the kernel drops when its holder dies); what the script starts in a session of its own ends
-with the job; a drift cell whose process was killed runs again on resume; a stored run stopped by
+with the job, and with a SIGKILLed torchrepro (its guardian ends it); a drift cell whose process was killed runs again on resume; a stored run stopped by
 a signal is reported with the run's outcome, not as if ``report`` had been signalled."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from torchrepro.commands.launcher import run_child
 from torchrepro.errors import InputError
 from torchrepro.eventlog.rundir import LOCK_FILE, claim_run_dir, release_run_dir
 from torchrepro.eventlog.events import read_events
@@ -34,19 +35,30 @@ for step in range(int(sys.argv[1]) if len(sys.argv) > 1 else 600):
     time.sleep(0.1)
 """
 
-# starts `sleep 300` in a session of its own (out of the job's process group), never waits for it
-ESCAPES = """
-import subprocess, sys, time, torch
-child = subprocess.Popen(["sleep", "300"], start_new_session=True)
-open(sys.argv[1], "w").write(str(child.pid))
+# leaves two `sleep 600` that run no Python, out of the job's process group and session: one started
+# with start_new_session=True, one double-forked by a shell (`setsid` in a background job whose shell
+# exits at once); trains argv[2] steps, writes "PID PID" to argv[1]-<its pid>, then sleeps argv[3] s
+LEAVES = """
+import os, subprocess, sys, time, torch
+from pathlib import Path
+out = Path(sys.argv[1])
+own = subprocess.Popen(["sleep", "600"], start_new_session=True)
+daemon = out.with_name(f"{out.name}.daemon-{os.getpid()}")
+subprocess.run(["sh", "-c", 'setsid sh -c \\'echo $$ > "$0"; exec sleep 600\\' "$0" &', str(daemon)], check=True)
+while not (daemon.exists() and daemon.read_text().endswith("\\n")):
+    time.sleep(0.05)
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(10):
+for step in range(int(sys.argv[2])):
     loss = model(torch.ones(3, 4)).sum()
     opt.zero_grad()
     loss.backward()
     opt.step()
-    time.sleep(0.15)
+    time.sleep(0.1)
+done = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+done.write_text(f"{own.pid} {daemon.read_text().strip()}")
+done.rename(out.with_name(f"{out.name}-{os.getpid()}"))
+time.sleep(float(sys.argv[3]))
 """
 
 # the first process to run it (no marker yet) kills itself with SIGKILL after one step
@@ -68,21 +80,54 @@ torchrepro.log_metric("m", float(loss))
 """
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> int | None:
+    """The start time of a running process (None when it is gone or a zombie)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return state != "Z"
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
 
 
-def _gone_within(pid: int, seconds: float) -> bool:
+def _alive(pid: int, start: int | None = None) -> bool:
+    """Whether ``pid`` runs (and is the process that started at ``start``, when given)."""
+    now = _start_time(pid)
+    return now is not None and start in (None, now)
+
+
+def _gone_within(pid: int, seconds: float, start: int | None = None) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not _alive(pid, start):
             return True
         time.sleep(0.1)
     return False
+
+
+def _guardian_of(pid: int) -> int:
+    """The guardian torchrepro ``pid`` started (its child running ``_guardian.py``), read from /proc."""
+    for entry in os.listdir("/proc"):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and any(arg.endswith(b"/_guardian.py") for arg in cmdline):
+            return int(entry)
+    raise AssertionError(f"torchrepro (pid {pid}) has no guardian")
+
+
+def _left_behind(tmp_path: Path, runs: int, torchrepro: subprocess.Popen) -> dict[int, int]:
+    """The processes each of ``runs`` runs of LEAVES left behind and the run itself, pid -> start
+    time, once every run has written them."""
+    deadline = time.monotonic() + 240
+    while len(files := list(tmp_path.glob("pids-[0-9]*"))) < runs:
+        assert time.monotonic() < deadline and torchrepro.poll() is None, torchrepro.communicate()
+        time.sleep(0.2)
+    pids = [int(pid) for f in files for pid in (*f.read_text().split(), f.name.rsplit("-", 1)[1])]
+    started = {pid: _start_time(pid) for pid in pids}
+    assert None not in started.values(), started
+    return started  # type: ignore[return-value]
 
 
 def _torchrepro(cwd: Path, *args: str) -> subprocess.Popen:
@@ -176,18 +221,43 @@ def test_a_lock_held_by_a_killed_process_does_not_block_the_next_writer(tmp_path
     release_run_dir(out)
 
 
-def test_a_process_the_script_starts_in_its_own_session_ends_with_the_job(tmp_path):
-    script = _script(tmp_path, "escapes.py", ESCAPES)
-    pid_file = tmp_path / "sleep.pid"
-    doctor = subprocess.run(
-        [sys.executable, "-m", "torchrepro", "doctor", "--out", "run", str(script), "--", str(pid_file)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert doctor.returncode == 0, doctor.stderr
-    sleeper = int(pid_file.read_text())
-    assert _gone_within(sleeper, 2), "the script's `sleep` (start_new_session=True) outlived the job"
+def test_processes_the_script_leaves_in_other_sessions_end_with_the_job_and_the_guardian_with_torchrepro(tmp_path):
+    script = _script(tmp_path, "leaves.py", LEAVES)
+    doctor = _torchrepro(tmp_path, "doctor", "--out", "run", str(script), "--", str(tmp_path / "pids"), "5", "1")
+    left = _left_behind(tmp_path, 1, doctor)
+    guardian = _guardian_of(doctor.pid)
+    started = _start_time(guardian)
+    out, err = doctor.communicate(timeout=240)
+    assert doctor.returncode == 0, err  # the job's own run is as without a guardian
+    assert "HEALTHY" in out
+    for pid, start in left.items():
+        assert _gone_within(pid, 2, start), f"process {pid} outlived the job"
+    assert _gone_within(guardian, 5, started), "the guardian outlived torchrepro"
+
+
+def test_a_daemon_the_job_double_forks_ends_with_the_job_while_torchrepro_runs_on(tmp_path):
+    # the daemon's parent (a subshell) exits at once: the job's first process adopts it (a child
+    # subreaper), so the launcher sees it and ends it with the job, not only the guardian at the end
+    pid_file = tmp_path / "daemon.pid"
+    cmd = ["sh", "-c", '(setsid sh -c \'echo $$ > "$0"; exec sleep 600\' "$0" &); sleep 1', str(pid_file)]
+    assert run_child(cmd, tmp_path / "logs", quiet=True).exit_code == 0
+    assert _gone_within(int(pid_file.read_text()), 2), "the double-forked daemon outlived its job"
+
+
+@pytest.mark.parametrize("command", ["doctor", "check"])
+def test_no_process_outlives_a_sigkilled_torchrepro(tmp_path, monkeypatch, command):
+    monkeypatch.setenv("TORCHREPRO_CHECK_SIDE_BY_SIDE", "1")  # check's two runs at once, both leaving processes
+    script = _script(tmp_path, "leaves.py", LEAVES)
+    runs = 2 if command == "check" else 1
+    torchrepro = _torchrepro(tmp_path, command, "--out", "run", str(script), "--", str(tmp_path / "pids"), "3", "600")
+    left = _left_behind(tmp_path, runs, torchrepro)
+    guardian = _guardian_of(torchrepro.pid)
+    left[guardian] = _start_time(guardian)
+    assert len(left) == 3 * runs + 1
+    os.kill(torchrepro.pid, signal.SIGKILL)
+    torchrepro.communicate()
+    for pid, start in left.items():  # the runs, their two `sleep`s each, and the guardian once it ended them
+        assert _gone_within(pid, 5, start), f"process {pid} outlived a SIGKILLed torchrepro {command}"
 
 
 def test_a_drift_cell_killed_without_a_record_runs_again_on_resume(tmp_path):

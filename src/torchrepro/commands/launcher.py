@@ -15,8 +15,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,7 +29,7 @@ from ..runtime.runner import die_with_parent, libc_prctl
 STDERR_TAIL_LINES = 40
 
 
-def validate_script(script: str | os.PathLike) -> Path:
+def validate_script(script: str | os.PathLike[str]) -> Path:
     """The script's path, or an :class:`InputError` if it is missing or does not parse."""
     path = Path(script)
     if not path.is_file():
@@ -57,7 +58,7 @@ class ChildResult:
     stopped_by: str | None = None
 
 
-def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque | None) -> None:
+def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque[str] | None) -> None:
     for line in iter(source.readline, b""):
         for sink in sinks:
             try:
@@ -120,7 +121,7 @@ class Job:
     (``start_new_session=True`` in the script, torchrun's ranks) are ended with it where this
     system shows them (``/proc``)."""
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen[bytes]):
         self.proc = proc
         self.pgid = proc.pid
         self.seen: dict[int, int] = {}  # pid -> start time (a reused pid is not another's)
@@ -165,14 +166,74 @@ class Job:
                 pass
 
 
-def spawn(cmd: list[str], **popen: object) -> Job:
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+GUARDIAN = Path(__file__).with_name("_guardian.py")
+_guardian: tuple[int, subprocess.Popen[bytes], int] | None = None  # (for pid, the guardian, the pipe's write end)
+_guardian_lock = threading.Lock()
+
+
+def _guard() -> None:
+    """Start the guardian (:mod:`torchrepro.commands._guardian`) of this torchrepro process unless
+    it runs: it ends whatever this process started once it is gone, however it ends. Its stdin is
+    the read end of a pipe whose write end only this process holds, never written (``os.pipe``
+    makes both ends non-inheritable: no job gets a copy that would keep the pipe open): the
+    kernel closes it when this process ends. In a session of its own: a signal to torchrepro's
+    process group (Ctrl-C, ``kill -- -PGID``) spares it. Linux (``/proc``) only."""
+    global _guardian
+    with _guardian_lock:
+        if _guardian is not None and _guardian[0] == os.getpid() and _guardian[1].poll() is None:
+            return
+        if not os.path.isdir("/proc/self/task"):
+            return
+        if _guardian is not None and _guardian[0] == os.getpid():
+            os.close(_guardian[2])  # (a guardian someone killed: its pipe is of no use)
+        read, write = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(GUARDIAN), str(os.getpid())],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        _guardian = (os.getpid(), proc, write)
+
+
+def _prepare_job(parent: int, prctl: Callable[..., int]) -> None:
+    """In the job's first process, before it runs ``cmd``: die with ``parent``'s thread
+    (:func:`die_with_parent`), and adopt the processes orphaned below it (Linux
+    ``PR_SET_CHILD_SUBREAPER``, kept across ``exec``): a daemon the script double-forks stays in
+    the job's tree, seen and ended with the job (:meth:`Job.watch`) and by the guardian, instead
+    of going to init unseen."""
+    die_with_parent(parent, prctl)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def spawn(
+    cmd: list[str],
+    *,
+    stdin: int | IO[Any] | None = None,
+    stdout: int | IO[Any] | None = None,
+    stderr: int | IO[Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Job:
     """Start ``cmd`` as a job: in its own session (process group), killed by the kernel when the
     calling thread ends (Linux ``PR_SET_PDEATHSIG``: a torchrepro killed with SIGKILL leaves no
-    job running; the caller waits for it in that thread). ``popen``: :class:`subprocess.Popen`'s
-    streams and ``env``."""
+    job running; the caller waits for it in that thread), the orphans of its tree kept in it, and
+    all of it ended by this process's guardian once this process is gone (:func:`_guard`).
+    ``stdin``, ``stdout``, ``stderr``, ``env``: as :class:`subprocess.Popen`'s."""
+    _guard()
     parent = os.getpid()
-    preexec = None if _PRCTL is None else lambda: die_with_parent(parent, _PRCTL)
-    return Job(subprocess.Popen(cmd, start_new_session=True, preexec_fn=preexec, **popen))  # type: ignore[arg-type]
+    preexec = None if _PRCTL is None else partial(_prepare_job, parent, _PRCTL)
+    proc = subprocess.Popen(
+        cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=env, start_new_session=True, preexec_fn=preexec
+    )
+    return Job(proc)
 
 
 def wait_job(job: Job, every: Callable[[], None] | None = None, tick: float = 0.5) -> int:
@@ -236,7 +297,9 @@ class _ForwardStops:
     the first job waited for there, or by :func:`side_by_side`) forward to every job running."""
 
     def __init__(self, job: Job):
-        self.job, self.signum, self.since = job, None, None
+        self.job = job
+        self.signum: int | None = None
+        self.since: float | None = None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _ForwardStops:
@@ -339,7 +402,7 @@ def run_child(
     ended. A stop signal sent to torchrepro is forwarded to the job (see :class:`_ForwardStops`);
     whatever the job leaves running when it ends (a subprocess of the script) is ended too."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    tail: deque = deque(maxlen=STDERR_TAIL_LINES)
+    tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
     stalled = None
     with open(log_dir / "stdout.log", "wb") as out_log, open(log_dir / "stderr.log", "wb") as err_log:
         started = time.time()

@@ -41,7 +41,6 @@ from .._dist import from_env, placement
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
 SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
 SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as in _bootstrap/sitecustomize.py
-ROOT_VAR = "TORCHREPRO_FOLLOW_ROOT"  # as in _bootstrap/sitecustomize.py: "pid:start time" of the root
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomize.py
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 LAUNCHER_DIR = "launcher"
@@ -62,14 +61,10 @@ def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, s
     :class:`~torchrepro.runtime.options.RunOptions`, its run directory set) say once it becomes a rank:
     the same capture, seed, compile mode, cache, replay, fix and drift factor levels;
     ``root_pid`` is the launched process, ``pythonpath`` the ``PYTHONPATH`` to extend."""
-    from ..eventlog.rundir import process_start_time  # not at import: a followed process starts without it
-
     path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
-    start = process_start_time(root_pid)
     return {
         CONFIG_VAR: json.dumps({"options": options.absolute().to_json(), "root_pid": root_pid}),
         "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), *path]),
-        **({ROOT_VAR: f"{root_pid}:{start}"} if start is not None else {}),  # each descendant ends with the root
     }
 
 
@@ -90,7 +85,7 @@ def propagate(options: Any) -> None:
 
 def without_follow(env: dict[str, str]) -> dict[str, str]:
     """``env`` for a new, separately captured run: nothing inherited from a capture around it."""
-    return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR, SPAWN_VAR, ROOT_VAR)}
+    return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR, SPAWN_VAR)}
 
 
 def _config() -> tuple[Any, int]:

@@ -11,11 +11,6 @@ that wraps ``torch.distributed.init_process_group`` if it ever imports torch; ca
 when it joins a process group. A process ``torch.multiprocessing.spawn`` started for a captured
 one (``TORCHREPRO_FOLLOW_SPAWN``, taken out of the environment so that its own children do not
 inherit it) is also prepared now, as a torchrun rank is: seeded with ``--seed``.
-
-Every such process ends (SIGKILL) within about a second of the captured process it descends from
-(``TORCHREPRO_FOLLOW_ROOT``: its pid and start time) vanishing: when torchrepro is SIGKILLed, the
-kernel kills that root (a parent-death signal), and nothing else would end the ranks
-``torch.multiprocessing.spawn`` started or what left the job's process group.
 """
 
 import os
@@ -31,7 +26,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _C10D = "torch.distributed.distributed_c10d"
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as torchrepro.runtime.follow.RANK_VARS
 SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as torchrepro.runtime.follow.SPAWN_VAR
-ROOT_VAR = "TORCHREPRO_FOLLOW_ROOT"  # as torchrepro.runtime.follow.ROOT_VAR
 
 
 def _note(what: str, exc: BaseException) -> None:
@@ -104,37 +98,9 @@ class _WatchProcessGroup:
         return spec
 
 
-def _start_time(pid: int) -> "int | None":
-    """The start time of process ``pid`` (clock ticks since boot), None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            fields = fp.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == b"Z" else int(fields[19])
-
-
-def _end_with_root(pid: int, start: int) -> None:
-    import time
-
-    while _start_time(pid) == start:
-        time.sleep(1.0)
-    os.kill(os.getpid(), 9)  # SIGKILL, as the kernel's parent-death signal ends the root itself
-
-
-def _watch_root() -> None:
-    """End this process when the captured process it descends from is gone (Linux: /proc)."""
-    pid, _, start = os.environ.get(ROOT_VAR, "").partition(":")
-    if pid.isdigit() and start.isdigit() and int(pid) != os.getpid():
-        import _thread
-
-        _thread.start_new_thread(_end_with_root, (int(pid), int(start)))  # dies with the process, never joined
-
-
 def _install() -> None:
     if "TORCHREPRO_FOLLOW" not in os.environ:
         return
-    _watch_root()
     spawned = os.environ.pop(SPAWN_VAR, None) is not None
     rank = _start_rank()
     if rank is None:
