@@ -244,6 +244,16 @@ def test_a_daemon_the_job_double_forks_ends_with_the_job_while_torchrepro_runs_o
     assert _gone_within(int(pid_file.read_text()), 2), "the double-forked daemon outlived its job"
 
 
+def test_a_guardian_killed_is_replaced_at_the_next_job(tmp_path):
+    # this process stands for torchrepro: its first job starts its guardian, which runs on between jobs
+    assert run_child(["true"], tmp_path / "a", quiet=True).exit_code == 0
+    first = _guardian_of(os.getpid())
+    os.kill(first, signal.SIGKILL)
+    assert _gone_within(first, 5)
+    assert run_child(["true"], tmp_path / "b", quiet=True).exit_code == 0
+    assert _guardian_of(os.getpid()) != first
+
+
 @pytest.mark.parametrize("command", ["doctor", "check"])
 def test_no_process_outlives_a_sigkilled_torchrepro(tmp_path, monkeypatch, command):
     monkeypatch.setenv("TORCHREPRO_CHECK_SIDE_BY_SIDE", "1")  # check's two runs at once, both leaving processes
