@@ -48,7 +48,7 @@ class Tree:
         start = _stat(root)
         self.root = root
         self.inside: dict[int, int] = {} if start is None else {root: start[1]}
-        self.outside: set[int] = set()
+        self.outside = {os.getpid()}  # the guardian is never one of them
 
     def look(self) -> None:
         """Record the descendants started since the last look (parents before their children)."""
@@ -69,8 +69,6 @@ class Tree:
                     del new[pid]
                     grew = True
         self.outside |= new.keys()
-        self.outside.discard(os.getpid())
-        self.inside.pop(os.getpid(), None)
 
     def alive(self) -> dict[int, str]:
         """The recorded processes still running (not the root, not zombies): pid -> state."""
