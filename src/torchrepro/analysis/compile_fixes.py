@@ -20,6 +20,7 @@ from typing import Any
 
 from ..eventlog.events import Compile, EventLog, GraphBreak, Step
 from .divergence import Tolerance, first_divergence
+from ..report.model import CompileSection, RecompileEvent
 
 # --only-fixes names, in the order they are tried
 COMPILE_FIXES = (
@@ -68,7 +69,7 @@ def _source(name: str) -> str | None:
     return f"L['{name}']" if name.isidentifier() and not name.startswith("___") else None
 
 
-def plan_fixes(compile_section: dict[str, Any]) -> FixPlan:
+def plan_fixes(compile_section: CompileSection) -> FixPlan:
     """The fixes for a doctor report's ``compile`` section.
 
     >>> section = {"recompile_events": [{"category": "shape", "function": "f",
@@ -143,7 +144,7 @@ def plan_fixes(compile_section: dict[str, Any]) -> FixPlan:
     return plan
 
 
-def _shape_fixes(plan: FixPlan, events: list[dict[str, Any]]) -> None:
+def _shape_fixes(plan: FixPlan, events: list[RecompileEvent]) -> None:
     """Dynamic dimensions for shape recompiles: the dimension each guard names, by source
     (``dynamic_sources``, what ``mark_dynamic`` does); every dimension (``dynamic=True``) when a
     guard names none. A shrunk leading dimension is a short last batch: ``drop_last=True``, a code change."""

@@ -112,7 +112,7 @@ def decide(div: Divergence, logs_a: list[EventLog], logs_b: list[EventLog], same
     # configurations that is a consequence (inductor draws its seed from the global generator).
     if div.what == "rng" and (same_config or div.detail.get("read_at") != "backward"):
         at = {"batch": "when its first batch was fetched", "backward": "at its first backward()"}.get(
-            div.detail.get("read_at"), "at its start"
+            div.detail.get("read_at", ""), "at its start"
         )
         return "rng", {
             "because": f"the torch RNG state of step {div.step} differs ({at}): "

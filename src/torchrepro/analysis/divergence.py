@@ -213,10 +213,15 @@ def environment_differences(a: Header | None, b: Header | None, ignore: tuple[st
                 continue
             if x.get(name) != y.get(name):
                 out.append(f"{key}.{name}: {x.get(name)!r} vs {y.get(name)!r}")
-    switches = lambda h: {s["name"]: s["value"] for s in h.env.get("determinism", [])}  # noqa: E731
+
+    def switches(h: Header) -> dict[str, object]:
+        return {s["name"]: s["value"] for s in h.env.get("determinism", [])}
+
+    def variables(h: Header) -> dict[str, object]:
+        return {v["name"]: v["value"] for v in h.env.get("env_vars", []) if v.get("in_fingerprint")}
+
     sa, sb = switches(a), switches(b)
     out += [f"switch {n}: {sa.get(n)!r} vs {sb.get(n)!r}" for n in sorted(set(sa) | set(sb)) if sa.get(n) != sb.get(n)]
-    variables = lambda h: {v["name"]: v["value"] for v in h.env.get("env_vars", []) if v.get("in_fingerprint")}  # noqa: E731
     va, vb = variables(a), variables(b)
     out += [f"${n}: {va.get(n)!r} vs {vb.get(n)!r}" for n in sorted(set(va) | set(vb)) if va.get(n) != vb.get(n)]
     return [line for line in out if not any(word in line for word in ignore)]
@@ -225,7 +230,7 @@ def environment_differences(a: Header | None, b: Header | None, ignore: tuple[st
 def compile_differences(a: EventLog, b: EventLog) -> list[str]:
     """How the compiled graphs of two runs differ (count, recompile reasons, graph sizes)."""
 
-    def shape(log: EventLog) -> list[tuple]:
+    def shape(log: EventLog) -> list[tuple[str | None, int | None, tuple[str, ...], str | None]]:
         return [(c.function, c.graph_ops, tuple(c.recompile_reasons[:1]), c.limit_hit) for c in log.of(Compile)]
 
     sa, sb = shape(a), shape(b)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..eventlog.events import Capability, Counters, End, EventLog, Header
 from ..eventlog.provenance import provenance
-from ..report.model import DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
+from ..report.model import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
 from . import compile as compile_analysis
 from .cache import rank_key_findings
 from ..report.model import Finding, sort_findings
@@ -182,7 +182,7 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
     return out
 
 
-def _time_findings(compile_section: dict[str, Any], run: dict[str, Any]) -> list[Finding]:
+def _time_findings(compile_section: CompileSection, run: dict[str, Any]) -> list[Finding]:
     durations = [r["duration_s"] for r in run["ranks"].values() if r["duration_s"]]
     if not durations or not compile_section["compile_time_s"]:
         return []
@@ -207,7 +207,7 @@ def _time_findings(compile_section: dict[str, Any], run: dict[str, Any]) -> list
     ]
 
 
-def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
+def _cache_findings(cache: dict[str, CacheCounts]) -> list[Finding]:
     return [
         Finding(
             "CACHE_MISS",
@@ -222,7 +222,7 @@ def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
     ]
 
 
-def budget_failures(compile_section: dict[str, Any], budgets: Budgets) -> list[str]:
+def budget_failures(compile_section: CompileSection, budgets: Budgets) -> list[str]:
     """Reasons the run fails its budgets (empty when it passes)."""
     c = compile_section
     out = []
@@ -242,7 +242,7 @@ def verdict_line(
     verdict: Verdict,
     findings: list[Finding],
     budget_failures: list[str],
-    compile_section: dict[str, Any],
+    compile_section: CompileSection,
     steps: StepsSummary,
     interrupted: str | None = None,
 ) -> str:

@@ -96,16 +96,16 @@ def snapshot(live: LiveRun, meta: dict[str, Any], now: float, unreadable: int = 
     ranks = {}
     for rank in sorted(live.ranks):
         state = live.ranks[rank]
-        per = section["per_rank"].get(str(rank), {})
+        per = section["per_rank"].get(str(rank))
         ranks[str(rank)] = {
             "status": _rank_status(state),
             "steps": state.steps,
             "last_step": state.last_index,
             "steps_per_s": _steps_per_s(state),
             "last_event_age_s": round(now - state.last_t, 3) if state.last_t is not None else None,
-            "compiles": per.get("compiles", 0),
-            "recompiles": per.get("recompiles", 0),
-            "graph_breaks": per.get("graph_breaks", 0),
+            "compiles": per["compiles"] if per else 0,
+            "recompiles": per["recompiles"] if per else 0,
+            "graph_breaks": per["graph_breaks"] if per else 0,
         }
     steps = {r: s.steps for r, s in live.ranks.items()}
     breaks = [b for log in logs for b in log.of(GraphBreak)]

@@ -53,7 +53,7 @@ def world_size(logs: list[EventLog], meta: dict[str, Any] | None = None) -> int:
     >>> world_size(load_run("RUN_DIR").logs)  # doctest: +SKIP
     2
     """
-    sizes = [w.world_size for log in logs for w in log.of(World)]
+    sizes: list[int] = [w.world_size for log in logs for w in log.of(World)]
     sizes += [log.header.world_size for log in logs if log.header is not None]
     sizes.append(int((meta or {}).get("world_size") or 1))
     return max([*sizes, max((log.rank + 1 for log in logs), default=1)])
@@ -336,8 +336,8 @@ def _param_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Fi
 
 
 def _at_common_steps(
-    indices: list[Sequence[int]], columns: list[list[list[Any]]]
-) -> tuple[Sequence[int], list[list[list[Any]]]]:
+    indices: list[Sequence[int]], columns: list[list[Sequence[Any]]]
+) -> tuple[Sequence[int], list[list[Sequence[Any]]]]:
     """The step indices every rank has (sorted), and each of ``columns`` (per rank, in the order
     of ``indices``, a value per step in log order) at those steps (the last step of an index
     repeated). Indices that count up by one may be ``range`` objects."""
@@ -393,21 +393,25 @@ def _rng_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Find
     return findings
 
 
-def _signature(c: Compile) -> tuple:
+# a compile as the ranks compare it: function, first guard that failed, whether it hit the limit
+_Signature = tuple[str | None, str | None, bool]
+
+
+def _signature(c: Compile) -> _Signature:
     return (c.function, c.recompile_reasons[0] if c.recompile_reasons else None, bool(c.limit_hit))
 
 
 def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
     if len(logs) < 2:
         return []
-    sequences = {log.rank: log.of(Compile) for log in logs}
+    sequences: dict[int, list[Compile]] = {log.rank: log.of(Compile) for log in logs}
     longest = max(len(s) for s in sequences.values())
     for i in range(longest):
         entries = {r: (s[i] if i < len(s) else None) for r, s in sequences.items()}
         kinds = {r: (_signature(c) if c else None) for r, c in entries.items()}
         if len(set(kinds.values())) == 1:
             continue
-        groups = defaultdict(list)
+        groups: defaultdict[_Signature | None, list[int]] = defaultdict(list)
         for r, k in kinds.items():
             groups[k].append(r)
         # the odd one out: the smallest group; on a tie, the ranks that did compile
@@ -418,6 +422,7 @@ def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
         else:
             rank = odd[0]
         c = entries[rank]
+        assert c is not None  # rank is among the ranks that compiled this i-th time
         what = "hit the recompile limit for" if c.limit_hit else "recompiled" if c.recompile_reasons else "compiled"
         title = (
             f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} {what} {display_function(c)} "

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..analysis.live import LiveRun, is_finished, snapshot
 from ..eventlog.tail import RunFollower
@@ -128,7 +128,7 @@ def render(snap: dict[str, Any]) -> Group:
         if gb["source"]:
             lines.append(Text(f"    {gb['source']}", style="dim"))
     for f in snap["findings"][:8]:
-        lines.append(Text(f" {f['severity'][0].upper()} ", style=_STYLE.get(f["severity"])) + Text(f["title"]))
+        lines.append(Text(f" {f['severity'][0].upper()} ", style=_STYLE.get(f["severity"], "")) + Text(f["title"]))
     return Group(*lines)
 
 
@@ -136,7 +136,7 @@ class _Bytes(io.RawIOBase):
     """``sys.stdout.buffer`` while the status line shows: bytes go through the text proxy, so
     they print above the line instead of over it."""
 
-    def __init__(self, text: Any):
+    def __init__(self, text: TextIO):
         super().__init__()
         self._text = text
 
@@ -152,7 +152,7 @@ class _Bytes(io.RawIOBase):
 
 
 class _Text:
-    def __init__(self, proxy: Any):
+    def __init__(self, proxy: TextIO):
         self._proxy = proxy
         self.buffer = _Bytes(proxy)
 

@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar, Union
+from typing import Any, ClassVar, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
 
@@ -30,6 +30,8 @@ SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drif
 
 
 SEVERITIES = ("error", "warning", "info")
+
+JsonObject = dict[str, Any]  # open JSON: a report section only shown, evidence, a run's settings (run.json)
 
 
 @dataclass
@@ -131,6 +133,189 @@ def _findings(items: list[dict[str, Any]]) -> list[Finding]:
     return [_build(Finding, f) for f in items]
 
 
+# --- doctor: the compile section (analysis.compile, completed by analysis.doctor) -----------------
+
+
+class CacheCounts(TypedDict):
+    """One cache's lookups by outcome; ``hit_rate`` over hits and misses (None: none looked up)."""
+
+    hit: int
+    miss: int
+    bypass: int
+    hit_rate: float | None
+
+
+class LimitHit(TypedDict):
+    """A compile that hit the recompile limit (the frame runs eagerly from then on)."""
+
+    rank: int
+    compile_id: str
+    function: str
+    file: str | None
+    line: int | None
+    step: int | None
+    limit: str | None
+    last_reason: str | None
+
+
+class RecompileEvent(TypedDict):
+    """One recompile on one rank: the guard that failed, its category, whether evaluation needs it."""
+
+    rank: int
+    compile_id: str
+    function: str
+    code: str | None
+    file: str | None
+    line: int | None
+    step: int | None
+    reason: str
+    guard: str
+    category: str | None
+    evaluation: bool
+
+
+class GraphBreakEvent(TypedDict):
+    """The graph breaks of one rank at one location, for one reason."""
+
+    rank: int
+    reason: str
+    gb_id: str | None
+    file: str | None
+    line: int | None
+    source: str | None
+    count: int
+    first_step: int | None
+    hint: str
+
+
+class RankCompiles(TypedDict):
+    """One rank's compile counts and time."""
+
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+    limit_hits: int
+    compile_time_s: float
+
+
+class RecompileGroup(TypedDict):
+    """Recompiles merged over ranks (:func:`torchrepro.analysis.rank_groups.recompile_groups`)."""
+
+    function: str
+    category: str | None
+    guard: str
+    location: str | None
+    count: int
+    ranks: int
+    ranks_text: str
+    steps: list[int | None]
+    compile_ids: list[str]
+
+
+class GraphBreakGroup(TypedDict):
+    """Graph breaks merged over ranks (:func:`torchrepro.analysis.rank_groups.graph_break_groups`)."""
+
+    file: str | None
+    line: int | None
+    reason: str
+    gb_id: str | None
+    source: str | None
+    hint: str
+    first_step: int | None
+    count: int
+    ranks: int
+    ranks_text: str
+
+
+class TimelineCompile(TypedDict):
+    """One compile on the timeline: when (seconds from the rank's start), how long, what happened."""
+
+    compile_id: str
+    function: str
+    step: int | None
+    start_s: float
+    duration_s: float
+    backward_s: float | None
+    cache: str | None
+    recompile: str | None
+    limit_hit: str | None
+    failed: str | None
+
+
+class StepSpread(TypedDict):
+    """The spread of a rank group's median times of the steps that did not compile."""
+
+    min_s: float
+    median_s: float
+    max_s: float
+    slowest_rank: int
+
+
+class TimelineRow(TypedDict):
+    """A rank group on the timeline: its representative rank's compiles and steps."""
+
+    ranks_text: str
+    rank: int
+    compiles: list[TimelineCompile]
+    steps: list[list[float]]  # [index, host time, compiles]
+    median_step: StepSpread | None
+
+
+class _CompileSection(TypedDict):
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+    unique_graphs: int
+    compile_time_s: float
+    cache: dict[str, CacheCounts]
+    recompile_events: list[RecompileEvent]
+    graph_break_events: list[GraphBreakEvent]
+    per_rank: dict[str, RankCompiles]
+
+
+class CompileSection(_CompileSection, total=False):
+    """The doctor report's ``compile`` section: :func:`torchrepro.analysis.compile.summarize` writes
+    the counts and events; :func:`torchrepro.analysis.doctor.analyse` adds the share of the run's
+    time, the timeline and the events merged over ranks (which the schema requires of a report, not
+    of :func:`~torchrepro.analysis.compile.summarize`). Keys the schema does not require may be absent
+    from a report written by an older torchrepro."""
+
+    build_time_s: float
+    capture_overhead_s: float
+    recompile_limit_hits: list[LimitHit]
+    recompiles_by_category: dict[str | None, int]
+    compile_time_share: float
+    timeline: list[TimelineRow]
+    recompile_groups: list[RecompileGroup]
+    graph_break_groups: list[GraphBreakGroup]
+
+
+class RankGroup(TypedDict):
+    """Ranks that behaved alike: their ranges as text, a representative, what differs from the largest group."""
+
+    ranks: list[int]
+    ranks_text: str
+    representative: int
+    size: int
+    difference: str | None
+
+
+class RankGroups(TypedDict, total=False):
+    """The doctor report's ``rank_groups`` section (:func:`torchrepro.analysis.rank_groups.rank_groups`);
+    empty in a report written before ranks were grouped."""
+
+    groups: list[RankGroup]
+    summary: str
+
+
+class CapabilityNote(TypedDict):
+    """Something capture could or could not observe (the first rank's word on it)."""
+
+    name: str
+    available: bool
+    note: str
+
+
 # --- doctor -------------------------------------------------------------------------------------
 
 
@@ -217,16 +402,16 @@ class DoctorReport:
 
     kind: ClassVar[str] = "doctor"
     run: DoctorRun
-    compile: dict[str, Any]
+    compile: CompileSection
     steps: StepsSummary
     findings: list[Finding]
     verdict: Verdict
     verdict_line: str
-    capabilities: list[dict[str, Any]] = field(default_factory=list)
+    capabilities: list[CapabilityNote] = field(default_factory=list)
     budget_failures: list[str] = field(default_factory=list)
     failing_findings: list[str] = field(default_factory=list)  # codes of findings that fail the run
-    rank_groups: dict[str, Any] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
+    rank_groups: RankGroups = field(default_factory=RankGroups)
+    provenance: JsonObject = field(default_factory=dict)
     reread: bool = False  # a stored run analysed again (torchrepro report), not a job this command ran
     # doctor --fixes (None: not asked for): each fix's row, the recommendation, what was run
     compile_fixes: list[dict[str, Any]] | None = None
@@ -487,6 +672,119 @@ class CheckReport:
 # --- drift --------------------------------------------------------------------------------------
 
 
+class Summary(TypedDict):
+    """Values summarised: count, mean, sample std and the Student-t 95 % interval of the mean (None
+    where too few values)."""
+
+    n: int
+    mean: float | None
+    std: float | None
+    ci95: list[float] | None
+
+
+class LevelSummary(Summary):
+    """The summary of the runs at one level of a factor (a seed level, or a binary factor's label)."""
+
+    level: int | str
+
+
+class _VarianceComponent(TypedDict):
+    name: str
+    levels: int | None
+    variance: float
+    std: float
+    variance_share: float | None
+    ci95: list[float] | None
+
+
+class VarianceComponent(_VarianceComponent, total=False):
+    """A random factor's variance and share of the total (:func:`torchrepro.analysis.drift.variance_components`),
+    with its levels' summaries; ``not_separable`` when it could not be varied apart from another."""
+
+    not_separable: bool
+    per_level: list[LevelSummary]
+
+
+class NotSeparable(TypedDict):
+    """Factors the experiment could not vary apart, and why."""
+
+    factors: list[str]
+    reason: str
+
+
+class _Observed(TypedDict):
+    observed: float
+    sigma: float | None
+
+
+class Observed(_Observed, total=False):
+    """A difference the user saw, placed against the run-to-run noise (only ``observed`` and a None
+    ``sigma`` with fewer than two runs)."""
+
+    runs: int
+    sigmas: float | None
+    pair_fraction: float
+    pair_fraction_normal: float | None
+    method: str
+
+
+class _PairedEffect(TypedDict):
+    n: int
+    difference: float | None
+    std: float | None
+    ci95: list[float] | None
+    p_value: float | None
+    test: str
+    mde: float | None
+    mde_method: str
+    alpha: float
+
+
+class PairedEffect(_PairedEffect, total=False):
+    """A paired difference of two levels (:func:`torchrepro.analysis.drift.paired_effect`); with a
+    target effect, the pairs needed to detect it."""
+
+    target_effect: float
+    pairs_needed: int | None
+
+
+class EffectRow(PairedEffect):
+    """A binary factor's effect, as analysis writes it (read back as :class:`Effect`)."""
+
+    factor: str
+    levels: list[str]
+    per_level: list[LevelSummary]
+
+
+class ExcludedRun(TypedDict):
+    """A run left out of every statistic (as written; read back as :class:`Excluded`)."""
+
+    index: int
+    status: str
+    dir: str
+    error: str | None
+
+
+class _DriftAnalysis(TypedDict):
+    summary: Summary
+    factors: list[VarianceComponent]
+    effects: list[EffectRow]
+    not_separable: list[NotSeparable]
+    notes: list[str]
+    observed: Observed | None
+    excluded: list[ExcludedRun]
+    verdict: str
+
+
+class DriftAnalysis(_DriftAnalysis, total=False):
+    """What :func:`torchrepro.analysis.drift.analyse` concludes from the runs: the body of the
+    ``drift`` section; the command adds what it planned and, under ``--until-clear``, each factor's
+    sequential path and decision (JSON objects: only shown)."""
+
+    planning: list[JsonObject]
+    sequential: JsonObject
+
+
 @dataclass
 class DriftMetric:
     """What was measured: its label, where it comes from (``log_metric`` name, stdout regex, or the final loss)."""
@@ -683,7 +981,11 @@ class DriftReport:
 
 
 Report = Union[DoctorReport, CheckReport, DriftReport]
-_KINDS: dict[str, type] = {"doctor": DoctorReport, "check": CheckReport, "drift": DriftReport}
+_KINDS: dict[str, type[DoctorReport] | type[CheckReport] | type[DriftReport]] = {
+    "doctor": DoctorReport,
+    "check": CheckReport,
+    "drift": DriftReport,
+}
 
 
 def report_kind(data: Any) -> str | None:
@@ -712,7 +1014,7 @@ def load_report(data: Any, source: str = "report") -> Report:
         raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
 
 
-_JSON_TYPES = {
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "object": dict,
     "array": list,
     "string": str,

@@ -97,7 +97,7 @@ def drift_plots(drift: DriftSection) -> list[tuple[str, str]]:
     from ..analysis.drift import BINARY_FACTORS
 
     metric = drift.metric.name
-    ok = [_levels(r) for r in drift.runs if r.status == "ok" and r.metric is not None]
+    ok = [_levels(r, r.metric) for r in drift.runs if r.status == "ok" and r.metric is not None]
     plots = []
     for comp in drift.factors:
         if "per_level" not in comp:  # the interaction/residual component has no levels
@@ -125,11 +125,13 @@ def drift_plots(drift: DriftSection) -> list[tuple[str, str]]:
     return plots
 
 
-def _levels(run: DriftRunResult) -> tuple[float, dict[str, int], tuple, dict[str, Any]]:
-    """A report's run as (metric, its seed levels, the same as a hashable key, its settings)."""
+def _levels(
+    run: DriftRunResult, metric: float
+) -> tuple[float, dict[str, int], tuple[tuple[str, int], ...], dict[str, Any]]:
+    """A report's run with its ``metric`` as (metric, its seed levels, the same as a hashable key, its settings)."""
     seeds = {k: v for k, v in run.seed.items() if k != "root"}
     settings = {k: v for k, v in run.levels.items() if k not in seeds}
-    return run.metric, seeds, tuple(sorted(seeds.items())), settings
+    return metric, seeds, tuple(sorted(seeds.items())), settings
 
 
 def write_drift_plots(out: Path, drift: DriftSection) -> list[str]:
