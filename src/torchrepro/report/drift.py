@@ -81,8 +81,8 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         console.print(
             Text(f" ! not separable: {', '.join(item['factors'])} — {item['reason']}", style="yellow"), highlight=False
         )
-    for item in drift.planning:
-        console.print(Text(f" → {plan_sentence(item, fmt_number)}", style="cyan"), highlight=False)
+    for plan in drift.planning:
+        console.print(Text(f" → {plan_sentence(plan, fmt_number)}", style="cyan"), highlight=False)
     for note in drift.notes:
         console.print(Text(f" · {note}", style="cyan"), highlight=False)
     for run in drift.excluded:

@@ -23,7 +23,7 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
-from .model import FIX_COLUMNS, DriftSection, Report, fix_cells, fix_recommendation
+from .model import FIX_COLUMNS, DriftSection, JsonObject, Report, StepRow, TimelineRow, fix_cells, fix_recommendation
 from .sanitize import visible
 from ..analysis.rank_groups import ranks_label
 
@@ -242,7 +242,7 @@ def line_chart(
 _CACHE_CLASS = {"hit": "hit", "miss": "miss", None: "nocache"}
 
 
-def compile_timeline(lanes: Sequence[dict[str, Any]]) -> Markup:
+def compile_timeline(lanes: Sequence[TimelineRow]) -> Markup:
     """One lane per rank group: a bar per compile from its start for its duration, coloured by
     its cache outcome, outlined when it was a recompile; hover for what and why."""
     lanes = list(lanes)[:MAX_LANES]
@@ -314,7 +314,7 @@ def bar_chart(items: Sequence[tuple[str, float]], *, unit: str = "", label: str 
 # --- the report's series as chart input (no new figures: only the report's own) -------------
 
 
-def step_time_chart(lanes: Sequence[dict[str, Any]]) -> Markup:
+def step_time_chart(lanes: Sequence[TimelineRow]) -> Markup:
     """Host time per step of each rank group's first rank (log scale); steps that compiled marked."""
     series = [
         {
@@ -352,7 +352,7 @@ def divergence_chart(curve: Sequence[dict[str, Any]]) -> Markup:
     )
 
 
-def loss_chart(rows: Sequence[dict[str, Any]], labels: Sequence[str]) -> Markup:
+def loss_chart(rows: Sequence[StepRow], labels: Sequence[str]) -> Markup:
     """Both runs' losses per step."""
     names = list(labels) + ["A", "B"]
     return line_chart(
@@ -367,7 +367,7 @@ def loss_chart(rows: Sequence[dict[str, Any]], labels: Sequence[str]) -> Markup:
     )
 
 
-def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
+def loss_diff_chart(rows: Sequence[StepRow]) -> Markup:
     """|Δloss| per step (log scale; steps with equal losses leave a gap), steps whose parameters
     differ marked."""
     marks = [
@@ -391,7 +391,7 @@ def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
     )
 
 
-def drift_plots(drift: dict[str, Any]) -> list[Markup]:
+def drift_plots(drift: JsonObject) -> list[Markup]:
     """The drift report's strip plots (:func:`torchrepro.report.svg.drift_plots`, which escapes
     every text it draws), inline, from the page's ``drift`` section (read back typed)."""
     from .svg import drift_plots as plots

@@ -6,8 +6,10 @@ exit code of its own: both are derived here, from the report's content.
 ``to_json()`` gives the ``report.json`` document and ``from_json()`` (or :func:`load_report`, which
 picks the kind) reads one back, including reports written before the schemas were per kind
 (``torchrepro.report/1``). The top level and the sections a verdict rests on (the run and how it
-ended, steps, findings, the comparison) are typed; sections only shown (compile details, curves,
-rank groups, provenance) stay JSON objects. Each kind has a JSON Schema in
+ended, steps, findings, the comparison) are dataclasses; sections only shown are plain JSON objects,
+typed where their shape is fixed (the compile details, rank groups, the drift statistics:
+TypedDicts, dicts at run time) and :data:`JsonObject` where it is open (evidence, provenance,
+a run's settings). Each kind has a JSON Schema in
 ``torchrepro/schemas/<kind>.schema.json`` (:func:`schema_path`). Nothing here imports torch.
 
 >>> Verdict.BIT_EXACT.tone, Verdict("warnings").tone
@@ -31,7 +33,9 @@ SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drif
 
 SEVERITIES = ("error", "warning", "info")
 
-JsonObject = dict[str, Any]  # open JSON: a report section only shown, evidence, a run's settings (run.json)
+# A JSON object whose keys are open: a whole report.json document (its shape is the kind's JSON Schema),
+# a finding's evidence (per code), a run's settings (run.json), provenance
+JsonObject = dict[str, Any]
 
 
 @dataclass
@@ -43,9 +47,9 @@ class Finding:
     severity: str
     title: str
     hint: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
@@ -117,19 +121,19 @@ def comparison_exit_code(verdict: Verdict, ended_normally: bool, unreadable: boo
 T = TypeVar("T")
 
 
-def _build(cls: type[T], data: dict[str, Any], **overrides: Any) -> T:
+def _build(cls: type[T], data: JsonObject, **overrides: Any) -> T:
     """``cls`` from the keys of ``data`` it has fields for (missing ones take their defaults)."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in data.items() if k in names and k not in overrides}, **overrides)
 
 
-def _rest(cls: type, data: dict[str, Any], *also: str) -> dict[str, Any]:
+def _rest(cls: type, data: JsonObject, *also: str) -> JsonObject:
     """The keys of ``data`` that ``cls`` has no field for (kept, as they were, in ``meta``/``more``)."""
     names = {f.name for f in dataclasses.fields(cls)} | set(also)
     return {k: v for k, v in data.items() if k not in names}
 
 
-def _findings(items: list[dict[str, Any]]) -> list[Finding]:
+def _findings(items: list[JsonObject]) -> list[Finding]:
     return [_build(Finding, f) for f in items]
 
 
@@ -316,6 +320,66 @@ class CapabilityNote(TypedDict):
     note: str
 
 
+# --- watch: a running job as read so far (analysis.live, rendered by report.live) ----------------
+
+
+class LiveRank(TypedDict):
+    """One rank of a running job: how far it got, how fast, what it compiled, how long it has been quiet."""
+
+    status: str
+    steps: int
+    last_step: int | None
+    steps_per_s: float | None
+    last_event_age_s: float | None
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+
+
+class LatestBreak(TypedDict):
+    """The graph break read last, where it happened and why."""
+
+    rank: int
+    step: int | None
+    file: str | None
+    line: int | None
+    source: str | None
+    reason: str
+    gb_id: str | None
+
+
+class FindingLine(TypedDict):
+    """A finding, as the live view lists it."""
+
+    code: str
+    severity: str
+    title: str
+
+
+class LiveSnapshot(TypedDict):
+    """What a running job looks like now (:func:`torchrepro.analysis.live.snapshot`; ``watch --json``)."""
+
+    schema: str
+    finished: bool
+    world_size: int
+    ranks_seen: int
+    ranks: dict[str, LiveRank]
+    lagging_ranks: list[int]
+    compiles: int
+    recompiles: int
+    recompiles_by_category: dict[str | None, int]
+    graph_breaks: int
+    latest_graph_break: LatestBreak | None
+    findings: list[FindingLine]
+    unreadable_lines: int
+
+
+class WatchSnapshot(LiveSnapshot):
+    """A :class:`LiveSnapshot` of the run directory ``run_dir``."""
+
+    run_dir: str
+
+
 # --- doctor -------------------------------------------------------------------------------------
 
 
@@ -346,9 +410,9 @@ class DoctorRun:
     ranks_present: list[int] = field(default_factory=list)
     ranks_missing: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             **self.meta,
             "failed": self.failed,
@@ -362,7 +426,7 @@ class DoctorRun:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DoctorRun:
+    def from_json(cls, data: JsonObject) -> DoctorRun:
         ranks = {r: _build(RankOutcome, o) for r, o in data["ranks"].items()}
         return _build(cls, data, ranks=ranks, meta=_rest(cls, data))
 
@@ -387,11 +451,11 @@ class StepsSummary:
     steps: int
     per_rank: dict[str, RankSteps]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"steps": self.steps, "per_rank": {r: dataclasses.asdict(s) for r, s in self.per_rank.items()}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StepsSummary:
+    def from_json(cls, data: JsonObject) -> StepsSummary:
         return cls(data["steps"], {r: _build(RankSteps, s) for r, s in data["per_rank"].items()})
 
 
@@ -429,7 +493,7 @@ class DoctorReport:
             return 3
         return 1 if self.budget_failures or self.failing_findings else 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``report.json`` document."""
         return {
             "schema": SCHEMAS["doctor"],
@@ -455,7 +519,7 @@ class DoctorReport:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DoctorReport:
+    def from_json(cls, data: JsonObject) -> DoctorReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         findings = _findings(data["findings"])
         budget_failures = data.get("budget_failures", [])
@@ -563,7 +627,7 @@ class Determinism:
     atol: float = 0.0
     environment_differences: list[str] = field(default_factory=list)
     step_clock: str | None = None
-    more: dict[str, Any] = field(default_factory=dict)
+    more: JsonObject = field(default_factory=dict)
 
     def exit_code(self, unreadable_exit: int) -> int:
         """See :func:`comparison_exit_code`."""
@@ -574,7 +638,7 @@ class Determinism:
             unreadable_exit,
         )
 
-    def to_json(self, unreadable_exit: int) -> dict[str, Any]:
+    def to_json(self, unreadable_exit: int) -> JsonObject:
         return {
             "verdict": self.verdict.value,
             "exit_code": self.exit_code(unreadable_exit),
@@ -592,9 +656,34 @@ class Determinism:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Determinism:
+    def from_json(cls, data: JsonObject) -> Determinism:
         endings = [_build(RunEnding, e) for e in data["endings"]]
         return _build(cls, data, verdict=Verdict(data["verdict"]), endings=endings, more=_rest(cls, data, "exit_code"))
+
+
+class RunSide(TypedDict):
+    """One compared run, for the page that shows two side by side (:func:`torchrepro.analysis.sides.side`)."""
+
+    label: str
+    path: str
+    provenance: JsonObject
+    compile_mode: str | None
+    exit_code: int | None
+    ranks: list[int]
+    steps: int
+    status: dict[str, str]  # rank -> how it ended
+    first_loss: float | None
+    last_loss: float | None
+
+
+class StepRow(TypedDict):
+    """A step both compared runs recorded (:func:`torchrepro.analysis.sides.step_comparison`)."""
+
+    step: int
+    loss_a: float | None
+    loss_b: float | None
+    loss_diff: float | None
+    same_params: bool | None  # None: a run did not fingerprint its parameters
 
 
 @dataclass
@@ -604,9 +693,9 @@ class CheckRun:
 
     run_dirs: dict[str, str]
     timings_s: dict[str, float] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.meta, "run_dirs": self.run_dirs, "timings_s": self.timings_s}
 
 
@@ -620,9 +709,9 @@ class CheckReport:
     determinism: Determinism
     findings: list[Finding]
     verdict_line: str
-    provenance: dict[str, Any] | None = None
-    sides: list[dict[str, Any]] | None = None
-    step_comparison: list[dict[str, Any]] | None = None
+    provenance: JsonObject | None = None
+    sides: list[RunSide] | None = None
+    step_comparison: list[StepRow] | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -638,7 +727,7 @@ class CheckReport:
         """See :func:`comparison_exit_code`."""
         return self.determinism.exit_code(self.unreadable_exit)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``report.json`` document."""
         out = {
             "schema": SCHEMAS["check"],
@@ -655,7 +744,7 @@ class CheckReport:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckReport:
+    def from_json(cls, data: JsonObject) -> CheckReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         run = data["run"]
         return cls(
@@ -801,7 +890,7 @@ class DriftRunResult:
     ``missing``, ``no_metric``)."""
 
     index: int
-    levels: dict[str, Any]
+    levels: JsonObject
     seed: dict[str, int]
     metric: float | None
     status: str
@@ -839,13 +928,13 @@ class Effect:
     mde_method: str = ""
     target_effect: float | None = None  # with --target-effect: the pairs needed to detect it
     pairs_needed: int | None = None
-    per_level: list[dict[str, Any]] = field(default_factory=list)
+    per_level: list[LevelSummary] = field(default_factory=list)
 
     @property
     def real(self) -> bool:
         return self.p_value is not None and self.p_value < self.alpha
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = dataclasses.asdict(self)
         if self.target_effect is None:  # written only when asked for
             del out["target_effect"], out["pairs_needed"]
@@ -857,7 +946,7 @@ class DriftSection:
     """The ``drift`` section (:func:`torchrepro.analysis.drift.analyse`): the metric, the design, every
     run, the effects of binary factors and the runs excluded (what the verdict rests on, typed); the
     summary, variance components (``factors``), what could not be separated and the placed
-    ``observed`` difference stay JSON objects (they are only shown)."""
+    ``observed`` difference stay JSON objects (they are only shown: TypedDicts)."""
 
     metric: DriftMetric
     design: str
@@ -865,16 +954,16 @@ class DriftSection:
     effects: list[Effect]
     excluded: list[Excluded]
     verdict: str
-    summary: dict[str, Any] = field(default_factory=dict)
-    factors: list[dict[str, Any]] = field(default_factory=list)
-    not_separable: list[dict[str, Any]] = field(default_factory=list)
+    summary: Summary
+    factors: list[VarianceComponent] = field(default_factory=list)
+    not_separable: list[NotSeparable] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    observed: dict[str, Any] | None = None
+    observed: Observed | None = None
     plots: list[str] | None = None  # plot-<factor>.svg files, once written
-    planning: list[dict[str, Any]] = field(default_factory=list)  # runs each factor needs
-    sequential: dict[str, Any] | None = None  # --until-clear: each factor's path and decision
+    planning: list[JsonObject] = field(default_factory=list)  # runs each factor needs
+    sequential: JsonObject | None = None  # --until-clear: each factor's path and decision
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = {
             **dataclasses.asdict(self),
             "runs": [dataclasses.asdict(r) for r in self.runs],
@@ -893,7 +982,7 @@ class DriftSection:
         return any(e.real for e in self.effects)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DriftSection:
+    def from_json(cls, data: JsonObject) -> DriftSection:
         return _build(
             cls,
             data,
@@ -920,13 +1009,13 @@ class DriftSettings:
     wall_s: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = {**dataclasses.asdict(self), **self.counts}
         del out["counts"]
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DriftSettings:
+    def from_json(cls, data: JsonObject) -> DriftSettings:
         return _build(cls, data, counts={k: data[k] for k in ("planned", "reused", "ran", "crashed") if k in data})
 
 
@@ -938,7 +1027,7 @@ class DriftReport:
     kind: ClassVar[str] = "drift"
     run: DriftSettings
     drift: DriftSection
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: JsonObject = field(default_factory=dict)
     findings: ClassVar[tuple[Finding, ...]] = ()  # drift reports state effects, not findings
 
     @property
@@ -958,7 +1047,7 @@ class DriftReport:
         """3 when a run crashed, 1 when a binary factor makes a real difference, else 0."""
         return {Verdict.RUN_FAILED: 3, Verdict.REAL_DIFFERENCE: 1}.get(self.verdict, 0)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``report.json`` document."""
         return {
             "schema": SCHEMAS["drift"],
@@ -971,7 +1060,7 @@ class DriftReport:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DriftReport:
+    def from_json(cls, data: JsonObject) -> DriftReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         return cls(
             run=DriftSettings.from_json(data["run"]),
@@ -1025,7 +1114,7 @@ _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def schema_problem(data: Any, schema: dict[str, Any], root: dict[str, Any], where: str = "") -> str | None:
+def schema_problem(data: Any, schema: JsonObject, root: JsonObject, where: str = "") -> str | None:
     """The first place ``data`` breaks ``schema`` (``root``: where its ``$ref`` point), as
     ``field 'a.b' is ...``, or None. The subset of JSON Schema the shipped schemas use: ``type``,
     ``properties``, ``required``, ``items``, ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``."""
