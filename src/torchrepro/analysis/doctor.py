@@ -12,7 +12,7 @@ from ..eventlog.provenance import provenance
 from ..report.model import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
 from . import compile as compile_analysis
 from .cache import rank_key_findings
-from ..report.model import Finding, sort_findings
+from ..report.model import Finding, JsonObject, sort_findings
 from .kept_steps import KeptSteps, kept_steps
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
@@ -58,9 +58,7 @@ def steps_summary(kept: dict[int, KeptSteps]) -> StepsSummary:
     return StepsSummary(max((r.steps for r in per_rank.values()), default=0), per_rank)
 
 
-def run_summary(
-    meta: dict[str, Any], logs: list[EventLog], problems: list[str], kept: dict[int, KeptSteps]
-) -> dict[str, Any]:
+def run_summary(meta: JsonObject, logs: list[EventLog], problems: list[str], kept: dict[int, KeptSteps]) -> JsonObject:
     """The ``run`` section: what ran, where, how it ended, per rank."""
     headers: list[Header] = [h for h in (log.header for log in logs) if h is not None]
     first = headers[0] if headers else None
@@ -94,7 +92,7 @@ def run_summary(
     }
 
 
-def interrupted_line(meta: dict[str, Any], run: dict[str, Any]) -> str | None:
+def interrupted_line(meta: JsonObject, run: JsonObject) -> str | None:
     """Why a job reads as interrupted (``meta["interrupted"]``, set when its run directory is read: see
     :func:`~torchrepro.eventlog.rundir.supervisor_lost`) is said to be; None for any other run."""
     lost = meta.get("interrupted")
@@ -107,7 +105,7 @@ def interrupted_line(meta: dict[str, Any], run: dict[str, Any]) -> str | None:
     )
 
 
-def _outcome_findings(run: dict[str, Any], meta: dict[str, Any], logs: list[EventLog]) -> list[Finding]:
+def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -> list[Finding]:
     findings = fault_findings(run, meta) + world_findings(logs, meta)
     interrupted = interrupted_line(meta, run)
     if interrupted is not None:
@@ -182,7 +180,7 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
     return out
 
 
-def _time_findings(compile_section: CompileSection, run: dict[str, Any]) -> list[Finding]:
+def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Finding]:
     durations = [r["duration_s"] for r in run["ranks"].values() if r["duration_s"]]
     if not durations or not compile_section["compile_time_s"]:
         return []
@@ -265,7 +263,7 @@ def verdict_line(
 
 
 def analyse(
-    meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None = None
+    meta: JsonObject, logs: list[EventLog], problems: list[str], budgets: Budgets | None = None
 ) -> DoctorReport:
     """The whole doctor report from a run's events."""
     # The events just read are millions of acyclic objects (1024 ranks x 10 000 steps): frozen, the
@@ -277,7 +275,7 @@ def analyse(
         gc.unfreeze()
 
 
-def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None) -> DoctorReport:
+def _analyse(meta: JsonObject, logs: list[EventLog], problems: list[str], budgets: Budgets | None) -> DoctorReport:
     kept = kept_steps(logs)
     run = run_summary(meta, logs, problems, kept)
     compile_section, findings = compile_analysis.summarize(logs)

@@ -9,12 +9,12 @@ import re
 import signal
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from ..eventlog.events import CacheLookup, Compile, EventLog, InitParams, Params, World
 from .categories import guard_text
 from .compile import display_function
-from ..report.model import Finding
+from ..report.model import Finding, JsonObject
 from .kept_steps import KeptSteps
 from .rank_groups import rank_ranges, ranks_label
 
@@ -30,7 +30,23 @@ def _signal_name(code: int | None) -> str:
         return f"signal {-code}"
 
 
-def where(frames: list[dict[str, Any]]) -> str | None:
+class Frame(TypedDict):
+    """A frame of a stack the supervisor sampled from a hung rank (``run.json``'s ``stall``)."""
+
+    file: str
+    line: int
+    function: str
+
+
+class Placement(TypedDict):
+    """Where a rank ran: its host, node and local rank there."""
+
+    host: str
+    node: int
+    local_rank: int
+
+
+def where(frames: list[Frame]) -> str | None:
     """The first user frame of a stack (most recent first), and the innermost call it waits in."""
     if not frames:
         return None
@@ -45,7 +61,7 @@ def where(frames: list[dict[str, Any]]) -> str | None:
 # --- the world ------------------------------------------------------------------------------
 
 
-def world_size(logs: list[EventLog], meta: dict[str, Any] | None = None) -> int:
+def world_size(logs: list[EventLog], meta: JsonObject | None = None) -> int:
     """The job's world size: the largest any source gives, the process groups the ranks joined
     (World events), the launcher's environment at each rank's start (headers) or the launcher
     itself (``run.json``); at least the ranks present.
@@ -59,7 +75,7 @@ def world_size(logs: list[EventLog], meta: dict[str, Any] | None = None) -> int:
     return max([*sizes, max((log.rank + 1 for log in logs), default=1)])
 
 
-def missing_ranks(logs: list[EventLog], meta: dict[str, Any] | None = None) -> list[int]:
+def missing_ranks(logs: list[EventLog], meta: JsonObject | None = None) -> list[int]:
     """Ranks that the world size says exist but that wrote no event log (see :func:`world_size`);
     a verdict over the others says nothing about them.
 
@@ -70,7 +86,7 @@ def missing_ranks(logs: list[EventLog], meta: dict[str, Any] | None = None) -> l
     return [rank for rank in range(world_size(logs, meta)) if rank not in present]
 
 
-def placement(logs: list[EventLog]) -> dict[int, dict[str, Any]]:
+def placement(logs: list[EventLog]) -> dict[int, Placement]:
     """Where each rank ran: host, node and local rank, from its World event (the launcher's
     environment) where it says, else from the hosts the ranks reported (nodes numbered in the
     order their lowest rank appears, local ranks in rank order on each host)."""
@@ -83,7 +99,7 @@ def placement(logs: list[EventLog]) -> dict[int, dict[str, Any]]:
         hosts[log.rank] = (worlds[-1].host if worlds else "") or (log.header.host if log.header else "")
     order = list(dict.fromkeys(hosts.values()))
     seen: dict[str, int] = defaultdict(int)
-    out = {}
+    out: dict[int, Placement] = {}
     for rank, host in hosts.items():
         world = said.get(rank)
         node = world.node if world and world.node is not None else order.index(host)
@@ -93,7 +109,7 @@ def placement(logs: list[EventLog]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def world_findings(logs: list[EventLog], meta: dict[str, Any]) -> list[Finding]:
+def world_findings(logs: list[EventLog], meta: JsonObject) -> list[Finding]:
     """``RANKS_MISSING``: ranks the world size says exist but that wrote no log."""
     missing = missing_ranks(logs, meta)
     if not missing:
@@ -124,7 +140,7 @@ _ABORT_HINT = (
 _RANK_SIGNALLED = re.compile(r"terminated with signal|exitcode\s*:\s*-\d+")
 
 
-def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | None:
+def launcher_finding(run: JsonObject, meta: JsonObject) -> Finding | None:
     """How the launched process ended when it only started the ranks (``mp.spawn``, ``accelerate
     launch``; its log is ``RUN_DIR/launcher/``): a failure there fails the run, unless every rank
     finished and the launcher only reports a rank's signal at exit (a teardown abort)."""
@@ -151,7 +167,7 @@ def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | Non
     )
 
 
-def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
+def fault_findings(run: JsonObject, meta: JsonObject) -> list[Finding]:
     """One finding per rank that did not end well, judged by its last event, not by the launcher;
     and one for the launched process if it only started the ranks and failed."""
     launcher = launcher_finding(run, meta)
