@@ -6,7 +6,7 @@ from __future__ import annotations
 import linecache
 import re
 from collections import Counter, defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak
 from .categories import category_of, guard_text

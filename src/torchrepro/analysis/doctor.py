@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Any
 
 from ..eventlog.events import Capability, Counters, End, EventLog, Header
 from ..eventlog.provenance import provenance
@@ -149,7 +148,7 @@ _DEGRADING = {
 def capture_findings(logs: list[EventLog]) -> list[Finding]:
     """``CAPTURE_DEGRADED``: an observer that failed and was switched off, trace records that
     could not be read, an observer this torch version does not support."""
-    lost: dict[str, dict[str, Any]] = {}
+    lost: dict[str, JsonObject] = {}  # what was lost -> its finding's evidence
     for log in logs:
         for cap in log.of(Capability):
             if not cap.available and cap.name in _DEGRADING:

@@ -35,13 +35,13 @@ import itertools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from scipy import optimize, stats
 
 from ..report.model import (
     DriftAnalysis,
+    JsonObject,
     EffectRow,
     ExcludedRun,
     NotSeparable,
@@ -364,7 +364,7 @@ class DriftRun:
     rng0: str | None = None  # torch CPU RNG state fingerprint at the first step
     batches: tuple[str, ...] | None = None  # batch fingerprints, one per step
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)  # what the command recorded about the run (wall_s, attempts)
 
 
 def _complete_grid(runs: list[DriftRun], factors: list[str], n: int) -> tuple[np.ndarray, list[str]]:

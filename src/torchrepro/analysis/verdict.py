@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ..eventlog.events import Capability, EventLog, Step
 from ..report.model import JsonObject, Verdict, comparison_exit_code
@@ -159,7 +159,7 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
 
 
-def verdict_line(det: dict[str, Any]) -> str:
+def verdict_line(det: JsonObject) -> str:
     """The one-line summary of a ``determinism`` section."""
     v, n = det["verdict"], det["steps_compared"]
     failed = [e for e in det.get("endings", []) if not e["ended_normally"]]

@@ -6,11 +6,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from xml.sax.saxutils import escape
 
 from ..eventlog.rundir import write_text
-from .model import DriftRunResult, DriftSection, Summary
+from .model import DriftRunResult, DriftSection, JsonObject, Summary
 from .sanitize import visible
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
@@ -128,7 +127,7 @@ def drift_plots(drift: DriftSection) -> list[tuple[str, str]]:
 
 def _levels(
     run: DriftRunResult, metric: float
-) -> tuple[float, dict[str, int], tuple[tuple[str, int], ...], dict[str, Any]]:
+) -> tuple[float, dict[str, int], tuple[tuple[str, int], ...], JsonObject]:
     """A report's run with its ``metric`` as (metric, its seed levels, the same as a hashable key, its settings)."""
     seeds = {k: v for k, v in run.seed.items() if k != "root"}
     settings = {k: v for k, v in run.levels.items() if k not in seeds}

@@ -5,7 +5,7 @@ newline in it shows as ``\\n``, so each finding stays on its line."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
