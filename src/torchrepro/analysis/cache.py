@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence, TypedDict
 
 from ..eventlog.events import CacheLookup, EventLog
 from ..report.model import Finding
@@ -24,6 +24,64 @@ from ..report.model import Finding
 _NAME = re.compile(r"^([\w.]+(?:\[[^\]]*\])?):\s?(.*)$", re.DOTALL)
 _FIELD = re.compile(r"(\w+)=")
 _DEVICE = re.compile(r"device\(type='(\w+)'(?:, index=(\d+))?\)")
+
+
+class KeyDifference(TypedDict):
+    """One key component whose hash differs between two lookups, what it means and its fix."""
+
+    component: str
+    category: str
+    label: str
+    detail: str
+    a: str
+    b: str
+    fix: str
+
+
+class MissCause(KeyDifference):
+    """A distinct cause of misses, with the indices (into ``pairs``) of the lookups it explains."""
+
+    lookups: list[int]
+
+
+class LookupRef(TypedDict):
+    """Which lookup: where it ran, which compile and cache, how it ended."""
+
+    rank: int
+    compile_id: str
+    cache: str
+    status: str
+    key: str | None
+    step: int | None
+
+
+class LookupPair(TypedDict):
+    """Two matched lookups, the components that differ, or why one bypassed the cache (``note``)."""
+
+    a: LookupRef
+    b: LookupRef
+    same_key: bool
+    bypass: bool
+    differences: list[KeyDifference]
+    note: str | None
+
+
+class _MissExplanation(TypedDict):
+    pairs: list[LookupPair]
+    causes: list[MissCause]
+    same_key_misses: int
+    keys_differ: int
+    bypassed: int
+    only_a: list[LookupRef]
+    only_b: list[LookupRef]
+    lookups: dict[str, dict[str, int]]  # "a"/"b" -> status -> count
+
+
+class MissExplanation(_MissExplanation, total=False):
+    """What :func:`explain_misses` finds; ``a`` and ``b``: labels of the two sides, which the command adds."""
+
+    a: str
+    b: str
 
 
 @dataclass(frozen=True)
@@ -193,7 +251,8 @@ def _split_fields(text: str) -> dict[str, str]:
     """``TensorMetadata(dtype=..., shape=torch.Size([4, 8]), ...)`` -> {"dtype": ..., "shape": ...}
     (a value cut off by the trace's length limit is kept as far as it goes)."""
     fields: dict[str, str] = {}
-    depth, current = 0, []
+    depth = 0
+    current: list[str] = []
     for ch in text[text.find("(") + 1 :] + ")":
         if depth == 0 and ch in ",)":
             part = "".join(current).strip()
@@ -237,7 +296,7 @@ def _input_difference(name: str, a: str, b: str) -> tuple[Cause, str]:
     return cause_of(name), f"input {index} metadata differs"
 
 
-def _difference(name: str, a: tuple[str, str] | None, b: tuple[str, str] | None) -> dict[str, Any]:
+def _difference(name: str, a: tuple[str, str] | None, b: tuple[str, str] | None) -> KeyDifference:
     va, vb = (a or ("", "(absent)"))[1], (b or ("", "(absent)"))[1]
     if name.startswith("example_inputs") and a and b:
         cause, detail = _input_difference(name, va, vb)
@@ -258,7 +317,7 @@ def _difference(name: str, a: tuple[str, str] | None, b: tuple[str, str] | None)
     }
 
 
-def compare_keys(a: CacheLookup, b: CacheLookup) -> list[dict[str, Any]]:
+def compare_keys(a: CacheLookup, b: CacheLookup) -> list[KeyDifference]:
     """The components whose hashes differ between two lookups (empty if none was recorded)."""
     ca, cb = _components(a), _components(b)
     return [
@@ -273,12 +332,12 @@ def _match(
 ) -> tuple[list[tuple[CacheLookup, CacheLookup]], list[CacheLookup], list[CacheLookup]]:
     """Pair lookups by (compile id, cache, n-th lookup of that pair), then the rest by cache and order."""
 
-    def keyed(lookups):
+    def keyed(lookups: Sequence[CacheLookup]) -> dict[tuple[str, str, int], CacheLookup]:
         seen: dict[tuple[str, str], int] = defaultdict(int)
         out = {}
         for x in lookups:
             k = (x.compile_id, x.cache)
-            out[(*k, seen[k])] = x
+            out[(x.compile_id, x.cache, seen[k])] = x
             seen[k] += 1
         return out
 
@@ -296,7 +355,7 @@ def _match(
     return pairs, left_a, left_b
 
 
-def _lookup_ref(x: CacheLookup) -> dict[str, Any]:
+def _lookup_ref(x: CacheLookup) -> LookupRef:
     return {
         "rank": x.rank,
         "compile_id": x.compile_id,
@@ -307,7 +366,7 @@ def _lookup_ref(x: CacheLookup) -> dict[str, Any]:
     }
 
 
-def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[str, Any]:
+def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> MissExplanation:
     """Why the lookups ``b`` (a later run, or another rank) could not reuse the entries ``a`` made.
 
     Returns ``pairs`` (each matched lookup with its differing components, or why it bypassed the
@@ -322,8 +381,8 @@ def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[s
     ['CPU thread count (OMP_NUM_THREADS / torch.set_num_threads)']
     """
     pairs, only_a, only_b = _match(a, b)
-    fx_diffs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    rows = []
+    fx_diffs: dict[str, list[KeyDifference]] = defaultdict(list)
+    rows: list[LookupPair] = []
     for x, y in pairs:
         bypass = [
             f"{side} bypassed the cache ({z.reason or 'no reason recorded'})"
@@ -350,7 +409,7 @@ def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> dict[s
             row["note"] = _NO_COMPONENTS + (
                 "; the FX-graph lookups of the same compile differ as shown" if borrowed else ""
             )
-    causes: dict[str, dict[str, Any]] = {}
+    causes: dict[str, MissCause] = {}
     for index, row in enumerate(rows):
         for d in row["differences"]:
             entry = causes.setdefault(d["detail"], {**d, "lookups": []})

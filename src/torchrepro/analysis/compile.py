@@ -6,11 +6,19 @@ from __future__ import annotations
 import linecache
 import re
 from collections import Counter, defaultdict
-from typing import Any
+from collections.abc import Iterable
 
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak
 from .categories import category_of, guard_text
-from ..report.model import Finding
+from ..report.model import (
+    CacheCounts,
+    CapabilityNote,
+    CompileSection,
+    Finding,
+    GraphBreakEvent,
+    RankCompiles,
+    RecompileEvent,
+)
 
 RECOMPILE_HINTS = {
     "shape": "Mark the varying dimension dynamic before the first call "
@@ -139,7 +147,7 @@ def display_function(c: Compile) -> str:
     return name
 
 
-def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
+def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
     """The ``compile`` section of the report and its findings, over every rank's events."""
     compiles: list[Compile] = [e for log in logs for e in log.of(Compile)]
     breaks: list[GraphBreak] = [e for log in logs for e in log.of(GraphBreak)]
@@ -147,26 +155,27 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
     done = [c for c in compiles if not c.limit_hit]
     recompiles = [c for c in done if c.is_recompile]
 
-    recompile_events = [
-        {
-            "rank": c.rank,
-            "compile_id": c.compile_id,
-            "function": display_function(c),
-            "code": c.function,
-            "file": c.file,
-            "line": c.line,
-            "step": c.step,
-            "reason": c.recompile_reasons[0],
-            "guard": guard_text(c.recompile_reasons[0]),
-            "category": category_of(c),
-        }
-        for c in recompiles
-    ]
-    for e in recompile_events:
-        e["evaluation"] = for_evaluation(e["category"], e["reason"])
+    recompile_events: list[RecompileEvent] = []
+    for c in recompiles:
+        category = category_of(c)
+        recompile_events.append(
+            {
+                "rank": c.rank,
+                "compile_id": c.compile_id,
+                "function": display_function(c),
+                "code": c.function,
+                "file": c.file,
+                "line": c.line,
+                "step": c.step,
+                "reason": c.recompile_reasons[0],
+                "guard": guard_text(c.recompile_reasons[0]),
+                "category": category,
+                "evaluation": for_evaluation(category, c.recompile_reasons[0]),
+            }
+        )
 
-    grouped: dict[tuple, dict[str, Any]] = {}
-    sources: dict[tuple, str | None] = {}  # (file, line): its text, read once per analysis
+    grouped: dict[tuple[int, str, str | None, str | None, int | None], GraphBreakEvent] = {}
+    sources: dict[tuple[str | None, int | None], str | None] = {}  # (file, line): its text, read once per analysis
     for b in breaks:
         key = (b.rank, b.reason, b.gb_id, b.file, b.line)
         entry = grouped.get(key)
@@ -191,7 +200,7 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
 
     cache = _cache_summary(lookups, done)
     compile_time = sum((c.dynamo_s or 0.0) + (c.backward_s or 0.0) for c in compiles)
-    section = {
+    section: CompileSection = {
         "compiles": len(done),
         "recompiles": len(recompiles),
         "graph_breaks": len(breaks),
@@ -222,14 +231,14 @@ def summarize(logs: list[EventLog]) -> tuple[dict[str, Any], list[Finding]]:
     findings = (
         _recompile_findings(recompiles)
         + _limit_findings(compiles)
-        + _break_findings(grouped)
+        + _break_findings(grouped.values())
         + _failure_findings(compiles)
         + _no_graph_findings(logs, section)
     )
     return section, findings
 
 
-def _no_graph_findings(logs: list[EventLog], section: dict[str, Any]) -> list[Finding]:
+def _no_graph_findings(logs: list[EventLog], section: CompileSection) -> list[Finding]:
     """Frames compiled, yet not one graph: everything the user compiled runs eagerly."""
     if not section["compiles"] or section["unique_graphs"] or not all(log.of(Counters) for log in logs):
         return []
@@ -257,8 +266,8 @@ def _unique_graphs(logs: list[EventLog]) -> int:
     return total
 
 
-def _cache_summary(lookups: list[CacheLookup], compiles: list[Compile]) -> dict[str, dict[str, Any]]:
-    counts: dict[str, Counter] = defaultdict(Counter)
+def _cache_summary(lookups: list[CacheLookup], compiles: list[Compile]) -> dict[str, CacheCounts]:
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
     if lookups:
         for lookup in lookups:
             counts[lookup.cache][lookup.status] += 1
@@ -266,20 +275,20 @@ def _cache_summary(lookups: list[CacheLookup], compiles: list[Compile]) -> dict[
         for c in compiles:
             for name, statuses in c.cache.items():
                 counts[name].update(statuses)
-    out = {}
-    for name, c in sorted(counts.items()):
-        looked = c["hit"] + c["miss"]
+    out: dict[str, CacheCounts] = {}
+    for name, n in sorted(counts.items()):
+        looked = n["hit"] + n["miss"]
         out[name] = {
-            "hit": c["hit"],
-            "miss": c["miss"],
-            "bypass": c["bypass"],
-            "hit_rate": round(c["hit"] / looked, 4) if looked else None,
+            "hit": n["hit"],
+            "miss": n["miss"],
+            "bypass": n["bypass"],
+            "hit_rate": round(n["hit"] / looked, 4) if looked else None,
         }
     return out
 
 
-def _per_rank(logs: list[EventLog]) -> dict[str, dict[str, Any]]:
-    out = {}
+def _per_rank(logs: list[EventLog]) -> dict[str, RankCompiles]:
+    out: dict[str, RankCompiles] = {}
     for log in logs:
         done = [c for c in log.of(Compile) if not c.limit_hit]
         out[str(log.rank)] = {
@@ -299,7 +308,7 @@ def for_evaluation(category: str | None, reason: str) -> bool:
 
 
 def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
-    groups: dict[tuple, list[Compile]] = defaultdict(list)
+    groups: dict[tuple[str, str | None, bool], list[Compile]] = defaultdict(list)
     for c in recompiles:
         category = category_of(c)
         groups[(display_function(c), category, for_evaluation(category, c.recompile_reasons[0]))].append(c)
@@ -361,13 +370,12 @@ def _fail_on_limit(limit: str | None) -> str:
     return "fail_on_cache_limit_hit" if limit and "cache_size_limit" in limit else "fail_on_recompile_limit_hit"
 
 
-def _break_findings(grouped: dict[tuple, dict[str, Any]]) -> list[Finding]:
-    merged: dict[tuple, dict[str, Any]] = {}
-    for entry in grouped.values():  # one finding per location, over ranks
+def _break_findings(events: Iterable[GraphBreakEvent]) -> list[Finding]:
+    merged: dict[tuple[str, str | None, int | None], tuple[GraphBreakEvent, set[int], int]] = {}
+    for entry in events:  # one finding per location, over ranks: the first rank's entry, the ranks, the count
         key = (entry["reason"], entry["file"], entry["line"])
-        m = merged.setdefault(key, {**entry, "ranks": set(), "count": 0})
-        m["ranks"].add(entry["rank"])
-        m["count"] += entry["count"]
+        first, ranks, count = merged.get(key, (entry, set(), 0))
+        merged[key] = (first, ranks | {entry["rank"]}, count + entry["count"])
     return [
         Finding(
             code="GRAPH_BREAK",
@@ -379,12 +387,12 @@ def _break_findings(grouped: dict[tuple, dict[str, Any]]) -> list[Finding]:
                 "location": _where(m["file"], m["line"]),
                 "source": m["source"],
                 "gb_id": m["gb_id"],
-                "count": m["count"],
-                "ranks": sorted(m["ranks"]),
+                "count": count,
+                "ranks": sorted(ranks),
                 "first_step": m["first_step"],
             },
         )
-        for m in merged.values()
+        for m, ranks, count in merged.values()
     ]
 
 
@@ -402,11 +410,11 @@ def _failure_findings(compiles: list[Compile]) -> list[Finding]:
     ]
 
 
-def capabilities(logs: list[EventLog]) -> list[dict[str, Any]]:
+def capabilities(logs: list[EventLog]) -> list[CapabilityNote]:
     """What capture could and could not observe, per name (first rank's word). The private torch
     APIs capture found (``torch_api.*``, all of them on a supported torch) stay in the event log;
     the report names those it did not."""
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, CapabilityNote] = {}
     for log in logs:
         for cap in log.of(Capability):
             if cap.available and cap.name.startswith("torch_api."):

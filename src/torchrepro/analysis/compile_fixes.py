@@ -16,10 +16,11 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..eventlog.events import Compile, EventLog, GraphBreak, Step
 from .divergence import Tolerance, first_divergence
+from ..report.model import CompileSection, RecompileEvent
 
 # --only-fixes names, in the order they are tried
 COMPILE_FIXES = (
@@ -40,6 +41,19 @@ _ITEM = re.compile(r"item\(\)|Tensor\.item|scalar output", re.I)
 _DYNAMIC_OUTPUT = re.compile(r"nonzero|dynamic shape operator|data-dependent output shape", re.I)
 
 
+class FixMeasure(TypedDict):
+    """A run's compile health (:func:`measure`): what a fix is judged by, before and after."""
+
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+    limit_hits: int
+    compile_time_s: float
+    step_time_s: float | None  # median after warm-up, rank 0
+    step_time_tail_s: float | None  # 90th percentile
+    steps: int
+
+
 @dataclass
 class CompileFix:
     """One mechanical fix: the ``--fix`` spec its run applies, what it is aimed at, the exact line
@@ -54,21 +68,37 @@ class CompileFix:
     cure: bool = True
 
 
+class CodeChange(TypedDict):
+    """A fix that only a change of the script makes: its name, where, and what to change."""
+
+    name: str
+    applied_to: str
+    line: str
+
+
+class ExpectedRecompiles(TypedDict):
+    """Recompiles that are expected (evaluation graphs): not a problem to fix."""
+
+    name: str
+    applied_to: str
+    count: int
+
+
 @dataclass
 class FixPlan:
     """What ``doctor --fixes`` does with a run: fixes to try, fixes that are only a code change
     (rows with status ``not_tried``), recompiles that are expected (status ``expected``)."""
 
     candidates: list[CompileFix] = field(default_factory=list)
-    code_only: list[dict[str, Any]] = field(default_factory=list)
-    expected: list[dict[str, Any]] = field(default_factory=list)
+    code_only: list[CodeChange] = field(default_factory=list)
+    expected: list[ExpectedRecompiles] = field(default_factory=list)
 
 
 def _source(name: str) -> str | None:
     return f"L['{name}']" if name.isidentifier() and not name.startswith("___") else None
 
 
-def plan_fixes(compile_section: dict[str, Any]) -> FixPlan:
+def plan_fixes(compile_section: CompileSection) -> FixPlan:
     """The fixes for a doctor report's ``compile`` section.
 
     >>> section = {"recompile_events": [{"category": "shape", "function": "f",
@@ -108,7 +138,7 @@ def plan_fixes(compile_section: dict[str, Any]) -> FixPlan:
         plan.code_only.append({"name": code, "applied_to": where, "line": what})
     attributes = [e for e in events if e["category"] == "module_attribute" and _INT_ATTRIBUTE.match(e["guard"])]
     if attributes:
-        names = sorted({_INT_ATTRIBUTE.match(e["guard"]).group(1) for e in attributes})  # type: ignore[union-attr]
+        names = sorted({m.group(1) for e in attributes if (m := _INT_ATTRIBUTE.match(e["guard"]))})
         plan.candidates.append(
             CompileFix(
                 "allow_unspec_int_on_nn_module",
@@ -143,7 +173,7 @@ def plan_fixes(compile_section: dict[str, Any]) -> FixPlan:
     return plan
 
 
-def _shape_fixes(plan: FixPlan, events: list[dict[str, Any]]) -> None:
+def _shape_fixes(plan: FixPlan, events: list[RecompileEvent]) -> None:
     """Dynamic dimensions for shape recompiles: the dimension each guard names, by source
     (``dynamic_sources``, what ``mark_dynamic`` does); every dimension (``dynamic=True``) when a
     guard names none. A shrunk leading dimension is a short last batch: ``drop_last=True``, a code change."""
@@ -183,7 +213,7 @@ def window(logs: list[EventLog]) -> int | None:
     return stop if stop < max(steps) else None
 
 
-def measure(logs: list[EventLog], until: int | None = None) -> dict[str, Any]:
+def measure(logs: list[EventLog], until: int | None = None) -> FixMeasure:
     """A run's compile health up to step ``until`` (all: None), counted as ``doctor`` counts
     (:func:`torchrepro.analysis.compile.summarize`): compiles, recompiles, graph breaks,
     recompile-limit hits, compile time; and the median and 90th-percentile step time on rank 0
@@ -217,11 +247,11 @@ def numerics(baseline: list[EventLog], fixed: list[EventLog]) -> str:
     return "within_tolerance" if first_divergence(baseline, fixed, TOLERANCE)[0] is None else "changed"
 
 
-def _problems(m: dict[str, Any]) -> int:
-    return int(m["recompiles"]) + int(m["graph_breaks"])
+def _problems(m: FixMeasure) -> int:
+    return m["recompiles"] + m["graph_breaks"]
 
 
-def judge(fix: CompileFix, before: dict[str, Any], after: dict[str, Any] | None, verdict: str | None) -> dict[str, Any]:
+def judge(fix: CompileFix, before: FixMeasure, after: FixMeasure | None, verdict: str | None) -> dict[str, Any]:
     """A tried fix's row: ``fixed`` (removed at least what it aims at), ``partly``, ``no_effect``,
     ``worse``, ``not_a_cure`` (a raised limit), ``failed`` (its run did not end normally)."""
     row: dict[str, Any] = {
@@ -246,7 +276,7 @@ def judge(fix: CompileFix, before: dict[str, Any], after: dict[str, Any] | None,
     return {**row, "status": status, "removed": removed}
 
 
-def slower(before: dict[str, Any], after: dict[str, Any]) -> bool:
+def slower(before: FixMeasure, after: FixMeasure) -> bool:
     """The fix run's median step time is above both the baseline's median by :data:`SLOWER` and the
     baseline's own 90th percentile: beyond the noise of the baseline's steps (a busy machine's
     timer noise is not a cost).

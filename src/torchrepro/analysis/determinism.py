@@ -16,7 +16,7 @@ and ``fallback_random`` runs side by side (``--against``), repeated compiled gra
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from ..eventlog.events import Capability, Compile, EventLog, Step
 from .divergence import (
@@ -29,12 +29,12 @@ from .divergence import (
     settings,
     steps_compared,
 )
-from ..report.model import Finding
+from ..report.model import Finding, JsonObject
 from .fixes import fix_hint
 from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
 
-Decision = tuple[str, dict[str, Any]]  # (cause, evidence)
+Decision = tuple[str, JsonObject]  # (cause, its evidence: what shows it, per cause)
 
 CAUSE_HINTS = {
     "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
@@ -112,7 +112,7 @@ def decide(div: Divergence, logs_a: list[EventLog], logs_b: list[EventLog], same
     # configurations that is a consequence (inductor draws its seed from the global generator).
     if div.what == "rng" and (same_config or div.detail.get("read_at") != "backward"):
         at = {"batch": "when its first batch was fetched", "backward": "at its first backward()"}.get(
-            div.detail.get("read_at"), "at its start"
+            div.detail.get("read_at", ""), "at its start"
         )
         return "rng", {
             "because": f"the torch RNG state of step {div.step} differs ({at}): "
@@ -144,7 +144,7 @@ def numerics_of_modes(mode_a: str | None, mode_b: str | None) -> Decision | None
     return "numerics", {"because": f"compile modes differ ({mode_a} vs {mode_b})"}
 
 
-def cause_from_decomposition(dec: dict[str, Any], against: str) -> Decision:
+def cause_from_decomposition(dec: JsonObject, against: str) -> Decision:
     """Eager, compiled and ``fallback_random=True`` compared pairwise (``dec``: ``rng`` between
     fallback and compiled, ``numerics`` between eager and fallback): ``rng`` when inductor's RNG
     accounts for (most of) the difference, else ``numerics``."""
@@ -168,13 +168,13 @@ def cause_from_decomposition(dec: dict[str, Any], against: str) -> Decision:
     }
 
 
-def cause_from_kernels(evidence: dict[str, Any], kernels: dict[str, Any]) -> Decision:
+def cause_from_kernels(evidence: JsonObject, kernels: JsonObject) -> Decision:
     """A compiled graph's output differs on identical inputs (``kernels``, from the kernel replays):
     the op is nondeterministic."""
     return "nondeterministic_op", {**evidence, **kernels}
 
 
-def not_localised(cause: str | None, why: str) -> dict[str, Any]:
+def not_localised(cause: str | None, why: str) -> JsonObject:
     """Evidence when localisation itself failed: why (an exception's first line, or a replay that
     ended early), and what was still concluded without it."""
     return {
@@ -187,8 +187,8 @@ def not_localised(cause: str | None, why: str) -> dict[str, Any]:
 
 def cause_from_replays(
     cause: str,
-    replay_a: dict[str, Any] | None,
-    replay_b: dict[str, Any] | None,
+    replay_a: JsonObject | None,
+    replay_b: JsonObject | None,
     same_config: bool,
     failure: str | None = None,
 ) -> Decision:
@@ -212,8 +212,8 @@ def cause_from_replays(
 
 
 def graph_evidence(
-    replay: dict[str, Any] | None, step: int, cause: str | None = None, failure: str | None = None
-) -> dict[str, Any]:
+    replay: JsonObject | None, step: int, cause: str | None = None, failure: str | None = None
+) -> JsonObject:
     """The divergent step replayed compiled, each compiled graph checked against its eager FX graph:
     the first graph (compile id) whose outputs differ, the output and its FX node; the op blamed
     agrees with ``cause``: the random op the output depends on when the cause is ``rng``, else
@@ -249,7 +249,7 @@ def graph_evidence(
     return evidence
 
 
-def hint_key(cause: str, against: str | None, logs: list[EventLog], evidence: dict[str, Any] | None = None) -> str:
+def hint_key(cause: str, against: str | None, logs: list[EventLog], evidence: JsonObject | None = None) -> str:
     """Which of :data:`CAUSE_HINTS` fits: the cause, made precise by what the runs show (inductor's
     RNG against eager, an atomic-add kernel, deterministic algorithms already on)."""
     if cause == "rng" and against:
@@ -269,7 +269,16 @@ def _module_of_parameter(name: str | None) -> str | None:
     return name.rsplit(".", 1)[0] if name and "." in name else None
 
 
-def _largest_difference(curve: list[dict[str, Any]], logs_a: list[EventLog], logs_b: list[EventLog]) -> dict[str, Any]:
+class LargestDifference(TypedDict):
+    """The largest parameter and loss differences of two runs within tolerance (None: not measured)."""
+
+    params_max_abs: float | None
+    loss_max_abs: float | None
+
+
+def _largest_difference(
+    curve: list[dict[str, Any]], logs_a: list[EventLog], logs_b: list[EventLog]
+) -> LargestDifference:
     """The largest parameter (from snapshots) and loss (from every step) differences seen."""
     losses_b = {(log.rank, s.index): s.loss for log in logs_b for s in log.of(Step)}
     loss = [
@@ -290,7 +299,7 @@ def determinism_section(
     div: Divergence | None,
     within: bool,
     cause: str | None,
-    evidence: dict[str, Any],
+    evidence: JsonObject,
     labels: list[str],
     logs_a: list[EventLog],
     logs_b: list[EventLog],
@@ -299,7 +308,7 @@ def determinism_section(
     endings: list[Ending],
     tol: Tolerance,
     unreadable_exit: int,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The report's ``determinism`` section for one pair of runs, its verdict earned from what was
     compared and from how every run ended (:mod:`torchrepro.analysis.verdict`). ``curve`` is the
     parameter difference per snapshot step (empty without snapshots)."""
@@ -351,7 +360,7 @@ def determinism_section(
     return det
 
 
-def divergence_findings(det: dict[str, Any], key: str | None) -> list[Finding]:
+def divergence_findings(det: JsonObject, key: str | None) -> list[Finding]:
     """The findings of a ``determinism`` section: the divergence (its cause's hint under ``key``,
     or the measured fix when the fix ladder ran) and every run that did not end normally."""
     fd = det["first_divergence"]

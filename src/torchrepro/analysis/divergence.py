@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 from ..eventlog.random_ops import is_random_op
+from ..report.model import JsonObject
 
 if TYPE_CHECKING:
     import numpy as np  # only the snapshot comparisons need numpy (~60 ms to import): imported there
@@ -46,7 +47,7 @@ class Divergence:
     step: int
     rank: int
     what: str
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
 
 def _aspect_values(s: Step) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def _torch_streams(fps: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (fps or {}).items() if k == "torch_cpu" or k.startswith(("cuda:", "generator:", "fork:"))}
 
 
-def compare_steps(a: Step, b: Step, tol: Tolerance) -> tuple[str, dict[str, Any]] | None:
+def compare_steps(a: Step, b: Step, tol: Tolerance) -> tuple[str, JsonObject] | None:
     """How two records of the same step differ, or None. A step diverges when its batch or
     what it computes differs; it is then attributed to the first of: the batch, the torch RNG
     streams it started with (CPU, CUDA, registered generators), the loss, the gradients, the
@@ -87,12 +88,12 @@ def compare_steps(a: Step, b: Step, tol: Tolerance) -> tuple[str, dict[str, Any]
     return computed[0], {**_detail(computed[0], a, b), **_rng_note(a, b)}
 
 
-def _rng_note(a: Step, b: Step) -> dict[str, Any]:
+def _rng_note(a: Step, b: Step) -> JsonObject:
     streams = _detail("rng", a, b)["streams"]
     return {"other_rng_streams_differ": streams} if streams else {}
 
 
-def _detail(aspect: str, a: Step, b: Step) -> dict[str, Any]:
+def _detail(aspect: str, a: Step, b: Step) -> JsonObject:
     if aspect == "rng":
         fa, fb = a.rng_fps or {}, b.rng_fps or {}
         return {"streams": sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)), "read_at": a.rng_at}
@@ -186,7 +187,7 @@ def first_divergence(
 _ASPECTS = ("batch", "rng", "loss", "grads", "params")
 
 
-def _param_detail(log: EventLog, a: Step, b: Step) -> dict[str, Any]:
+def _param_detail(log: EventLog, a: Step, b: Step) -> JsonObject:
     params = log.of(Params)
     if not params or not a.param_fps or not b.param_fps:
         return {}
@@ -213,10 +214,15 @@ def environment_differences(a: Header | None, b: Header | None, ignore: tuple[st
                 continue
             if x.get(name) != y.get(name):
                 out.append(f"{key}.{name}: {x.get(name)!r} vs {y.get(name)!r}")
-    switches = lambda h: {s["name"]: s["value"] for s in h.env.get("determinism", [])}  # noqa: E731
+
+    def switches(h: Header) -> dict[str, object]:
+        return {s["name"]: s["value"] for s in h.env.get("determinism", [])}
+
+    def variables(h: Header) -> dict[str, object]:
+        return {v["name"]: v["value"] for v in h.env.get("env_vars", []) if v.get("in_fingerprint")}
+
     sa, sb = switches(a), switches(b)
     out += [f"switch {n}: {sa.get(n)!r} vs {sb.get(n)!r}" for n in sorted(set(sa) | set(sb)) if sa.get(n) != sb.get(n)]
-    variables = lambda h: {v["name"]: v["value"] for v in h.env.get("env_vars", []) if v.get("in_fingerprint")}  # noqa: E731
     va, vb = variables(a), variables(b)
     out += [f"${n}: {va.get(n)!r} vs {vb.get(n)!r}" for n in sorted(set(va) | set(vb)) if va.get(n) != vb.get(n)]
     return [line for line in out if not any(word in line for word in ignore)]
@@ -225,7 +231,7 @@ def environment_differences(a: Header | None, b: Header | None, ignore: tuple[st
 def compile_differences(a: EventLog, b: EventLog) -> list[str]:
     """How the compiled graphs of two runs differ (count, recompile reasons, graph sizes)."""
 
-    def shape(log: EventLog) -> list[tuple]:
+    def shape(log: EventLog) -> list[tuple[str | None, int | None, tuple[str, ...], str | None]]:
         return [(c.function, c.graph_ops, tuple(c.recompile_reasons[:1]), c.limit_hit) for c in log.of(Compile)]
 
     sa, sb = shape(a), shape(b)
@@ -259,7 +265,15 @@ def snapshot_steps(folder: Path) -> dict[int, Path]:
     return {int(p.stem.split("-")[1]): p for p in sorted(folder.glob("step-*.npz"))}
 
 
-def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
+class ParamDifference(TypedDict):
+    """How far two runs' parameters are apart: the largest absolute and relative difference, and where."""
+
+    max_abs: float
+    max_rel: float
+    parameter: str | None
+
+
+def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> ParamDifference:
     """Max absolute and max relative (to the parameter's largest magnitude) difference, and the
     parameter where the absolute difference is largest."""
     import numpy as np
@@ -312,7 +326,7 @@ def final_within(curve: list[dict[str, Any]], tol: Tolerance, dir_a: Path, dir_b
 # --- op-level replay comparison --------------------------------------------------------------
 
 
-def compare_replays(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) -> dict[str, Any] | None:
+def compare_replays(ops_a: list[JsonObject], ops_b: list[JsonObject]) -> JsonObject | None:
     """The first op whose outputs differ between two replays of the same step, and what that
     says: a random op → ``rng``; same inputs, different outputs → ``nondeterministic_op``;
     different inputs from outside torch → ``unknown``; a different op sequence → control flow."""

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Any
 
 from ..eventlog.events import Capability, Counters, End, EventLog, Header
 from ..eventlog.provenance import provenance
-from ..report.model import DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
+from ..report.model import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
 from . import compile as compile_analysis
 from .cache import rank_key_findings
-from ..report.model import Finding, sort_findings
+from ..report.model import Finding, JsonObject, sort_findings
 from .kept_steps import KeptSteps, kept_steps
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
@@ -58,9 +57,7 @@ def steps_summary(kept: dict[int, KeptSteps]) -> StepsSummary:
     return StepsSummary(max((r.steps for r in per_rank.values()), default=0), per_rank)
 
 
-def run_summary(
-    meta: dict[str, Any], logs: list[EventLog], problems: list[str], kept: dict[int, KeptSteps]
-) -> dict[str, Any]:
+def run_summary(meta: JsonObject, logs: list[EventLog], problems: list[str], kept: dict[int, KeptSteps]) -> JsonObject:
     """The ``run`` section: what ran, where, how it ended, per rank."""
     headers: list[Header] = [h for h in (log.header for log in logs) if h is not None]
     first = headers[0] if headers else None
@@ -94,7 +91,7 @@ def run_summary(
     }
 
 
-def interrupted_line(meta: dict[str, Any], run: dict[str, Any]) -> str | None:
+def interrupted_line(meta: JsonObject, run: JsonObject) -> str | None:
     """Why a job reads as interrupted (``meta["interrupted"]``, set when its run directory is read: see
     :func:`~torchrepro.eventlog.rundir.supervisor_lost`) is said to be; None for any other run."""
     lost = meta.get("interrupted")
@@ -107,7 +104,7 @@ def interrupted_line(meta: dict[str, Any], run: dict[str, Any]) -> str | None:
     )
 
 
-def _outcome_findings(run: dict[str, Any], meta: dict[str, Any], logs: list[EventLog]) -> list[Finding]:
+def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -> list[Finding]:
     findings = fault_findings(run, meta) + world_findings(logs, meta)
     interrupted = interrupted_line(meta, run)
     if interrupted is not None:
@@ -151,7 +148,7 @@ _DEGRADING = {
 def capture_findings(logs: list[EventLog]) -> list[Finding]:
     """``CAPTURE_DEGRADED``: an observer that failed and was switched off, trace records that
     could not be read, an observer this torch version does not support."""
-    lost: dict[str, dict[str, Any]] = {}
+    lost: dict[str, JsonObject] = {}  # what was lost -> its finding's evidence
     for log in logs:
         for cap in log.of(Capability):
             if not cap.available and cap.name in _DEGRADING:
@@ -182,7 +179,7 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
     return out
 
 
-def _time_findings(compile_section: dict[str, Any], run: dict[str, Any]) -> list[Finding]:
+def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Finding]:
     durations = [r["duration_s"] for r in run["ranks"].values() if r["duration_s"]]
     if not durations or not compile_section["compile_time_s"]:
         return []
@@ -207,7 +204,7 @@ def _time_findings(compile_section: dict[str, Any], run: dict[str, Any]) -> list
     ]
 
 
-def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
+def _cache_findings(cache: dict[str, CacheCounts]) -> list[Finding]:
     return [
         Finding(
             "CACHE_MISS",
@@ -222,7 +219,7 @@ def _cache_findings(cache: dict[str, Any]) -> list[Finding]:
     ]
 
 
-def budget_failures(compile_section: dict[str, Any], budgets: Budgets) -> list[str]:
+def budget_failures(compile_section: CompileSection, budgets: Budgets) -> list[str]:
     """Reasons the run fails its budgets (empty when it passes)."""
     c = compile_section
     out = []
@@ -242,7 +239,7 @@ def verdict_line(
     verdict: Verdict,
     findings: list[Finding],
     budget_failures: list[str],
-    compile_section: dict[str, Any],
+    compile_section: CompileSection,
     steps: StepsSummary,
     interrupted: str | None = None,
 ) -> str:
@@ -265,7 +262,7 @@ def verdict_line(
 
 
 def analyse(
-    meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None = None
+    meta: JsonObject, logs: list[EventLog], problems: list[str], budgets: Budgets | None = None
 ) -> DoctorReport:
     """The whole doctor report from a run's events."""
     # The events just read are millions of acyclic objects (1024 ranks x 10 000 steps): frozen, the
@@ -277,7 +274,7 @@ def analyse(
         gc.unfreeze()
 
 
-def _analyse(meta: dict[str, Any], logs: list[EventLog], problems: list[str], budgets: Budgets | None) -> DoctorReport:
+def _analyse(meta: JsonObject, logs: list[EventLog], problems: list[str], budgets: Budgets | None) -> DoctorReport:
     kept = kept_steps(logs)
     run = run_summary(meta, logs, problems, kept)
     compile_section, findings = compile_analysis.summarize(logs)

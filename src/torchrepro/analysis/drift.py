@@ -33,12 +33,23 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from scipy import optimize, stats
+
+from ..report.model import (
+    DriftAnalysis,
+    JsonObject,
+    EffectRow,
+    ExcludedRun,
+    NotSeparable,
+    Observed,
+    PairedEffect,
+    Summary,
+    VarianceComponent,
+)
 
 ALPHA = 0.05
 POWER = 0.8
@@ -55,7 +66,7 @@ def _ci_t(mean: float, std: float, n: int, level: float = 0.95) -> list[float] |
     return [float(mean - half), float(mean + half)]
 
 
-def summarize(values: Iterable[float]) -> dict[str, Any]:
+def summarize(values: Iterable[float]) -> Summary:
     """``{n, mean, std, ci95}`` of the values (sample std, Student-t interval of the mean).
 
     >>> summarize([1.0, 2.0, 3.0])["ci95"]  # doctest: +ELLIPSIS
@@ -140,7 +151,7 @@ def _pigeonhole(y: np.ndarray, k: int, resamples: int, rng: np.random.Generator)
 
 def variance_components(
     y: np.ndarray, names: list[str], *, resamples: int = BOOTSTRAP, seed: int = 0
-) -> list[dict[str, Any]]:
+) -> list[VarianceComponent]:
     """Variance components and shares of a fully crossed grid ``y`` (axis f = levels of
     ``names[f]``), each share with its pigeonhole-bootstrap 95 % interval; a last entry
     ``interaction/residual`` holds everything the main effects do not explain.
@@ -160,7 +171,7 @@ def variance_components(
     lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0) if np.isfinite(boot).any() else ([np.nan] * (k + 1),) * 2
     rest = sum(v for s, v in comps.items() if len(s) > 1)
     variances = [comps[(f,)] for f in range(k)] + [rest]
-    out = []
+    out: list[VarianceComponent] = []
     for i, name in enumerate([*names, RESIDUAL]):
         if name == RESIDUAL and k == 1:
             break  # one factor, one run per level: no replicate measures residual noise
@@ -264,7 +275,7 @@ def paired_effect(
     target_effect: float | None = None,
     alpha: float = ALPHA,
     power: float = POWER,
-) -> dict[str, Any]:
+) -> PairedEffect:
     """The paired difference ``b - a``: mean, 95 % paired-t interval, sign-flip p-value, minimal
     detectable effect and (with ``target_effect``) the pairs needed to detect it.
 
@@ -277,11 +288,11 @@ def paired_effect(
     mean = float(d.mean()) if n else None
     sd = float(d.std(ddof=1)) if n > 1 else float("nan")
     exact = n <= EXACT_FLIPS_UP_TO
-    result = {
+    result: PairedEffect = {
         "n": n,
         "difference": mean,
         "std": sd if n > 1 else None,
-        "ci95": _ci_t(mean, sd, n) if n > 1 else None,
+        "ci95": _ci_t(mean, sd, n) if mean is not None and n > 1 else None,
         "p_value": float(sign_flip_p(d)) if n else None,
         "test": f"sign-flip permutation of the mean paired difference ({'exact, 2^n sign vectors' if exact else f'Monte-Carlo, {MONTE_CARLO_FLIPS} sign vectors'})",
         "mde": minimal_detectable_effect(sd, n, alpha, power),
@@ -294,7 +305,7 @@ def paired_effect(
     return result
 
 
-def place_observed(x: float, values: Iterable[float]) -> dict[str, Any]:
+def place_observed(x: float, values: Iterable[float]) -> Observed:
     """A difference ``x`` the user saw, against the run-to-run noise of ``values``."""
     v = np.asarray(list(values), dtype=float)
     if len(v) < 2:
@@ -353,7 +364,7 @@ class DriftRun:
     rng0: str | None = None  # torch CPU RNG state fingerprint at the first step
     batches: tuple[str, ...] | None = None  # batch fingerprints, one per step
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)  # what the command recorded about the run (wall_s, attempts)
 
 
 def _complete_grid(runs: list[DriftRun], factors: list[str], n: int) -> tuple[np.ndarray, list[str]]:
@@ -363,7 +374,7 @@ def _complete_grid(runs: list[DriftRun], factors: list[str], n: int) -> tuple[np
         if run.status == "ok" and run.metric is not None:
             y[tuple(run.seeds[f] for f in factors)] = run.metric
     keep = [list(range(n)) for _ in factors]
-    dropped = []
+    dropped: list[str] = []
     while True:
         missing = np.isnan(y[np.ix_(*keep)])
         if not missing.any():
@@ -375,16 +386,17 @@ def _complete_grid(runs: list[DriftRun], factors: list[str], n: int) -> tuple[np
             return np.empty((0,)), dropped
 
 
-def separability(runs: list[DriftRun], random_factors: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+def separability(runs: list[DriftRun], random_factors: list[str]) -> tuple[list[NotSeparable], list[str]]:
     """Which factors could not be varied apart, measured from what capture recorded: the torch RNG
     state at the first step (``init`` must change it) and the batch fingerprints (they must not
     change with ``init`` while the order and augmentation seeds are fixed). Returns
     ``(not_separable, notes)``."""
     base = [r for r in runs if not r.settings and r.status in ("ok", "no_metric")]
-    not_separable, notes = [], []
+    not_separable: list[NotSeparable] = []
+    notes: list[str] = []
 
-    def groups(varied: str, key) -> list[set]:
-        by: dict[tuple, set] = {}
+    def groups(varied: str, key: Callable[[DriftRun], object]) -> list[set[object]]:
+        by: dict[tuple[tuple[str, int], ...], set[tuple[int | None, object]]] = {}
         for r in base:
             value = key(r)
             if value is None:
@@ -457,16 +469,16 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.0f} %"
 
 
-def effect_sentence(e: dict[str, Any]) -> str:
+def effect_sentence(e: EffectRow) -> str:
     """``compile (compiled − eager): −0.04 [−0.21, 0.13], p = 0.62 — not distinguishable ...``"""
     ci = e.get("ci95")
     ref = (ci[1] - ci[0]) / 2 if ci else None
     head = f"{e['factor']} ({e['levels'][1]} − {e['levels'][0]}): "
-    if e["n"] < 2:
+    p, difference = e["p_value"], e["difference"]
+    if e["n"] < 2 or p is None or difference is None:  # both are set from one pair on
         return head + f"only {e['n']} complete pair(s): no test"
     interval = f" [{fmt_number(ci[0], ref)}, {fmt_number(ci[1], ref)}]" if ci else ""
-    p = e["p_value"]
-    text = f"{head}{'+' if e['difference'] > 0 else ''}{fmt_number(e['difference'], ref)}{interval}, p = {p:.2g}"
+    text = f"{head}{'+' if difference > 0 else ''}{fmt_number(difference, ref)}{interval}, p = {p:.2g}"
     if e["std"] == 0:
         return text + f" — identical in all {e['n']} pairs"
     if p < e["alpha"]:
@@ -477,7 +489,12 @@ def effect_sentence(e: dict[str, Any]) -> str:
     return text + tail
 
 
-def verdict(effects: list[dict], factors: list[dict], not_separable: list[dict], observed: dict | None) -> str:
+def verdict(
+    effects: list[EffectRow],
+    factors: list[VarianceComponent],
+    not_separable: list[NotSeparable],
+    observed: Observed | None,
+) -> str:
     """The sentence that answers the user's question (see :func:`effect_sentence`)."""
     parts = [effect_sentence(e) for e in effects]
     shared = [f for f in factors if f["name"] != RESIDUAL and f["variance_share"] is not None]
@@ -511,14 +528,14 @@ def analyse(
     *,
     observed: float | None = None,
     target_effect: float | None = None,
-) -> dict[str, Any]:
+) -> DriftAnalysis:
     """The ``drift`` section of a report from the runs of a drift experiment."""
     ok = [r for r in runs if r.status == "ok" and r.metric is not None]
     base = [r for r in ok if not r.settings]
     not_separable, notes = separability(runs, random_factors)
     blocked = {f for item in not_separable for f in item["factors"]}
 
-    factors: list[dict[str, Any]] = []
+    factors: list[VarianceComponent] = []
     if random_factors:
         grid, dropped = _complete_grid(base, random_factors, levels)
         if dropped:
@@ -526,10 +543,10 @@ def analyse(
         components = variance_components(grid, random_factors) if grid.size and min(grid.shape) >= 2 else []
         for comp in components:
             if comp["name"] in blocked:
-                comp.update(variance_share=None, ci95=None, not_separable=True)
+                comp["variance_share"], comp["ci95"], comp["not_separable"] = None, None, True
             if comp["name"] != RESIDUAL:
                 comp["per_level"] = [
-                    {"level": lvl, **summarize(r.metric for r in base if r.seeds[comp["name"]] == lvl)}
+                    {"level": lvl, **summarize(_metrics(r for r in base if r.seeds[comp["name"]] == lvl))}
                     for lvl in range(levels)
                 ]
             factors.append(comp)
@@ -541,12 +558,14 @@ def analyse(
                 "wide (--runs 8 narrows them)"
             )
 
-    effects = []
+    effects: list[EffectRow] = []
     for factor in binary:
-        sides = [{_seed_key(r): r.metric for r in ok if r.settings == s} for s in factor.settings]
+        sides = [
+            {_seed_key(r): r.metric for r in ok if r.settings == s and r.metric is not None} for s in factor.settings
+        ]
         common = sorted(set(sides[0]) & set(sides[1]))
         a, b = [sides[0][k] for k in common], [sides[1][k] for k in common]
-        effect = {
+        effect: EffectRow = {
             "factor": factor.name,
             "levels": list(factor.labels),
             **paired_effect(a, b, target_effect=target_effect),
@@ -554,10 +573,12 @@ def analyse(
         }
         effects.append(effect)
 
-    placed = place_observed(observed, [r.metric for r in base]) if observed is not None else None
-    excluded = [{"index": r.index, "status": r.status, "dir": r.dir, "error": r.error} for r in runs if r not in ok]
+    placed = place_observed(observed, _metrics(base)) if observed is not None else None
+    excluded: list[ExcludedRun] = [
+        {"index": r.index, "status": r.status, "dir": r.dir, "error": r.error} for r in runs if r not in ok
+    ]
     return {
-        "summary": summarize(r.metric for r in base),
+        "summary": summarize(_metrics(base)),
         "factors": factors,
         "effects": effects,
         "not_separable": not_separable,
@@ -568,5 +589,10 @@ def analyse(
     }
 
 
-def _seed_key(run: DriftRun) -> tuple:
+def _metrics(runs: Iterable[DriftRun]) -> list[float]:
+    """The metrics of those of ``runs`` that have one (the runs analysed all do)."""
+    return [r.metric for r in runs if r.metric is not None]
+
+
+def _seed_key(run: DriftRun) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(run.seeds.items()))

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, End, Event, EventLog, GraphBreak, Header, Step
 from . import compile as compile_analysis
+from ..report.model import JsonObject, LiveRank, LiveSnapshot
 
 STEP_WINDOW = 20  # steps/s over the last this many steps
 LAG_STEPS = 2  # a rank lags when it is this many steps (and 5 % of the leader's) behind the leader
@@ -66,13 +66,13 @@ def _rank_status(state: RankState) -> str:
     return end.status if end else ("running" if state.log.header else "starting")
 
 
-def expected_ranks(live: LiveRun, meta: dict[str, Any]) -> int:
+def expected_ranks(live: LiveRun, meta: JsonObject) -> int:
     """How many ranks the run has: run.json's world size, else the ranks' headers', else those seen."""
     sizes = [h.world_size for h in (s.log.header for s in live.ranks.values()) if h is not None]
     return int(meta.get("world_size") or max(sizes, default=0) or len(live.ranks))
 
 
-def is_finished(live: LiveRun, meta: dict[str, Any]) -> bool:
+def is_finished(live: LiveRun, meta: JsonObject) -> bool:
     """The run has ended: run.json says so, or every expected rank wrote its end record."""
     if meta.get("ended") or "exit_code" in meta:
         return True
@@ -87,25 +87,25 @@ def lagging(steps: dict[int, int], running: set[int]) -> list[int]:
     return sorted(r for r in running if lead - steps[r] >= max(LAG_STEPS, 0.05 * lead))
 
 
-def snapshot(live: LiveRun, meta: dict[str, Any], now: float, unreadable: int = 0) -> dict[str, Any]:
+def snapshot(live: LiveRun, meta: JsonObject, now: float, unreadable: int = 0) -> LiveSnapshot:
     """What the run looks like now: per rank steps, steps/s, compiles and status; the ranks that
     lag; recompiles by category; the latest graph break with its source line; compile findings
     (and the ``unreadable`` lines the reader of the logs skipped)."""
     logs = [live.ranks[r].log for r in sorted(live.ranks)]
     section, findings = compile_analysis.summarize(logs)
-    ranks = {}
+    ranks: dict[str, LiveRank] = {}
     for rank in sorted(live.ranks):
         state = live.ranks[rank]
-        per = section["per_rank"].get(str(rank), {})
+        per = section["per_rank"].get(str(rank))
         ranks[str(rank)] = {
             "status": _rank_status(state),
             "steps": state.steps,
             "last_step": state.last_index,
             "steps_per_s": _steps_per_s(state),
             "last_event_age_s": round(now - state.last_t, 3) if state.last_t is not None else None,
-            "compiles": per.get("compiles", 0),
-            "recompiles": per.get("recompiles", 0),
-            "graph_breaks": per.get("graph_breaks", 0),
+            "compiles": per["compiles"] if per else 0,
+            "recompiles": per["recompiles"] if per else 0,
+            "graph_breaks": per["graph_breaks"] if per else 0,
         }
     steps = {r: s.steps for r, s in live.ranks.items()}
     breaks = [b for log in logs for b in log.of(GraphBreak)]

@@ -8,10 +8,10 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any
+from collections import Counter, defaultdict
 
 from ..eventlog.events import CacheLookup, Compile, EventLog, GraphBreak
+from ..report.model import GraphBreakEvent, GraphBreakGroup, RankGroup, RankGroups, RecompileEvent, RecompileGroup
 from .categories import category_of, guard_text
 from .compile import display_function
 from .kept_steps import KeptSteps
@@ -46,12 +46,24 @@ def ranks_label(ranks: list[int] | str) -> str:
     return ("rank " if text.isdigit() else "ranks ") + text
 
 
-def _compile_key(c: Compile) -> tuple:
+# what a rank compiled: function, guard, category, step, limit hit
+_CompileKey = tuple[str, str | None, str | None, int | None, str | None]
+# how it ended, steps, what it compiled, its graph breaks and cache lookups (with their counts)
+_Behaviour = tuple[
+    str,
+    int,
+    tuple[_CompileKey, ...],
+    tuple[tuple[tuple[str | None, int | None, str], int], ...],
+    tuple[tuple[tuple[str, str], int], ...],
+]
+
+
+def _compile_key(c: Compile) -> _CompileKey:
     guard = guard_text(c.recompile_reasons[0]) if c.recompile_reasons else None
     return (display_function(c), guard, category_of(c), c.step, c.limit_hit)
 
 
-def _behaviour(log: EventLog, steps: int) -> tuple:
+def _behaviour(log: EventLog, steps: int) -> _Behaviour:
     end = log.end
     breaks = Counter((b.file, b.line, b.reason) for b in log.of(GraphBreak))
     cache = Counter((x.cache, x.status) for x in log.of(CacheLookup))
@@ -64,7 +76,7 @@ def _behaviour(log: EventLog, steps: int) -> tuple:
     )
 
 
-def _difference(odd: tuple, ref: tuple) -> str:
+def _difference(odd: _Behaviour, ref: _Behaviour) -> str:
     """What a group did that the largest group did not, in one line."""
     status, steps, compiles, breaks, cache = odd
     for i in range(max(len(compiles), len(ref[2]))):
@@ -73,6 +85,7 @@ def _difference(odd: tuple, ref: tuple) -> str:
         if mine == theirs:
             continue
         if mine is None:
+            assert theirs is not None  # the two differ, and only one may be missing
             return f"did not compile {theirs[0]} (the others did at step {theirs[3]})"
         function, guard, _category, step, limit = mine
         what = "hit the recompile limit for" if limit else "recompiled" if guard else "compiled"
@@ -86,17 +99,17 @@ def _difference(odd: tuple, ref: tuple) -> str:
     return f"ran {steps} step(s) (the others {ref[1]})"
 
 
-def rank_groups(logs: list[EventLog], kept: dict[int, KeptSteps]) -> dict[str, Any]:
+def rank_groups(logs: list[EventLog], kept: dict[int, KeptSteps]) -> RankGroups:
     """The ``rank_groups`` section: ``groups`` (largest first: ranks, their ranges as text, a
     representative rank, and what differs from the largest group) and a one-line ``summary``."""
-    by_behaviour: dict[tuple, list[int]] = {}
+    by_behaviour: dict[_Behaviour, list[int]] = {}
     for log in logs:
         by_behaviour.setdefault(_behaviour(log, kept[log.rank].count), []).append(log.rank)
     ordered = sorted(by_behaviour.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     if not ordered:
         return {"groups": [], "summary": "no ranks"}
     reference = ordered[0][0]
-    groups = []
+    groups: list[RankGroup] = []
     for behaviour, ranks in ordered:
         ranks.sort()
         groups.append(
@@ -111,8 +124,8 @@ def rank_groups(logs: list[EventLog], kept: dict[int, KeptSteps]) -> dict[str, A
     return {"groups": groups, "summary": _summary(groups)}
 
 
-def _summary(groups: list[dict[str, Any]]) -> str:
-    def name(group: dict[str, Any]) -> str:
+def _summary(groups: list[RankGroup]) -> str:
+    def name(group: RankGroup) -> str:
         return f"rank{'s' if group['size'] > 1 else ''} {group['ranks_text']}"
 
     first = groups[0]
@@ -122,53 +135,63 @@ def _summary(groups: list[dict[str, Any]]) -> str:
     return "; ".join([head] + [f"{name(g)} {g['difference']}" for g in groups[1:]])
 
 
-def recompile_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def recompile_groups(events: list[RecompileEvent]) -> list[RecompileGroup]:
     """The report's ``recompile_events`` merged over ranks: one row per function, category and
     guard, with its count, steps, compile ids and the ranks (as ranges), most frequent first."""
-    rows: dict[tuple, dict[str, Any]] = {}
+    rows: dict[tuple[str, str | None, str], RecompileGroup] = {}
+    ranks: dict[tuple[str, str | None, str], set[int]] = defaultdict(set)
     for e in events:
+        key = (e["function"], e["category"], e["guard"])
         row = rows.setdefault(
-            (e["function"], e["category"], e["guard"]),
+            key,
             {
                 "function": e["function"],
                 "category": e["category"],
                 "guard": e["guard"],
                 "location": f"{e['file']}:{e['line']}" if e.get("file") else None,
                 "count": 0,
-                "ranks": set(),
+                "ranks": 0,
                 "steps": [],
                 "compile_ids": [],
+                "ranks_text": "",
             },
         )
         row["count"] += 1
-        row["ranks"].add(e["rank"])
+        ranks[key].add(e["rank"])
         if e["step"] not in row["steps"] and len(row["steps"]) < 20:
             row["steps"].append(e["step"])
         if e["compile_id"] not in row["compile_ids"] and len(row["compile_ids"]) < 10:
             row["compile_ids"].append(e["compile_id"])
-    return [
-        {**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
-        for row in sorted(rows.values(), key=lambda r: -r["count"])
-    ]
+    for key, row in rows.items():
+        row["ranks"], row["ranks_text"] = len(ranks[key]), rank_ranges(list(ranks[key]))
+    return sorted(rows.values(), key=lambda r: -r["count"])
 
 
-def graph_break_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def graph_break_groups(events: list[GraphBreakEvent]) -> list[GraphBreakGroup]:
     """The report's ``graph_break_events`` (one per rank and location) merged over ranks: one row
     per source line and reason, with the line of code, most frequent first."""
-    rows: dict[tuple, dict[str, Any]] = {}
+    rows: dict[tuple[str | None, int | None, str, str | None], GraphBreakGroup] = {}
+    ranks: dict[tuple[str | None, int | None, str, str | None], set[int]] = defaultdict(set)
     for e in events:
+        key = (e["file"], e["line"], e["reason"], e["gb_id"])
         row = rows.setdefault(
-            (e["file"], e["line"], e["reason"], e["gb_id"]),
+            key,
             {
-                **{k: e[k] for k in ("file", "line", "reason", "gb_id", "source", "hint", "first_step")},
+                "file": e["file"],
+                "line": e["line"],
+                "reason": e["reason"],
+                "gb_id": e["gb_id"],
+                "source": e["source"],
+                "hint": e["hint"],
+                "first_step": e["first_step"],
                 "count": 0,
-                "ranks": set(),
+                "ranks": 0,
+                "ranks_text": "",
             },
         )
         row["count"] += e["count"]
-        row["ranks"].add(e["rank"])
+        ranks[key].add(e["rank"])
         row["first_step"] = min((s for s in (row["first_step"], e["first_step"]) if s is not None), default=None)
-    return [
-        {**row, "ranks": len(row["ranks"]), "ranks_text": rank_ranges(list(row["ranks"]))}
-        for row in sorted(rows.values(), key=lambda r: -r["count"])
-    ]
+    for key, row in rows.items():
+        row["ranks"], row["ranks_text"] = len(ranks[key]), rank_ranges(list(ranks[key]))
+    return sorted(rows.values(), key=lambda r: -r["count"])

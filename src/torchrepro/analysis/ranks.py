@@ -9,12 +9,12 @@ import re
 import signal
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from ..eventlog.events import CacheLookup, Compile, EventLog, InitParams, Params, World
 from .categories import guard_text
 from .compile import display_function
-from ..report.model import Finding
+from ..report.model import Finding, JsonObject
 from .kept_steps import KeptSteps
 from .rank_groups import rank_ranges, ranks_label
 
@@ -30,7 +30,23 @@ def _signal_name(code: int | None) -> str:
         return f"signal {-code}"
 
 
-def where(frames: list[dict[str, Any]]) -> str | None:
+class Frame(TypedDict):
+    """A frame of a stack the supervisor sampled from a hung rank (``run.json``'s ``stall``)."""
+
+    file: str
+    line: int
+    function: str
+
+
+class Placement(TypedDict):
+    """Where a rank ran: its host, node and local rank there."""
+
+    host: str
+    node: int
+    local_rank: int
+
+
+def where(frames: list[Frame]) -> str | None:
     """The first user frame of a stack (most recent first), and the innermost call it waits in."""
     if not frames:
         return None
@@ -45,7 +61,7 @@ def where(frames: list[dict[str, Any]]) -> str | None:
 # --- the world ------------------------------------------------------------------------------
 
 
-def world_size(logs: list[EventLog], meta: dict[str, Any] | None = None) -> int:
+def world_size(logs: list[EventLog], meta: JsonObject | None = None) -> int:
     """The job's world size: the largest any source gives, the process groups the ranks joined
     (World events), the launcher's environment at each rank's start (headers) or the launcher
     itself (``run.json``); at least the ranks present.
@@ -53,13 +69,13 @@ def world_size(logs: list[EventLog], meta: dict[str, Any] | None = None) -> int:
     >>> world_size(load_run("RUN_DIR").logs)  # doctest: +SKIP
     2
     """
-    sizes = [w.world_size for log in logs for w in log.of(World)]
+    sizes: list[int] = [w.world_size for log in logs for w in log.of(World)]
     sizes += [log.header.world_size for log in logs if log.header is not None]
     sizes.append(int((meta or {}).get("world_size") or 1))
     return max([*sizes, max((log.rank + 1 for log in logs), default=1)])
 
 
-def missing_ranks(logs: list[EventLog], meta: dict[str, Any] | None = None) -> list[int]:
+def missing_ranks(logs: list[EventLog], meta: JsonObject | None = None) -> list[int]:
     """Ranks that the world size says exist but that wrote no event log (see :func:`world_size`);
     a verdict over the others says nothing about them.
 
@@ -70,7 +86,7 @@ def missing_ranks(logs: list[EventLog], meta: dict[str, Any] | None = None) -> l
     return [rank for rank in range(world_size(logs, meta)) if rank not in present]
 
 
-def placement(logs: list[EventLog]) -> dict[int, dict[str, Any]]:
+def placement(logs: list[EventLog]) -> dict[int, Placement]:
     """Where each rank ran: host, node and local rank, from its World event (the launcher's
     environment) where it says, else from the hosts the ranks reported (nodes numbered in the
     order their lowest rank appears, local ranks in rank order on each host)."""
@@ -83,7 +99,7 @@ def placement(logs: list[EventLog]) -> dict[int, dict[str, Any]]:
         hosts[log.rank] = (worlds[-1].host if worlds else "") or (log.header.host if log.header else "")
     order = list(dict.fromkeys(hosts.values()))
     seen: dict[str, int] = defaultdict(int)
-    out = {}
+    out: dict[int, Placement] = {}
     for rank, host in hosts.items():
         world = said.get(rank)
         node = world.node if world and world.node is not None else order.index(host)
@@ -93,7 +109,7 @@ def placement(logs: list[EventLog]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def world_findings(logs: list[EventLog], meta: dict[str, Any]) -> list[Finding]:
+def world_findings(logs: list[EventLog], meta: JsonObject) -> list[Finding]:
     """``RANKS_MISSING``: ranks the world size says exist but that wrote no log."""
     missing = missing_ranks(logs, meta)
     if not missing:
@@ -124,7 +140,7 @@ _ABORT_HINT = (
 _RANK_SIGNALLED = re.compile(r"terminated with signal|exitcode\s*:\s*-\d+")
 
 
-def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | None:
+def launcher_finding(run: JsonObject, meta: JsonObject) -> Finding | None:
     """How the launched process ended when it only started the ranks (``mp.spawn``, ``accelerate
     launch``; its log is ``RUN_DIR/launcher/``): a failure there fails the run, unless every rank
     finished and the launcher only reports a rank's signal at exit (a teardown abort)."""
@@ -151,7 +167,7 @@ def launcher_finding(run: dict[str, Any], meta: dict[str, Any]) -> Finding | Non
     )
 
 
-def fault_findings(run: dict[str, Any], meta: dict[str, Any]) -> list[Finding]:
+def fault_findings(run: JsonObject, meta: JsonObject) -> list[Finding]:
     """One finding per rank that did not end well, judged by its last event, not by the launcher;
     and one for the launched process if it only started the ranks and failed."""
     launcher = launcher_finding(run, meta)
@@ -336,8 +352,8 @@ def _param_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Fi
 
 
 def _at_common_steps(
-    indices: list[Sequence[int]], columns: list[list[list[Any]]]
-) -> tuple[Sequence[int], list[list[list[Any]]]]:
+    indices: list[Sequence[int]], columns: list[list[Sequence[Any]]]
+) -> tuple[Sequence[int], list[list[Sequence[Any]]]]:
     """The step indices every rank has (sorted), and each of ``columns`` (per rank, in the order
     of ``indices``, a value per step in log order) at those steps (the last step of an index
     repeated). Indices that count up by one may be ``range`` objects."""
@@ -393,21 +409,25 @@ def _rng_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Find
     return findings
 
 
-def _signature(c: Compile) -> tuple:
+# a compile as the ranks compare it: function, first guard that failed, whether it hit the limit
+_Signature = tuple[str | None, str | None, bool]
+
+
+def _signature(c: Compile) -> _Signature:
     return (c.function, c.recompile_reasons[0] if c.recompile_reasons else None, bool(c.limit_hit))
 
 
 def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
     if len(logs) < 2:
         return []
-    sequences = {log.rank: log.of(Compile) for log in logs}
+    sequences: dict[int, list[Compile]] = {log.rank: log.of(Compile) for log in logs}
     longest = max(len(s) for s in sequences.values())
     for i in range(longest):
         entries = {r: (s[i] if i < len(s) else None) for r, s in sequences.items()}
         kinds = {r: (_signature(c) if c else None) for r, c in entries.items()}
         if len(set(kinds.values())) == 1:
             continue
-        groups = defaultdict(list)
+        groups: defaultdict[_Signature | None, list[int]] = defaultdict(list)
         for r, k in kinds.items():
             groups[k].append(r)
         # the odd one out: the smallest group; on a tie, the ranks that did compile
@@ -418,6 +438,7 @@ def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
         else:
             rank = odd[0]
         c = entries[rank]
+        assert c is not None  # rank is among the ranks that compiled this i-th time
         what = "hit the recompile limit for" if c.limit_hit else "recompiled" if c.recompile_reasons else "compiled"
         title = (
             f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} {what} {display_function(c)} "

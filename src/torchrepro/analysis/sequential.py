@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from ..report.model import DriftAnalysis, JsonObject
 from .drift import RESIDUAL, BinaryFactor, DriftRun, mean_squares, pairs_needed, variance_components
 
 ALPHA = 0.05
@@ -476,7 +477,7 @@ SHARE_TEST = (
 
 
 def planning(
-    section: dict[str, Any],
+    section: DriftAnalysis,
     runs: list[DriftRun],
     random_factors: list[str],
     binary: list[BinaryFactor],
@@ -485,7 +486,7 @@ def planning(
     step: int = 1,
     target_effect: float | None = None,
     observed: float | None = None,
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """How many runs each factor needs (``--plan`` and the end of every report): for a binary
     factor, the MDE at its current pairs, the pairs a fixed design needs to detect the effect
     (``--target-effect``, else ``--observed``, else the difference measured) at 80 % power and the
@@ -494,9 +495,9 @@ def planning(
     measured variance ratio (or a std of ``--target-effect``) with 80 % power."""
     k = len(random_factors)
     per_level = max(k, 1)
-    plans: list[dict[str, Any]] = []
+    plans: list[JsonObject] = []
     for factor, effect in zip(binary, section["effects"]):
-        if effect["n"] < 2 or effect["std"] is None:
+        if effect["n"] < 2 or effect["std"] is None or effect["difference"] is None:  # (set from one pair on)
             continue
         size, basis = (
             (target_effect, "target effect")

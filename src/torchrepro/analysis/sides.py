@@ -5,14 +5,13 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..eventlog.events import EventLog, Step
 from ..eventlog.provenance import provenance
+from ..report.model import JsonObject, RunSide, StepRow
 from .kept_steps import MAX_POINTS
 
 
-def side(label: str, path: str, meta: dict[str, Any], logs: list[EventLog]) -> dict[str, Any]:
+def side(label: str, path: str, meta: JsonObject, logs: list[EventLog]) -> RunSide:
     """One run of a comparison: label, directory, provenance, per-rank ends and loss range."""
     steps = logs[0].of(Step) if logs else []
     losses = [s.loss for s in steps if s.loss is not None]
@@ -30,11 +29,11 @@ def side(label: str, path: str, meta: dict[str, Any], logs: list[EventLog]) -> d
     }
 
 
-def step_comparison(a: EventLog, b: EventLog) -> list[dict[str, Any]]:
+def step_comparison(a: EventLog, b: EventLog) -> list[StepRow]:
     """Per step both runs recorded (one rank): the two losses, their absolute difference and
     whether the parameter fingerprints after the step are equal (None where not fingerprinted)."""
     by_index = {s.index: s for s in b.of(Step)}
-    rows = []
+    rows: list[StepRow] = []
     for x in a.of(Step):
         y = by_index.get(x.index)
         if y is None:

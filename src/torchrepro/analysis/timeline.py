@@ -6,12 +6,11 @@ number of distinct rank behaviours, not by the number of ranks. Nothing here imp
 from __future__ import annotations
 
 import statistics
-from typing import Any
-
 from ..eventlog.events import CacheLookup, Compile, EventLog
 from .categories import guard_text
 from .compile import display_function
 from .kept_steps import KeptSteps
+from ..report.model import RankGroup, StepSpread, TimelineCompile, TimelineRow
 
 
 def _cache_status(statuses: list[str]) -> str | None:
@@ -27,12 +26,12 @@ def _start(log: EventLog, kept: KeptSteps) -> float:
     return min([e.t for e in log.events] + ([] if kept.first_t is None else [kept.first_t]), default=0.0)
 
 
-def _compiles(log: EventLog, kept: KeptSteps) -> list[dict[str, Any]]:
+def _compiles(log: EventLog, kept: KeptSteps) -> list[TimelineCompile]:
     start = _start(log, kept)
     lookups: dict[str, list[str]] = {}
     for x in log.of(CacheLookup):
         lookups.setdefault(x.compile_id, []).append(x.status)
-    out = []
+    out: list[TimelineCompile] = []
     for c in log.of(Compile):
         duration = c.dynamo_s or 0.0
         statuses = lookups.get(c.compile_id) or [s for counts in c.cache.values() for s, n in counts.items() if n]
@@ -53,16 +52,16 @@ def _compiles(log: EventLog, kept: KeptSteps) -> list[dict[str, Any]]:
     return out
 
 
-def timeline(logs: list[EventLog], groups: list[dict[str, Any]], kept: dict[int, KeptSteps]) -> list[dict[str, Any]]:
+def timeline(logs: list[EventLog], groups: list[RankGroup], kept: dict[int, KeptSteps]) -> list[TimelineRow]:
     """One entry per rank group: its representative rank's compiles and step times, and the
     spread over the group's ranks of their median times of the steps that did not compile (with
     the slowest rank)."""
     by_rank = {log.rank: log for log in logs}
-    out = []
+    out: list[TimelineRow] = []
     for group in groups:
         log = by_rank[group["representative"]]
         medians_of = [(m, r) for r in group["ranks"] if (m := kept[r].quiet_median_s) is not None]
-        spread = None
+        spread: StepSpread | None = None
         if medians_of:
             values = sorted(m for m, _ in medians_of)
             slowest = max(medians_of)

@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from ..eventlog.events import Capability, EventLog, Step
-from ..report.model import Verdict, comparison_exit_code
+from ..report.model import JsonObject, Verdict, comparison_exit_code
 from .ranks import missing_ranks, world_size
+
+
+class EndingRecord(TypedDict):
+    """An :class:`Ending` as a report's ``endings`` list holds it (read back as :class:`~torchrepro.report.model.RunEnding`)."""
+
+    run: str
+    ended_normally: bool
+    problems: list[str]
+    unreadable: bool
+    steps: dict[str, int]  # rank -> steps recorded
 
 
 @dataclass
@@ -33,7 +43,7 @@ class Ending:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EndingRecord:
         return {
             "run": self.label,
             "ended_normally": self.ok,
@@ -57,7 +67,7 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def ending(label: str, meta: dict[str, Any], logs: list[EventLog]) -> Ending:
+def ending(label: str, meta: JsonObject, logs: list[EventLog]) -> Ending:
     """How the run ``label`` ended, from its ``run.json`` (``meta``) and its rank logs."""
     out = Ending(label, steps={log.rank: len(log.of(Step)) for log in logs if not log.unreadable})
     for log in logs:
@@ -149,7 +159,7 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
 
 
-def verdict_line(det: dict[str, Any]) -> str:
+def verdict_line(det: JsonObject) -> str:
     """The one-line summary of a ``determinism`` section."""
     v, n = det["verdict"], det["steps_compared"]
     failed = [e for e in det.get("endings", []) if not e["ended_normally"]]

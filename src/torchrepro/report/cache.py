@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..analysis.cache import MissExplanation
 from .model import Finding
 from .sanitize import visible_tree
 from .terminal import render_findings
@@ -74,7 +75,7 @@ def render_status(report: dict[str, Any], console: Console | None = None) -> Non
         console.print(Text("no findings: only you can write to this cache", style="green"))
 
 
-def render_explain(result: dict[str, Any], console: Console | None = None) -> None:
+def render_explain(result: MissExplanation, console: Console | None = None) -> None:
     """Why run B could not reuse run A's compile-cache entries (:func:`torchrepro.analysis.cache.explain_misses`):
     the key component behind each miss, with its fix."""
     console = console or Console()
@@ -110,12 +111,12 @@ def render_explain(result: dict[str, Any], console: Console | None = None) -> No
             ),
             highlight=False,
         )
-    for side in ("a", "b"):
-        if result[f"only_{side}"]:
-            ids = ", ".join(sorted({x["compile_id"] for x in result[f"only_{side}"]}))
+    for side, only in (("A", result["only_a"]), ("B", result["only_b"])):
+        if only:
+            ids = ", ".join(sorted({x["compile_id"] for x in only}))
             console.print(
                 Text(
-                    f" · compiles only in {side.upper()}: {ids} (a recompile or graph one run did not make)",
+                    f" · compiles only in {side}: {ids} (a recompile or graph one run did not make)",
                     style="dim",
                 ),
                 highlight=False,

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ..analysis.drift import fmt_number
 from ..analysis.sequential import plan_sentence
-from .model import DriftReport
+from .model import DriftReport, JsonObject
 from .sanitize import visible_tree
 
 
@@ -81,8 +81,8 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         console.print(
             Text(f" ! not separable: {', '.join(item['factors'])} — {item['reason']}", style="yellow"), highlight=False
         )
-    for item in drift.planning:
-        console.print(Text(f" → {plan_sentence(item, fmt_number)}", style="cyan"), highlight=False)
+    for plan in drift.planning:
+        console.print(Text(f" → {plan_sentence(plan, fmt_number)}", style="cyan"), highlight=False)
     for note in drift.notes:
         console.print(Text(f" · {note}", style="cyan"), highlight=False)
     for run in drift.excluded:
@@ -97,7 +97,7 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         )
 
 
-def _render_path(console: Console, seq: dict) -> None:
+def _render_path(console: Console, seq: JsonObject) -> None:
     """``--until-clear``: each factor's estimate and interval at every look, and its decision."""
     table = Table(
         title=f"--until-clear: {seq['runs_used']} runs of at most {seq['max_runs']}, the path as runs were added",

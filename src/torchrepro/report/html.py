@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from jinja2 import ChainableUndefined, Environment, PackageLoader
 from markupsafe import Markup, escape
@@ -23,7 +23,7 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
-from .model import FIX_COLUMNS, DriftSection, Report, fix_cells, fix_recommendation
+from .model import FIX_COLUMNS, DriftSection, JsonObject, Report, StepRow, TimelineRow, fix_cells, fix_recommendation
 from .sanitize import visible
 from ..analysis.rank_groups import ranks_label
 
@@ -183,8 +183,21 @@ def _svg(parts: Iterable[str], label: str, width: int = _W, height: int = _H) ->
     )
 
 
+class _Series(TypedDict):
+    name: str
+    points: list[tuple[float, float | None]]  # (x, y): a y of None leaves a gap
+
+
+class Series(_Series, total=False):
+    """A line of :func:`line_chart`: its points, marked points with their titles, how it is drawn."""
+
+    marks: list[tuple[float, float | None, str]]
+    dashed: bool
+    color: str
+
+
 def line_chart(
-    series: Sequence[dict[str, Any]],
+    series: Sequence[Series],
     *,
     x_label: str,
     y_label: str,
@@ -193,7 +206,7 @@ def line_chart(
     y_format: Callable[[float, int], str] = fmt_num,
     label: str = "chart",
 ) -> Markup:
-    """Lines (``{"name", "points": [[x, y], ...], "marks": [[x, y, title], ...]}``) on shared axes,
+    """Lines (``{"name", "points": [(x, y), ...], "marks": [(x, y, title), ...]}``) on shared axes,
     with a legend; points with y None (or ≤ 0 on a log axis) leave a gap."""
     xs = [p[0] for s in series for p in s["points"]]
     ys = [p[1] for s in series for p in s["points"] if p[1] is not None]
@@ -215,17 +228,17 @@ def line_chart(
             pen = "L"
         dash = ' stroke-dasharray="5 3"' if s.get("dashed") else ""
         if len(path) == 1:
-            x, y = path[0][1:].split(",")
-            parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{color}"/>')
+            cx, cy = path[0][1:].split(",")
+            parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{color}"/>')
         parts.append(
             f'<path d="{"".join(path)}" fill="none" stroke="{color}" stroke-width="1.8"{dash}>'
             f"<title>{_text(s['name'])}</title></path>"
         )
-        for x, y, title in s.get("marks", []):
-            py = ax.y(y) if y is not None else None
+        for mx, my, title in s.get("marks", []):
+            py = ax.y(my) if my is not None else None
             if py is not None:
                 parts.append(
-                    f'<circle class="mark" cx="{ax.x(x):.1f}" cy="{py:.1f}" r="4" stroke="{color}">'
+                    f'<circle class="mark" cx="{ax.x(mx):.1f}" cy="{py:.1f}" r="4" stroke="{color}">'
                     f"<title>{_text(title)}</title></circle>"
                 )
     legend_x = _L + 8
@@ -242,7 +255,7 @@ def line_chart(
 _CACHE_CLASS = {"hit": "hit", "miss": "miss", None: "nocache"}
 
 
-def compile_timeline(lanes: Sequence[dict[str, Any]]) -> Markup:
+def compile_timeline(lanes: Sequence[TimelineRow]) -> Markup:
     """One lane per rank group: a bar per compile from its start for its duration, coloured by
     its cache outcome, outlined when it was a recompile; hover for what and why."""
     lanes = list(lanes)[:MAX_LANES]
@@ -314,13 +327,13 @@ def bar_chart(items: Sequence[tuple[str, float]], *, unit: str = "", label: str 
 # --- the report's series as chart input (no new figures: only the report's own) -------------
 
 
-def step_time_chart(lanes: Sequence[dict[str, Any]]) -> Markup:
+def step_time_chart(lanes: Sequence[TimelineRow]) -> Markup:
     """Host time per step of each rank group's first rank (log scale); steps that compiled marked."""
-    series = [
+    series: list[Series] = [
         {
             "name": ranks_label(lane["ranks_text"]),
-            "points": [[i, t] for i, t, _ in lane["steps"]],
-            "marks": [[i, t, f"step {i}: {fmt_seconds(t)}, {n} compile(s)"] for i, t, n in lane["steps"] if n],
+            "points": [(i, t) for i, t, _ in lane["steps"]],
+            "marks": [(i, t, f"step {i}: {fmt_seconds(t)}, {n} compile(s)") for i, t, n in lane["steps"] if n],
         }
         for lane in list(lanes)[: len(PALETTE)]
     ]
@@ -342,8 +355,8 @@ def divergence_chart(curve: Sequence[dict[str, Any]]) -> Markup:
     """The report's divergence curve: max |Δparam| and max relative difference per step."""
     return line_chart(
         [
-            {"name": "max |Δparam|", "points": [[p["step"], p["max_abs"]] for p in curve]},
-            {"name": "max relative", "points": [[p["step"], p["max_rel"]] for p in curve], "dashed": True},
+            {"name": "max |Δparam|", "points": [(p["step"], p["max_abs"]) for p in curve]},
+            {"name": "max relative", "points": [(p["step"], p["max_rel"]) for p in curve], "dashed": True},
         ],
         x_label="step",
         y_label="difference",
@@ -352,13 +365,13 @@ def divergence_chart(curve: Sequence[dict[str, Any]]) -> Markup:
     )
 
 
-def loss_chart(rows: Sequence[dict[str, Any]], labels: Sequence[str]) -> Markup:
+def loss_chart(rows: Sequence[StepRow], labels: Sequence[str]) -> Markup:
     """Both runs' losses per step."""
     names = list(labels) + ["A", "B"]
     return line_chart(
         [
-            {"name": names[0], "points": [[r["step"], r["loss_a"]] for r in rows]},
-            {"name": names[1], "points": [[r["step"], r["loss_b"]] for r in rows], "dashed": True},
+            {"name": names[0], "points": [(r["step"], r["loss_a"]) for r in rows]},
+            {"name": names[1], "points": [(r["step"], r["loss_b"]) for r in rows], "dashed": True},
         ],
         x_label="step",
         y_label="loss",
@@ -367,11 +380,11 @@ def loss_chart(rows: Sequence[dict[str, Any]], labels: Sequence[str]) -> Markup:
     )
 
 
-def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
+def loss_diff_chart(rows: Sequence[StepRow]) -> Markup:
     """|Δloss| per step (log scale; steps with equal losses leave a gap), steps whose parameters
     differ marked."""
-    marks = [
-        [r["step"], r["loss_diff"], f"step {r['step']}: parameters differ"]
+    marks: list[tuple[float, float | None, str]] = [
+        (r["step"], r["loss_diff"], f"step {r['step']}: parameters differ")
         for r in rows
         if r["same_params"] is False and r["loss_diff"]
     ]
@@ -379,7 +392,7 @@ def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
         [
             {
                 "name": "|Δloss|",
-                "points": [[r["step"], r["loss_diff"]] for r in rows],
+                "points": [(r["step"], r["loss_diff"]) for r in rows],
                 "marks": marks,
                 "color": PALETTE[4],
             }
@@ -391,7 +404,7 @@ def loss_diff_chart(rows: Sequence[dict[str, Any]]) -> Markup:
     )
 
 
-def drift_plots(drift: dict[str, Any]) -> list[Markup]:
+def drift_plots(drift: JsonObject) -> list[Markup]:
     """The drift report's strip plots (:func:`torchrepro.report.svg.drift_plots`, which escapes
     every text it draws), inline, from the page's ``drift`` section (read back typed)."""
     from .svg import drift_plots as plots

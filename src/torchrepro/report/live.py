@@ -18,10 +18,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..analysis.live import LiveRun, is_finished, snapshot
 from ..eventlog.tail import RunFollower
+from .model import LiveSnapshot, WatchSnapshot
 from .sanitize import visible_tree
 
 if TYPE_CHECKING:  # rich is imported where a view is drawn: doctor imports this module in every run
@@ -48,7 +49,7 @@ class FollowedRun:
             self.live.add(rank, event)
         return len(events)
 
-    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+    def snapshot(self, now: float | None = None) -> WatchSnapshot:
         """The run as read so far (see :func:`torchrepro.analysis.live.snapshot`)."""
         when = time.time() if now is None else now
         return {
@@ -65,12 +66,12 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _categories(snap: dict[str, Any]) -> str:
+def _categories(snap: LiveSnapshot) -> str:
     by = snap["recompiles_by_category"]
     return ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
 
 
-def status_line(snap: dict[str, Any]) -> str:
+def status_line(snap: LiveSnapshot) -> str:
     """One line: ranks, steps, steps/s, compiles, recompiles by category, graph breaks, lag."""
     snap = visible_tree(snap)
     ranks = snap["ranks"]
@@ -89,7 +90,7 @@ def status_line(snap: dict[str, Any]) -> str:
     return "torchrepro · " + " · ".join(parts)
 
 
-def render(snap: dict[str, Any]) -> Group:
+def render(snap: WatchSnapshot) -> Group:
     """The whole live view of a snapshot."""
     from rich.console import Group
     from rich.table import Table
@@ -128,7 +129,7 @@ def render(snap: dict[str, Any]) -> Group:
         if gb["source"]:
             lines.append(Text(f"    {gb['source']}", style="dim"))
     for f in snap["findings"][:8]:
-        lines.append(Text(f" {f['severity'][0].upper()} ", style=_STYLE.get(f["severity"])) + Text(f["title"]))
+        lines.append(Text(f" {f['severity'][0].upper()} ", style=_STYLE.get(f["severity"], "")) + Text(f["title"]))
     return Group(*lines)
 
 
@@ -136,7 +137,7 @@ class _Bytes(io.RawIOBase):
     """``sys.stdout.buffer`` while the status line shows: bytes go through the text proxy, so
     they print above the line instead of over it."""
 
-    def __init__(self, text: Any):
+    def __init__(self, text: TextIO):
         super().__init__()
         self._text = text
 
@@ -152,7 +153,7 @@ class _Bytes(io.RawIOBase):
 
 
 class _Text:
-    def __init__(self, proxy: Any):
+    def __init__(self, proxy: TextIO):
         self._proxy = proxy
         self.buffer = _Bytes(proxy)
 

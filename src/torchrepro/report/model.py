@@ -6,8 +6,10 @@ exit code of its own: both are derived here, from the report's content.
 ``to_json()`` gives the ``report.json`` document and ``from_json()`` (or :func:`load_report`, which
 picks the kind) reads one back, including reports written before the schemas were per kind
 (``torchrepro.report/1``). The top level and the sections a verdict rests on (the run and how it
-ended, steps, findings, the comparison) are typed; sections only shown (compile details, curves,
-rank groups, provenance) stay JSON objects. Each kind has a JSON Schema in
+ended, steps, findings, the comparison) are dataclasses; sections only shown are plain JSON objects,
+typed where their shape is fixed (the compile details, rank groups, the drift statistics:
+TypedDicts, dicts at run time) and :data:`JsonObject` where it is open (evidence, provenance,
+a run's settings). Each kind has a JSON Schema in
 ``torchrepro/schemas/<kind>.schema.json`` (:func:`schema_path`). Nothing here imports torch.
 
 >>> Verdict.BIT_EXACT.tone, Verdict("warnings").tone
@@ -21,7 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar, Union
+from typing import Any, ClassVar, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
 
@@ -30,6 +32,10 @@ SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drif
 
 
 SEVERITIES = ("error", "warning", "info")
+
+# A JSON object whose keys are open: a whole report.json document (its shape is the kind's JSON Schema),
+# a finding's evidence (per code), a run's settings (run.json), provenance
+JsonObject = dict[str, Any]
 
 
 @dataclass
@@ -41,9 +47,9 @@ class Finding:
     severity: str
     title: str
     hint: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
@@ -115,20 +121,263 @@ def comparison_exit_code(verdict: Verdict, ended_normally: bool, unreadable: boo
 T = TypeVar("T")
 
 
-def _build(cls: type[T], data: dict[str, Any], **overrides: Any) -> T:
+def _build(cls: type[T], data: JsonObject, **overrides: Any) -> T:
     """``cls`` from the keys of ``data`` it has fields for (missing ones take their defaults)."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in data.items() if k in names and k not in overrides}, **overrides)
 
 
-def _rest(cls: type, data: dict[str, Any], *also: str) -> dict[str, Any]:
+def _rest(cls: type, data: JsonObject, *also: str) -> JsonObject:
     """The keys of ``data`` that ``cls`` has no field for (kept, as they were, in ``meta``/``more``)."""
     names = {f.name for f in dataclasses.fields(cls)} | set(also)
     return {k: v for k, v in data.items() if k not in names}
 
 
-def _findings(items: list[dict[str, Any]]) -> list[Finding]:
+def _findings(items: list[JsonObject]) -> list[Finding]:
     return [_build(Finding, f) for f in items]
+
+
+# --- doctor: the compile section (analysis.compile, completed by analysis.doctor) -----------------
+
+
+class CacheCounts(TypedDict):
+    """One cache's lookups by outcome; ``hit_rate`` over hits and misses (None: none looked up)."""
+
+    hit: int
+    miss: int
+    bypass: int
+    hit_rate: float | None
+
+
+class LimitHit(TypedDict):
+    """A compile that hit the recompile limit (the frame runs eagerly from then on)."""
+
+    rank: int
+    compile_id: str
+    function: str
+    file: str | None
+    line: int | None
+    step: int | None
+    limit: str | None
+    last_reason: str | None
+
+
+class RecompileEvent(TypedDict):
+    """One recompile on one rank: the guard that failed, its category, whether evaluation needs it."""
+
+    rank: int
+    compile_id: str
+    function: str
+    code: str | None
+    file: str | None
+    line: int | None
+    step: int | None
+    reason: str
+    guard: str
+    category: str | None
+    evaluation: bool
+
+
+class GraphBreakEvent(TypedDict):
+    """The graph breaks of one rank at one location, for one reason."""
+
+    rank: int
+    reason: str
+    gb_id: str | None
+    file: str | None
+    line: int | None
+    source: str | None
+    count: int
+    first_step: int | None
+    hint: str
+
+
+class RankCompiles(TypedDict):
+    """One rank's compile counts and time."""
+
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+    limit_hits: int
+    compile_time_s: float
+
+
+class RecompileGroup(TypedDict):
+    """Recompiles merged over ranks (:func:`torchrepro.analysis.rank_groups.recompile_groups`)."""
+
+    function: str
+    category: str | None
+    guard: str
+    location: str | None
+    count: int
+    ranks: int
+    ranks_text: str
+    steps: list[int | None]
+    compile_ids: list[str]
+
+
+class GraphBreakGroup(TypedDict):
+    """Graph breaks merged over ranks (:func:`torchrepro.analysis.rank_groups.graph_break_groups`)."""
+
+    file: str | None
+    line: int | None
+    reason: str
+    gb_id: str | None
+    source: str | None
+    hint: str
+    first_step: int | None
+    count: int
+    ranks: int
+    ranks_text: str
+
+
+class TimelineCompile(TypedDict):
+    """One compile on the timeline: when (seconds from the rank's start), how long, what happened."""
+
+    compile_id: str
+    function: str
+    step: int | None
+    start_s: float
+    duration_s: float
+    backward_s: float | None
+    cache: str | None
+    recompile: str | None
+    limit_hit: str | None
+    failed: str | None
+
+
+class StepSpread(TypedDict):
+    """The spread of a rank group's median times of the steps that did not compile."""
+
+    min_s: float
+    median_s: float
+    max_s: float
+    slowest_rank: int
+
+
+class TimelineRow(TypedDict):
+    """A rank group on the timeline: its representative rank's compiles and steps."""
+
+    ranks_text: str
+    rank: int
+    compiles: list[TimelineCompile]
+    steps: list[list[float]]  # [index, host time, compiles]
+    median_step: StepSpread | None
+
+
+class _CompileSection(TypedDict):
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+    unique_graphs: int
+    compile_time_s: float
+    cache: dict[str, CacheCounts]
+    recompile_events: list[RecompileEvent]
+    graph_break_events: list[GraphBreakEvent]
+    per_rank: dict[str, RankCompiles]
+
+
+class CompileSection(_CompileSection, total=False):
+    """The doctor report's ``compile`` section: :func:`torchrepro.analysis.compile.summarize` writes
+    the counts and events; :func:`torchrepro.analysis.doctor.analyse` adds the share of the run's
+    time, the timeline and the events merged over ranks (which the schema requires of a report, not
+    of :func:`~torchrepro.analysis.compile.summarize`). Keys the schema does not require may be absent
+    from a report written by an older torchrepro."""
+
+    build_time_s: float
+    capture_overhead_s: float
+    recompile_limit_hits: list[LimitHit]
+    recompiles_by_category: dict[str | None, int]
+    compile_time_share: float
+    timeline: list[TimelineRow]
+    recompile_groups: list[RecompileGroup]
+    graph_break_groups: list[GraphBreakGroup]
+
+
+class RankGroup(TypedDict):
+    """Ranks that behaved alike: their ranges as text, a representative, what differs from the largest group."""
+
+    ranks: list[int]
+    ranks_text: str
+    representative: int
+    size: int
+    difference: str | None
+
+
+class RankGroups(TypedDict, total=False):
+    """The doctor report's ``rank_groups`` section (:func:`torchrepro.analysis.rank_groups.rank_groups`);
+    empty in a report written before ranks were grouped."""
+
+    groups: list[RankGroup]
+    summary: str
+
+
+class CapabilityNote(TypedDict):
+    """Something capture could or could not observe (the first rank's word on it)."""
+
+    name: str
+    available: bool
+    note: str
+
+
+# --- watch: a running job as read so far (analysis.live, rendered by report.live) ----------------
+
+
+class LiveRank(TypedDict):
+    """One rank of a running job: how far it got, how fast, what it compiled, how long it has been quiet."""
+
+    status: str
+    steps: int
+    last_step: int | None
+    steps_per_s: float | None
+    last_event_age_s: float | None
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+
+
+class LatestBreak(TypedDict):
+    """The graph break read last, where it happened and why."""
+
+    rank: int
+    step: int | None
+    file: str | None
+    line: int | None
+    source: str | None
+    reason: str
+    gb_id: str | None
+
+
+class FindingLine(TypedDict):
+    """A finding, as the live view lists it."""
+
+    code: str
+    severity: str
+    title: str
+
+
+class LiveSnapshot(TypedDict):
+    """What a running job looks like now (:func:`torchrepro.analysis.live.snapshot`; ``watch --json``)."""
+
+    schema: str
+    finished: bool
+    world_size: int
+    ranks_seen: int
+    ranks: dict[str, LiveRank]
+    lagging_ranks: list[int]
+    compiles: int
+    recompiles: int
+    recompiles_by_category: dict[str | None, int]
+    graph_breaks: int
+    latest_graph_break: LatestBreak | None
+    findings: list[FindingLine]
+    unreadable_lines: int
+
+
+class WatchSnapshot(LiveSnapshot):
+    """A :class:`LiveSnapshot` of the run directory ``run_dir``."""
+
+    run_dir: str
 
 
 # --- doctor -------------------------------------------------------------------------------------
@@ -161,9 +410,9 @@ class DoctorRun:
     ranks_present: list[int] = field(default_factory=list)
     ranks_missing: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             **self.meta,
             "failed": self.failed,
@@ -177,7 +426,7 @@ class DoctorRun:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DoctorRun:
+    def from_json(cls, data: JsonObject) -> DoctorRun:
         ranks = {r: _build(RankOutcome, o) for r, o in data["ranks"].items()}
         return _build(cls, data, ranks=ranks, meta=_rest(cls, data))
 
@@ -202,11 +451,11 @@ class StepsSummary:
     steps: int
     per_rank: dict[str, RankSteps]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"steps": self.steps, "per_rank": {r: dataclasses.asdict(s) for r, s in self.per_rank.items()}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StepsSummary:
+    def from_json(cls, data: JsonObject) -> StepsSummary:
         return cls(data["steps"], {r: _build(RankSteps, s) for r, s in data["per_rank"].items()})
 
 
@@ -217,16 +466,16 @@ class DoctorReport:
 
     kind: ClassVar[str] = "doctor"
     run: DoctorRun
-    compile: dict[str, Any]
+    compile: CompileSection
     steps: StepsSummary
     findings: list[Finding]
     verdict: Verdict
     verdict_line: str
-    capabilities: list[dict[str, Any]] = field(default_factory=list)
+    capabilities: list[CapabilityNote] = field(default_factory=list)
     budget_failures: list[str] = field(default_factory=list)
     failing_findings: list[str] = field(default_factory=list)  # codes of findings that fail the run
-    rank_groups: dict[str, Any] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
+    rank_groups: RankGroups = field(default_factory=RankGroups)
+    provenance: JsonObject = field(default_factory=dict)
     reread: bool = False  # a stored run analysed again (torchrepro report), not a job this command ran
     # doctor --fixes (None: not asked for): each fix's row, the recommendation, what was run
     compile_fixes: list[dict[str, Any]] | None = None
@@ -244,7 +493,7 @@ class DoctorReport:
             return 3
         return 1 if self.budget_failures or self.failing_findings else 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``report.json`` document."""
         return {
             "schema": SCHEMAS["doctor"],
@@ -270,7 +519,7 @@ class DoctorReport:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DoctorReport:
+    def from_json(cls, data: JsonObject) -> DoctorReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         findings = _findings(data["findings"])
         budget_failures = data.get("budget_failures", [])
@@ -378,7 +627,7 @@ class Determinism:
     atol: float = 0.0
     environment_differences: list[str] = field(default_factory=list)
     step_clock: str | None = None
-    more: dict[str, Any] = field(default_factory=dict)
+    more: JsonObject = field(default_factory=dict)
 
     def exit_code(self, unreadable_exit: int) -> int:
         """See :func:`comparison_exit_code`."""
@@ -389,7 +638,7 @@ class Determinism:
             unreadable_exit,
         )
 
-    def to_json(self, unreadable_exit: int) -> dict[str, Any]:
+    def to_json(self, unreadable_exit: int) -> JsonObject:
         return {
             "verdict": self.verdict.value,
             "exit_code": self.exit_code(unreadable_exit),
@@ -407,9 +656,34 @@ class Determinism:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Determinism:
+    def from_json(cls, data: JsonObject) -> Determinism:
         endings = [_build(RunEnding, e) for e in data["endings"]]
         return _build(cls, data, verdict=Verdict(data["verdict"]), endings=endings, more=_rest(cls, data, "exit_code"))
+
+
+class RunSide(TypedDict):
+    """One compared run, for the page that shows two side by side (:func:`torchrepro.analysis.sides.side`)."""
+
+    label: str
+    path: str
+    provenance: JsonObject
+    compile_mode: str | None
+    exit_code: int | None
+    ranks: list[int]
+    steps: int
+    status: dict[str, str]  # rank -> how it ended
+    first_loss: float | None
+    last_loss: float | None
+
+
+class StepRow(TypedDict):
+    """A step both compared runs recorded (:func:`torchrepro.analysis.sides.step_comparison`)."""
+
+    step: int
+    loss_a: float | None
+    loss_b: float | None
+    loss_diff: float | None
+    same_params: bool | None  # None: a run did not fingerprint its parameters
 
 
 @dataclass
@@ -419,9 +693,9 @@ class CheckRun:
 
     run_dirs: dict[str, str]
     timings_s: dict[str, float] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.meta, "run_dirs": self.run_dirs, "timings_s": self.timings_s}
 
 
@@ -435,9 +709,9 @@ class CheckReport:
     determinism: Determinism
     findings: list[Finding]
     verdict_line: str
-    provenance: dict[str, Any] | None = None
-    sides: list[dict[str, Any]] | None = None
-    step_comparison: list[dict[str, Any]] | None = None
+    provenance: JsonObject | None = None
+    sides: list[RunSide] | None = None
+    step_comparison: list[StepRow] | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -453,7 +727,7 @@ class CheckReport:
         """See :func:`comparison_exit_code`."""
         return self.determinism.exit_code(self.unreadable_exit)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``report.json`` document."""
         out = {
             "schema": SCHEMAS["check"],
@@ -470,7 +744,7 @@ class CheckReport:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckReport:
+    def from_json(cls, data: JsonObject) -> CheckReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         run = data["run"]
         return cls(
@@ -485,6 +759,119 @@ class CheckReport:
 
 
 # --- drift --------------------------------------------------------------------------------------
+
+
+class Summary(TypedDict):
+    """Values summarised: count, mean, sample std and the Student-t 95 % interval of the mean (None
+    where too few values)."""
+
+    n: int
+    mean: float | None
+    std: float | None
+    ci95: list[float] | None
+
+
+class LevelSummary(Summary):
+    """The summary of the runs at one level of a factor (a seed level, or a binary factor's label)."""
+
+    level: int | str
+
+
+class _VarianceComponent(TypedDict):
+    name: str
+    levels: int | None
+    variance: float
+    std: float
+    variance_share: float | None
+    ci95: list[float] | None
+
+
+class VarianceComponent(_VarianceComponent, total=False):
+    """A random factor's variance and share of the total (:func:`torchrepro.analysis.drift.variance_components`),
+    with its levels' summaries; ``not_separable`` when it could not be varied apart from another."""
+
+    not_separable: bool
+    per_level: list[LevelSummary]
+
+
+class NotSeparable(TypedDict):
+    """Factors the experiment could not vary apart, and why."""
+
+    factors: list[str]
+    reason: str
+
+
+class _Observed(TypedDict):
+    observed: float
+    sigma: float | None
+
+
+class Observed(_Observed, total=False):
+    """A difference the user saw, placed against the run-to-run noise (only ``observed`` and a None
+    ``sigma`` with fewer than two runs)."""
+
+    runs: int
+    sigmas: float | None
+    pair_fraction: float
+    pair_fraction_normal: float | None
+    method: str
+
+
+class _PairedEffect(TypedDict):
+    n: int
+    difference: float | None
+    std: float | None
+    ci95: list[float] | None
+    p_value: float | None
+    test: str
+    mde: float | None
+    mde_method: str
+    alpha: float
+
+
+class PairedEffect(_PairedEffect, total=False):
+    """A paired difference of two levels (:func:`torchrepro.analysis.drift.paired_effect`); with a
+    target effect, the pairs needed to detect it."""
+
+    target_effect: float
+    pairs_needed: int | None
+
+
+class EffectRow(PairedEffect):
+    """A binary factor's effect, as analysis writes it (read back as :class:`Effect`)."""
+
+    factor: str
+    levels: list[str]
+    per_level: list[LevelSummary]
+
+
+class ExcludedRun(TypedDict):
+    """A run left out of every statistic (as written; read back as :class:`Excluded`)."""
+
+    index: int
+    status: str
+    dir: str
+    error: str | None
+
+
+class _DriftAnalysis(TypedDict):
+    summary: Summary
+    factors: list[VarianceComponent]
+    effects: list[EffectRow]
+    not_separable: list[NotSeparable]
+    notes: list[str]
+    observed: Observed | None
+    excluded: list[ExcludedRun]
+    verdict: str
+
+
+class DriftAnalysis(_DriftAnalysis, total=False):
+    """What :func:`torchrepro.analysis.drift.analyse` concludes from the runs: the body of the
+    ``drift`` section; the command adds what it planned and, under ``--until-clear``, each factor's
+    sequential path and decision (JSON objects: only shown)."""
+
+    planning: list[JsonObject]
+    sequential: JsonObject
 
 
 @dataclass
@@ -503,7 +890,7 @@ class DriftRunResult:
     ``missing``, ``no_metric``)."""
 
     index: int
-    levels: dict[str, Any]
+    levels: JsonObject
     seed: dict[str, int]
     metric: float | None
     status: str
@@ -541,13 +928,13 @@ class Effect:
     mde_method: str = ""
     target_effect: float | None = None  # with --target-effect: the pairs needed to detect it
     pairs_needed: int | None = None
-    per_level: list[dict[str, Any]] = field(default_factory=list)
+    per_level: list[LevelSummary] = field(default_factory=list)
 
     @property
     def real(self) -> bool:
         return self.p_value is not None and self.p_value < self.alpha
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = dataclasses.asdict(self)
         if self.target_effect is None:  # written only when asked for
             del out["target_effect"], out["pairs_needed"]
@@ -559,7 +946,7 @@ class DriftSection:
     """The ``drift`` section (:func:`torchrepro.analysis.drift.analyse`): the metric, the design, every
     run, the effects of binary factors and the runs excluded (what the verdict rests on, typed); the
     summary, variance components (``factors``), what could not be separated and the placed
-    ``observed`` difference stay JSON objects (they are only shown)."""
+    ``observed`` difference stay JSON objects (they are only shown: TypedDicts)."""
 
     metric: DriftMetric
     design: str
@@ -567,16 +954,16 @@ class DriftSection:
     effects: list[Effect]
     excluded: list[Excluded]
     verdict: str
-    summary: dict[str, Any] = field(default_factory=dict)
-    factors: list[dict[str, Any]] = field(default_factory=list)
-    not_separable: list[dict[str, Any]] = field(default_factory=list)
+    summary: Summary
+    factors: list[VarianceComponent] = field(default_factory=list)
+    not_separable: list[NotSeparable] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    observed: dict[str, Any] | None = None
+    observed: Observed | None = None
     plots: list[str] | None = None  # plot-<factor>.svg files, once written
-    planning: list[dict[str, Any]] = field(default_factory=list)  # runs each factor needs
-    sequential: dict[str, Any] | None = None  # --until-clear: each factor's path and decision
+    planning: list[JsonObject] = field(default_factory=list)  # runs each factor needs
+    sequential: JsonObject | None = None  # --until-clear: each factor's path and decision
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = {
             **dataclasses.asdict(self),
             "runs": [dataclasses.asdict(r) for r in self.runs],
@@ -595,7 +982,7 @@ class DriftSection:
         return any(e.real for e in self.effects)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DriftSection:
+    def from_json(cls, data: JsonObject) -> DriftSection:
         return _build(
             cls,
             data,
@@ -622,13 +1009,13 @@ class DriftSettings:
     wall_s: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = {**dataclasses.asdict(self), **self.counts}
         del out["counts"]
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DriftSettings:
+    def from_json(cls, data: JsonObject) -> DriftSettings:
         return _build(cls, data, counts={k: data[k] for k in ("planned", "reused", "ran", "crashed") if k in data})
 
 
@@ -640,7 +1027,7 @@ class DriftReport:
     kind: ClassVar[str] = "drift"
     run: DriftSettings
     drift: DriftSection
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: JsonObject = field(default_factory=dict)
     findings: ClassVar[tuple[Finding, ...]] = ()  # drift reports state effects, not findings
 
     @property
@@ -660,7 +1047,7 @@ class DriftReport:
         """3 when a run crashed, 1 when a binary factor makes a real difference, else 0."""
         return {Verdict.RUN_FAILED: 3, Verdict.REAL_DIFFERENCE: 1}.get(self.verdict, 0)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The ``report.json`` document."""
         return {
             "schema": SCHEMAS["drift"],
@@ -673,7 +1060,7 @@ class DriftReport:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DriftReport:
+    def from_json(cls, data: JsonObject) -> DriftReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
         return cls(
             run=DriftSettings.from_json(data["run"]),
@@ -683,7 +1070,11 @@ class DriftReport:
 
 
 Report = Union[DoctorReport, CheckReport, DriftReport]
-_KINDS: dict[str, type] = {"doctor": DoctorReport, "check": CheckReport, "drift": DriftReport}
+_KINDS: dict[str, type[DoctorReport] | type[CheckReport] | type[DriftReport]] = {
+    "doctor": DoctorReport,
+    "check": CheckReport,
+    "drift": DriftReport,
+}
 
 
 def report_kind(data: Any) -> str | None:
@@ -712,7 +1103,7 @@ def load_report(data: Any, source: str = "report") -> Report:
         raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
 
 
-_JSON_TYPES = {
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "object": dict,
     "array": list,
     "string": str,
@@ -723,7 +1114,7 @@ _JSON_TYPES = {
 }
 
 
-def schema_problem(data: Any, schema: dict[str, Any], root: dict[str, Any], where: str = "") -> str | None:
+def schema_problem(data: Any, schema: JsonObject, root: JsonObject, where: str = "") -> str | None:
     """The first place ``data`` breaks ``schema`` (``root``: where its ``$ref`` point), as
     ``field 'a.b' is ...``, or None. The subset of JSON Schema the shipped schemas use: ``type``,
     ``properties``, ``required``, ``items``, ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``."""

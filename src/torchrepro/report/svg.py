@@ -4,12 +4,12 @@ no scripts, no external references."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from xml.sax.saxutils import escape
 
 from ..eventlog.rundir import write_text
-from .model import DriftRunResult, DriftSection
+from .model import DriftRunResult, DriftSection, JsonObject, Summary
 from .sanitize import visible
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
@@ -25,10 +25,10 @@ def _tick(x: float) -> str:
     return f"{x:.4g}"
 
 
-Group = tuple[str, list[float], dict[str, Any]]  # label, the runs' values, their summary (mean, ci95)
+Group = tuple[str, list[float], Summary]  # label, the runs' values, their summary (mean, ci95)
 
 
-def strip_plot(title: str, ylabel: str, groups: list[Group], subtitle: str = "") -> str:
+def strip_plot(title: str, ylabel: str, groups: Sequence[Group], subtitle: str = "") -> str:
     """One column of points per group (deterministic jitter), its mean as a bar and the 95 % interval
     of the mean as a whisker, both taken from the group's summary (nothing is computed here)."""
     width = _LEFT + _RIGHT + _WIDTH_PER_GROUP * max(len(groups), 3)
@@ -71,15 +71,15 @@ def strip_plot(title: str, ylabel: str, groups: list[Group], subtitle: str = "")
         for k, v in enumerate(vs):
             jitter = ((k * 0.6180339887) % 1 - 0.5) * band * 0.45
             out.append(f'<circle cx="{cx + jitter:.1f}" cy="{y(v):.1f}" r="3" fill="#1f77b4" fill-opacity="0.6"/>')
-        if s.get("ci95"):
+        if ci := s.get("ci95"):
             out.append(
-                f'<line x1="{cx:.1f}" y1="{y(s["ci95"][0]):.1f}" x2="{cx:.1f}" y2="{y(s["ci95"][1]):.1f}" '
+                f'<line x1="{cx:.1f}" y1="{y(ci[0]):.1f}" x2="{cx:.1f}" y2="{y(ci[1]):.1f}" '
                 'stroke="#d62728" stroke-width="2"/>'
             )
-        if s.get("mean") is not None:
+        if (mean := s.get("mean")) is not None:
             out.append(
-                f'<line x1="{cx - band * 0.3:.1f}" y1="{y(s["mean"]):.1f}" x2="{cx + band * 0.3:.1f}" '
-                f'y2="{y(s["mean"]):.1f}" stroke="#d62728" stroke-width="2"/>'
+                f'<line x1="{cx - band * 0.3:.1f}" y1="{y(mean):.1f}" x2="{cx + band * 0.3:.1f}" '
+                f'y2="{y(mean):.1f}" stroke="#d62728" stroke-width="2"/>'
             )
         out.append(
             f'<text x="{cx:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle">{_text(label)}</text>'
@@ -97,7 +97,7 @@ def drift_plots(drift: DriftSection) -> list[tuple[str, str]]:
     from ..analysis.drift import BINARY_FACTORS
 
     metric = drift.metric.name
-    ok = [_levels(r) for r in drift.runs if r.status == "ok" and r.metric is not None]
+    ok = [_levels(r, r.metric) for r in drift.runs if r.status == "ok" and r.metric is not None]
     plots = []
     for comp in drift.factors:
         if "per_level" not in comp:  # the interaction/residual component has no levels
@@ -112,7 +112,7 @@ def drift_plots(drift: DriftSection) -> list[tuple[str, str]]:
         name = effect.factor
         sides = [{key: m for m, _, key, settings in ok if settings == s} for s in BINARY_FACTORS[name].settings]
         common = sides[0].keys() & sides[1].keys()
-        groups = [(s["level"], [side[k] for k in sorted(common)], s) for s, side in zip(effect.per_level, sides)]
+        groups = [(str(s["level"]), [side[k] for k in sorted(common)], s) for s, side in zip(effect.per_level, sides)]
         p = effect.p_value
         plots.append(
             _plot(
@@ -125,11 +125,13 @@ def drift_plots(drift: DriftSection) -> list[tuple[str, str]]:
     return plots
 
 
-def _levels(run: DriftRunResult) -> tuple[float, dict[str, int], tuple, dict[str, Any]]:
-    """A report's run as (metric, its seed levels, the same as a hashable key, its settings)."""
+def _levels(
+    run: DriftRunResult, metric: float
+) -> tuple[float, dict[str, int], tuple[tuple[str, int], ...], JsonObject]:
+    """A report's run with its ``metric`` as (metric, its seed levels, the same as a hashable key, its settings)."""
     seeds = {k: v for k, v in run.seed.items() if k != "root"}
     settings = {k: v for k, v in run.levels.items() if k not in seeds}
-    return run.metric, seeds, tuple(sorted(seeds.items())), settings
+    return metric, seeds, tuple(sorted(seeds.items())), settings
 
 
 def write_drift_plots(out: Path, drift: DriftSection) -> list[str]:
@@ -139,6 +141,6 @@ def write_drift_plots(out: Path, drift: DriftSection) -> list[str]:
     return [file for file, _ in plots]
 
 
-def _plot(name: str, metric: str, groups: list[Group], subtitle: str) -> tuple[str, str]:
+def _plot(name: str, metric: str, groups: Sequence[Group], subtitle: str) -> tuple[str, str]:
     file = f"plot-{re.sub(r'[^A-Za-z0-9_-]', '_', name)}.svg"
     return file, strip_plot(f"{metric} by {name}", metric, groups, subtitle)

@@ -5,7 +5,7 @@ newline in it shows as ``\\n``, so each finding stays on its line."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
@@ -14,7 +14,7 @@ from rich.text import Text
 from .model import Finding
 from .sanitize import visible_tree
 from ..analysis.rank_groups import ranks_label
-from .model import FIX_COLUMNS, CheckReport, DoctorReport, fix_cells, fix_recommendation
+from .model import FIX_COLUMNS, CheckReport, DoctorReport, RankCompiles, fix_cells, fix_recommendation
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
@@ -74,11 +74,11 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
         table = Table(title="graph breaks", title_justify="left", show_edge=False, pad_edge=False)
         for col in ("location", "count", "reason", "id"):
             table.add_column(col, overflow="fold")
-        for row in c["graph_break_groups"][:8]:
-            where = f"{_short(row['file'])}:{row['line']}" + (
-                f" ({ranks_label(row['ranks_text'])})" if len(report.run.ranks) > 1 else ""
+        for group in c["graph_break_groups"][:8]:
+            where = f"{_short(group['file'])}:{group['line']}" + (
+                f" ({ranks_label(group['ranks_text'])})" if len(report.run.ranks) > 1 else ""
             )
-            _row(table, where, str(row["count"]), row["reason"][:60], row["gb_id"] or "")
+            _row(table, where, str(group["count"]), group["reason"][:60], group["gb_id"] or "")
         console.print(table)
     if report.compile_fixes is not None:
         _render_fixes(console, report)
@@ -129,14 +129,15 @@ def _render_fixes(console: Console, report: DoctorReport) -> None:
 RANK_ROWS = 16
 
 
-def _render_ranks(console: Console, report: DoctorReport, per_rank: dict[str, Any]) -> None:
+def _render_ranks(console: Console, report: DoctorReport, per_rank: dict[str, RankCompiles]) -> None:
     groups = report.rank_groups.get("groups") or []
     grouped = len(per_rank) > RANK_ROWS and bool(groups)
+    rows: list[tuple[str, str, str]]  # label, rank, how the group differs (grouped only)
     if grouped:
         rows = [(g["ranks_text"], str(g["representative"]), g["difference"] or "the reference") for g in groups]
         title, unit = f"{len(per_rank)} ranks in {len(groups)} group(s) alike, each shown by its first rank", "group"
     else:
-        rows, title, unit = [(rank, rank, None) for rank in sorted(per_rank, key=int)], "per rank", "rank"
+        rows, title, unit = [(rank, rank, "") for rank in sorted(per_rank, key=int)], "per rank", "rank"
     columns = ("status", "steps", "compiles", "recompiles", "breaks", "compile s", "ms/step")
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("ranks" if grouped else "rank", justify="left" if grouped else "right")
@@ -145,11 +146,8 @@ def _render_ranks(console: Console, report: DoctorReport, per_rank: dict[str, An
     if grouped:
         table.add_column("behaviour", overflow="fold")
     for label, rank, difference in rows[:RANK_ROWS]:
-        outcome, figures, rank_steps = (
-            report.run.ranks.get(rank),
-            per_rank.get(rank, {}),
-            report.steps.per_rank.get(rank),
-        )
+        figures: Mapping[str, object] = per_rank.get(rank, {})
+        outcome, rank_steps = report.run.ranks.get(rank), report.steps.per_rank.get(rank)
         ms = rank_steps.median_step_s if rank_steps else None
         cells = [
             label,
