@@ -62,14 +62,37 @@ class GraphCall(_GraphCallDigests, Repeats, total=False):
     at_step: bool
 
 
+class _OutputOf(TypedDict):
+    compile_id: str
+    graph: str
+    output_index: int
+
+
+class Output(_OutputOf, total=False):
+    """A compiled graph's output explained by a kernel replay, as far as it could be: the
+    parameter whose gradient it is, its FX node, the accumulating node, the op, its source and
+    module, and the inductor kernel computing it (evidence: merged into the determinism section's)."""
+
+    parameter: str
+    node: str
+    output: str
+    op: str
+    source: str | None
+    module: str | None
+    accumulating_node: str
+    kernel: str
+    kernel_fuses: list[str]
+    kernel_atomic_add: bool
+
+
 class KernelReplay(TypedDict):
     """A kernel replay's record (``kernels`` of its replay file): the calls before the replayed step
-    and its own, each called graph's outputs explained (``"compile_id/graph"`` -> one evidence
-    object per output: FX node, kernel, source), and what failed in the replay's own checks."""
+    and its own, each called graph's outputs explained (``"compile_id/graph"`` -> one per output),
+    and what failed in the replay's own checks."""
 
     calls: list[GraphCall]
     before: list[GraphCall]
-    explained: dict[str, list[dict[str, Any]]]  # evidence, merged into the determinism section's
+    explained: dict[str, list[Output]]
     errors: list[str]
 
 
@@ -169,8 +192,8 @@ def _name_kernel(
     """The evidence for the kernel behind output ``index`` of graph call ``call``: what names it
     (two processes' graph calls, or the in-process repeats), and the repeats' thread dependence."""
     explained = found[0]["explained"].get(f"{call['compile_id']}/{call['graph']}") or []
-    named = (
-        dict(explained[index])
+    named: Output = (
+        explained[index].copy()
         if index < len(explained)
         else {"compile_id": call["compile_id"], "graph": call["graph"], "output_index": index}
     )

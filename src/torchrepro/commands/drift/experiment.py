@@ -160,7 +160,13 @@ class Cell:
         return f"runs/{self.key}"
 
     def to_json(self) -> CellJson:
-        return {"index": self.index, "key": self.key, "seeds": self.seeds, "settings": self.settings, "dir": self.dir}
+        return {
+            "index": self.index,
+            "key": self.key,
+            "seeds": dict(self.seeds),
+            "settings": dict(self.settings),
+            "dir": self.dir,
+        }
 
 
 def _key(script_sha: str, args: list[str], root: int, seeds: dict[str, int], settings: dict[str, str]) -> str:
@@ -308,6 +314,7 @@ def read_record(out: Path, cell: Cell) -> RunRecord | None:
         record = json.loads((out / cell.dir / RECORD_FILE).read_text())
     except (OSError, ValueError):
         return None
+    # the record drift wrote for this cell (its key): read as written
     return cast(RunRecord, record) if isinstance(record, dict) and record.get("key") == cell.key else None
 
 
