@@ -8,13 +8,19 @@ import math
 import re
 import tarfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn, TypeVar
+
+Number = TypeVar("Number", int, float)
 
 
-def _number(cast: Callable[[str], float], what: str, low: float, low_ok: bool, high: float | None = None):
+def _number(
+    cast: Callable[[str], Number], what: str, low: float, low_ok: bool, high: float | None = None
+) -> Callable[[str], Number]:
+    """An option type: ``cast`` of the text, within the bounds (``low`` allowed when ``low_ok``)."""
     bound = f"{'>=' if low_ok else '>'} {low:g}" + (f" and <= {high:g}" if high is not None else "")
 
-    def parse(text: str) -> float:
+    def parse(text: str) -> Number:
+        value: Number | None
         try:
             value = cast(text)
         except ValueError:
@@ -114,7 +120,7 @@ def pack_file(text: str) -> str:
 class Parser(argparse.ArgumentParser):
     """Usage errors as one line, ``torchrepro: error: ...`` (exit 2), like every other error."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"torchrepro: error: {message} (see {self.prog} --help)\n")
 
 

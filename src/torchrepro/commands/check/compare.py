@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict, TypeVar
 
 from rich.console import Console
 
 from ...analysis.cache import key_findings
 from ...analysis.determinism import (
     FIXABLE,
+    Decision,
     cause_from_decomposition,
     cause_from_kernels,
     cause_from_replays,
@@ -50,9 +51,7 @@ def _snaps(run: Run) -> Path:
     return run.logs[0].path.parent / "snapshots"
 
 
-def localize(
-    checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, cause: str
-) -> tuple[str, dict[str, Any]]:
+def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, cause: str) -> Decision:
     """Replay the divergent step in both configurations with op capture (eagerly first when the
     configurations are the same) and name the first divergent op, its module and source."""
     same_config = spec_a.compile_mode == spec_b.compile_mode
@@ -70,7 +69,19 @@ def localize_graph(checker: Checker, spec: RunSpec, div: Divergence, cause: str)
     return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"))
 
 
-def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> dict[str, Any] | None:
+class DecompositionPair(TypedDict):
+    """Two runs of the backend decomposition compared: bit for bit, and their last parameter snapshots."""
+
+    between: list[str]
+    bit_exact: bool
+    final_max_abs: float | None
+    final_max_rel: float | None
+
+
+Decomposition = dict[str, DecompositionPair]  # "rng", "numerics" and "total"
+
+
+def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], against: str) -> Decomposition:
     """With inductor: eager, as written, and fallback_random=True separate RNG from numerics."""
     third = (
         RunSpec("eager", "eager", "compilation disabled")
@@ -81,7 +92,7 @@ def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], again
     runs[third.label] = (third, run)
     eager, fallback, compiled = (runs[k][1] for k in ("eager", "fallback-random", "compiled"))
     pairs = {"rng": (fallback, compiled), "numerics": (eager, fallback), "total": (eager, compiled)}
-    out = {}
+    out: Decomposition = {}
     for name, (x, y) in pairs.items():
         curve = divergence_curve(_snaps(x), _snaps(y), x.logs[0], y.logs[0])
         div, _ = first_divergence(x.logs, y.logs, Tolerance())  # bit for bit
@@ -128,7 +139,10 @@ def _earliest_divergence(
     return div, within, notes, pair
 
 
-def _guarded(what: str, cause: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, dict[str, Any]]:
+T = TypeVar("T")
+
+
+def _guarded(what: str, cause: str, fn: Callable[..., T], *args: Any) -> tuple[T | None, dict[str, Any]]:
     """``(fn(*args), {})``; a failure of the localisation itself (torchrepro's, not the user's run:
     a stop or a user error still ends the check) is ``(None, evidence)`` saying so, with the
     exception's first line and the cause still concluded."""
@@ -147,14 +161,14 @@ def _explain(
     div: Divergence,
     against: str | None,
     localize_divergence: bool,
-) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+) -> tuple[str, dict[str, Any], Decomposition | None]:
     """The cause of ``div`` between the runs of ``pair``, its evidence and (``--against`` with
     inductor) the backend decomposition: decided from the logs, then, while still unknown, from
     the decomposition, repeated kernels, or replays of the divergent step with op capture."""
     from .fix_ladder import localize_kernels
 
     (spec_a, run_a), (spec_b, run_b) = pair
-    decomposition = None
+    decomposition: Decomposition | None = None
     cause, evidence = decide(div, run_a.logs, run_b.logs, same_config=spec_a.compile_mode == spec_b.compile_mode)
     if against is not None and cause == "unknown":
         if uses_inductor(run_b.logs):
@@ -226,14 +240,17 @@ def check(
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
-    cause, evidence, decomposition = None, {}, None
+    cause: str | None = None
+    evidence: dict[str, Any] = {}
+    decomposition: Decomposition | None = None
+    ladder: list[dict[str, Any]] = []
     if div is not None:
         cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
         if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
             notes.append(evidence["localisation_note"])
-    ladder, stages = [], None
-    if div is not None and fixes is not False and against is None and (fixes or cause in FIXABLE):
-        ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
+        if fixes is not False and against is None and (fixes or cause in FIXABLE):
+            ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
+    stages = None
     if decomposition is not None and against == "eager" and fixes is not False:
         stages = backend_stages(checker, done)
     det = determinism_section(
@@ -294,7 +311,7 @@ def _report(
     run_dirs: dict[str, str],
     timings: dict[str, float],
     meta: dict[str, Any],
-    extra: list[Finding] = (),
+    extra: Sequence[Finding] = (),
     compared: tuple[Run, Run] | None = None,
 ) -> CheckReport:
     line = verdict_line(det)
@@ -364,7 +381,7 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
         )
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
     div, within, notes = _compare(run_a, run_b, tol)
-    compare_lengths(*endings, diverged=div is not None)
+    compare_lengths(endings[0], endings[1], diverged=div is not None)
     notes = run_a.problems + run_b.problems + notes + _missing_evidence(run_a, run_b)
     cause, evidence = decide(div, run_a.logs, run_b.logs) if div is not None else (None, {})
     if div is not None and cause == "unknown":
@@ -501,7 +518,8 @@ def check_resume(
     notes = [n for n in notes if "with the same index" not in n] + _resume_notes(full, stopped, resumed, at)
     if div is None:
         _check_resumed_ending(checker, full, resumed)
-    cause, evidence = (None, {})
+    cause: str | None = None
+    evidence: dict[str, Any] = {}
     if div is not None:
         cause, evidence = decide(div, full.logs, resumed.logs)
         evidence["hint"] = RESUME_HINTS.get(cause, RESUME_HINTS["unknown"])

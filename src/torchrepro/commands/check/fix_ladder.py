@@ -12,12 +12,12 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ...analysis.divergence import Divergence, Tolerance, first_divergence, settings, steps_compared
 from ...analysis.fixes import Candidate, FixRun, candidates, first_changing_stage, judge_fix, median_step_time
 from ...errors import InputError
-from ...eventlog.events import Compile, Step
+from ...eventlog.events import Compile, EventLog, Step
 from ...eventlog.rundir import Run
 
 if TYPE_CHECKING:
@@ -35,22 +35,88 @@ REPLAY_PAIRS = 3
 REPLAY_BUDGET_S = 240.0
 
 
-def _first_repeat_difference(calls: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
+class _GraphCallDigests(TypedDict):
+    compile_id: str
+    graph: str
+    inputs: list[str | None]
+    outputs: list[str | None]
+
+
+class Repeats(TypedDict, total=False):
+    """A graph call at the replayed step repeated on identical inputs: ``repeats`` times at
+    ``threads`` threads (``repeat_differs``: output index -> largest difference; ``one_thread_differs``
+    the same at one thread, None when it ran at one thread already)."""
+
+    threads: int
+    repeats: int
+    repeat_differs: dict[str, float | None]
+    one_thread_differs: dict[str, float | None] | None
+
+
+class GraphCall(_GraphCallDigests, Repeats, total=False):
+    """One compiled graph call of a kernel replay (:mod:`torchrepro.capture.kernels`): its input and
+    output digests; at the replayed step, its :class:`Repeats` or the ``error`` that stopped them.
+    ``at_step``: added here, to the replayed step's calls."""
+
+    error: str
+    at_step: bool
+
+
+class _OutputOf(TypedDict):
+    compile_id: str
+    graph: str
+    output_index: int
+
+
+class Output(_OutputOf, total=False):
+    """A compiled graph's output explained by a kernel replay, as far as it could be: the
+    parameter whose gradient it is, its FX node, the accumulating node, the op, its source and
+    module, and the inductor kernel computing it (evidence: merged into the determinism section's)."""
+
+    parameter: str
+    node: str
+    output: str
+    op: str
+    source: str | None
+    module: str | None
+    accumulating_node: str
+    kernel: str
+    kernel_fuses: list[str]
+    kernel_atomic_add: bool
+
+
+class KernelReplay(TypedDict):
+    """A kernel replay's record (``kernels`` of its replay file): the calls before the replayed step
+    and its own, each called graph's outputs explained (``"compile_id/graph"`` -> one per output),
+    and what failed in the replay's own checks."""
+
+    calls: list[GraphCall]
+    before: list[GraphCall]
+    explained: dict[str, list[Output]]
+    errors: list[str]
+
+
+Difference = tuple[GraphCall, int]  # a graph call and the index of its output that differs
+
+
+def _first_repeat_difference(calls: list[GraphCall]) -> Difference | None:
     for call in calls:
         if call.get("repeat_differs"):
             return call, int(next(iter(call["repeat_differs"])))
     return None
 
 
-def _calls(kernels: dict[str, Any]) -> list[dict[str, Any]]:
+def _calls(kernels: KernelReplay) -> list[GraphCall]:
     """Every compiled graph call of a kernel replay in order: those before the replayed step, then
     the step's own (marked ``at_step``)."""
-    return [*kernels.get("before", []), *({**c, "at_step": True} for c in kernels["calls"])]
+    return [*kernels.get("before", []), *(_at_step(c) for c in kernels["calls"])]
 
 
-def first_cross_difference(
-    a: list[dict[str, Any]], b: list[dict[str, Any]]
-) -> tuple[tuple[dict[str, Any], int] | None, str | None]:
+def _at_step(call: GraphCall) -> GraphCall:
+    return {**call, "at_step": True}
+
+
+def first_cross_difference(a: list[GraphCall], b: list[GraphCall]) -> tuple[Difference | None, str | None]:
     """Two processes' graph calls compared in order: the first call whose inputs agree and whose
     outputs do not (the call, the output's index), else None and, when the processes parted
     elsewhere, where (other graphs called, or a call's inputs differing while every earlier output
@@ -69,7 +135,7 @@ def first_cross_difference(
 
 def _replay_pair(
     checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run], attempt: int
-) -> list[dict[str, Any]]:
+) -> list[KernelReplay]:
     """Two kernel replays of the divergent step, side by side where the cores allow both replays'
     threads (a race between threads that take turns on a core rarely shows); their records."""
     suffix = "" if attempt == 0 else str(attempt + 1)
@@ -98,7 +164,7 @@ def localize_kernels(
     budget = max(REPLAY_BUDGET_S, 2 * max((float(r.meta.get("wall_s") or 0) for r in runs), default=0.0))
     start, attempts, parted = time.monotonic(), 0, None
     across = within = None
-    found: list[dict[str, Any]] = []
+    found: list[KernelReplay] = []
     while attempts < REPLAY_PAIRS and (attempts == 0 or time.monotonic() - start < budget):
         found = _replay_pair(checker, spec_a, spec_b, div, runs, attempts)
         attempts += 1
@@ -107,17 +173,18 @@ def localize_kernels(
         within = next((hit for k in found for hit in [_first_repeat_difference(k["calls"])] if hit), None)
         if across or within or not found:
             break
-    if not (across or within):
+    hit = across or within
+    if hit is None:
         return None
-    call, index = across or within  # type: ignore[misc]
+    call, index = hit
     return _name_kernel(found, call, index, within, across is not None, attempts, parted)
 
 
 def _name_kernel(
-    found: list[dict[str, Any]],
-    call: dict[str, Any],
+    found: list[KernelReplay],
+    call: GraphCall,
     index: int,
-    within: tuple[dict[str, Any], int] | None,
+    within: Difference | None,
     by_processes: bool,
     attempts: int,
     parted: str | None,
@@ -125,8 +192,8 @@ def _name_kernel(
     """The evidence for the kernel behind output ``index`` of graph call ``call``: what names it
     (two processes' graph calls, or the in-process repeats), and the repeats' thread dependence."""
     explained = found[0]["explained"].get(f"{call['compile_id']}/{call['graph']}") or []
-    named = (
-        dict(explained[index])
+    named: Output = (
+        explained[index].copy()
         if index < len(explained)
         else {"compile_id": call["compile_id"], "graph": call["graph"], "output_index": index}
     )
@@ -147,7 +214,7 @@ def _name_kernel(
     same_graph = [
         c for k in found for c in k["calls"] if (c["compile_id"], c["graph"]) == (call["compile_id"], call["graph"])
     ]
-    repeat = next((c for c in same_graph if c.get("repeat_differs")), same_graph[0] if same_graph else {})
+    repeat: Repeats = next((c for c in same_graph if c.get("repeat_differs")), same_graph[0]) if same_graph else {}
     one = repeat.get("one_thread_differs")
     threads = {
         "threads": repeat.get("threads"),
@@ -238,15 +305,21 @@ def step_times(run: Run) -> list[float]:
 def _written_baseline(runs: list[Run], last: int) -> float | None:
     """The median over the runs as written of their median step time to step ``last`` (only
     when the baseline run failed: these runs' early steps may hold a cold compile)."""
-    medians = [median_step_time([s.time_s for s in r.logs[0].of(Step) if s.index <= last]) for r in runs if r.logs]
-    medians = [m for m in medians if m is not None]
+    each = [median_step_time([s.time_s for s in r.logs[0].of(Step) if s.index <= last]) for r in runs if r.logs]
+    medians = [m for m in each if m is not None]
     return sorted(medians)[len(medians) // 2] if medians else None
 
 
 def _jobs(runs: list[Run]) -> int:
     """Fix runs side by side only where cores allow: the CPUs over the threads one run uses."""
-    threads = max((int(settings(log).get("num_threads") or 1) for r in runs for log in r.logs), default=1)
-    return max(1, (os.cpu_count() or 1) // max(threads, 1))
+    threads = max((_threads(log) for r in runs for log in r.logs), default=1)
+    return max(1, (os.cpu_count() or 1) // threads)
+
+
+def _threads(log: EventLog) -> int:
+    """The intra-op threads a rank ran with (recorded as an int; 1 when not recorded)."""
+    value = settings(log).get("num_threads")
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def _truncated(

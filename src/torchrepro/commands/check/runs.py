@@ -9,6 +9,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ class Checker:
         the machine has room, else one after the other."""
         if len(specs) > 1 and side_by_side_allowed(len(specs) * self.nproc):
             self.console.print(f"[dim]· {len(specs)} runs side by side[/]", highlight=False)
-            return side_by_side([lambda spec=spec: self.run(spec) for spec in specs])
+            return side_by_side([partial(self.run, spec) for spec in specs])
         return [self.run(spec) for spec in specs]
 
     def run(
@@ -162,10 +163,11 @@ class Checker:
         graphs: bool = False,
         rank: int = 0,
         kernels: bool = False,
-    ) -> dict | None:
+    ) -> dict[str, Any] | None:
         """Rerun ``spec`` up to ``step`` and record that step on ``rank``: every op, every compiled
         graph against eager (``graphs``), or every compiled graph repeated on identical inputs
-        (``kernels``)."""
+        (``kernels``). The record as the replay wrote it (``step``, and ``ops``, ``graphs`` or ``kernels``:
+        :mod:`torchrepro.capture.ops`), or None when it wrote none."""
         out = self.out / "replays" / f"{tag}.json"
         mode = "eager" if eager else spec.compile_mode
         what = (
@@ -202,7 +204,8 @@ class Checker:
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)
         if out.exists():
-            return json.loads(out.read_text())
+            record: dict[str, Any] = json.loads(out.read_text())
+            return record
         self.replay_failures[tag] = _why_no_record(result, step)
         return None
 

@@ -8,7 +8,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ...analysis.doctor import Budgets, analyse
 from ...analysis.kept_steps import KeptSteps
@@ -84,7 +84,19 @@ def _say(text: str) -> None:
     print(f"torchrepro: {text}", file=sys.stderr, flush=True)
 
 
-def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: int = 1, **extra: Any) -> dict:
+# run.json as written here: open (launch_meta's fields, a fix run's own, what finish_meta adds)
+RunMeta = dict[str, Any]
+
+
+class StackFrame(TypedDict):
+    """A frame of a stalled rank's Python stack (``run.json``'s ``stall.stacks``)."""
+
+    file: str
+    line: int
+    function: str
+
+
+def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: int = 1, **extra: Any) -> RunMeta:
     """The ``run.json`` written before a run starts (completed by :func:`finish_meta`)."""
     from ..._compat import installed_torch_version
 
@@ -105,7 +117,7 @@ def start_meta(script: Path, args: list[str], *, seed: int | None, world_size: i
 _FRAME = re.compile(r'File "(.+)", line (\d+) in (.+)')
 
 
-def parse_stacks(path: Path) -> list[dict[str, Any]]:
+def parse_stacks(path: Path) -> list[StackFrame]:
     """The main thread's frames (most recent first) from a faulthandler dump."""
     if not path.exists():
         return []
@@ -114,7 +126,7 @@ def parse_stacks(path: Path) -> list[dict[str, Any]]:
     return [{"file": f, "line": int(n), "function": fn.strip()} for f, n, fn in _FRAME.findall(main)]
 
 
-def finish_meta(meta: dict, result: ChildResult, run_dir: Path) -> dict:
+def finish_meta(meta: RunMeta, result: ChildResult, run_dir: Path) -> RunMeta:
     """Complete ``run.json`` with how the run ended (``ended``: the supervisor's end record, see
     :func:`~torchrepro.eventlog.rundir.supervisor_lost`): per rank exit codes and stderr, a stall."""
     logs = rank_logs(run_dir)

@@ -17,9 +17,17 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
 from .. import options
 from ...errors import UserError
 from .._finish import Outcome
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .experiment import MetricSpec, Plan, SequentialPlan
 
 MAX_RUNS = 10_000  # the largest design (cells x runs) run without --allow-large
 DEFAULT_BUDGET = 200  # drift --until-clear's --max-runs
@@ -40,7 +48,7 @@ exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error
 """
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Any) -> None:
     """Register ``drift``."""
     p = sub.add_parser(
         "drift",
@@ -122,7 +130,7 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _metric(args: argparse.Namespace, plan: dict | None = None):
+def _metric(args: argparse.Namespace, plan: Plan | None = None) -> MetricSpec:
     from .experiment import MetricSpec
 
     if args.metric or args.metric_regex or plan is None:
@@ -152,6 +160,7 @@ def run(args: argparse.Namespace) -> Outcome | int:
             raise UserError(f"--run-one {args.run_one}: the plan has cells 0..{len(cells) - 1}")
         cell = cells[args.run_one]
         record = Runner(out, plan).run(cell) if unfinished(out, cell) else read_record(out, cell)  # not rerun
+        assert record is not None  # a record was read, or the run ended (it stops only on an interrupt, raised)
         print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({out / cell.dir})")
         return 3 if record["exit_code"] else 0
     return _plan_and_run(args)
@@ -173,7 +182,7 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     factors = args.vary or DEFAULT_FACTORS.split(",")
     levels = args.runs or 4
 
-    def planned(n: int, sequential: dict | None = None) -> dict:
+    def planned(n: int, sequential: SequentialPlan | None = None) -> Plan:
         return make_plan(
             script,
             args.args,
@@ -203,7 +212,7 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
         return _report(out, plan, args, counts, round(time.perf_counter() - t0, 3))
     looks, total = [levels], {"planned": 0, "reused": 0, "ran": 0, "crashed": 0}
     while True:
-        sequential = {"looks": looks, "max_runs": budget, "target_effect": args.target_effect}
+        sequential: SequentialPlan = {"looks": looks, "max_runs": budget, "target_effect": args.target_effect}
         plan = planned(looks[-1], sequential)
         prepare_out(out, plan)
         counts = _launch(out, plan, args, console)
@@ -219,7 +228,7 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     return _report(out, plan, args, total, round(time.perf_counter() - t0, 3))
 
 
-def _check_sequential(plan: dict, factors: list[str], budget: int) -> None:
+def _check_sequential(plan: Plan, factors: list[str], budget: int) -> None:
     """One-line errors for an ``--until-clear`` that could decide nothing or exceed its budget at once."""
     from .experiment import plan_size
 
@@ -233,7 +242,7 @@ def _check_sequential(plan: dict, factors: list[str], budget: int) -> None:
         raise UserError(f"--max-runs {budget} is smaller than the first look ({first} runs at --runs {plan['runs']})")
 
 
-def next_levels(plan: dict, levels: int, jobs: int) -> int:
+def next_levels(plan: Plan, levels: int, jobs: int) -> int:
     """The levels of the next look: as many more as fit in one batch of ``jobs`` runs, at least one."""
     from .experiment import plan_size
 
@@ -243,7 +252,7 @@ def next_levels(plan: dict, levels: int, jobs: int) -> int:
     return n
 
 
-def _launch(out: Path, plan: dict, args: argparse.Namespace, console) -> dict:
+def _launch(out: Path, plan: Plan, args: argparse.Namespace, console: Console) -> dict[str, int]:
     """Run what ``plan`` still lacks (SIGTERM and Ctrl-C end the live runs; finished runs stay)."""
     from .experiment import run_all
 
@@ -261,7 +270,7 @@ def _launch(out: Path, plan: dict, args: argparse.Namespace, console) -> dict:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _print_plan(out: Path, plan: dict, args: argparse.Namespace) -> None:
+def _print_plan(out: Path, plan: Plan, args: argparse.Namespace) -> None:
     """``--plan``: write the run matrix; with finished runs in ``out`` (a pilot), say how many runs
     each factor needs."""
     from ...analysis.drift import fmt_number
@@ -281,11 +290,13 @@ def _print_plan(out: Path, plan: dict, args: argparse.Namespace) -> None:
         print(plan_sentence(item, fmt_number))
 
 
-def _interrupt(signum, frame) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _report(out: Path, plan: dict, args: argparse.Namespace, counts: dict | None, wall_s: float | None) -> Outcome:
+def _report(
+    out: Path, plan: Plan, args: argparse.Namespace, counts: dict[str, int] | None, wall_s: float | None
+) -> Outcome:
     """Collect and analyse the runs (``report.json``, ``report.html`` and the plots are written);
     a :class:`UserError` when no run produced the metric and none crashed."""
     from .experiment import build_report, collect

@@ -29,21 +29,24 @@ import threading
 import time
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, fmt_number, analyse, verdict
 from ...analysis.sequential import plan_sentence, planning, sequential_section, sequential_verdict
 from ...errors import InputError, UserError
-from ...eventlog.events import EVENTS_FILE, Metric, Step, read_events, read_header
+from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, read_header
 from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, spawn, wait_job
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
-from ...report.model import DriftReport, DriftSection, DriftSettings
+from ...report.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings
 from ...report.sanitize import visible
 from ...eventlog.rundir import LOCK_FILE, check_fields, read_json_file, write_json
 from ...report.save import write_report
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 ALL_SEEDS = "seeds"  # the one random axis when no random factor is named: every stream varied at once
 PLAN_FILE = "plan.json"
@@ -79,6 +82,70 @@ class MetricSpec:
         return self.name or ("metric" if self.regex else "final loss")
 
 
+class MetricJson(TypedDict):
+    """``plan.json``'s ``metric``: a :class:`MetricSpec`."""
+
+    name: str | None
+    regex: str | None
+
+
+class CellJson(TypedDict):
+    """One of ``plan.json``'s ``cells``: a :class:`Cell` and its run folder."""
+
+    index: int
+    key: str
+    seeds: dict[str, int]
+    settings: dict[str, str]
+    dir: str
+
+
+class SequentialPlan(TypedDict):
+    """``plan.json``'s ``sequential`` (``--until-clear``): the levels per factor at each look so far,
+    the budget of runs and the target effect."""
+
+    looks: list[int]
+    max_runs: int
+    target_effect: float | None
+
+
+class _PlanFields(TypedDict):
+    schema: str
+    script: str
+    script_sha256: str
+    args: list[str]
+    seed: int
+    vary: list[str]
+    random: list[str]
+    binary: list[str]
+    runs: int
+    metric: MetricJson
+    cells: list[CellJson]
+
+
+class Plan(_PlanFields, total=False):
+    """``plan.json``: the run matrix (:func:`make_plan`), ``sequential`` only under ``--until-clear``."""
+
+    sequential: SequentialPlan
+
+
+Levels = dict[str, int | str]  # a run's factor levels (torchrepro.runtime.factors): seeds, threads, backend ...
+
+
+class RunRecord(TypedDict):
+    """``drift-run.json``: a cell's run that finished (written when it ended)."""
+
+    key: str
+    index: int
+    seeds: dict[str, int]
+    settings: dict[str, str]
+    levels: Levels
+    compile_mode: str | None
+    exit_code: int
+    attempts: int  # records written before attempts were counted lack it: read with .get("attempts", 1)
+    wall_s: float
+    stderr_tail: list[str]
+
+
 @dataclass
 class Cell:
     """One run of the matrix: its seed levels and settings (``{}``: the script as written)."""
@@ -91,6 +158,15 @@ class Cell:
     @property
     def dir(self) -> str:
         return f"runs/{self.key}"
+
+    def to_json(self) -> CellJson:
+        return {
+            "index": self.index,
+            "key": self.key,
+            "seeds": dict(self.seeds),
+            "settings": dict(self.settings),
+            "dir": self.dir,
+        }
 
 
 def _key(script_sha: str, args: list[str], root: int, seeds: dict[str, int], settings: dict[str, str]) -> str:
@@ -108,8 +184,8 @@ def make_plan(
     seed: int,
     metric: MetricSpec,
     max_runs: int | None = None,
-    sequential: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    sequential: SequentialPlan | None = None,
+) -> Plan:
     """The run matrix (see the module docstring) as JSON: everything ``--run-one`` and ``--collect`` need.
     ``factors``: known names, each once (:func:`torchrepro.commands.options.factors`). A design of more
     than ``max_runs`` runs is a :class:`UserError`, raised before the matrix is built. ``sequential``
@@ -127,12 +203,12 @@ def make_plan(
             "give fewer --runs or factors, or --allow-large to run it anyway"
         )
     script_sha = hashlib.sha256(script.read_bytes()).hexdigest()
-    cells = []
+    cells: list[Cell] = []
     for settings in settings_list:
         for levels in itertools.product(range(runs), repeat=len(axes)):
             seeds = dict(zip(axes, levels))
             cells.append(Cell(len(cells), _key(script_sha, args, seed, seeds, settings), seeds, settings))
-    return {
+    plan: Plan = {
         "schema": PLAN_SCHEMA,
         "script": str(script.resolve()),
         "script_sha256": script_sha,
@@ -142,13 +218,15 @@ def make_plan(
         "random": random,
         "binary": binary,
         "runs": runs,
-        "metric": asdict(metric),
-        "cells": [{**asdict(c), "dir": c.dir} for c in cells],
-        **({"sequential": sequential} if sequential else {}),
+        "metric": {"name": metric.name, "regex": metric.regex},
+        "cells": [c.to_json() for c in cells],
     }
+    if sequential:
+        plan["sequential"] = sequential
+    return plan
 
 
-def cells_of(plan: dict[str, Any]) -> list[Cell]:
+def cells_of(plan: Plan) -> list[Cell]:
     """The plan's cells; a key that is not 16 hex digits (a run folder name) is an input error."""
     try:
         cells = [Cell(int(c["index"]), str(c["key"]), dict(c["seeds"]), dict(c["settings"])) for c in plan["cells"]]
@@ -159,14 +237,14 @@ def cells_of(plan: dict[str, Any]) -> list[Cell]:
     return cells
 
 
-def child_levels(plan: dict[str, Any], cell: Cell) -> tuple[str | None, dict[str, Any]]:
+def child_levels(plan: Plan, cell: Cell) -> tuple[str | None, Levels]:
     """The ``--compile-mode`` and the factor levels (:mod:`torchrepro.runtime.factors`) of one run. Random
     factors not varied stay at level 0: their streams are still separate."""
     if ALL_SEEDS in cell.seeds:
         streams = {name: cell.seeds[ALL_SEEDS] for name in RANDOM_FACTORS}
     else:
         streams = {name: cell.seeds.get(name, 0) for name in RANDOM_FACTORS}
-    levels: dict[str, Any] = {"root": plan["seed"], **streams}
+    levels: Levels = {"root": plan["seed"], **streams}
     compile_mode = None
     for name, value in cell.settings.items():
         if name == "compile":
@@ -182,18 +260,20 @@ def child_levels(plan: dict[str, Any], cell: Cell) -> tuple[str | None, dict[str
     return compile_mode, levels
 
 
-def load_plan(out: Path) -> dict[str, Any]:
+def load_plan(out: Path) -> Plan:
+    """``out``'s ``plan.json``; an :class:`InputError` when it is missing, unreadable, of another
+    schema or a field holds another JSON type (its cells are checked by :func:`cells_of`)."""
     path = out / PLAN_FILE
     if not path.is_file():
         raise InputError(f"{out} holds no {PLAN_FILE}: not a drift directory (make one with torchrepro drift --plan)")
     try:
-        plan = read_json_file(path)
+        data = read_json_file(path)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(plan, dict) or plan.get("schema") != PLAN_SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         raise InputError(f"{path}: not a {PLAN_SCHEMA} file")
-    check_fields(path, plan, PLAN_FIELDS)
-    return plan
+    check_fields(path, data, PLAN_FIELDS)
+    return cast(Plan, data)  # the JSON types of its fields checked just above
 
 
 # plan.json's fields (make_plan) and the JSON types each may hold
@@ -205,13 +285,13 @@ PLAN_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def plan_size(plan: dict[str, Any], levels: int) -> int:
+def plan_size(plan: Plan, levels: int) -> int:
     """The runs of ``plan``'s design at ``levels`` levels per seed axis (the settings × levels^axes)."""
     axes = len(plan["random"]) or 1
-    return len(plan["cells"]) // plan["runs"] ** axes * levels**axes
+    return int(len(plan["cells"]) // plan["runs"] ** axes * levels**axes)  # int ** int is typed Any (2 ** -1 is float)
 
 
-def check_out(out: Path, plan: dict[str, Any]) -> None:
+def check_out(out: Path, plan: Plan) -> None:
     """:class:`InputError` unless ``out`` is a new or empty directory, or one holding a drift
     experiment of the same script (its finished runs are reused). Anything else is never touched."""
     if out.exists() and (not out.is_dir() or any(p.name != LOCK_FILE for p in out.iterdir())):
@@ -222,33 +302,34 @@ def check_out(out: Path, plan: dict[str, Any]) -> None:
             raise InputError(f"{out} holds a drift experiment of {old.get('script')}: choose another --out")
 
 
-def prepare_out(out: Path, plan: dict[str, Any]) -> None:
+def prepare_out(out: Path, plan: Plan) -> None:
     """Write the plan into ``out`` (:func:`check_out` first)."""
     check_out(out, plan)
     write_json(out / PLAN_FILE, plan)
 
 
-def read_record(out: Path, cell: Cell) -> dict[str, Any] | None:
+def read_record(out: Path, cell: Cell) -> RunRecord | None:
     """The record of a finished run (None: not run, or interrupted)."""
     try:
         record = json.loads((out / cell.dir / RECORD_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("key") == cell.key else None
+    # the record drift wrote for this cell (its key): read as written
+    return cast(RunRecord, record) if isinstance(record, dict) and record.get("key") == cell.key else None
 
 
 class Runner:
     """Runs cells as ``torchrepro run`` jobs (:func:`~torchrepro.commands.launcher.spawn`, output to
     the run's logs); :meth:`stop` ends every live one."""
 
-    def __init__(self, out: Path, plan: dict[str, Any]):
+    def __init__(self, out: Path, plan: Plan):
         self.out, self.plan = out, plan
         self.script = Path(plan["script"])
         self._live: dict[int, Job] = {}
         self._lock = threading.Lock()
         self.stopping = threading.Event()
 
-    def run(self, cell: Cell) -> dict[str, Any] | None:
+    def run(self, cell: Cell) -> RunRecord | None:
         """Run one cell; its record, or None when stopped before it finished."""
         run_dir = self.out / cell.dir
         attempt = 1
@@ -291,7 +372,7 @@ class Runner:
         if self.stopping.is_set():
             return None
         tail = (logs / "stderr.log").read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
-        record = {
+        record: RunRecord = {
             "key": cell.key,
             "index": cell.index,
             "seeds": cell.seeds,
@@ -327,7 +408,7 @@ def unfinished(out: Path, cell: Cell) -> bool:
     return not log.is_file() or read_events(log).end is None
 
 
-def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str = "local") -> dict[str, int]:
+def run_all(out: Path, plan: Plan, jobs: int, console: Console, launcher: str = "local") -> dict[str, int]:
     """Run every cell without a record, ``jobs`` at a time (``launcher="ray"``: as Ray tasks), with a
     live progress bar (ETA) on ``console``. Returns counts ``{"planned", "reused", "ran", "crashed"}``;
     on Ctrl-C or SIGTERM the live runs are ended (they rerun next time) and KeyboardInterrupt propagates,
@@ -379,7 +460,7 @@ def run_all(out: Path, plan: dict[str, Any], jobs: int, console, launcher: str =
     return counts
 
 
-def _locally(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Generator[dict[str, Any], None, None]:
+def _locally(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[RunRecord, None, None]:
     """The records of ``cells`` as they finish, ``jobs`` child processes at a time."""
     runner = Runner(out, plan)
     pool = ThreadPoolExecutor(max_workers=jobs)
@@ -395,7 +476,7 @@ def _locally(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> G
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Generator[dict[str, Any], None, None]:
+def _on_ray(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[RunRecord, None, None]:
     """The records of ``cells`` run as Ray tasks (1 CPU each) on ``$RAY_ADDRESS``'s cluster, else on a
     local one with ``jobs`` CPUs. ``--out`` (absolute here) must be on a filesystem every node sees."""
     try:
@@ -406,15 +487,16 @@ def _on_ray(out: Path, plan: dict[str, Any], cells: list[Cell], jobs: int) -> Ge
     if started:
         address = os.environ.get("RAY_ADDRESS", "").strip()
         _ray_reachable(address)
-        local = {} if address else {"num_cpus": jobs, "include_dashboard": False}
-        try:
-            ray.init(log_to_driver=False, **local)
+        try:  # a new local cluster (no RAY_ADDRESS): jobs CPUs, no dashboard
+            ray.init(
+                log_to_driver=False, num_cpus=None if address else jobs, include_dashboard=None if address else False
+            )
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
             raise UserError(
                 f"--launcher ray: cannot join the Ray cluster at {address or 'a new local one'}: {exc}"
             ) from None
     run_cell = ray.remote(num_cpus=1)(_run_cell)  # a worker that dies: Ray runs the task again (attempts)
-    index = {run_cell.remote(str(out.resolve()), plan, asdict(cell)): cell.index for cell in cells}
+    index = {run_cell.remote(str(out.resolve()), plan, cell): cell.index for cell in cells}
     waiting = list(index)
     try:
         while waiting:
@@ -454,12 +536,12 @@ def _ray_reachable(address: str, timeout_s: float = 3.0) -> None:
         ) from None
 
 
-def _run_cell(out: str, plan: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any] | None:
+def _run_cell(out: str, plan: Plan, cell: Cell) -> RunRecord | None:
     """One cell in a Ray worker."""
-    return Runner(Path(out), plan).run(Cell(**cell))
+    return Runner(Path(out), plan).run(cell)
 
 
-def _metric(spec: MetricSpec, events: list, stdout: Path) -> tuple[float | None, str | None]:
+def _metric(spec: MetricSpec, events: list[Event], stdout: Path) -> tuple[float | None, str | None]:
     if spec.name:
         values = [e.value for e in events if isinstance(e, Metric) and e.name == spec.name and e.value is not None]
         return (values[-1], None) if values else (None, f"no torchrepro.log_metric({spec.name!r}) in the run")
@@ -479,7 +561,7 @@ def _metric(spec: MetricSpec, events: list, stdout: Path) -> tuple[float | None,
     return (losses[-1], None) if losses else (None, "no training step recorded a loss")
 
 
-def check_metric(out: Path, record: dict[str, Any], metric: MetricSpec) -> None:
+def check_metric(out: Path, record: RunRecord, metric: MetricSpec) -> None:
     """``--metric NAME``: a :class:`UserError` naming the metrics a finished run did log when it
     logged no ``NAME`` (checked on the first run, so a misspelt name does not cost the whole design)."""
     if not metric.name:
@@ -494,7 +576,7 @@ def check_metric(out: Path, record: dict[str, Any], metric: MetricSpec) -> None:
         )
 
 
-def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRun]:
+def collect(out: Path, plan: Plan, metric: MetricSpec) -> list[DriftRun]:
     """Every cell as a :class:`DriftRun`: its metric and what capture observed, or why it is excluded."""
     runs = []
     for cell in cells_of(plan):
@@ -527,7 +609,7 @@ def collect(out: Path, plan: dict[str, Any], metric: MetricSpec) -> list[DriftRu
 
 def build_report(
     out: Path,
-    plan: dict[str, Any],
+    plan: Plan,
     runs: list[DriftRun],
     metric: MetricSpec,
     *,
@@ -602,7 +684,7 @@ def build_report(
     return report
 
 
-def sequential_stop(out: Path, plan: dict[str, Any], metric: MetricSpec, target_effect: float | None) -> str:
+def sequential_stop(out: Path, plan: Plan, metric: MetricSpec, target_effect: float | None) -> str:
     """Whether ``--until-clear`` goes on after this look: ``continue``, else why it stops
     (:func:`torchrepro.analysis.sequential.sequential_section`)."""
     runs = collect(out, plan, metric)
@@ -613,7 +695,7 @@ def sequential_stop(out: Path, plan: dict[str, Any], metric: MetricSpec, target_
 
 def pilot_planning(
     out: Path,
-    plan: dict[str, Any],
+    plan: Plan,
     metric: MetricSpec,
     target_effect: float | None,
     observed: float | None,
@@ -643,8 +725,8 @@ def pilot_planning(
 
 
 def add_plan_and_path(
-    section: dict[str, Any],
-    plan: dict[str, Any],
+    section: DriftAnalysis,
+    plan: Plan,
     runs: list[DriftRun],
     *,
     target_effect: float | None,
@@ -695,7 +777,7 @@ def add_plan_and_path(
     section["verdict"] = "; ".join([*head, *more])
 
 
-def _design(plan: dict[str, Any]) -> str:
+def _design(plan: Plan) -> str:
     n, random, binary = plan["runs"], plan["random"], plan["binary"]
     text = (
         (" × ".join(f"{name} ({n} seeds)" for name in random) + ", fully crossed")
