@@ -198,7 +198,9 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  parameter fingerprints (amortized)", "torchrepro.capture.steps", "fingerprint_later", None),
     ("  read-back add (CPU: read, written)", "torchrepro.capture.readback", "add", "Readback"),
     ("  read-back poll (device values)", "torchrepro.capture.readback", "poll", "Readback"),
-    ("  event write (JSON line + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
+    ("  event write (record + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
+    ("    record encoding (steps.bin)", "torchrepro.eventlog.stepstream", "encode", "Encoder"),
+    ("    write system call", "torchrepro.eventlog.events", "_write", None),
 ]
 
 

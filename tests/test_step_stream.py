@@ -90,6 +90,39 @@ def test_every_value_reads_back_exactly_through_any_piece_size():
         assert [exact([at, *f.values()]) for at, f in got] == [exact(r) for r in records]
 
 
+def test_lists_and_dicts_of_fingerprints_that_all_change_read_back_exactly():
+    """Every item of a list or dict changed (a step's parameter or RNG fingerprints): all
+    fingerprints of one size are decoded in one piece, any other mix item by item."""
+    rng = random.Random(7)
+
+    def fps(sizes: list[int]) -> list[str]:
+        return [os.urandom(n).hex() for n in sizes]
+
+    records = []
+    for i in range(3 * KEYFRAME_EVERY // 2):
+        sizes = rng.choice([[8] * 8, [8, 8, 4], [2, 2], [8] * 3])
+        items: list[Any] = fps(sizes)
+        if i % 5 == 0:
+            items[-1] = rng.choice(["ABCD", 3, None, "00ff" * 70])  # no fingerprint, or one too long to be one
+        keys = ["torch_cpu", "numpy", "python"][: len(items)] if len(items) <= 3 else None
+        records.append([i, items, dict(zip(keys, items)) if keys else {"x": fps([8])[0]}])
+    encoder = Encoder(["list", "dict"])
+    blob = encoder.header() + b"".join(encoder.encode(r) for r in records)
+    for piece in (5, len(blob)):
+        decoder = Decoder(dict)
+        got = []
+        for i in range(0, len(blob), piece):
+            got += decoder.feed(blob[i : i + piece])
+        got += decoder.finish()
+        assert not decoder.damaged, decoder.problems
+        assert [[at, *f.values()] for at, f in got] == records
+    cut = blob[: len(blob) - 3]  # the last record cut inside its fingerprints: damage, not wrong values
+    decoder = Decoder(dict)
+    got = decoder.feed(cut) + decoder.finish()
+    assert decoder.truncated and [[at, *f.values()] for at, f in got] == records[: len(got)]
+    assert len(got) == len(records) - 1
+
+
 def test_fields_are_matched_by_name_across_versions(tmp_path):
     """A stream from a writer whose steps had a field this one lacks (ignored) and lacked one it has
     (its default)."""

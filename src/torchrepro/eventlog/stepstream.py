@@ -128,6 +128,8 @@ class Encoder:
             raise
         self._key_next = False
         self.records += 1
+        if mask < 0x80 and len(body) < 0x7F and not key:  # most records: length and mask one byte each
+            return bytes((len(body) + 1, mask)) + body
         out = bytearray(KEYFRAME if key else b"")
         head = bytearray()
         _varint(mask, head)
@@ -386,12 +388,17 @@ class Decoder:
             mask ^= low
             i = low.bit_length() - 1
             old = prev[i]
-            if buf[pos] == 0x03 and type(old) is int:  # an int's change, less the predicted change
+            tag = buf[pos]
+            if tag == 0x03 and type(old) is int:  # an int's change, less the predicted change
                 z, pos = _read_varint(buf, pos + 1)
                 change = delta[i] + (z >> 1 if not z & 1 else -(z >> 1) - 1)
                 prev[i] = old + change
+            elif 0x80 <= tag < 0xC0:  # a fingerprint (the most common value: decoded here, not through the table)
+                pos += 1
+                prev[i], pos = buf[pos : pos + (tag & 0x3F)].hex(), pos + (tag & 0x3F)
+                change = 0
             else:
-                prev[i], pos = table[buf[pos]](buf, pos + 1, old)
+                prev[i], pos = table[tag](buf, pos + 1, old)
                 change = 0
             delta[i] = change
             if change:
@@ -474,14 +481,25 @@ class Decoder:
             def read(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
                 if type(old) is not (dict if keyed else list):
                     raise Damaged("a change to a value that is not there")
-                olds = list(old.values() if isinstance(old, dict) else old)
+                out = list(old.values() if isinstance(old, dict) else old)
                 mask, pos = _read_varint(buf, pos)
-                if mask >> len(olds):
+                n = len(out)
+                if mask >> n:
                     raise Damaged("an item beyond the previous value's")
-                out = list(olds)
-                for j in range(len(olds)):
-                    if mask >> j & 1:
-                        out[j], pos = table[buf[pos]](buf, pos + 1, olds[j])
+                if mask == (1 << n) - 1 and n > 1 and 0x80 <= (tag := buf[pos]) < 0xC0:
+                    # every item changed (a step's parameter or RNG fingerprints): when all are
+                    # fingerprints of one size, one hex() of their bytes cut in n, tags and all
+                    stride = (tag & 0x3F) + 1
+                    end = pos + n * stride
+                    if buf[pos:end:stride] == bytes((tag,)) * n and end <= len(buf):
+                        text, w = buf[pos:end].hex(), 2 * stride
+                        out = [text[k + 2 : k + w] for k in range(0, n * w, w)]
+                        return (dict(zip(old, out)) if keyed else out), end
+                while mask:
+                    low = mask & -mask
+                    mask ^= low
+                    j = low.bit_length() - 1
+                    out[j], pos = table[buf[pos]](buf, pos + 1, out[j])
                 return (dict(zip(old, out)) if keyed else out), pos
 
             return read
