@@ -123,6 +123,24 @@ def test_lists_and_dicts_of_fingerprints_that_all_change_read_back_exactly():
     assert len(got) == len(records) - 1
 
 
+def test_a_model_of_over_70_parameter_tensors_fingerprinted_every_step_reads_back(tmp_path):
+    """``check`` fingerprints every parameter every step: a GPT-2 has 148 parameter tensors, so a
+    record's list of changed fingerprints carries a 148-bit mask (the reader once refused masks
+    over 70 bits as damage and kept only the keyframes: 2 steps of 300)."""
+    rng = random.Random(148)
+    steps = [
+        Step(index=i, step=i, loss=1.0 / (i + 1), param_fps=[rng.randbytes(8).hex() for _ in range(148)])
+        for i in range(300)
+    ]
+    for i in range(0, 300, 7):  # and some steps where only some of them changed
+        steps[i].param_fps = [*steps[i - 1].param_fps[:100], *steps[i].param_fps[100:]] if i else steps[i].param_fps
+    path = tmp_path / "rank-0" / "events.jsonl"
+    write_all(path, [Header(), *steps])
+    log = read_events(path)
+    assert not log.problems
+    assert [s.param_fps for s in log.of(Step)] == [s.param_fps for s in steps]
+
+
 def test_fields_are_matched_by_name_across_versions(tmp_path):
     """A stream from a writer whose steps had a field this one lacks (ignored) and lacked one it has
     (its default)."""

@@ -482,8 +482,8 @@ class Decoder:
                 if type(old) is not (dict if keyed else list):
                     raise Damaged("a change to a value that is not there")
                 out = list(old.values() if isinstance(old, dict) else old)
-                mask, pos = _read_varint(buf, pos)
                 n = len(out)
+                mask, pos = _read_varint(buf, pos, n)  # a bit an item: a model's parameters, over 70
                 if mask >> n:
                     raise Damaged("an item beyond the previous value's")
                 if mask == (1 << n) - 1 and n > 1 and 0x80 <= (tag := buf[pos]) < 0xC0:
@@ -518,8 +518,11 @@ class Decoder:
         return table
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _read_varint(buf: bytes, pos: int, bits: int = 64) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it; ``Damaged`` for one longer than ``bits``
+    bits need (a mask has a bit per item: a list of a model's parameter fingerprints needs more than 64)."""
     n = shift = 0
+    limit = max(bits, 64) + 6
     while True:
         b = buf[pos]
         pos += 1
@@ -527,5 +530,5 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return n, pos
         shift += 7
-        if shift > 70:
-            raise Damaged("a varint of over 10 bytes")
+        if shift > limit:
+            raise Damaged(f"a varint of over {limit // 7 + 1} bytes")
