@@ -4,6 +4,7 @@ timed separately, with the time per event so linear scaling shows as a flat colu
 
     .venv/bin/python bench/merge.py                  # 2, 64 and 1024 ranks of 10 000 events
     .venv/bin/python bench/merge.py --ranks 2 8 --events 2000
+    .venv/bin/python bench/merge.py --ranks 64 --events 3000 --rounds 5   # medians, the ratio's min-max
 
 Each size is written twice: as the writer writes it now (``compact``: steps in ``steps.bin``) and
 with every step a JSON line (``lines``, as torchrepro.events/1 wrote it). "vs json" is the whole
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -195,11 +197,17 @@ def main() -> None:
         "--jobs", default="auto", help="reading processes (default auto: as `torchrepro report` chooses)"
     )
     parser.add_argument("--keep", metavar="DIR", type=Path, help="write the logs under DIR (reused if it holds them)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measure each row this many times, the rows taking turns; print medians"
+    )
     args = parser.parse_args()
-    print("CPU seconds (wall seconds in the last columns); json: a bare json.loads of the same events as lines")
+    print(
+        "CPU seconds (wall seconds in the last columns); json: a bare json.loads of the same events as lines; "
+        "with --rounds, medians and the CPU ratio's min-max"
+    )
     print(
         f"{'ranks':>6} {'events':>11} {'logs':>8} {'MB':>7} {'tree':>8} {'json s':>7} {'read s':>7} {'analyse s':>9} "
-        f"{'total s':>7} {'vs json':>7} {'µs/event':>8} {'wall s':>7} {'vs json':>7} {'peak RSS MB':>11}"
+        f"{'total s':>7} {'vs json':>7} {'min-max':>11} {'µs/event':>8} {'wall s':>7} {'vs json':>7} {'peak RSS MB':>11}"
     )
     trees = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     for ranks in args.ranks:
@@ -210,17 +218,24 @@ def main() -> None:
                 if not (root / f"rank-{ranks - 1}" / "events.jsonl").exists():
                     make_run(root, ranks, args.events, compact=name == "compact")
             total = ranks * args.events
-            for name, root in roots.items():
-                for tree, src in trees:
-                    r = report_child(root, roots["lines"], src, args.jobs)
-                    (bare, read, analysed), wall = r["cpu"], r["wall"]
-                    both, wall_both = read + analysed, wall[1] + wall[2]
-                    print(
-                        f"{ranks:>6} {total:>11,} {name:>8} {disk(root) / 1e6:>7.1f} {tree:>8} {bare:>7.2f} {read:>7.2f} "
-                        f"{analysed:>9.2f} {both:>7.2f} {both / bare:>6.2f}x {both / total * 1e6:>8.2f} {wall_both:>7.2f} "
-                        f"{wall_both / wall[0]:>6.2f}x {r['rss_mb']:>11.0f}",
-                        flush=True,
-                    )
+            rows = [(name, tree, src) for name in roots for tree, src in trees]
+            found: dict[tuple[str, str], list[dict[str, Any]]] = {(name, tree): [] for name, tree, _ in rows}
+            for _ in range(args.rounds):
+                for name, tree, src in rows:
+                    found[name, tree].append(report_child(roots[name], roots["lines"], src, args.jobs))
+            for name, tree, _ in rows:
+                runs = found[name, tree]
+                ratios = [(r["cpu"][1] + r["cpu"][2]) / r["cpu"][0] for r in runs]
+                bare, read, analysed = (statistics.median(r["cpu"][i] for r in runs) for i in range(3))
+                wall = [statistics.median(r["wall"][i] for r in runs) for i in range(3)]
+                both, wall_both = read + analysed, wall[1] + wall[2]
+                print(
+                    f"{ranks:>6} {total:>11,} {name:>8} {disk(roots[name]) / 1e6:>7.1f} {tree:>8} {bare:>7.2f} "
+                    f"{read:>7.2f} {analysed:>9.2f} {both:>7.2f} {statistics.median(ratios):>6.2f}x "
+                    f"{min(ratios):>5.2f}-{max(ratios):<5.2f} {both / total * 1e6:>8.2f} {wall_both:>7.2f} "
+                    f"{wall_both / wall[0]:>6.2f}x {max(r['rss_mb'] for r in runs):>11.0f}",
+                    flush=True,
+                )
         finally:
             if not args.keep:
                 shutil.rmtree(base, ignore_errors=True)

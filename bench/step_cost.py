@@ -5,6 +5,7 @@
     python bench/step_cost.py --width 2600 --baseline OTHER/src   # two trees, interleaved
     python bench/step_cost.py --model gpt --width 0 # the compiled GPT-style loop (~8-10 ms steps)
     python bench/step_cost.py --capture run         # what `torchrepro run` records instead
+    python bench/step_cost.py --cold --rounds 5     # the writer's pieces with the caches evicted, and hot
 
 A loop runs under a ``CaptureSession`` recording what ``torchrepro doctor`` records (``--capture
 doctor``, the default: ``StepConfig(ranks_only=True)``, in one process no RNG or batch digests) or
@@ -59,6 +60,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 SETUP = {"model": "mlp", "capture": "doctor", "backend": "inductor"}  # set from the command line
@@ -198,7 +200,9 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  parameter fingerprints (amortized)", "torchrepro.capture.steps", "fingerprint_later", None),
     ("  read-back add (CPU: read, written)", "torchrepro.capture.readback", "add", "Readback"),
     ("  read-back poll (device values)", "torchrepro.capture.readback", "poll", "Readback"),
-    ("  event write (JSON line + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
+    ("  event write (record + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
+    ("    record encoding (steps.bin)", "torchrepro.eventlog.stepstream", "encode", "Encoder"),
+    ("    write system call", "torchrepro.eventlog.events", "_write", None),
 ]
 
 
@@ -409,6 +413,74 @@ def side_by_side(width: int, steps: int, rounds: int, baseline: str) -> None:
     )
 
 
+def cold_pieces(rounds: int, calls: int = 300) -> None:
+    """``--cold``: the pieces of a doctor step's write, each timed with the caches evicted before
+    every call (a 32 MB copy, as a training step's GEMMs evict them) and back to back (hot): µs,
+    the median of ``calls`` calls per round, min/median/max over rounds. In a step the writer's
+    code runs once, cold: its cost is mostly the memory it touches (code, objects, dicts), not
+    the work it does (docs/performance.md, "What doctor costs a step")."""
+    import torch
+
+    from torchrepro.eventlog.events import EventWriter, Step, _names
+    from torchrepro.eventlog.stepstream import Encoder
+
+    src, dst = torch.ones(4 << 20, dtype=torch.float64), torch.empty(4 << 20, dtype=torch.float64)
+    t0, loss = time.time(), torch.tensor(0.5)
+
+    def doctor_step(i: int) -> Step:  # what doctor's step event holds in one process
+        return Step(t=t0 + i * 0.0173, step=i, index=i, loss=1 / (i + 1), time_s=round(0.02 + i % 7 * 1e-5, 6))
+
+    def record(i: int, moving_only: bool = False) -> list[object]:  # the values the writer encodes
+        step = doctor_step(i)
+        if moving_only:
+            step.t, step.loss, step.time_s = t0, 0.5, 0.02
+        return [0, *(getattr(step, name) for name in _names(Step))]
+
+    with tempfile.TemporaryDirectory(prefix="torchrepro-cold-") as tmp:
+        fd = os.open(Path(tmp) / "write.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        writers: list[EventWriter] = []
+
+        def writer() -> EventWriter:
+            writers.append(EventWriter(Path(tmp) / f"rank-{len(writers)}" / "events.jsonl"))
+            return writers[-1]
+
+        pieces: dict[str, tuple[Any, Any]] = {  # label: (the argument of call i, a fresh call)
+            "an empty function (the harness)": (int, lambda: lambda i: None),
+            "the Step event (dataclass)": (int, lambda: doctor_step),
+            "loss read: tensor.item()": (int, lambda: lambda i: loss.item()),
+            "encoding, only index/step move": (lambda i: record(i, True), lambda: Encoder(_names(Step)).encode),
+            "encoding, a doctor step": (record, lambda: Encoder(_names(Step)).encode),
+            "write system call (14 bytes)": (lambda i: b"\x0e" * 14, lambda: lambda data: os.write(fd, data)),
+            "EventWriter.write (encode + write)": (doctor_step, lambda: writer().write),
+        }
+        found: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label in pieces}
+        for _ in range(rounds):
+            for label, (argument, make) in pieces.items():
+                args, cold = [argument(i) for i in range(calls)], []
+                call = make()
+                for arg in args:
+                    dst.copy_(src)
+                    start = time.perf_counter()
+                    call(arg)
+                    cold.append(time.perf_counter() - start)
+                args, call, hot = [argument(i) for i in range(calls)], make(), []
+                for arg in args:
+                    start = time.perf_counter()
+                    call(arg)
+                    hot.append(time.perf_counter() - start)
+                found[label][0].append(statistics.median(cold[10:]) * 1e6)
+                found[label][1].append(statistics.median(hot[10:]) * 1e6)  # medians: a gc pass is no piece's
+        for w in writers:
+            w.close()
+        os.close(fd)
+    print(f"{'':38s} {'cold µs min/median/max':>24s} {'hot µs':>8s}")
+    for label, (cold, hot) in found.items():
+        print(
+            f"{label:38s} {min(cold):7.1f} {statistics.median(cold):7.1f} {max(cold):7.1f}  "
+            f"{statistics.median(hot):8.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -421,6 +493,7 @@ def main() -> None:
     parser.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
     parser.add_argument("--capture", choices=("doctor", "run"), default="doctor", help="what capture records")
     parser.add_argument("--backend", default="inductor", help="--model gpt: torch.compile's backend")
+    parser.add_argument("--cold", action="store_true", help="the pieces of a step's write, caches evicted, and hot")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fixed-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -429,6 +502,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.cold:
+        cold_pieces(args.rounds)
+        return
     if args.child:
         loop(args.width[0], args.steps, args.out)
         return

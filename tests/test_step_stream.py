@@ -90,6 +90,57 @@ def test_every_value_reads_back_exactly_through_any_piece_size():
         assert [exact([at, *f.values()]) for at, f in got] == [exact(r) for r in records]
 
 
+def test_lists_and_dicts_of_fingerprints_that_all_change_read_back_exactly():
+    """Every item of a list or dict changed (a step's parameter or RNG fingerprints): a long list
+    of fingerprints of one size is decoded in one piece, any other mix item by item."""
+    rng = random.Random(7)
+
+    def fps(sizes: list[int]) -> list[str]:
+        return [os.urandom(n).hex() for n in sizes]
+
+    records = []
+    for i in range(3 * KEYFRAME_EVERY // 2):
+        sizes = rng.choice([[8] * 20, [8] * 19 + [4], [2] * 16, [8] * 3, [8, 8, 4]])
+        items: list[Any] = fps(sizes)
+        if i % 5 == 0:
+            items[-1] = rng.choice(["ABCD", 3, None, "00ff" * 70])  # no fingerprint, or one too long to be one
+        keys = ["torch_cpu", "numpy", "python"][: len(items)] if len(items) <= 3 else None
+        records.append([i, items, dict(zip(keys, items)) if keys else {"x": fps([8])[0]}])
+    encoder = Encoder(["list", "dict"])
+    blob = encoder.header() + b"".join(encoder.encode(r) for r in records)
+    for piece in (5, len(blob)):
+        decoder = Decoder(dict)
+        got = []
+        for i in range(0, len(blob), piece):
+            got += decoder.feed(blob[i : i + piece])
+        got += decoder.finish()
+        assert not decoder.damaged, decoder.problems
+        assert [[at, *f.values()] for at, f in got] == records
+    cut = blob[: len(blob) - 3]  # the last record cut inside its fingerprints: damage, not wrong values
+    decoder = Decoder(dict)
+    got = decoder.feed(cut) + decoder.finish()
+    assert decoder.truncated and [[at, *f.values()] for at, f in got] == records[: len(got)]
+    assert len(got) == len(records) - 1
+
+
+def test_a_model_of_over_70_parameter_tensors_fingerprinted_every_step_reads_back(tmp_path):
+    """``check`` fingerprints every parameter every step: a GPT-2 has 148 parameter tensors, so a
+    record's list of changed fingerprints carries a 148-bit mask (the reader once refused masks
+    over 70 bits as damage and kept only the keyframes: 2 steps of 300)."""
+    rng = random.Random(148)
+    steps = [
+        Step(index=i, step=i, loss=1.0 / (i + 1), param_fps=[rng.randbytes(8).hex() for _ in range(148)])
+        for i in range(300)
+    ]
+    for i in range(0, 300, 7):  # and some steps where only some of them changed
+        steps[i].param_fps = [*steps[i - 1].param_fps[:100], *steps[i].param_fps[100:]] if i else steps[i].param_fps
+    path = tmp_path / "rank-0" / "events.jsonl"
+    write_all(path, [Header(), *steps])
+    log = read_events(path)
+    assert not log.problems
+    assert [s.param_fps for s in log.of(Step)] == [s.param_fps for s in steps]
+
+
 def test_fields_are_matched_by_name_across_versions(tmp_path):
     """A stream from a writer whose steps had a field this one lacks (ignored) and lacked one it has
     (its default)."""

@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -173,8 +173,8 @@ class StepRecorder:
         self,
         owner: Any,
         name: str,
-        before: Callable | None,
-        after: Callable | None = None,
+        before: Callable[..., None] | None,
+        after: Callable[[Any], None] | None = None,
         hide_from_dynamo: bool = False,
     ) -> None:
         """Replace ``owner.name`` by a wrapper calling ``before``/``after`` around the original.
@@ -182,7 +182,7 @@ class StepRecorder:
         call, as it would for the original, instead of tracing into torchrepro."""
         original = getattr(owner, name)
 
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_compiling():
                 return original(*args, **kwargs)
             if before is not None:
@@ -209,7 +209,7 @@ class StepRecorder:
         original = torch.nn.Module.__call__
         observe = self._safe(self._note_module_call)
 
-        def __call__(module, *args, **kwargs):
+        def __call__(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if self._in_module or torch.compiler.is_compiling():
                 return original(module, *args, **kwargs)
             self._in_module = True
@@ -220,11 +220,11 @@ class StepRecorder:
                 self._in_module = False
 
         __call__.__wrapped__ = original  # type: ignore[attr-defined]
-        torch.nn.Module.__call__ = __call__
+        setattr(torch.nn.Module, "__call__", __call__)
         self._undo.append(lambda: setattr(torch.nn.Module, "__call__", original))
         self._undo.append(when_imported("torch._dynamo", self._safe(lambda: _skip_frame(__call__))))
 
-    def _note_module_call(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def _note_module_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._pending_backward and self._backward_clocked():
             self._end_step("backward")  # the forward of the next step
         t0 = time.perf_counter()
@@ -508,7 +508,8 @@ class StepRecorder:
             )
 
     def _snapshot(self, index: int) -> None:
-        arrays = {name: _to_numpy(p) for name, p in zip(self._names, self._params)}
+        # Any: numpy's stub would match a dict of arrays, unpacked, against savez's allow_pickle: bool
+        arrays: dict[str, Any] = {name: _to_numpy(p) for name, p in zip(self._names or [], self._params or [])}
         folder = Path(self.snapshot_dir or "snapshots")
         folder.mkdir(parents=True, exist_ok=True)
         with atomic_path(folder / f"step-{index:07d}.npz") as tmp, open(tmp, "wb") as fp:
@@ -623,9 +624,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _to_numpy(p: torch.Tensor) -> np.ndarray:
+def _to_numpy(p: torch.Tensor) -> np.ndarray[Any, Any]:
     t = _local(p).detach().cpu()
-    return (t.float() if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) else t).numpy().copy()
+    wide = t.float() if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) else t
+    array: np.ndarray[Any, Any] = wide.numpy().copy()
+    return array
 
 
 def _kind(p: torch.Tensor) -> str:
@@ -640,7 +643,7 @@ def _is_module(obj: Any) -> bool:
         return False
 
 
-def _param_names(params: list[torch.Tensor], called: list[Any] = ()) -> list[str]:
+def _param_names(params: list[torch.Tensor], called: Sequence[Any] = ()) -> list[str]:
     """Names of the optimizer's parameters, from the module that owns them: the one covering most
     of them with the shortest names, among the modules the script called and their submodules
     (found once per run), else among all live modules (a scan of every object, ~0.2 s)."""
@@ -653,7 +656,7 @@ def _param_names(params: list[torch.Tensor], called: list[Any] = ()) -> list[str
     return [found.get(id(p), f"param{i}") for i, p in enumerate(params)]
 
 
-def _submodules(roots: list[Any]) -> list[Any]:
+def _submodules(roots: Sequence[Any]) -> list[Any]:
     found = []
     for root in roots:
         try:

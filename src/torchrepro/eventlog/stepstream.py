@@ -128,6 +128,8 @@ class Encoder:
             raise
         self._key_next = False
         self.records += 1
+        if mask < 0x80 and len(body) < 0x7F and not key:  # most records: length and mask one byte each
+            return bytes((len(body) + 1, mask)) + body
         out = bytearray(KEYFRAME if key else b"")
         head = bytearray()
         _varint(mask, head)
@@ -474,14 +476,26 @@ class Decoder:
             def read(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
                 if type(old) is not (dict if keyed else list):
                     raise Damaged("a change to a value that is not there")
-                olds = list(old.values() if isinstance(old, dict) else old)
-                mask, pos = _read_varint(buf, pos)
-                if mask >> len(olds):
+                out = list(old.values() if isinstance(old, dict) else old)
+                n = len(out)
+                mask, pos = _read_varint(buf, pos, n + 70)  # a bit an item: a model's parameters, over 70
+                if mask >> n:
                     raise Damaged("an item beyond the previous value's")
-                out = list(olds)
-                for j in range(len(olds)):
-                    if mask >> j & 1:
-                        out[j], pos = table[buf[pos]](buf, pos + 1, olds[j])
+                if n >= 16 and mask == (1 << n) - 1 and 0x80 <= (tag := buf[pos]) < 0xC0:
+                    # every item of a long list changed (a model's parameter fingerprints): when all
+                    # are fingerprints of one size, one hex() of their bytes cut in n, tags and all
+                    # (a third faster at 20 items, half the time at 148; no faster at 6)
+                    stride = (tag & 0x3F) + 1
+                    end = pos + n * stride
+                    if buf[pos:end:stride] == bytes((tag,)) * n and end <= len(buf):
+                        text, w = buf[pos:end].hex(), 2 * stride
+                        out = [text[k + 2 : k + w] for k in range(0, n * w, w)]
+                        return (dict(zip(old, out)) if keyed else out), end
+                while mask:
+                    low = mask & -mask
+                    mask ^= low
+                    j = low.bit_length() - 1
+                    out[j], pos = table[buf[pos]](buf, pos + 1, out[j])
                 return (dict(zip(old, out)) if keyed else out), pos
 
             return read
@@ -500,7 +514,9 @@ class Decoder:
         return table
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _read_varint(buf: bytes, pos: int, limit: int = 70) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it; ``Damaged`` for one of over ``limit // 7 + 1``
+    bytes (a list's mask has a bit an item: a model's parameter fingerprints, over 70)."""
     n = shift = 0
     while True:
         b = buf[pos]
@@ -509,5 +525,5 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return n, pos
         shift += 7
-        if shift > 70:
-            raise Damaged("a varint of over 10 bytes")
+        if shift > limit:
+            raise Damaged(f"a varint of over {limit // 7 + 1} bytes")
