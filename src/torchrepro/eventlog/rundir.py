@@ -123,7 +123,7 @@ def size_text(n: float) -> str:
     return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
 
 
-def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
+def default_run_dir(script: str | os.PathLike[str], root: str = "torchrepro-runs", label: str = "") -> Path:
     """``torchrepro-runs/<timestamp>-<script>[-label]``, unique."""
     stem = re.sub(r"[^\w.-]", "_", Path(script).stem) or "run"
     base = Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}{'-' + label if label else ''}"
@@ -189,12 +189,12 @@ def _locked(path: Path, lock: Path, create: bool) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.pread(fd, 32, 0)
-        if not holder:  # the holder writes its pid just after taking the lock
+        written = os.pread(fd, 32, 0)
+        if not written:  # the holder writes its pid just after taking the lock
             time.sleep(0.2)
-            holder = os.pread(fd, 32, 0)
+            written = os.pread(fd, 32, 0)
         os.close(fd)
-        holder = holder.decode("ascii", "replace").strip() or "unknown"
+        holder = written.decode("ascii", "replace").strip() or "unknown"
         raise InputError(f"{path} is being written by another torchrepro (pid {holder}): wait for it to end") from None
     return fd
 
@@ -234,11 +234,12 @@ def supervisor_lost(meta: dict[str, Any]) -> int | None:
     host's run directory); None otherwise, also for a run without supervisor (``torchrepro run``
     under the user's own torchrun, where each rank's end event decides)."""
     who = meta.get("supervisor")
-    if not isinstance(who, dict) or "ended" in meta or not isinstance(who.get("pid"), int):
+    pid = who.get("pid") if isinstance(who, dict) else None
+    if not isinstance(who, dict) or "ended" in meta or not isinstance(pid, int):
         return None
-    if who.get("host") == socket.gethostname() and _running(who["pid"], who.get("start_time")):
+    if who.get("host") == socket.gethostname() and _running(pid, who.get("start_time")):
         return None
-    return who["pid"]
+    return pid
 
 
 def _running(pid: int, start_time: int | None) -> bool:
@@ -339,7 +340,7 @@ def _no_gc() -> Iterator[None]:
 
 
 def load_run(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     keep: Callable[[list[Step]], Any] | None = None,
     jobs: int | None = 1,
     progress: Callable[[str], None] | None = None,
@@ -419,7 +420,8 @@ def _cores() -> int:
 def _read_logs(files: list[Path], keep: Callable[[list[Step]], Any] | None) -> list[EventLog | str]:
     """Each file's log (its steps replaced by ``keep(steps)``, given ``keep``), or why it was not
     read; what repeats across the ranks is held once (:class:`~.events.Shared`)."""
-    shared, out = Shared(), []
+    shared = Shared()
+    out: list[EventLog | str] = []
     for file in files:
         try:
             log = read_events(file, shared)
@@ -450,7 +452,7 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
         f"{keep.__module__}:{keep.__qualname__}",
         str(os.getpid()),
     ]
-    children: list[subprocess.Popen] = []
+    children: list[subprocess.Popen[bytes]] = []
     try:
         for share in shares:
             child = subprocess.Popen(
