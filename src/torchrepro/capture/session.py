@@ -20,6 +20,7 @@ import torch
 from .. import _dist, _state
 from .._compat import undo_patches, watch
 from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
+from ..eventlog.payloads import JsonObject
 from .compile import CompileCapture
 from .steps import StepConfig, StepRecorder
 
@@ -39,8 +40,8 @@ class CaptureConfig:
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
 
 
-def environment() -> tuple[dict[str, Any], str]:
-    """What changes numerics or cache keys in this process, and its fingerprint."""
+def environment() -> tuple[JsonObject, str]:
+    """What changes numerics or cache keys in this process (the header's ``env``), and its fingerprint."""
     from .environment import collect
 
     info = collect()

@@ -25,10 +25,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, TypedDict
 
 from ..errors import InputError
 from .events import EVENTS_FILE, EventLog, Shared, Step, open_regular, rank_logs, read_events
+from .payloads import JsonObject
 from .stepstream import STEPS_FILE
 
 RUN_FILE = "run.json"
@@ -222,13 +224,21 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def supervisor_record() -> dict[str, Any]:
+class Supervisor(TypedDict):
+    """``run.json``'s ``supervisor``: the torchrepro process supervising a job (see :func:`supervisor_lost`)."""
+
+    pid: int
+    host: str
+    start_time: int | None  # clock ticks since boot (None: no /proc)
+
+
+def supervisor_record() -> Supervisor:
     """What ``run.json`` says, as a job starts, of the torchrepro process supervising it (``supervisor``):
     its pid, host and start time. The job's end is recorded by ``ended`` (with ``exit_code``)."""
     return {"pid": os.getpid(), "host": socket.gethostname(), "start_time": process_start_time(os.getpid())}
 
 
-def supervisor_lost(meta: dict[str, Any]) -> int | None:
+def supervisor_lost(meta: JsonObject) -> int | None:
     """The pid of a supervisor that ended without recording the end of its job (``run.json`` has a
     ``supervisor`` and no ``ended``, and that process is gone: a different start time, or another
     host's run directory); None otherwise, also for a run without supervisor (``torchrepro run``
@@ -259,7 +269,7 @@ class Run:
     """A run directory as read back: ``run.json`` (if any) and every rank's events."""
 
     path: Path
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)  # run.json: RUN_FIELDS checked, any other field kept as written
     logs: list[EventLog] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -294,7 +304,7 @@ def read_json_file(path: Path) -> Any:
     return json.loads(data)
 
 
-def read_run_json(path: Path) -> dict[str, Any]:
+def read_run_json(path: Path) -> JsonObject:
     """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`); :class:`InputError`
     also for a file that is not a regular file (see :func:`read_json_file`)."""
     meta = read_json_file(path)
@@ -306,7 +316,7 @@ def read_run_json(path: Path) -> dict[str, Any]:
     return meta
 
 
-def check_fields(path: Path, data: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+def check_fields(path: Path, data: Mapping[str, object], fields: dict[str, tuple[type, ...]]) -> None:
     """:class:`InputError` naming the first field of ``data`` (read from ``path``) whose JSON type is
     not one ``fields`` allows it (null is allowed; a field not named there is not checked)."""
     for name, value in data.items():
