@@ -481,6 +481,8 @@ def _env_vars() -> list[EnvVar]:
 # ---------------------------------------------------------------- public API
 
 
+# dict[str, Any], not a TypedDict: report.env.render_env and Header.env (read by analysis.divergence)
+# take it so, and a TypedDict would not pass there
 def collect() -> dict[str, Any]:
     """Everything `torchrepro env` reports, as JSON-ready data.
 

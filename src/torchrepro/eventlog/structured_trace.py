@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Iterator, TypedDict
 
 from .events import OVERSIZED, CacheLookup, Compile, Event, GraphBreak, LineReader, open_regular
+from .payloads import JsonObject
 
-TraceRecord = dict[str, Any]  # a record's metadata as torch wrote it: open JSON, its keys vary with the version
+TraceRecord = JsonObject  # a record's metadata as torch wrote it: its keys vary with the torch version
 
 _CONTEXT_KEYS = {
     "frame_id",
