@@ -28,9 +28,9 @@ import shutil
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from collections.abc import Mapping
 from typing import IO, Callable, Iterable, TypedDict
 
 from .. import __version__

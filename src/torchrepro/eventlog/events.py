@@ -290,7 +290,7 @@ _TYPES = {
     "bool": (bool,),
     "list": (list,),
     "dict": (dict,),
-    "JsonObject": (dict,),
+    "JsonObject": (dict,),  # the names of dict types that fields are annotated with (eventlog.payloads)
     "CaptureSettings": (dict,),
     "None": (type(None),),
     "Any": (object,),
