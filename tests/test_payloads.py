@@ -1,6 +1,6 @@
 """The JSON that capture writes beside the events has the keys its TypedDicts (``eventlog/payloads.py``)
-declare: the type checker trusts those declarations, these tests hold the writers to them (an op replay
-here; a kernel replay in test_compiled_nondeterminism.py, a header's capture settings read back)."""
+declare: the type checker trusts those declarations, these tests hold the writers to them (an op replay,
+a graph check and a header's capture settings here; a kernel replay in test_compiled_nondeterminism.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import torch
 
 from torchrepro.eventlog.events import Header, read_events, write_all
-from torchrepro.eventlog.payloads import CaptureSettings, OpRecord
+from torchrepro.eventlog.payloads import CaptureSettings, GraphCheck, NodeInfo, OpRecord
 
 
 def fits(value: Mapping[str, object], typed: type) -> bool:
@@ -42,3 +42,25 @@ def test_a_header_keeps_its_capture_settings_through_the_log(tmp_path):
     write_all(tmp_path / "rank-0" / "events.jsonl", [Header(config=settings)])
     header = read_events(tmp_path / "rank-0" / "events.jsonl").header
     assert header is not None and header.config == settings and fits(header.config, CaptureSettings)
+
+
+def test_a_graph_check_names_the_differing_output_as_a_graph_check():
+    from torchrepro.capture.ops import GraphChecker
+
+    def fn(x):
+        noise = torch.rand_like(x)
+        return x * 2, noise + x
+
+    reference = torch.fx.symbolic_trace(fn)
+    x = torch.ones(3)
+    checker = GraphChecker()
+    checker._compare("0/0", reference, (x * 2, x), (x * 2, x + 1))
+    (entry,) = checker.results
+    assert fits(entry, GraphCheck) and fits(entry["random_nodes"][0], NodeInfo)
+    # the keys in the order the replay file had them before they were typed: its bytes are unchanged
+    assert list(entry) == [
+        "compile_id", "outputs", "random_nodes", "first_differing_output", "max_abs",
+        "node", "target", "module", "source", "depends_on_random",
+    ]  # fmt: skip
+    assert entry["first_differing_output"] == 1 and entry["max_abs"] == 1.0 and entry["target"] == "add"
+    assert [r["node"] for r in entry["depends_on_random"]] == ["rand_like"]
