@@ -28,6 +28,9 @@ from torchrepro.analysis.fixes import (
 from torchrepro.analysis.verdict import ending
 from torchrepro.capture.kernels import fused_ops, producers
 from torchrepro.eventlog.events import End, EventLog, Header, Step
+from torchrepro.eventlog.payloads import ExplainedOutput, KernelCall, KernelSummary
+
+from test_payloads import fits
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[1]
@@ -421,4 +424,8 @@ def test_kernel_repeater_records_every_call_and_handles_odd_outputs():
     assert len(summary["calls"]) == 1 and not summary["errors"]
     call = summary["calls"][0]
     assert call["outputs"] == summary["before"][0]["outputs"] and not call["repeat_differs"]
+    # the replay file's kernel part has the keys its TypedDicts declare (eventlog/payloads.py)
+    assert fits(summary, KernelSummary) and all(fits(c, KernelCall) for c in summary["calls"] + summary["before"])
+    explained = [e for outputs in summary["explained"].values() for e in outputs]
+    assert explained and all(fits(e, ExplainedOutput) for e in explained)
     assert all(isinstance(d, str) for d in call["outputs"][:5])

@@ -17,14 +17,19 @@ import importlib
 import logging
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _state
 from .eventlog.events import Capability
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
 
 TRACE_LOGGER = "torch.__trace"
 
@@ -36,7 +41,13 @@ TESTED_TORCH = ("2.6.0", "2.14.1")
 
 def _release(version: str) -> tuple[int, ...]:
     """``"2.14.1+cu130"`` → ``(2, 14)``: a patch release (or pre-release) is tested as its minor release is."""
-    return tuple(int(re.match(r"\d*", part).group() or 0) for part in version.split("+", 1)[0].split(".")[:2])
+    return tuple(_leading_int(part) for part in version.split("+", 1)[0].split(".")[:2])
+
+
+def _leading_int(text: str) -> int:
+    """The number ``text`` starts with (``"0rc1"`` → 0, ``"14"`` → 14), 0 when none."""
+    digits = re.match(r"\d+", text)
+    return int(digits.group()) if digits else 0
 
 
 def outside_tested_range(version: str) -> str | None:
@@ -102,11 +113,11 @@ def installed_torch_version() -> str:
 _VERSION = re.compile(r"^__version__ = ['\"]([^'\"]+)['\"]", re.MULTILINE)
 
 
-_FOUND: dict[str, Any] = {}
+_FOUND: dict[str, Any] = {}  # probe name -> what it found: a torch object of any type, or None
 _PROBES: dict[str, Probe] = {}
 
 
-def _probe(name: str, where: str, lost: str, find: Callable[[], Any], names: Sequence[str] = ()) -> Any:
+def _probe(name: str, where: str, lost: str, find: Callable[[], T | None], names: Sequence[str] = ()) -> T | None:
     """The value ``find()`` gives (None when it raises), looked up once; ``names``: attributes
     the value should have (recorded when missing, the value is still given)."""
     if name not in _PROBES:
@@ -119,7 +130,8 @@ def _probe(name: str, where: str, lost: str, find: Callable[[], Any], names: Seq
         probe = _PROBES[name] = Probe(name, where, value is not None, lost, missing)
         for watcher in list(_state.current().probe_watchers):
             watcher(probe)
-    return _FOUND[name]
+    found: T | None = _FOUND[name]  # what find() gave for this name
+    return found
 
 
 def probes() -> list[Probe]:
@@ -218,7 +230,7 @@ def set_dataloader_get_iterator(function: Callable[[Any], Any]) -> None:
     original back); the library's own patch, kept while a seed plan is active, not undone with capture."""
     import torch.utils.data
 
-    torch.utils.data.DataLoader._get_iterator = function
+    setattr(torch.utils.data.DataLoader, "_get_iterator", function)  # a method: assigned as a plain attribute
 
 
 def ops_replay() -> bool:
@@ -336,7 +348,7 @@ def skip_code() -> Callable[[Any], None] | None:
     )
 
 
-def dynamo_counters() -> dict[str, Any]:
+def dynamo_counters() -> Mapping[str, Mapping[str, int]]:
     """Dynamo's own counters (``torch._dynamo.utils.counters``); empty while Dynamo is not
     loaded (nothing compiled), never importing it."""
     if "torch._dynamo.utils" not in sys.modules:
@@ -352,10 +364,10 @@ def dynamo_counters() -> dict[str, Any]:
     )
 
 
-def foreach_norm(tensors: list[Any]) -> list[Any]:
+def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The norm of each tensor: ``torch._foreach_norm`` (one kernel per device and dtype), else
     one ``torch.linalg.vector_norm`` each."""
-    norm = _probe(
+    norm: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = _probe(
         "foreach_norm",
         "torch._foreach_norm",
         "gradient norms take one kernel per gradient",

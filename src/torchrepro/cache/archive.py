@@ -28,15 +28,16 @@ import shutil
 import tarfile
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Callable, Iterable, TypedDict
 
 from .. import __version__
 from ..errors import InputError, UserError
 from ..eventlog.outputs import check, written
 from .signing import SIGNATURE, sign, signer, trusted_keys
-from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
+from .layout import PACKED, Build, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"
 MANIFEST = "torchrepro-pack.json"
@@ -122,7 +123,42 @@ def _header_files(directory: Path) -> list[Path]:
     )
 
 
-def _record(area: str, path: Path, rel: str) -> dict[str, Any]:
+class PackFile(TypedDict):
+    """One file of a pack, as its manifest lists it (``area/path`` in the archive)."""
+
+    area: str  # cache | headers
+    path: str
+    size: int
+    mtime: float
+    sha256: str
+
+
+class PackTotals(TypedDict):
+    files: int
+    bytes: int
+    headers: int  # of the files, precompiled headers
+
+
+class LeftOut(TypedDict):
+    unreachable: int
+    locks_partial_links: int
+
+
+class PackManifest(TypedDict):
+    """A pack's ``torchrepro-pack.json`` (:func:`parse_manifest` checks ``schema`` and each file)."""
+
+    schema: str
+    created: str
+    created_by: str
+    source: str
+    headers_source: str | None
+    build: Build
+    totals: PackTotals
+    left_out: LeftOut
+    files: list[PackFile]
+
+
+def _record(area: str, path: Path, rel: str) -> PackFile:
     try:
         st = path.stat()
         return {"area": area, "path": rel, "size": st.st_size, "mtime": st.st_mtime, "sha256": sha256_file(path)}
@@ -138,7 +174,7 @@ def pack(
     headers_from: str | os.PathLike[str] | None = None,
     force: bool = False,
     sign_with: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
+) -> PackManifest:
     """Write a warm-start pack of an inductor cache directory (default: the one in use) and
     return its manifest. It holds the FX-graph and AOTAutograd entries, the compiled kernels,
     and (unless ``headers=False``) the precompiled C++ headers of ``headers_from`` (default: torch's
@@ -165,7 +201,7 @@ def pack(
     entries = scan(root)
     files = [_record("cache", root / e.rel, e.rel) for e in entries if e.category in PACKED and not e.unreachable]
     files += [_record("headers", p, p.name) for p in (_header_files(header_root) if headers else [])]
-    manifest = {
+    manifest: PackManifest = {
         "schema": PACK_SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "created_by": f"torchrepro {__version__}",
@@ -198,7 +234,7 @@ def _changed(path: Path) -> UserError:
     return UserError(f"{path} changed while packing (a job is compiling into this cache?): pack again when it is idle")
 
 
-def _add_file(tar: tarfile.TarFile, root: Path, spec: dict[str, Any]) -> None:
+def _add_file(tar: tarfile.TarFile, root: Path, spec: PackFile) -> None:
     """Add one file, checking it still has the bytes the manifest promises."""
     path = root / spec["path"]
     try:
@@ -248,9 +284,10 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def build_mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[str]:
+def build_mismatches(built: Mapping[str, object], here: Build) -> list[str]:
     """How the build a pack was made with differs from ``here`` in ways that make all of it
-    useless (torch, OS, CPU architecture, Triton, Python minor version)."""
+    useless (torch, OS, CPU architecture, Triton, Python minor version). ``built``: as a manifest read
+    back says it (another torchrepro's may lack keys)."""
     out = []
     for key, label in (("torch", "torch"), ("system", "OS"), ("machine", "CPU architecture"), ("triton", "Triton")):
         if built.get(key) != here.get(key):
@@ -260,7 +297,7 @@ def build_mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[str]:
     return out
 
 
-def kernel_mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[str]:
+def kernel_mismatches(built: Mapping[str, object], here: Build) -> list[str]:
     """Differences that keep the graphs hitting but rebuild every C++ kernel: inductor hashes the
     compile command (torch and Python include paths, CPU capability flags, compiler) into each
     kernel's key."""
@@ -282,7 +319,7 @@ class PackCheck:
     """What reading a pack found: its manifest, the files checked, and every problem."""
 
     path: Path
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: PackManifest
     files: int = 0
     bytes: int = 0
     signer: str | None = None  # fingerprint of the key that signed the manifest; None: unsigned
@@ -306,10 +343,10 @@ def _open_tar(path: Path) -> tarfile.TarFile:
         raise InputError(f"cannot read {path}: {_why(exc)}") from None
 
 
-def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+def parse_manifest(data: bytes, where: str) -> PackManifest:
     """A pack manifest from its bytes, validated; :class:`InputError` names ``where`` otherwise."""
     try:
-        manifest: dict[str, Any] = json.loads(data)
+        manifest: PackManifest = json.loads(data)
         files = manifest["files"]
         if manifest.get("schema") != PACK_SCHEMA or not isinstance(files, list):
             raise ValueError(f"schema {manifest.get('schema')!r}")
@@ -357,7 +394,7 @@ def check_pack(
     extract_to: Callable[[str], Path] | None = None,
     *,
     stop_early: bool = False,
-    expect_build: dict[str, Any] | None = None,
+    expect_build: Build | None = None,
     max_bytes: int | None = None,
     authenticate: Callable[[str | None], None] | None = None,
 ) -> PackCheck:
@@ -376,13 +413,12 @@ def check_pack(
     True
     """
     path = Path(path)
-    result = PackCheck(path)
     with _open_tar(path) as tar:
         members = iter(tar)
         try:
             first = next(members, None)
             data = _read_manifest(tar, first, path)
-            result.manifest = parse_manifest(data, str(path))
+            result = PackCheck(path, parse_manifest(data, str(path)))
             second = next(members, None)
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise InputError(f"{path} is not a tar archive, or is damaged ({_why(exc)})") from None
@@ -421,7 +457,7 @@ def check_pack(
 
 
 def _size_problem(
-    path: Path, files: list[dict[str, Any]], max_bytes: int | None, extract_to: Callable[[str], Path] | None
+    path: Path, files: list[PackFile], max_bytes: int | None, extract_to: Callable[[str], Path] | None
 ) -> str | None:
     """Why the files a manifest declares are too big to unpack (over the limit, or the free space)."""
     if any(f["size"] < 0 for f in files):
@@ -446,7 +482,7 @@ def _size_problem(
 def _check_member(
     tar: tarfile.TarFile,
     member: tarfile.TarInfo,
-    expected: dict[str, dict[str, Any]],
+    expected: dict[str, PackFile],
     seen: set[str],
     result: PackCheck,
     extract_to: Callable[[str], Path] | None,
@@ -528,7 +564,7 @@ def unpack(
     max_bytes: int | None = None,
     trusted: Iterable[str | os.PathLike[str]] | None = None,
     allow_unsigned: bool = False,
-) -> dict[str, Any]:
+) -> Unpacked:
     """Unpack a warm-start pack into an inductor cache directory (default: the one in use), and
     its precompiled headers into ``headers_into`` (default: where this process's inductor reads
     them, ``<torch's default cache dir>/precompiled_headers``).
@@ -581,12 +617,14 @@ def unpack(
             ) from None
     finally:
         staging.remove()
-    built = check.manifest.get("build", {})
+    built: Mapping[str, object] = check.manifest.get("build", {})
     return {
         "path": str(targets["cache"]),
         "headers_path": str(targets["headers"]),
         "pack": str(check.path),
-        **move.counts,
+        "added": move.counts["added"],
+        "replaced": move.counts["replaced"],
+        "kept": move.counts["kept"],
         "bytes": check.bytes,
         "signer": check.signer,
         "verified": check.signer in keys,
@@ -595,7 +633,7 @@ def unpack(
     }
 
 
-def unverified(result: dict[str, Any]) -> str:
+def unverified(result: Unpacked) -> str:
     """The one warning for a pack unpacked with ``allow_unsigned`` that no trusted key signed."""
     who = f"signed by {result['signer']}, not a trusted key" if result["signer"] else "unsigned"
     return f"warning: the author of {result['pack']} was not verified ({who}); unpacked because of --allow-unsigned"
@@ -617,16 +655,36 @@ def _authenticate(path: Path, keys: dict[str, str], allow_unsigned: bool, signer
     )
 
 
+class Moved(TypedDict):
+    added: int
+    replaced: int  # an older file
+    kept: int  # a file already there, as new or newer
+
+
+class Unpacked(Moved):
+    """What :func:`unpack` did: where the files went, how many were added, replaced or kept, and who
+    signed the pack (``verified``: a trusted key); ``kernels_rebuilt``: see :func:`kernel_mismatches`."""
+
+    path: str
+    headers_path: str
+    pack: str
+    bytes: int
+    signer: str | None
+    verified: bool
+    built_with: Mapping[str, object]  # the manifest's ``build``, as the pack says it
+    kernels_rebuilt: list[str]
+
+
 @dataclass
 class _Move:
     """Moves verified files into place, remembering enough to put everything back."""
 
-    counts: dict[str, int] = field(default_factory=lambda: {"added": 0, "replaced": 0, "kept": 0})
+    counts: Moved = field(default_factory=lambda: Moved(added=0, replaced=0, kept=0))
     placed: list[tuple[Path, Path | None]] = field(default_factory=list)  # (file, backup of what it replaced)
     made: list[Path] = field(default_factory=list)  # directories created, outermost first
     renamed: list[tuple[Path, Path]] = field(default_factory=list)  # (new target directory, where it came from)
 
-    def commit(self, staging: Path, target: Path, files: list[dict[str, Any]]) -> None:
+    def commit(self, staging: Path, target: Path, files: list[PackFile]) -> None:
         new = staging / "new"
         if not target.exists():  # a new target appears whole, by one rename
             self.made.extend(_make_parents(target.parent))
@@ -659,7 +717,10 @@ class _Move:
             self.made.extend(_make_parents(dest.parent))
             os.replace(new / f["path"], dest)
             self.placed.append((dest, backup))
-            self.counts["replaced" if backup else "added"] += 1
+            if backup:
+                self.counts["replaced"] += 1
+            else:
+                self.counts["added"] += 1
 
     def undo(self) -> None:
         for dest, backup in reversed(self.placed):

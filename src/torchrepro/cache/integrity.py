@@ -10,13 +10,49 @@ links, and unreadable files.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from ..errors import InputError
 from .layout import Entry, current_build, existing_cache_dir, scan
 from .signing import SIGNATURE, signer
-from .archive import MANIFEST, build_mismatches, check_pack, kernel_mismatches, parse_manifest, sha256_file, unsafe_name
+from .archive import (
+    MANIFEST,
+    PackManifest,
+    build_mismatches,
+    check_pack,
+    kernel_mismatches,
+    parse_manifest,
+    sha256_file,
+    unsafe_name,
+)
+
+
+class _Found(TypedDict):
+    """What checking one kind of target found (the keys :class:`Verified` has from it, in its order)."""
+
+    kind: str  # pack | extracted pack | cache directory
+    signer: str | None
+    files: int
+    bytes: int
+    problems: list[str]
+
+
+class Verified(TypedDict):
+    """What :func:`verify` found: every defect (``problems``), the files checked, who signed, and how
+    the build the pack was made with differs from this one."""
+
+    path: str
+    kind: str
+    signer: str | None
+    files: int
+    bytes: int
+    problems: list[str]
+    built_with: Mapping[str, object]  # the manifest's ``build`` as it says it; empty for a cache directory
+    mismatches: list[str]
+    kernels_rebuilt: list[str]
+    created: str | None
 
 
 def _elf_truncated(path: Path, size: int) -> bool:
@@ -59,14 +95,15 @@ def entry_problem(root: Path, entry: Entry) -> str | None:
     return None
 
 
-def _verify_extracted(root: Path) -> dict[str, Any]:
+def _verify_extracted(root: Path) -> tuple[PackManifest, _Found]:
     try:
         data = (root / MANIFEST).read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read {root / MANIFEST}: {exc.strerror or exc}") from None
     manifest = parse_manifest(data, str(root / MANIFEST))
     files = manifest["files"]
-    problems, total, key = [], 0, None
+    problems: list[str] = []
+    total, key = 0, None
     for f in files:
         if problem := unsafe_name(f["path"]):
             problems.append(problem)
@@ -86,22 +123,14 @@ def _verify_extracted(root: Path) -> dict[str, Any]:
             key = signer(data, (root / SIGNATURE).read_bytes(), str(root / SIGNATURE))
         except (InputError, OSError) as exc:
             problems.append(str(exc))
-    return {
-        "kind": "extracted pack",
-        "manifest": manifest,
-        "signer": key,
-        "files": good,
-        "bytes": total,
-        "problems": problems,
-    }
+    return manifest, {"kind": "extracted pack", "signer": key, "files": good, "bytes": total, "problems": problems}
 
 
-def _verify_cache_dir(root: Path) -> dict[str, Any]:
+def _verify_cache_dir(root: Path) -> _Found:
     entries = scan(root)
     problems = [f"{e.rel}: {why}" for e in entries if (why := entry_problem(root, e))]
     return {
         "kind": "cache directory",
-        "manifest": None,
         "signer": None,
         "files": len(entries),
         "problems": problems,
@@ -109,7 +138,7 @@ def _verify_cache_dir(root: Path) -> dict[str, Any]:
     }
 
 
-def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+def verify(path: str | os.PathLike[str]) -> Verified:
     """Check a pack, an extracted pack or a cache directory; ``problems`` lists each defect.
     ``signer`` is the fingerprint of the key whose signature matches the manifest (None: unsigned;
     a signature that does not match is a problem). Whether to trust that key is ``unpack``'s question.
@@ -122,26 +151,26 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     []
     """
     path = Path(path)
+    manifest: PackManifest | None = None
     if path.is_dir() and (path / MANIFEST).is_file():
-        result = _verify_extracted(path)
+        manifest, found = _verify_extracted(path)
     elif path.is_dir():
-        result = _verify_cache_dir(existing_cache_dir(path)[0])
+        found = _verify_cache_dir(existing_cache_dir(path)[0])
     else:
         check = check_pack(path)
-        result = {
+        manifest = check.manifest
+        found = {
             "kind": "pack",
-            "manifest": check.manifest,
             "signer": check.signer,
             "files": check.files,
             "bytes": check.bytes,
             "problems": check.problems,
         }
-    manifest = result.pop("manifest")
-    built = manifest.get("build", {}) if manifest else {}
+    built: Mapping[str, object] = manifest.get("build", {}) if manifest else {}
     here = current_build()
     return {
         "path": str(path),
-        **result,
+        **found,
         "built_with": built,
         "mismatches": build_mismatches(built, here) if built else [],
         "kernels_rebuilt": kernel_mismatches(built, here) if built else [],

@@ -9,7 +9,7 @@ import stat
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..report.model import Finding, sort_findings
 from ..errors import InputError, UserError
@@ -25,14 +25,65 @@ def _iso(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t)) if t is not None else None
 
 
-def _categories(entries: list[Entry], now: float) -> dict[str, dict[str, Any]]:
-    out = {}
+class _CategoryRowBase(TypedDict):
+    what: str
+    files: int
+    bytes: int
+    oldest: str | None
+    newest: str | None
+    oldest_age_s: int
+    newest_age_s: int
+    unreachable: int
+
+
+class CategoryRow(_CategoryRowBase, total=False):
+    """One kind of entry in a cache: files, bytes, ages, how many are unreachable (and for the FX-graph
+    and AOTAutograd entries, how many keys: one key can hold several entries whose guards differ)."""
+
+    keys: int
+
+
+class UnreachableGroup(TypedDict):
+    """The entries of one kind that can never be hit for one reason."""
+
+    category: str
+    why: str
+    files: int
+    bytes: int
+    examples: list[str]
+
+
+class Permissions(TypedDict):
+    """Who owns a cache directory and who else could put code into it (``risks``)."""
+
+    owner: str
+    mode: str
+    precompiled_headers: str | None
+    risks: list[str]
+    entries_writable_by_others: list[str]
+    entries_owned_by_others: list[str]
+
+
+class Cleared(TypedDict):
+    """What :func:`clear` removed (or, in a dry run, would remove)."""
+
+    path: str
+    dry_run: bool
+    files: int
+    bytes: int
+    by_category: dict[str, int]
+    errors: list[str]
+    left_alone: list[str]  # links and files inductor does not name as it names its entries
+
+
+def _categories(entries: list[Entry], now: float) -> dict[str, CategoryRow]:
+    out: dict[str, CategoryRow] = {}
     for name in CATEGORIES:
         group = [e for e in entries if e.category == name]
         if not group:
             continue
         oldest, newest = min(e.mtime for e in group), max(e.mtime for e in group)
-        row = {
+        row: CategoryRow = {
             "what": CATEGORIES[name],
             "files": len(group),
             "bytes": sum(e.size for e in group),
@@ -57,7 +108,7 @@ def writers(entries: list[Entry]) -> dict[str, dict[str, int]]:
     return {what: dict(counts) for what, counts in sorted(out.items())}
 
 
-def _unreachable(entries: list[Entry]) -> list[dict[str, Any]]:
+def _unreachable(entries: list[Entry]) -> list[UnreachableGroup]:
     groups: dict[tuple[str, str], list[Entry]] = defaultdict(list)
     for e in entries:
         if e.unreachable:
@@ -87,7 +138,7 @@ def _writable_dirs(root: Path) -> list[str]:
     return found
 
 
-def _permissions(root: Path, entries: list[Entry]) -> dict[str, Any]:
+def _permissions(root: Path, entries: list[Entry]) -> Permissions:
     from ..capture.environment import cache_risks, owner_name
 
     st = root.stat()
@@ -109,7 +160,7 @@ def _permissions(root: Path, entries: list[Entry]) -> dict[str, Any]:
     }
 
 
-def _findings(root: Path, entries: list[Entry], perms: dict[str, Any]) -> list[Finding]:
+def _findings(root: Path, entries: list[Entry], perms: Permissions) -> list[Finding]:
     findings = []
     fix = (
         f"chmod -R go-w {root} (and its parents), or give each user a private cache: "
@@ -179,6 +230,7 @@ def _findings(root: Path, entries: list[Entry], perms: dict[str, Any]) -> list[F
     return sort_findings(findings)
 
 
+# report.cache.render_status takes the inventory as dict[str, Any]: a TypedDict of it would not pass there
 def status(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Inventory of an inductor cache directory: counts, sizes and ages by kind, who wrote the
     entries, what can never be hit again, and who can write to it (schema
@@ -237,7 +289,7 @@ def clear(
     older_than: float | None = None,
     stale: bool = False,
     yes: bool = False,
-) -> dict[str, Any]:
+) -> Cleared:
     """Remove cache entries: all of them, those older than ``older_than`` seconds (by when they
     were written), and/or (``stale``) those no current configuration can hit. A dry run unless
     ``yes``. Locks, links and files that are not named as inductor names its entries are never
@@ -260,7 +312,7 @@ def clear(
         if _deletable(e, now) and (older_than is None or now - e.mtime > older_than) and (not stale or e.unreachable)
     ]
     errors: list[str] = []
-    result = {
+    result: Cleared = {
         "path": str(root),
         "dry_run": not yes,
         "files": len(chosen),

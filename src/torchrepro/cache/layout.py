@@ -22,7 +22,7 @@ import subprocess
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from ..errors import InputError
 
@@ -62,7 +62,23 @@ _ELF_MACHINES = {
 _MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 
 
-def current_build() -> dict[str, Any]:
+class Build(TypedDict):
+    """What compiled code is tied to: :func:`current_build`'s keys, a pack manifest's ``build``."""
+
+    torch: str
+    torch_git: str
+    cuda: str | None
+    triton: str | None
+    python: str
+    system: str
+    machine: str
+    torch_dir: str  # this and the next three: part of every C++ kernel's key (its compile command)
+    python_include: str | None
+    cpu_capability: str | None
+    compiler: str | None
+
+
+def current_build() -> Build:
     """The torch, Triton, Python and platform this process would compile with.
 
     >>> current_build()["torch"]  # doctest: +SKIP
@@ -261,7 +277,7 @@ def read_entry(root: Path, rel: str, category: str) -> tuple[dict[str, str], lis
     return writer, []
 
 
-def unreachable_reason(entry: Entry, parts: tuple[str, ...], build: dict[str, Any]) -> str | None:
+def unreachable_reason(entry: Entry, parts: tuple[str, ...], build: Build) -> str | None:
     """Why no process with ``build`` can ever hit this entry, or None."""
     if misplaced(parts, entry.category):
         return "not where inductor looks for it (stale key layout)"
@@ -300,7 +316,7 @@ def walk(root: Path) -> list[tuple[Path, tuple[str, ...], os.stat_result]]:
     return found
 
 
-def scan(root: Path, build: dict[str, Any] | None = None) -> list[Entry]:
+def scan(root: Path, build: Build | None = None) -> list[Entry]:
     """Every entry under ``root``, classified, with writer and reachability where readable."""
     from ..capture.environment import foreign_owner, owner_name, writers
 

@@ -102,7 +102,7 @@ def _versions() -> dict[str, str]:
 
 def _hardware() -> dict[str, Any]:
     cpu = getattr(torch.backends, "cpu", None)
-    capability = cpu.get_cpu_capability() if hasattr(cpu, "get_cpu_capability") else NOT_AVAILABLE
+    capability = cpu.get_cpu_capability() if cpu is not None and hasattr(cpu, "get_cpu_capability") else NOT_AVAILABLE
     usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     gpus: list[str] = []
     if torch.cuda.is_available():
@@ -232,8 +232,9 @@ def inductor_default_dir() -> tuple[str, str]:
         path = Path(torch.__file__).parent / "_inductor" / "runtime" / "cache_dir_utils.py"
         try:
             spec = importlib.util.spec_from_file_location("_torchrepro_cache_dir_utils", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            if spec is not None and spec.loader is not None:  # None: no loader for such a file
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
         except Exception:  # moved in this torch release
             module = None
     if module is not None and hasattr(module, "default_cache_dir"):
@@ -480,6 +481,8 @@ def _env_vars() -> list[EnvVar]:
 # ---------------------------------------------------------------- public API
 
 
+# dict[str, Any], not a TypedDict: report.env.render_env and Header.env (read by analysis.divergence)
+# take it so, and a TypedDict would not pass there
 def collect() -> dict[str, Any]:
     """Everything `torchrepro env` reports, as JSON-ready data.
 

@@ -4,6 +4,7 @@ user source line, and whether two values are bitwise equal. Shared by the graph 
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import struct
@@ -14,9 +15,10 @@ from typing import Any
 import torch
 
 from ..digests import fingerprint
+from ..eventlog.payloads import NodeInfo
 
 # torch's and torchrepro's own files: a user source line is the innermost frame outside them
-SKIP_DIRS = tuple(str(Path(m.__file__).parent) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))
+SKIP_DIRS = tuple(str(Path(inspect.getfile(m)).parent) + os.sep for m in (torch, sys.modules[__name__.split(".")[0]]))
 
 
 def clean_fqn(fqn: str) -> str:
@@ -32,7 +34,7 @@ def target_name(node: Any) -> str:
     return getattr(target, "__name__", None) or str(target).split(".")[-1]
 
 
-def node_info(node: Any) -> dict[str, Any]:
+def node_info(node: Any) -> NodeInfo:
     """An FX node's name, target, module (``body.0 (Linear)``) and user source line."""
     stack = node.meta.get("nn_module_stack") or {}
     module = None

@@ -21,12 +21,14 @@ from __future__ import annotations
 import ast
 import re
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 import torch
 
 from .._compat import compile_fx_module, current_compile_id, functorch_config, op_name, patch, wrap_compile_fx
 from ..digests import fingerprint
+from ..eventlog.payloads import ExplainedOutput, KernelCall, KernelSummary, NodeInfo
 from .fx_nodes import clean_fqn, first_line, leaves, node_info, same
 
 # Extra calls per graph at the run's thread count: at least MIN_REPEATS, then more until an output
@@ -76,23 +78,64 @@ def _source_name(placeholder: Any) -> str:
     name = getattr(source, "name", None)
     name = name() if callable(name) else name
     if not isinstance(name, str):
-        return placeholder.name
+        return str(placeholder.name)
     name = re.sub(r"\._(?:parameters|buffers)\['([^']+)'\]", r".\1", name)
     return clean_fqn(name)
 
 
-def describe_outputs(gm: Any) -> dict[str, Any]:
+class AccumulatingNode(NodeInfo):
+    """A node whose aten op accumulates with atomic adds (see :data:`ACCUMULATING`)."""
+
+    aten: str  # the aten op it was lowered from: ``aten.index_put``
+
+
+class DescribedOutput(NodeInfo):
+    """An output of a compiled graph: its node, and the accumulating nodes it depends on (nearest first)."""
+
+    accumulating: list[AccumulatingNode]
+
+
+class GraphDescription(TypedDict):
+    outputs: list[DescribedOutput | None]  # None: an output that is no node (a constant)
+    ops: list[str]  # the graph's op names, sorted
+
+
+class CompiledGraph(GraphDescription):
+    """What describes one compiled graph: its outputs and ops, its inputs' names (a parameter's
+    ``tok.weight``) and the code inductor generated for it (None when it has none)."""
+
+    inputs: list[str]
+    source_code: str | None
+
+
+class CppKernel(TypedDict):
+    signature: list[object]  # the argument types: ``const float*``, ...
+    atomic_add: bool
+
+
+class KernelName(TypedDict):
+    kernel: str
+    atomic_add: bool  # whether it accumulates with atomic adds
+    fuses: list[str]  # the aten ops it fuses
+    producers: list[str]  # the kernels behind the output, nearest first
+
+
+def describe_outputs(gm: Any) -> GraphDescription:
     """Per output of an (aten-level) FX graph: its node, and the accumulating nodes it depends on."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
     values = leaves(output.args[0])
-    outs = []
+    outs: list[DescribedOutput | None] = []
     for value in values:
         if not hasattr(value, "meta"):
             outs.append(None)
             continue
         chain = [value, *_ancestors(value)]
-        culprits = [node_info(n) | {"aten": _aten(n)} for n in chain if n.op == "call_function" and _accumulates(n)]
-        outs.append({**node_info(value), "accumulating": culprits[:3]})
+        culprits = [
+            AccumulatingNode(**node_info(n), aten=_aten(n))
+            for n in chain
+            if n.op == "call_function" and _accumulates(n)
+        ]
+        outs.append(DescribedOutput(**node_info(value), accumulating=culprits[:3]))
     ops = set()
     for n in gm.graph.nodes:
         for t in (n.target, n.meta.get("original_aten")):
@@ -135,10 +178,10 @@ def _base(arg: str) -> str | None:
     return m.group(1) if m else None
 
 
-def kernels_of(source: str) -> dict[str, dict[str, Any]]:
+def kernels_of(source: str) -> dict[str, CppKernel]:
     """The C++ kernels defined in inductor's wrapper code: argument types and whether the body
     accumulates with atomic adds."""
-    out = {}
+    out: dict[str, CppKernel] = {}
     for name, types, body in _KERNEL_DEF.findall(source):
         try:
             signature = ast.literal_eval(types)
@@ -207,17 +250,18 @@ def fused_ops(kernel: str, ops: list[str]) -> list[str]:
     return out
 
 
-def name_kernel(source: str | None, index: int, ops: list[str]) -> dict[str, Any] | None:
+def name_kernel(source: str | None, index: int, ops: list[str]) -> KernelName | None:
     """The kernel behind output ``index``: the nearest producer that accumulates with atomic adds,
     else the nearest producer; with the aten ops it fuses."""
     if not source:
         return None
     chain = producers(source, index)
     kernels = kernels_of(source)
-    atomic = [k for k in chain if kernels.get(k, {}).get("atomic_add")]
-    kernel = (atomic or chain or [None])[0]
-    if kernel is None:
+    atomic = [k for k in chain if k in kernels and kernels[k]["atomic_add"]]
+    nearest = atomic or chain
+    if not nearest:
         return None
+    kernel = nearest[0]
     return {
         "kernel": kernel,
         "atomic_add": bool(atomic),
@@ -254,18 +298,20 @@ class KernelRepeater:
 
     def __init__(self) -> None:
         self.active = False  # during the replayed step: calls are repeated
-        self.results: list[dict[str, Any]] = []  # the replayed step's calls
-        self.before: list[dict[str, Any]] = []  # every call before it: digests only
+        self.results: list[KernelCall] = []  # the replayed step's calls
+        self.before: list[KernelCall] = []  # every call before it: digests only
         self.errors: list[str] = []  # what failed in the localisation itself (never the user's run)
         self._ours = False  # inside our own repeats
-        self.graphs: dict[str, dict[str, Any]] = {}  # "compile_id/forward" -> what describes it
-        self._undo: list[Any] = []
+        self.graphs: dict[str, CompiledGraph] = {}  # "compile_id/forward" -> what describes it
+        self._undo: list[Callable[[], None]] = []
 
     def install(self) -> bool:
         """Patch inductor (feature-detected); False when this torch lacks what is needed."""
         module = compile_fx_module()
+        if module is None:
+            return False
 
-        def compile_fx(original, gm, example_inputs, *args, **kwargs):
+        def compile_fx(original: Any, gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
             if args or "inner_compile" in kwargs:
                 return original(gm, example_inputs, *args, **kwargs)
             compile_id = str(current_compile_id())
@@ -288,7 +334,7 @@ class KernelRepeater:
             self._undo.pop()()
 
     def _inner(self, compile_id: str, names: list[str], inner: Any) -> Any:
-        def inner_compile(gm, example_inputs, *args, **kwargs):
+        def inner_compile(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
             graph = "backward" if kwargs.get("is_backward") else "forward"
             try:
                 described = describe_outputs(gm)  # before inductor's passes rewrite gm
@@ -297,7 +343,9 @@ class KernelRepeater:
                 described = {"outputs": [], "ops": []}
             compiled = inner(gm, example_inputs, *args, **kwargs)
             key = f"{compile_id}/{graph}"
-            self.graphs[key] = {**described, "inputs": names, "source_code": getattr(compiled, "source_code", None)}
+            self.graphs[key] = CompiledGraph(
+                **described, inputs=names, source_code=getattr(compiled, "source_code", None)
+            )
             real = getattr(compiled, "current_callable", None)
             if callable(real):
                 compiled.current_callable = self._wrap(real, compile_id, graph)
@@ -306,7 +354,7 @@ class KernelRepeater:
         return inner_compile
 
     def _wrap(self, real: Any, compile_id: str, graph: str) -> Any:
-        def run(args: list) -> Any:
+        def run(args: list[Any]) -> Any:
             if self._ours:
                 return real(args)
             if not self.active:
@@ -338,16 +386,16 @@ class KernelRepeater:
 
         return run
 
-    def _repeat(self, real: Any, saved: list, out: Any, compile_id: str, graph: str) -> dict[str, Any]:
+    def _repeat(self, real: Any, saved: list[Any], out: Any, compile_id: str, graph: str) -> KernelCall:
         outs = leaves(out)
         rng = torch.random.get_rng_state()
         threads = torch.get_num_threads()
 
-        def again() -> list:
+        def again() -> list[Any]:
             torch.random.set_rng_state(rng)
             return leaves(real([_copy(x) for x in saved]))
 
-        def differing(a: list, b: list) -> dict[int, float | None]:
+        def differing(a: list[Any], b: list[Any]) -> dict[int, float | None]:
             return {i: d for i, (x, y) in enumerate(zip(a, b)) for equal, d in [same(x, y)] if not equal}
 
         repeats: dict[int, float | None] = {}
@@ -378,21 +426,22 @@ class KernelRepeater:
             "one_thread_differs": {str(i): d for i, d in sorted(one_thread.items())} if threads > 1 else None,
         }
 
-    def explain(self, compile_id: str, graph: str, index: int) -> dict[str, Any]:
+    def explain(self, compile_id: str, graph: str, index: int) -> ExplainedOutput:
         """What output ``index`` of a compiled graph is: parameter gradient or activation, FX node,
         accumulating node, kernel and source line."""
-        info = self.graphs.get(f"{compile_id}/{graph}") or {}
-        outputs, names = info.get("outputs") or [], info.get("inputs") or []
+        info = self.graphs.get(f"{compile_id}/{graph}")
+        outputs = info["outputs"] if info else []
+        names = info["inputs"] if info else []
         node = outputs[index] if index < len(outputs) else None
-        out: dict[str, Any] = {"compile_id": compile_id, "graph": graph, "output_index": index}
+        out: ExplainedOutput = {"compile_id": compile_id, "graph": graph, "output_index": index}
         if graph == "backward" and len(outputs) == len(names) and index < len(names):
             out["parameter"] = names[index]  # the backward returns one gradient per forward input
         if node:
             out["node"] = node["node"]
             module = f", {node['module']}" if node.get("module") else ""
             out["output"] = f"{node['node']} ({node['target']}{module})"
-            culprit = (node.get("accumulating") or [None])[0]
-            origin = culprit or node
+            culprit = node["accumulating"][0] if node["accumulating"] else None
+            origin: NodeInfo = culprit or node
             out["op"] = culprit["aten"] if culprit else f"aten.{node['target']}"
             out["source"] = origin.get("source")
             out["module"] = origin.get("module") or (
@@ -400,21 +449,22 @@ class KernelRepeater:
             )
             if culprit:
                 out["accumulating_node"] = culprit["node"]
-        kernel = name_kernel(info.get("source_code"), index, info.get("ops") or [])
+        kernel = name_kernel(info["source_code"], index, info["ops"]) if info else None
         if kernel:
             out["kernel"] = kernel["kernel"]
             out["kernel_fuses"] = [f"aten.{o}" for o in kernel["fuses"]]
             out["kernel_atomic_add"] = kernel["atomic_add"]
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> KernelSummary:
         """The calls with their digests and repeat results, and every output of every graph called,
         explained (so that replays in two processes can be compared afterwards)."""
         called = sorted({(r["compile_id"], r["graph"]) for r in self.results + self.before})
-        explained = {}
+        explained: dict[str, list[ExplainedOutput]] = {}
         for c, g in called:
             try:
-                count = len(self.graphs.get(f"{c}/{g}", {}).get("outputs") or [])
+                described = self.graphs.get(f"{c}/{g}")
+                count = len(described["outputs"]) if described else 0
                 explained[f"{c}/{g}"] = [self.explain(c, g, i) for i in range(count)]
             except Exception as exc:  # naming is ours: the digests still compare
                 self.errors.append(f"explaining compiled graph {c} ({g}): {first_line(exc)}")

@@ -31,8 +31,8 @@ class _Hook(importlib.abc.MetaPathFinder):
             return None
         _remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        loader = getattr(spec, "loader", None)
-        if spec is None or not hasattr(loader, "exec_module"):
+        loader = spec.loader if spec is not None else None
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
             _waiting().pop(fullname, None)
             return spec
         exec_module = loader.exec_module
@@ -42,7 +42,7 @@ class _Hook(importlib.abc.MetaPathFinder):
             for callback in _waiting().pop(fullname, []):  # also those added while the module ran
                 callback()
 
-        loader.exec_module = exec_then_call  # this spec's loader only: one module, loaded once
+        setattr(loader, "exec_module", exec_then_call)  # this spec's loader only: one module, loaded once
         return spec
 
 

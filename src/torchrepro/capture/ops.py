@@ -12,7 +12,9 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ from .._compat import (
 from ..digests import fingerprint
 from .. import _state
 from .._dist import placement
+from ..eventlog.payloads import GraphCheck, OpRecord, Replay
 from ..eventlog.random_ops import is_random_op
 from ..eventlog.rundir import replay_file
 from .fx_nodes import SKIP_DIRS, first_line, leaves, node_info, same, target_name
@@ -36,13 +39,16 @@ from .fx_nodes import SKIP_DIRS, first_line, leaves, node_info, same, target_nam
 _UNINITIALISED = re.compile(r"\bempty|_empty")
 
 
-def _digests(values: Any) -> list[str | None]:
-    leaves, _ = tree_flatten()(values)
+Flatten = Callable[[Any], tuple[list[Any], Any]]  # torch's tree_flatten: (leaves, spec)
+
+
+def _digests(flatten: Flatten, values: Any) -> list[str | None]:
+    leaves, _ = flatten(values)
     return [fingerprint(v)[:16] if isinstance(v, torch.Tensor) else None for v in leaves if isinstance(v, torch.Tensor)]
 
 
 def _user_source() -> str | None:
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(SKIP_DIRS) and not filename.startswith("<"):
@@ -51,13 +57,19 @@ def _user_source() -> str | None:
     return None
 
 
+# the base is the probe's class (torch's TorchDispatchMode) or object, known at run time only: unchecked
 class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
     """Records each op: index, name, module FQN, phase (forward/backward), source, digests
     (only where :func:`~torchrepro._compat.ops_replay` says this torch has what it needs)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops: list[dict[str, Any]] = []
+        flatten, autograd_node = tree_flatten(), current_autograd_node()
+        if flatten is None or autograd_node is None:
+            raise RuntimeError("this torch cannot replay ops (torchrepro._compat.ops_replay)")
+        self._flatten: Flatten = flatten
+        self._autograd_node: Callable[[], Any] = autograd_node
+        self.ops: list[OpRecord] = []
         self.module_stack: list[str] = []
         self._names: dict[int, str] = {}
         self._origin: dict[int, tuple[str | None, str | None]] = {}
@@ -81,7 +93,8 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
             hooks.register_module_forward_pre_hook(self._pre),
             hooks.register_module_forward_hook(self._post),
         ]
-        return super().__enter__()
+        entered: OpRecorder = super().__enter__()  # torch's mode, entered
+        return entered
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
@@ -89,11 +102,13 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
             handle.remove()
 
     # ops ----------------------------------------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
-        inputs = _digests((args, kwargs))
+        inputs = _digests(self._flatten, (args, kwargs))
         out = func(*args, **kwargs)
-        node = current_autograd_node()()
+        node = self._autograd_node()
         if node is None:
             phase, module, source = "forward", (self.module_stack[-1] if self.module_stack else None), _user_source()
         else:
@@ -104,7 +119,7 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
         # garbage memory is not a divergence (nor views of it: a view holds no data of its own, what made
         # or writes its memory is compared); nor are a collective's buffers, still being filled when it returns
         skip = _UNINITIALISED.search(name) or name.startswith("c10d.") or getattr(func, "is_view", False)
-        outputs = None if skip else _digests(out)
+        outputs = None if skip else _digests(self._flatten, out)
         self.ops.append(
             {
                 "i": len(self.ops),
@@ -117,7 +132,7 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
             }
         )
         if phase == "forward":
-            for leaf in tree_flatten()(out)[0]:
+            for leaf in self._flatten(out)[0]:
                 grad_fn = getattr(leaf, "grad_fn", None) if isinstance(leaf, torch.Tensor) else None
                 if grad_fn is not None:
                     self._origin[id(grad_fn)] = (module, source)
@@ -131,14 +146,14 @@ class GraphChecker:
 
     def __init__(self) -> None:
         self.active = False
-        self.results: list[dict[str, Any]] = []
+        self.results: list[GraphCheck] = []
         self._patch: Any = None
 
     def install(self) -> bool:
         """Wrap inductor's entry point; False when this torch lacks it."""
         import copy
 
-        def compile_fx(original, gm, example_inputs, *args, **kwargs):
+        def compile_fx(original: Any, gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
             reference = copy.deepcopy(gm)  # inductor's passes may rewrite gm in place
             compiled = original(gm, example_inputs, *args, **kwargs)
             return self._wrap(compiled, reference, str(current_compile_id()))
@@ -181,13 +196,16 @@ class GraphChecker:
             for n in reference.graph.nodes
             if n.op in ("call_function", "call_method", "call_module") and is_random_op(f"x.{target_name(n)}")
         ]
-        entry: dict[str, Any] = {"compile_id": compile_id, "outputs": len(outputs), "random_nodes": random[:5]}
+        entry: GraphCheck = {"compile_id": compile_id, "outputs": len(outputs), "random_nodes": random[:5]}
         for i, (x, y) in enumerate(zip(outputs, wanted)):
             equal, diff = same(x, y)
             if not equal:
                 node = nodes[i] if i < len(nodes) and hasattr(nodes[i], "meta") else None
-                entry.update(first_differing_output=i, max_abs=diff, **(node_info(node) if node else {}))
+                entry["first_differing_output"], entry["max_abs"] = i, diff
                 if node is not None:
+                    info = node_info(node)
+                    entry["node"], entry["target"] = info["node"], info["target"]
+                    entry["module"], entry["source"] = info["module"], info["source"]
                     ancestors = _ancestors(node)
                     entry["depends_on_random"] = [r for r in random if r["node"] in ancestors]
                 break
@@ -195,7 +213,8 @@ class GraphChecker:
 
 
 def _ancestors(node: Any) -> set[str]:
-    seen, todo = set(), [node]
+    seen: set[str] = set()
+    todo = [node]
     while todo:
         for parent in todo.pop().all_input_nodes:
             if parent.name not in seen:
@@ -269,7 +288,7 @@ class StepReplay:
         if index == self.step - 1:
             self.start()
         elif index == self.step:
-            result: dict[str, Any] = {"step": self.step}
+            result: Replay = {"step": self.step}
             if self.recorder is not None:
                 self.recorder.__exit__(None, None, None)
                 result["ops"] = self.recorder.ops

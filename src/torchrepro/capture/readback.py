@@ -28,7 +28,7 @@ import torch
 
 from ..eventlog.events import Event
 
-Fill = Callable[[Event, list[int]], None]
+Fill = Callable[[Event, list[int | float]], None]  # the step's values read back: ints, and floats bit-cast
 
 
 @dataclass(slots=True)
@@ -51,7 +51,8 @@ def as_int64(t: torch.Tensor) -> torch.Tensor:
 
 def as_float(word: int) -> float:
     """The float64 whose bits an :func:`as_int64` word holds."""
-    return struct.unpack("<d", struct.pack("<q", word))[0]
+    value: float = struct.unpack("<d", struct.pack("<q", word))[0]
+    return value
 
 
 class Readback:
@@ -110,13 +111,15 @@ class Readback:
             self.reads += 1
         for w in ready:
             self._queue.popleft()
-            if w.parts is not None:  # CPU: nothing to wait for
+            if w.fill is None:  # an event with nothing to read back
+                pass
+            elif w.parts is not None:  # CPU: nothing to wait for
                 w.fill(w.event, _cpu_values(w.parts))
-            elif w.values is not None:
+            elif w.values is not None and w.floats is not None:
                 w.fill(w.event, [as_float(v) if f else v for v, f in zip(w.values.tolist(), w.floats)])
             self._write(w.event)
 
 
-def _cpu_values(parts: list[torch.Tensor]) -> list[Any]:
+def _cpu_values(parts: list[torch.Tensor]) -> list[int | float]:
     """CPU tensors' values as Python numbers, in order (scalars and vectors)."""
     return [v for p in parts for v in (p.tolist() if p.dim() else [p.item()])]

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from .. import _dist, _state
 from .._compat import undo_patches, watch
 from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
+from ..eventlog.payloads import JsonObject
 from .compile import CompileCapture
 from .steps import StepConfig, StepRecorder
 
@@ -39,8 +40,8 @@ class CaptureConfig:
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
 
 
-def environment() -> tuple[dict[str, Any], str]:
-    """What changes numerics or cache keys in this process, and its fingerprint."""
+def environment() -> tuple[JsonObject, str]:
+    """What changes numerics or cache keys in this process (the header's ``env``), and its fingerprint."""
     from .environment import collect
 
     info = collect()
@@ -63,7 +64,7 @@ class CaptureSession:
         config: CaptureConfig,
         rank: tuple[int, int, int] | None = None,
         rank_from: str | None = None,
-        listeners: list[Callable[[Event], None]] = (),
+        listeners: Sequence[Callable[[Event], None]] = (),
     ):
         """``rank``: (rank, world size, local rank) when known otherwise than from the torchrun
         environment; ``rank_from`` says where it came from (``env``, ``process_group``, or
@@ -188,7 +189,8 @@ class CaptureSession:
 
     def _stop_after(self, index: int) -> None:
         """``stop_after_step``: the script ends cleanly (SystemExit(0)) once that step is recorded."""
-        if index >= self.config.stop_after_step:
+        stop = self.config.stop_after_step
+        if stop is not None and index >= stop:
             raise SystemExit(0)
 
     def stop(self, exit_code: int, error: str | None = None, status: str | None = None) -> None:

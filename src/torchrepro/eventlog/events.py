@@ -24,12 +24,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, BinaryIO, ClassVar
 
 from ..errors import InputError
 from . import stepstream
+from .payloads import CaptureSettings, JsonObject
 from .stepstream import STEPS_FILE
 
+_orjson: ModuleType | None
+_msgspec: ModuleType | None
 try:
     import orjson as _orjson
 except ImportError:  # optional: the standard library reads and writes the same lines
@@ -58,7 +62,7 @@ class Event:
     rank: int = 0
     step: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"kind": self.kind, **{name: getattr(self, name) for name in _names(type(self))}}
 
 
@@ -76,9 +80,9 @@ class Header(Event):
     argv: list[str] = field(default_factory=list)
     torch_version: str = ""
     python_version: str = ""
-    env: dict[str, Any] = field(default_factory=dict)
+    env: JsonObject = field(default_factory=dict)  # capture.environment.collect(): read back as written
     env_fingerprint: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
+    config: CaptureSettings = field(default_factory=CaptureSettings)
 
 
 @dataclass(slots=True)
@@ -286,6 +290,8 @@ _TYPES = {
     "bool": (bool,),
     "list": (list,),
     "dict": (dict,),
+    "JsonObject": (dict,),  # the names of dict types that fields are annotated with (eventlog.payloads)
+    "CaptureSettings": (dict,),
     "None": (type(None),),
     "Any": (object,),
 }
@@ -297,10 +303,11 @@ def _accepted(annotation: str) -> tuple[type, ...]:
 
 
 _LEAF_TYPES = frozenset(KINDS.values())  # no event type derives from another: of() may look them up by type
-_FIELD_TYPES = {kind: {f.name: _accepted(f.type) for f in dataclasses.fields(cls)} for kind, cls in KINDS.items()}
+# str(): the annotations are strings already (``from __future__ import annotations``)
+_FIELD_TYPES = {kind: {f.name: _accepted(str(f.type)) for f in dataclasses.fields(cls)} for kind, cls in KINDS.items()}
 
 
-def from_json(data: dict[str, Any]) -> Event | None:
+def from_json(data: JsonObject) -> Event | None:
     """The event a JSON object describes; unknown fields are ignored, unknown kinds give None, a
     field of the wrong JSON type raises ``TypeError`` (the reader skips that line)."""
     kind = data.pop("kind", "")
@@ -311,11 +318,11 @@ def from_json(data: dict[str, Any]) -> Event | None:
     return build(data)
 
 
-def _checked(kind: str, data: dict[str, Any]) -> Event:
+def _checked(kind: str, data: JsonObject) -> Event:
     """The event of ``kind`` from ``data``, every field's JSON type checked one by one (lines with
     missing, extra or mistyped fields; the builders take this path for them)."""
     types = _FIELD_TYPES[kind]
-    fields = {}
+    fields: dict[str, Any] = {}  # each value's JSON type checked against its field's
     for name, value in data.items():
         accepted = types.get(name)
         if accepted is not None:
@@ -360,7 +367,8 @@ def _builder(kind: str, cls: type[Event], positional: bool = False) -> Callable[
         made = f"_share_step({made}, shared)"
     lines.append(f"    return {made}")
     exec("\n".join(lines), scope)  # noqa: S102 -- source built above from the dataclasses' own field names
-    return scope["build"]
+    build: Callable[..., Event] = scope["build"]
+    return build
 
 
 @dataclass(slots=True)
@@ -369,7 +377,7 @@ class Shared:
     step fields by step index (the first rank's), and rank numbers (ints above 256 are objects
     of their own in every event)."""
 
-    steps: dict[int, tuple] = field(default_factory=dict)
+    steps: dict[int, tuple[object, ...]] = field(default_factory=dict)
     ranks: dict[int, int] = field(default_factory=dict)
 
 
@@ -393,7 +401,8 @@ def _step_sharer() -> Callable[[Step, Shared | None], Step]:
     ]
     scope: dict[str, Any] = {"_intern": sys.intern}
     exec("\n".join(lines), scope)  # noqa: S102 -- source built above from Step's own field names
-    return scope["share"]
+    share: Callable[[Step, Shared | None], Step] = scope["share"]
+    return share
 
 
 _STEP_PREFIX = b'{"kind":"step",'  # how the writer starts every step line
@@ -408,7 +417,7 @@ def _line(event: Event) -> bytes:
     installed and their numbers are finite (orjson serializes the dataclass itself, fields in
     order, after ``kind``); the rest, and NaN/inf (orjson would write null), through json."""
     if (
-        _orjson is not None
+        _step_line is not None
         and type(event) is Step
         and _finite(event.loss)
         and _finite(event.loss_last)
@@ -427,9 +436,10 @@ def _step_line_writer() -> Callable[[Step], bytes] | None:
         return None
     fields = ", ".join(f'"{name}": e.{name}' for name in _names(Step))
     source = f'def step_line(e):\n    return _dumps({{"kind": "step", {fields}}}, default=str, option=_NEWLINE)'
-    scope = {"_dumps": _orjson.dumps, "_NEWLINE": _orjson.OPT_APPEND_NEWLINE}
+    scope: dict[str, Any] = {"_dumps": _orjson.dumps, "_NEWLINE": _orjson.OPT_APPEND_NEWLINE}
     exec(source, scope)  # noqa: S102 -- source built above from Step's own field names
-    return scope["step_line"]
+    step_line: Callable[[Step], bytes] = scope["step_line"]
+    return step_line
 
 
 _step_line = _step_line_writer()
@@ -451,12 +461,13 @@ def _count_lines(path: Path) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: fp.read(_CHUNK), b""))
 
 
-def _step_getter() -> Callable[[Step], tuple]:
+def _step_getter() -> Callable[[Step], tuple[Any, ...]]:
     """A Step's field values in order, compiled for its fields (the writer's hot path)."""
     scope: dict[str, Any] = {}
     source = f"def values(e):\n    return ({''.join(f'e.{name}, ' for name in _names(Step))})"
     exec(source, scope)  # noqa: S102 -- source built above from Step's own field names
-    return scope["values"]
+    values: Callable[[Step], tuple[Any, ...]] = scope["values"]
+    return values
 
 
 _step_values = _step_getter()
@@ -474,7 +485,7 @@ class EventWriter:
     ...     w.write(Step(index=0, loss=1.5))
     """
 
-    def __init__(self, path: str | os.PathLike, compact_steps: bool = True):
+    def __init__(self, path: str | os.PathLike[str], compact_steps: bool = True):
         """``compact_steps``: step events go to ``steps.bin`` beside ``path`` (:mod:`.stepstream`);
         they are JSON lines in ``path`` without it, and whenever ``steps.bin`` already holds
         another writer's records (a second session of one process) or a step has a value that is
@@ -602,7 +613,7 @@ def _rank_from_dir(name: str) -> int:
         return 0
 
 
-def open_regular(path: str | os.PathLike) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """``path`` opened for reading in binary; :class:`InputError` unless it is a regular file: a FIFO
     would block the reader (it is opened non-blocking, then checked), a device would never end.
     ``OSError`` when it cannot be opened."""
@@ -650,7 +661,7 @@ class LineReader:
             yield OVERSIZED if skipping else b"".join(pieces)
 
 
-def read_events(path: str | os.PathLike, shared: Shared | None = None) -> EventLog:
+def read_events(path: str | os.PathLike[str], shared: Shared | None = None) -> EventLog:
     """Read one rank's log, tolerating damage: see the module docstring. ``shared`` (one
     :class:`Shared` for every rank of a run) keeps what repeats across ranks once."""
     path = Path(path)
@@ -716,20 +727,21 @@ def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None, records
     fast, share_step, step_prefix = _decode_step, _share_step, _STEP_PREFIX
     by_type: dict[type, list[Event]] = {Step: []}  # the events grouped by type as they are read (EventLog.of)
     steps = by_type[Step]
+    decode_error = _msgspec.MsgspecError if _msgspec is not None else ()  # what `fast` raises
     pending = iter(records)
-    at, record = next(pending, (None, None))  # the next record and the line it follows
+    record = next(pending, None)  # the next record and the line it follows
     for number, raw in enumerate(lines, 1):
-        while at is not None and at < number:
-            events.append(record)  # type: ignore[arg-type]
-            steps.append(record)  # type: ignore[arg-type]
-            at, record = next(pending, (None, None))
+        while record is not None and record[0] < number:
+            events.append(record[1])
+            steps.append(record[1])
+            record = next(pending, None)
         if fast is not None and raw.startswith(step_prefix):
             try:  # a step line straight into its event, JSON types checked by msgspec
                 step = share_step(fast(raw), shared)
                 events.append(step)
                 steps.append(step)
                 continue
-            except _msgspec.MsgspecError:
+            except decode_error:
                 pass  # NaN, a truncated line, other types: the general path below decides
         if not raw.strip():
             continue
@@ -759,10 +771,10 @@ def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None, records
                 elif log.truncated:
                     what = "truncated last line"
                 log.problems.append(f"{log.path}: {what} skipped")
-    if at is not None:  # records after the last line (events.jsonl cut short, or steps alone)
-        rest = [record, *(r for _, r in pending)]
-        events += rest  # type: ignore[arg-type]
-        steps += rest  # type: ignore[arg-type]
+    if record is not None:  # records after the last line (events.jsonl cut short, or steps alone)
+        rest = [record[1], *(r for _, r in pending)]
+        events += rest
+        steps += rest
     log._by_type = (events, len(events), by_type)
 
 
@@ -772,7 +784,7 @@ def _version() -> str:
     return __version__
 
 
-def read_header(path: str | os.PathLike) -> Header | None:
+def read_header(path: str | os.PathLike[str]) -> Header | None:
     """Only the header (first line) of a rank's log, without reading the rest."""
     try:
         with open_regular(path) as fp:
@@ -782,13 +794,13 @@ def read_header(path: str | os.PathLike) -> Header | None:
     return event if isinstance(event, Header) else None
 
 
-def rank_logs(run_dir: str | os.PathLike) -> list[Path]:
+def rank_logs(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Every ``rank-<r>/events.jsonl`` under a run directory, by rank."""
     found = Path(run_dir).glob(f"rank-*/{EVENTS_FILE}")
     return sorted(found, key=lambda p: _rank_from_dir(p.parent.name))
 
 
-def write_all(path: str | os.PathLike, events: Iterable[Event], compact_steps: bool = True) -> None:
+def write_all(path: str | os.PathLike[str], events: Iterable[Event], compact_steps: bool = True) -> None:
     """Write a whole log at once (used by trace import and tests); ``compact_steps``: as for
     :class:`EventWriter` (False writes a log as torchrepro.events/1 did, every step a line)."""
     with EventWriter(path, compact_steps) as writer:

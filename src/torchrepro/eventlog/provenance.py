@@ -8,12 +8,26 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from .. import __version__
+from .events import Header
+from .payloads import JsonObject
 
 
-def script_repository(script: Path) -> dict[str, Any]:
+class _Commit(TypedDict):
+    commit: str | None
+
+
+class ScriptRepository(_Commit, total=False):
+    """``run.json``'s ``git``: the commit of the repository holding the script (None: in none), its
+    top folder, and whether its tracked files had changes."""
+
+    root: str | None
+    dirty: bool
+
+
+def script_repository(script: Path) -> ScriptRepository:
     """The git commit of the repository holding ``script`` and whether its tree had changes;
     ``{"commit": None}`` when it is in none (or git is not installed)."""
 
@@ -37,10 +51,10 @@ def script_repository(script: Path) -> dict[str, Any]:
     return {"commit": commit, "root": git("rev-parse", "--show-toplevel"), "dirty": bool(status)}
 
 
-def launch_meta(script: Path | None) -> dict[str, Any]:
+def launch_meta(script: Path | None) -> JsonObject:
     """The command line, working directory, torchrepro version and (given a script) the git
-    commit of this invocation."""
-    meta: dict[str, Any] = {
+    commit of this invocation: the start of a ``run.json``, which its command adds to."""
+    meta: JsonObject = {
         "command": [sys.argv[0], *sys.argv[1:]],
         "cwd": os.getcwd(),
         "torchrepro_version": __version__,
@@ -50,10 +64,10 @@ def launch_meta(script: Path | None) -> dict[str, Any]:
     return meta
 
 
-def provenance(meta: dict[str, Any], header: Any | None) -> dict[str, Any]:
-    """The report's ``provenance`` section from ``run.json`` (``meta``) and a rank's
-    :class:`~torchrepro.eventlog.events.Header`: what ran, from which commit, with which versions."""
-    env = getattr(header, "env", None) or {}
+def provenance(meta: JsonObject, header: Header | None) -> JsonObject:
+    """The report's ``provenance`` section (open JSON there: the report shows it) from ``run.json``
+    (``meta``) and a rank's header: what ran, from which commit, with which versions."""
+    env = (header.env if header is not None else None) or {}
     versions = env.get("versions", {})
     return {
         "command": meta.get("command") or (list(header.argv) if header is not None else None),

@@ -25,10 +25,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, TypedDict
 
 from ..errors import InputError
 from .events import EVENTS_FILE, EventLog, Shared, Step, open_regular, rank_logs, read_events
+from .payloads import JsonObject
 from .stepstream import STEPS_FILE
 
 RUN_FILE = "run.json"
@@ -123,7 +125,7 @@ def size_text(n: float) -> str:
     return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
 
 
-def default_run_dir(script: str | os.PathLike, root: str = "torchrepro-runs", label: str = "") -> Path:
+def default_run_dir(script: str | os.PathLike[str], root: str = "torchrepro-runs", label: str = "") -> Path:
     """``torchrepro-runs/<timestamp>-<script>[-label]``, unique."""
     stem = re.sub(r"[^\w.-]", "_", Path(script).stem) or "run"
     base = Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}{'-' + label if label else ''}"
@@ -189,12 +191,12 @@ def _locked(path: Path, lock: Path, create: bool) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.pread(fd, 32, 0)
-        if not holder:  # the holder writes its pid just after taking the lock
+        written = os.pread(fd, 32, 0)
+        if not written:  # the holder writes its pid just after taking the lock
             time.sleep(0.2)
-            holder = os.pread(fd, 32, 0)
+            written = os.pread(fd, 32, 0)
         os.close(fd)
-        holder = holder.decode("ascii", "replace").strip() or "unknown"
+        holder = written.decode("ascii", "replace").strip() or "unknown"
         raise InputError(f"{path} is being written by another torchrepro (pid {holder}): wait for it to end") from None
     return fd
 
@@ -222,23 +224,32 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def supervisor_record() -> dict[str, Any]:
+class Supervisor(TypedDict):
+    """``run.json``'s ``supervisor``: the torchrepro process supervising a job (see :func:`supervisor_lost`)."""
+
+    pid: int
+    host: str
+    start_time: int | None  # clock ticks since boot (None: no /proc)
+
+
+def supervisor_record() -> Supervisor:
     """What ``run.json`` says, as a job starts, of the torchrepro process supervising it (``supervisor``):
     its pid, host and start time. The job's end is recorded by ``ended`` (with ``exit_code``)."""
     return {"pid": os.getpid(), "host": socket.gethostname(), "start_time": process_start_time(os.getpid())}
 
 
-def supervisor_lost(meta: dict[str, Any]) -> int | None:
+def supervisor_lost(meta: JsonObject) -> int | None:
     """The pid of a supervisor that ended without recording the end of its job (``run.json`` has a
     ``supervisor`` and no ``ended``, and that process is gone: a different start time, or another
     host's run directory); None otherwise, also for a run without supervisor (``torchrepro run``
     under the user's own torchrun, where each rank's end event decides)."""
     who = meta.get("supervisor")
-    if not isinstance(who, dict) or "ended" in meta or not isinstance(who.get("pid"), int):
+    pid = who.get("pid") if isinstance(who, dict) else None
+    if not isinstance(who, dict) or "ended" in meta or not isinstance(pid, int):
         return None
-    if who.get("host") == socket.gethostname() and _running(who["pid"], who.get("start_time")):
+    if who.get("host") == socket.gethostname() and _running(pid, who.get("start_time")):
         return None
-    return who["pid"]
+    return pid
 
 
 def _running(pid: int, start_time: int | None) -> bool:
@@ -258,7 +269,7 @@ class Run:
     """A run directory as read back: ``run.json`` (if any) and every rank's events."""
 
     path: Path
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JsonObject = field(default_factory=dict)  # run.json: RUN_FIELDS checked, any other field kept as written
     logs: list[EventLog] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -293,7 +304,7 @@ def read_json_file(path: Path) -> Any:
     return json.loads(data)
 
 
-def read_run_json(path: Path) -> dict[str, Any]:
+def read_run_json(path: Path) -> JsonObject:
     """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`); :class:`InputError`
     also for a file that is not a regular file (see :func:`read_json_file`)."""
     meta = read_json_file(path)
@@ -305,7 +316,7 @@ def read_run_json(path: Path) -> dict[str, Any]:
     return meta
 
 
-def check_fields(path: Path, data: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+def check_fields(path: Path, data: Mapping[str, object], fields: dict[str, tuple[type, ...]]) -> None:
     """:class:`InputError` naming the first field of ``data`` (read from ``path``) whose JSON type is
     not one ``fields`` allows it (null is allowed; a field not named there is not checked)."""
     for name, value in data.items():
@@ -339,7 +350,7 @@ def _no_gc() -> Iterator[None]:
 
 
 def load_run(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     keep: Callable[[list[Step]], Any] | None = None,
     jobs: int | None = 1,
     progress: Callable[[str], None] | None = None,
@@ -419,7 +430,8 @@ def _cores() -> int:
 def _read_logs(files: list[Path], keep: Callable[[list[Step]], Any] | None) -> list[EventLog | str]:
     """Each file's log (its steps replaced by ``keep(steps)``, given ``keep``), or why it was not
     read; what repeats across the ranks is held once (:class:`~.events.Shared`)."""
-    shared, out = Shared(), []
+    shared = Shared()
+    out: list[EventLog | str] = []
     for file in files:
         try:
             log = read_events(file, shared)
@@ -450,7 +462,7 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
         f"{keep.__module__}:{keep.__qualname__}",
         str(os.getpid()),
     ]
-    children: list[subprocess.Popen] = []
+    children: list[subprocess.Popen[bytes]] = []
     try:
         for share in shares:
             child = subprocess.Popen(

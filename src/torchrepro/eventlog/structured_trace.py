@@ -26,9 +26,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, TypedDict
 
 from .events import OVERSIZED, CacheLookup, Compile, Event, GraphBreak, LineReader, open_regular
+from .payloads import JsonObject
+
+TraceRecord = JsonObject  # a record's metadata as torch wrote it: its keys vary with the torch version
 
 _CONTEXT_KEYS = {
     "frame_id",
@@ -59,12 +62,12 @@ def constant_ids() -> dict[int, str]:
     return {id(value): repr(value) for value in (True, False, None, Ellipsis, *range(-5, 257))}
 
 
-def record_kind(metadata: dict[str, Any]) -> str:
+def record_kind(metadata: TraceRecord) -> str:
     """The record's type: the one key that is not context (``dynamo_start``, ``artifact``...)."""
     return next((k for k in metadata if k not in _CONTEXT_KEYS), "")
 
 
-def _compile_id(metadata: dict[str, Any]) -> str:
+def _compile_id(metadata: TraceRecord) -> str:
     frame, attempt = metadata.get("frame_id"), metadata.get("frame_compile_id")
     cid = f"{frame}/{attempt}" if frame is not None else "?"
     if metadata.get("compiled_autograd_id") is not None:
@@ -80,7 +83,19 @@ def _first_line(text: str | None) -> str | None:
     return text.strip().splitlines()[0] if text and text.strip() else None
 
 
-def parse_graph_break(text: str) -> dict[str, Any]:
+class GraphBreakText(TypedDict):
+    """What a graph-break payload says: the fields of :class:`~.events.GraphBreak` it gives."""
+
+    reason: str
+    explanation: str
+    hints: list[str]
+    gb_id: str | None
+    file: str | None
+    line: int | None
+    source: str | None
+
+
+def parse_graph_break(text: str) -> GraphBreakText:
     """Reason (Dynamo's graph-break type), explanation, hints, ``GBxxxx`` id and user location
     from a ``dynamo_graph_break_reason`` payload."""
     location = _GB_LOCATION.search(text)
@@ -148,24 +163,24 @@ class TraceTranslator:
     compiles: dict[str, Compile] = field(default_factory=dict)
     functions: dict[str, str] = field(default_factory=dict)
     locations: dict[str, tuple[str, int | None]] = field(default_factory=dict)
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
     unique_graphs: int = 0
 
-    def feed(self, metadata: dict[str, Any], payload: str | None = None) -> list[Event]:
+    def feed(self, metadata: TraceRecord, payload: str | None = None) -> list[Event]:
         """Translate one record; returns the events it completes (often none)."""
         kind = record_kind(metadata)
         self.counts[kind if kind in _USED or kind == "dynamo_output_graph" else "other"] += 1
         handler = getattr(self, f"_on_{kind}", None)
         return handler(metadata, payload) or [] if handler else []
 
-    def _on_str(self, metadata, payload):
+    def _on_str(self, metadata: TraceRecord, payload: str | None) -> None:
         text, index = metadata["str"]
         self.strings[int(index)] = text
 
-    def _on_dynamo_output_graph(self, metadata, payload):
+    def _on_dynamo_output_graph(self, metadata: TraceRecord, payload: str | None) -> None:
         self.unique_graphs += 1
 
-    def _on_dynamo_cpp_guards_str(self, metadata, payload):
+    def _on_dynamo_cpp_guards_str(self, metadata: TraceRecord, payload: str | None) -> None:
         """The guards a compile installed (torch 2.6 to 2.14 write them as this record): which sources
         it guards by identity and which by value, to tell what an identity guard that fails later named."""
         if payload and ("___check_obj_id(" in payload or "EQUALS_MATCH: " in payload):
@@ -191,7 +206,7 @@ class TraceTranslator:
     def _file(self, value: Any) -> str | None:
         return self.strings.get(value, f"<file #{value}>") if isinstance(value, int) else value
 
-    def _on_dynamo_start(self, metadata, payload):
+    def _on_dynamo_start(self, metadata: TraceRecord, payload: str | None) -> None:
         stack = metadata["dynamo_start"].get("stack") or []
         item = self.pending.setdefault(_compile_id(metadata), _Pending())
         if stack:
@@ -203,7 +218,7 @@ class TraceTranslator:
             file, line = (user or callers)[-1]
             item.call_site = f"{file}:{line}"
 
-    def _on_artifact(self, metadata, payload):
+    def _on_artifact(self, metadata: TraceRecord, payload: str | None) -> list[Event] | None:
         name = metadata["artifact"].get("name", "")
         cid = _compile_id(metadata)
         if name == "recompile_reasons":
@@ -234,10 +249,10 @@ class TraceTranslator:
             components=components,
         )
 
-    def _on_compilation_metrics(self, metadata, payload):
+    def _on_compilation_metrics(self, metadata: TraceRecord, payload: str | None) -> list[Event] | None:
         return self._compiled(metadata, metadata["compilation_metrics"])
 
-    def _compiled(self, metadata: dict[str, Any], m: dict[str, Any]) -> list[Event]:
+    def _compiled(self, metadata: TraceRecord, m: TraceRecord) -> list[Event]:
         """The compile event of a metrics record ``m`` (with what was said before it)."""
         cid = m.get("compile_id") or _compile_id(metadata)
         item = self.pending.pop(cid, _Pending())
@@ -284,7 +299,7 @@ class TraceTranslator:
         self.compiles[cid] = event
         return [event]
 
-    def _on_bwd_compilation_metrics(self, metadata, payload):
+    def _on_bwd_compilation_metrics(self, metadata: TraceRecord, payload: str | None) -> list[Event] | None:
         m = metadata["bwd_compilation_metrics"]
         event = self.compiles.get(m.get("compile_id") or _compile_id(metadata))
         if event is None:  # torch 2.6 writes a compile that failed before tracing (the recompile limit) so
@@ -297,7 +312,7 @@ class TraceTranslator:
         return None
 
 
-def _cache_counts(m: dict[str, Any]) -> dict[str, dict[str, int]]:
+def _cache_counts(m: TraceRecord) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for name, prefix in (("fxgraph", "inductor_fx"), ("aotautograd", "aotautograd")):
         for status in ("hit", "miss"):
@@ -312,14 +327,14 @@ def _cache_counts(m: dict[str, Any]) -> dict[str, dict[str, int]]:
 _LINE = re.compile(r"^[A-Z]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
 
 
-def iter_trace_file(path: Path, counts: Counter | None = None) -> Iterator[tuple[dict[str, Any], str | None]]:
+def iter_trace_file(path: Path, counts: Counter[str] | None = None) -> Iterator[tuple[TraceRecord, str | None]]:
     """(metadata, payload) records of one ``TORCH_TRACE`` log. Damaged records are skipped and
     counted in ``counts["malformed"]``: a line that is neither a record nor a payload line, metadata
     that is not JSON, a payload whose MD5 is not the one its metadata names (``has_payload``: a
     record cut, the file ending mid-record). A line over :data:`~.events.MAX_LINE` bytes is damage
     too, never held whole; only a regular file is read (:func:`~.events.open_regular`)."""
     counts = Counter() if counts is None else counts
-    metadata: dict[str, Any] | None = None
+    metadata: TraceRecord | None = None
     payload: list[bytes] = []
     with open_regular(path) as fp:
         for raw in LineReader(fp):
@@ -342,8 +357,8 @@ def iter_trace_file(path: Path, counts: Counter | None = None) -> Iterator[tuple
 
 
 def _checked(
-    metadata: dict[str, Any], payload: list[bytes], counts: Counter
-) -> Iterator[tuple[dict[str, Any], str | None]]:
+    metadata: TraceRecord, payload: list[bytes], counts: Counter[str]
+) -> Iterator[tuple[TraceRecord, str | None]]:
     """The record, unless its payload is not the one its metadata's MD5 names (then counted)."""
     text = b"\n".join(payload)
     expected = metadata.get("has_payload")
@@ -365,7 +380,8 @@ def _rank_of_file(path: Path) -> int | None:
 
 def translate_file(path: Path, rank: int = 0) -> tuple[list[Event], TraceTranslator]:
     """Every event of one ``TORCH_TRACE`` log file, and the translator (for its counts)."""
-    rank = _rank_of_file(path) if _rank_of_file(path) is not None else rank
+    named = _rank_of_file(path)
+    rank = named if named is not None else rank
     translator = TraceTranslator(rank=rank)
     events: list[Event] = []
     for metadata, payload in iter_trace_file(path, translator.counts):

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
 from .events import EVENTS_FILE, MAX_LINE, Event, Step, from_json, open_regular, step_decoder
 from .stepstream import STEPS_FILE, Decoder
+from .payloads import JsonObject
 from .rundir import RUN_FILE, read_run_json
 
 
@@ -37,7 +36,7 @@ class RunFollower:
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.meta: dict[str, Any] = {}
+        self.meta: JsonObject = {}  # run.json as last read
         self.unreadable = 0
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}

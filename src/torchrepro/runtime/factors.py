@@ -21,13 +21,16 @@ stream comes from the seed tree (:mod:`torchrepro.seed`) of the experiment's roo
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 from .._compat import patch
 
 
-def apply(levels: dict[str, Any]) -> None:
-    """Seed the streams and set the switches of one run (see the module docstring)."""
+def apply(levels: Mapping[str, int | str]) -> None:
+    """Seed the streams and set the switches of one run (see the module docstring): ``root`` (the
+    experiment's seed), ``init``, ``order`` and ``augment`` (a level each), ``threads``, ``deterministic``
+    (1/True) and ``backend``; a factor not given keeps its default."""
     import torch
 
     from ..seed import derive, seed_everything

@@ -33,10 +33,14 @@ import socket
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypedDict
 
 from .. import _state
 from .._dist import from_env, placement
+
+if TYPE_CHECKING:  # imported where used: a followed process starts without them
+    from ..capture.session import CaptureSession
+    from .options import RunOptions
 
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
 SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
@@ -56,7 +60,7 @@ def _mark_seen() -> None:
     os.environ[SEEN_VAR] = ":".join(os.environ.get(name, "") for name in RANK_VARS)
 
 
-def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, str]:
+def follow_env(options: RunOptions, root_pid: int, pythonpath: str = "") -> dict[str, str]:
     """The variables that make a process (and those it starts) capture itself as ``options`` (a
     :class:`~torchrepro.runtime.options.RunOptions`, its run directory set) say once it becomes a rank:
     the same capture, seed, compile mode, cache, replay, fix and drift factor levels;
@@ -68,7 +72,7 @@ def follow_env(options: Any, root_pid: int, pythonpath: str = "") -> dict[str, s
     }
 
 
-def propagate(options: Any) -> None:
+def propagate(options: RunOptions) -> None:
     """Make every process the script starts capture itself once it becomes a rank (``options``:
     the :class:`~torchrepro.runtime.options.RunOptions` of this process), and record the process
     group this process joins."""
@@ -88,7 +92,7 @@ def without_follow(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR, SPAWN_VAR)}
 
 
-def _config() -> tuple[Any, int]:
+def _config() -> tuple[RunOptions, int]:
     """The run options of the launched process and its pid."""
     from .options import RunOptions
 
@@ -96,7 +100,7 @@ def _config() -> tuple[Any, int]:
     return RunOptions.from_json(data["options"]), int(data["root_pid"])
 
 
-def _prepare(options: Any) -> None:
+def _prepare(options: RunOptions) -> None:
     """``prepare.prepare``; remembers the seed plan it makes, whose rank the process group will say
     (:func:`_joined`)."""
     from .prepare import prepare
@@ -149,7 +153,7 @@ def hook_spawn() -> None:
     setattr(start_processes, _WRAPPED, True)
     for module in (spawn, sys.modules.get("torch.multiprocessing")):
         if getattr(module, "start_processes", None) is original:
-            module.start_processes = start_processes
+            setattr(module, "start_processes", start_processes)
 
 
 def hook_process_group() -> None:
@@ -161,10 +165,10 @@ def hook_process_group() -> None:
     wrapped = _after(original, _joined)
     for name, module in list(sys.modules.items()):
         if name.startswith("torch") and getattr(module, "init_process_group", None) is original:
-            module.init_process_group = wrapped
+            setattr(module, "init_process_group", wrapped)
 
 
-def _after(function: Callable, then: Callable[[], None]) -> Callable:
+def _after(function: Callable[..., Any], then: Callable[[], None]) -> Callable[..., Any]:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
@@ -178,7 +182,7 @@ def _after(function: Callable, then: Callable[[], None]) -> Callable:
     return wrapper
 
 
-def _own_session() -> Any:
+def _own_session() -> CaptureSession | None:
     from ..capture.session import active_session
 
     session = active_session()
@@ -225,7 +229,7 @@ def _rank_the_plan(rank: int, world_size: int) -> None:
     from ..seed import active_plan
 
     plan = active_plan()
-    if plan is not None and plan is _state.current().prepared.get("plan"):
+    if plan is _state.current().prepared.get("plan") and plan is not None:
         plan.rank, plan.world_size = rank, world_size
 
 
@@ -262,24 +266,30 @@ def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
     return True
 
 
-def _start(options: Any, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> Any:
+def _start(options: RunOptions, root_pid: int, rank: tuple[int, int, int], rank_from: str) -> CaptureSession | None:
     from ..capture.session import CaptureSession
     from ..telemetry.otlp import live_listeners
 
-    if not claim(Path(options.run_dir), rank[0], root_pid):
+    config = options.capture_config()
+    if not claim(config.run_dir, rank[0], root_pid):
         _note(f"rank {rank[0]} of this job is already captured by another process; this one is not")
         return None
-    session = CaptureSession(options.capture_config(), rank=rank, rank_from=rank_from, listeners=live_listeners())
+    session = CaptureSession(config, rank=rank, rank_from=rank_from, listeners=live_listeners())
     session.start()
     _end_at_exit(session)
     return session
 
 
-def _end_at_exit(session: Any) -> None:
+class _Outcome(TypedDict):
+    code: int
+    error: str | None
+
+
+def _end_at_exit(session: CaptureSession) -> None:
     """Write the end event when the interpreter exits, with the exit code ``sys.exit`` was given
     and the exception that ended the script (also the one ``torch.multiprocessing.spawn``'s worker
     wrapper catches before its ``sys.exit(1)``)."""
-    outcome: dict[str, Any] = {"code": 0, "error": None}
+    outcome: _Outcome = {"code": 0, "error": None}
     real_exit, real_hook = sys.exit, sys.excepthook
 
     def record(code: int, exc: BaseException | None) -> None:
@@ -291,7 +301,7 @@ def _end_at_exit(session: Any) -> None:
         elif outcome["error"] is None:
             outcome["error"] = f"SystemExit({code})"
 
-    def exit(code: Any = None) -> None:
+    def exit(code: Any = None) -> NoReturn:
         record(code if isinstance(code, int) else (0 if code is None else 1), sys.exc_info()[1])
         real_exit(code)
 

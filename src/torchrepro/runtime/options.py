@@ -46,7 +46,7 @@ class RunOptions:
     replay_kernels: bool = False  # repeat each compiled graph on identical inputs instead
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
     fix: str | None = None  # a candidate fix applied first (capture.fixes.apply_fix)
-    factors: dict[str, Any] | None = None  # a drift run's factor levels (torchrepro.runtime.factors.apply)
+    factors: dict[str, int | str] | None = None  # a drift run's factor levels (torchrepro.runtime.factors.apply)
     cache_policy: str | None = None  # --cache-policy: per-node | shared | per-rank
     cache_root: str | None = None  # --cache-root (absolute)
     warm_from: str | None = None  # --warm-from: a cache pack to unpack first (absolute)

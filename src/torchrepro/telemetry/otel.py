@@ -38,10 +38,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -55,6 +55,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 from .. import __version__, _state
 from ..analysis.categories import category_of
@@ -83,7 +84,7 @@ def _ns(t: float) -> int:
     return int(t * 1e9)
 
 
-def _attrs(values: dict[str, Any]) -> dict[str, Any]:
+def _attrs(values: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
     """OpenTelemetry attributes: no None values, texts made visible (they quote the user's script:
     :func:`~torchrepro.report.sanitize.visible`) and cut."""
     return {k: visible(v)[:_MAX_TEXT] if isinstance(v, str) else v for k, v in values.items() if v is not None}
@@ -159,14 +160,15 @@ class _Health(logging.Handler):
 
 def _job_failed() -> bool:
     path = os.environ.get(WARN_ONCE_VAR)
-    return bool(path) and os.path.exists(path)
+    return bool(path and os.path.exists(path))
 
 
 def _health(endpoint: str) -> _Health:
     health = _state.current().otel_health  # one per process
     if "process" not in health:
         health["process"] = _Health(endpoint)
-    return health["process"]
+    found: _Health = health["process"]  # the only value kept there
+    return found
 
 
 # --- exporters and providers ----------------------------------------------------------------
@@ -225,7 +227,7 @@ class _Metrics(_Guarded, OTLPMetricExporter):
         super().__init__(endpoint=_signal_endpoint(endpoint, "metrics"), timeout=_export_timeout("metrics"))
         self.health, self.give_up, self._pid = health, give_up, os.getpid()
 
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+    def export(self, metrics_data: Any, timeout_millis: float | None = 10_000, **kwargs: Any) -> MetricExportResult:
         if os.getpid() != self._pid:
             return MetricExportResult.SUCCESS
         if not self._sends():
@@ -257,7 +259,7 @@ class _BoundedSpans(BatchSpanProcessor):
         super().on_end(span)
 
 
-def _resource(attributes: dict[str, Any]) -> Resource:
+def _resource(attributes: Mapping[str, AttributeValue]) -> Resource:
     """The SDK's resource (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) with ours added;
     ``service.name`` is ``torchrepro`` unless the user set one."""
     base = Resource.create({})
@@ -266,7 +268,7 @@ def _resource(attributes: dict[str, Any]) -> Resource:
     return base.merge(Resource(_attrs(attributes)))
 
 
-def job_attributes() -> dict[str, Any]:
+def job_attributes() -> dict[str, AttributeValue]:
     """The job's ids, where the scheduler or launcher set them."""
     slurm, elastic = os.environ.get("SLURM_JOB_ID"), os.environ.get("TORCHELASTIC_RUN_ID")
     return _attrs({"torchrepro.job.id": slurm or elastic, "slurm.job.id": slurm, "torchelastic.run_id": elastic})
@@ -297,7 +299,7 @@ def job_context() -> Context | None:
 class Telemetry:
     """A tracer and a meter for one resource (a rank, or the launcher), batched to the collector."""
 
-    def __init__(self, endpoint: str, attributes: dict[str, Any], *, block: bool = False):
+    def __init__(self, endpoint: str, attributes: Mapping[str, AttributeValue], *, block: bool = False):
         self.health = _health(endpoint)
         resource = _resource(attributes)
         self.spans = _BoundedSpans(_Spans(self.health, endpoint, give_up=block), block=block)
@@ -341,9 +343,9 @@ class Telemetry:
         # Still retrying: the exporters' own shutdown ends the retries, and the failed export is
         # then counted (and warned of) before this process goes on to its end, where a daemon
         # thread would be cut off before it could leave the job's warning.
-        for closer, exporter in zip(closers, (self.spans.exporter, self.metrics)):
+        for closer, shutdown in zip(closers, (self.spans.exporter.shutdown, self.metrics.shutdown)):
             if closer.is_alive() and not given_up:
-                _quietly(exporter.shutdown)
+                _quietly(shutdown)
                 closer.join(END_GRACE_S)
         if self.spans.dropped:
             self.health.warn(f"{self.spans.dropped} span(s) dropped: the OpenTelemetry export queue was full")
@@ -357,18 +359,32 @@ def _quietly(fn: Any) -> None:
 # --- one rank's events ------------------------------------------------------------------------
 
 
+class _Pending(TypedDict):
+    """What was said of a compile before its compile event: its graph breaks and cache lookups."""
+
+    breaks: list[GraphBreak]
+    lookups: list[CacheLookup]
+
+
 class RankExporter:
     """Turns one rank's events, in order, into spans and metrics. Called as a listener; never
     raises (an internal error stops the export with one warning, the run goes on)."""
 
-    def __init__(self, endpoint: str, *, parent: Context | None, live: bool, attributes: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        parent: Context | None,
+        live: bool,
+        attributes: Mapping[str, AttributeValue] | None = None,
+    ):
         self.endpoint, self.parent, self.live = endpoint, parent, live
         self.attributes = attributes or {}
         self.telemetry: Telemetry | None = None
         self.rank_span: Any = None
         self._rank_context: Context | None = None
-        self._pending: dict[str, dict[str, list]] = {}
-        self._lookups: Counter = Counter()
+        self._pending: dict[str, _Pending] = {}
+        self._lookups: Counter[tuple[str, str]] = Counter()  # (cache, status) -> lookups
         self._last_t = 0.0
         self._step_times: list[float] = []
         self._flushed_at = 0.0
@@ -435,7 +451,7 @@ class RankExporter:
             if hits + misses:
                 yield Observation(hits / (hits + misses), {"torchrepro.cache": cache})
 
-    def _pending_for(self, compile_id: str) -> dict[str, list]:
+    def _pending_for(self, compile_id: str) -> _Pending:
         if compile_id not in self._pending and len(self._pending) >= _MAX_PENDING:
             self._pending.pop(next(iter(self._pending)))
         return self._pending.setdefault(compile_id, {"breaks": [], "lookups": []})
@@ -458,7 +474,7 @@ class RankExporter:
             return
         pending = self._pending.pop(c.compile_id, {"breaks": [], "lookups": []})
         function = display_function(c)
-        attributes: dict[str, Any] = {
+        attributes: dict[str, AttributeValue] = {
             "torchrepro.compile.id": c.compile_id,
             "torchrepro.function": function,
             "code.function": c.function,
@@ -581,11 +597,11 @@ def live_exporter(endpoint: str) -> RankExporter:
 _FIX_FIGURES = ("compiles", "recompiles", "graph_breaks", "compile_time_s", "step_time_s")
 
 
-def compile_fix_attributes(row: dict[str, Any]) -> dict[str, Any]:
+def compile_fix_attributes(row: Mapping[str, Any]) -> dict[str, AttributeValue]:
     """The attributes of one ``doctor --fixes`` row on the command's ``compile_fix`` span event:
     ``torchrepro.compile_fix.{name,applied_to,status,numerics}`` and each figure before and after
     (``torchrepro.compile_fix.recompiles.before`` ...; absent for a fix not run)."""
-    out: dict[str, Any] = {
+    out: dict[str, AttributeValue] = {
         f"torchrepro.compile_fix.{key}": row.get(key) for key in ("name", "applied_to", "status", "numerics")
     }
     for side in ("before", "after"):
