@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, ClassVar, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
-from ..eventlog.payloads import JsonObject as JsonObject  # re-exported; also: a whole report.json document, a finding's evidence (per code)
+from ..eventlog.payloads import (
+    JsonObject as JsonObject,
+)  # re-exported; also: a whole report.json document, a finding's evidence (per code)
 
 LEGACY_SCHEMA = "torchrepro.report/1"  # shared by every kind before the schemas were split (still read)
 SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drift": "torchrepro.drift/1"}
