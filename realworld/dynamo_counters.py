@@ -4,6 +4,9 @@ Dynamo's own bookkeeping to a JSON file. Nothing of torchrepro is imported.
 
     python realworld/dynamo_counters.py OUT.json SCRIPT [ARGS...]
 
+Under torchrun every rank runs it: `{rank}` in OUT.json becomes the process's RANK (0 without one),
+so that each rank writes its own file.
+
 The numbers follow the correspondence documented in docs/accuracy.md ("Report field <-> Dynamo's
 own numbers"): compiles = compilation-metrics records with a code name and no failure, recompiles =
 those of them with a recompile reason, graph breaks = `counters["graph_break"]` plus the
@@ -44,6 +47,7 @@ def _dump(out: str, pid: int) -> None:
 
 def main() -> None:
     out, script, *args = sys.argv[1:]
+    out = out.format(rank=os.environ.get("RANK", "0"))
     atexit.register(_dump, os.path.abspath(out), os.getpid())
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it

@@ -86,6 +86,20 @@ def prep_chars(work: Path) -> None:
     (work / "input.txt").write_text("".join(rng.choices(alphabet, k=3000)))
 
 
+def prep_wikitext2_mini(work: Path) -> None:
+    """data/wikitext-2.txt, the file lightning.pytorch.demos.WikiText2 downloads unless it is there:
+    lines of random words, just enough tokens for the script's fixed split (4000 blocks of 35 tokens
+    for validation and test) to leave 40 blocks for training (one batch of 20 per rank)."""
+    rng = random.Random(0)
+    lines, tokens = [], 0
+    while tokens <= 35 * (4000 + 40 + 1):
+        line = rng.choices(WORDS, k=rng.randint(4, 12))
+        lines.append(" ".join(line) + "\n")
+        tokens += len(line) + 1  # WikiText2 adds <eos> to every line
+    (work / "data").mkdir()
+    (work / "data" / "wikitext-2.txt").write_text("".join(lines))
+
+
 def prep_nothing(work: Path) -> None:
     """The script makes its own data."""
 
@@ -104,6 +118,10 @@ class Script:
     # files the script saves (checkpoints): their tensors are compared too, bit for bit, because a
     # printed loss rounded to 2-5 digits hides a difference in the last bits
     saves: tuple[str, ...] = ()
+    # realworld/stubs on PYTHONPATH: a matplotlib that draws nothing (only for the script that plots:
+    # others' libraries, torchmetrics under Lightning, would take it for the real one and fail)
+    stubs: bool = False
+    nproc: int = 1  # > 1: plain runs under torchrun (standalone rendezvous), torchrepro with --nproc
 
 
 SCRIPTS = [
@@ -174,6 +192,7 @@ SCRIPTS = [
         # traindata.pt is a pickled numpy array: torch>=2.6 loads weights only unless told otherwise.
         # One thread: ~10^5 tiny float64 ops, which 2 threads on a loaded machine make 10x slower
         env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": "1"},
+        stubs=True,
     ),
     Script(
         "regression",
@@ -212,6 +231,9 @@ SCRIPTS = [
         r"iter (\d+): train loss (\S+)",
         "eager GPT, DataLoader with 2 workers, sampled generation (multinomial) under no_grad in the loop",
         prep_chars,
+        # One thread: its 500-token generation is tens of thousands of tiny ops, each a parallel region that 2
+        # threads on a loaded machine make wait for a time slice (900 s and more at load ~24)
+        env={"OMP_NUM_THREADS": "1"},
     ),
     Script(
         "nanoGPT",
@@ -241,6 +263,19 @@ SCRIPTS = [
         prep_nanogpt,
         compiled=True,
         saves=("out/ckpt.pt",),
+    ),
+    Script(
+        "fabric-language_model",
+        "fabric_language_model",
+        "train.py",
+        (),
+        r"iteration: (\d+) - loss (\S+)|val loss (\S+)",
+        "torch.distributed: 2 processes (torchrun), DDP on gloo through Lightning Fabric, DistributedSampler, "
+        "Transformer with dropout, gradient clipping, no_grad validation every epoch; prints on rank 0 only",
+        prep_wikitext2_mini,
+        # what `fabric run --accelerator cpu --strategy ddp --devices 2 train.py` sets for its processes
+        env={"LT_CLI_USED": "1", "LT_ACCELERATOR": "cpu", "LT_STRATEGY": "ddp", "LT_DEVICES": "2"},
+        nproc=2,
     ),
 ]
 
@@ -298,13 +333,18 @@ class Runner:
         self.timeout = timeout
         self.env = dict(os.environ)
         self.env.update(script.env)
-        paths = [str(REPO / "src"), str(self.work), str(STUBS)]
+        paths = [str(REPO / "src"), str(self.work)] + ([str(STUBS)] if script.stubs else [])
         self.env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
     def prepare(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.copytree(HERE / self.s.folder, self.work)
         self.s.prep(self.work)
+
+    def plain(self, label: str, *argv: str) -> Outcome:
+        """`python ARGV` as its user starts it: under torchrun when the script runs on several ranks."""
+        launch = ("-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.s.nproc}")
+        return self.run(label, *(launch if self.s.nproc > 1 else ()), *argv)
 
     def run(self, label: str, *argv: str) -> Outcome:
         """`python ARGV` in the work directory; its stdout and stderr also kept in LABEL.out/.err there."""
@@ -343,12 +383,27 @@ class Runner:
     def torchrepro(self, label: str, *argv: str) -> tuple[Outcome, dict]:
         """A torchrepro command writing its run directory `label` in the work directory; its report.json."""
         out_dir = self.work / label
-        outcome = self.run(label, "-m", "torchrepro", *argv, "--out", str(out_dir), self.s.entry, "--", *self.s.args)
+        nproc = ("--nproc", str(self.s.nproc)) if self.s.nproc > 1 else ()
+        outcome = self.run(
+            label, "-m", "torchrepro", *argv, *nproc, "--out", str(out_dir), self.s.entry, "--", *self.s.args
+        )
         report = out_dir / "report.json"
         return outcome, json.loads(report.read_text()) if report.exists() else {}
 
 
 COUNTS = ("compiles", "recompiles", "graph_breaks", "unique_graphs")
+RANK_COUNTS = ("compiles", "recompiles", "graph_breaks")  # the report's per-rank figures
+
+
+def dynamo_truth(work: Path, nproc: int) -> tuple[dict, dict[str, dict]]:
+    """Dynamo's counters as realworld/dynamo_counters.py wrote them, one file per rank: the sum over
+    ranks (what the report's totals count) and each rank's; empty when a rank wrote none."""
+    files = [work / f"counters-{r}.json" for r in range(nproc)]
+    if not all(f.exists() for f in files):
+        return {}, {}
+    ranks = {str(r): json.loads(f.read_text()) for r, f in enumerate(files)}
+    total = {k: sum(c[k] for c in ranks.values()) for k in COUNTS}
+    return total, ranks
 
 
 def check_script(script: Script, root: Path, timeout: float, log: Callable[[str], None]) -> dict:
@@ -358,12 +413,14 @@ def check_script(script: Script, root: Path, timeout: float, log: Callable[[str]
     rec: dict = {"name": script.name, "covers": script.covers, "compiled": script.compiled}
     t0 = time.monotonic()
 
-    a = r.run("plain-counted", str(HERE / "dynamo_counters.py"), "counters.json", script.entry, *script.args)
+    a = r.plain("plain-counted", str(HERE / "dynamo_counters.py"), "counters-{rank}.json", script.entry, *script.args)
     saved_a = r.saved()
-    b = r.run("plain", script.entry, *script.args)
+    b = r.plain("plain", script.entry, *script.args)
     saved_b = r.saved()
     log(f"{script.name}: plain runs rc {a.rc}/{b.rc} ({a.seconds:.0f}+{b.seconds:.0f} s)")
-    truth = json.loads((r.work / "counters.json").read_text()) if (r.work / "counters.json").exists() else {}
+    truth, truth_ranks = dynamo_truth(r.work, script.nproc)
+    if script.nproc == 1:
+        truth_ranks = {}  # one process: its counts are the totals
     pa, pb = printed(script, a.stdout), printed(script, b.stdout)
     rec["plain"] = {"rc": [a.rc, b.rc], "printed": [pa, pb], "seconds": round(b.seconds, 1), "counters": truth}
     rec["plain"]["saved_identical"] = same_saved = all(_same_tensors(x, y) for x, y in zip(saved_a, saved_b))
@@ -373,6 +430,10 @@ def check_script(script: Script, root: Path, timeout: float, log: Callable[[str]
     doc, report = r.torchrepro("tr-doctor", "doctor")
     log(f"{script.name}: doctor rc {doc.rc} ({doc.seconds:.0f} s)")
     got = {k: report.get("compile", {}).get(k) for k in COUNTS}
+    got_ranks = {
+        rank: {k: report.get("compile", {}).get("per_rank", {}).get(rank, {}).get(k) for k in RANK_COUNTS}
+        for rank in truth_ranks
+    }
     rec["doctor"] = {
         "rc": doc.rc,
         "counts": got,
@@ -382,7 +443,14 @@ def check_script(script: Script, root: Path, timeout: float, log: Callable[[str]
     }
     if not report:
         rec["doctor"]["tail"] = doc.tail()
-    rec["counts_ok"] = bool(truth) and all(got[k] == truth.get(k) for k in COUNTS)
+    if truth_ranks:
+        rec["plain"]["counters_per_rank"] = truth_ranks
+        rec["doctor"]["counts_per_rank"] = got_ranks
+    rec["counts_ok"] = (
+        bool(truth)
+        and all(got[k] == truth.get(k) for k in COUNTS)
+        and all(got_ranks[rank][k] == truth_ranks[rank][k] for rank in truth_ranks for k in RANK_COUNTS)
+    )
     # an unseeded script prints differently each run: then there is no printed ground truth to perturb
     rec["plain_identical"] = same = pa == pb and same_saved
     rec["unperturbed"] = "n/a" if pa != pb else "yes" if pb and rec["doctor"]["printed"] == pb else "no"
@@ -463,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated corpus entries (default: all)")
     p.add_argument("--work", type=Path, default=REPO / "build" / "realworld", help="work directory root")
     p.add_argument("--table", type=Path, help="also write the markdown table here")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per command")
+    p.add_argument(
+        "--timeout", type=float, default=1800, help="seconds per command (a loaded 2-core machine needs ~800)"
+    )
     args = p.parse_args(argv)
     chosen = [s for s in SCRIPTS if not args.only or s.name in args.only.split(",")]
     if not chosen:
