@@ -2,7 +2,7 @@
 script on real pitfalls (tests/scripts/compile_pitfalls.py, backend eager: Dynamo's counts do
 not depend on the backend) and on the repository's pitfall example, and checked against Dynamo's
 own counters, which the script appends at exit of every run it is in (baseline and fix runs);
-what is not tried (code changes), what is expected (the no_grad evaluation graph), resuming, and
+what is not tried (code changes), what is expected (a graph with and one without gradients), resuming, and
 the fix table in every report format."""
 
 from __future__ import annotations
@@ -149,7 +149,9 @@ def test_only_expected_eval_recompile_recommends_nothing(tmp_path):
     (baseline,) = counted(counters)
     assert baseline["recompiles"] == 1
     report = json.loads((out / "report.json").read_text())
-    assert [(r["name"], r["status"]) for r in report["compile_fixes"]] == [("no_grad evaluation graph", "expected")]
+    assert [(r["name"], r["status"]) for r in report["compile_fixes"]] == [
+        ("graphs with and without gradients", "expected")
+    ]
     assert report["compile_fix_recommended"] is None
     assert "expected" in done.stdout and "recommended:" not in done.stdout
 
@@ -180,7 +182,7 @@ def test_pitfall_example_fixes_and_recommended_set(tmp_path):
     assert found["capture_scalar_outputs"]["after"]["graph_breaks"] == 0
     assert found["dynamic_shapes"]["applied_to"].startswith("x dim 0")
     assert found["drop_last"]["status"] == "not_tried" and found["item_outside_compiled_code"]["status"] == "not_tried"
-    assert found["no_grad evaluation graph"]["status"] == "expected"
+    assert found["graphs with and without gradients"]["status"] == "expected"
     for name in ("dynamic_shapes", "capture_scalar_outputs", "allow_unspec_int_on_nn_module"):
         assert found[name]["numerics"] in ("same", "within_tolerance", "changed")
         assert found[name]["after"]["recompiles"] <= found[name]["before"]["recompiles"]

@@ -301,6 +301,14 @@ def _per_rank(logs: list[EventLog]) -> dict[str, RankCompiles]:
     return out
 
 
+# What an expected recompile is, without saying which of the two graphs came first: a script may
+# evaluate before it trains (nanoGPT's estimate_loss() at iteration 0), so the recompile is the training graph
+EXPECTED_PAIR = {
+    "grad_mode": "one graph with gradients and one without",
+    "module_attribute": "one graph for train() and one for eval()",
+}
+
+
 def for_evaluation(category: str | None, reason: str) -> bool:
     """Whether a recompile (its category and guard ``reason``) is the graph evaluation needs: a call
     under ``no_grad``/``inference_mode``, or after ``model.eval()`` (a guard on a module's ``training`` flag)."""
@@ -324,7 +332,7 @@ def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
                 code=f"RECOMPILE_{(category or 'other').upper()}",
                 severity="info" if expected else "warning",
                 title=f"{function} recompiled {len(items)}x ({category}"
-                + (", expected: the evaluation graph" if expected else "")
+                + (f", expected: {EXPECTED_PAIR[category or '']}" if expected else "")
                 + f"): {guard_text(reasons[0])}",
                 hint=hint,
                 evidence={

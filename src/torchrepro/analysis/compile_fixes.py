@@ -164,8 +164,11 @@ def plan_fixes(compile_section: CompileSection) -> FixPlan:
             )
         )
     for label, rows in (
-        ("no_grad evaluation graph", [e for e in events if e.get("evaluation") and e["category"] == "grad_mode"]),
-        ("train/eval mode graph", [e for e in events if e.get("evaluation") and e["category"] != "grad_mode"]),
+        (
+            "graphs with and without gradients",
+            [e for e in events if e.get("evaluation") and e["category"] == "grad_mode"],
+        ),
+        ("train() and eval() graphs", [e for e in events if e.get("evaluation") and e["category"] != "grad_mode"]),
     ):
         if rows:
             functions = sorted({e["function"] for e in rows})
