@@ -45,11 +45,14 @@ realworld: bytecode
 # The compat tier on the oldest and newest torch tested besides the pinned one (README, "Tested torch
 # versions"): a venv per version, .venv-compat-<version> (a CUDA build, ~5 GB, run on CPU), then doctor's
 # counts and categories against Dynamo's counters, TORCH_TRACE import, check's causes, non-perturbation
-# and the distributed cases. `make compat TORCH_VERSIONS=2.10.0` tests another.
+# and the distributed cases; then the inductor cases (marker inductor: doctor's counts against Dynamo's with
+# backend inductor, check's inductor RNG and compiled-graph localisation). `make compat TORCH_VERSIONS=2.10.0`
+# tests another.
 TORCH_VERSIONS ?= 2.6.0 2.14.1
 COMPAT_TESTS := tests/test_doctor_scenarios.py tests/test_compat.py tests/compat tests/test_check.py \
 	tests/test_distributed.py tests/test_doctor_cli.py::test_doctor_from_torch_trace_logs \
 	tests/test_doctor_cli.py::test_observation_does_not_perturb
+COMPAT_INDUCTOR := tests/compat/test_inductor_scenarios.py tests/test_check.py
 
 .venv-compat-%/.torchrepro-installed: pyproject.toml
 	test -x .venv-compat-$*/bin/python || $(PYTHON) -m venv .venv-compat-$*
@@ -62,6 +65,7 @@ compat: $(foreach v,$(TORCH_VERSIONS),.venv-compat-$(v)/.torchrepro-installed)
 	set -e; for v in $(TORCH_VERSIONS); do \
 		echo "== torch $$v"; \
 		.venv-compat-$$v/bin/python -m pytest -n 2 --dist loadgroup -q -m "not inductor" $(COMPAT_TESTS); \
+		.venv-compat-$$v/bin/python -m pytest -n 2 --dist loadgroup -q -m inductor $(COMPAT_INDUCTOR); \
 	done
 
 bench: $(STAMP)

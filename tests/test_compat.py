@@ -338,12 +338,28 @@ def test_an_identity_guard_on_a_python_constant_is_a_python_value():
     reason = f"0/0: ___check_obj_id(L['flag'], {TRUE_ID})                 "
     now_false = GUARDS_2_6.format(source="L['flag']", guard=f"ID_MATCH: ___check_obj_id(L['flag'], {FALSE_ID})")
     read = _recompile(reason, now_false)
-    assert read.constant_ids == {str(TRUE_ID): "bool"} and category_of(read) == "python_value"
+    assert read.constant_ids == {str(TRUE_ID): "True"} and category_of(read) == "python_value"
     now_value = GUARDS_2_6.format(source="L['flag']", guard="EQUALS_MATCH: L['flag'] == 2.0      ")
     assert category_of(_recompile(reason, now_value)) == "python_value"
     another = GUARDS_2_6.format(source="L['fn']", guard=f"ID_MATCH: ___check_obj_id(L['flag'], {SIN_ID})")
     assert category_of(_recompile(reason, another)) == "object_identity"
     assert category_of(_recompile(reason)) == "object_identity"  # nothing says what the id was
+
+
+def test_none_replaced_by_a_bool_in_a_log_of_this_python_build_is_a_python_value():
+    """torch 2.6 guards None by identity too: read afterwards, a None replaced by a bool is told by the
+    distance of the two ids, None's and the bool's in this CPython build (the log's ids shifted as
+    another process of the same build would have them); an id at another distance is still an object."""
+    shift = TRUE_ID - id(True)  # where this build's None is in the process that wrote the log
+    reason = f"0/0: ___check_obj_id(L['flag'], {id(None) + shift})                 "
+    now_true = GUARDS_2_6.format(source="L['flag']", guard=f"ID_MATCH: ___check_obj_id(L['flag'], {TRUE_ID})")
+    read = _recompile(reason, now_true)
+    assert read.constant_ids == {str(id(None) + shift): "None"} and category_of(read) == "python_value"
+    back = f"0/1: ___check_obj_id(L['flag'], {FALSE_ID})                 "
+    now_none = GUARDS_2_6.format(source="L['flag']", guard=f"ID_MATCH: ___check_obj_id(L['flag'], {id(None) + shift})")
+    assert category_of(_recompile(back, now_none)) == "python_value"
+    far = GUARDS_2_6.format(source="L['flag']", guard=f"ID_MATCH: ___check_obj_id(L['flag'], {SIN_ID})")
+    assert category_of(_recompile(reason, far)) == "object_identity"
 
 
 @pytest.mark.parametrize(

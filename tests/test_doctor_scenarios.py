@@ -188,6 +188,15 @@ def s_python_bool():
     f(torch.ones(4), True)  # cached
 
 
+def s_python_none_then_bool():
+    @torch.compile(backend="eager")
+    def f(x, flag=None):
+        return x - 1 if flag is None else x + 1
+
+    f(torch.ones(4))
+    f(torch.ones(4), True)  # torch 2.6 guarded None by identity: read as a value change, not another object
+
+
 def s_eval_mode():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))
     f = torch.compile(model, backend="eager")
@@ -541,6 +550,7 @@ SCENARIOS = [
     Scenario("stride-transposed", s_transposed, ["stride"]),
     Scenario("python-int-arg", s_python_int, ["python_value"]),
     Scenario("python-bool-arg", s_python_bool, ["python_value"]),
+    Scenario("python-none-then-bool", s_python_none_then_bool, ["python_value"]),
     Scenario("model-eval", s_eval_mode, ["module_attribute"]),
     Scenario("module-int-attribute", s_module_int_attribute, ["module_attribute", "module_attribute"]),
     Scenario("tf32", s_tf32, ["global_state"]),

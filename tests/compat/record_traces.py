@@ -9,7 +9,8 @@ Each scenario of ``tests/test_doctor_scenarios.py`` runs as that suite runs it (
 analysed by doctor), in one interpreter started with ``TORCH_TRACE`` set; before each scenario
 torch's trace handler is pointed at a fresh directory, so every scenario has its own complete log.
 Next to the log, ``live.json`` keeps what the live run reported (counts, each recompile's category,
-limit hits) and Dynamo's own counters: the corpus test asks ``doctor --trace`` for the same.
+limit hits), Dynamo's own counters and where this CPython keeps None (``none_offset``): the corpus test
+asks ``doctor --trace`` for the same.
 
 Kept small: only the records torchrepro reads stay (no ``chromium_event``, tensor descriptions or
 graph code), the metrics records lose the configuration dumps they carry, and the log is gzipped
@@ -35,6 +36,9 @@ CORPUS = TESTS / "data" / "torch_traces"
 KEPT_ARTIFACTS = re.compile(r"^(recompile_reasons|dynamo_graph_break_reason|(fx_graph|aotautograd)_cache_\w+)$")
 BULKY_METRICS = ("inductor_config", "dynamo_config")
 _RECORD = re.compile(r"^([A-Z]\d{4} [\d:.]+ +\d+ [^\]]*\] )(\{.*\})\s*$")
+# where this CPython build keeps None from True: torch 2.6 guards both by identity, and a log read afterwards
+# tells None replaced by a bool only where the reader's build keeps them as far apart (live.json says it)
+NONE_OFFSET = id(None) - id(True)
 
 
 def trim(log: Path) -> bytes:
@@ -118,7 +122,12 @@ def child(names: list[str], out: Path) -> None:
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         (target / "trace.log.gz").write_bytes(gzip.compress(trim(log), mtime=0))
-        live = {"torch": torch.__version__, "scenario": scenario.id, **live_counts(outcome.report, outcome.counters)}
+        live = {
+            "torch": torch.__version__,
+            "scenario": scenario.id,
+            "none_offset": NONE_OFFSET,
+            **live_counts(outcome.report, outcome.counters),
+        }
         (target / "live.json").write_text(json.dumps(live, indent=1, sort_keys=True) + "\n")
         shutil.rmtree(scratch)
         print(

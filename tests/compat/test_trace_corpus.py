@@ -15,6 +15,8 @@ import pytest
 from torchrepro.analysis.doctor import Budgets
 from torchrepro.commands.doctor.job import doctor_from_trace
 
+from record_traces import NONE_OFFSET  # this directory, as pytest imports it
+
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "torch_traces"
 RECORDED = sorted(p.parent for p in CORPUS.glob("*/*/live.json"))
 # the torch versions the corpus must hold: the oldest and newest tested, and the pinned one
@@ -31,6 +33,8 @@ def test_the_corpus_holds_every_tested_torch_version():
 @pytest.mark.parametrize("recorded", [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in RECORDED])
 def test_doctor_trace_gives_what_the_live_run_reported(recorded: Path, tmp_path: Path) -> None:
     live = json.loads((recorded / "live.json").read_text())
+    if live.get("none_offset", NONE_OFFSET) != NONE_OFFSET and "python_value" in live["categories"]:
+        pytest.skip("recorded by another CPython build, whose None a torch 2.6 log cannot be told by here")
     trace = tmp_path / "trace"
     trace.mkdir()
     (trace / "trace.log").write_bytes(gzip.decompress((recorded / "trace.log.gz").read_bytes()))

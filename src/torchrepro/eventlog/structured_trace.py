@@ -14,8 +14,10 @@ a ``compilation_metrics`` one, "recompile limit exceeded ... Limit type: recompi
 ``recompile_reason`` in its metrics (the ``recompile_reasons`` artifact says it), and guards a bool
 or None by identity (``___check_obj_id(L['flag'], <id>)``, later ``L['flag'] == True``): which ids
 are Python constants is told by comparing them with this process's own constants (live capture:
-``constants``), or in a log read afterwards by the guards of the compile that replaced them
-(:meth:`TraceTranslator._constant_ids`).
+``constants``), or in a log read afterwards by the guards of the compile that replaced them: the
+same source guarded by value, or by an id as far from the failed one as two constants are
+(:meth:`TraceTranslator._constant_ids`; None replaced by a bool is recognised in a log written by
+the reading Python's build only).
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ _LIMIT = re.compile(r"recompile limit exceeded|\b(\w*(?:recompile|cache_size)_li
 _LIMIT_TYPE = re.compile(r"Limit type: (\w+)")
 _ID_GUARD = re.compile(r"___check_obj_id\((.+?), (\d+)\)")
 _VALUE_GUARD = re.compile(r"^[| +-]*EQUALS_MATCH: (.+?) == ", re.MULTILINE)
-# CPython keeps False and True as two neighbouring static objects of this size (3.10 to 3.13, 64-bit)
-_BOOL_SPACING = 32
+# The constants torch 2.6 guards by identity (True, False, None) are static objects of the interpreter, at
+# fixed distances from one another in one CPython build (the two bools 32 bytes apart in every 64-bit build,
+# None elsewhere in each): the distance between a failed identity guard's id and its replacement's names the
+# two constants in a log written by this build (a log read where it was written); another build's None differs
+_CONSTANT_OFFSETS = {id(a) - id(b): repr(a) for a in (True, False, None) for b in (True, False, None) if a is not b}
 
 
 def constant_ids() -> dict[int, str]:
@@ -191,7 +196,7 @@ class TraceTranslator:
     def _constant_ids(self, reasons: list[str], replaced_by: _Pending) -> dict[str, str]:
         """The ids in ``reasons`` that name a Python constant: this process's own (live), else as the
         guards of the compile that replaced the failed entry show it (``replaced_by``): the same source
-        now guarded by value, or by the identity of the other bool."""
+        now guarded by value, or by the identity of another constant (:data:`_CONSTANT_OFFSETS`)."""
         out = {}
         for source, n in _ID_GUARD.findall(" ".join(reasons)):
             now = replaced_by.id_guards.get(source)
@@ -199,8 +204,8 @@ class TraceTranslator:
                 out[n] = self.constants[int(n)]
             elif source in replaced_by.value_guards:
                 out[n] = "value"
-            elif now is not None and abs(now - int(n)) == _BOOL_SPACING:
-                out[n] = "bool"
+            elif now is not None and int(n) - now in _CONSTANT_OFFSETS:
+                out[n] = _CONSTANT_OFFSETS[int(n) - now]
         return out
 
     def _file(self, value: Any) -> str | None:
