@@ -282,10 +282,10 @@ def _largest_difference(
     """The largest parameter (from snapshots) and loss (from every step) differences seen."""
     losses_b = {(log.rank, s.index): s.loss for log in logs_b for s in log.of(Step)}
     loss = [
-        abs(s.loss - losses_b[(log.rank, s.index)])
+        abs(s.loss - loss_b)
         for log in logs_a
         for s in log.of(Step)
-        if s.loss is not None and losses_b.get((log.rank, s.index)) is not None
+        if s.loss is not None and (loss_b := losses_b.get((log.rank, s.index))) is not None
     ]
     return {"params_max_abs": max((c["max_abs"] for c in curve), default=None), "loss_max_abs": max(loss, default=None)}
 

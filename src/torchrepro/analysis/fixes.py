@@ -11,6 +11,7 @@ out or was not bit-exact is reported as such and never recommended.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,8 +97,9 @@ class FixRun:
     step_times: list[float] = field(default_factory=list)
 
 
-def median_step_time(step_times: list[float]) -> float | None:
-    """Median step time leaving out step 0 (it includes compilation) when there are later steps."""
+def median_step_time(step_times: Sequence[float | None]) -> float | None:
+    """Median step time leaving out step 0 (it includes compilation) when there are later steps
+    (a step without a time, None, counts as a step but not in the median)."""
     times = [t for t in (step_times[1:] if len(step_times) > 1 else step_times) if t is not None]
     return statistics.median(times) if times else None
 
