@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict, TypeVar, Union
+from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
 from ..eventlog.payloads import (
@@ -458,6 +458,70 @@ class StepsSummary:
         return cls(data["steps"], {r: _build(RankSteps, s) for r, s in data["per_rank"].items()})
 
 
+class FixMeasure(TypedDict):
+    """A run's compile health (:func:`torchrepro.analysis.compile_fixes.measure`): what a fix is
+    judged by, before and after."""
+
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+    limit_hits: int
+    compile_time_s: float
+    step_time_s: float | None  # median after warm-up, rank 0
+    step_time_tail_s: float | None  # 90th percentile
+    steps: int
+
+
+class TriedFix(TypedDict):
+    """A ``compile_fixes`` row of a fix that was run (:func:`torchrepro.analysis.compile_fixes.judge`):
+    the baseline's measure and the fix run's (None: the run did not end normally), its numerics
+    against the baseline, and how many recompiles and breaks it removed."""
+
+    name: str
+    applied_to: str
+    line: str
+    spec: str
+    before: FixMeasure
+    after: FixMeasure | None
+    numerics: str | None  # same | within_tolerance | changed; None: not compared
+    expected_removed: int
+    status: str  # fixed | partly | no_effect | worse | not_a_cure | failed
+    removed: int | None
+
+
+class _ListedFix(TypedDict):
+    name: str
+    applied_to: str
+    before: None
+    after: None
+    numerics: None
+    status: str  # not_tried | expected
+    note: str
+
+
+class ListedFix(_ListedFix, total=False):
+    """A ``compile_fixes`` row of a fix not run (:func:`torchrepro.analysis.compile_fixes.listed`):
+    a code change (with its ``line``), or recompiles that are expected."""
+
+    line: str
+
+
+CompileFixRow = Union[TriedFix, ListedFix]
+
+
+class FixRecommendation(TypedDict):
+    """``compile_fix_recommended``: the best fix, the recommended set, and how the set did tried
+    together (None: one fix, or not run)."""
+
+    name: str
+    applied_to: str
+    line: str
+    removed: int | None
+    set: list[str]
+    lines: list[str]
+    combined: TriedFix | None
+
+
 @dataclass
 class DoctorReport:
     """``torchrepro doctor`` (and ``report``): compile health, steps, how the run ended, budgets.
@@ -477,8 +541,8 @@ class DoctorReport:
     provenance: JsonObject = field(default_factory=dict)
     reread: bool = False  # a stored run analysed again (torchrepro report), not a job this command ran
     # doctor --fixes (None: not asked for): each fix's row, the recommendation, what was run
-    compile_fixes: list[dict[str, Any]] | None = None
-    compile_fix_recommended: dict[str, Any] | None = None
+    compile_fixes: list[CompileFixRow] | None = None
+    compile_fix_recommended: FixRecommendation | None = None
     compile_fix_note: str | None = None
 
     @property
@@ -543,22 +607,25 @@ class DoctorReport:
 FIX_COLUMNS = ("fix", "applied to", "compiles", "recompiles", "breaks", "compile s", "ms/step", "numerics", "status")
 
 
-def fix_cells(row: dict[str, Any]) -> list[str]:
+FixFigure = Literal["compiles", "recompiles", "graph_breaks", "compile_time_s", "step_time_s"]  # FixMeasure's, shown
+
+
+def fix_cells(row: CompileFixRow) -> list[str]:
     """One ``compile_fixes`` row as the text of the fix table's cells (:data:`FIX_COLUMNS`), the
     same in the terminal and the HTML report: each figure as ``before → after``; a fix not run
     (a code change, an expected recompile) shows its note instead."""
-    before, after = row.get("before"), row.get("after")
+    if row["before"] is None:
+        status = row["status"].replace("_", " ")
+        return [row["name"], row.get("applied_to") or "", row.get("note") or "", "", "", "", "", "", status]
+    before, after = row["before"], row["after"]
 
-    def figure(key: str, scale: float = 1.0, digits: int = 0) -> str:
-        def one(m: dict[str, Any] | None) -> str:
+    def figure(key: FixFigure, scale: float = 1.0, digits: int = 0) -> str:
+        def one(m: FixMeasure | None) -> str:
             value = None if m is None else m.get(key)
             return "?" if value is None else f"{value * scale:.{digits}f}"
 
-        return "" if before is None else f"{one(before)} → {one(after)}"
+        return f"{one(before)} → {one(after)}"
 
-    if before is None:
-        status = row["status"].replace("_", " ")
-        return [row["name"], row.get("applied_to") or "", row.get("note") or "", "", "", "", "", "", status]
     return [
         row["name"],
         row.get("applied_to") or "",
@@ -572,7 +639,7 @@ def fix_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def fix_recommendation(recommended: dict[str, Any] | None) -> str:
+def fix_recommendation(recommended: FixRecommendation | None) -> str:
     """The recommendation under the fix table: the fix and the exact line for the script, and how
     the recommended set did tried together."""
     if recommended is None:
@@ -585,10 +652,11 @@ def fix_recommendation(recommended: dict[str, Any] | None) -> str:
     )
     together = recommended.get("combined")
     if together:
+        after = together["after"]
         text += (
             f"; together ({' + '.join(recommended['set'])}): recompiles {together['before']['recompiles']} → "
-            f"{(together['after'] or {}).get('recompiles', '?')}, breaks {together['before']['graph_breaks']} → "
-            f"{(together['after'] or {}).get('graph_breaks', '?')}, {together['status'].replace('_', ' ')}, "
+            f"{after.get('recompiles', '?') if after else '?'}, breaks {together['before']['graph_breaks']} → "
+            f"{after.get('graph_breaks', '?') if after else '?'}, {together['status'].replace('_', ' ')}, "
             f"numerics {(together['numerics'] or 'not compared').replace('_', ' ')}"
         )
     return text
