@@ -32,7 +32,7 @@ from ...analysis.determinism import (
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
 from ...report.model import Finding
-from ...analysis.fixes import recommend
+from ...analysis.fixes import FixRow, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
@@ -243,7 +243,7 @@ def check(
     cause: str | None = None
     evidence: dict[str, Any] = {}
     decomposition: Decomposition | None = None
-    ladder: list[dict[str, Any]] = []
+    ladder: list[FixRow] = []
     if div is not None:
         cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
         if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
