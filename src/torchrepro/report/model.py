@@ -921,6 +921,83 @@ class ExcludedRun(TypedDict):
     error: str | None
 
 
+class BinaryPlan(TypedDict):
+    """What a binary factor needs (:func:`torchrepro.analysis.sequential.planning`): the MDE at its
+    pairs, and the pairs (runs) a fixed design and the sequential rule need to detect ``effect``."""
+
+    factor: str
+    kind: Literal["binary"]
+    effect: float
+    basis: str  # target effect | observed difference | difference measured
+    pairs: int
+    std: float
+    mde: float | None
+    fixed_pairs: int | None  # None: out of reach
+    fixed_runs: int | None
+    sequential_pairs: int | None
+    sequential_runs: int | None
+
+
+class RandomPlan(TypedDict):
+    """What a random factor needs: the levels (runs) at which its share of the variance is detected."""
+
+    factor: str
+    kind: Literal["random"]
+    effect: float
+    basis: str  # target effect | std measured
+    levels: int | None
+    levels_needed: int | None  # None: out of reach of any affordable design
+    runs_needed: int | None
+
+
+FactorPlan = Union[BinaryPlan, RandomPlan]
+
+
+class _Look(TypedDict):
+    estimate: float | None
+    interval: list[float] | None
+
+
+class Look(_Look, total=False):
+    """One look of a factor's sequential path: the levels (runs) so far, the estimate and its interval;
+    a binary factor's pairs ``n`` and betting ``wealth``, a random factor's F test ``p_value`` at the
+    α spent at this look."""
+
+    n: int
+    wealth: float
+    levels: int
+    runs: int
+    p_value: float
+    alpha_spent: float
+
+
+class _SequentialFactor(TypedDict):
+    factor: str
+    kind: str  # binary | random
+    decision: str  # difference | smaller | real | out_of_reach | undecided
+    path: list[Look]
+    test: str
+    decided_at_runs: int | None
+
+
+class SequentialFactor(_SequentialFactor, total=False):
+    """A factor's path and decision under ``--until-clear`` (a binary factor's two ``labels``)."""
+
+    labels: list[str]
+
+
+class Sequential(TypedDict):
+    """The ``sequential`` section (:func:`torchrepro.analysis.sequential.sequential_section`): the looks
+    (levels per factor), the runs used of the budget, each factor's path, and why it stopped."""
+
+    looks: list[int]
+    runs_used: int
+    max_runs: int
+    target_effect: float | None
+    factors: list[SequentialFactor]
+    stop: str  # decided | out_of_reach | budget | continue
+
+
 class _DriftAnalysis(TypedDict):
     summary: Summary
     factors: list[VarianceComponent]
@@ -935,10 +1012,10 @@ class _DriftAnalysis(TypedDict):
 class DriftAnalysis(_DriftAnalysis, total=False):
     """What :func:`torchrepro.analysis.drift.analyse` concludes from the runs: the body of the
     ``drift`` section; the command adds what it planned and, under ``--until-clear``, each factor's
-    sequential path and decision (JSON objects: only shown)."""
+    sequential path and decision."""
 
-    planning: list[JsonObject]
-    sequential: JsonObject
+    planning: list[FactorPlan]
+    sequential: Sequential
 
 
 @dataclass
@@ -1027,8 +1104,8 @@ class DriftSection:
     notes: list[str] = field(default_factory=list)
     observed: Observed | None = None
     plots: list[str] | None = None  # plot-<factor>.svg files, once written
-    planning: list[JsonObject] = field(default_factory=list)  # runs each factor needs
-    sequential: JsonObject | None = None  # --until-clear: each factor's path and decision
+    planning: list[FactorPlan] = field(default_factory=list)  # runs each factor needs
+    sequential: Sequential | None = None  # --until-clear: each factor's path and decision
 
     def to_json(self) -> JsonObject:
         out = {
