@@ -676,6 +676,53 @@ class RunEnding:
     steps: dict[str, int] = field(default_factory=dict)  # rank -> steps recorded
 
 
+class ParamDifference(TypedDict):
+    """How far two runs' parameters are apart: the largest absolute and relative difference, and where."""
+
+    max_abs: float
+    max_rel: float
+    parameter: str | None
+
+
+class CurvePoint(ParamDifference):
+    """One snapshot step of the divergence curve (:func:`torchrepro.analysis.divergence.divergence_curve`):
+    the parameter difference there and the loss difference (None: a run recorded no loss)."""
+
+    step: int
+    loss_diff: float | None
+
+
+LocalisationKey = Literal["compile_id", "graph", "parameter", "output", "node", "kernel", "kernel_fuses"]
+
+
+class _FirstDivergence(TypedDict):
+    step: int
+    rank: int
+    what: str  # the aspect that differed first: loss, params, grads, rng, init_params ...
+    module: str | None
+    op: str | None
+    source: str | None
+    phase: str | None
+    cause: str | None
+    detail: JsonObject  # per aspect (what differs, by how much)
+    evidence: JsonObject  # per cause (what the localisation found)
+
+
+class FirstDivergence(_FirstDivergence, total=False):
+    """``determinism.first_divergence``: where two runs first differ and why (:func:`torchrepro.analysis.
+    determinism.determinism_section`), with what the localisation named (:data:`LocalisationKey`);
+    ``before_step`` 0 when the initial parameters already differ."""
+
+    compile_id: str
+    graph: str
+    parameter: str
+    output: str
+    node: str
+    kernel: str
+    kernel_fuses: list[str]
+    before_step: int
+
+
 @dataclass
 class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
@@ -687,8 +734,8 @@ class Determinism:
     runs: list[str]
     steps_compared: int
     endings: list[RunEnding]
-    first_divergence: dict[str, Any] | None = None
-    curve: list[dict[str, Any]] = field(default_factory=list)
+    first_divergence: FirstDivergence | None = None
+    curve: list[CurvePoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rtol: float = 0.0
     atol: float = 0.0
