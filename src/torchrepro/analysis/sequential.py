@@ -119,6 +119,18 @@ class ShareDecision(TypedDict):
     levels: int
 
 
+class Simulated(TypedDict):
+    """Simulated sequential experiments (:func:`simulate_paired`): the rates of declared and of
+    correct differences, the pairs used, and the fixed design of the same power."""
+
+    effect: float
+    declared: float
+    correct: float
+    mean_pairs: float
+    median_pairs: float
+    fixed_pairs: int | None
+
+
 def paired_path(d: list[float], looks: list[int], target_effect: float | None, budget_pairs: int | None) -> PairedPath:
     """The sequential analysis of a binary factor's paired differences ``d`` (in the order they were
     added) at each look (``looks``: pairs seen, each between 1 and ``len(d)``): estimate, confidence sequence, wealth, and the decision at the last look —
@@ -260,7 +272,7 @@ def simulate_paired(
     experiments: int = 2000,
     noise: str = "normal",
     seed: int = 0,
-) -> dict[str, Any]:
+) -> Simulated:
     """``experiments`` simulated sequential experiments of paired differences ``effect + noise``
     (``normal``, or ``t3``: Student t with 3 degrees of freedom, scaled to std ``sd``), monitored
     after every ``batch`` pairs up to ``max_pairs``: the rate of declared differences with the
