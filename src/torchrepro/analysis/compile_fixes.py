@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ..eventlog.events import Compile, EventLog, GraphBreak, Step
 from .divergence import Tolerance, first_divergence
-from ..report.model import CompileSection, RecompileEvent
+from ..report.model import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
 
 # --only-fixes names, in the order they are tried
 COMPILE_FIXES = (
@@ -39,19 +39,6 @@ _SIZE = re.compile(r"^tensor '([^']+)' size mismatch at index (\d+)\. expected (
 _INT_ATTRIBUTE = re.compile(r"^(?:self|L\['self'\])\.(\w+) == -?\d+$")
 _ITEM = re.compile(r"item\(\)|Tensor\.item|scalar output", re.I)
 _DYNAMIC_OUTPUT = re.compile(r"nonzero|dynamic shape operator|data-dependent output shape", re.I)
-
-
-class FixMeasure(TypedDict):
-    """A run's compile health (:func:`measure`): what a fix is judged by, before and after."""
-
-    compiles: int
-    recompiles: int
-    graph_breaks: int
-    limit_hits: int
-    compile_time_s: float
-    step_time_s: float | None  # median after warm-up, rank 0
-    step_time_tail_s: float | None  # 90th percentile
-    steps: int
 
 
 @dataclass
@@ -254,10 +241,19 @@ def _problems(m: FixMeasure) -> int:
     return m["recompiles"] + m["graph_breaks"]
 
 
-def judge(fix: CompileFix, before: FixMeasure, after: FixMeasure | None, verdict: str | None) -> dict[str, Any]:
+def judge(fix: CompileFix, before: FixMeasure, after: FixMeasure | None, verdict: str | None) -> TriedFix:
     """A tried fix's row: ``fixed`` (removed at least what it aims at), ``partly``, ``no_effect``,
     ``worse``, ``not_a_cure`` (a raised limit), ``failed`` (its run did not end normally)."""
-    row: dict[str, Any] = {
+    removed = None if after is None else _problems(before) - _problems(after)
+    if removed is None:
+        status = "failed"
+    elif not fix.cure:
+        status = "not_a_cure"
+    elif removed >= max(fix.removes, 1):
+        status = "fixed"
+    else:
+        status = "partly" if removed > 0 else "no_effect" if removed == 0 else "worse"
+    return {
         "name": fix.name,
         "applied_to": fix.applied_to,
         "line": fix.line,
@@ -266,17 +262,9 @@ def judge(fix: CompileFix, before: FixMeasure, after: FixMeasure | None, verdict
         "after": after,
         "numerics": verdict,
         "expected_removed": fix.removes,
+        "status": status,
+        "removed": removed,
     }
-    if after is None:
-        return {**row, "status": "failed", "removed": None}
-    removed = _problems(before) - _problems(after)
-    if not fix.cure:
-        status = "not_a_cure"
-    elif removed >= max(fix.removes, 1):
-        status = "fixed"
-    else:
-        status = "partly" if removed > 0 else "no_effect" if removed == 0 else "worse"
-    return {**row, "status": status, "removed": removed}
 
 
 def slower(before: FixMeasure, after: FixMeasure) -> bool:
@@ -295,7 +283,7 @@ def slower(before: FixMeasure, after: FixMeasure) -> bool:
     return bool(then > median * (1 + SLOWER) and then > (tail or median))
 
 
-def recommendable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def recommendable(rows: list[TriedFix]) -> list[TriedFix]:
     """The tried fixes that removed recompiles or breaks without changing the numbers or slowing
     the steps, most removed first (ties: the order tried)."""
     good = [
@@ -303,12 +291,13 @@ def recommendable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in rows
         if r["status"] in ("fixed", "partly")
         and r["numerics"] in ("same", "within_tolerance")
+        and r["after"] is not None
         and not slower(r["before"], r["after"])
     ]
-    return sorted(good, key=lambda r: -r["removed"])
+    return sorted(good, key=lambda r: -(r["removed"] or 0))  # a fixed or partly row removed some
 
 
-def recommend(rows: list[dict[str, Any]], combined: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def recommend(rows: list[TriedFix], combined: TriedFix | None = None) -> FixRecommendation | None:
     """``compile_fix_recommended``: the best fix and its line; with the recommended set (every
     recommendable fix) and, when there were several, how they did tried together. None when no
     fix qualifies."""
@@ -327,9 +316,9 @@ def recommend(rows: list[dict[str, Any]], combined: dict[str, Any] | None = None
     }
 
 
-def listed(plan: FixPlan) -> list[dict[str, Any]]:
+def listed(plan: FixPlan) -> list[ListedFix]:
     """The rows of fixes not run: code changes (``not_tried``) and expected recompiles (``expected``)."""
-    rows = [
+    rows: list[ListedFix] = [
         {
             **c,
             "before": None,

@@ -16,7 +16,7 @@ and ``fallback_random`` runs side by side (``--against``), repeated compiled gra
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ..eventlog.events import Capability, Compile, EventLog, Step
 from .divergence import (
@@ -29,7 +29,7 @@ from .divergence import (
     settings,
     steps_compared,
 )
-from ..report.model import Finding, JsonObject
+from ..report.model import CurvePoint, Finding, FirstDivergence, JsonObject, LocalisationKey
 from .fixes import fix_hint
 from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
@@ -68,7 +68,15 @@ CAUSE_HINTS = {
 }
 
 
-LOCALISATION_KEYS = ("compile_id", "graph", "parameter", "output", "node", "kernel", "kernel_fuses")
+LOCALISATION_KEYS: tuple[LocalisationKey, ...] = (
+    "compile_id",
+    "graph",
+    "parameter",
+    "output",
+    "node",
+    "kernel",
+    "kernel_fuses",
+)
 FIXABLE = ("nondeterministic_op", "numerics", "unknown")  # causes the fix ladder runs for unasked
 
 
@@ -276,16 +284,14 @@ class LargestDifference(TypedDict):
     loss_max_abs: float | None
 
 
-def _largest_difference(
-    curve: list[dict[str, Any]], logs_a: list[EventLog], logs_b: list[EventLog]
-) -> LargestDifference:
+def _largest_difference(curve: list[CurvePoint], logs_a: list[EventLog], logs_b: list[EventLog]) -> LargestDifference:
     """The largest parameter (from snapshots) and loss (from every step) differences seen."""
     losses_b = {(log.rank, s.index): s.loss for log in logs_b for s in log.of(Step)}
     loss = [
-        abs(s.loss - losses_b[(log.rank, s.index)])
+        abs(s.loss - loss_b)
         for log in logs_a
         for s in log.of(Step)
-        if s.loss is not None and losses_b.get((log.rank, s.index)) is not None
+        if s.loss is not None and (loss_b := losses_b.get((log.rank, s.index))) is not None
     ]
     return {"params_max_abs": max((c["max_abs"] for c in curve), default=None), "loss_max_abs": max(loss, default=None)}
 
@@ -303,7 +309,7 @@ def determinism_section(
     labels: list[str],
     logs_a: list[EventLog],
     logs_b: list[EventLog],
-    curve: list[dict[str, Any]],
+    curve: list[CurvePoint],
     notes: list[str],
     endings: list[Ending],
     tol: Tolerance,
@@ -314,7 +320,7 @@ def determinism_section(
     parameter difference per snapshot step (empty without snapshots)."""
     compared = steps_compared(logs_a, logs_b)
     verdict, exit_code = judge(div is not None, within, compared, endings, unreadable_exit)
-    first = None
+    first: FirstDivergence | None = None
     if div is not None:
         module = (
             evidence.pop("module", None) or div.detail.get("module")
@@ -333,7 +339,9 @@ def determinism_section(
             "detail": div.detail,
             "evidence": evidence,
         }
-        first |= {k: evidence[k] for k in LOCALISATION_KEYS if evidence.get(k) is not None}
+        for key in LOCALISATION_KEYS:
+            if evidence.get(key) is not None:
+                first[key] = evidence[key]
         if div.what == "init_params":
             first["before_step"] = 0
     env = environment_differences(logs_a[0].header, logs_b[0].header) if logs_a and logs_b else []

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 from ..eventlog.random_ops import is_random_op
-from ..report.model import JsonObject
+from ..report.model import CurvePoint, JsonObject, ParamDifference
 
 if TYPE_CHECKING:
     import numpy as np  # only the snapshot comparisons need numpy (~60 ms to import): imported there
@@ -265,14 +265,6 @@ def snapshot_steps(folder: Path) -> dict[int, Path]:
     return {int(p.stem.split("-")[1]): p for p in sorted(folder.glob("step-*.npz"))}
 
 
-class ParamDifference(TypedDict):
-    """How far two runs' parameters are apart: the largest absolute and relative difference, and where."""
-
-    max_abs: float
-    max_rel: float
-    parameter: str | None
-
-
 def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> ParamDifference:
     """Max absolute and max relative (to the parameter's largest magnitude) difference, and the
     parameter where the absolute difference is largest."""
@@ -292,12 +284,12 @@ def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Para
     return {"max_abs": worst_abs, "max_rel": worst_rel, "parameter": where}
 
 
-def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog) -> list[dict[str, Any]]:
+def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog) -> list[CurvePoint]:
     """Per snapshot step: max abs / max rel parameter difference and the loss difference."""
     snaps_a, snaps_b = snapshot_steps(dir_a), snapshot_steps(dir_b)
     loss_a = {s.index: s.loss for s in log_a.of(Step)}
     loss_b = {s.index: s.loss for s in log_b.of(Step)}
-    curve = []
+    curve: list[CurvePoint] = []
     for step in sorted(snaps_a.keys() & snaps_b.keys()):
         diff = param_difference(load_snapshot(snaps_a[step]), load_snapshot(snaps_b[step]))
         la, lb = loss_a.get(step), loss_b.get(step)
@@ -305,7 +297,7 @@ def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog)
     return curve
 
 
-def final_within(curve: list[dict[str, Any]], tol: Tolerance, dir_a: Path, dir_b: Path) -> bool:
+def final_within(curve: list[CurvePoint], tol: Tolerance, dir_a: Path, dir_b: Path) -> bool:
     """Whether the last common snapshot is elementwise within tolerance."""
     import numpy as np
 

@@ -11,8 +11,9 @@ out or was not bit-exact is reported as such and never recommended.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 DOC = "docs/compiled-nondeterminism.md"
 LADDER = ("threads_1", "deterministic", "fallback_random", "aot_eager", "eager")
@@ -86,6 +87,52 @@ def candidates(
     return out
 
 
+class _FixRowHead(TypedDict):
+    name: str
+    how: str
+    bit_exact: bool | None  # None: the runs were not compared
+    step_time_ratio: float | None
+
+
+class FixRow(_FixRowHead, total=False):
+    """One row of ``determinism.fixes`` (:func:`judge_fix`; every row it returns has a ``status``):
+    why it did not apply, what its runs said when they failed, and the step times it was measured by."""
+
+    step_time_s: float
+    baseline_step_s: float
+    steps_compared: int
+    status: str  # bit_exact | not_bit_exact | failed | timed_out | nothing_compared | not_applicable
+    why: str | None
+    problems: list[str]
+
+
+class _StageHead(TypedDict):
+    name: str  # eager | aot_eager | fallback-random | inductor
+    run: str
+    bit_exact_with_previous: bool | None  # None: not compared
+
+
+class Stage(_StageHead, total=False):
+    """One backend stage of ``--against eager`` against the stage before it (the first step where
+    they diverge, if they do)."""
+
+    first_divergent_step: int
+
+
+class StageChange(TypedDict):
+    """The first stage whose results differ from the stage before it."""
+
+    stage: str
+    previous: str
+
+
+class BackendStages(TypedDict):
+    """``determinism.backend_stages``: every stage, and the first that changes the results."""
+
+    stages: list[Stage]
+    first_change: StageChange | None
+
+
 @dataclass
 class FixRun:
     """How one of a fix's runs ended and its step times (seconds, from step 0)."""
@@ -96,20 +143,21 @@ class FixRun:
     step_times: list[float] = field(default_factory=list)
 
 
-def median_step_time(step_times: list[float]) -> float | None:
-    """Median step time leaving out step 0 (it includes compilation) when there are later steps."""
+def median_step_time(step_times: Sequence[float | None]) -> float | None:
+    """Median step time leaving out step 0 (it includes compilation) when there are later steps
+    (a step without a time, None, counts as a step but not in the median)."""
     times = [t for t in (step_times[1:] if len(step_times) > 1 else step_times) if t is not None]
     return statistics.median(times) if times else None
 
 
 def judge_fix(
     candidate: Candidate, runs: list[FixRun], diverged: bool | None, steps_compared: int, baseline_step_s: float | None
-) -> dict[str, Any]:
+) -> FixRow:
     """One row of ``determinism.fixes``: ``{name, how, status, bit_exact, step_time_ratio, ...}``.
     ``status`` is ``bit_exact``, ``not_bit_exact``, ``failed`` (a run crashed or exited non-zero),
     ``timed_out``, ``nothing_compared`` or ``not_applicable``; ``bit_exact`` is True/False only when
     the runs were compared, else None."""
-    row: dict[str, Any] = {"name": candidate.name, "how": candidate.how, "bit_exact": None, "step_time_ratio": None}
+    row: FixRow = {"name": candidate.name, "how": candidate.how, "bit_exact": None, "step_time_ratio": None}
     if not candidate.applicable:
         return row | {"status": "not_applicable", "why": candidate.why_not}
     problems = [p for r in runs for p in r.problems]
@@ -128,7 +176,7 @@ def judge_fix(
     return row | {"status": "bit_exact" if not diverged else "not_bit_exact"}
 
 
-def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def recommend(rows: list[FixRow]) -> FixRow | None:
     """The cheapest fix that was tried and bit-exact (lowest step-time ratio; unknown cost last,
     then the ladder's order), or None."""
     exact = [r for r in rows if r.get("status") == "bit_exact" and r.get("bit_exact") is True]
@@ -141,7 +189,7 @@ def recommend(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     )
 
 
-def fix_hint(rows: list[dict[str, Any]]) -> str | None:
+def fix_hint(rows: list[FixRow]) -> str | None:
     """The hint line: the recommended fix with its cost, and which tried fixes did not work."""
     if not rows:
         return None
@@ -154,7 +202,7 @@ def fix_hint(rows: list[dict[str, Any]]) -> str | None:
     return f"Measured fix: {best['how']} — bit-exact, {cost}.{tail} See {DOC}."
 
 
-def first_changing_stage(stages: list[dict[str, Any]]) -> dict[str, Any] | None:
+def first_changing_stage(stages: list[Stage]) -> StageChange | None:
     """``stages`` in order (eager → aot_eager → fallback-random → inductor), each ``{name,
     bit_exact_with_previous}`` (None: not compared): the first stage whose results differ from the
     stage before it, or None when every compared stage agrees."""

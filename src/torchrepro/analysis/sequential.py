@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from scipy import stats
 
-from ..report.model import DriftAnalysis, JsonObject
+from ..report.model import DriftAnalysis, FactorPlan, Look, Sequential, SequentialFactor
 from .drift import RESIDUAL, BinaryFactor, DriftRun, mean_squares, pairs_needed, variance_components
 
 ALPHA = 0.05
@@ -101,9 +101,37 @@ def mixture_halfwidth(sd: float, n: int, alpha: float = ALPHA) -> float:
     return sd * math.sqrt((n + 1) / n**2 * math.log((n + 1) / alpha**2)) if n else math.inf
 
 
-def paired_path(
-    d: list[float], looks: list[int], target_effect: float | None, budget_pairs: int | None
-) -> dict[str, Any]:
+class PairedPath(TypedDict):
+    """A binary factor's sequential analysis (:func:`paired_path`)."""
+
+    decision: str
+    decided_at: int | None  # pairs
+    path: list[Look]
+    test: str
+
+
+class ShareDecision(TypedDict):
+    """A random factor's F test at one look (:func:`share_decisions`)."""
+
+    p_value: float
+    alpha_spent: float
+    decision: str  # real | out_of_reach | undecided
+    levels: int
+
+
+class Simulated(TypedDict):
+    """Simulated sequential experiments (:func:`simulate_paired`): the rates of declared and of
+    correct differences, the pairs used, and the fixed design of the same power."""
+
+    effect: float
+    declared: float
+    correct: float
+    mean_pairs: float
+    median_pairs: float
+    fixed_pairs: int | None
+
+
+def paired_path(d: list[float], looks: list[int], target_effect: float | None, budget_pairs: int | None) -> PairedPath:
     """The sequential analysis of a binary factor's paired differences ``d`` (in the order they were
     added) at each look (``looks``: pairs seen, each between 1 and ``len(d)``): estimate, confidence sequence, wealth, and the decision at the last look —
     ``difference`` (the wealth reached 1/α), ``smaller`` (the interval lies inside ±target),
@@ -112,7 +140,7 @@ def paired_path(
     w = wealth(arr) if len(arr) else np.ones(0)
     reached = np.maximum.accumulate(w) if len(w) else w  # Ville: the wealth at any pair so far counts
     intervals = confidence_sequence(arr, looks)
-    path: list[dict[str, Any]] = []
+    path: list[Look] = []
     decision, decided_at = "undecided", None
     estimate = 0.0
     for n, ci in zip(looks, intervals):
@@ -181,13 +209,13 @@ def main_effect_f(y: np.ndarray, k: int) -> list[tuple[Any, float, Any]]:
 
 def share_decisions(
     y: np.ndarray, names: list[str], budget_levels: int | None, alpha: float = ALPHA
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ShareDecision]:
     """Per random factor of the grid ``y`` at this look: the F test's p-value, the α spent here,
     and the decision: ``real`` (p below the spent α), ``out_of_reach`` or ``undecided``."""
     k = len(names)
     n = min(y.shape)
     a = spent_alpha(n, alpha)
-    result = {}
+    result: dict[str, ShareDecision] = {}
     for name, (f, df1, df2) in zip(names, main_effect_f(y, k)):
         f, df2 = float(f), float(df2)
         p = float(stats.f.sf(f, df1, df2)) if math.isfinite(f) else 1.0
@@ -244,7 +272,7 @@ def simulate_paired(
     experiments: int = 2000,
     noise: str = "normal",
     seed: int = 0,
-) -> dict[str, Any]:
+) -> Simulated:
     """``experiments`` simulated sequential experiments of paired differences ``effect + noise``
     (``normal``, or ``t3``: Student t with 3 degrees of freedom, scaled to std ``sd``), monitored
     after every ``batch`` pairs up to ``max_pairs``: the rate of declared differences with the
@@ -388,36 +416,38 @@ def sequential_section(
     max_runs: int,
     target_effect: float | None = None,
     blocked: frozenset[str] = frozenset(),
-) -> dict[str, Any]:
+) -> Sequential:
     """The ``sequential`` section of an ``--until-clear`` report: for every factor to decide, its path
     (estimate and interval at each look, ``looks`` = levels per factor) and its decision; ``stop``
     says why the experiment ended (``decided``, ``out_of_reach``, ``budget``) or ``continue``.
     ``runs_at(n)``: the runs of the design at n levels; ``max_runs``: the budget."""
     affordable = max((n for n in range(2, 100_000) if runs_at(n) <= max_runs), default=1)
     k = len(random_factors)
-    factors: list[dict[str, Any]] = []
+    factors: list[SequentialFactor] = []
     for factor in binary:
         ordered = ordered_differences(runs, factor)
         seen = [(n, sum(1 for key, _ in ordered if max(key, default=0) < n)) for n in looks]
         seen = [(n, c) for n, c in seen if c]
         result = paired_path([d for _, d in ordered], [c for _, c in seen], target_effect, affordable ** max(k, 1))
         for step, (n, _) in zip(result["path"], seen):
-            step.update(levels=n, runs=runs_at(n))
-        at = result.pop("decided_at")
+            step["levels"], step["runs"] = n, runs_at(n)
+        at = result["decided_at"]
         decided_runs = next((runs_at(n) for n, c in seen if c == at), None) if at else None
         factors.append(
             {
                 "factor": factor.name,
                 "kind": "binary",
                 "labels": list(factor.labels),
-                **result,
+                "decision": result["decision"],
+                "path": result["path"],
+                "test": result["test"],
                 "decided_at_runs": decided_runs,
             }
         )
     if k in (2, 3):
         names = list(random_factors)
-        paths: dict[str, list[dict[str, Any]]] = {f: [] for f in names if f not in blocked}
-        last: dict[str, dict[str, Any]] = {}
+        paths: dict[str, list[Look]] = {f: [] for f in names if f not in blocked}
+        last: dict[str, tuple[str, int | None]] = {}  # name -> the decision at its last look, the levels it was made at
         for n in looks:
             y = _grid(runs, random_factors, n)
             if y is None or n < 3:
@@ -436,16 +466,16 @@ def sequential_section(
                         "alpha_spent": dec["alpha_spent"],
                     }
                 )
-                if last.get(name, {}).get("decision") != "real":
-                    last[name] = {**dec, "decided_at_levels": n if dec["decision"] == "real" else None}
+                if last.get(name, ("",))[0] != "real":
+                    last[name] = (dec["decision"], n if dec["decision"] == "real" else None)
         for name, path in paths.items():
-            dec = last.get(name, {"decision": "undecided", "decided_at_levels": None})
+            decision, at = last.get(name, ("undecided", None))
             factors.append(
                 {
                     "factor": name,
                     "kind": "random",
-                    "decision": dec["decision"],
-                    "decided_at_runs": runs_at(dec["decided_at_levels"]) if dec["decided_at_levels"] else None,
+                    "decision": decision,
+                    "decided_at_runs": runs_at(at) if at else None,
                     "path": path,
                     "test": SHARE_TEST,
                 }
@@ -486,7 +516,7 @@ def planning(
     step: int = 1,
     target_effect: float | None = None,
     observed: float | None = None,
-) -> list[JsonObject]:
+) -> list[FactorPlan]:
     """How many runs each factor needs (``--plan`` and the end of every report): for a binary
     factor, the MDE at its current pairs, the pairs a fixed design needs to detect the effect
     (``--target-effect``, else ``--observed``, else the difference measured) at 80 % power and the
@@ -495,7 +525,7 @@ def planning(
     measured variance ratio (or a std of ``--target-effect``) with 80 % power."""
     k = len(random_factors)
     per_level = max(k, 1)
-    plans: list[JsonObject] = []
+    plans: list[FactorPlan] = []
     for factor, effect in zip(binary, section["effects"]):
         if effect["n"] < 2 or effect["std"] is None or effect["difference"] is None:  # (set from one pair on)
             continue
@@ -550,7 +580,7 @@ def _levels_for(pairs: int, axes: int) -> int:
     return max(2, int(math.ceil(pairs ** (1 / axes) - 1e-9)))
 
 
-def plan_sentence(p: dict[str, Any], fmt: Callable[[float | None], str]) -> str:
+def plan_sentence(p: FactorPlan, fmt: Callable[[float | None], str]) -> str:
     """``compile: about 20 more pairs (40 runs) would detect a difference of 0.5 (80 % power) ...``"""
     name, effect = p["factor"], fmt(p["effect"])
     if p["kind"] == "random":
@@ -583,7 +613,9 @@ STOPS = {
 }
 
 
-def sequential_sentence(entry: dict[str, Any], fmt: Callable[[float | None], str], target: float | None = None) -> str:
+def sequential_sentence(
+    entry: SequentialFactor, fmt: Callable[[float | None], str], target: float | None = None
+) -> str:
     """``compile: a real difference, decided after 24 runs (+0.84, interval [0.21, 1.5])``."""
     last = entry["path"][-1] if entry["path"] else None
     what = {
@@ -606,7 +638,7 @@ def sequential_sentence(entry: dict[str, Any], fmt: Callable[[float | None], str
     return text
 
 
-def sequential_verdict(seq: dict[str, Any], fmt: Callable[[float | None], str]) -> str:
+def sequential_verdict(seq: Sequential, fmt: Callable[[float | None], str]) -> str:
     """The sequential part of the verdict: one sentence per factor, then runs used and why it stopped."""
     parts = [sequential_sentence(f, fmt, seq.get("target_effect")) for f in seq["factors"]]
     parts.append(f"--until-clear used {seq['runs_used']} runs of at most {seq['max_runs']} ({STOPS[seq['stop']]})")

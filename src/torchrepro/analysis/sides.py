@@ -38,14 +38,13 @@ def step_comparison(a: EventLog, b: EventLog) -> list[StepRow]:
         y = by_index.get(x.index)
         if y is None:
             continue
-        both = x.loss is not None and y.loss is not None
         same = None if x.params_fp is None or y.params_fp is None else x.params_fp == y.params_fp
         rows.append(
             {
                 "step": x.index,
                 "loss_a": x.loss,
                 "loss_b": y.loss,
-                "loss_diff": abs(x.loss - y.loss) if both else None,
+                "loss_diff": abs(x.loss - y.loss) if x.loss is not None and y.loss is not None else None,
                 "same_params": same,
             }
         )

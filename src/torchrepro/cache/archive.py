@@ -37,7 +37,8 @@ from .. import __version__
 from ..errors import InputError, UserError
 from ..eventlog.outputs import check, written
 from .signing import SIGNATURE, sign, signer, trusted_keys
-from .layout import PACKED, Build, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
+from ..report.model import Build
+from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"
 MANIFEST = "torchrepro-pack.json"

@@ -9,9 +9,9 @@ import stat
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from ..report.model import Finding, sort_findings
+from ..report.model import CacheStatus, CategoryRow, Finding, Permissions, UnreachableGroup, sort_findings
 from ..errors import InputError, UserError
 from .layout import CATEGORIES, Entry, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
@@ -23,45 +23,6 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 def _iso(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t)) if t is not None else None
-
-
-class _CategoryRowBase(TypedDict):
-    what: str
-    files: int
-    bytes: int
-    oldest: str | None
-    newest: str | None
-    oldest_age_s: int
-    newest_age_s: int
-    unreachable: int
-
-
-class CategoryRow(_CategoryRowBase, total=False):
-    """One kind of entry in a cache: files, bytes, ages, how many are unreachable (and for the FX-graph
-    and AOTAutograd entries, how many keys: one key can hold several entries whose guards differ)."""
-
-    keys: int
-
-
-class UnreachableGroup(TypedDict):
-    """The entries of one kind that can never be hit for one reason."""
-
-    category: str
-    why: str
-    files: int
-    bytes: int
-    examples: list[str]
-
-
-class Permissions(TypedDict):
-    """Who owns a cache directory and who else could put code into it (``risks``)."""
-
-    owner: str
-    mode: str
-    precompiled_headers: str | None
-    risks: list[str]
-    entries_writable_by_others: list[str]
-    entries_owned_by_others: list[str]
 
 
 class Cleared(TypedDict):
@@ -230,8 +191,7 @@ def _findings(root: Path, entries: list[Entry], perms: Permissions) -> list[Find
     return sort_findings(findings)
 
 
-# report.cache.render_status takes the inventory as dict[str, Any]: a TypedDict of it would not pass there
-def status(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def status(path: str | os.PathLike[str] | None = None) -> CacheStatus:
     """Inventory of an inductor cache directory: counts, sizes and ages by kind, who wrote the
     entries, what can never be hit again, and who can write to it (schema
     ``torchrepro.cache-status/1``). Never creates the directory; never unpickles an entry.

@@ -22,9 +22,10 @@ import subprocess
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Literal
 
 from ..errors import InputError
+from ..report.model import Build
 
 CATEGORIES = {
     "fxgraph": "FX-graph entries",
@@ -60,22 +61,6 @@ _ELF_MACHINES = {
     243: "riscv64",
 }
 _MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
-
-
-class Build(TypedDict):
-    """What compiled code is tied to: :func:`current_build`'s keys, a pack manifest's ``build``."""
-
-    torch: str
-    torch_git: str
-    cuda: str | None
-    triton: str | None
-    python: str
-    system: str
-    machine: str
-    torch_dir: str  # this and the next three: part of every C++ kernel's key (its compile command)
-    python_include: str | None
-    cpu_capability: str | None
-    compiler: str | None
 
 
 def current_build() -> Build:

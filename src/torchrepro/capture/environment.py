@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import NamedTuple, TextIO, cast
 
 import torch
 
@@ -27,6 +27,7 @@ from .._compat import TESTED_TORCH, outside_tested_range
 from ..determinism import CUBLAS_DETERMINISTIC, CUBLAS_VAR, audit
 from ..digests import stable_uid
 from ..eventlog.events import NOT_AVAILABLE
+from ..eventlog.payloads import CacheDirInfo, EnvInfo, EnvVarInfo, Hardware, SwitchInfo, Threads
 
 __all__ = ["CacheDir", "EnvVar", "collect", "write_json"]
 
@@ -100,7 +101,7 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _hardware() -> dict[str, Any]:
+def _hardware() -> Hardware:
     cpu = getattr(torch.backends, "cpu", None)
     capability = cpu.get_cpu_capability() if cpu is not None and hasattr(cpu, "get_cpu_capability") else NOT_AVAILABLE
     usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
@@ -481,9 +482,7 @@ def _env_vars() -> list[EnvVar]:
 # ---------------------------------------------------------------- public API
 
 
-# dict[str, Any], not a TypedDict: report.env.render_env and Header.env (read by analysis.divergence)
-# take it so, and a TypedDict would not pass there
-def collect() -> dict[str, Any]:
+def collect() -> EnvInfo:
     """Everything `torchrepro env` reports, as JSON-ready data.
 
     Keys: versions, hardware, threads, determinism (see `determinism.audit`), caches,
@@ -495,7 +494,7 @@ def collect() -> dict[str, Any]:
     ``collect()["env_fingerprint"] == other_run["env_fingerprint"]``.
     """
     versions = _versions()
-    threads = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
+    threads: Threads = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
     switches = audit()
     hardware = _hardware()
     env_vars = _env_vars()
@@ -517,15 +516,15 @@ def collect() -> dict[str, Any]:
         "versions": versions,
         "hardware": hardware,
         "threads": threads,
-        "determinism": [asdict(s) for s in switches],
-        "caches": [asdict(c) for c in caches],
-        "env_vars": [asdict(v) for v in env_vars],
+        "determinism": [cast(SwitchInfo, asdict(s)) for s in switches],  # the dataclasses' fields, as dicts
+        "caches": [cast(CacheDirInfo, asdict(c)) for c in caches],
+        "env_vars": [cast(EnvVarInfo, asdict(v)) for v in env_vars],
         "env_fingerprint": stable_uid(fingerprinted)[:16],
         "torch_tested": {"range": list(TESTED_TORCH), "outside": outside_tested_range(torch.__version__)},
     }
 
 
-def write_json(info: dict[str, Any], fp: TextIO) -> None:
+def write_json(info: EnvInfo, fp: TextIO) -> None:
     """Write `collect()` output as indented JSON plus a newline.
 
     Example: ``write_json(collect(), sys.stdout)``.

@@ -45,7 +45,8 @@ def environment() -> tuple[JsonObject, str]:
     from .environment import collect
 
     info = collect()
-    return info, str(info.get("env_fingerprint", ""))
+    env: JsonObject = dict(info)  # Header.env: open JSON (a log another version wrote may differ)
+    return env, info["env_fingerprint"]
 
 
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))

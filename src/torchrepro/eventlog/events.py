@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO, ClassVar, TypeVar, cast
 
 from ..errors import InputError
 from . import stepstream
@@ -301,6 +301,8 @@ def _accepted(annotation: str) -> tuple[type, ...]:
     """The JSON types a field annotated ``float | None`` (``list[str]``, ...) accepts."""
     return tuple(t for part in annotation.split("|") for t in _TYPES[part.strip().split("[", 1)[0]])
 
+
+E = TypeVar("E", bound=Event)  # EventLog.of: the events of the type asked for
 
 _LEAF_TYPES = frozenset(KINDS.values())  # no event type derives from another: of() may look them up by type
 # str(): the annotations are strings already (``from __future__ import annotations``)
@@ -579,7 +581,7 @@ class EventLog:
         header = self.header
         return header.rank if header else _rank_from_dir(self.path.parent.name)
 
-    def of(self, cls: type[Event]) -> list[Any]:
+    def of(self, cls: type[E]) -> list[E]:
         """The events of one type, in order (a new list; the reader groups the events by type as it
         reads them, this again when ``events`` changes, so the analyses' many calls cost little).
         The steps of a log read without them (``kept``) are a programming error to ask for."""
@@ -597,7 +599,7 @@ class EventLog:
                 else:
                     by_type[kind] = [event]
             cached = self._by_type = (self.events, len(self.events), by_type)
-        return list(cached[2].get(cls, ()))
+        return cast("list[E]", list(cached[2].get(cls, ())))  # the list under cls holds only cls's events
 
     def keep_instead_of_steps(self, kept: Any) -> None:
         """Hold ``kept`` (made from this log's step events) instead of the step events."""

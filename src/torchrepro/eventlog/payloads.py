@@ -132,3 +132,79 @@ class Replay(_ReplayStep, total=False):
     ops: list[OpRecord]
     graphs: list[GraphCheck]
     kernels: KernelSummary
+
+
+class Hardware(TypedDict):
+    """``EnvInfo.hardware``: the machine, its CPUs (those this process may use) and GPUs (their
+    names once CUDA is initialised, else ``cuda`` per device)."""
+
+    platform: str
+    machine: str
+    cpu_count: int | None
+    cpus_usable: int | None
+    cpu_capability: str
+    gpus: list[str]
+
+
+class Threads(TypedDict):
+    """``EnvInfo.threads``: torch's intra- and inter-op thread counts."""
+
+    intra_op: int
+    inter_op: int
+
+
+class SwitchInfo(TypedDict):
+    """A determinism switch as ``torchrepro env`` reports it (``torchrepro.determinism.Switch`` as a dict)."""
+
+    name: str
+    value: bool | int | str | None
+    recommended: bool | int | str | None
+    in_effect: bool
+    status: str  # ok | risk | info
+    note: str
+
+
+class CacheDirInfo(TypedDict):
+    """A compile-cache directory and who may write to it (``capture.environment.CacheDir`` as a dict)."""
+
+    name: str
+    path: str
+    source: str
+    exists: bool
+    owner: str | None
+    mode: str | None
+    note: str
+    risks: list[str]
+
+
+class EnvVarInfo(TypedDict):
+    """An environment variable that matters (``capture.environment.EnvVar`` as a dict)."""
+
+    name: str
+    value: str | None
+    note: str
+    risky: bool
+    in_fingerprint: bool
+
+
+class TestedTorch(TypedDict):
+    """The range of torch versions tested, and why this torch is outside it (None: inside)."""
+
+    range: list[str]
+    outside: str | None
+
+
+class EnvInfo(TypedDict):
+    """What ``torchrepro env`` reports (:func:`torchrepro.capture.environment.collect`, drawn by
+    :func:`torchrepro.report.env.render_env`); a run's ``Header.env`` holds it as written
+    (a :data:`JsonObject` there: a log another version wrote may differ)."""
+
+    torchrepro: str
+    versions: dict[str, str]
+    hardware: Hardware
+    threads: Threads
+    determinism: list[SwitchInfo]
+    caches: list[CacheDirInfo]
+    env_vars: list[EnvVarInfo]
+    env_fingerprint: str
+    torch_tested: TestedTorch

@@ -4,14 +4,12 @@ key components come from the cache directory and the user's code: every string p
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..analysis.cache import MissExplanation
-from .model import Finding
+from .model import CacheStatus, Finding
 from .sanitize import visible_tree
 from .terminal import render_findings
 
@@ -32,7 +30,7 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def render_status(report: dict[str, Any], console: Console | None = None) -> None:
+def render_status(report: CacheStatus, console: Console | None = None) -> None:
     """The inventory of a compile cache (:func:`torchrepro.cache.inventory.status`): totals, one row
     per kind of file, who wrote it, what is never hit, and the findings."""
     console = console or Console()

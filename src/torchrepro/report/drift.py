@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ..analysis.drift import fmt_number
 from ..analysis.sequential import plan_sentence
-from .model import DriftReport, JsonObject
+from .model import DriftReport, Sequential
 from .sanitize import visible_tree
 
 
@@ -97,7 +97,7 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         )
 
 
-def _render_path(console: Console, seq: JsonObject) -> None:
+def _render_path(console: Console, seq: Sequential) -> None:
     """``--until-clear``: each factor's estimate and interval at every look, and its decision."""
     table = Table(
         title=f"--until-clear: {seq['runs_used']} runs of at most {seq['max_runs']}, the path as runs were added",

@@ -12,10 +12,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..eventlog.events import NOT_AVAILABLE
+from ..eventlog.payloads import EnvInfo
 from .sanitize import visible_tree
 
 
-def render_env(info: dict[str, Any], console: Console | None = None) -> None:
+def render_env(info: EnvInfo, console: Console | None = None) -> None:
     """Print `collect()` output as rich tables; risky rows in red.
 
     Example: ``render_env(envinfo.collect())``, or ``render_env(info, Console(file=buf))`` to capture it.
@@ -29,8 +30,8 @@ def render_env(info: dict[str, Any], console: Console | None = None) -> None:
     for key, value in info["versions"].items():
         versions.add_row(key, Text(value), style="dim" if value == NOT_AVAILABLE else None)
     hardware = info["hardware"]
-    for key in ("platform", "cpu_capability"):
-        versions.add_row(key, Text(str(hardware[key])))
+    versions.add_row("platform", Text(str(hardware["platform"])))
+    versions.add_row("cpu_capability", Text(str(hardware["cpu_capability"])))
     versions.add_row("cpus", f"{hardware['cpus_usable']} usable of {hardware['cpu_count']}")
     versions.add_row("gpus", Text(", ".join(hardware["gpus"]) or "none"))
     threads = info["threads"]

@@ -23,7 +23,17 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
-from .model import FIX_COLUMNS, DriftSection, JsonObject, Report, StepRow, TimelineRow, fix_cells, fix_recommendation
+from .model import (
+    FIX_COLUMNS,
+    CurvePoint,
+    DriftSection,
+    JsonObject,
+    Report,
+    StepRow,
+    TimelineRow,
+    fix_cells,
+    fix_recommendation,
+)
 from .sanitize import visible
 from ..analysis.rank_groups import ranks_label
 
@@ -351,7 +361,7 @@ def per_rank_step_times(per_rank: dict[str, dict[str, Any]]) -> list[tuple[str, 
     ]
 
 
-def divergence_chart(curve: Sequence[dict[str, Any]]) -> Markup:
+def divergence_chart(curve: Sequence[CurvePoint]) -> Markup:
     """The report's divergence curve: max |Δparam| and max relative difference per step."""
     return line_chart(
         [

@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict, TypeVar, Union
+from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
 from ..eventlog.payloads import (
@@ -319,6 +319,88 @@ class CapabilityNote(TypedDict):
     note: str
 
 
+# --- cache status (cache.inventory.status, rendered by report.cache) ---------------------------
+
+
+class Build(TypedDict):
+    """What compiled code is tied to: :func:`current_build`'s keys, a pack manifest's ``build``."""
+
+    torch: str
+    torch_git: str
+    cuda: str | None
+    triton: str | None
+    python: str
+    system: str
+    machine: str
+    torch_dir: str  # this and the next three: part of every C++ kernel's key (its compile command)
+    python_include: str | None
+    cpu_capability: str | None
+    compiler: str | None
+
+
+class _CategoryRowBase(TypedDict):
+    what: str
+    files: int
+    bytes: int
+    oldest: str | None
+    newest: str | None
+    oldest_age_s: int
+    newest_age_s: int
+    unreachable: int
+
+
+class CategoryRow(_CategoryRowBase, total=False):
+    """One kind of entry in a cache: files, bytes, ages, how many are unreachable (and for the FX-graph
+    and AOTAutograd entries, how many keys: one key can hold several entries whose guards differ)."""
+
+    keys: int
+
+
+class UnreachableGroup(TypedDict):
+    """The entries of one kind that can never be hit for one reason."""
+
+    category: str
+    why: str
+    files: int
+    bytes: int
+    examples: list[str]
+
+
+class Permissions(TypedDict):
+    """Who owns a cache directory and who else could put code into it (``risks``)."""
+
+    owner: str
+    mode: str
+    precompiled_headers: str | None
+    risks: list[str]
+    entries_writable_by_others: list[str]
+    entries_owned_by_others: list[str]
+
+
+class CacheTotals(TypedDict):
+    files: int
+    bytes: int
+    unreachable_files: int
+
+
+class CacheStatus(TypedDict):
+    """``torchrepro cache status`` (:func:`torchrepro.cache.inventory.status`, schema
+    ``torchrepro.cache-status/1``): counts, sizes and ages by kind, who wrote the entries (what ->
+    value -> files), what can never be hit, who can write to the directory, and the findings."""
+
+    schema: str
+    path: str
+    source: str
+    triton_cache_dir: str
+    this_build: Build
+    totals: CacheTotals
+    categories: dict[str, CategoryRow]
+    written_by: dict[str, dict[str, int]]
+    unreachable: list[UnreachableGroup]
+    permissions: Permissions
+    findings: list[JsonObject]  # Finding.to_json()
+
+
 # --- watch: a running job as read so far (analysis.live, rendered by report.live) ----------------
 
 
@@ -458,6 +540,70 @@ class StepsSummary:
         return cls(data["steps"], {r: _build(RankSteps, s) for r, s in data["per_rank"].items()})
 
 
+class FixMeasure(TypedDict):
+    """A run's compile health (:func:`torchrepro.analysis.compile_fixes.measure`): what a fix is
+    judged by, before and after."""
+
+    compiles: int
+    recompiles: int
+    graph_breaks: int
+    limit_hits: int
+    compile_time_s: float
+    step_time_s: float | None  # median after warm-up, rank 0
+    step_time_tail_s: float | None  # 90th percentile
+    steps: int
+
+
+class TriedFix(TypedDict):
+    """A ``compile_fixes`` row of a fix that was run (:func:`torchrepro.analysis.compile_fixes.judge`):
+    the baseline's measure and the fix run's (None: the run did not end normally), its numerics
+    against the baseline, and how many recompiles and breaks it removed."""
+
+    name: str
+    applied_to: str
+    line: str
+    spec: str
+    before: FixMeasure
+    after: FixMeasure | None
+    numerics: str | None  # same | within_tolerance | changed; None: not compared
+    expected_removed: int
+    status: str  # fixed | partly | no_effect | worse | not_a_cure | failed
+    removed: int | None
+
+
+class _ListedFix(TypedDict):
+    name: str
+    applied_to: str
+    before: None
+    after: None
+    numerics: None
+    status: str  # not_tried | expected
+    note: str
+
+
+class ListedFix(_ListedFix, total=False):
+    """A ``compile_fixes`` row of a fix not run (:func:`torchrepro.analysis.compile_fixes.listed`):
+    a code change (with its ``line``), or recompiles that are expected."""
+
+    line: str
+
+
+CompileFixRow = Union[TriedFix, ListedFix]
+
+
+class FixRecommendation(TypedDict):
+    """``compile_fix_recommended``: the best fix, the recommended set, and how the set did tried
+    together (None: one fix, or not run)."""
+
+    name: str
+    applied_to: str
+    line: str
+    removed: int | None
+    set: list[str]
+    lines: list[str]
+    combined: TriedFix | None
+
+
 @dataclass
 class DoctorReport:
     """``torchrepro doctor`` (and ``report``): compile health, steps, how the run ended, budgets.
@@ -477,8 +623,8 @@ class DoctorReport:
     provenance: JsonObject = field(default_factory=dict)
     reread: bool = False  # a stored run analysed again (torchrepro report), not a job this command ran
     # doctor --fixes (None: not asked for): each fix's row, the recommendation, what was run
-    compile_fixes: list[dict[str, Any]] | None = None
-    compile_fix_recommended: dict[str, Any] | None = None
+    compile_fixes: list[CompileFixRow] | None = None
+    compile_fix_recommended: FixRecommendation | None = None
     compile_fix_note: str | None = None
 
     @property
@@ -543,22 +689,25 @@ class DoctorReport:
 FIX_COLUMNS = ("fix", "applied to", "compiles", "recompiles", "breaks", "compile s", "ms/step", "numerics", "status")
 
 
-def fix_cells(row: dict[str, Any]) -> list[str]:
+FixFigure = Literal["compiles", "recompiles", "graph_breaks", "compile_time_s", "step_time_s"]  # FixMeasure's, shown
+
+
+def fix_cells(row: CompileFixRow) -> list[str]:
     """One ``compile_fixes`` row as the text of the fix table's cells (:data:`FIX_COLUMNS`), the
     same in the terminal and the HTML report: each figure as ``before → after``; a fix not run
     (a code change, an expected recompile) shows its note instead."""
-    before, after = row.get("before"), row.get("after")
+    if row["before"] is None:
+        status = row["status"].replace("_", " ")
+        return [row["name"], row.get("applied_to") or "", row.get("note") or "", "", "", "", "", "", status]
+    before, after = row["before"], row["after"]
 
-    def figure(key: str, scale: float = 1.0, digits: int = 0) -> str:
-        def one(m: dict[str, Any] | None) -> str:
+    def figure(key: FixFigure, scale: float = 1.0, digits: int = 0) -> str:
+        def one(m: FixMeasure | None) -> str:
             value = None if m is None else m.get(key)
             return "?" if value is None else f"{value * scale:.{digits}f}"
 
-        return "" if before is None else f"{one(before)} → {one(after)}"
+        return f"{one(before)} → {one(after)}"
 
-    if before is None:
-        status = row["status"].replace("_", " ")
-        return [row["name"], row.get("applied_to") or "", row.get("note") or "", "", "", "", "", "", status]
     return [
         row["name"],
         row.get("applied_to") or "",
@@ -572,7 +721,7 @@ def fix_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def fix_recommendation(recommended: dict[str, Any] | None) -> str:
+def fix_recommendation(recommended: FixRecommendation | None) -> str:
     """The recommendation under the fix table: the fix and the exact line for the script, and how
     the recommended set did tried together."""
     if recommended is None:
@@ -585,10 +734,11 @@ def fix_recommendation(recommended: dict[str, Any] | None) -> str:
     )
     together = recommended.get("combined")
     if together:
+        after = together["after"]
         text += (
             f"; together ({' + '.join(recommended['set'])}): recompiles {together['before']['recompiles']} → "
-            f"{(together['after'] or {}).get('recompiles', '?')}, breaks {together['before']['graph_breaks']} → "
-            f"{(together['after'] or {}).get('graph_breaks', '?')}, {together['status'].replace('_', ' ')}, "
+            f"{after.get('recompiles', '?') if after else '?'}, breaks {together['before']['graph_breaks']} → "
+            f"{after.get('graph_breaks', '?') if after else '?'}, {together['status'].replace('_', ' ')}, "
             f"numerics {(together['numerics'] or 'not compared').replace('_', ' ')}"
         )
     return text
@@ -608,6 +758,53 @@ class RunEnding:
     steps: dict[str, int] = field(default_factory=dict)  # rank -> steps recorded
 
 
+class ParamDifference(TypedDict):
+    """How far two runs' parameters are apart: the largest absolute and relative difference, and where."""
+
+    max_abs: float
+    max_rel: float
+    parameter: str | None
+
+
+class CurvePoint(ParamDifference):
+    """One snapshot step of the divergence curve (:func:`torchrepro.analysis.divergence.divergence_curve`):
+    the parameter difference there and the loss difference (None: a run recorded no loss)."""
+
+    step: int
+    loss_diff: float | None
+
+
+LocalisationKey = Literal["compile_id", "graph", "parameter", "output", "node", "kernel", "kernel_fuses"]
+
+
+class _FirstDivergence(TypedDict):
+    step: int
+    rank: int
+    what: str  # the aspect that differed first: loss, params, grads, rng, init_params ...
+    module: str | None
+    op: str | None
+    source: str | None
+    phase: str | None
+    cause: str | None
+    detail: JsonObject  # per aspect (what differs, by how much)
+    evidence: JsonObject  # per cause (what the localisation found)
+
+
+class FirstDivergence(_FirstDivergence, total=False):
+    """``determinism.first_divergence``: where two runs first differ and why (:func:`torchrepro.analysis.
+    determinism.determinism_section`), with what the localisation named (:data:`LocalisationKey`);
+    ``before_step`` 0 when the initial parameters already differ."""
+
+    compile_id: str
+    graph: str
+    parameter: str
+    output: str
+    node: str
+    kernel: str
+    kernel_fuses: list[str]
+    before_step: int
+
+
 @dataclass
 class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
@@ -619,8 +816,8 @@ class Determinism:
     runs: list[str]
     steps_compared: int
     endings: list[RunEnding]
-    first_divergence: dict[str, Any] | None = None
-    curve: list[dict[str, Any]] = field(default_factory=list)
+    first_divergence: FirstDivergence | None = None
+    curve: list[CurvePoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rtol: float = 0.0
     atol: float = 0.0
@@ -853,6 +1050,83 @@ class ExcludedRun(TypedDict):
     error: str | None
 
 
+class BinaryPlan(TypedDict):
+    """What a binary factor needs (:func:`torchrepro.analysis.sequential.planning`): the MDE at its
+    pairs, and the pairs (runs) a fixed design and the sequential rule need to detect ``effect``."""
+
+    factor: str
+    kind: Literal["binary"]
+    effect: float
+    basis: str  # target effect | observed difference | difference measured
+    pairs: int
+    std: float
+    mde: float | None
+    fixed_pairs: int | None  # None: out of reach
+    fixed_runs: int | None
+    sequential_pairs: int | None
+    sequential_runs: int | None
+
+
+class RandomPlan(TypedDict):
+    """What a random factor needs: the levels (runs) at which its share of the variance is detected."""
+
+    factor: str
+    kind: Literal["random"]
+    effect: float
+    basis: str  # target effect | std measured
+    levels: int | None
+    levels_needed: int | None  # None: out of reach of any affordable design
+    runs_needed: int | None
+
+
+FactorPlan = Union[BinaryPlan, RandomPlan]
+
+
+class _Look(TypedDict):
+    estimate: float | None
+    interval: list[float] | None
+
+
+class Look(_Look, total=False):
+    """One look of a factor's sequential path: the levels (runs) so far, the estimate and its interval;
+    a binary factor's pairs ``n`` and betting ``wealth``, a random factor's F test ``p_value`` at the
+    α spent at this look."""
+
+    n: int
+    wealth: float
+    levels: int
+    runs: int
+    p_value: float
+    alpha_spent: float
+
+
+class _SequentialFactor(TypedDict):
+    factor: str
+    kind: str  # binary | random
+    decision: str  # difference | smaller | real | out_of_reach | undecided
+    path: list[Look]
+    test: str
+    decided_at_runs: int | None
+
+
+class SequentialFactor(_SequentialFactor, total=False):
+    """A factor's path and decision under ``--until-clear`` (a binary factor's two ``labels``)."""
+
+    labels: list[str]
+
+
+class Sequential(TypedDict):
+    """The ``sequential`` section (:func:`torchrepro.analysis.sequential.sequential_section`): the looks
+    (levels per factor), the runs used of the budget, each factor's path, and why it stopped."""
+
+    looks: list[int]
+    runs_used: int
+    max_runs: int
+    target_effect: float | None
+    factors: list[SequentialFactor]
+    stop: str  # decided | out_of_reach | budget | continue
+
+
 class _DriftAnalysis(TypedDict):
     summary: Summary
     factors: list[VarianceComponent]
@@ -867,10 +1141,10 @@ class _DriftAnalysis(TypedDict):
 class DriftAnalysis(_DriftAnalysis, total=False):
     """What :func:`torchrepro.analysis.drift.analyse` concludes from the runs: the body of the
     ``drift`` section; the command adds what it planned and, under ``--until-clear``, each factor's
-    sequential path and decision (JSON objects: only shown)."""
+    sequential path and decision."""
 
-    planning: list[JsonObject]
-    sequential: JsonObject
+    planning: list[FactorPlan]
+    sequential: Sequential
 
 
 @dataclass
@@ -959,8 +1233,8 @@ class DriftSection:
     notes: list[str] = field(default_factory=list)
     observed: Observed | None = None
     plots: list[str] | None = None  # plot-<factor>.svg files, once written
-    planning: list[JsonObject] = field(default_factory=list)  # runs each factor needs
-    sequential: JsonObject | None = None  # --until-clear: each factor's path and decision
+    planning: list[FactorPlan] = field(default_factory=list)  # runs each factor needs
+    sequential: Sequential | None = None  # --until-clear: each factor's path and decision
 
     def to_json(self) -> JsonObject:
         out = {

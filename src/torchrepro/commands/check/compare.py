@@ -31,8 +31,8 @@ from ...analysis.determinism import (
     uses_inductor,
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
-from ...report.model import Finding
-from ...analysis.fixes import recommend
+from ...report.model import Finding, JsonObject
+from ...analysis.fixes import FixRow, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
@@ -40,7 +40,7 @@ from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
 from ...runtime.options import RunOptions
 from ...eventlog.provenance import launch_meta, provenance
-from ...report.model import CheckReport, CheckRun, Determinism
+from ...report.model import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...report.save import write_report
 from .runs import Checker, RunSpec, plan_runs
@@ -61,7 +61,7 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
     return cause_from_replays(cause, replay_a, replay_b, same_config, failure or None)
 
 
-def localize_graph(checker: Checker, spec: RunSpec, div: Divergence, cause: str) -> dict[str, Any]:
+def localize_graph(checker: Checker, spec: RunSpec, div: Divergence, cause: str) -> JsonObject:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
     graph: names the first graph (compile id) whose outputs differ, the output and its FX node
     (the op blamed agrees with ``cause``)."""
@@ -105,7 +105,7 @@ def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], again
     return out
 
 
-def _curve(run_a: Run, run_b: Run) -> list[dict[str, Any]]:
+def _curve(run_a: Run, run_b: Run) -> list[CurvePoint]:
     """The parameter difference per snapshot step, read from the two runs' snapshots (rank 0)."""
     return divergence_curve(_snaps(run_a), _snaps(run_b), run_a.logs[0], run_b.logs[0])
 
@@ -142,7 +142,7 @@ def _earliest_divergence(
 T = TypeVar("T")
 
 
-def _guarded(what: str, cause: str, fn: Callable[..., T], *args: Any) -> tuple[T | None, dict[str, Any]]:
+def _guarded(what: str, cause: str, fn: Callable[..., T], *args: Any) -> tuple[T | None, JsonObject]:
     """``(fn(*args), {})``; a failure of the localisation itself (torchrepro's, not the user's run:
     a stop or a user error still ends the check) is ``(None, evidence)`` saying so, with the
     exception's first line and the cause still concluded."""
@@ -161,7 +161,7 @@ def _explain(
     div: Divergence,
     against: str | None,
     localize_divergence: bool,
-) -> tuple[str, dict[str, Any], Decomposition | None]:
+) -> tuple[str, JsonObject, Decomposition | None]:
     """The cause of ``div`` between the runs of ``pair``, its evidence and (``--against`` with
     inductor) the backend decomposition: decided from the logs, then, while still unknown, from
     the decomposition, repeated kernels, or replays of the divergent step with op capture."""
@@ -241,9 +241,9 @@ def check(
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
     cause: str | None = None
-    evidence: dict[str, Any] = {}
+    evidence: JsonObject = {}
     decomposition: Decomposition | None = None
-    ladder: list[dict[str, Any]] = []
+    ladder: list[FixRow] = []
     if div is not None:
         cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
         if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
@@ -306,11 +306,11 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
 
 
 def _report(
-    det: dict[str, Any],
+    det: JsonObject,
     hint_key: str | None,
     run_dirs: dict[str, str],
     timings: dict[str, float],
-    meta: dict[str, Any],
+    meta: JsonObject,
     extra: Sequence[Finding] = (),
     compared: tuple[Run, Run] | None = None,
 ) -> CheckReport:
@@ -519,7 +519,7 @@ def check_resume(
     if div is None:
         _check_resumed_ending(checker, full, resumed)
     cause: str | None = None
-    evidence: dict[str, Any] = {}
+    evidence: JsonObject = {}
     if div is not None:
         cause, evidence = decide(div, full.logs, resumed.logs)
         evidence["hint"] = RESUME_HINTS.get(cause, RESUME_HINTS["unknown"])

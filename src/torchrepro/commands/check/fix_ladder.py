@@ -12,12 +12,23 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ...analysis.divergence import Divergence, Tolerance, first_divergence, settings, steps_compared
-from ...analysis.fixes import Candidate, FixRun, candidates, first_changing_stage, judge_fix, median_step_time
+from ...analysis.fixes import (
+    BackendStages,
+    Candidate,
+    FixRow,
+    FixRun,
+    Stage,
+    candidates,
+    first_changing_stage,
+    judge_fix,
+    median_step_time,
+)
 from ...errors import InputError
 from ...eventlog.events import Compile, EventLog, Step
+from ...eventlog.payloads import JsonObject
 from ...eventlog.rundir import Run
 
 if TYPE_CHECKING:
@@ -154,7 +165,7 @@ def _replay_pair(
 
 def localize_kernels(
     checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run]
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """Replay the divergent step compiled in pairs of processes (:data:`REPLAY_PAIRS`), each
     recording every compiled graph call's input and output digests and, at the step, repeating
     each call on identical inputs. The first call whose outputs differ on equal inputs between
@@ -188,7 +199,7 @@ def _name_kernel(
     by_processes: bool,
     attempts: int,
     parted: str | None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The evidence for the kernel behind output ``index`` of graph call ``call``: what names it
     (two processes' graph calls, or the in-process repeats), and the repeats' thread dependence."""
     explained = found[0]["explained"].get(f"{call['compile_id']}/{call['graph']}") or []
@@ -354,10 +365,10 @@ def run_fix_ladder(
     spec: RunSpec,
     div: Divergence,
     cause: str,
-    evidence: dict[str, Any],
+    evidence: JsonObject,
     as_written: list[Run],
     only: list[str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[FixRow]:
     """Each applicable candidate fix: two runs stopping ``STEPS_AFTER`` steps after the divergent
     step, compared bit for bit, with their median step time after warm-up against that of a
     baseline run as written in the same truncated configuration (run beside the fixes, so under
@@ -398,7 +409,7 @@ def run_fix_ladder(
     baseline = median_step_time(base_run.step_times) if base_run.ok else None
     if baseline is None:
         baseline = _written_baseline(as_written, stop)
-    rows = []
+    rows: list[FixRow] = []
     for candidate in ladder:
         if candidate.name not in outcomes:
             rows.append(judge_fix(candidate, [], None, 0, baseline))
@@ -412,7 +423,7 @@ def run_fix_ladder(
     return rows
 
 
-def backend_stages(checker: Checker, done: dict[str, tuple[RunSpec, Run]]) -> dict[str, Any]:
+def backend_stages(checker: Checker, done: dict[str, tuple[RunSpec, Run]]) -> BackendStages:
     """``--against eager``: eager → aot_eager → inductor with fallback_random → inductor, each
     compared bit for bit with the stage before; the first stage at which results change."""
     from .runs import RunSpec
@@ -427,9 +438,9 @@ def backend_stages(checker: Checker, done: dict[str, tuple[RunSpec, Run]]) -> di
         ("fallback-random", "fallback-random"),
         ("inductor", "compiled"),
     ]
-    stages = []
+    stages: list[Stage] = []
     for i, (name, label) in enumerate(order):
-        stage: dict[str, Any] = {"name": name, "run": label, "bit_exact_with_previous": None}
+        stage: Stage = {"name": name, "run": label, "bit_exact_with_previous": None}
         if i and label in done and order[i - 1][1] in done:
             prev = done[order[i - 1][1]][1]
             found, _ = first_divergence(prev.logs, done[label][1].logs, Tolerance())

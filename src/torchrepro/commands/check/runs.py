@@ -19,6 +19,7 @@ from ...analysis.verdict import Ending, ending
 from ...errors import InputError, Stopped
 from ..launcher import ChildResult, child_env, launch, side_by_side
 from ...runtime.options import RunOptions
+from ...eventlog.payloads import JsonObject
 from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, write_json
 
 
@@ -96,7 +97,7 @@ class Checker:
     ) -> tuple[Run, int]:
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
-        meta: dict[str, Any] = {
+        meta: JsonObject = {
             "label": spec.label,
             "compile_mode": spec.compile_mode,
             "seed": self.seed,
@@ -163,7 +164,7 @@ class Checker:
         graphs: bool = False,
         rank: int = 0,
         kernels: bool = False,
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """Rerun ``spec`` up to ``step`` and record that step on ``rank``: every op, every compiled
         graph against eager (``graphs``), or every compiled graph repeated on identical inputs
         (``kernels``). The record as the replay wrote it (``step``, and ``ops``, ``graphs`` or ``kernels``:
@@ -204,7 +205,7 @@ class Checker:
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)
         if out.exists():
-            record: dict[str, Any] = json.loads(out.read_text())
+            record: JsonObject = json.loads(out.read_text())
             return record
         self.replay_failures[tag] = _why_no_record(result, step)
         return None

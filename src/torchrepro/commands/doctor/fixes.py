@@ -17,7 +17,6 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ...analysis.compile_fixes import (
     CompileFix,
@@ -35,7 +34,7 @@ from ...errors import Stopped
 from ...eventlog.events import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
 from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
-from ...report.model import DoctorReport
+from ...report.model import DoctorReport, TriedFix
 from ...runtime.options import RunOptions
 from ..launcher import child_env, launch
 
@@ -103,8 +102,8 @@ def try_fixes(
     store the result beside the runs and in ``report``."""
     plan: FixPlan = plan_fixes(report.compile)
     tried = [c for c in plan.candidates if not only or c.name in only]
-    rows: list[dict[str, Any]] = []
-    combined: dict[str, Any] | None = None
+    rows: list[TriedFix] = []
+    combined: TriedFix | None = None
     if report.run.failed or report.run.meta.get("stopped_by"):
         note = "the baseline run did not end normally: no fix was run"
     elif not tried:
@@ -118,7 +117,7 @@ def try_fixes(
         stop = window(baseline)
         before = measure(baseline, stop)
 
-        def attempt(fix: CompileFix) -> dict[str, Any]:
+        def attempt(fix: CompileFix) -> TriedFix:
             logs = runner.run(fix.name, fix.spec, stop)
             return judge(fix, before, measure(logs, stop) if logs else None, numerics(baseline, logs) if logs else None)
 
@@ -137,7 +136,7 @@ def try_fixes(
         runs = len(tried) + (combined is not None)
         window_text = f"stopped after step {stop}" if stop is not None else "whole runs"
         note = f"{len(tried)} fix(es) tried in {runs} run(s) ({window_text}), each against the baseline"
-    report.compile_fixes = rows + listed(plan)
+    report.compile_fixes = [*rows, *listed(plan)]
     report.compile_fix_recommended = recommend(rows, combined)
     report.compile_fix_note = note
     (runner.run_dir / FIXES_DIR).mkdir(exist_ok=True)

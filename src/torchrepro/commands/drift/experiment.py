@@ -31,7 +31,7 @@ from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, fmt_number, analyse, verdict
 from ...analysis.sequential import plan_sentence, planning, sequential_section, sequential_verdict
@@ -40,7 +40,7 @@ from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, re
 from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, spawn, wait_job
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
-from ...report.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings
+from ...report.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
 from ...report.sanitize import visible
 from ...eventlog.rundir import LOCK_FILE, check_fields, read_json_file, write_json
 from ...report.save import write_report
@@ -700,7 +700,7 @@ def pilot_planning(
     target_effect: float | None,
     observed: float | None,
     jobs: int,
-) -> list[dict[str, Any]] | None:
+) -> list[FactorPlan] | None:
     """``--plan`` on a directory with finished runs (a pilot): the runs each factor needs
     (:func:`torchrepro.analysis.sequential.planning`, sequential batches of ``jobs`` runs); None
     without a finished run."""
