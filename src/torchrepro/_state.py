@@ -5,7 +5,7 @@ written by them through :func:`current`): torch's patches in place and who watch
 (``_compat``), the imports capture waits for (``capture.on_import``), the DataLoader's original
 ``_get_iterator`` (``seed``), whether the cuBLAS workspace was set too late (``determinism``),
 how the process was prepared before its rank was known (``runtime.follow``) and the telemetry
-exporter's (``telemetry``). Caches of pure lookups (digests of unchanged states, calibrated
+exporter's (``telemetry``), the guardian of what this process launched (``commands.launcher``). Caches of pure lookups (digests of unchanged states, calibrated
 memory layouts) stay in their modules.
 
 Each piece has one writer (:func:`torchrepro.seed_everything` the plan, :func:`torchrepro.rng.register`
@@ -60,6 +60,9 @@ class ProcessState:
     prepared: dict[str, Any] = field(default_factory=dict)  # runtime.follow: plan, factors, spawned
     otlp_launcher: Any = None  # telemetry.otlp: the command's Launcher while a launcher command exports
     otel_health: dict[str, Any] = field(default_factory=dict)  # telemetry.otel: the exporter's health
+    guardian: tuple[int, Any, int] | None = (
+        None  # commands.launcher: (for pid, its guardian's Popen, the pipe's write end)
+    )
 
 
 _STATE = ProcessState()
@@ -72,9 +75,10 @@ def current() -> ProcessState:
 
 
 def reset() -> None:
-    """Forget everything (a fresh process's state); for tests."""
+    """Forget everything (a fresh process's state); for tests. The guardian is kept: it is a
+    running process holding this one's pipe, which forgetting would leave behind."""
     global _STATE
-    _STATE = ProcessState()
+    _STATE = ProcessState(guardian=_STATE.guardian)
 
 
 def seed_plan() -> SeedPlan | None:

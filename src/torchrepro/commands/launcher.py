@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from .. import _state
 from ..errors import InputError
 from ..telemetry.otlp import launch_span
 from ..runtime.options import RunOptions
@@ -168,7 +169,6 @@ class Job:
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 GUARDIAN = Path(__file__).with_name("_guardian.py")
-_guardian: tuple[int, subprocess.Popen[bytes], int] | None = None  # (for pid, the guardian, the pipe's write end)
 _guardian_lock = threading.Lock()
 
 
@@ -179,14 +179,15 @@ def _guard() -> None:
     makes both ends non-inheritable: no job gets a copy that would keep the pipe open): the
     kernel closes it when this process ends. In a session of its own: a signal to torchrepro's
     process group (Ctrl-C, ``kill -- -PGID``) spares it. Linux (``/proc``) only."""
-    global _guardian
+    state = _state.current()
     with _guardian_lock:
-        if _guardian is not None and _guardian[0] == os.getpid() and _guardian[1].poll() is None:
+        guardian = state.guardian
+        if guardian is not None and guardian[0] == os.getpid() and guardian[1].poll() is None:
             return
         if not os.path.isdir("/proc/self/task"):
             return
-        if _guardian is not None and _guardian[0] == os.getpid():
-            os.close(_guardian[2])  # (a guardian someone killed: its pipe is of no use)
+        if guardian is not None and guardian[0] == os.getpid():
+            os.close(guardian[2])  # (a guardian someone killed: its pipe is of no use)
         read, write = os.pipe()
         try:
             proc = subprocess.Popen(
@@ -201,7 +202,7 @@ def _guard() -> None:
             raise
         finally:
             os.close(read)
-        _guardian = (os.getpid(), proc, write)
+        state.guardian = (os.getpid(), proc, write)
 
 
 def _prepare_job(parent: int, prctl: Callable[..., int]) -> None:
