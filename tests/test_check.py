@@ -69,6 +69,7 @@ def test_unseeded_generator_names_module_and_op(noise_check):
     assert "Net.noise" in proc.stdout.splitlines()[0]
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_workers_augmentation_diverges_unseeded_and_is_bit_exact_seeded(tmp_path):
     proc, report = check(tmp_path, "workers_augment.py", "--no-localize")
     assert proc.returncode == 1
@@ -80,6 +81,7 @@ def test_workers_augmentation_diverges_unseeded_and_is_bit_exact_seeded(tmp_path
 
 
 @pytest.mark.inductor
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_inductor_dropout_against_eager_is_rng_and_remainder_is_numerics(tmp_path):
     proc, report = check(tmp_path, "inductor_dropout.py", "--against", "eager")
     assert proc.returncode == 1, proc.stderr
@@ -104,6 +106,7 @@ def test_inductor_dropout_against_eager_is_rng_and_remainder_is_numerics(tmp_pat
 
 
 @pytest.mark.inductor
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_compiled_gpt_with_a_scalar_loss_against_eager_names_graph_node_and_op_not_an_inert_dropout(tmp_path):
     """A GPT whose compiled forward returns (logits, 0-dim loss), with dropouts of p=0.0: compiled
     and eager part by rounding; the replay digests every output (the scalar loss too) and names the
@@ -122,6 +125,7 @@ def test_compiled_gpt_with_a_scalar_loss_against_eager_names_graph_node_and_op_n
     assert not any("localisation failed" in n for n in report["determinism"]["notes"])
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_a_fix_that_slows_steps_costs_more_than_one_and_every_ratio_is_the_recorded_step_times(tmp_path):
     """The fix ladder's step-time ratio divides by a baseline run as written in the same truncated
     configuration (run beside the fixes), after warm-up: a fix whose steps wait 0.2 s is far above
@@ -157,6 +161,7 @@ def test_inductor_dropout_against_fallback_random(tmp_path):
     assert remaining["bit_exact"] or remaining["final_max_abs"] < 1e-4  # numerics, with its magnitude
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_diff_of_runs_with_different_lengths_and_a_crash(tmp_path):
     small = Path(__file__).parent / "scripts" / "train_small.py"
     for name, extra in (("full", []), ("crashed", ["--steps-then-raise", "3"])):

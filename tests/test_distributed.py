@@ -53,6 +53,7 @@ def finding(report: dict, code: str) -> dict:
     return next(f for f in report["findings"] if f["code"] == code)
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_ddp_compile_merged_report_and_recompile_asymmetry(tmp_path):
     code, report = doctor(tmp_path, "ddp_compile.py")
     assert code == 0, report["findings"]
@@ -156,6 +157,7 @@ def test_two_nodes_launched_by_the_user_merge_into_one_report(tmp_path):
     assert finding(report, "RANK_RECOMPILE_ASYMMETRY")["evidence"]["rank"] == 1
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_compiling_the_ddp_wrapper_produces_no_graph_and_is_an_error(tmp_path):
     code, report = doctor(tmp_path, "ddp_compile.py", "--compile-outside")
     assert code == 1

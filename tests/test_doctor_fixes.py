@@ -156,6 +156,7 @@ def test_only_expected_eval_recompile_recommends_nothing(tmp_path):
     assert "expected" in done.stdout and "recommended:" not in done.stdout
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_recompile_limit_is_shown_with_its_cost_not_as_a_cure(tmp_path):
     counters = tmp_path / "counters.jsonl"
     out = tmp_path / "run"
@@ -171,6 +172,7 @@ def test_recompile_limit_is_shown_with_its_cost_not_as_a_cure(tmp_path):
     assert_recommended(report, "allow_unspec_int_on_nn_module")  # the cure, not the raised limit
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_pitfall_example_fixes_and_recommended_set(tmp_path):
     out = tmp_path / "run"
     done = doctor_fixes(out, EXAMPLE, "--pitfalls", "--epochs", "2", flags=("--jobs", "2"))

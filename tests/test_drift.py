@@ -111,6 +111,7 @@ def test_compile_changing_only_rounding_is_not_significant(tmp_path):
     assert placed["sigma"] > 0 and placed["sigmas"] == pytest.approx(0.01 / placed["sigma"])
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_order_from_the_global_stream_is_not_separable(tmp_path):
     _, report = drift(
         tmp_path,
@@ -136,6 +137,7 @@ def test_order_from_the_global_stream_is_not_separable(tmp_path):
     assert all(0 <= r["metric"] <= 1 for r in d["runs"])  # the accuracy from torchrepro.log_metric("acc", ...)
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_plan_run_one_collect_and_a_constant_seed(tmp_path):
     proc, _ = drift(
         tmp_path, "--plan", "--vary", "init", "--runs", "2", "--out", "exp", str(TOY), "--", "--constant-seed", expect=0
@@ -267,6 +269,7 @@ def test_a_design_over_the_size_limit_runs_only_with_allow_large(tmp_path):
     assert "10201 runs planned" in proc.stdout
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_a_missing_metric_stops_the_experiment_after_the_first_run(tmp_path):
     args = ["--vary", "init", "--runs", "3", "--jobs", "1", "--metric", "acc\x1b", "--out", "exp", str(TOY)]
     proc, report = drift(tmp_path, *args, expect=2)
@@ -315,6 +318,7 @@ print(json.dumps({"init": torch.rand(()).item(), "order": order, "augment": acti
 """
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_factor_levels_seed_their_own_streams_and_set_switches(tmp_path):
     def probe(**levels) -> dict:
         proc = subprocess.run(
@@ -364,6 +368,7 @@ def test_strip_plot_is_valid_svg_with_escaped_text():
     assert len(list(root.iter("{http://www.w3.org/2000/svg}circle"))) == 4
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_plan_predicts_and_until_clear_finds_a_planted_compile_only_bug(tmp_path):
     # metric = seed noise + 2 sd of the paired difference on the compiled path only (no training)
     common = ["--vary", "compile", "--runs", "3", "--jobs", "2", "--metric", "acc", "--out", "exp"]

@@ -120,6 +120,7 @@ def _attempts(out: Path) -> list[dict]:
     return found
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_sequential_batches_on_ray_and_a_killed_worker_reruns_its_cell_once(tmp_path, cluster):
     # --runs 2 then one batch of --jobs 2 runs: 4 runs, then 6 (the --max-runs budget), as Ray tasks
     cmd = [

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parent / "scripts" / "exit_finalizers.py"
 
 
@@ -19,6 +21,7 @@ def _torchrepro(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_runs_made_to_compare_skip_the_last_collections_and_keep_the_rest(tmp_path):
     noted = tmp_path / "noted.txt"
     proc = _torchrepro(tmp_path, "check", "--out", "c", str(SCRIPT), "--", str(noted))

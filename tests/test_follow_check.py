@@ -48,6 +48,7 @@ def assert_rank1_noise_found(code: int, report: dict, runs: list[Path]) -> None:
     assert fd["cause"] == "rng"
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_spawned_ranks_unseeded_script_is_bit_exact_with_seed(tmp_path):
     """The script draws its model and batches from the global generators and never seeds them:
     --seed seeds the ranks torch.multiprocessing.spawn starts, as it seeds torchrun's."""

@@ -105,6 +105,7 @@ def test_lightning_ddp_ranks_are_all_captured(tmp_path):
     assert_not_perturbed(tmp_path)
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_mp_spawn_ranks_are_captured_and_the_launcher_is_no_rank(tmp_path):
     script = str(SCRIPTS / "launch_spawn.py")
     code, report, _ = doctor(tmp_path, script, "--", "--helper")
@@ -156,6 +157,7 @@ def test_spawned_rank_that_dies_is_reported_as_crashed(tmp_path):
     assert report["run"]["ranks_present"] == [0, 1]
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_a_launcher_that_fails_after_its_ranks_finished_fails_the_run(tmp_path):
     code, report, _ = doctor(tmp_path, str(SCRIPTS / "launch_spawn.py"), "--", "--fail-after")
     assert code == 3 and report["run"]["failed"]
@@ -164,6 +166,7 @@ def test_a_launcher_that_fails_after_its_ranks_finished_fails_the_run(tmp_path):
     assert failed["evidence"]["launcher"]["status"] == "error" and "evaluation failed" in failed["title"]
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_processes_a_rank_starts_are_not_ranks(tmp_path):
     """torchrun ranks start a Python helper and spawn-started DataLoader workers; both inherit
     RANK/WORLD_SIZE and import torch, and neither is captured."""

@@ -438,6 +438,7 @@ def test_unusable_otlp_settings_are_one_line_exit_2(tmp_path, case):
     assert not list(tmp_path.iterdir())  # nothing was run
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_check_runs_are_spans_of_one_trace(tmp_path, receiver):
     proc = _cli(
         tmp_path,
@@ -466,6 +467,7 @@ def test_check_runs_are_spans_of_one_trace(tmp_path, receiver):
     assert rank_parents == sorted(s["span_id"] for s in launches.values())
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_ranks_launched_elsewhere_share_a_trace_from_the_job_id(tmp_path, receiver):
     """``torchrepro run`` on every rank of a job someone else launched: no TRACEPARENT, one job id."""
     procs = [
@@ -558,6 +560,7 @@ def _command_and_launches(receiver: Receiver, command: str) -> tuple[dict, list[
     return root, launches, ranks
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_drift_exports_a_span_per_run_under_the_command(tmp_path, receiver):
     proc = _cli(
         tmp_path,

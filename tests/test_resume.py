@@ -71,6 +71,7 @@ def test_example_resumes_bit_exact_compiled_two_ranks(tmp_path):
         pytest.param("optimizer", "unknown", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_a_forgotten_piece_of_state_is_named(tmp_path, forget, cause):
     proc, report = check_resume(tmp_path, SMALL, "--forget", forget, options=("--at", "11"))
     fd = report["determinism"]["first_divergence"]

@@ -11,6 +11,7 @@ import pytest
 from test_verdicts import check
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_lightning_trainer_is_bit_exact_when_seeded(tmp_path):
     pytest.importorskip("lightning")
     proc, report = check(tmp_path, "lightning_single.py", args=(str(tmp_path / "pl"),))

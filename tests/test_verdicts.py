@@ -245,6 +245,7 @@ def test_tolerance_is_worded_as_such(tmp_path):
     assert proc.returncode == 1 and report["determinism"]["verdict"] == "diverged"
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_environment_differences_are_reported_in_every_diff(tmp_path):
     """A certain difference: the recorded value of OMP_NUM_THREADS, whatever the BLAS makes of it."""
     a = tmp_path / "t1"

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+
+import pytest
 from pathlib import Path
 
 from torchrepro.analysis import compile as compile_analysis
@@ -52,6 +54,7 @@ def _wait_for(run_dir: Path, predicate, snapshots: list[dict], timeout: float = 
     raise AssertionError(f"no snapshot satisfied the condition; last: {snapshots[-1] if snapshots else None}")
 
 
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_snapshots_follow_ranks_steps_recompiles_and_lag(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
