@@ -74,6 +74,18 @@ def odd_values(rng: random.Random, i: int) -> list:
     return [rng.choice(choices) for _ in range(5)]
 
 
+def decode_in_pieces(blob: bytes, piece: int) -> list[Any]:
+    """Every record of ``blob`` fed to a decoder ``piece`` bytes at a time (as a growing file is
+    read), checked undamaged."""
+    decoder = Decoder(dict)
+    got = []
+    for i in range(0, len(blob), piece):
+        got += decoder.feed(blob[i : i + piece])
+    got += decoder.finish()
+    assert not decoder.damaged, decoder.problems
+    return got
+
+
 def test_every_value_reads_back_exactly_through_any_piece_size():
     rng = random.Random(35)
     records = [[i // 3, *odd_values(rng, i)] for i in range(3 * KEYFRAME_EVERY)]
@@ -81,12 +93,7 @@ def test_every_value_reads_back_exactly_through_any_piece_size():
     blob = encoder.header() + b"".join(encoder.encode(r) for r in records)
     assert blob.count(KEYFRAME) >= 3  # a keyframe every KEYFRAME_EVERY records, the first one included
     for piece in (1, 7, len(blob)):
-        decoder = Decoder(dict)
-        got = []
-        for i in range(0, len(blob), piece):
-            got += decoder.feed(blob[i : i + piece])
-        got += decoder.finish()
-        assert not decoder.damaged, decoder.problems
+        got = decode_in_pieces(blob, piece)
         assert [exact([at, *f.values()]) for at, f in got] == [exact(r) for r in records]
 
 
@@ -109,12 +116,7 @@ def test_lists_and_dicts_of_fingerprints_that_all_change_read_back_exactly():
     encoder = Encoder(["list", "dict"])
     blob = encoder.header() + b"".join(encoder.encode(r) for r in records)
     for piece in (5, len(blob)):
-        decoder = Decoder(dict)
-        got = []
-        for i in range(0, len(blob), piece):
-            got += decoder.feed(blob[i : i + piece])
-        got += decoder.finish()
-        assert not decoder.damaged, decoder.problems
+        got = decode_in_pieces(blob, piece)
         assert [[at, *f.values()] for at, f in got] == records
     cut = blob[: len(blob) - 3]  # the last record cut inside its fingerprints: damage, not wrong values
     decoder = Decoder(dict)

@@ -86,6 +86,7 @@ class KernelCall(_KernelCallDigests, total=False):
     repeat_differs: dict[str, float | None]
     one_thread_differs: dict[str, float | None] | None
     error: str
+    at_step: bool  # never written: check's fix ladder marks the replayed step's calls when it reads them
 
 
 class _ExplainedAt(TypedDict):

@@ -12,7 +12,8 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ...analysis.divergence import Divergence, Tolerance, first_divergence, settings, steps_compared
 from ...analysis.fixes import (
@@ -28,7 +29,7 @@ from ...analysis.fixes import (
 )
 from ...errors import InputError
 from ...eventlog.events import Compile, EventLog, Step
-from ...eventlog.payloads import JsonObject
+from ...eventlog.payloads import ExplainedOutput, JsonObject, KernelCall, KernelSummary
 from ...eventlog.rundir import Run
 
 if TYPE_CHECKING:
@@ -46,65 +47,9 @@ REPLAY_PAIRS = 3
 REPLAY_BUDGET_S = 240.0
 
 
-class _GraphCallDigests(TypedDict):
-    compile_id: str
-    graph: str
-    inputs: list[str | None]
-    outputs: list[str | None]
-
-
-class Repeats(TypedDict, total=False):
-    """A graph call at the replayed step repeated on identical inputs: ``repeats`` times at
-    ``threads`` threads (``repeat_differs``: output index -> largest difference; ``one_thread_differs``
-    the same at one thread, None when it ran at one thread already)."""
-
-    threads: int
-    repeats: int
-    repeat_differs: dict[str, float | None]
-    one_thread_differs: dict[str, float | None] | None
-
-
-class GraphCall(_GraphCallDigests, Repeats, total=False):
-    """One compiled graph call of a kernel replay (:mod:`torchrepro.capture.kernels`): its input and
-    output digests; at the replayed step, its :class:`Repeats` or the ``error`` that stopped them.
-    ``at_step``: added here, to the replayed step's calls."""
-
-    error: str
-    at_step: bool
-
-
-class _OutputOf(TypedDict):
-    compile_id: str
-    graph: str
-    output_index: int
-
-
-class Output(_OutputOf, total=False):
-    """A compiled graph's output explained by a kernel replay, as far as it could be: the
-    parameter whose gradient it is, its FX node, the accumulating node, the op, its source and
-    module, and the inductor kernel computing it (evidence: merged into the determinism section's)."""
-
-    parameter: str
-    node: str
-    output: str
-    op: str
-    source: str | None
-    module: str | None
-    accumulating_node: str
-    kernel: str
-    kernel_fuses: list[str]
-    kernel_atomic_add: bool
-
-
-class KernelReplay(TypedDict):
-    """A kernel replay's record (``kernels`` of its replay file): the calls before the replayed step
-    and its own, each called graph's outputs explained (``"compile_id/graph"`` -> one per output),
-    and what failed in the replay's own checks."""
-
-    calls: list[GraphCall]
-    before: list[GraphCall]
-    explained: dict[str, list[Output]]
-    errors: list[str]
+GraphCall = KernelCall  # one compiled graph call of a kernel replay
+Output = ExplainedOutput  # a compiled graph's output explained by a kernel replay
+KernelReplay = KernelSummary  # a kernel replay's record (``kernels`` of its replay file)
 
 
 Difference = tuple[GraphCall, int]  # a graph call and the index of its output that differs
@@ -225,7 +170,9 @@ def _name_kernel(
     same_graph = [
         c for k in found for c in k["calls"] if (c["compile_id"], c["graph"]) == (call["compile_id"], call["graph"])
     ]
-    repeat: Repeats = next((c for c in same_graph if c.get("repeat_differs")), same_graph[0]) if same_graph else {}
+    repeat: Mapping[str, object] = (
+        next((c for c in same_graph if c.get("repeat_differs")), same_graph[0]) if same_graph else {}
+    )
     one = repeat.get("one_thread_differs")
     threads = {
         "threads": repeat.get("threads"),

@@ -89,13 +89,16 @@ class MetricJson(TypedDict):
     regex: str | None
 
 
-class CellJson(TypedDict):
-    """One of ``plan.json``'s ``cells``: a :class:`Cell` and its run folder."""
-
+class _CellFields(TypedDict):
     index: int
     key: str
     seeds: dict[str, int]
     settings: dict[str, str]
+
+
+class CellJson(_CellFields):
+    """One of ``plan.json``'s ``cells``: a :class:`Cell` and its run folder."""
+
     dir: str
 
 
@@ -131,13 +134,9 @@ class Plan(_PlanFields, total=False):
 Levels = dict[str, int | str]  # a run's factor levels (torchrepro.runtime.factors): seeds, threads, backend ...
 
 
-class RunRecord(TypedDict):
+class RunRecord(_CellFields):
     """``drift-run.json``: a cell's run that finished (written when it ended)."""
 
-    key: str
-    index: int
-    seeds: dict[str, int]
-    settings: dict[str, str]
     levels: Levels
     compile_mode: str | None
     exit_code: int
