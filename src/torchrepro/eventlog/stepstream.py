@@ -40,6 +40,12 @@ Values (one tag byte, then its payload)::
 A list or dict equal (``==``) to the field's previous one is written as unchanged: a ``-0.0``
 inside one that held ``0.0`` reads back as ``0.0`` (no step field holds floats in a list).
 
+Values nest at most :data:`MAX_DEPTH` deep (a step's are 2 deep). Two implementations of this
+format agree byte for byte: the C extension ``_stepcodec`` (``_stepcodec.c``, ~1 µs a record where
+this module's Python takes 7-21 µs), used when it was built and is of :data:`CODEC_VERSION`, and
+this module's (the reference, and what runs where no compiler built the extension, or when
+``TORCHREPRO_PURE_PYTHON_CODEC=1``); ``tests/test_step_codec.py`` compares them.
+
 Writes are one ``os.write`` per record (``O_APPEND``): a record the kernel took survives SIGKILL, a
 record cut by a crash is the file's last bytes and is reported as a truncated last record. Nothing
 here imports torch.
@@ -49,9 +55,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol
 
 FORMAT = "torchrepro.steps/1"
 STEPS_FILE = "steps.bin"
@@ -59,6 +67,8 @@ KEYFRAME = b"\x00TRK"  # no record starts with a zero byte (a body is never empt
 KEYFRAME_EVERY = 256
 _MAX_RECORD = 16 << 20  # a longer record is damage (a garbled length), not a record still being written
 LINES = "_lines"  # the pseudo-field: events.jsonl lines written before the step
+MAX_DEPTH = 100  # lists and dicts in lists and dicts: a deeper value is no step's (and no recursion without end)
+CODEC_VERSION = 1  # the _stepcodec this module uses: its VERSION, raised with every change to _stepcodec.c
 
 _D = struct.Struct("<d")
 _Q = struct.Struct("<Q")
@@ -96,34 +106,62 @@ def _micros(f: float) -> int | None:
     return m if m / 1e6 == f and (m or math.copysign(1.0, f) > 0) else None  # -0.0 is no 0 µs
 
 
+def _load_codec() -> ModuleType | None:
+    """The C extension, when it was built, is of :data:`CODEC_VERSION` (a build from an older
+    ``_stepcodec.c`` is not used) and ``TORCHREPRO_PURE_PYTHON_CODEC`` is unset; else None."""
+    if os.environ.get("TORCHREPRO_PURE_PYTHON_CODEC", "") not in ("", "0"):
+        return None
+    try:
+        from . import _stepcodec
+    except ImportError:
+        return None
+    if getattr(_stepcodec, "VERSION", None) != CODEC_VERSION:
+        return None
+    return _stepcodec
+
+
+_C = _load_codec()  # the implementation new encoders and decoders use (tests set it to None for Python's)
+
+
 class Encoder:
     """Encodes step records for one stream; ``fields`` are the record's fields after ``_lines``.
-    Holds the previous record's values (memory stays flat)."""
+    Holds the previous record's values (memory stays flat). ``encode(values)``: one record of
+    ``values`` (``_lines`` first, then ``fields`` in order); ``TypeError`` for a value that is no
+    JSON type (the caller writes that step as a JSON line instead)."""
 
     def __init__(self, fields: Sequence[str]):
         self.fields = (LINES, *fields)
-        self._body = _body_encoder(len(self.fields))
-        self._reset()
-        self.records = 0
-        self._key_next = True
+        self.encode: Callable[[Sequence[Any]], bytes] = (_C.Encoding if _C else _Encoding)(len(self.fields)).encode
 
     def header(self) -> bytes:
         return (json.dumps({"format": FORMAT, "fields": list(self.fields)}, separators=(",", ":")) + "\n").encode()
 
+
+class _Encoding:
+    """The encoder's state for a stream of records of ``n`` fields, and :meth:`encode` (the
+    reference implementation of ``_stepcodec.Encoding``)."""
+
+    def __init__(self, n: int):
+        self._body = _body_encoder(n)
+        self.n = n
+        self._reset()
+        self.records = 0
+        self._key_next = True
+        self._depth = 0
+
     def _reset(self) -> None:
-        self.prev: list[Any] = [_ABSENT] * len(self.fields)
-        self.delta: list[int] = [0] * len(self.fields)
+        self.prev: list[Any] = [_ABSENT] * self.n
+        self.delta: list[int] = [0] * self.n
         self.strings: dict[str, int] = {}
 
     def encode(self, values: Sequence[Any]) -> bytes:
-        """One record of ``values`` (``_lines`` first, then ``fields`` in order); ``TypeError`` for a
-        value that is no JSON type (the caller writes that step as a JSON line instead)."""
         key = self._key_next or self.records % KEYFRAME_EVERY == 0
         if key:
             self._reset()
+        self._depth = 0
         try:
             body, mask = self._body(values, self.prev, self.delta, self._value)
-        except TypeError:
+        except Exception:
             self._key_next = True  # the state holds part of a record never written: start afresh
             raise
         self._key_next = False
@@ -181,26 +219,35 @@ class Encoder:
             _varint(len(data), out)
             out += data
 
+    def _nested(self) -> None:
+        if self._depth >= MAX_DEPTH:
+            raise TypeError(f"a value nested over {MAX_DEPTH} deep")
+        self._depth += 1
+
     def _list(self, value: list[Any], old: Any, out: bytearray) -> None:
+        self._nested()
         if type(old) is list and len(old) == len(value):
             self._changed(0xC4, value, old, out)
-            return
-        out.append(0xC2)
-        _varint(len(value), out)
-        for item in value:
-            self._value(item, None, out)
+        else:
+            out.append(0xC2)
+            _varint(len(value), out)
+            for item in value:
+                self._value(item, None, out)
+        self._depth -= 1
 
     def _dict(self, value: dict[str, Any], old: Any, out: bytearray) -> None:
+        self._nested()
         if type(old) is dict and len(old) == len(value) and list(old) == list(value):
             self._changed(0xC5, list(value.values()), list(old.values()), out)
-            return
-        out.append(0xC3)
-        _varint(len(value), out)
-        for k, item in value.items():
-            if type(k) is not str:
-                raise TypeError(f"dict key {k!r}")
-            self._str(k, None, out)
-            self._value(item, None, out)
+        else:
+            out.append(0xC3)
+            _varint(len(value), out)
+            for k, item in value.items():
+                if type(k) is not str:
+                    raise TypeError(f"dict key {k!r}")
+                self._str(k, None, out)
+                self._value(item, None, out)
+        self._depth -= 1
 
     def _changed(self, tag: int, items: list[Any], olds: list[Any], out: bytearray) -> None:
         mask, body = 0, bytearray()
@@ -213,14 +260,14 @@ class Encoder:
         out += body
 
 
-_ENCODE: dict[type, Callable[[Encoder, Any, Any, bytearray], None]] = {
-    type(None): Encoder._none,
-    bool: Encoder._bool,
-    int: Encoder._int,
-    float: Encoder._float,
-    str: Encoder._str,
-    list: Encoder._list,
-    dict: Encoder._dict,
+_ENCODE: dict[type, Callable[[_Encoding, Any, Any, bytearray], None]] = {
+    type(None): _Encoding._none,
+    bool: _Encoding._bool,
+    int: _Encoding._int,
+    float: _Encoding._float,
+    str: _Encoding._str,
+    list: _Encoding._list,
+    dict: _Encoding._dict,
 }
 
 
@@ -261,6 +308,20 @@ class Damaged(ValueError):
     """Bytes that are no record."""
 
 
+class _Core(Protocol):
+    """What decodes the records after the header line: :class:`_Records` or ``_stepcodec.Records``."""
+
+    damaged: int
+    problems: list[str]
+    truncated: bool
+
+    def feed(self, data: bytes) -> list[tuple[int, Any]]: ...
+
+    def finish(self) -> list[tuple[int, Any]]: ...
+
+    def fail(self, why: str) -> None: ...
+
+
 class Decoder:
     """Decodes a step stream fed in pieces (:meth:`feed`): the records complete so far come out as
     ``(lines_before, fields)``, a record cut at the end of what was fed is kept for the next
@@ -278,18 +339,91 @@ class Decoder:
         self.make, self.known, self.make_from_values = make, tuple(known), make_from_values
         self.positional = False
         self.fields: tuple[str, ...] | None = None
+        self._head = b""  # the header line so far
+        self._core: _Core | None = None  # once the header is read
+
+    @property
+    def damaged(self) -> int:
+        return self._core.damaged if self._core else 0
+
+    @property
+    def problems(self) -> list[str]:
+        return self._core.problems if self._core else []
+
+    @property
+    def truncated(self) -> bool:
+        return self._core.truncated if self._core else False
+
+    def feed(self, data: bytes) -> list[tuple[int, Any]]:
+        if self._core is not None:
+            return self._core.feed(data)
+        buf = self._head + data
+        end = buf.find(b"\n", 0, _MAX_RECORD)
+        if end < 0 and len(buf) < _MAX_RECORD:
+            self._head = buf
+            return []
+        self._head = b""
+        return self._start(_header_fields(buf[:end])).feed(buf[end + 1 :])
+
+    def _start(self, fields: tuple[str, ...] | None) -> _Core:
+        """The decoder of the records of a stream of ``fields`` (None: of a header that is no step
+        stream's, nothing in which can be read)."""
+        self.fields = fields or ()
+        names = self.fields[1:]
+        make, from_values = self.make, self.make_from_values
+        self.positional = from_values is not None and names == self.known
+        build = from_values if from_values is not None and self.positional else lambda v: make(dict(zip(names, v)))
+        core = self._core = (_C.Records if _C else _Records)(len(self.fields), build)
+        if fields is None:
+            core.fail(f"not a step stream of format {FORMAT}")
+        return core
+
+    def finish(self) -> list[tuple[int, Any]]:
+        """At the end of the file: a record left cut short is damage (``truncated`` turns True
+        when nothing after it could be read); the records after the next keyframe in what was left
+        (a garbled length that claimed the rest of the file) come out."""
+        if self._core is None:
+            if not self._head:
+                return []
+            core = self._start(())  # a header line cut short: nothing after it
+            core.fail("truncated last step record")
+            core.truncated = True
+            self._head = b""
+        return self._core.finish()  # type: ignore[union-attr]  # (set just above)
+
+
+def _header_fields(line: bytes) -> tuple[str, ...] | None:
+    """The fields a header line names, ``_lines`` first; None when it is no header of :data:`FORMAT`."""
+    try:
+        head = json.loads(line)
+        if head.get("format") != FORMAT:
+            return None
+        fields = tuple(map(str, head["fields"]))
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+    return fields if fields[:1] == (LINES,) else None
+
+
+class _Records:
+    """The records of a stream of ``n`` fields after its header line, each made an event by
+    ``build(values)`` (the reference implementation of ``_stepcodec.Records``). A record is decoded
+    from its own bytes (a read past them fails, a slice past them is cut short), so damage reads
+    the same whatever the pieces fed were."""
+
+    def __init__(self, n: int, build: Callable[[list[Any]], Any]):
+        self.n, self.build = n, build
         self.damaged = 0
         self.problems: list[str] = []
         self.truncated = False
         self.table = self._table()
         self._buf = b""
-        self._seeking = False
+        self._seeking = n == 0  # nothing in it can be read
+        self._depth = 0
         self._reset()
 
     def _reset(self) -> None:
-        n = len(self.fields or ())
-        self.prev: list[Any] = [_ABSENT] * n
-        self.delta: list[int] = [0] * n
+        self.prev: list[Any] = [_ABSENT] * self.n
+        self.delta: list[int] = [0] * self.n
         self.moving: set[int] = set()  # fields whose delta is not 0
         self.strings: list[str] = []
         self.fresh = True  # the next record must hold every field
@@ -297,27 +431,10 @@ class Decoder:
     def feed(self, data: bytes) -> list[tuple[int, Any]]:
         buf = self._buf + data if self._buf else data
         pos, out = 0, list[tuple[int, Any]]()
-        if self.fields is None:
-            end = buf.find(b"\n", 0, _MAX_RECORD)
-            if end < 0 and len(buf) < _MAX_RECORD:
-                self._buf = buf
-                return out
-            try:
-                head = json.loads(buf[:end])
-                if head.get("format") != FORMAT:
-                    raise ValueError(head.get("format"))
-                self.fields = tuple(map(str, head["fields"]))
-                self.positional = self.make_from_values is not None and self.fields[1:] == self.known
-            except (ValueError, TypeError, AttributeError, KeyError):
-                self._fail(f"not a step stream of format {FORMAT}")
-                self.fields = ()
-                self._seeking = True  # nothing in it can be read
-            self._reset()
-            pos = end + 1
         n = len(buf)
         while pos < n:
             if self._seeking:
-                found = buf.find(KEYFRAME, pos) if self.fields else -1
+                found = buf.find(KEYFRAME, pos) if self.n else -1
                 if found < 0:
                     pos = max(pos, n - len(KEYFRAME) + 1)
                     break
@@ -334,15 +451,17 @@ class Decoder:
             except IndexError:
                 pos = start  # a length cut at the end of this piece: wait for the rest
                 break
+            except Damaged:
+                size = _MAX_RECORD + 1  # a length of over 11 bytes: a garbled one
             if pos + size > n and size <= _MAX_RECORD:
                 pos = start
                 break
             try:
                 if size == 0 or size > _MAX_RECORD:
                     raise Damaged("a zero byte that is no keyframe mark" if size == 0 else "a record of over 16 MiB")
-                out.append(self._record(buf, pos, pos + size))
+                out.append(self._record(buf[pos : pos + size]))
             except (Damaged, IndexError, ValueError, TypeError, UnicodeDecodeError) as exc:
-                self._fail(f"an undecodable step record ({exc}); read on from the next keyframe")
+                self.fail(f"an undecodable step record ({exc}); read on from the next keyframe")
                 pos, self._seeking = start + 1, True
                 continue
             pos += size
@@ -350,12 +469,9 @@ class Decoder:
         return out
 
     def finish(self) -> list[tuple[int, Any]]:
-        """At the end of the file: a record left cut short is damage (``truncated`` turns True
-        when nothing after it could be read); the records after the next keyframe in what was left
-        (a garbled length that claimed the rest of the file) come out."""
         out: list[tuple[int, Any]] = []
         while self._buf and not self._seeking:
-            self._fail("truncated last step record")
+            self.fail("truncated last step record")
             self.truncated = True
             rest, self._buf, self._seeking = self._buf[1:], b"", True
             found = self.feed(rest)
@@ -365,19 +481,19 @@ class Decoder:
         self._buf = b""
         return out
 
-    def _fail(self, why: str) -> None:
+    def fail(self, why: str) -> None:
         self.damaged += 1
         if len(self.problems) < 5:
             self.problems.append(why)
 
-    def _record(self, buf: bytes, pos: int, end: int) -> tuple[int, Any]:
-        fields, prev, delta, moving, table = self.fields, self.prev, self.delta, self.moving, self.table
-        assert fields is not None
-        mask, pos = _read_varint(buf, pos)
-        if mask >> len(fields):
+    def _record(self, buf: bytes) -> tuple[int, Any]:
+        n, prev, delta, moving, table = self.n, self.prev, self.delta, self.moving, self.table
+        self._depth = 0
+        mask, pos = _read_varint(buf, 0)
+        if mask >> n:
             raise Damaged("a field beyond the header's")
         if self.fresh:
-            if mask != (1 << len(fields)) - 1:
+            if mask != (1 << n) - 1:
                 raise Damaged("a field missing from the first record")
             self.fresh = False
         for i in moving:  # ints that change as they changed last time: no bit, no byte
@@ -400,14 +516,12 @@ class Decoder:
                 moving.add(i)
             else:
                 moving.discard(i)
-        if pos != end:
+        if pos != len(buf):
             raise Damaged("a record of the wrong length")
         lines = prev[0]
         if type(lines) is not int:
             raise Damaged("no line count")
-        if self.positional:
-            return lines, self.make_from_values(prev[1:])  # type: ignore[misc]
-        return lines, self.make(dict(zip(fields[1:], prev[1:])))
+        return lines, self.build(prev[1:])
 
     def _table(self) -> list[Callable[[bytes, int, Any], tuple[Any, int]]]:
         """The decoder of each tag byte: ``(buf, pos after the tag, previous value) -> (value, pos)``.
@@ -509,8 +623,20 @@ class Decoder:
                 table[tag] = xor(tz, nb)
         for tag in range(0x80, 0xC0):
             table[tag] = hexed(tag & 0x3F)
-        table[0xC0], table[0xC1], table[0xC2], table[0xC3] = text, known, items, pairs
-        table[0xC4], table[0xC5] = changed(False), changed(True)
+
+        def nested(read: Callable[[bytes, int, Any], tuple[Any, int]]) -> Callable[[bytes, int, Any], tuple[Any, int]]:
+            def inner(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
+                if self._depth >= MAX_DEPTH:
+                    raise Damaged(f"values nested over {MAX_DEPTH} deep")
+                self._depth += 1
+                value = read(buf, pos, old)
+                self._depth -= 1
+                return value
+
+            return inner
+
+        table[0xC0], table[0xC1] = text, known
+        table[0xC2], table[0xC3], table[0xC4], table[0xC5] = map(nested, (items, pairs, changed(False), changed(True)))
         return table
 
 
