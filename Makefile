@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.torchrepro-installed
 
 .PHONY: demo test test-slow lint bench bytecode clean realworld compat
 
-$(STAMP): pyproject.toml
+# the editable install builds the C step codec in place (src/torchrepro/eventlog/_stepcodec*.so): again when its source changes
+$(STAMP): pyproject.toml src/torchrepro/eventlog/_stepcodec.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# exactly this torch: a bare `torch` would pull a multi-GB CUDA build

@@ -1,6 +1,7 @@
 """What a step event costs to write and read, as a JSON line and as a compact record of
 ``steps.bin`` (eventlog/stepstream.py), with ``orjson`` of the same line as the yardstick: CPU µs
-per step (best of 9 passes over the same steps) and bytes per step, in one run.
+per step (best of 9 passes over the same steps) and bytes per step, in one run; ``steps.bin`` with
+the C codec (eventlog/_stepcodec.c) and with the Python one side by side.
 
     .venv/bin/python bench/event_builders.py [--steps 3000]
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import orjson
 
+from torchrepro.eventlog import stepstream
 from torchrepro.eventlog.events import Step, _line, _names, _step_values, step_decoder
 from torchrepro.eventlog.stepstream import Encoder
 
@@ -65,7 +67,13 @@ def main() -> None:
         f"{'JSON line':>14} {sum(map(len, lines)) / n:>7.1f} {best_us(lambda: [_line(s) for s in made], n):>9.2f} "
         f"{best_us(lambda: [orjson.loads(line) for line in lines], n):>8.2f}  (read: orjson.loads alone)"
     )
-    print(f"{'steps.bin':>14} {len(stream) / n:>7.1f} {best_us(encode_all, n):>9.2f} {best_us(decode_all, n):>8.2f}")
+    codecs = {"steps.bin C": stepstream._C, "steps.bin Py": None}
+    for name, codec in codecs.items():
+        if name == "steps.bin C" and codec is None:
+            print(f"{name:>14}  (not built here: pip install -e .)")
+            continue
+        stepstream._C = codec
+        print(f"{name:>14} {len(stream) / n:>7.1f} {best_us(encode_all, n):>9.2f} {best_us(decode_all, n):>8.2f}")
 
 
 if __name__ == "__main__":

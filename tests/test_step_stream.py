@@ -1,7 +1,8 @@
 """The compact step stream (``steps.bin``, eventlog/stepstream.py): every value reads back as
 written, a diff gives the same report on runs written in it as on runs whose steps are JSON lines
 (torchrepro.events/1), a damaged stream is read up to the damage (and on from the next keyframe),
-the live view follows it record by record, and a doctor-like step costs at most 64 bytes."""
+the live view follows it record by record, and a doctor-like step costs at most 64 bytes; each with
+the C codec and with the Python one."""
 
 from __future__ import annotations
 
@@ -28,9 +29,20 @@ from torchrepro.eventlog.events import (
     read_events,
     write_all,
 )
+from torchrepro.eventlog import stepstream
 from torchrepro.eventlog.stepstream import KEYFRAME, KEYFRAME_EVERY, STEPS_FILE, Decoder, Encoder
 from torchrepro.eventlog.tail import RunFollower
 from synthetic_runs import training_steps
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def codec(request, monkeypatch):
+    """Every test here runs with the C codec (eventlog/_stepcodec.c) and with the Python one."""
+    if request.param == "c" and stepstream._C is None:
+        pytest.skip("the C step codec was not built here (pip install -e .)")
+    if request.param == "python":
+        monkeypatch.setattr(stepstream, "_C", None)
+    return request.param
 
 
 def exact(value: object) -> object:

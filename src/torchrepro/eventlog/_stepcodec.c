@@ -263,7 +263,12 @@ static int encode_str(Encoding *self, PyObject *s, Out *o) {
     if (PyErr_Occurred()) return -1;
     Py_ssize_t size;
     const char *data = PyUnicode_AsUTF8AndSize(s, &size);
-    if (data == NULL) return -1;
+    if (data == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+            PyErr_SetString(PyExc_TypeError, "a str that UTF-8 cannot encode (a lone surrogate)");
+        }
+        return -1;
+    }
     PyObject *next = PyLong_FromSsize_t(PyDict_GET_SIZE(self->strings));
     int rc = next == NULL || PyDict_SetItem(self->strings, s, next) || put1(o, 0xC0) || put_varint(o, size) ||
              put(o, data, size);

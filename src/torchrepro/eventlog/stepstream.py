@@ -125,13 +125,16 @@ _C = _load_codec()  # the implementation new encoders and decoders use (tests se
 
 class Encoder:
     """Encodes step records for one stream; ``fields`` are the record's fields after ``_lines``.
-    Holds the previous record's values (memory stays flat). ``encode(values)``: one record of
-    ``values`` (``_lines`` first, then ``fields`` in order); ``TypeError`` for a value that is no
-    JSON type (the caller writes that step as a JSON line instead)."""
+    Holds the previous record's values (memory stays flat)."""
 
     def __init__(self, fields: Sequence[str]):
         self.fields = (LINES, *fields)
-        self.encode: Callable[[Sequence[Any]], bytes] = (_C.Encoding if _C else _Encoding)(len(self.fields)).encode
+        self._encode: Callable[[Sequence[Any]], bytes] = (_C.Encoding if _C else _Encoding)(len(self.fields)).encode
+
+    def encode(self, values: Sequence[Any]) -> bytes:
+        """One record of ``values`` (``_lines`` first, then ``fields`` in order); ``TypeError`` for a
+        value that is no JSON type (the caller writes that step as a JSON line instead)."""
+        return self._encode(values)
 
     def header(self) -> bytes:
         return (json.dumps({"format": FORMAT, "fields": list(self.fields)}, separators=(",", ":")) + "\n").encode()
@@ -213,8 +216,11 @@ class _Encoding:
             out.append(0xC1)
             _varint(self.strings[value], out)
         else:
+            try:
+                data = value.encode()
+            except UnicodeEncodeError:
+                raise TypeError("a str that UTF-8 cannot encode (a lone surrogate)") from None
             self.strings[value] = len(self.strings)
-            data = value.encode()
             out.append(0xC0)
             _varint(len(data), out)
             out += data
@@ -341,6 +347,7 @@ class Decoder:
         self.fields: tuple[str, ...] | None = None
         self._head = b""  # the header line so far
         self._core: _Core | None = None  # once the header is read
+        self._records: Callable[[int, Callable[[list[Any]], Any]], _Core] = _C.Records if _C else _Records
 
     @property
     def damaged(self) -> int:
@@ -373,7 +380,7 @@ class Decoder:
         make, from_values = self.make, self.make_from_values
         self.positional = from_values is not None and names == self.known
         build = from_values if from_values is not None and self.positional else lambda v: make(dict(zip(names, v)))
-        core = self._core = (_C.Records if _C else _Records)(len(self.fields), build)
+        core = self._core = self._records(len(self.fields), build)
         if fields is None:
             core.fail(f"not a step stream of format {FORMAT}")
         return core
