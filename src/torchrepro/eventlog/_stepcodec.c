@@ -424,6 +424,7 @@ static int encoding_body(Encoding *self, PyObject *const *values, Out *body) {
 }
 
 static PyObject *encoding_encode(Encoding *self, PyObject *values) {
+    if (self->strings == NULL) return PyErr_Format(PyExc_ValueError, "an Encoding not initialised");
     PyObject *seq = PySequence_Tuple(values); /* (a copy: comparing values runs Python code) */
     if (seq == NULL) return NULL;
     if (PyTuple_GET_SIZE(seq) != self->n) {
@@ -923,12 +924,14 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
         pos = start + 1;
         self->seeking = 1;
     }
-    if (out != NULL) Py_XSETREF(self->buf, PyBytes_FromStringAndSize((const char *)buf + pos, n - pos));
-    if (self->buf == NULL) Py_CLEAR(out);
+    PyObject *rest = out != NULL ? PyBytes_FromStringAndSize((const char *)buf + pos, n - pos) : NULL;
+    if (rest == NULL) Py_CLEAR(out);
+    else Py_SETREF(self->buf, rest);
     return out;
 }
 
 static PyObject *records_feed(Records *self, PyObject *data) {
+    if (self->buf == NULL) return PyErr_Format(PyExc_ValueError, "a Records not initialised");
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)) return NULL;
     PyObject *out, *joined = NULL;
@@ -946,6 +949,7 @@ static PyObject *records_feed(Records *self, PyObject *data) {
 }
 
 static PyObject *records_finish(Records *self, PyObject *unused) {
+    if (self->buf == NULL) return PyErr_Format(PyExc_ValueError, "a Records not initialised");
     PyObject *out = PyList_New(0), *why = PyUnicode_FromString("truncated last step record");
     while (out != NULL && why != NULL && PyBytes_GET_SIZE(self->buf) && !self->seeking) {
         if (records_fail(self, why)) break;
@@ -974,6 +978,7 @@ static PyObject *records_finish(Records *self, PyObject *unused) {
 }
 
 static PyObject *records_fail_method(Records *self, PyObject *why) {
+    if (self->problems == NULL) return PyErr_Format(PyExc_ValueError, "a Records not initialised");
     if (!PyUnicode_Check(why)) return PyErr_Format(PyExc_TypeError, "a reason is a str");
     if (records_fail(self, why)) return NULL;
     Py_RETURN_NONE;
