@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import NOISE_CHECK_GROUP
 from torchrepro.eventlog import stepstream
 from torchrepro.eventlog.events import Step, _names, read_events
 from torchrepro.eventlog.stepstream import KEYFRAME, KEYFRAME_EVERY, MAX_DEPTH, Decoder, Encoder
@@ -266,36 +267,25 @@ def test_a_process_started_with_pythonpath_src_finds_the_extension(tmp_path):
     assert out.stdout.strip() == "torchrepro.eventlog._stepcodec", out.stderr
 
 
-def test_a_captured_run_reads_the_same_with_either_and_python_writes_it_again(tmp_path):
-    """``torchrepro doctor`` of a small compiled training script (its steps.bin written by the C
-    encoder): both decoders read the same steps, and the Python encoder writes the same bytes."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrepro",
-            "doctor",
-            "--out",
-            str(tmp_path / "run"),
-            str(ROOT / "tests/scripts/train_small.py"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (stream,) = (tmp_path / "run").rglob("steps.bin")
-    logs = {}
-    for c in (True, False):
-        with implementation(c):
-            logs[c] = [s.to_json() for s in read_events(stream.with_name("events.jsonl")).of(Step)]
-    assert len(logs[True]) >= 8 and exact(logs[True]) == exact(logs[False])
-    raw = stream.read_bytes()
-    with implementation(False):
-        decoder = Decoder(dict)
-        records = decoder.feed(raw) + decoder.finish()
-        encoder = Encoder(_names(Step))
-    assert not decoder.damaged and decoder.fields == encoder.fields
-    again = encoder.header() + b"".join(encoder.encode([lines, *fields.values()]) for lines, fields in records)
-    assert again == raw
+@pytest.mark.xdist_group(NOISE_CHECK_GROUP)  # the worker that makes noise_check once
+def test_captured_runs_read_the_same_with_either_and_python_writes_them_again(noise_check):
+    """The runs of ``torchrepro check`` of a small compiled training script (conftest's
+    noise_check: every parameter fingerprinted every step; steps.bin written by the C encoder):
+    both decoders read the same steps, and the Python encoder writes the same bytes."""
+    proc, out = noise_check
+    streams = sorted(out.rglob("steps.bin"))
+    assert proc.returncode == 1 and len(streams) >= 3, proc.stderr[-2000:]  # its two runs and a replay
+    for stream in streams:
+        logs = {}
+        for c in (True, False):
+            with implementation(c):
+                logs[c] = [s.to_json() for s in read_events(stream.with_name("events.jsonl")).of(Step)]
+        assert logs[True] and exact(logs[True]) == exact(logs[False])
+        raw = stream.read_bytes()
+        with implementation(False):
+            decoder = Decoder(dict)
+            records = decoder.feed(raw) + decoder.finish()
+            encoder = Encoder(_names(Step))
+        assert not decoder.damaged and decoder.fields == encoder.fields
+        again = encoder.header() + b"".join(encoder.encode([lines, *fields.values()]) for lines, fields in records)
+        assert again == raw
