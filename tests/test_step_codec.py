@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from torchrepro.eventlog.events import Step, _names, read_events
 from torchrepro.eventlog.stepstream import KEYFRAME, KEYFRAME_EVERY, MAX_DEPTH, Decoder, Encoder
 
 C = stepstream._C
-pytestmark = pytest.mark.skipif(C is None, reason="the C step codec was not built here (pip install -e .)")
+needs_c = pytest.mark.skipif(C is None, reason="the C step codec was not built here (pip install -e .)")
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["index", "a", "b", "c"]
 
@@ -139,6 +140,7 @@ slow_ok = settings(
 )
 
 
+@needs_c
 @slow_ok
 @given(records(), st.lists(st.integers(1, 64), max_size=4))
 def test_both_encoders_write_the_same_bytes_and_both_decoders_read_them_back(recs, pieces):
@@ -152,6 +154,7 @@ def test_both_encoders_write_the_same_bytes_and_both_decoders_read_them_back(rec
     assert decode(blob, True, pieces, positional=True) == decode(blob, False, pieces, positional=True)
 
 
+@needs_c
 @slow_ok
 @given(
     records(),
@@ -175,6 +178,7 @@ def test_damaged_streams_read_the_same_with_either_decoder(recs, edits, how, pie
     agree(bytes(blob), pieces)
 
 
+@needs_c
 @slow_ok
 @given(st.binary(max_size=400), st.booleans(), st.lists(st.integers(1, 40), max_size=3))
 def test_random_bytes_read_the_same_with_either_decoder(junk, keyframed, pieces):
@@ -183,6 +187,7 @@ def test_random_bytes_read_the_same_with_either_decoder(junk, keyframed, pieces)
     agree(junk, pieces)  # no header at all
 
 
+@needs_c
 def test_hostile_records_are_damage_not_a_crash():
     """Lengths and varints of every size, masks beyond the fields, a mark cut, a string index past
     the table, invalid UTF-8, values nested without end: each counted as damage, alike in both."""
@@ -227,6 +232,7 @@ def test_hostile_records_are_damage_not_a_crash():
             Encoder(FIELDS).encode([0, 1, nested, None, None])
 
 
+@needs_c
 def test_every_value_reads_back_across_keyframes_in_either_order():
     """A stream written by one implementation reads back with the other, over several keyframes
     (the same values as tests/test_step_stream.py's, C writing, Python reading and the reverse)."""
@@ -243,6 +249,7 @@ def test_every_value_reads_back_across_keyframes_in_either_order():
         assert got[0] == exact([(r[0], sorted(zip(FIELDS, r[1:]))) for r in recs]) and not got[1]
 
 
+@needs_c
 def test_the_extension_is_used_only_when_its_version_matches(monkeypatch):
     """A build of an older _stepcodec.c (another VERSION) is not used; the variable forces Python's."""
     assert stepstream._load_codec() is C
@@ -259,6 +266,7 @@ def test_the_extension_is_used_only_when_its_version_matches(monkeypatch):
     assert stepstream._load_codec() is None
 
 
+@needs_c
 def test_a_process_started_with_pythonpath_src_finds_the_extension(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("TORCHREPRO_PURE_PYTHON_CODEC", None)
@@ -267,6 +275,7 @@ def test_a_process_started_with_pythonpath_src_finds_the_extension(tmp_path):
     assert out.stdout.strip() == "torchrepro.eventlog._stepcodec", out.stderr
 
 
+@needs_c
 @pytest.mark.xdist_group(NOISE_CHECK_GROUP)  # the worker that makes noise_check once
 def test_captured_runs_read_the_same_with_either_and_python_writes_them_again(noise_check):
     """The runs of ``torchrepro check`` of a small compiled training script (conftest's
@@ -289,3 +298,17 @@ def test_captured_runs_read_the_same_with_either_and_python_writes_them_again(no
         assert not decoder.damaged and decoder.fields == encoder.fields
         again = encoder.header() + b"".join(encoder.encode([lines, *fields.values()]) for lines, fields in records)
         assert again == raw
+
+
+def test_the_extension_built_is_of_its_source_and_of_what_python_expects():
+    """``_stepcodec.c``'s VERSION is :data:`stepstream.CODEC_VERSION`, and a build here is of it: a
+    build from an older source fails here (rebuild: ``pip install -e .``, as ``make``'s STAMP does)
+    where it would otherwise only be skipped, silently, for the Python codec."""
+    source = (ROOT / "src/torchrepro/eventlog/_stepcodec.c").read_text()
+    (version,) = re.findall(r"^#define VERSION (\d+)$", source, re.M)
+    assert int(version) == stepstream.CODEC_VERSION
+    try:
+        from torchrepro.eventlog import _stepcodec
+    except ImportError:
+        pytest.skip("the C step codec was not built here (pip install -e .)")
+    assert _stepcodec.VERSION == int(version)
