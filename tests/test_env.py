@@ -185,3 +185,16 @@ def test_plain_env_prints_tables_and_exits_0():
     assert proc.returncode == 0, proc.stderr
     assert torch.__version__ in proc.stdout
     assert "Determinism switches" in proc.stdout and "Environment variables" in proc.stdout
+
+
+def test_env_says_which_step_codec_writes_the_logs_and_it_is_no_part_of_the_fingerprint():
+    built = _json()
+    pure = _json(TORCHREPRO_PURE_PYTHON_CODEC="1")
+    from torchrepro.eventlog import stepstream
+
+    assert built["step_codec"] == ("C" if stepstream._C is not None else stepstream.CODEC)
+    assert pure["step_codec"].startswith("Python (") and "TORCHREPRO_PURE_PYTHON_CODEC" in pure["step_codec"]
+    # the two codecs write the same bytes: which one ran changes no numerics and no cache key
+    assert pure["env_fingerprint"] == built["env_fingerprint"]
+    table = _run(TORCHREPRO_PURE_PYTHON_CODEC="1")
+    assert table.returncode == 0 and "step codec" in table.stdout and "TORCHREPRO_PURE_PYTHON_CODEC" in table.stdout

@@ -26,6 +26,7 @@ from .. import __version__
 from .._compat import TESTED_TORCH, outside_tested_range
 from ..determinism import CUBLAS_DETERMINISTIC, CUBLAS_VAR, audit
 from ..digests import stable_uid
+from ..eventlog import stepstream
 from ..eventlog.events import NOT_AVAILABLE
 from ..eventlog.payloads import CacheDirInfo, EnvInfo, EnvVarInfo, Hardware, SwitchInfo, Threads
 
@@ -521,6 +522,7 @@ def collect() -> EnvInfo:
         "env_vars": [cast(EnvVarInfo, asdict(v)) for v in env_vars],
         "env_fingerprint": stable_uid(fingerprinted)[:16],
         "torch_tested": {"range": list(TESTED_TORCH), "outside": outside_tested_range(torch.__version__)},
+        "step_codec": stepstream.CODEC,
     }
 
 

@@ -209,3 +209,4 @@ class EnvInfo(TypedDict):
     env_vars: list[EnvVarInfo]
     env_fingerprint: str
     torch_tested: TestedTorch
+    step_codec: str  # what writes and reads steps.bin: "C", or "Python (why)" (~10x slower)

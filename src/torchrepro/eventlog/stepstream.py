@@ -107,21 +107,24 @@ def _micros(f: float) -> int | None:
     return m if m / 1e6 == f and (m or math.copysign(1.0, f) > 0) else None  # -0.0 is no 0 µs
 
 
-def _load_codec() -> ModuleType | None:
+def _load_codec() -> tuple[ModuleType | None, str]:
     """The C extension, when it was built, is of :data:`CODEC_VERSION` (a build from an older
-    ``_stepcodec.c`` is not used) and ``TORCHREPRO_PURE_PYTHON_CODEC`` is unset; else None."""
+    ``_stepcodec.c`` is not used) and ``TORCHREPRO_PURE_PYTHON_CODEC`` is unset; else None. And
+    which codec that is, in words (``torchrepro env`` says it)."""
     if os.environ.get("TORCHREPRO_PURE_PYTHON_CODEC", "") not in ("", "0"):
-        return None
+        return None, "Python (TORCHREPRO_PURE_PYTHON_CODEC is set)"
     try:
         from . import _stepcodec
     except ImportError:
-        return None
-    if getattr(_stepcodec, "VERSION", None) != CODEC_VERSION:
-        return None
-    return _stepcodec
+        return None, "Python (the C extension was not built: no C compiler when torchrepro was installed)"
+    version = getattr(_stepcodec, "VERSION", None)
+    if version != CODEC_VERSION:
+        return None, f"Python (the C extension is of version {version}, not {CODEC_VERSION}: reinstall torchrepro)"
+    return _stepcodec, "C"
 
 
-_C = _load_codec()  # the implementation new encoders and decoders use (tests set it to None for Python's)
+# the implementation new encoders and decoders use (tests set _C to None for Python's), and which it is
+_C, CODEC = _load_codec()
 
 
 class Encoder:

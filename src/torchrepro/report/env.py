@@ -36,6 +36,8 @@ def render_env(info: EnvInfo, console: Console | None = None) -> None:
     versions.add_row("gpus", Text(", ".join(hardware["gpus"]) or "none"))
     threads = info["threads"]
     versions.add_row("threads", f"{threads['intra_op']} intra-op, {threads['inter_op']} inter-op")
+    codec = info["step_codec"]
+    versions.add_row("step codec", Text(codec), style=None if codec == "C" else "yellow")
     console.print(versions)
 
     marks = {"ok": ("✓", "green"), "risk": ("✗", "bold red"), "info": ("–", "dim")}
