@@ -254,7 +254,7 @@ def test_every_value_reads_back_across_keyframes_in_either_order():
 @needs_c
 def test_the_extension_is_used_only_when_its_version_matches(monkeypatch):
     """A build of an older _stepcodec.c (another VERSION) is not used; the variable forces Python's."""
-    assert stepstream._load_codec() is C
+    assert stepstream._load_codec() == (C, "C")
     assert (C.KEYFRAME, C.KEYFRAME_EVERY, C.MAX_RECORD, C.MAX_DEPTH) == (
         KEYFRAME,
         KEYFRAME_EVERY,
@@ -262,10 +262,12 @@ def test_the_extension_is_used_only_when_its_version_matches(monkeypatch):
         MAX_DEPTH,
     )
     monkeypatch.setattr(C, "VERSION", stepstream.CODEC_VERSION + 1)
-    assert stepstream._load_codec() is None
+    module, why = stepstream._load_codec()
+    assert module is None and f"version {stepstream.CODEC_VERSION + 1}, not" in why
     monkeypatch.undo()
     monkeypatch.setenv("TORCHREPRO_PURE_PYTHON_CODEC", "1")
-    assert stepstream._load_codec() is None
+    module, why = stepstream._load_codec()
+    assert module is None and "TORCHREPRO_PURE_PYTHON_CODEC" in why
 
 
 @needs_c
