@@ -145,8 +145,9 @@ from torchrepro.eventlog.rundir import load_run
 sys.path.insert(0, sys.argv[2])
 from merge import bare_json
 try:  # the report's reader: each rank's steps reduced as read, JOBS processes (a tree from before: whole events)
-    from torchrepro.analysis.kept_steps import KeptSteps
-    options = {"keep": KeptSteps.of, "jobs": None if sys.argv[3] == "auto" else int(sys.argv[3])}
+    from torchrepro.analysis import kept_steps
+    keep = getattr(kept_steps, "StepReducer", None) or kept_steps.KeptSteps.of  # (a tree from before: steps to reduce)
+    options = {"keep": keep, "jobs": None if sys.argv[3] == "auto" else int(sys.argv[3])}
 except ImportError:
     options = {}
 def clocks():  # CPU seconds of this process and of the reading processes it waited for

@@ -9,7 +9,7 @@ import struct
 import time
 from pathlib import Path
 
-from torchrepro.analysis.kept_steps import KeptSteps
+from torchrepro.analysis.kept_steps import StepReducer
 
 from torchrepro.eventlog.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Step, write_all
 
@@ -148,15 +148,15 @@ def drift_experiment(root: Path, markup: str) -> dict:
     return build_report(root, plan, runs, metric, observed=0.05, target_effect=0.01)
 
 
-def keep_here_only(steps: list) -> KeptSteps:
+def keep_here_only() -> StepReducer:
     """A ``keep`` for ``load_run`` that kills any reading process it runs in but the one whose pid
     is ``TORCHREPRO_TEST_PARENT`` (a reading process that dies)."""
     if os.getpid() != int(os.environ["TORCHREPRO_TEST_PARENT"]):
         os._exit(9)
-    return KeptSteps.of(steps)
+    return StepReducer()
 
 
-def keep_forever(steps: list) -> KeptSteps:
+def keep_forever() -> StepReducer:
     """A ``keep`` that never returns (reading processes still at work when their parent dies)."""
     while True:
         time.sleep(1)

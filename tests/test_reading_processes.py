@@ -1,5 +1,5 @@
 """The report's reader keeps each rank's steps reduced (``analysis.kept_steps``) and, for large
-runs, reads in one child process per core: the same report as the events read whole in one
+runs, reads in one process per core (itself and a child process per other core): the same report as the events read whole in one
 process; a reading process that dies leaves its share to the parent; none outlives the report.
 Real files, real processes, real signals."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from synthetic_runs import keep_here_only, write_run
 from torchrepro.analysis.doctor import analyse
-from torchrepro.analysis.kept_steps import KeptSteps
+from torchrepro.analysis.kept_steps import StepReducer
 from torchrepro.eventlog.events import Step
 from torchrepro.eventlog.rundir import load_run
 
@@ -41,7 +41,7 @@ def run_dir(tmp_path) -> Path:
 
 def test_the_report_is_the_same_read_whole_kept_or_in_processes(run_dir):
     whole = load_run(run_dir)
-    here, spread = (load_run(run_dir, keep=KeptSteps.of, jobs=jobs) for jobs in (1, 3))
+    here, spread = (load_run(run_dir, keep=StepReducer, jobs=jobs) for jobs in (1, 3))
     assert report_json(here) == report_json(whole) == report_json(spread)
     for run in (here, spread):
         assert [log.rank for log in run.logs] == [log.rank for log in whole.logs]
@@ -54,7 +54,7 @@ def test_the_report_is_the_same_read_whole_kept_or_in_processes(run_dir):
 
 
 def test_a_log_read_without_its_steps_does_not_pretend_to_have_none(run_dir):
-    log = load_run(run_dir, keep=KeptSteps.of).logs[0]
+    log = load_run(run_dir, keep=StepReducer).logs[0]
     with pytest.raises(TypeError, match="without its step events"):
         log.of(Step)
 
@@ -100,7 +100,7 @@ def test_a_keep_the_reading_processes_cannot_import_is_run_here(tmp_path):
     root = tmp_path / ("a-long-folder-name-" * 4)
     for rank in range(3000):
         write_all(root / f"rank-{rank}" / "events.jsonl", [Header(rank=rank, world_size=3000), Step(rank=rank)])
-    run = load_run(root, keep=lambda steps: KeptSteps.of(steps), jobs=2)  # noqa: PLW0108 -- the point
+    run = load_run(root, keep=lambda: StepReducer(), jobs=2)  # noqa: PLW0108 -- the point
     assert [log.rank for log in run.logs] == list(range(3000)) and run.logs[-1].kept.count == 1
     assert report_json(run) == report_json(load_run(root))
 
@@ -121,9 +121,11 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_reading_processes_do_not_outlive_a_killed_report(run_dir):
-    """SIGKILL, which no handler sees: the reading processes end with their parent."""
-    code = f"from torchrepro.eventlog.rundir import load_run; from synthetic_runs import keep_forever; load_run({str(run_dir)!r}, keep=keep_forever, jobs=2)"
-    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(TESTS)})
+    """SIGKILL, which no handler sees: the reading processes end with their parent (3 jobs: the parent
+    and 2 children)."""
+    code = f"from torchrepro.eventlog.rundir import load_run; from synthetic_runs import keep_forever; load_run({str(run_dir)!r}, keep=keep_forever, jobs=3)"
+    path = os.pathsep.join(filter(None, (str(TESTS), os.environ.get("PYTHONPATH"))))  # (a checkout's src/ too)
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": path})
     try:
         deadline = time.monotonic() + 60
         while len(readers := _children(parent.pid)) < 2 and time.monotonic() < deadline:

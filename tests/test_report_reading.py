@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from torchrepro.analysis.doctor import analyse
-from torchrepro.analysis.kept_steps import KeptSteps
+from torchrepro.analysis.kept_steps import StepReducer
 from torchrepro.eventlog.events import (
     KINDS,
     CacheLookup,
@@ -85,7 +85,7 @@ def assert_read_alike(run_dir: Path) -> dict:
     report = analyse(run.meta, run.logs, run.problems).to_json()
     assert same(report, analyse(run.meta, plain_logs, run.problems).to_json())
     for jobs in (1, 2):  # the report's own reader: each rank's steps kept reduced, in one or two processes
-        kept = load_run(run_dir, keep=KeptSteps.of, jobs=jobs)
+        kept = load_run(run_dir, keep=StepReducer, jobs=jobs)
         assert same(report, analyse(kept.meta, kept.logs, kept.problems).to_json()), jobs
     return report
 

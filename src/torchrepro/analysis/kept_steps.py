@@ -1,8 +1,9 @@
 """What the doctor report keeps of one rank's step events: its figures (count, losses, times),
 the series the timeline draws, and the columns the cross-rank checks compare. A rank's steps are
-98 % of its log; reduced to this as each rank is read (``rundir.load_run(..., keep=KeptSteps.of)``),
-a report over 1024 ranks x 10 000 steps holds one rank's events at a time, and reading processes
-send back this instead of the events. Nothing here imports torch.
+98 % of its log; reduced to this as each rank is read (``rundir.load_run(..., keep=StepReducer)``:
+the reader hands over the rank's steps as columns of values and builds no step event), a report
+over 1024 ranks x 10 000 steps holds one rank's steps at a time, and reading processes send back
+this instead of the events. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -10,20 +11,16 @@ from __future__ import annotations
 import statistics
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import attrgetter, eq
+from itertools import compress, islice
+from operator import eq
 
-from ..eventlog.events import EventLog, Step
+from ..eventlog.events import STEP_FIELDS, EventLog, Step, StepColumns, step_columns
 
 MAX_POINTS = 400  # per timeline series: longer runs are thinned evenly, steps that compiled are always kept
 COMPILE_STEPS = 50  # the steps that compiled, listed in the steps summary
 _HEX = "0123456789abcdef"
-
-_INDEX, _T, _TIME_S, _COMPILES, _PARAMS_FP, _PARAM_FPS, _BATCH_FP = map(
-    attrgetter, ("index", "t", "time_s", "compiles", "params_fp", "param_fps", "batch_fp")
-)
 
 
 @dataclass(slots=True)
@@ -44,84 +41,142 @@ class KeptSteps:
     first_t: float | None  # the earliest step's time stamp
     series: list[list[float]]  # [index, host time, compiles] of the steps with a host time, thinned to MAX_POINTS
     indices: Sequence[int]  # a range where they count up by one
-    torch_streams: list[str | None]
-    batch_fps: Sequence[int | str | None]  # see _batch_column
-    param_indices: list[int]  # the steps with per-parameter fingerprints
+    torch_streams: Sequence[object]  # see _Digests
+    batch_fps: Sequence[object]  # see _Digests
+    param_indices: Sequence[int]  # the steps with per-parameter fingerprints (a range where they count up by one)
     param_fps: list[list[str]]
 
-    @classmethod
-    def of(cls, steps: list[Step]) -> KeptSteps:
-        """Reduce a rank's steps (in log order). A few passes, at C speed where they can be."""
-        times = [t for t in map(_TIME_S, steps) if t is not None]
-        quiet = [s.time_s for s in steps if not s.compiles and s.time_s is not None]
+
+_AT = {name: at for at, name in enumerate(STEP_FIELDS)}
+_T, _INDEX, _LOSS, _TIME_S, _COMPILES, _PARAMS_FP, _PARAM_FPS, _BATCH_FP, _RNG_FPS = (
+    _AT[name] for name in ("t", "index", "loss", "time_s", "compiles", "params_fp", "param_fps", "batch_fp", "rng_fps")
+)
+
+
+class StepReducer:
+    """Reduces the steps of one rank after another to :class:`KeptSteps`, given a batch of steps
+    at a time, field by field, in log order (``events.read_events(reduce=...)``; one batch:
+    ``[events.step_columns(steps)]``), holding once the parameter fingerprints that ranks agree
+    on: the ``keep`` of ``rundir.load_run`` (each process that reads makes one).
+
+    >>> reduce = StepReducer()
+    >>> reduce([step_columns([Step(index=0, loss=2.0), Step(index=1, loss=1.5)])]).last_loss
+    1.5
+    """
+
+    def __init__(self) -> None:
+        self.agreed: dict[int, list[str]] = {}  # the first parameter fingerprints reduced, by step index
+
+    def __call__(self, batches: Iterable[StepColumns]) -> KeptSteps:
+        index: list[int] = []
+        time_s: list[float | None] = []
+        compiles: list[int] = []
+        loss: list[float | None] = []
+        first_t: float | None = None
+        unfingerprinted = 0
+        param_indices: list[int] = []
+        param_fps: list[list[str]] = []
+        batch_fps, streams, agreed = _Digests(), _Digests(), self.agreed
+        for step in batches:  # what can be done while a batch is in the caches is done here
+            index += step[_INDEX]
+            time_s += step[_TIME_S]
+            compiles += step[_COMPILES]
+            loss += step[_LOSS]
+            if step[_T]:
+                low = min(step[_T])
+                first_t = low if first_t is None else min(first_t, low)
+            unfingerprinted += step[_PARAMS_FP].count(None)
+            at = list(compress(step[_INDEX], step[_PARAM_FPS]))
+            fps = list(compress(step[_PARAM_FPS], step[_PARAM_FPS]))
+            # a rank's fingerprints equal to those an earlier rank had at that step are held as that one object
+            param_indices += at
+            param_fps += [held if held == own else own for held, own in zip(map(agreed.setdefault, at, fps), fps)]
+            batch_fps.add(step[_BATCH_FP])
+            streams.add([(rng.get("torch_cpu") or rng.get("cuda:0")) if rng else None for rng in step[_RNG_FPS]])
+        times = [t for t in time_s if t is not None]
+        quiet = [t for t, c in zip(time_s, compiles) if not c and t is not None]
         quiet_median = statistics.median(quiet) if quiet else None
-        fingerprinted = [s for s in steps if s.param_fps]
-        return cls(
-            count=len(steps),
-            last_index=steps[-1].index if steps else None,
-            first_loss=next((s.loss for s in steps if s.loss is not None), None),
-            last_loss=next((s.loss for s in reversed(steps) if s.loss is not None), None),
+        return KeptSteps(
+            count=len(index),
+            last_index=index[-1] if index else None,
+            first_loss=next((x for x in loss if x is not None), None),
+            last_loss=next((x for x in reversed(loss) if x is not None), None),
             total_time_s=sum(times),
             median_s=quiet_median if quiet_median is not None or not times else statistics.median(times),
             quiet_median_s=quiet_median,
-            compile_steps=[s.index for s in steps if s.compiles][:COMPILE_STEPS],
-            fingerprinted=len(steps) - list(map(_PARAMS_FP, steps)).count(None),
-            first_t=min(map(_T, steps), default=None),
-            series=_series(steps),
-            indices=_indices(steps),
-            torch_streams=[
-                (fps.get("torch_cpu") or fps.get("cuda:0")) if fps else None for fps in (s.rng_fps for s in steps)
-            ],
-            batch_fps=_batch_column(list(map(_BATCH_FP, steps))),
-            param_indices=list(map(_INDEX, fingerprinted)),
-            param_fps=list(map(_PARAM_FPS, fingerprinted)),
+            compile_steps=list(islice(compress(index, compiles), COMPILE_STEPS)),
+            fingerprinted=len(index) - unfingerprinted,
+            first_t=first_t,
+            series=_series(index, time_s, compiles),
+            indices=_indices(index),
+            torch_streams=streams.column(),
+            batch_fps=batch_fps.column(),
+            param_indices=_indices(param_indices),
+            param_fps=param_fps,
         )
 
 
-def _series(steps: list[Step]) -> list[list[float]]:
+def _series(index: Sequence[int], time_s: Sequence[float | None], compiles: Sequence[int]) -> list[list[float]]:
     """``[index, host time, compiles]`` of the steps with a host time: at most :data:`MAX_POINTS`
     evenly spread, and every step that compiled."""
-    timed = [s for s in steps if s.time_s is not None]
+    timed = [at for at, t in enumerate(time_s) if t is not None]
     if len(timed) > MAX_POINTS:
         stride = len(timed) / MAX_POINTS
         keep = {int(i * stride) for i in range(MAX_POINTS)}
-        keep.update(compress(range(len(timed)), map(_COMPILES, timed)))
+        keep.update(compress(range(len(timed)), [compiles[at] for at in timed]))
         timed = [timed[i] for i in sorted(keep)]
-    return [[s.index, round(s.time_s or 0.0, 6), s.compiles] for s in timed]  # timed: time_s is set
+    return [[index[at], round(time_s[at] or 0.0, 6), compiles[at]] for at in timed]  # timed: time_s is set
 
 
-def _indices(steps: list[Step]) -> Sequence[int]:
-    """The steps' indices: a ``range`` when they count up by one (most logs: less to hold and send)."""
-    indices = list(map(_INDEX, steps))
+def _indices(indices: Sequence[int]) -> Sequence[int]:
+    """Step indices: a ``range`` when they count up by one (most logs: less to hold and send), else a list."""
     if indices and type(indices[0]) is int:
         counted = range(indices[0], indices[0] + len(indices))
         if all(map(eq, indices, counted)):
             return counted
-    return indices
+    return list(indices)
 
 
-def _batch_column(fps: list[str | None]) -> Sequence[int | str | None]:
-    """The batch fingerprints, for the cross-rank checks to compare (equal stays equal, different
-    stays different): when every one is what capture writes, 16 lowercase hex digits, an ``array``
-    of their 8 bytes each (a 65-byte string each before: over 1024 ranks x 10 000 steps the report's
-    peak RSS fell from 1.97 to 1.12 GB); else a list, each such fingerprint as the integer the array
-    would hold."""
-    known = [fp for fp in fps if fp is not None]
-    if len(known) == len(fps) and set(map(len, known)) <= {16}:
-        joined = "".join(known)
-        if not joined.strip(_HEX):
-            column = array("Q")
-            column.frombytes(bytes.fromhex(joined))
-            return column
-    return [_as_key(fp) for fp in fps]
+class _Digests:
+    """A column of digests (batches, torch RNG streams) for the cross-rank checks to compare (equal
+    stays equal, different stays different), added a batch at a time: while every one is what
+    capture writes, 16 lowercase hex digits, their 8 bytes each (an ``array`` at the end; a 65-byte
+    string each before: over 1024 ranks x 10 000 steps the report's peak RSS fell from 1.97 to
+    1.12 GB); else a list: each such digest as the integer the array would hold, other strings
+    and None as they are, any other value in a tuple of its own (a number a log held there is no
+    digest's integer)."""
+
+    def __init__(self) -> None:
+        self.packed = bytearray()
+        self.keys: list[object] | None = None  # once a digest is not capture's
+
+    def add(self, fps: Sequence[object]) -> None:
+        if self.keys is None:
+            if set(map(type, fps)) <= {str} and set(map(len, fps)) <= {16}:  # type: ignore[arg-type]  # (all str)
+                joined = "".join(fps)  # type: ignore[arg-type]
+                if not joined.strip(_HEX):
+                    self.packed += bytes.fromhex(joined)
+                    return
+            self.keys = list(self.column())
+        self.keys += map(_as_key, fps)
+
+    def column(self) -> Sequence[object]:
+        if self.keys is not None:
+            return self.keys
+        column = array("Q")
+        column.frombytes(self.packed)
+        return column
 
 
-def _as_key(fp: str | None) -> int | str | None:
-    if fp is not None and len(fp) == 16 and not fp.strip(_HEX):
+def _as_key(fp: object) -> object:
+    if type(fp) is not str:
+        return fp if fp is None else (fp,)
+    if len(fp) == 16 and not fp.strip(_HEX):
         return int.from_bytes(bytes.fromhex(fp), sys.byteorder)
     return fp
 
 
 def kept_steps(logs: list[EventLog]) -> dict[int, KeptSteps]:
     """Each rank's :class:`KeptSteps`: the reader's, where it kept only those, else its steps reduced."""
-    return {log.rank: log.kept if log.kept is not None else KeptSteps.of(log.of(Step)) for log in logs}
+    reduce = StepReducer()
+    return {log.rank: log.kept if log.kept is not None else reduce([step_columns(log.of(Step))]) for log in logs}

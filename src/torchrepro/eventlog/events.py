@@ -21,8 +21,9 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO, ClassVar, TypeVar, cast
@@ -302,6 +303,12 @@ def _accepted(annotation: str) -> tuple[type, ...]:
     return tuple(t for part in annotation.split("|") for t in _TYPES[part.strip().split("[", 1)[0]])
 
 
+def _exact(accepted: tuple[type, ...]) -> frozenset[type] | None:
+    """The exact types of the values a field accepting ``accepted`` takes (json gives exact types;
+    bool is an int to isinstance); None when it takes any."""
+    return None if object in accepted else frozenset(accepted + ((bool,) if int in accepted else ()))
+
+
 E = TypeVar("E", bound=Event)  # EventLog.of: the events of the type asked for
 
 _LEAF_TYPES = frozenset(KINDS.values())  # no event type derives from another: of() may look them up by type
@@ -348,9 +355,9 @@ def _builder(kind: str, cls: type[Event], positional: bool = False) -> Callable[
     scope: dict[str, Any] = {"_cls": cls, "_names": names, "_checked": _checked, "_kind": kind}
     checks, types = [], []
     for i, name in enumerate(names):
-        accepted = _FIELD_TYPES[kind][name]
-        if object not in accepted:  # json gives exact types; bool is an int to isinstance
-            scope[f"_T{i}"] = frozenset(accepted + ((bool,) if int in accepted else ()))
+        exact = _exact(_FIELD_TYPES[kind][name])
+        if exact is not None:
+            scope[f"_T{i}"] = exact
             checks.append(f"_type({name}) not in _T{i}")
             types.append(f"_T{i}=_T{i}")
     data = "dict(zip(_names, data))" if positional else "data"
@@ -412,6 +419,24 @@ _share_step = _step_sharer()
 _BUILDERS = {kind: _builder(kind, cls) for kind, cls in KINDS.items()}
 _step_from_values = _builder(Step.kind, Step, positional=True)
 _decode_step = _msgspec.json.Decoder(Step).decode if _msgspec is not None else None
+
+STEP_FIELDS = _names(Step)  # the order of a step's values in a row, and of the columns (read_events's reduce)
+_step_row = attrgetter(*STEP_FIELDS)  # a Step's values in that order (a tuple)
+_STEP_TYPES = tuple(_exact(_FIELD_TYPES[Step.kind][name]) for name in STEP_FIELDS)
+StepColumns = Sequence[Sequence[Any]]  # steps field by field: a sequence per field of STEP_FIELDS, in that order
+
+
+def step_columns(steps: Iterable[Step]) -> StepColumns:
+    """The values of ``steps`` field by field (:data:`STEP_FIELDS` order), each in the order of ``steps``.
+
+    >>> step_columns([Step(index=0, loss=2.0), Step(index=1, loss=1.5)])[STEP_FIELDS.index("loss")]
+    (2.0, 1.5)
+    """
+    return _columns(list(map(_step_row, steps)))
+
+
+def _columns(rows: list[Sequence[Any]]) -> StepColumns:
+    return list(zip(*rows)) or [()] * len(STEP_FIELDS)
 
 
 def _line(event: Event) -> bytes:
@@ -601,12 +626,6 @@ class EventLog:
             cached = self._by_type = (self.events, len(self.events), by_type)
         return cast("list[E]", list(cached[2].get(cls, ())))  # the list under cls holds only cls's events
 
-    def keep_instead_of_steps(self, kept: Any) -> None:
-        """Hold ``kept`` (made from this log's step events) instead of the step events."""
-        self.events = [e for e in self.events if type(e) is not Step]
-        self._by_type = None  # it holds the steps too
-        self.kept = kept
-
 
 def _rank_from_dir(name: str) -> int:
     try:
@@ -663,34 +682,127 @@ class LineReader:
             yield OVERSIZED if skipping else b"".join(pieces)
 
 
-def read_events(path: str | os.PathLike[str], shared: Shared | None = None) -> EventLog:
+def read_events(
+    path: str | os.PathLike[str],
+    shared: Shared | None = None,
+    reduce: Callable[[Iterator[StepColumns]], Any] | None = None,
+) -> EventLog:
     """Read one rank's log, tolerating damage: see the module docstring. ``shared`` (one
-    :class:`Shared` for every rank of a run) keeps what repeats across ranks once."""
+    :class:`Shared` for every rank of a run) keeps what repeats across ranks once. ``reduce``:
+    the log holds what ``reduce(batches)`` makes of its step events (``EventLog.kept``) instead of
+    them: ``batches`` gives their values in log order, a few hundred steps at a time, field by
+    field (:func:`step_columns`); a record of ``steps.bin`` then becomes no :class:`Step`, and is
+    reduced while it is still in the processor's caches (a report over many ranks).
+
+    >>> read_events("run/rank-0/events.jsonl", reduce=lambda batches: sum(len(b[0]) for b in batches)).kept
+    300
+    """
     path = Path(path)
+    if reduce is None:
+        return _read(path, shared)
+    try:
+        return _read(path, None, reduce, streamed=True)
+    except _ReadWhole:
+        return _read(path, None, reduce)
+
+
+class _ReadWhole(Exception):
+    """A log's steps cannot be reduced as ``steps.bin`` streams: read them whole (:func:`_read`)."""
+
+
+def _read(
+    path: Path,
+    shared: Shared | None,
+    reduce: Callable[[Iterator[StepColumns]], Any] | None = None,
+    streamed: bool = False,
+) -> EventLog:
+    """:func:`read_events`. With ``reduce``, the steps are read as rows of their values
+    (:data:`STEP_FIELDS` order) and reduced: ``streamed``, those of ``steps.bin`` piece by piece as
+    they are decoded, their JSON types checked a piece at a time (:class:`_ReadWhole` when a value
+    has the wrong type, for every record to be checked one by one, or when lines hold steps too,
+    to put them in order); else all of them once read."""
     log = EventLog(path)
-    steps = _read_steps(log, path.with_name(STEPS_FILE), shared)
+    rows: list[Sequence[Any]] | None = None if reduce is None else []
+    stream = path.with_name(STEPS_FILE)
+    records: list[tuple[int, Any]] = []
+    kept, reduced = None, 0  # streamed: the stream's reduction, and how many steps it had
+    if reduce is not None and streamed:
+        kept, reduced = _reduce_stream(log, stream, reduce)
+    else:
+        records = _read_steps(log, stream, shared, rows is not None)
     with open_regular(path) as fp:
-        _read_lines(log, LineReader(fp), shared, steps)
+        _read_lines(log, LineReader(fp), shared, records, rows)
+    if reduced and rows:
+        raise _ReadWhole("step lines beside step records")
     if log.bad_lines > 5:
         log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
     header = log.header
     if header is None:
         log.unreadable = "no header line: not a torchrepro event log"
-        stream = {id(step) for _, step in steps}
-        if stream and all(id(e) in stream for e in log.events):
+        if rows is None:
+            ids = {id(step) for _, step in records}
+            alone = bool(ids) and all(id(e) in ids for e in log.events)
+        else:
+            alone = bool(reduced or records) and not log.events and len(rows) == len(records)
+        if alone:
             # a step stream beside a log of no event at all (garbage, not a torchrepro log) means nothing;
             # beside a log that only lost its header line it is that log's steps, read as its lines are
             log.events = []
             log._by_type = None
+            kept, reduced = None, 0
+            if rows is not None:
+                rows.clear()
     elif header.schema not in READABLE:
         by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
         log.unreadable = (
             f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
         )
         log.events = [header]  # nothing else is trusted: field meanings may have changed
+        kept, reduced = None, 0
+        if rows is not None:
+            rows.clear()
+    if reduce is not None:
+        log.kept = kept if reduced else reduce(iter([_columns(rows or [])]))
     if log.unreadable:
         log.problems.append(f"{path}: {log.unreadable}")
     return log
+
+
+_PIECE = 16 << 10  # what of steps.bin is decoded and reduced at once (a few hundred records: in the caches)
+
+
+def _reduce_stream(log: EventLog, path: Path, reduce: Callable[[Iterator[StepColumns]], Any]) -> tuple[Any, int]:
+    """What ``reduce`` makes of the step records of ``path`` (``steps.bin``) fed to it a piece at
+    a time as they are decoded, and how many there were; ``(None, 0)`` if there is no such file.
+    Damage is counted in ``log`` as for a line; :class:`_ReadWhole` for a value of the wrong JSON type."""
+    try:
+        fp = open_regular(path)
+    except FileNotFoundError:
+        return None, 0
+    decoder, types, count = _row_decoder(checked=False), _STEP_TYPES, 0
+
+    def batches() -> Iterator[StepColumns]:
+        nonlocal count
+        while True:
+            chunk = fp.read(_PIECE)
+            records = decoder.feed(chunk) if chunk else decoder.finish()
+            if records:
+                count += len(records)
+                columns = list(zip(*[row for _, row in records]))
+                for values, accepted in zip(columns, types):
+                    if accepted is not None and not set(map(type, values)) <= accepted:
+                        raise _ReadWhole("a step value of the wrong JSON type")
+                yield columns
+            if not chunk:
+                return
+
+    with fp:
+        source = batches()
+        kept = reduce(source)
+        for _ in source:  # what reduce left unread (damage is counted at the end)
+            pass
+    _count_damage(log, path, decoder)
+    return kept, count
 
 
 def step_decoder(shared: Shared | None = None) -> stepstream.Decoder:
@@ -698,53 +810,81 @@ def step_decoder(shared: Shared | None = None) -> stepstream.Decoder:
     as for a line; a field a step no longer has is ignored, one the stream lacks is its default)."""
     build, from_values = _BUILDERS[Step.kind], _step_from_values
     return stepstream.Decoder(
-        lambda fields: build(fields, shared), _names(Step), lambda values: from_values(values, shared)
+        lambda fields: build(fields, shared), STEP_FIELDS, lambda values: from_values(values, shared)
     )
 
 
-def _read_steps(log: EventLog, path: Path, shared: Shared | None) -> list[tuple[int, Step]]:
+def _row_decoder(checked: bool) -> stepstream.Decoder:
+    """A decoder of ``steps.bin`` that makes each record the row of a step's values
+    (:data:`STEP_FIELDS` order): of the :class:`Step` that :func:`step_decoder` makes, or, unless
+    ``checked``, the values as decoded where the stream's fields are this torchrepro's (their JSON
+    types unchecked: :func:`_reduce_stream` checks them a column at a time)."""
+    build, from_values, row = _BUILDERS[Step.kind], _step_from_values, _step_row
+    return stepstream.Decoder(
+        lambda fields: row(build(fields)), STEP_FIELDS, (lambda values: row(from_values(values))) if checked else tuple
+    )
+
+
+def _read_steps(log: EventLog, path: Path, shared: Shared | None, rows: bool = False) -> list[tuple[int, Any]]:
     """The step records of ``path`` (``steps.bin``) as ``(lines before it in events.jsonl, step)``;
-    none if there is no such file. Damage is counted in ``log`` as for a line."""
+    none if there is no such file. Damage is counted in ``log`` as for a line. ``rows``: each step
+    as the row of its values instead (:func:`_row_decoder`)."""
     try:
         fp = open_regular(path)
     except FileNotFoundError:
         return []
-    decoder = step_decoder(shared)
-    out: list[tuple[int, Step]] = []
+    decoder = _row_decoder(checked=True) if rows else step_decoder(shared)
+    out: list[tuple[int, Any]] = []
     with fp:
         while chunk := fp.read(_CHUNK):
             out += decoder.feed(chunk)
     out += decoder.finish()
+    _count_damage(log, path, decoder)
+    return out
+
+
+def _count_damage(log: EventLog, path: Path, decoder: stepstream.Decoder) -> None:
     if decoder.damaged:
         log.bad_lines += decoder.damaged
         log.truncated = decoder.truncated
         log.problems += (f"{path}: {why}" for why in decoder.problems)
-    return out
 
 
-def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None, records: list[tuple[int, Step]]) -> None:
+def _read_lines(
+    log: EventLog,
+    lines: LineReader,
+    shared: Shared | None,
+    records: list[tuple[int, Any]],
+    rows: list[Sequence[Any]] | None = None,
+) -> None:
     """Each line of ``lines`` into ``log``: its event, or counted as skipped (see :func:`read_events`);
-    the step ``records`` of ``steps.bin`` each after the line it follows."""
+    the step ``records`` of ``steps.bin`` each after the line it follows. ``rows``: where the steps
+    go instead of the log's events, as rows of their values (the records are rows already)."""
     loads, builders, events = _orjson.loads if _orjson is not None else json.loads, _BUILDERS, log.events
-    fast, share_step, step_prefix = _decode_step, _share_step, _STEP_PREFIX
+    fast, share_step, step_prefix, row = _decode_step, _share_step, _STEP_PREFIX, _step_row
     by_type: dict[type, list[Event]] = {Step: []}  # the events grouped by type as they are read (EventLog.of)
-    steps = by_type[Step]
+    steps: list[Any] = by_type[Step] if rows is None else rows
     decode_error = _msgspec.MsgspecError if _msgspec is not None else ()  # what `fast` raises
     pending = iter(records)
     record = next(pending, None)  # the next record and the line it follows
     for number, raw in enumerate(lines, 1):
         while record is not None and record[0] < number:
-            events.append(record[1])
+            if rows is None:
+                events.append(record[1])
             steps.append(record[1])
             record = next(pending, None)
         if fast is not None and raw.startswith(step_prefix):
             try:  # a step line straight into its event, JSON types checked by msgspec
                 step = share_step(fast(raw), shared)
-                events.append(step)
-                steps.append(step)
-                continue
             except decode_error:
                 pass  # NaN, a truncated line, other types: the general path below decides
+            else:
+                if rows is None:
+                    events.append(step)
+                    steps.append(step)
+                else:
+                    rows.append(row(step))
+                continue
         if not raw.strip():
             continue
         try:
@@ -761,6 +901,9 @@ def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None, records
                 log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
                 continue
             event = build(data, shared)
+            if rows is not None and type(event) is Step:
+                rows.append(row(event))
+                continue
             events.append(event)
             by_type.setdefault(type(event), []).append(event)
         except (ValueError, TypeError, UnicodeDecodeError):
@@ -775,7 +918,8 @@ def _read_lines(log: EventLog, lines: LineReader, shared: Shared | None, records
                 log.problems.append(f"{log.path}: {what} skipped")
     if record is not None:  # records after the last line (events.jsonl cut short, or steps alone)
         rest = [record[1], *(r for _, r in pending)]
-        events += rest
+        if rows is None:
+            events += rest
         steps += rest
     log._by_type = (events, len(events), by_type)
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterator, TypedDict
 
 from ..errors import InputError
-from .events import EVENTS_FILE, EventLog, Shared, Step, open_regular, rank_logs, read_events
+from .events import EVENTS_FILE, EventLog, Shared, StepColumns, open_regular, rank_logs, read_events
 from .payloads import JsonObject
 from .stepstream import STEPS_FILE
 
@@ -351,18 +351,23 @@ def _no_gc() -> Iterator[None]:
 
 def load_run(
     path: str | os.PathLike[str],
-    keep: Callable[[list[Step]], Any] | None = None,
+    keep: Callable[[], Callable[[Iterator[StepColumns]], Any]] | None = None,
     jobs: int | None = 1,
     progress: Callable[[str], None] | None = None,
 ) -> Run:
     """Read a run directory; :class:`InputError` if it holds no event log at all.
 
-    With ``keep``, each rank's step events are replaced, as soon as the rank is read, by what
-    ``keep(steps)`` makes of them (``EventLog.kept``): memory then holds one rank's steps at a
-    time. With ``keep`` too, ``jobs`` processes read the ranks (each a contiguous share) and send
-    back their logs without the steps; ``None``: one per core for logs over
-    :data:`PARALLEL_BYTES`, else one (this process); ``progress`` is told, in one line, when
-    reading in processes starts."""
+    With ``keep``, each rank's log holds, instead of its step events, what ``reduce(columns)``
+    makes of them as the rank is read (``EventLog.kept``; ``read_events(reduce=...)``), where
+    ``reduce = keep()`` is made once in each process that reads (e.g. ``keep=StepReducer``):
+    memory then holds one rank's steps at a time. With ``keep`` too, ``jobs`` processes read the
+    ranks (each a contiguous share; this one the first) and send back their logs without the steps;
+    ``None``: one per core for logs over :data:`PARALLEL_BYTES`, else one (this process);
+    ``progress`` is told, in one line, when reading in processes starts.
+
+    >>> load_run("torchrepro-runs/train", keep=StepReducer, jobs=None).logs[0].kept.count  # doctest: +SKIP
+    300
+    """
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"no such run directory: {path}")
@@ -427,31 +432,36 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _read_logs(files: list[Path], keep: Callable[[list[Step]], Any] | None) -> list[EventLog | str]:
-    """Each file's log (its steps replaced by ``keep(steps)``, given ``keep``), or why it was not
-    read; what repeats across the ranks is held once (:class:`~.events.Shared`)."""
-    shared = Shared()
+def _read_logs(
+    files: list[Path], keep: Callable[[], Callable[[Iterator[StepColumns]], Any]] | None
+) -> list[EventLog | str]:
+    """Each file's log (its steps reduced by ``keep()``, given ``keep``: see :func:`load_run`), or
+    why it was not read; what repeats across the ranks' steps is held once (:class:`~.events.Shared`
+    or the reducer)."""
+    reduce = keep() if keep is not None else None
+    shared = Shared() if reduce is None else None
     out: list[EventLog | str] = []
     for file in files:
         try:
-            log = read_events(file, shared)
+            log = read_events(file, shared, reduce)
         except InputError as exc:  # a FIFO or a device: it would block or never end
             out.append(f"{exc}, skipped")
             continue
         except OSError as exc:
             out.append(f"{file}: unreadable ({exc})")
             continue
-        if keep is not None:
-            log.keep_instead_of_steps(keep(log.of(Step)))
         out.append(log)
     return out
 
 
-def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], jobs: int) -> list[EventLog | str]:
-    """:func:`_read_logs` in ``jobs`` child processes (fresh interpreters: the caller's own script
-    is not imported again, no lock of its threads is inherited), each given a contiguous share of
-    ``files`` and sending back its share pickled in one piece (what its ranks share crosses once);
-    the results in the order of ``files``. A share whose process fails is read here."""
+def _read_in_processes(
+    files: list[Path], keep: Callable[[], Callable[[Iterator[StepColumns]], Any]], jobs: int
+) -> list[EventLog | str]:
+    """:func:`_read_logs` in ``jobs`` processes: this one reads the first contiguous share of
+    ``files``, ``jobs - 1`` child processes (fresh interpreters: the caller's own script is not
+    imported again, no lock of its threads is inherited) one share each, sending it back pickled
+    in one piece (what its ranks share crosses once); the results in the order of ``files``. A
+    share whose process fails is read here."""
     shares = [files[i * len(files) // jobs : (i + 1) * len(files) // jobs] for i in range(jobs)]
     package = str(Path(__file__).resolve().parent.parent)  # the torchrepro this process runs
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package, os.environ.get("PYTHONPATH")))))
@@ -464,15 +474,15 @@ def _read_in_processes(files: list[Path], keep: Callable[[list[Step]], Any], job
     ]
     children: list[subprocess.Popen[bytes]] = []
     try:
-        for share in shares:
+        for share in shares[1:]:
             child = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
             )
             children.append(child)
             with contextlib.suppress(BrokenPipeError), child.stdin:  # type: ignore[union-attr]
                 child.stdin.write(b"\0".join(map(os.fsencode, share)))  # type: ignore[union-attr]
-        out: list[EventLog | str] = []
-        for share, child in zip(shares, children):
+        out = _read_logs(shares[0], keep)
+        for share, child in zip(shares[1:], children):
             data = child.stdout.read()  # type: ignore[union-attr]
             read = _unpickled(data) if child.wait() == 0 else None
             out += read if read is not None else _read_logs(share, keep)

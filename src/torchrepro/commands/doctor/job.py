@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from ...analysis.doctor import Budgets, analyse
-from ...analysis.kept_steps import KeptSteps
+from ...analysis.kept_steps import StepReducer
 from ...errors import InputError, Stopped
 from ...eventlog.events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
 from ...runtime.follow import LAUNCHER_DIR
@@ -68,7 +68,7 @@ def analyse_run_dir(
     ``torchrepro report`` never replaces the stored one). Each rank's steps are reduced as it is
     read, by ``jobs`` reading processes (``None``: as :func:`~.rundir.load_run` chooses, saying so
     on stderr when it starts them)."""
-    run = load_run(run_dir, keep=KeptSteps.of, jobs=jobs, progress=_say)
+    run = load_run(run_dir, keep=StepReducer, jobs=jobs, progress=_say)
     if all(log.unreadable for log in run.logs):
         raise InputError(f"{run.logs[0].path}: {run.logs[0].unreadable}")
     report = analyse(run.meta, run.logs, run.problems, budgets)
