@@ -20,7 +20,6 @@ from ..eventlog.events import STEP_FIELDS, EventLog, Step, StepColumns, step_col
 
 MAX_POINTS = 400  # per timeline series: longer runs are thinned evenly, steps that compiled are always kept
 COMPILE_STEPS = 50  # the steps that compiled, listed in the steps summary
-_HEX = "0123456789abcdef"
 
 
 @dataclass(slots=True)
@@ -154,8 +153,9 @@ class _Digests:
         if self.keys is None:
             if set(map(type, fps)) <= {str} and set(map(len, fps)) <= {16}:  # type: ignore[arg-type]  # (all str)
                 joined = "".join(fps)  # type: ignore[arg-type]
-                if not joined.strip(_HEX):
-                    self.packed += bytes.fromhex(joined)
+                packed = _hex_bytes(joined)
+                if packed is not None:
+                    self.packed += packed
                     return
             self.keys = list(self.column())
         self.keys += map(_as_key, fps)
@@ -171,9 +171,18 @@ class _Digests:
 def _as_key(fp: object) -> object:
     if type(fp) is not str:
         return fp if fp is None else (fp,)
-    if len(fp) == 16 and not fp.strip(_HEX):
-        return int.from_bytes(bytes.fromhex(fp), sys.byteorder)
-    return fp
+    packed = _hex_bytes(fp) if len(fp) == 16 else None
+    return fp if packed is None else int.from_bytes(packed, sys.byteorder)
+
+
+def _hex_bytes(digits: str) -> bytes | None:
+    """The bytes that ``digits`` spells in lowercase hex, two digits a byte; None if it is anything else
+    (``bytes.fromhex`` also takes capitals and spaces: those are checked by spelling the bytes again)."""
+    try:
+        packed = bytes.fromhex(digits)
+    except ValueError:
+        return None
+    return packed if packed.hex() == digits else None
 
 
 def kept_steps(logs: list[EventLog]) -> dict[int, KeptSteps]:
