@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from types import ModuleType
@@ -626,6 +627,12 @@ class EventLog:
             cached = self._by_type = (self.events, len(self.events), by_type)
         return cast("list[E]", list(cached[2].get(cls, ())))  # the list under cls holds only cls's events
 
+    def keep_instead_of_steps(self, kept: Any) -> None:
+        """Hold ``kept`` (made from this log's step events) instead of the step events."""
+        self.events = [e for e in self.events if type(e) is not Step]
+        self._by_type = None  # it holds the steps too
+        self.kept = kept
+
 
 def _rank_from_dir(name: str) -> int:
     try:
@@ -691,8 +698,8 @@ def read_events(
     :class:`Shared` for every rank of a run) keeps what repeats across ranks once. ``reduce``:
     the log holds what ``reduce(batches)`` makes of its step events (``EventLog.kept``) instead of
     them: ``batches`` gives their values in log order, a few hundred steps at a time, field by
-    field (:func:`step_columns`); a record of ``steps.bin`` then becomes no :class:`Step`, and is
-    reduced while it is still in the processor's caches (a report over many ranks).
+    field (:func:`step_columns`), each batch as soon as it is read, while it is in the processor's
+    caches; a record of ``steps.bin`` then becomes no :class:`Step` (a report over many ranks).
 
     >>> read_events("run/rank-0/events.jsonl", reduce=lambda batches: sum(len(b[0]) for b in batches)).kept
     300
@@ -701,108 +708,102 @@ def read_events(
     if reduce is None:
         return _read(path, shared)
     try:
-        return _read(path, None, reduce, streamed=True)
-    except _ReadWhole:
         return _read(path, None, reduce)
+    except _ReadWhole:  # the steps read as events, then reduced
+        log = _read(path, None)
+        log.keep_instead_of_steps(reduce(iter([step_columns(log.of(Step))])))
+        return log
 
 
 class _ReadWhole(Exception):
-    """A log's steps cannot be reduced as ``steps.bin`` streams: read them whole (:func:`_read`)."""
+    """A log whose steps cannot be reduced as they are read: a record with a value of the wrong JSON
+    type (damage, found by checking each record alone), or steps in both files (to be put in order)."""
 
 
-def _read(
-    path: Path,
-    shared: Shared | None,
-    reduce: Callable[[Iterator[StepColumns]], Any] | None = None,
-    streamed: bool = False,
-) -> EventLog:
-    """:func:`read_events`. With ``reduce``, the steps are read as rows of their values
-    (:data:`STEP_FIELDS` order) and reduced: ``streamed``, those of ``steps.bin`` piece by piece as
-    they are decoded, their JSON types checked a piece at a time (:class:`_ReadWhole` when a value
-    has the wrong type, for every record to be checked one by one, or when lines hold steps too,
-    to put them in order); else all of them once read."""
+def _read(path: Path, shared: Shared | None, reduce: Callable[[Iterator[StepColumns]], Any] | None = None) -> EventLog:
+    """:func:`read_events`; with ``reduce``, the steps reduced as they are read (steps.bin's first),
+    :class:`_ReadWhole` where they cannot be."""
     log = EventLog(path)
-    rows: list[Sequence[Any]] | None = None if reduce is None else []
     stream = path.with_name(STEPS_FILE)
-    records: list[tuple[int, Any]] = []
-    kept, reduced = None, 0  # streamed: the stream's reduction, and how many steps it had
-    if reduce is not None and streamed:
-        kept, reduced = _reduce_stream(log, stream, reduce)
+    records: list[tuple[int, Step]] = []  # without reduce
+    streamed = _StepRecords(log, stream)  # with reduce
+    kept = None
+    if reduce is None:
+        records = _read_steps(log, stream, shared)
+        with open_regular(path) as fp:
+            for _ in _read_lines(log, LineReader(fp), shared, records):
+                pass
     else:
-        records = _read_steps(log, stream, shared, rows is not None)
-    with open_regular(path) as fp:
-        _read_lines(log, LineReader(fp), shared, records, rows)
-    if reduced and rows:
-        raise _ReadWhole("step lines beside step records")
+        with open_regular(path) as fp:
+            steps = chain(streamed, streamed.alone(_read_lines(log, LineReader(fp), None, [], rows=True)))
+            kept = reduce(steps)
+            for _ in steps:  # what reduce left unread: the lines' events, the damage counted at the end
+                pass
     if log.bad_lines > 5:
         log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
     header = log.header
     if header is None:
         log.unreadable = "no header line: not a torchrepro event log"
-        if rows is None:
-            ids = {id(step) for _, step in records}
-            alone = bool(ids) and all(id(e) in ids for e in log.events)
-        else:
-            alone = bool(reduced or records) and not log.events and len(rows) == len(records)
-        if alone:
+        ids = {id(step) for _, step in records}
+        if (ids and all(id(e) in ids for e in log.events)) or (streamed.count and not log.events):
             # a step stream beside a log of no event at all (garbage, not a torchrepro log) means nothing;
             # beside a log that only lost its header line it is that log's steps, read as its lines are
             log.events = []
             log._by_type = None
-            kept, reduced = None, 0
-            if rows is not None:
-                rows.clear()
+            kept = None if reduce is None else reduce(iter(()))
     elif header.schema not in READABLE:
         by = f"torchrepro {header.torchrepro_version}" if header.torchrepro_version else "another torchrepro"
         log.unreadable = (
             f"schema {header.schema!r} written by {by}; this is torchrepro {_version()}, which reads {SCHEMA!r}"
         )
         log.events = [header]  # nothing else is trusted: field meanings may have changed
-        kept, reduced = None, 0
-        if rows is not None:
-            rows.clear()
-    if reduce is not None:
-        log.kept = kept if reduced else reduce(iter([_columns(rows or [])]))
+        kept = None if reduce is None else reduce(iter(()))
+    log.kept = kept
     if log.unreadable:
         log.problems.append(f"{path}: {log.unreadable}")
     return log
 
 
-_PIECE = 16 << 10  # what of steps.bin is decoded and reduced at once (a few hundred records: in the caches)
+_PIECE = 16 << 10  # what of steps.bin is decoded and reduced at once (a few hundred records)
+_BATCH = 256  # step lines reduced at once
 
 
-def _reduce_stream(log: EventLog, path: Path, reduce: Callable[[Iterator[StepColumns]], Any]) -> tuple[Any, int]:
-    """What ``reduce`` makes of the step records of ``path`` (``steps.bin``) fed to it a piece at
-    a time as they are decoded, and how many there were; ``(None, 0)`` if there is no such file.
-    Damage is counted in ``log`` as for a line; :class:`_ReadWhole` for a value of the wrong JSON type."""
-    try:
-        fp = open_regular(path)
-    except FileNotFoundError:
-        return None, 0
-    decoder, types, count = _row_decoder(checked=False), _STEP_TYPES, 0
+class _StepRecords:
+    """The step records of ``path`` (``steps.bin``) as batches of columns (:func:`step_columns`),
+    decoded :data:`_PIECE` bytes at a time, their values' JSON types checked a column at a time
+    (:class:`_ReadWhole` for a wrong one); none if there is no such file. ``count``: the records
+    given so far. Damage is counted in ``log`` as for a line, once all are read."""
 
-    def batches() -> Iterator[StepColumns]:
-        nonlocal count
-        while True:
-            chunk = fp.read(_PIECE)
-            records = decoder.feed(chunk) if chunk else decoder.finish()
-            if records:
-                count += len(records)
-                columns = list(zip(*[row for _, row in records]))
-                for values, accepted in zip(columns, types):
-                    if accepted is not None and not set(map(type, values)) <= accepted:
-                        raise _ReadWhole("a step value of the wrong JSON type")
-                yield columns
-            if not chunk:
-                return
+    def __init__(self, log: EventLog, path: Path):
+        self.log, self.path, self.count = log, path, 0
 
-    with fp:
-        source = batches()
-        kept = reduce(source)
-        for _ in source:  # what reduce left unread (damage is counted at the end)
-            pass
-    _count_damage(log, path, decoder)
-    return kept, count
+    def __iter__(self) -> Iterator[StepColumns]:
+        try:
+            fp = open_regular(self.path)
+        except FileNotFoundError:
+            return
+        decoder, types = _row_decoder(), _STEP_TYPES
+        with fp:
+            while True:
+                piece = fp.read(_PIECE)
+                records = decoder.feed(piece) if piece else decoder.finish()
+                if records:
+                    self.count += len(records)
+                    columns = list(zip(*[row for _, row in records]))
+                    for values, accepted in zip(columns, types):
+                        if accepted is not None and not set(map(type, values)) <= accepted:
+                            raise _ReadWhole("a step record with a value of the wrong JSON type")
+                    yield columns
+                if not piece:
+                    break
+        _count_damage(self.log, self.path, decoder)
+
+    def alone(self, batches: Iterator[StepColumns]) -> Iterator[StepColumns]:
+        """``batches`` (the steps of events.jsonl), which must be none where records were given."""
+        for batch in batches:
+            if self.count:
+                raise _ReadWhole("steps in events.jsonl and in steps.bin")
+            yield batch
 
 
 def step_decoder(shared: Shared | None = None) -> stepstream.Decoder:
@@ -814,27 +815,24 @@ def step_decoder(shared: Shared | None = None) -> stepstream.Decoder:
     )
 
 
-def _row_decoder(checked: bool) -> stepstream.Decoder:
-    """A decoder of ``steps.bin`` that makes each record the row of a step's values
-    (:data:`STEP_FIELDS` order): of the :class:`Step` that :func:`step_decoder` makes, or, unless
-    ``checked``, the values as decoded where the stream's fields are this torchrepro's (their JSON
-    types unchecked: :func:`_reduce_stream` checks them a column at a time)."""
-    build, from_values, row = _BUILDERS[Step.kind], _step_from_values, _step_row
-    return stepstream.Decoder(
-        lambda fields: row(build(fields)), STEP_FIELDS, (lambda values: row(from_values(values))) if checked else tuple
-    )
+def _row_decoder() -> stepstream.Decoder:
+    """A decoder of ``steps.bin`` that makes each record a tuple of the step's values
+    (:data:`STEP_FIELDS` order): as decoded, their JSON types unchecked (:class:`_StepRecords`
+    checks them), where the stream's fields are this torchrepro's; else those of the :class:`Step`
+    that :func:`step_decoder` makes."""
+    build, row = _BUILDERS[Step.kind], _step_row
+    return stepstream.Decoder(lambda fields: row(build(fields)), STEP_FIELDS, tuple)
 
 
-def _read_steps(log: EventLog, path: Path, shared: Shared | None, rows: bool = False) -> list[tuple[int, Any]]:
+def _read_steps(log: EventLog, path: Path, shared: Shared | None) -> list[tuple[int, Step]]:
     """The step records of ``path`` (``steps.bin``) as ``(lines before it in events.jsonl, step)``;
-    none if there is no such file. Damage is counted in ``log`` as for a line. ``rows``: each step
-    as the row of its values instead (:func:`_row_decoder`)."""
+    none if there is no such file. Damage is counted in ``log`` as for a line."""
     try:
         fp = open_regular(path)
     except FileNotFoundError:
         return []
-    decoder = _row_decoder(checked=True) if rows else step_decoder(shared)
-    out: list[tuple[int, Any]] = []
+    decoder = step_decoder(shared)
+    out: list[tuple[int, Step]] = []
     with fp:
         while chunk := fp.read(_CHUNK):
             out += decoder.feed(chunk)
@@ -851,39 +849,39 @@ def _count_damage(log: EventLog, path: Path, decoder: stepstream.Decoder) -> Non
 
 
 def _read_lines(
-    log: EventLog,
-    lines: LineReader,
-    shared: Shared | None,
-    records: list[tuple[int, Any]],
-    rows: list[Sequence[Any]] | None = None,
-) -> None:
-    """Each line of ``lines`` into ``log``: its event, or counted as skipped (see :func:`read_events`);
-    the step ``records`` of ``steps.bin`` each after the line it follows. ``rows``: where the steps
-    go instead of the log's events, as rows of their values (the records are rows already)."""
+    log: EventLog, lines: LineReader, shared: Shared | None, records: list[tuple[int, Step]], rows: bool = False
+) -> Iterator[StepColumns]:
+    """Each line of ``lines`` into ``log`` as it is iterated: its event, or counted as skipped (see
+    :func:`read_events`); the step ``records`` of ``steps.bin`` each after the line it follows.
+    ``rows``: the step events are not kept in ``log`` but given out, :data:`_BATCH` at a time, as
+    columns of their values (:func:`step_columns`)."""
     loads, builders, events = _orjson.loads if _orjson is not None else json.loads, _BUILDERS, log.events
     fast, share_step, step_prefix, row = _decode_step, _share_step, _STEP_PREFIX, _step_row
     by_type: dict[type, list[Event]] = {Step: []}  # the events grouped by type as they are read (EventLog.of)
-    steps: list[Any] = by_type[Step] if rows is None else rows
+    steps = by_type[Step]
+    given: list[Sequence[Any]] = []  # rows: the steps not given out yet
     decode_error = _msgspec.MsgspecError if _msgspec is not None else ()  # what `fast` raises
     pending = iter(records)
     record = next(pending, None)  # the next record and the line it follows
     for number, raw in enumerate(lines, 1):
         while record is not None and record[0] < number:
-            if rows is None:
-                events.append(record[1])
+            events.append(record[1])
             steps.append(record[1])
             record = next(pending, None)
+        if len(given) >= _BATCH:
+            yield _columns(given)
+            given = []
         if fast is not None and raw.startswith(step_prefix):
             try:  # a step line straight into its event, JSON types checked by msgspec
                 step = share_step(fast(raw), shared)
             except decode_error:
                 pass  # NaN, a truncated line, other types: the general path below decides
             else:
-                if rows is None:
+                if rows:
+                    given.append(row(step))
+                else:
                     events.append(step)
                     steps.append(step)
-                else:
-                    rows.append(row(step))
                 continue
         if not raw.strip():
             continue
@@ -901,8 +899,8 @@ def _read_lines(
                 log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
                 continue
             event = build(data, shared)
-            if rows is not None and type(event) is Step:
-                rows.append(row(event))
+            if rows and type(event) is Step:
+                given.append(row(event))
                 continue
             events.append(event)
             by_type.setdefault(type(event), []).append(event)
@@ -918,10 +916,11 @@ def _read_lines(
                 log.problems.append(f"{log.path}: {what} skipped")
     if record is not None:  # records after the last line (events.jsonl cut short, or steps alone)
         rest = [record[1], *(r for _, r in pending)]
-        if rows is None:
-            events += rest
+        events += rest
         steps += rest
     log._by_type = (events, len(events), by_type)
+    if given:
+        yield _columns(given)
 
 
 def _version() -> str:
