@@ -89,6 +89,21 @@ def test_batch_fingerprints_compare_as_written_however_they_are_held():
     assert "DUPLICATE_BATCHES_ACROSS_RANKS" in codes(written)  # not capture's spelling, equal all the same
 
 
+def test_torch_rng_digests_compare_as_written_however_they_are_held():
+    """Torch RNG digests are held as batch fingerprints are: capture's as 8 bytes each; a value that
+    is no string (a number a log held there) is never the number a digest's bytes make."""
+    own = lambda i, r: f"{i + 0xABC:08x}{r:08x}"  # each rank its own batches
+    rng = lambda i, r: f"{i + 1:016x}"
+    same = [log(r, [PARAMS, *steps(4, rng=rng, batch=own, rank=r)]) for r in (0, 1)]
+    assert isinstance(kept_steps(same)[0].torch_streams, array)
+    assert "RNG_IDENTICAL_ACROSS_RANKS" in codes(same)
+    numbers = [
+        log(r, [PARAMS, *steps(4, rng=rng if r == 0 else lambda i, r: i + 1, batch=own, rank=r)]) for r in (0, 1)
+    ]
+    assert kept_steps(numbers)[1].torch_streams == [(1,), (2,), (3,), (4,)]
+    assert "RNG_IDENTICAL_ACROSS_RANKS" not in codes(numbers)
+
+
 def test_cache_split_and_compile_straggler():
     first = Compile(step=0, compile_id="0/0", function="forward", dynamo_s=1.0)
     logs = [

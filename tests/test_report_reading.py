@@ -207,6 +207,37 @@ def test_many_damaged_ranks_report_alike(tmp_path):
     assert_read_alike(tmp_path / "foreign")
 
 
+def test_steps_the_report_cannot_reduce_as_it_reads_them_report_alike(tmp_path):
+    """The report's reader reduces steps.bin's records a few hundred at a time as they are decoded,
+    their JSON types checked a column at a time: a log with a record of the wrong type (damage: it
+    and the records up to the next keyframe are skipped) and one with steps in both files (put in
+    order by the line each record follows) are read whole instead, and report the same; so does a
+    log of steps.bin alone (no header: no steps) and one whose steps.bin is only its header."""
+    synthetic_run(tmp_path, ranks=5, steps=700)
+    mistyped = tmp_path / "rank-1" / "events.jsonl"
+    events = [e for e in read_events(mistyped).events if not (isinstance(e, Step) and e.index == 300)]
+    mistyped.with_name(STEPS_FILE).unlink()
+    mistyped.unlink()
+    write_all(mistyped, [*events[:300], Step(rank=1, index="three hundred"), *events[300:]])  # type: ignore[arg-type]
+    mixed = tmp_path / "rank-2" / "events.jsonl"
+    lines = mixed.read_text().splitlines(keepends=True)
+    lines.insert(2, json.dumps(Step(rank=2, index=5000, loss=0.5, time_s=0.2).to_json()) + "\n")
+    mixed.write_text("".join(lines))
+    alone = tmp_path / "rank-6" / "events.jsonl"
+    alone.parent.mkdir()
+    alone.write_bytes(b"")
+    (tmp_path / "rank-0" / STEPS_FILE).replace(alone.with_name(STEPS_FILE))
+    only_header = (tmp_path / "rank-4" / STEPS_FILE).read_bytes().split(b"\n", 1)[0] + b"\n"
+    (tmp_path / "rank-4" / STEPS_FILE).write_bytes(only_header)
+    report = assert_read_alike(tmp_path)
+    logs = {log.rank: log for log in load_run(tmp_path, keep=StepReducer).logs}
+    # the mistyped record is the 297th (4 other events came first): it and the rest up to the keyframe at 512 are lost
+    assert logs[1].bad_lines == 1 and logs[1].kept.count == 700 - (512 - 296)
+    assert logs[2].kept.count == 701 and 5000 in logs[2].kept.indices and logs[0].kept.count == 0
+    assert logs[6].unreadable and logs[6].kept.count == 0 and logs[4].kept.count == 0
+    assert report["run"]["ranks_present"] == [0, 1, 2, 3, 4, 6]
+
+
 def test_the_reader_shares_what_replicas_agree_on_and_nothing_else(tmp_path):
     synthetic_run(tmp_path)
     logs = load_run(tmp_path).logs
