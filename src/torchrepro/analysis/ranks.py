@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import signal
+from array import array
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, TypedDict
@@ -318,8 +319,16 @@ def _param_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Fi
     fingerprints = dict(zip(ranks, columns))
     ref_rank = min(fingerprints)
     ref_fps = fingerprints[ref_rank]
-    # the ranks whose fingerprints differ somewhere (compared whole: the reader shares what agrees)
-    odd = {rank: fingerprints[rank] for rank in sorted(fingerprints) if fingerprints[rank] != ref_fps}
+    # the ranks whose fingerprints differ somewhere, compared whole: a reader shares what agrees (one
+    # list object per step), but each reading process its own, so a rank is compared first with the
+    # last rank found to agree (most likely read by the same process: a comparison of identities)
+    odd, agreeing = {}, ref_fps
+    for rank in sorted(fingerprints):
+        column = fingerprints[rank]
+        if column == agreeing or (agreeing is not ref_fps and column == ref_fps):
+            agreeing = column
+        else:
+            odd[rank] = column
     for at, index in enumerate(common):
         ref = ref_fps[at]
         for rank, all_fps in odd.items():
@@ -377,13 +386,13 @@ def _rng_findings(logs: list[EventLog], kept: dict[int, KeptSteps]) -> list[Find
     if len(common) < 2:
         return []
     first = streams[0]
-    same_rng = all(stream == first for stream in streams)  # (what the reader shares compares by identity)
+    same_rng = all(stream == first for stream in streams)  # (arrays: compared as bytes)
     consumed = len(set(first)) > 1
-    none = any(None in b for b in batches)
-    split = not none and all(len(set(at_step)) == len(logs) for at_step in zip(*batches))
+    none = any(None in b for b in batches if type(b) is not array)  # (an array holds no None)
     duplicated = not none and all(b == batches[0] for b in batches)
     findings = []
-    if same_rng and consumed and split:
+    # every step a batch of its own on every rank (asked only where it matters: a pass over every step's ranks)
+    if same_rng and consumed and not none and all(len(set(at_step)) == len(logs) for at_step in zip(*batches)):
         findings.append(
             Finding(
                 "RNG_IDENTICAL_ACROSS_RANKS",
