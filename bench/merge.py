@@ -7,7 +7,8 @@ timed separately, with the time per event so linear scaling shows as a flat colu
     .venv/bin/python bench/merge.py --ranks 64 --events 3000 --rounds 5   # medians, the ratio's min-max
 
 Each size is written twice: as the writer writes it now (``compact``: steps in ``steps.bin``) and
-with every step a JSON line (``lines``, as torchrepro.events/1 wrote it). "vs json" is the whole
+with every step a JSON line (``lines``, as torchrepro.events/1 wrote it); ``--logs compact`` writes
+and times only the first (1024 x 10 000 as lines is 5.7 GB, and no "vs json" then). "vs json" is the whole
 time (read + analyse) over a bare ``json.loads`` of every line of the ``lines`` logs (the same
 events as JSON lines), measured just before in the same child process (one per row, whose own peak RSS is printed:
 the yardstick reads one line at a time, so the peak is read + analyse), in CPU seconds and on the
@@ -18,6 +19,7 @@ times another source tree on the same logs right after (before/after side by sid
 before the reduced reader reads whole events); ``--keep DIR`` keeps the logs (and reuses them).
 
     .venv/bin/python bench/merge.py --ranks 64 --events 3000 --baseline /work/main/src
+    .venv/bin/python bench/merge.py --ranks 1024 --events 10000 --logs compact --keep /tmp/merge
 
 (A baseline tree from before the compact step stream reads ``compact`` logs as torchrepro.events/2,
 which it refuses: compare it on the ``lines`` rows.)
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -154,7 +157,8 @@ def clocks():  # CPU seconds of this process and of the reading processes it wai
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.perf_counter(), own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 c0 = clocks()
-bare_json(Path(sys.argv[4]))
+if sys.argv[4] != "-":  # (no lines logs: no yardstick)
+    bare_json(Path(sys.argv[4]))
 c1 = clocks()
 run = load_run(sys.argv[1], **options)
 c2 = clocks()
@@ -166,12 +170,12 @@ print(json.dumps({"wall": [c1[0] - c0[0], c2[0] - c1[0], c3[0] - c2[0]],
 """
 
 
-def report_child(root: Path, lines: Path, src: str | None, jobs: str) -> dict[str, Any]:
-    """Time json (of ``lines``), read and analyse of ``root`` in a child process (``src``: the
-    torchrepro source tree it imports; ``jobs``: its reading processes, or ``auto``)."""
+def report_child(root: Path, lines: Path | None, src: str | None, jobs: str) -> dict[str, Any]:
+    """Time json (of ``lines``, unless None), read and analyse of ``root`` in a child process
+    (``src``: the torchrepro source tree it imports; ``jobs``: its reading processes, or ``auto``)."""
     env = dict(os.environ, **({"PYTHONPATH": src} if src else {}))
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent), jobs, str(lines)],
+        [sys.executable, "-c", _CHILD, str(root), str(Path(__file__).parent), jobs, str(lines or "-")],
         env=env,
         check=True,
         capture_output=True,
@@ -199,6 +203,13 @@ def main() -> None:
     )
     parser.add_argument("--keep", metavar="DIR", type=Path, help="write the logs under DIR (reused if it holds them)")
     parser.add_argument(
+        "--logs",
+        nargs="+",
+        choices=("lines", "compact"),
+        default=["lines", "compact"],
+        help="the logs to write and time (the json yardstick reads the lines logs: without them, no 'vs json')",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=1, help="measure each row this many times, the rows taking turns; print medians"
     )
     args = parser.parse_args()
@@ -214,7 +225,7 @@ def main() -> None:
     for ranks in args.ranks:
         base = args.keep / f"{ranks}x{args.events}" if args.keep else Path(tempfile.mkdtemp(prefix="torchrepro-merge-"))
         try:
-            roots = {"lines": base / "lines", "compact": base / "compact"}
+            roots = {name: base / name for name in args.logs}
             for name, root in roots.items():
                 if not (root / f"rank-{ranks - 1}" / "events.jsonl").exists():
                     make_run(root, ranks, args.events, compact=name == "compact")
@@ -223,10 +234,10 @@ def main() -> None:
             found: dict[tuple[str, str], list[dict[str, Any]]] = {(name, tree): [] for name, tree, _ in rows}
             for _ in range(args.rounds):
                 for name, tree, src in rows:
-                    found[name, tree].append(report_child(roots[name], roots["lines"], src, args.jobs))
+                    found[name, tree].append(report_child(roots[name], roots.get("lines"), src, args.jobs))
             for name, tree, _ in rows:
                 runs = found[name, tree]
-                ratios = [(r["cpu"][1] + r["cpu"][2]) / r["cpu"][0] for r in runs]
+                ratios = [(r["cpu"][1] + r["cpu"][2]) / r["cpu"][0] if "lines" in roots else math.nan for r in runs]
                 bare, read, analysed = (statistics.median(r["cpu"][i] for r in runs) for i in range(3))
                 wall = [statistics.median(r["wall"][i] for r in runs) for i in range(3)]
                 both, wall_both = read + analysed, wall[1] + wall[2]
@@ -234,7 +245,7 @@ def main() -> None:
                     f"{ranks:>6} {total:>11,} {name:>8} {disk(roots[name]) / 1e6:>7.1f} {tree:>8} {bare:>7.2f} "
                     f"{read:>7.2f} {analysed:>9.2f} {both:>7.2f} {statistics.median(ratios):>6.2f}x "
                     f"{min(ratios):>5.2f}-{max(ratios):<5.2f} {both / total * 1e6:>8.2f} {wall_both:>7.2f} "
-                    f"{wall_both / wall[0]:>6.2f}x {max(r['rss_mb'] for r in runs):>11.0f}",
+                    f"{wall_both / wall[0] if wall[0] else math.nan:>6.2f}x {max(r['rss_mb'] for r in runs):>11.0f}",
                     flush=True,
                 )
         finally:
