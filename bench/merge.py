@@ -245,7 +245,7 @@ def main() -> None:
                     f"{ranks:>6} {total:>11,} {name:>8} {disk(roots[name]) / 1e6:>7.1f} {tree:>8} {bare:>7.2f} "
                     f"{read:>7.2f} {analysed:>9.2f} {both:>7.2f} {statistics.median(ratios):>6.2f}x "
                     f"{min(ratios):>5.2f}-{max(ratios):<5.2f} {both / total * 1e6:>8.2f} {wall_both:>7.2f} "
-                    f"{wall_both / wall[0] if wall[0] else math.nan:>6.2f}x {max(r['rss_mb'] for r in runs):>11.0f}",
+                    f"{wall_both / wall[0] if 'lines' in roots else math.nan:>6.2f}x {max(r['rss_mb'] for r in runs):>11.0f}",
                     flush=True,
                 )
         finally:
