@@ -726,7 +726,7 @@ def _read(path: Path, shared: Shared | None, reduce: Callable[[Iterator[StepColu
     log = EventLog(path)
     stream = path.with_name(STEPS_FILE)
     records: list[tuple[int, Step]] = []  # without reduce
-    streamed = _StepRecords(log, stream)  # with reduce
+    streamed = 0  # with reduce: the records of steps.bin reduced
     kept = None
     if reduce is None:
         records = _read_steps(log, stream, shared)
@@ -734,18 +734,19 @@ def _read(path: Path, shared: Shared | None, reduce: Callable[[Iterator[StepColu
             for _ in _read_lines(log, LineReader(fp), shared, records):
                 pass
     else:
-        with open_regular(path) as fp:
-            steps = chain(streamed, streamed.alone(_read_lines(log, LineReader(fp), None, [], rows=True)))
+        with _StepRecords(log, stream) as stepped, open_regular(path) as fp:  # (steps.bin opened first, as above)
+            steps = chain(stepped, stepped.alone(_read_lines(log, LineReader(fp), None, [], rows=True)))
             kept = reduce(steps)
             for _ in steps:  # what reduce left unread: the lines' events, the damage counted at the end
                 pass
+        streamed = stepped.count
     if log.bad_lines > 5:
         log.problems.append(f"{path}: {log.bad_lines} unreadable lines skipped in all")
     header = log.header
     if header is None:
         log.unreadable = "no header line: not a torchrepro event log"
         ids = {id(step) for _, step in records}
-        if (ids and all(id(e) in ids for e in log.events)) or (streamed.count and not log.events):
+        if (ids and all(id(e) in ids for e in log.events)) or (streamed and not log.events):
             # a step stream beside a log of no event at all (garbage, not a torchrepro log) means nothing;
             # beside a log that only lost its header line it is that log's steps, read as its lines are
             log.events = []
@@ -769,33 +770,41 @@ _BATCH = 256  # step lines reduced at once
 
 
 class _StepRecords:
-    """The step records of ``path`` (``steps.bin``) as batches of columns (:func:`step_columns`),
-    decoded :data:`_PIECE` bytes at a time, their values' JSON types checked a column at a time
-    (:class:`_ReadWhole` for a wrong one); none if there is no such file. ``count``: the records
-    given so far. Damage is counted in ``log`` as for a line, once all are read."""
+    """The step records of ``path`` (``steps.bin``, opened here; none if there is no such file) as
+    batches of columns (:func:`step_columns`), decoded :data:`_PIECE` bytes at a time, their
+    values' JSON types checked a column at a time (:class:`_ReadWhole` for a wrong one). ``count``:
+    the records given so far. Damage is counted in ``log`` as for a line, once all are read."""
 
     def __init__(self, log: EventLog, path: Path):
         self.log, self.path, self.count = log, path, 0
+        try:
+            self.fp: BinaryIO | None = open_regular(path)
+        except FileNotFoundError:
+            self.fp = None
+
+    def __enter__(self) -> _StepRecords:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fp is not None:
+            self.fp.close()
 
     def __iter__(self) -> Iterator[StepColumns]:
-        try:
-            fp = open_regular(self.path)
-        except FileNotFoundError:
+        if self.fp is None:
             return
-        decoder, types = _row_decoder(), _STEP_TYPES
-        with fp:
-            while True:
-                piece = fp.read(_PIECE)
-                records = decoder.feed(piece) if piece else decoder.finish()
-                if records:
-                    self.count += len(records)
-                    columns = list(zip(*[row for _, row in records]))
-                    for values, accepted in zip(columns, types):
-                        if accepted is not None and not set(map(type, values)) <= accepted:
-                            raise _ReadWhole("a step record with a value of the wrong JSON type")
-                    yield columns
-                if not piece:
-                    break
+        decoder, types, read = _row_decoder(), _STEP_TYPES, self.fp.read
+        while True:
+            piece = read(_PIECE)
+            records = decoder.feed(piece) if piece else decoder.finish()
+            if records:
+                self.count += len(records)
+                columns = list(zip(*[row for _, row in records]))
+                for values, accepted in zip(columns, types):
+                    if accepted is not None and not set(map(type, values)) <= accepted:
+                        raise _ReadWhole("a step record with a value of the wrong JSON type")
+                yield columns
+            if not piece:
+                break
         _count_damage(self.log, self.path, decoder)
 
     def alone(self, batches: Iterator[StepColumns]) -> Iterator[StepColumns]:
