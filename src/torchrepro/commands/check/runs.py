@@ -17,7 +17,7 @@ from rich.console import Console
 
 from ...analysis.verdict import Ending, ending
 from ...errors import InputError, Stopped
-from ..launcher import ChildResult, child_env, launch, side_by_side
+from ..launcher import ChildResult, child_env, launch, sharing_cores_env, side_by_side
 from ...runtime.options import RunOptions
 from ...eventlog.payloads import JsonObject
 from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, write_json
@@ -89,12 +89,13 @@ class Checker:
         the machine has room, else one after the other."""
         if len(specs) > 1 and side_by_side_allowed(len(specs) * self.nproc):
             self.console.print(f"[dim]· {len(specs)} runs side by side[/]", highlight=False)
-            return side_by_side([partial(self.run, spec) for spec in specs])
+            return side_by_side([partial(self.run, spec, sharing_cores_env()) for spec in specs])
         return [self.run(spec) for spec in specs]
 
     def run(
         self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None, **options: Any
     ) -> tuple[Run, int]:
+        """Launch ``spec`` (``env``: set in its environment, and said in its ``run.json``) and read it back."""
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         meta: JsonObject = {
@@ -104,6 +105,7 @@ class Checker:
             "script": str(self.script),
             "args": self.args,
             "supervisor": supervisor_record(),  # with no "ended" once it is gone: the run was interrupted
+            **({"env_set": env} if env else {}),
         }
         write_json(run_dir / RUN_FILE, meta)
         t0 = time.perf_counter()
