@@ -135,6 +135,9 @@ def test_runs_side_by_side_let_idle_threads_sleep_unless_the_user_chose_and_trai
         timeout=600,
     )
     assert proc.returncode == 0 and "2 runs side by side" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    notes = json.loads((tmp_path / "out" / "report.json").read_text())["determinism"]["notes"]
+    shared = [n for n in notes if n.startswith("the runs ran side by side, 2 intra-op threads each on")]
+    assert len(shared) == (2 * 2 > len(os.sched_getaffinity(0)))  # agreeing runs whose threads shared the cores
     expected_policy = users or "PASSIVE"
     for label in ("run-1", "run-2"):
         meta, printed = _said(tmp_path / "out" / label)
