@@ -162,6 +162,8 @@ def test_recompile_limit_is_shown_with_its_cost_not_as_a_cure(tmp_path):
     out = tmp_path / "run"
     done = doctor_fixes(out, PITFALLS, "limit", "--counters", str(counters), flags=("--jobs", "2"))
     assert done.returncode == 1, done.stderr[-2000:]  # RECOMPILE_LIMIT_HIT fails the baseline
+    sharing = None if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "PASSIVE"}  # 2 fix runs side by side
+    assert [json.loads(f.read_text()).get("env_set") for f in (out / "fixes").glob("*/run.json")] == [sharing] * 2
     report = json.loads((out / "report.json").read_text())
     limit = rows(report)["recompile_limit"]
     assert limit["status"] == "not_a_cure" and limit["spec"] == "recompile_limit:64"

@@ -62,6 +62,9 @@ def test_full_batch_init_explains_variance_and_a_planted_compile_change_is_found
     assert report["schema"] == "torchrepro.drift/1" and report["kind"] == "drift"
     d = report["drift"]
     assert len(d["runs"]) == 18 and all(r["status"] == "ok" for r in d["runs"])
+    attempts = [json.loads(f.read_text()) for f in (tmp_path / "exp").rglob("attempt.json")]
+    sharing = None if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "PASSIVE"}  # runs side by side
+    assert len(attempts) == 18 and all(a.get("env_set") == sharing for a in attempts)
     assert d["not_separable"] == [] and d["metric"]["name"] == "final loss"
     shares = {f["name"]: f["variance_share"] for f in d["factors"]}
     assert shares["init"] > 0.99 and shares["order"] < 0.01, shares

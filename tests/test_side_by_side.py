@@ -4,8 +4,10 @@ started after the signal too), and the rule for when they may is the documented 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -90,3 +92,55 @@ def test_without_the_variable_a_core_for_each_process(monkeypatch):
     if any(Path("/dev").glob("nvidia[0-9]*")):
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
         assert not side_by_side_allowed(1)  # runs sharing a GPU could run out of its memory
+
+
+# Two threads and a product large enough for OpenMP to split it: the runs' idle threads wait as told.
+THREADED = """
+import hashlib, os, sys
+import torch
+torch.manual_seed(0)
+torch.set_num_threads(2)
+model = torch.nn.Linear(256, 256)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(4):
+    opt.zero_grad()
+    model(torch.randn(512, 256)).square().mean().backward()
+    opt.step()
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+print("wait", os.environ.get("OMP_WAIT_POLICY"), "params", digest)
+"""
+
+
+def _said(run_dir: Path) -> tuple[dict, str]:
+    """A check run's run.json and what its script printed."""
+    return json.loads((run_dir / "run.json").read_text()), (run_dir / "logs" / "stdout.log").read_text().split()
+
+
+@pytest.mark.parametrize("users", [None, "ACTIVE"])
+def test_runs_side_by_side_let_idle_threads_sleep_unless_the_user_chose_and_train_bit_identically(tmp_path, users):
+    """check's runs side by side get OMP_WAIT_POLICY=PASSIVE (said in run.json), unless the user
+    set the variable; either way they train as a plain run does, bit for bit."""
+    script = tmp_path / "threaded.py"
+    script.write_text(THREADED)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {SIDE_BY_SIDE_VAR: "1"}
+    if users:
+        env["OMP_WAIT_POLICY"] = users
+    plain = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "check", "--out", "out", str(script)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "2 runs side by side" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    notes = json.loads((tmp_path / "out" / "report.json").read_text())["determinism"]["notes"]
+    shared = [n for n in notes if n.startswith("the runs ran side by side, 2 intra-op threads each on")]
+    assert len(shared) == (2 * 2 > len(os.sched_getaffinity(0)))  # agreeing runs whose threads shared the cores
+    expected_policy = users or "PASSIVE"
+    for label in ("run-1", "run-2"):
+        meta, printed = _said(tmp_path / "out" / label)
+        assert meta.get("env_set") == (None if users else {"OMP_WAIT_POLICY": "PASSIVE"})
+        assert printed[:2] == ["wait", expected_policy]
+        assert printed[2:] == plain.stdout.split()[2:] and len(printed[3]) == 64  # the plain run's parameters

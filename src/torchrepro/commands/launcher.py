@@ -504,6 +504,19 @@ def run_command(script: Path, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torchrepro", "run", "--", str(script), *args]
 
 
+# An idle OpenMP thread of torch's CPU build (GNU OpenMP) spins for a while before it sleeps: alone, a
+# run loses nothing by it; beside another run on the same cores, the spinning takes the time the other
+# needs (check's two runs on 2 cores: 1.4x one plain run's wall with it, 1.03x without; docs/performance.md).
+# How an idle thread waits changes neither the number of threads nor how an op splits its work: no result.
+SHARING_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def sharing_cores_env() -> dict[str, str]:
+    """What a job started beside others gets in its environment: :data:`SHARING_CORES_ENV`, less
+    what the user set (theirs stands)."""
+    return {name: value for name, value in SHARING_CORES_ENV.items() if name not in os.environ}
+
+
 def child_env(seed: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a child run: ours (less a capture around us, see :mod:`torchrepro.runtime.follow`),
     plus ``PYTHONHASHSEED`` when seeding."""

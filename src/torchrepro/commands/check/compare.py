@@ -240,6 +240,8 @@ def check(
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
+    shared = checker.shared_cores_note([run for _, run in done.values()]) if div is None else None
+    notes += [shared] if shared else []
     cause: str | None = None
     evidence: JsonObject = {}
     decomposition: Decomposition | None = None

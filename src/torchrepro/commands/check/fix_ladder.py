@@ -8,14 +8,13 @@ The decisions are pure (:mod:`torchrepro.analysis.fixes`); this module only laun
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ...analysis.divergence import Divergence, Tolerance, first_divergence, settings, steps_compared
+from ...analysis.divergence import Divergence, Tolerance, first_divergence, steps_compared
 from ...analysis.fixes import (
     BackendStages,
     Candidate,
@@ -28,9 +27,11 @@ from ...analysis.fixes import (
     median_step_time,
 )
 from ...errors import InputError
-from ...eventlog.events import Compile, EventLog, Step
+from ...eventlog.events import Compile, Step
 from ...eventlog.payloads import ExplainedOutput, JsonObject, KernelCall, KernelSummary
 from ...eventlog.rundir import Run
+
+from .runs import intra_op_threads, usable_cores
 
 if TYPE_CHECKING:
     from .runs import Checker, RunSpec
@@ -270,14 +271,7 @@ def _written_baseline(runs: list[Run], last: int) -> float | None:
 
 def _jobs(runs: list[Run]) -> int:
     """Fix runs side by side only where cores allow: the CPUs over the threads one run uses."""
-    threads = max((_threads(log) for r in runs for log in r.logs), default=1)
-    return max(1, (os.cpu_count() or 1) // threads)
-
-
-def _threads(log: EventLog) -> int:
-    """The intra-op threads a rank ran with (recorded as an int; 1 when not recorded)."""
-    value = settings(log).get("num_threads")
-    return value if isinstance(value, int) and value > 0 else 1
+    return max(1, usable_cores() // intra_op_threads(runs))
 
 
 def _truncated(

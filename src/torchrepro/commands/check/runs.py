@@ -15,9 +15,10 @@ from typing import Any
 
 from rich.console import Console
 
+from ...analysis.divergence import settings
 from ...analysis.verdict import Ending, ending
 from ...errors import InputError, Stopped
-from ..launcher import ChildResult, child_env, launch, side_by_side
+from ..launcher import ChildResult, child_env, launch, sharing_cores_env, side_by_side
 from ...runtime.options import RunOptions
 from ...eventlog.payloads import JsonObject
 from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, write_json
@@ -49,8 +50,18 @@ def side_by_side_allowed(processes: int) -> bool:
     said = os.environ.get(SIDE_BY_SIDE_VAR)
     if said in ("0", "1"):
         return said == "1"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return processes <= cores and not accelerator_visible()
+    return processes <= usable_cores() and not accelerator_visible()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def intra_op_threads(runs: list[Run]) -> int:
+    """The most intra-op threads a rank of ``runs`` ran with (recorded after its first step; 1 when not recorded)."""
+    recorded = [settings(log).get("num_threads") for r in runs for log in r.logs]
+    return max([n for n in recorded if isinstance(n, int) and n > 0], default=1)
 
 
 def accelerator_visible() -> bool:
@@ -83,18 +94,33 @@ class Checker:
         self.timings: dict[str, float] = {}
         self.endings: dict[str, Ending] = {}
         self.replay_failures: dict[str, str] = {}  # replay tag -> why it wrote no record
+        self.side_by_side = False  # whether run_all ran its runs at once
 
     def run_all(self, specs: list[RunSpec]) -> list[tuple[Run, int]]:
         """:meth:`run` of each of ``specs``: side by side where :func:`side_by_side_allowed` says
         the machine has room, else one after the other."""
-        if len(specs) > 1 and side_by_side_allowed(len(specs) * self.nproc):
+        self.side_by_side = len(specs) > 1 and side_by_side_allowed(len(specs) * self.nproc)
+        if self.side_by_side:
             self.console.print(f"[dim]· {len(specs)} runs side by side[/]", highlight=False)
-            return side_by_side([partial(self.run, spec) for spec in specs])
+            return side_by_side([partial(self.run, spec, sharing_cores_env()) for spec in specs])
         return [self.run(spec) for spec in specs]
+
+    def shared_cores_note(self, runs: list[Run]) -> str | None:
+        """What to say of runs that agree when :meth:`run_all` ran them side by side with more
+        threads than cores: a race between a run's own threads needs them running at once, which
+        sharing the cores makes rarer (docs/performance.md, "check: its runs side by side")."""
+        threads, cores = intra_op_threads(runs), usable_cores()
+        if not self.side_by_side or threads * len(runs) * self.nproc <= cores:
+            return None
+        return (
+            f"the runs ran side by side, {threads} intra-op threads each on {cores} cores: a race between a run's "
+            f"own threads shows less often than in a run alone; {SIDE_BY_SIDE_VAR}=0 runs them one after the other"
+        )
 
     def run(
         self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None, **options: Any
     ) -> tuple[Run, int]:
+        """Launch ``spec`` (``env``: set in its environment, and said in its ``run.json``) and read it back."""
         run_dir = self.out / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         meta: JsonObject = {
@@ -104,6 +130,7 @@ class Checker:
             "script": str(self.script),
             "args": self.args,
             "supervisor": supervisor_record(),  # with no "ended" once it is gone: the run was interrupted
+            **({"env_set": env} if env else {}),
         }
         write_json(run_dir / RUN_FILE, meta)
         t0 = time.perf_counter()

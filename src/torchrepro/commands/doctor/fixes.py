@@ -17,6 +17,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ...analysis.compile_fixes import (
     CompileFix,
@@ -36,7 +37,7 @@ from ...eventlog.rundir import RUN_FILE, load_run, write_json
 from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
 from ...report.model import DoctorReport, TriedFix
 from ...runtime.options import RunOptions
-from ..launcher import child_env, launch
+from ..launcher import child_env, launch, sharing_cores_env
 
 COMBINED = "recommended_set"
 
@@ -57,9 +58,10 @@ class FixRunner:
         self.run_dir, self.script, self.args, self.nproc, self.timeout = run_dir, script, args, nproc, timeout
         self.options = replace(options, analysis_only=True)
 
-    def run(self, name: str, spec: str, stop: int | None) -> list[EventLog] | None:
+    def run(self, name: str, spec: str, stop: int | None, env: dict[str, str] | None = None) -> list[EventLog] | None:
         """The event logs of the run of ``spec`` in ``fixes/<name>`` (a finished one with the same
-        fix and stop is reused), or None when it did not end normally."""
+        fix and stop is reused), or None when it did not end normally. ``env``: set in its
+        environment, and said in its ``run.json``."""
         out = self.run_dir / FIXES_DIR / name
         try:
             meta = json.loads((out / RUN_FILE).read_text())
@@ -69,7 +71,8 @@ class FixRunner:
         if not (finished and meta.get("fix") == spec and meta.get("stop_after_step") == stop):
             shutil.rmtree(out, ignore_errors=True)  # a run of ours cut short (or of another plan): again
             out.mkdir(parents=True)
-            meta = start_meta(self.script, self.args, seed=self.options.seed, fix=spec, stop_after_step=stop)
+            said: dict[str, Any] = {"env_set": env} if env else {}
+            meta = start_meta(self.script, self.args, seed=self.options.seed, fix=spec, stop_after_step=stop, **said)
             write_json(out / RUN_FILE, meta)
             _say(f"fix {name}: {spec}" + (f", stopping after step {stop}" if stop is not None else ""))
             options = replace(self.options, run_dir=out, fix=spec, stop_after_step=stop)
@@ -80,7 +83,7 @@ class FixRunner:
                 options,
                 nproc=self.nproc,
                 quiet=True,
-                env=child_env(self.options.seed),
+                env=child_env(self.options.seed, env),
                 stall_timeout=self.timeout,
             )
             if result.stopped_by:  # a signal to torchrepro: doctor ends here (128 + N); this run is redone
@@ -117,8 +120,10 @@ def try_fixes(
         stop = window(baseline)
         before = measure(baseline, stop)
 
+        beside = sharing_cores_env() if jobs > 1 and len(tried) > 1 else None  # runs side by side
+
         def attempt(fix: CompileFix) -> TriedFix:
-            logs = runner.run(fix.name, fix.spec, stop)
+            logs = runner.run(fix.name, fix.spec, stop, beside)
             return judge(fix, before, measure(logs, stop) if logs else None, numerics(baseline, logs) if logs else None)
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

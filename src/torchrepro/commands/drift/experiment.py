@@ -37,7 +37,7 @@ from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, fmt_numb
 from ...analysis.sequential import plan_sentence, planning, sequential_section, sequential_verdict
 from ...errors import InputError, UserError
 from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, read_header
-from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, spawn, wait_job
+from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, sharing_cores_env, spawn, wait_job
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
 from ...report.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
@@ -319,10 +319,11 @@ def read_record(out: Path, cell: Cell) -> RunRecord | None:
 
 class Runner:
     """Runs cells as ``torchrepro run`` jobs (:func:`~torchrepro.commands.launcher.spawn`, output to
-    the run's logs); :meth:`stop` ends every live one."""
+    the run's logs); :meth:`stop` ends every live one. ``env``: set in each run's environment
+    (:func:`~torchrepro.commands.launcher.sharing_cores_env` when runs go side by side)."""
 
-    def __init__(self, out: Path, plan: Plan):
-        self.out, self.plan = out, plan
+    def __init__(self, out: Path, plan: Plan, env: dict[str, str] | None = None):
+        self.out, self.plan, self.env = out, plan, env or {}
         self.script = Path(plan["script"])
         self._live: dict[int, Job] = {}
         self._lock = threading.Lock()
@@ -341,12 +342,16 @@ class Runner:
             shutil.rmtree(run_dir)
         logs = run_dir / "logs"
         logs.mkdir(parents=True)
-        write_json(run_dir / ATTEMPT_FILE, {"attempt": attempt, "pid": os.getpid()})  # pid: the process running it
+        # pid: the process running it; env_set: what torchrepro set in the run's environment
+        write_json(
+            run_dir / ATTEMPT_FILE,
+            {"attempt": attempt, "pid": os.getpid(), **({"env_set": self.env} if self.env else {})},
+        )
         compile_mode, levels = child_levels(self.plan, cell)
         cmd = run_command(self.script, self.plan["args"])
         env = child_env(
             self.plan["seed"],
-            RunOptions(run_dir=run_dir, compile_mode=compile_mode, factors=levels, analysis_only=True).env(),
+            RunOptions(run_dir=run_dir, compile_mode=compile_mode, factors=levels, analysis_only=True).env() | self.env,
         )
         t0 = time.perf_counter()
         with (
@@ -461,7 +466,7 @@ def run_all(out: Path, plan: Plan, jobs: int, console: Console, launcher: str = 
 
 def _locally(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[RunRecord, None, None]:
     """The records of ``cells`` as they finish, ``jobs`` child processes at a time."""
-    runner = Runner(out, plan)
+    runner = Runner(out, plan, sharing_cores_env() if jobs > 1 else None)
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         for future in as_completed([pool.submit(runner.run, cell) for cell in cells]):
