@@ -385,7 +385,7 @@ def load_run(
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
     size = sum(map(_log_bytes, files)) if keep is not None else 0  # (chooses jobs)
     if jobs is None:
-        jobs = _cores() if size >= PARALLEL_BYTES else 1
+        jobs = usable_cores() if size >= PARALLEL_BYTES else 1
     jobs = min(jobs, len(files))
     with _no_gc():  # millions of small objects: the cyclic collector would rescan them again and again
         if keep is None or jobs <= 1:
@@ -427,7 +427,7 @@ PARALLEL_BYTES = 128 << 20  # rank logs smaller than this in all are read in one
 # interpreters, ~0.2 s each, would cost about what they save)
 
 
-def _cores() -> int:
+def usable_cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

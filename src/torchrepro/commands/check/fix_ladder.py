@@ -29,9 +29,8 @@ from ...analysis.fixes import (
 from ...errors import InputError
 from ...eventlog.events import Compile, Step
 from ...eventlog.payloads import ExplainedOutput, JsonObject, KernelCall, KernelSummary
-from ...eventlog.rundir import Run
-
-from .runs import intra_op_threads, usable_cores
+from ...eventlog.rundir import Run, usable_cores
+from .runs import intra_op_threads
 
 if TYPE_CHECKING:
     from .runs import Checker, RunSpec

@@ -21,7 +21,7 @@ from ...errors import InputError, Stopped
 from ..launcher import ChildResult, child_env, launch, sharing_cores_env, side_by_side
 from ...runtime.options import RunOptions
 from ...eventlog.payloads import JsonObject
-from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, write_json
+from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, usable_cores, write_json
 
 
 @dataclass
@@ -51,11 +51,6 @@ def side_by_side_allowed(processes: int) -> bool:
     if said in ("0", "1"):
         return said == "1"
     return processes <= usable_cores() and not accelerator_visible()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def intra_op_threads(runs: list[Run]) -> int:
