@@ -201,6 +201,7 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  read-back add (CPU: read, written)", "torchrepro.capture.readback", "add", "Readback"),
     ("  read-back poll (device values)", "torchrepro.capture.readback", "poll", "Readback"),
     ("  event write (record + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
+    ("  common step write (record + write)", "torchrepro.eventlog.events", "write_step", "EventWriter"),
     ("    record encoding (steps.bin)", "torchrepro.eventlog.stepstream", "encode", "Encoder"),
     ("    write system call", "torchrepro.eventlog.events", "_write", None),
 ]

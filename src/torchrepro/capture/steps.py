@@ -79,19 +79,25 @@ class StepRecorder:
     def __init__(
         self,
         emit: Callable[[Event], None],
+        emit_step: Callable[[float, int, float | None, int, float, int], bool],
         rank: int = 0,
         config: StepConfig | None = None,
         snapshot_dir: Path | None = None,
     ):
+        """``emit_step(t, index, loss, backward_calls, time_s, compiles)`` writes a common step from
+        its values (``CaptureSession.emit_step``), False when ``emit`` must take its ``Step``."""
         self._readback = Readback(emit)  # step values read back in batches (no device sync per step)
         self._emit, self.rank, self.snapshot_dir = self._readback.emit, rank, snapshot_dir
+        self._emit_step = emit_step
         self.config = config or StepConfig()
         self.completed = 0
         self.every = self.config.fingerprint_every
         self._digests = True  # RNG, batch and parameter digests are taken (see StepConfig.ranks_only)
         self._clock_optimizer: Any = None
         self._params: list[torch.Tensor] | None = None
-        self._losses: list[torch.Tensor] = []
+        self._losses: list[torch.Tensor] = []  # device losses, read back at the batch point
+        self._loss_values: list[float] = []  # CPU losses, read in backward()
+        self._loss_dtype = torch.float32  # the CPU losses' (several are added in it)
         self._closure = False  # the clock's step() was given a closure (its backward() calls are inside it)
         self._batch_fps: list[str] = []
         self._batch_fp = ""  # the combination of _batch_fps
@@ -118,6 +124,16 @@ class StepRecorder:
         self._called: list[Any] = []  # the outermost modules called before the parameters are named
         self._init_done = False
         self._first_index = 0
+        self._modes()
+
+    def _modes(self) -> None:
+        """What the per-step paths test once per change instead of every step: ``_timing``, capture
+        times its own work (only while the automatic interval is measured: nothing else reads it);
+        ``_plain``, a step records no digest, batch, gradient or snapshot (doctor in one process), so
+        ``_end_step`` may write it from its values (``emit_step``, no ``Step`` built)."""
+        config = self.config
+        self._timing = self.every is None and self._digests
+        self._plain = not (self._digests or config.rng or config.batches or config.grads or config.snapshots)
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Observer bugs must never reach the user's script: the first one is recorded as a
@@ -227,7 +243,7 @@ class StepRecorder:
     def _note_module_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._pending_backward and self._backward_clocked():
             self._end_step("backward")  # the forward of the next step
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if self._timing else 0.0
         if self._names is None and len(self._called) < 8 and all(m is not module for m in self._called):
             self._called.append(module)
         if not self._init_done:
@@ -243,7 +259,8 @@ class StepRecorder:
                     self._input_fps.append([fingerprint_later(_local(t)) for t in tensors])
                 except (TypeError, ValueError):  # sparse or nested inputs: an unhashable batch, as for the DataLoader's
                     self._input_fps.append(["unhashable"])
-        self._own += time.perf_counter() - t0
+        if self._timing:
+            self._own += time.perf_counter() - t0
 
     def _emit_init_params(self, source: str, module: Any, named: list[tuple[str, Any]], fps: list[str]) -> None:
         """The one ``InitParams`` event: the fingerprints ``fps`` of ``module``'s ``named``
@@ -301,6 +318,7 @@ class StepRecorder:
         if self.config.ranks_only:
             self.config.rng = self.config.batches = size > 1
             self._digests = size > 1 or self.config.fingerprint_every is not None
+            self._modes()
 
     # --- observers ----------------------------------------------------------------------
     def _read_rng(self, at: str) -> None:
@@ -312,13 +330,18 @@ class StepRecorder:
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
         if self._backward_clocked() and self._pending_backward:
             self._end_step("backward")  # a second backward() without a module call between
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if self._timing else 0.0
         self._read_rng("backward")
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-            self._losses.append(tensors.detach())
+            if tensors.is_cpu:  # read now, while it is in the caches: no device to wait for (readback.py)
+                self._loss_values.append(tensors.item())
+                self._loss_dtype = tensors.dtype
+            else:
+                self._losses.append(tensors.detach())
             if self._params is None and self._backward_clocked():
                 self._params = _leaves_of(tensors)
-        self._own += time.perf_counter() - t0
+        if self._timing:
+            self._own += time.perf_counter() - t0
 
     def _after_backward(self, result: Any) -> None:
         if not self._backward_clocked():
@@ -334,7 +357,7 @@ class StepRecorder:
     def _note_batch(self, batch: Any) -> None:
         if not self.config.batches:
             return
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if self._timing else 0.0
         self._read_rng("batch")
         try:
             self._batch_fps.append(fingerprint(batch))
@@ -342,7 +365,8 @@ class StepRecorder:
             self._batch_fps.append("unhashable")
         # combined now, while the hashing code is in the caches (at the step's end it is not)
         self._batch_fp = hash_bytes(*(f.encode() for f in self._batch_fps))[:16]
-        self._own += time.perf_counter() - t0
+        if self._timing:
+            self._own += time.perf_counter() - t0
 
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
@@ -370,7 +394,29 @@ class StepRecorder:
     def _end_step(self, clock: str) -> None:
         now = time.perf_counter()
         step_time = now - self._start
+        time_s = round(step_time, 6)
         index = self.completed
+        values = self._loss_values
+        self._pending_backward = False
+        if not (  # the common step (doctor in one process): written from its values, no Step built
+            self._plain
+            and clock == self.clock
+            and index != self._first_index
+            and len(values) < 2
+            and not self._losses
+            and not self._readback.queue
+            and self._emit_step(time.time(), index, values[0] if values else None, len(values), time_s, self._compiles)
+        ):
+            self._record(clock, index, step_time, time_s, now)
+        self.completed += 1
+        self._reset_step()
+        for listener in self.listeners:
+            listener(index)
+        self._start = time.perf_counter()
+
+    def _record(self, clock: str, index: int, step_time: float, time_s: float, now: float) -> None:
+        """A step's events: its ``Step`` (queued until its device values are read back) and, when
+        they change, the clock and the parameters' names; the settings after the first step."""
         if self.clock != clock:
             self.clock, self._names = clock, None
             self._emit(
@@ -382,7 +428,6 @@ class StepRecorder:
                     note="optimizer.step()" if clock == "optimizer" else "backward(): no torch.optim optimizer exists",
                 )
             )
-        self._pending_backward = False
         if self._params is None:
             self._params = []
         if self._names is None:
@@ -397,20 +442,25 @@ class StepRecorder:
                     kinds=[_kind(p) for p in self._params],
                 )
             )
+        losses, values = self._losses, self._loss_values
         event = Step(
+            t=time.time(),
             rank=self.rank,
             step=index,
             index=index,
-            time_s=round(step_time, 6),
-            backward_calls=len(self._losses),
+            time_s=time_s,
+            backward_calls=len(losses) + len(values),
             compiles=self._compiles,
         )
         parts: list[torch.Tensor] = []  # read back at the batch point (readback.py), then filled in
-        losses = self._losses
-        if len(losses) == 1:
-            parts.append(losses[0])  # at its own precision (a float64 loss stays float64)
-        elif losses:
-            parts.append(torch.stack([x.reshape(()) for x in losses]))
+        loss = None
+        if values and losses:
+            raise ValueError("a step whose losses are on the CPU and on a device")  # (torch.stack cannot join them)
+        if values:
+            event.loss, event.loss_last = _step_loss(values, self._closure, self._loss_dtype)
+        elif losses:  # at their own precision (a float64 loss stays float64)
+            parts.append(losses[0] if len(losses) == 1 else torch.stack([x.reshape(()) for x in losses]))
+            loss = _Loss(len(losses), self._closure, parts[0].dtype)
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         if self._batch_fps:
             event.batches, event.batch_fp = len(self._batch_fps), self._batch_fp
@@ -433,20 +483,15 @@ class StepRecorder:
             parts += [
                 d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)
             ]
-        loss = _Loss(len(losses), self._closure, parts[0].dtype) if losses else None
         self._readback.add(event, parts, partial(_fill, loss, later))
         if self._params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._readback.poll()
         if index == self._first_index:
             self._emit_settings(index)
-        own = self._own + (time.perf_counter() - now) - fp_cost
-        self._choose_interval(index, step_time - self._own, fp_cost, own)
-        self.completed += 1
-        self._reset_step()
-        for listener in self.listeners:
-            listener(index)
-        self._start = time.perf_counter()
+        if self._timing:
+            own = self._own + (time.perf_counter() - now) - fp_cost
+            self._choose_interval(index, step_time - self._own, fp_cost, own)
 
     def _emit_settings(self, index: int) -> None:
         """The switches in force once the script has set itself up (read after its first step)."""
@@ -464,7 +509,8 @@ class StepRecorder:
             self._emit(Setting(rank=self.rank, step=index, name=name, value=value))
 
     def _reset_step(self) -> None:
-        self._losses, self._batch_fps, self._input_fps, self._grads, self._compiles = [], [], [], None, 0
+        self._losses, self._loss_values, self._batch_fps, self._input_fps, self._grads = [], [], [], [], None
+        self._compiles = 0
         self._closure = False
         self._rng_fps, self._rng_at, self._own = None, None, 0.0
 
@@ -484,9 +530,8 @@ class StepRecorder:
 
     def _choose_interval(self, index: int, step_time: float, fp_cost: float, own: float) -> None:
         """Automatic interval: all of capture's per-step work — the fixed part (RNG and batch
-        digests, the event) plus parameter fingerprints every N steps — within 1 % of step time."""
-        if self.config.fingerprint_every is not None or self.every is not None or not self._digests:
-            return
+        digests, the event) plus parameter fingerprints every N steps — within 1 % of step time
+        (called while it is measured, ``_timing``)."""
         if index >= 1:  # step 0 holds the first compile
             self._step_times.append(step_time)
             self._fp_costs.append(fp_cost)
@@ -496,6 +541,7 @@ class StepRecorder:
             budget = _OVERHEAD_BUDGET * step
             room = max(budget - fixed, budget / 10)
             self.every = max(1, math.ceil(_SAFETY * cost / room))
+            self._modes()
             self._emit(
                 Capability(
                     rank=self.rank,
@@ -587,10 +633,7 @@ def _fill(loss: _Loss | None, later: dict[str, list[list[Digest]]], event: Step,
     them: the losses, gradient norm, then the two device sums of each digest in ``later``)."""
     it = iter(values)
     if loss is not None:
-        losses = [next(it) for _ in range(loss.calls)]
-        event.loss = losses[0] if loss.closure or loss.calls == 1 else _summed(losses, loss.dtype)
-        if loss.calls > 1:
-            event.loss_last = losses[-1]
+        event.loss, event.loss_last = _step_loss([next(it) for _ in range(loss.calls)], loss.closure, loss.dtype)
     if "grads" in later:
         event.grad_norm = round(next(it), 9)
     done = {
@@ -604,6 +647,14 @@ def _fill(loss: _Loss | None, later: dict[str, list[list[Digest]]], event: Step,
     if "params" in done:
         event.param_fps = [d[:16] for d in done["params"][0]]
         event.params_fp = _combined(done["params"][0])
+
+
+def _step_loss(values: list[Any], closure: bool, dtype: torch.dtype) -> tuple[Any, Any]:
+    """A step's ``loss`` and ``loss_last`` from the values of its ``backward()`` calls (the module
+    docstring): one value; else the first (a closure's) or their sum in ``dtype``, and the last."""
+    if len(values) == 1:
+        return values[0], None
+    return (values[0] if closure else _summed(values, dtype)), values[-1]
 
 
 def _summed(values: list[float], dtype: torch.dtype) -> float:
