@@ -392,7 +392,7 @@ class StepRecorder:
         self._end_step("optimizer")
 
     def _end_step(self, clock: str) -> None:
-        now = time.perf_counter()
+        now, t = time.perf_counter(), time.time()
         step_time = now - self._start
         time_s = round(step_time, 6)
         index = self.completed
@@ -405,16 +405,16 @@ class StepRecorder:
             and len(values) < 2
             and not self._losses
             and not self._readback.queue
-            and self._emit_step(time.time(), index, values[0] if values else None, len(values), time_s, self._compiles)
+            and self._emit_step(t, index, values[0] if values else None, len(values), time_s, self._compiles)
         ):
-            self._record(clock, index, step_time, time_s, now)
+            self._record(clock, index, t, step_time, time_s, now)
         self.completed += 1
         self._reset_step()
         for listener in self.listeners:
             listener(index)
         self._start = time.perf_counter()
 
-    def _record(self, clock: str, index: int, step_time: float, time_s: float, now: float) -> None:
+    def _record(self, clock: str, index: int, t: float, step_time: float, time_s: float, now: float) -> None:
         """A step's events: its ``Step`` (queued until its device values are read back) and, when
         they change, the clock and the parameters' names; the settings after the first step."""
         if self.clock != clock:
@@ -444,7 +444,7 @@ class StepRecorder:
             )
         losses, values = self._losses, self._loss_values
         event = Step(
-            t=time.time(),
+            t=t,
             rank=self.rank,
             step=index,
             index=index,
