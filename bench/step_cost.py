@@ -378,10 +378,11 @@ def fixed_less_timers(width: int, steps: int, tmp: Path) -> dict[str, float]:
 
 
 def side_by_side(width: int, steps: int, rounds: int, baseline: str) -> None:
-    """This tree's and ``baseline``'s fixed part less the timers, in turns (see the docstring)."""
+    """This tree's and ``baseline``'s fixed part, timers included and less the timers, in turns
+    (see the docstring)."""
     trees = {"this": str(Path(__file__).resolve().parents[1] / "src"), "baseline": baseline}
     found: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
-    print(f"\nwidth {width}: fixed part less the timers, µs per step (plain step in ms)")
+    print(f"\nwidth {width}: fixed part, timers included / less the timers, µs per step (plain step in ms)")
     for r in range(rounds):
         order = ("this", "baseline") if r % 2 == 0 else ("baseline", "this")
         for tree in order:
@@ -399,15 +400,17 @@ def side_by_side(width: int, steps: int, rounds: int, baseline: str) -> None:
             assert found[tree][-1]["src"].startswith(trees[tree]), f"{tree} imported {found[tree][-1]['src']}"
         this, base = found["this"][-1], found["baseline"][-1]
         print(
-            f"  round {r + 1}: this {this['fixed'] - this['timers']:6.1f} ({this['step_ms']:.1f} ms)   "
-            f"baseline {base['fixed'] - base['timers']:6.1f} ({base['step_ms']:.1f} ms)",
+            f"  round {r + 1}: this {this['fixed']:6.1f} / {this['fixed'] - this['timers']:6.1f} ({this['step_ms']:.1f} ms)"
+            f"   baseline {base['fixed']:6.1f} / {base['fixed'] - base['timers']:6.1f} ({base['step_ms']:.1f} ms)",
             flush=True,
         )
     less = {tree: [x["fixed"] - x["timers"] for x in runs] for tree, runs in found.items()}
     step = statistics.median(x["step_ms"] for runs in found.values() for x in runs)
     differences = [a - b for a, b in zip(less["this"], less["baseline"])]
+    timed = {tree: statistics.median(x["fixed"] for x in runs) for tree, runs in found.items()}
     print(
-        f"  medians: this {statistics.median(less['this']):.1f}, baseline {statistics.median(less['baseline']):.1f} µs; "
+        f"  medians: this {timed['this']:.1f} / {statistics.median(less['this']):.1f}, "
+        f"baseline {timed['baseline']:.1f} / {statistics.median(less['baseline']):.1f} µs; less the timers, "
         f"this - baseline per round {' '.join(f'{d:+.1f}' for d in differences)}, "
         f"median {statistics.median(differences):+.1f} µs = {statistics.median(differences) / 1e3 / step * 100:+.3f} % "
         f"of a {step:.1f} ms step"

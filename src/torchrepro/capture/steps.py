@@ -127,13 +127,18 @@ class StepRecorder:
         self._modes()
 
     def _modes(self) -> None:
-        """What the per-step paths test once per change instead of every step: ``_timing``, capture
-        times its own work (only while the automatic interval is measured: nothing else reads it);
-        ``_plain``, a step records no digest, batch, gradient or snapshot (doctor in one process), so
-        ``_end_step`` may write it from its values (``emit_step``, no ``Step`` built)."""
+        """What the per-step paths test once per change instead of every step (called whenever what
+        they derive from changes): ``_timing``, capture times its own work (only while the automatic
+        interval is measured: nothing else reads it); ``_plain``, a step records no digest, batch,
+        gradient or snapshot (doctor in one process), so ``_end_step`` may write it from its values
+        (``emit_step``, no ``Step`` built); ``_backward_clock``, ``backward()`` is the step clock (no
+        optimizer exists: none was created, none stepped); ``_calls_idle``, the outermost module
+        call has nothing to observe (clock, names, initial parameters known; no input digests)."""
         config = self.config
         self._timing = self.every is None and self._digests
         self._plain = not (self._digests or config.rng or config.batches or config.grads or config.snapshots)
+        self._backward_clock = self.clock != "optimizer" and self._optimizers_made == 0
+        self._calls_idle = not (self._backward_clock or self._names is None or not self._init_done or config.batches)
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Observer bugs must never reach the user's script: the first one is recorded as a
@@ -165,9 +170,7 @@ class StepRecorder:
         self._undo.append(register_optimizer_step_post_hook(self._safe(self._on_step)).remove)
         if self.config.grads:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
-        # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
-        # runs eagerly (and must stay plain: compiled autograd runs inside it).
-        self._wrap(torch.autograd, "backward", self._safe(self._note_backward), after=self._safe(self._after_backward))
+        self._wrap_backward()
         self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
         self._wrap_module_call()
         caps = [
@@ -219,6 +222,27 @@ class StepRecorder:
 
             self._undo.append(when_imported("torch._dynamo", self._safe(hide)))
 
+    def _wrap_backward(self) -> None:
+        """``torch.autograd.backward``: the loss before it and, while ``backward()`` may be the step
+        clock (no optimizer yet), the step begun after it. Dynamo graph-breaks on Tensor.backward()
+        before reaching Python, so this wrapper only ever runs eagerly (and must stay plain:
+        compiled autograd runs inside it)."""
+        original = torch.autograd.backward
+        before, after = self._safe(self._note_backward), self._safe(self._after_backward)
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                return original(*args, **kwargs)
+            before(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if self._backward_clock:
+                after(result)
+            return result
+
+        backward.__wrapped__ = original  # type: ignore[attr-defined]
+        torch.autograd.backward = backward
+        self._undo.append(lambda: setattr(torch.autograd, "backward", original))
+
     def _wrap_module_call(self) -> None:
         """``nn.Module.__call__``: the outermost call of a step gives its inputs' fingerprint (when
         no DataLoader batch was fetched) and, the first time, the initial parameters'."""
@@ -226,7 +250,7 @@ class StepRecorder:
         observe = self._safe(self._note_module_call)
 
         def __call__(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if self._in_module or torch.compiler.is_compiling():
+            if self._calls_idle or self._in_module or torch.compiler.is_compiling():
                 return original(module, *args, **kwargs)
             self._in_module = True
             try:
@@ -241,7 +265,7 @@ class StepRecorder:
         self._undo.append(when_imported("torch._dynamo", self._safe(lambda: _skip_frame(__call__))))
 
     def _note_module_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._pending_backward and self._backward_clocked():
+        if self._pending_backward and self._backward_clock:
             self._end_step("backward")  # the forward of the next step
         t0 = time.perf_counter() if self._timing else 0.0
         if self._names is None and len(self._called) < 8 and all(m is not module for m in self._called):
@@ -251,6 +275,7 @@ class StepRecorder:
             named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
             if named:  # the first call of a module with parameters (not a parameter-free transform)
                 self._init_done = True
+                self._modes()
                 self._emit_init_params("first_forward", root, named, [fingerprint(_local(p))[:16] for _, p in named])
         if self.config.batches and not self._batch_fps:
             tensors = _tensors((args, kwargs))
@@ -278,6 +303,7 @@ class StepRecorder:
 
     def _note_optimizer(self, *args: Any, **kwargs: Any) -> None:
         self._optimizers_made += 1
+        self._modes()
 
     def _watch_fully_shard(self) -> None:
         """Fingerprint each module's full parameters just before FSDP2 shards them (FSDP2 does not
@@ -328,7 +354,7 @@ class StepRecorder:
             self._rng_fps, self._rng_at = live_fingerprints(), at
 
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
-        if self._backward_clocked() and self._pending_backward:
+        if self._backward_clock and self._pending_backward:
             self._end_step("backward")  # a second backward() without a module call between
         t0 = time.perf_counter() if self._timing else 0.0
         self._read_rng("backward")
@@ -338,21 +364,17 @@ class StepRecorder:
                 self._loss_dtype = tensors.dtype
             else:
                 self._losses.append(tensors.detach())
-            if self._params is None and self._backward_clocked():
+            if self._params is None and self._backward_clock:
                 self._params = _leaves_of(tensors)
         if self._timing:
             self._own += time.perf_counter() - t0
 
     def _after_backward(self, result: Any) -> None:
-        if not self._backward_clocked():
+        if not self._backward_clock:
             return
         self._pending_backward = True
         if self.config.grads and self._params:
             self._grads = _grad_digest([p.grad for p in self._params if p.grad is not None])
-
-    def _backward_clocked(self) -> bool:
-        """No optimizer exists (none was created, none stepped): backward() is the clock."""
-        return self.clock != "optimizer" and self._optimizers_made == 0
 
     def _note_batch(self, batch: Any) -> None:
         if not self.config.batches:
@@ -442,6 +464,7 @@ class StepRecorder:
                     kinds=[_kind(p) for p in self._params],
                 )
             )
+            self._modes()  # a clock, names: the module calls may have nothing left to observe
         losses, values = self._losses, self._loss_values
         event = Step(
             t=t,
@@ -565,7 +588,7 @@ class StepRecorder:
     def flush(self) -> None:
         """At the end of the run: end a step begun by the last backward() (backward clock), and
         snapshot the final parameters if the schedule skipped them."""
-        if self._pending_backward and self._backward_clocked() and not self.failed:
+        if self._pending_backward and self._backward_clock and not self.failed:
             self._safe(self._end_step)("backward")
         self._readback.poll(force=True)
         if self.config.snapshots and self._params is not None and self.completed:
