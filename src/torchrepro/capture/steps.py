@@ -348,16 +348,17 @@ class StepRecorder:
 
     # --- observers ----------------------------------------------------------------------
     def _read_rng(self, at: str) -> None:
-        """Once per step: the RNG state when its first batch is fetched (a new epoch's iterator
-        has drawn its seed by then), else at its first backward() (after any seeding)."""
-        if self._rng_fps is None and self.config.rng:
+        """Once per step, while ``config.rng``: the RNG state when its first batch is fetched (a new
+        epoch's iterator has drawn its seed by then), else at its first backward() (after any seeding)."""
+        if self._rng_fps is None:
             self._rng_fps, self._rng_at = live_fingerprints(), at
 
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
         if self._backward_clock and self._pending_backward:
             self._end_step("backward")  # a second backward() without a module call between
         t0 = time.perf_counter() if self._timing else 0.0
-        self._read_rng("backward")
+        if self.config.rng:
+            self._read_rng("backward")
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             if tensors.is_cpu:  # read now, while it is in the caches: no device to wait for (readback.py)
                 self._loss_values.append(tensors.item())
@@ -380,7 +381,8 @@ class StepRecorder:
         if not self.config.batches:
             return
         t0 = time.perf_counter() if self._timing else 0.0
-        self._read_rng("batch")
+        if self.config.rng:
+            self._read_rng("batch")
         try:
             self._batch_fps.append(fingerprint(batch))
         except (TypeError, ValueError):
@@ -405,7 +407,7 @@ class StepRecorder:
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._is_clock(optimizer):
+        if optimizer is not self._clock_optimizer and not self._is_clock(optimizer):
             return
         if self._params is None or self.clock != "optimizer":
             self._params = self._optimizer_params(optimizer)
@@ -416,7 +418,7 @@ class StepRecorder:
     def _end_step(self, clock: str) -> None:
         now, t = time.perf_counter(), time.time()
         step_time = now - self._start
-        time_s = round(step_time, 6)
+        time_s = round(step_time * 1e6) / 1e6  # in µs, as round(step_time, 6) is, without its decimal digits
         index = self.completed
         values = self._loss_values
         self._pending_backward = False
@@ -430,8 +432,10 @@ class StepRecorder:
             and self._emit_step(t, index, values[0] if values else None, len(values), time_s, self._compiles)
         ):
             self._record(clock, index, t, step_time, time_s, now)
+            self._reset_step()
+        else:  # all that a plain step gathers
+            self._loss_values, self._compiles, self._closure = [], 0, False
         self.completed += 1
-        self._reset_step()
         for listener in self.listeners:
             listener(index)
         self._start = time.perf_counter()

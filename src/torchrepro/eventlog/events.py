@@ -546,13 +546,16 @@ class EventWriter:
         steps = self._steps
         if steps is None or self.listeners:
             return False
+        fd, encoder = steps
         try:
-            record = steps[1].encode(
+            record = encoder.encode(
                 _common_step_values(self.lines, t, rank, index, loss, backward_calls, time_s, compiles)
             )
         except TypeError:
             return False
-        _write(steps[0], record)
+        written = os.write(fd, record)  # (_write's first call, inline: one function less, run cold once a step)
+        if written < len(record):
+            _write(fd, record[written:])
         return True
 
     def _write_step(self, step: Step) -> bool:
