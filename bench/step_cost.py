@@ -203,7 +203,7 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  event write (record + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
     ("  common step write (record + write)", "torchrepro.eventlog.events", "write_step", "EventWriter"),
     ("    record encoding (steps.bin)", "torchrepro.eventlog.stepstream", "encode", "Encoder"),
-    ("    write system call (not the common step's)", "torchrepro.eventlog.events", "_write", None),
+    ("    write system call (other events)", "torchrepro.eventlog.events", "_write", None),
 ]
 
 

@@ -7,7 +7,8 @@ a queue with its tensors, and the queue is read at one **batch point**, :meth:`R
 
 - CPU tensors are ready at once: read as the step's event is queued (``item()``; when nothing
   waits before it, :meth:`Readback.add` is the batch point), the event is written as the step
-  ends (the log holds every completed step even if the process is then SIGKILLed);
+  ends (the log holds every completed step even if the process is then SIGKILLed); a CPU loss is
+  not even queued: ``capture.steps`` reads it in the ``backward()`` wrapper;
 - device tensors are packed into one int64 vector per step (floats bit-cast) and copied with
   ``non_blocking=True`` to pinned host memory behind a CUDA event; their steps are written at a
   later step end once the event has completed (``query()``, no wait), or when more than

@@ -5,7 +5,8 @@
   ``torch.optim`` optimizer (parameters updated by hand, or no update at all) is clocked by
   ``backward()``: each call ends the step the previous one began (the last one ends at exit).
 - The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
-  wrapped; the wrapper keeps a detached reference, no copy, no sync), at its own precision. A
+  wrapped: a CPU loss is read there, ``item()``, while it is in the caches; of a device loss the
+  wrapper keeps a detached reference, no copy, no sync, read back with the step), at its own precision. A
   step's loss is what the script prints for it (README, "the loss of a step"): with one ``backward()``, its
   value; with several before the step (gradient accumulation: micro-losses scaled for
   ``backward()``), their sum in the losses' dtype, added in order as ``total += loss`` adds
@@ -24,6 +25,11 @@
 Every wrapper calls straight through when Dynamo is tracing, so compiled code sees exactly the
 functions it would see without torchrepro. Dynamo is told to skip or not trace them once it is
 imported (:mod:`.on_import`): a script that never compiles never imports it.
+
+What runs once a step runs cold (the step's own work evicted the caches), so it touches as little as
+it can (docs/performance.md, "What doctor costs a step"): the wrappers call straight through when
+there is nothing to observe (``_modes``), and a step that records no digest (``doctor`` in one
+process) is written from its values, without building its ``Step`` (``emit_step``).
 """
 
 from __future__ import annotations
