@@ -150,3 +150,42 @@ def test_doctor_steps_are_the_same_bytes_either_way_and_training_is_unchanged(ru
         p for i, p in enumerate(printed) if p is not None and i != 12
     ]
     assert math.isnan(got[12].loss) and got[7].loss is None and got[4].loss_last is not None
+
+
+BACKWARD_CLOCK = r"""
+import json
+from pathlib import Path
+import torch
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+from torchrepro.capture.steps import StepConfig
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+session = CaptureSession(CaptureConfig(run_dir=Path("run"), steps=StepConfig(ranks_only=True)))
+session.start()
+printed = []
+for _ in range(20):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    with torch.no_grad():  # no optimizer: backward() is the step clock
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+            p.grad = None
+    printed.append(loss.item())
+session.stop(0)
+print(json.dumps(printed))
+"""
+
+
+def test_backward_clocked_common_steps_are_written_from_their_values(run_python, tmp_path):
+    """With no optimizer, backward() ends the step the previous one began (the last at the end):
+    the steps, written from their values, hold the losses the script printed."""
+    from torchrepro.eventlog.events import Capability
+
+    (tmp_path / "clock.py").write_text(BACKWARD_CLOCK)
+    printed = json.loads(run_python("import runpy; runpy.run_path('clock.py')").stdout.splitlines()[-1])
+    log = read_events(tmp_path / "run/rank-0/events.jsonl")
+    assert [c.note for c in log.of(Capability) if c.name == "step_clock"] == [
+        "backward(): no torch.optim optimizer exists"
+    ]
+    assert [s.loss for s in log.of(Step)] == printed and [s.index for s in log.of(Step)] == list(range(20))
