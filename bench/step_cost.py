@@ -339,12 +339,7 @@ def spy_share(width: int, steps: int, tmp: Path, rate: int) -> tuple[float, floa
 _ONCE = ("_param_names (", "<module> (", "_calibrate (")
 
 
-_PASSTHROUGH = (
-    "._wrap.<locals>.wrapper (",
-    "._wrap_backward.<locals>.backward (",
-    "._wrap_module_call.<locals>.__call__ (",
-    ".<locals>.exec_then_call (",
-)
+_PASSTHROUGH = ("._wrap.<locals>.wrapper (", "._wrap_module_call.<locals>.__call__ (", ".<locals>.exec_then_call (")
 
 
 def _in_capture(frames: list[str]) -> bool:

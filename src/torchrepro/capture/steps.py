@@ -138,12 +138,14 @@ class StepRecorder:
         interval is measured: nothing else reads it); ``_plain``, a step records no digest, batch,
         gradient or snapshot (doctor in one process), so ``_end_step`` may write it from its values
         (``emit_step``, no ``Step`` built); ``_backward_clock``, ``backward()`` is the step clock (no
-        optimizer exists: none was created, none stepped); ``_calls_idle``, the outermost module
-        call has nothing to observe (clock, names, initial parameters known; no input digests)."""
+        optimizer exists: none was created, none stepped); ``_batches``, the DataLoader's batches are
+        fingerprinted; ``_calls_idle``, the outermost module call has nothing to observe (clock,
+        names, initial parameters known; no input digests)."""
         config = self.config
         self._timing = self.every is None and self._digests
         self._plain = not (self._digests or config.rng or config.batches or config.grads or config.snapshots)
         self._backward_clock = self.clock != "optimizer" and self._optimizers_made == 0
+        self._batches = config.batches
         self._calls_idle = not (self._backward_clock or self._names is None or not self._init_done or config.batches)
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -176,7 +178,10 @@ class StepRecorder:
         self._undo.append(register_optimizer_step_post_hook(self._safe(self._on_step)).remove)
         if self.config.grads:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
-        self._wrap_backward()
+        # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
+        # runs eagerly (and must stay plain: compiled autograd runs inside it).
+        before, after = self._safe(self._note_backward), self._safe(self._after_backward)
+        self._wrap(torch.autograd, "backward", before, after=after, after_while="_backward_clock")
         self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
         self._wrap_module_call()
         caps = [
@@ -190,7 +195,8 @@ class StepRecorder:
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
             else:
-                self._wrap(iter_cls, "__next__", None, after=self._safe(self._note_batch), hide_from_dynamo=True)
+                after = self._safe(self._note_batch)
+                self._wrap(iter_cls, "__next__", None, after=after, hide_from_dynamo=True, after_while="_batches")
                 caps.append(Capability(name="batches", available=True, note="DataLoader iterator"))
         return caps
 
@@ -201,10 +207,12 @@ class StepRecorder:
         before: Callable[..., None] | None,
         after: Callable[[Any], None] | None = None,
         hide_from_dynamo: bool = False,
+        after_while: str | None = None,
     ) -> None:
         """Replace ``owner.name`` by a wrapper calling ``before``/``after`` around the original.
         ``hide_from_dynamo``: if compiled code calls it, Dynamo breaks the graph at the user's
-        call, as it would for the original, instead of tracing into torchrepro."""
+        call, as it would for the original, instead of tracing into torchrepro. ``after_while``:
+        the recorder's flag (``_modes``) without which ``after`` has nothing to observe and is not called."""
         original = getattr(owner, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -213,7 +221,7 @@ class StepRecorder:
             if before is not None:
                 before(*args, **kwargs)
             result = original(*args, **kwargs)
-            if after is not None:
+            if after is not None and (after_while is None or getattr(self, after_while)):
                 after(result)
             return result
 
@@ -227,27 +235,6 @@ class StepRecorder:
                     setattr(owner, name, torch.compiler.disable(wrapper))
 
             self._undo.append(when_imported("torch._dynamo", self._safe(hide)))
-
-    def _wrap_backward(self) -> None:
-        """``torch.autograd.backward``: the loss before it and, while ``backward()`` may be the step
-        clock (no optimizer yet), the step begun after it. Dynamo graph-breaks on Tensor.backward()
-        before reaching Python, so this wrapper only ever runs eagerly (and must stay plain:
-        compiled autograd runs inside it)."""
-        original = torch.autograd.backward
-        before, after = self._safe(self._note_backward), self._safe(self._after_backward)
-
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling():
-                return original(*args, **kwargs)
-            before(*args, **kwargs)
-            result = original(*args, **kwargs)
-            if self._backward_clock:
-                after(result)
-            return result
-
-        backward.__wrapped__ = original  # type: ignore[attr-defined]
-        torch.autograd.backward = backward
-        self._undo.append(lambda: setattr(torch.autograd, "backward", original))
 
     def _wrap_module_call(self) -> None:
         """``nn.Module.__call__``: the outermost call of a step gives its inputs' fingerprint (when
@@ -377,15 +364,11 @@ class StepRecorder:
             self._own += time.perf_counter() - t0
 
     def _after_backward(self, result: Any) -> None:
-        if not self._backward_clock:
-            return
         self._pending_backward = True
         if self.config.grads and self._params:
             self._grads = _grad_digest([p.grad for p in self._params if p.grad is not None])
 
     def _note_batch(self, batch: Any) -> None:
-        if not self.config.batches:
-            return
         t0 = time.perf_counter() if self._timing else 0.0
         if self.config.rng:
             self._read_rng("batch")
