@@ -28,8 +28,8 @@ the inputs of the outermost module call instead). Two measures, printed, never a
   points alone (``alone``: the median of their per-step sum, as a share of the loop's median
   step time, is capture's cost; less the parameter fingerprints, timed in the same pass, its
   fixed cost), then every part (``all timed``: each timer adds its own cost to the parts
-  around it), then the instrument itself: the entry points' bodies replaced by no-ops, timed
-  the same way from the same places (inside a step a timer's own code is cold too: ~2-10 µs
+  around it), then the instrument itself: the bodies of the entry points the ``alone`` pass called
+  replaced by no-ops, timed the same way from the same places (inside a step a timer's own code is cold too: ~2-10 µs
   per entry point), which the last line subtracts. The wrappers that call the entry points
   (pass-through checks, torch's hook dispatch) are in no pass: the totals leave them out. The automatic interval of the parameter
   fingerprints budgets 1 % of the *wall* step time of steps 1-5: on a loaded machine it is
@@ -38,8 +38,8 @@ the inputs of the outermost module call instead). Two measures, printed, never a
 - share: the same loop in a child process under ``py-spy record`` (250 samples/s,
   raw format); the share of the loop's samples with a torchrepro frame on the stack. Needs
   py-spy (``pip install py-spy``); skipped without it.
-- ``--baseline OTHER/src``: instead of the above, this tree's and another's fixed part less the
-  timers (the ``alone`` pass less the no-op pass), each in a fresh child process importing its
+- ``--baseline OTHER/src``: instead of the above, this tree's and another's fixed part, timers
+  included (the ``alone`` pass) and less the timers (less the no-op pass), each in a fresh child process importing its
   tree, taking turns over --rounds rounds in an order swapped every round: this machine's speed
   drifts by 10-20 % between runs minutes apart, far more than one cut changes, so a before/after
   claim needs both sides measured in turn; printed per round and as the median of the per-round
