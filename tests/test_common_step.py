@@ -189,3 +189,33 @@ def test_backward_clocked_common_steps_are_written_from_their_values(run_python,
         "backward(): no torch.optim optimizer exists"
     ]
     assert [s.loss for s in log.of(Step)] == printed and [s.index for s in log.of(Step)] == list(range(20))
+
+
+FORKED = r"""
+import json, os
+from pathlib import Path
+from torchrepro.capture.session import CaptureConfig, CaptureSession
+from torchrepro.eventlog.events import Capability
+
+session = CaptureSession(CaptureConfig(run_dir=Path("run")))
+session.start()
+child = os.fork()
+if child == 0:  # a DataLoader worker, say: capture stays quiet there
+    session.emit(Capability(name="from_child", available=True))
+    os._exit(0 if session.emit_step(1.8e9, 5, 0.5, 1, 0.01, 0) is False else 1)
+_, status = os.waitpid(child, 0)
+session.emit(Capability(name="from_parent", available=True))
+session.stop(0)
+print(json.dumps(os.waitstatus_to_exitcode(status)))
+"""
+
+
+def test_a_forked_child_writes_nothing(run_python, tmp_path):
+    """The session's process id is read once and renewed in a forked child (no system call per
+    event): what the child emits is dropped, what the parent emits after the fork is written."""
+    from torchrepro.eventlog.events import Capability
+
+    (tmp_path / "forked.py").write_text(FORKED)
+    assert json.loads(run_python("import runpy; runpy.run_path('forked.py')").stdout.splitlines()[-1]) == 0
+    names = [c.name for c in read_events(tmp_path / "run/rank-0/events.jsonl").of(Capability)]
+    assert "from_parent" in names and "from_child" not in names
