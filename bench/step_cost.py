@@ -28,8 +28,8 @@ the inputs of the outermost module call instead). Two measures, printed, never a
   points alone (``alone``: the median of their per-step sum, as a share of the loop's median
   step time, is capture's cost; less the parameter fingerprints, timed in the same pass, its
   fixed cost), then every part (``all timed``: each timer adds its own cost to the parts
-  around it), then the instrument itself: the entry points' bodies replaced by no-ops, timed
-  the same way from the same places (inside a step a timer's own code is cold too: ~2-10 µs
+  around it), then the instrument itself: the bodies of the entry points the ``alone`` pass called
+  replaced by no-ops, timed the same way from the same places (inside a step a timer's own code is cold too: ~2-10 µs
   per entry point), which the last line subtracts. The wrappers that call the entry points
   (pass-through checks, torch's hook dispatch) are in no pass: the totals leave them out. The automatic interval of the parameter
   fingerprints budgets 1 % of the *wall* step time of steps 1-5: on a loaded machine it is
@@ -38,8 +38,8 @@ the inputs of the outermost module call instead). Two measures, printed, never a
 - share: the same loop in a child process under ``py-spy record`` (250 samples/s,
   raw format); the share of the loop's samples with a torchrepro frame on the stack. Needs
   py-spy (``pip install py-spy``); skipped without it.
-- ``--baseline OTHER/src``: instead of the above, this tree's and another's fixed part less the
-  timers (the ``alone`` pass less the no-op pass), each in a fresh child process importing its
+- ``--baseline OTHER/src``: instead of the above, this tree's and another's fixed part, timers
+  included (the ``alone`` pass) and less the timers (less the no-op pass), each in a fresh child process importing its
   tree, taking turns over --rounds rounds in an order swapped every round: this machine's speed
   drifts by 10-20 % between runs minutes apart, far more than one cut changes, so a before/after
   claim needs both sides measured in turn; printed per round and as the median of the per-round
@@ -201,8 +201,9 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("  read-back add (CPU: read, written)", "torchrepro.capture.readback", "add", "Readback"),
     ("  read-back poll (device values)", "torchrepro.capture.readback", "poll", "Readback"),
     ("  event write (record + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
+    ("  common step write (record + write)", "torchrepro.eventlog.events", "write_step", "EventWriter"),
     ("    record encoding (steps.bin)", "torchrepro.eventlog.stepstream", "encode", "Encoder"),
-    ("    write system call", "torchrepro.eventlog.events", "_write", None),
+    ("    write system call (other events)", "torchrepro.eventlog.events", "_write", None),
 ]
 
 
@@ -212,12 +213,14 @@ PARAMS = "  parameter fingerprints (amortized)"
 @dataclass
 class Timed:
     """µs per kept step: each part's median (parameter fingerprints: mean, they run every N
-    steps), the median of the entry points' sum, and of that sum less the parameter fingerprints."""
+    steps), the median of the entry points' sum, and of that sum less the parameter fingerprints;
+    the parts called at all."""
 
     parts: dict[str, float]
     total: float
     fixed: float
     step_ms: float
+    called: set[str]
 
 
 def timed_parts(
@@ -263,6 +266,7 @@ def timed_parts(
         for owner, attr, fn in reversed(originals):
             setattr(owner, attr, fn)
     kept = [per_step[i] for i in sorted(per_step)[:-1]]  # the last: the session's stop, no step
+    called = {label for s in kept for label in s}  # (before the medians: a lookup adds a label to its step)
     medians = {
         label: (statistics.mean if label == PARAMS else statistics.median)([s[label] for s in kept]) * 1e6
         for label, *_ in parts
@@ -270,7 +274,11 @@ def timed_parts(
     totals = [sum(v for k, v in s.items() if k.startswith("entry")) for s in kept]
     fixed = [t - s[PARAMS] for t, s in zip(totals, kept)]
     return Timed(
-        medians, statistics.median(totals) * 1e6, statistics.median(fixed) * 1e6, statistics.median(times[10:]) * 1e3
+        medians,
+        statistics.median(totals) * 1e6,
+        statistics.median(fixed) * 1e6,
+        statistics.median(times[10:]) * 1e3,
+        called,
     )
 
 
@@ -361,11 +369,12 @@ def end_to_end(width: int, steps: int, rounds: int, tmp: Path) -> tuple[float, f
 
 
 def entry_passes(width: int, steps: int, tmp: Path) -> tuple[Timed, Timed]:
-    """The entry points (and the parameter fingerprints) timed alone, then the same entry points
-    with no-op bodies: the timers' own cost."""
+    """The entry points (and the parameter fingerprints) timed alone, then those of them that were
+    called with no-op bodies: the timers' own cost (a no-op entry point records nothing, so
+    capture would go on calling the ones its wrappers skip once there is nothing to observe)."""
     entries = [p for p in PARTS if p[0].startswith("entry") or p[0] == PARAMS]
     alone = timed_parts(width, steps, tmp, entries)
-    return alone, timed_parts(width, steps, tmp, [p for p in entries if p[0] != PARAMS], null=True)
+    return alone, timed_parts(width, steps, tmp, [p for p in entries if p[0] in alone.called - {PARAMS}], null=True)
 
 
 def fixed_less_timers(width: int, steps: int, tmp: Path) -> dict[str, float]:
@@ -377,10 +386,11 @@ def fixed_less_timers(width: int, steps: int, tmp: Path) -> dict[str, float]:
 
 
 def side_by_side(width: int, steps: int, rounds: int, baseline: str) -> None:
-    """This tree's and ``baseline``'s fixed part less the timers, in turns (see the docstring)."""
+    """This tree's and ``baseline``'s fixed part, timers included and less the timers, in turns
+    (see the docstring)."""
     trees = {"this": str(Path(__file__).resolve().parents[1] / "src"), "baseline": baseline}
     found: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
-    print(f"\nwidth {width}: fixed part less the timers, µs per step (plain step in ms)")
+    print(f"\nwidth {width}: fixed part, timers included / less the timers, µs per step (plain step in ms)")
     for r in range(rounds):
         order = ("this", "baseline") if r % 2 == 0 else ("baseline", "this")
         for tree in order:
@@ -398,15 +408,17 @@ def side_by_side(width: int, steps: int, rounds: int, baseline: str) -> None:
             assert found[tree][-1]["src"].startswith(trees[tree]), f"{tree} imported {found[tree][-1]['src']}"
         this, base = found["this"][-1], found["baseline"][-1]
         print(
-            f"  round {r + 1}: this {this['fixed'] - this['timers']:6.1f} ({this['step_ms']:.1f} ms)   "
-            f"baseline {base['fixed'] - base['timers']:6.1f} ({base['step_ms']:.1f} ms)",
+            f"  round {r + 1}: this {this['fixed']:6.1f} / {this['fixed'] - this['timers']:6.1f} ({this['step_ms']:.1f} ms)"
+            f"   baseline {base['fixed']:6.1f} / {base['fixed'] - base['timers']:6.1f} ({base['step_ms']:.1f} ms)",
             flush=True,
         )
     less = {tree: [x["fixed"] - x["timers"] for x in runs] for tree, runs in found.items()}
     step = statistics.median(x["step_ms"] for runs in found.values() for x in runs)
     differences = [a - b for a, b in zip(less["this"], less["baseline"])]
+    timed = {tree: statistics.median(x["fixed"] for x in runs) for tree, runs in found.items()}
     print(
-        f"  medians: this {statistics.median(less['this']):.1f}, baseline {statistics.median(less['baseline']):.1f} µs; "
+        f"  medians: this {timed['this']:.1f} / {statistics.median(less['this']):.1f}, "
+        f"baseline {timed['baseline']:.1f} / {statistics.median(less['baseline']):.1f} µs; less the timers, "
         f"this - baseline per round {' '.join(f'{d:+.1f}' for d in differences)}, "
         f"median {statistics.median(differences):+.1f} µs = {statistics.median(differences) / 1e3 / step * 100:+.3f} % "
         f"of a {step:.1f} ms step"

@@ -170,7 +170,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1) if optimizer_mode else None
 with CountHostReads():
     for x, y in data:
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
+        torch.autograd.backward(loss)  # (loss.backward() would run the wrapper with the counter off)
         if opt:
             opt.step()
             opt.zero_grad()
@@ -189,7 +189,8 @@ print(json.dumps({"reads": reads, "batch_reads": session.steps._readback.reads,
 @pytest.mark.parametrize("clock", ["optimizer", "backward"])
 def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path, clock):
     """Under capture every host read of a tensor (item/float/tolist/cpu/numpy...) comes from an
-    allowed place: the batch point (Readback.add or .poll), hashing host memory on the CPU path of
+    allowed place: the batch point (Readback.add or .poll), a CPU loss in the backward() wrapper
+    (no device to wait for), hashing host memory on the CPU path of
     fingerprint_later (a DeviceDigest on other devices), the RNG states (host tensors), the
     DataLoader's host batches, and the initial parameters once."""
     import json
@@ -199,7 +200,7 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
     result = json.loads(out.stdout.strip().splitlines()[-1])
     steps = len(_step_lines(tmp_path))
     assert steps == 8
-    entry = {"poll": 0, "fingerprint_later": 0, "live_fingerprints": 0, "_note_batch": 0, "init": 0}
+    entry = {"poll": 0, "backward": 0, "fingerprint_later": 0, "live_fingerprints": 0, "_note_batch": 0, "init": 0}
     user = []  # reads by the script (and torch under it), not by capture
     for name, chain in result["reads"]:
         if not chain:
@@ -209,14 +210,16 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
         if "_cpu_values" in chain:  # the batch point: Readback.add (nothing waiting) or Readback.poll
             assert chain[chain.index("_cpu_values") - 1] in ("add", "poll"), chain
             found = "poll"
+        if chain[-1:] == ["_note_backward"]:  # a CPU loss, read where backward() is called on it
+            found = "backward"
         if found is None:
             assert chain[-2:] == ["_note_module_call", "fingerprint"] or "_note_module_call" in chain, chain
             found = "init"
-        assert name in ("item", "tolist") if found == "poll" else name == "numpy", (name, chain)
+        assert name in ("item", "tolist") if found in ("poll", "backward") else name == "numpy", (name, chain)
         entry[found] += 1
     assert "__float__" in user  # the script's float(loss): the counter sees float()
     assert result["batch_reads"] == steps  # on the CPU: one batch point per step, at its end
-    assert entry["poll"] == 2 * steps  # there: the loss and the gradient norm
+    assert entry["poll"] == steps and entry["backward"] == steps  # the gradient norm there; the loss in backward()
     assert entry["init"] <= result["params"]  # the InitParams event, once
     # CPU tensors (batches, parameters, RNG states) are hashed by address: no read through torch
     assert entry["fingerprint_later"] == entry["_note_batch"] == 0, entry

@@ -7,7 +7,8 @@ a queue with its tensors, and the queue is read at one **batch point**, :meth:`R
 
 - CPU tensors are ready at once: read as the step's event is queued (``item()``; when nothing
   waits before it, :meth:`Readback.add` is the batch point), the event is written as the step
-  ends (the log holds every completed step even if the process is then SIGKILLed);
+  ends (the log holds every completed step even if the process is then SIGKILLed); a CPU loss is
+  not even queued: ``capture.steps`` reads it in the ``backward()`` wrapper;
 - device tensors are packed into one int64 vector per step (floats bit-cast) and copied with
   ``non_blocking=True`` to pinned host memory behind a CUDA event; their steps are written at a
   later step end once the event has completed (``query()``, no wait), or when more than
@@ -60,13 +61,13 @@ class Readback:
 
     def __init__(self, write: Callable[[Event], None], max_pending: int = 64):
         self._write, self.max_pending = write, max_pending
-        self._queue: deque[_Waiting] = deque()
+        self.queue: deque[_Waiting] = deque()  # the events waiting, in order (empty: nothing waits)
         self.reads = 0  # batch points that read values
 
     def emit(self, event: Event) -> None:
         """Write an event with nothing to read back (after any step still waiting)."""
-        if self._queue:
-            self._queue.append(_Waiting(event))
+        if self.queue:
+            self.queue.append(_Waiting(event))
         else:
             self._write(event)
 
@@ -77,8 +78,8 @@ class Readback:
             self.emit(event)
             return
         if all(p.is_cpu for p in parts):
-            if self._queue:  # behind a step still waiting for its device values
-                self._queue.append(_Waiting(event, fill, parts=parts))
+            if self.queue:  # behind a step still waiting for its device values
+                self.queue.append(_Waiting(event, fill, parts=parts))
                 return
             fill(event, _cpu_values(parts))  # nothing to wait for: read and written now
             self.reads += 1
@@ -91,16 +92,16 @@ class Readback:
         host.copy_(values, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        self._queue.append(_Waiting(event, fill, values=host, floats=floats, ready=ready))
+        self.queue.append(_Waiting(event, fill, values=host, floats=floats, ready=ready))
 
     def poll(self, force: bool = False) -> None:
         """The batch point: write every queued event whose values have reached the host (all,
         waiting for the device, when ``force`` or when too many steps wait)."""
-        if not self._queue:
+        if not self.queue:
             return
-        waiting = sum(1 for w in self._queue if w.fill is not None)
+        waiting = sum(1 for w in self.queue if w.fill is not None)
         ready: list[_Waiting] = []
-        for w in self._queue:
+        for w in self.queue:
             if w.ready is not None and not w.ready.query():
                 if not (force or waiting > self.max_pending):
                     break
@@ -110,7 +111,7 @@ class Readback:
         if any(w.fill is not None for w in ready):
             self.reads += 1
         for w in ready:
-            self._queue.popleft()
+            self.queue.popleft()
             if w.fill is None:  # an event with nothing to read back
                 pass
             elif w.parts is not None:  # CPU: nothing to wait for

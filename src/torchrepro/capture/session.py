@@ -49,6 +49,17 @@ def environment() -> tuple[JsonObject, str]:
     return env, info["env_fingerprint"]
 
 
+_pid = os.getpid()  # this process's id, renewed in a forked child: os.getpid() is a system call, not read per event
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; where processes cannot fork, _pid stays right
+    os.register_at_fork(after_in_child=_forked)
+
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
@@ -86,7 +97,7 @@ class CaptureSession:
         self._unwatch: Any = None
 
     def emit(self, event: Event) -> None:
-        if self.writer is None or os.getpid() != self.pid:  # DataLoader workers fork us: stay quiet there
+        if self.writer is None or _pid != self.pid:  # DataLoader workers fork us: stay quiet there
             return
         event.rank = self.rank
         if isinstance(event, Compile) and self.steps is not None:
@@ -96,6 +107,21 @@ class CaptureSession:
                 self.writer.write(event)
             except OSError as exc:  # a full disk, a quota: capture stops, the user's run goes on
                 self._stop_writing(exc)
+
+    def emit_step(
+        self, t: float, index: int, loss: float | None, backward_calls: int, time_s: float, compiles: int
+    ) -> bool:
+        """A common step written from its values (:meth:`EventWriter.write_step`: the step hook's
+        fast path, no ``Step`` built); False when :meth:`emit` must take its ``Step`` instead."""
+        writer = self.writer
+        if writer is None or _pid != self.pid:
+            return False  # (emit drops it too)
+        with self._lock:
+            try:
+                return writer.write_step(t, self.rank, index, loss, backward_calls, time_s, compiles)
+            except OSError as exc:
+                self._stop_writing(exc)
+                return True
 
     def _stop_writing(self, exc: OSError) -> None:
         """The event log cannot be written: close it, say so once on stderr, emit nothing more (the
@@ -168,7 +194,9 @@ class CaptureSession:
             )
         )
         self._unwatch = watch(lambda probe: self.emit(probe.event()))  # private torch APIs: found or not
-        self.steps = StepRecorder(self.emit, self.rank, self.config.steps, snapshot_dir=self.dir / "snapshots")
+        self.steps = StepRecorder(
+            self.emit, self.emit_step, self.rank, self.config.steps, snapshot_dir=self.dir / "snapshots"
+        )
         self.steps.world(self.world_size)
         self.compiles = CompileCapture(self.emit, lambda: self.steps.completed if self.steps else None, self.rank)
         for capability in [*self.compiles.install(), *self.steps.install()]:

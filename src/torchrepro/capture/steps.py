@@ -5,7 +5,8 @@
   ``torch.optim`` optimizer (parameters updated by hand, or no update at all) is clocked by
   ``backward()``: each call ends the step the previous one began (the last one ends at exit).
 - The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
-  wrapped; the wrapper keeps a detached reference, no copy, no sync), at its own precision. A
+  wrapped: a CPU loss is read there, ``item()``, while it is in the caches; of a device loss the
+  wrapper keeps a detached reference, no copy, no sync, read back with the step), at its own precision. A
   step's loss is what the script prints for it (README, "the loss of a step"): with one ``backward()``, its
   value; with several before the step (gradient accumulation: micro-losses scaled for
   ``backward()``), their sum in the losses' dtype, added in order as ``total += loss`` adds
@@ -24,6 +25,11 @@
 Every wrapper calls straight through when Dynamo is tracing, so compiled code sees exactly the
 functions it would see without torchrepro. Dynamo is told to skip or not trace them once it is
 imported (:mod:`.on_import`): a script that never compiles never imports it.
+
+What runs once a step runs cold (the step's own work evicted the caches), so it touches as little as
+it can (docs/performance.md, "What doctor costs a step"): the wrappers call straight through when
+there is nothing to observe (``_modes``), and a step that records no digest (``doctor`` in one
+process) is written from its values, without building its ``Step`` (``emit_step``).
 """
 
 from __future__ import annotations
@@ -79,19 +85,25 @@ class StepRecorder:
     def __init__(
         self,
         emit: Callable[[Event], None],
+        emit_step: Callable[[float, int, float | None, int, float, int], bool],
         rank: int = 0,
         config: StepConfig | None = None,
         snapshot_dir: Path | None = None,
     ):
+        """``emit_step(t, index, loss, backward_calls, time_s, compiles)`` writes a common step from
+        its values (``CaptureSession.emit_step``), False when ``emit`` must take its ``Step``."""
         self._readback = Readback(emit)  # step values read back in batches (no device sync per step)
         self._emit, self.rank, self.snapshot_dir = self._readback.emit, rank, snapshot_dir
+        self._emit_step = emit_step
         self.config = config or StepConfig()
         self.completed = 0
         self.every = self.config.fingerprint_every
         self._digests = True  # RNG, batch and parameter digests are taken (see StepConfig.ranks_only)
         self._clock_optimizer: Any = None
         self._params: list[torch.Tensor] | None = None
-        self._losses: list[torch.Tensor] = []
+        self._losses: list[torch.Tensor] = []  # device losses, read back at the batch point
+        self._loss_values: list[float] = []  # CPU losses, read in backward()
+        self._loss_dtype = torch.float32  # the CPU losses' (several are added in it)
         self._closure = False  # the clock's step() was given a closure (its backward() calls are inside it)
         self._batch_fps: list[str] = []
         self._batch_fp = ""  # the combination of _batch_fps
@@ -118,6 +130,23 @@ class StepRecorder:
         self._called: list[Any] = []  # the outermost modules called before the parameters are named
         self._init_done = False
         self._first_index = 0
+        self._modes()
+
+    def _modes(self) -> None:
+        """What the per-step paths test once per change instead of every step (called whenever what
+        they derive from changes): ``_timing``, capture times its own work (only while the automatic
+        interval is measured: nothing else reads it); ``_plain``, a step records no digest, batch,
+        gradient or snapshot (doctor in one process), so ``_end_step`` may write it from its values
+        (``emit_step``, no ``Step`` built); ``_backward_clock``, ``backward()`` is the step clock (no
+        optimizer exists: none was created, none stepped); ``_batches``, the DataLoader's batches are
+        fingerprinted; ``_calls_idle``, the outermost module call has nothing to observe (clock,
+        names, initial parameters known; no input digests)."""
+        config = self.config
+        self._timing = self.every is None and self._digests
+        self._plain = not (self._digests or config.rng or config.batches or config.grads or config.snapshots)
+        self._backward_clock = self.clock != "optimizer" and self._optimizers_made == 0
+        self._batches = config.batches
+        self._calls_idle = not (self._backward_clock or self._names is None or not self._init_done or config.batches)
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Observer bugs must never reach the user's script: the first one is recorded as a
@@ -151,7 +180,8 @@ class StepRecorder:
             self._undo.append(register_optimizer_step_pre_hook(self._safe(self._on_pre_step)).remove)
         # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
         # runs eagerly (and must stay plain: compiled autograd runs inside it).
-        self._wrap(torch.autograd, "backward", self._safe(self._note_backward), after=self._safe(self._after_backward))
+        before, after = self._safe(self._note_backward), self._safe(self._after_backward)
+        self._wrap(torch.autograd, "backward", before, after=after, after_while="_backward_clock")
         self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
         self._wrap_module_call()
         caps = [
@@ -165,7 +195,8 @@ class StepRecorder:
             if iter_cls is None:
                 caps.append(Capability(name="batches", available=False, note="no DataLoader iterator class to observe"))
             else:
-                self._wrap(iter_cls, "__next__", None, after=self._safe(self._note_batch), hide_from_dynamo=True)
+                after = self._safe(self._note_batch)
+                self._wrap(iter_cls, "__next__", None, after=after, hide_from_dynamo=True, after_while="_batches")
                 caps.append(Capability(name="batches", available=True, note="DataLoader iterator"))
         return caps
 
@@ -176,10 +207,12 @@ class StepRecorder:
         before: Callable[..., None] | None,
         after: Callable[[Any], None] | None = None,
         hide_from_dynamo: bool = False,
+        after_while: str | None = None,
     ) -> None:
         """Replace ``owner.name`` by a wrapper calling ``before``/``after`` around the original.
         ``hide_from_dynamo``: if compiled code calls it, Dynamo breaks the graph at the user's
-        call, as it would for the original, instead of tracing into torchrepro."""
+        call, as it would for the original, instead of tracing into torchrepro. ``after_while``:
+        the recorder's flag (``_modes``) without which ``after`` has nothing to observe and is not called."""
         original = getattr(owner, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -188,7 +221,7 @@ class StepRecorder:
             if before is not None:
                 before(*args, **kwargs)
             result = original(*args, **kwargs)
-            if after is not None:
+            if after is not None and (after_while is None or getattr(self, after_while)):
                 after(result)
             return result
 
@@ -210,7 +243,7 @@ class StepRecorder:
         observe = self._safe(self._note_module_call)
 
         def __call__(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if self._in_module or torch.compiler.is_compiling():
+            if self._calls_idle or self._in_module or torch.compiler.is_compiling():
                 return original(module, *args, **kwargs)
             self._in_module = True
             try:
@@ -225,9 +258,9 @@ class StepRecorder:
         self._undo.append(when_imported("torch._dynamo", self._safe(lambda: _skip_frame(__call__))))
 
     def _note_module_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._pending_backward and self._backward_clocked():
+        if self._pending_backward and self._backward_clock:
             self._end_step("backward")  # the forward of the next step
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if self._timing else 0.0
         if self._names is None and len(self._called) < 8 and all(m is not module for m in self._called):
             self._called.append(module)
         if not self._init_done:
@@ -235,6 +268,7 @@ class StepRecorder:
             named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
             if named:  # the first call of a module with parameters (not a parameter-free transform)
                 self._init_done = True
+                self._modes()
                 self._emit_init_params("first_forward", root, named, [fingerprint(_local(p))[:16] for _, p in named])
         if self.config.batches and not self._batch_fps:
             tensors = _tensors((args, kwargs))
@@ -243,7 +277,8 @@ class StepRecorder:
                     self._input_fps.append([fingerprint_later(_local(t)) for t in tensors])
                 except (TypeError, ValueError):  # sparse or nested inputs: an unhashable batch, as for the DataLoader's
                     self._input_fps.append(["unhashable"])
-        self._own += time.perf_counter() - t0
+        if self._timing:
+            self._own += time.perf_counter() - t0
 
     def _emit_init_params(self, source: str, module: Any, named: list[tuple[str, Any]], fps: list[str]) -> None:
         """The one ``InitParams`` event: the fingerprints ``fps`` of ``module``'s ``named``
@@ -261,6 +296,7 @@ class StepRecorder:
 
     def _note_optimizer(self, *args: Any, **kwargs: Any) -> None:
         self._optimizers_made += 1
+        self._modes()
 
     def _watch_fully_shard(self) -> None:
         """Fingerprint each module's full parameters just before FSDP2 shards them (FSDP2 does not
@@ -301,48 +337,49 @@ class StepRecorder:
         if self.config.ranks_only:
             self.config.rng = self.config.batches = size > 1
             self._digests = size > 1 or self.config.fingerprint_every is not None
+            self._modes()
 
     # --- observers ----------------------------------------------------------------------
     def _read_rng(self, at: str) -> None:
-        """Once per step: the RNG state when its first batch is fetched (a new epoch's iterator
-        has drawn its seed by then), else at its first backward() (after any seeding)."""
-        if self._rng_fps is None and self.config.rng:
+        """Once per step, while ``config.rng``: the RNG state when its first batch is fetched (a new
+        epoch's iterator has drawn its seed by then), else at its first backward() (after any seeding)."""
+        if self._rng_fps is None:
             self._rng_fps, self._rng_at = live_fingerprints(), at
 
     def _note_backward(self, tensors: Any = None, *args: Any, **kwargs: Any) -> None:
-        if self._backward_clocked() and self._pending_backward:
+        if self._backward_clock and self._pending_backward:
             self._end_step("backward")  # a second backward() without a module call between
-        t0 = time.perf_counter()
-        self._read_rng("backward")
+        t0 = time.perf_counter() if self._timing else 0.0
+        if self.config.rng:
+            self._read_rng("backward")
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-            self._losses.append(tensors.detach())
-            if self._params is None and self._backward_clocked():
+            if tensors.is_cpu:  # read now, while it is in the caches: no device to wait for (readback.py)
+                self._loss_values.append(tensors.item())
+                self._loss_dtype = tensors.dtype
+            else:
+                self._losses.append(tensors.detach())
+            if self._params is None and self._backward_clock:
                 self._params = _leaves_of(tensors)
-        self._own += time.perf_counter() - t0
+        if self._timing:
+            self._own += time.perf_counter() - t0
 
     def _after_backward(self, result: Any) -> None:
-        if not self._backward_clocked():
-            return
         self._pending_backward = True
         if self.config.grads and self._params:
             self._grads = _grad_digest([p.grad for p in self._params if p.grad is not None])
 
-    def _backward_clocked(self) -> bool:
-        """No optimizer exists (none was created, none stepped): backward() is the clock."""
-        return self.clock != "optimizer" and self._optimizers_made == 0
-
     def _note_batch(self, batch: Any) -> None:
-        if not self.config.batches:
-            return
-        t0 = time.perf_counter()
-        self._read_rng("batch")
+        t0 = time.perf_counter() if self._timing else 0.0
+        if self.config.rng:
+            self._read_rng("batch")
         try:
             self._batch_fps.append(fingerprint(batch))
         except (TypeError, ValueError):
             self._batch_fps.append("unhashable")
         # combined now, while the hashing code is in the caches (at the step's end it is not)
         self._batch_fp = hash_bytes(*(f.encode() for f in self._batch_fps))[:16]
-        self._own += time.perf_counter() - t0
+        if self._timing:
+            self._own += time.perf_counter() - t0
 
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
@@ -359,7 +396,7 @@ class StepRecorder:
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._is_clock(optimizer):
+        if optimizer is not self._clock_optimizer and not self._is_clock(optimizer):
             return
         if self._params is None or self.clock != "optimizer":
             self._params = self._optimizer_params(optimizer)
@@ -368,9 +405,33 @@ class StepRecorder:
         self._end_step("optimizer")
 
     def _end_step(self, clock: str) -> None:
-        now = time.perf_counter()
+        now, t = time.perf_counter(), time.time()
         step_time = now - self._start
+        time_s = round(step_time * 1e6) / 1e6  # in µs, as round(step_time, 6) is, without its decimal digits
         index = self.completed
+        values = self._loss_values
+        self._pending_backward = False
+        if not (  # the common step (doctor in one process): written from its values, no Step built
+            self._plain
+            and clock == self.clock
+            and index != self._first_index
+            and len(values) < 2
+            and not self._losses
+            and not self._readback.queue
+            and self._emit_step(t, index, values[0] if values else None, len(values), time_s, self._compiles)
+        ):
+            self._record(clock, index, t, step_time, time_s, now)
+            self._reset_step()
+        else:  # all that a plain step gathers
+            self._loss_values, self._compiles, self._closure = [], 0, False
+        self.completed += 1
+        for listener in self.listeners:
+            listener(index)
+        self._start = time.perf_counter()
+
+    def _record(self, clock: str, index: int, t: float, step_time: float, time_s: float, now: float) -> None:
+        """A step's events: its ``Step`` (queued until its device values are read back) and, when
+        they change, the clock and the parameters' names; the settings after the first step."""
         if self.clock != clock:
             self.clock, self._names = clock, None
             self._emit(
@@ -382,7 +443,6 @@ class StepRecorder:
                     note="optimizer.step()" if clock == "optimizer" else "backward(): no torch.optim optimizer exists",
                 )
             )
-        self._pending_backward = False
         if self._params is None:
             self._params = []
         if self._names is None:
@@ -397,20 +457,26 @@ class StepRecorder:
                     kinds=[_kind(p) for p in self._params],
                 )
             )
+            self._modes()  # a clock, names: the module calls may have nothing left to observe
+        losses, values = self._losses, self._loss_values
         event = Step(
+            t=t,
             rank=self.rank,
             step=index,
             index=index,
-            time_s=round(step_time, 6),
-            backward_calls=len(self._losses),
+            time_s=time_s,
+            backward_calls=len(losses) + len(values),
             compiles=self._compiles,
         )
         parts: list[torch.Tensor] = []  # read back at the batch point (readback.py), then filled in
-        losses = self._losses
-        if len(losses) == 1:
-            parts.append(losses[0])  # at its own precision (a float64 loss stays float64)
-        elif losses:
-            parts.append(torch.stack([x.reshape(()) for x in losses]))
+        loss = None
+        if values and losses:
+            raise ValueError("a step whose losses are on the CPU and on a device")  # (torch.stack cannot join them)
+        if values:
+            event.loss, event.loss_last = _step_loss(values, self._closure, self._loss_dtype)
+        elif losses:  # at their own precision (a float64 loss stays float64)
+            parts.append(losses[0] if len(losses) == 1 else torch.stack([x.reshape(()) for x in losses]))
+            loss = _Loss(len(losses), self._closure, parts[0].dtype)
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         if self._batch_fps:
             event.batches, event.batch_fp = len(self._batch_fps), self._batch_fp
@@ -433,20 +499,15 @@ class StepRecorder:
             parts += [
                 d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)
             ]
-        loss = _Loss(len(losses), self._closure, parts[0].dtype) if losses else None
         self._readback.add(event, parts, partial(_fill, loss, later))
         if self._params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._readback.poll()
         if index == self._first_index:
             self._emit_settings(index)
-        own = self._own + (time.perf_counter() - now) - fp_cost
-        self._choose_interval(index, step_time - self._own, fp_cost, own)
-        self.completed += 1
-        self._reset_step()
-        for listener in self.listeners:
-            listener(index)
-        self._start = time.perf_counter()
+        if self._timing:
+            own = self._own + (time.perf_counter() - now) - fp_cost
+            self._choose_interval(index, step_time - self._own, fp_cost, own)
 
     def _emit_settings(self, index: int) -> None:
         """The switches in force once the script has set itself up (read after its first step)."""
@@ -464,7 +525,8 @@ class StepRecorder:
             self._emit(Setting(rank=self.rank, step=index, name=name, value=value))
 
     def _reset_step(self) -> None:
-        self._losses, self._batch_fps, self._input_fps, self._grads, self._compiles = [], [], [], None, 0
+        self._losses, self._loss_values, self._batch_fps, self._input_fps, self._grads = [], [], [], [], None
+        self._compiles = 0
         self._closure = False
         self._rng_fps, self._rng_at, self._own = None, None, 0.0
 
@@ -484,9 +546,8 @@ class StepRecorder:
 
     def _choose_interval(self, index: int, step_time: float, fp_cost: float, own: float) -> None:
         """Automatic interval: all of capture's per-step work — the fixed part (RNG and batch
-        digests, the event) plus parameter fingerprints every N steps — within 1 % of step time."""
-        if self.config.fingerprint_every is not None or self.every is not None or not self._digests:
-            return
+        digests, the event) plus parameter fingerprints every N steps — within 1 % of step time
+        (called while it is measured, ``_timing``)."""
         if index >= 1:  # step 0 holds the first compile
             self._step_times.append(step_time)
             self._fp_costs.append(fp_cost)
@@ -496,6 +557,7 @@ class StepRecorder:
             budget = _OVERHEAD_BUDGET * step
             room = max(budget - fixed, budget / 10)
             self.every = max(1, math.ceil(_SAFETY * cost / room))
+            self._modes()
             self._emit(
                 Capability(
                     rank=self.rank,
@@ -519,7 +581,7 @@ class StepRecorder:
     def flush(self) -> None:
         """At the end of the run: end a step begun by the last backward() (backward clock), and
         snapshot the final parameters if the schedule skipped them."""
-        if self._pending_backward and self._backward_clocked() and not self.failed:
+        if self._pending_backward and self._backward_clock and not self.failed:
             self._safe(self._end_step)("backward")
         self._readback.poll(force=True)
         if self.config.snapshots and self._params is not None and self.completed:
@@ -587,10 +649,7 @@ def _fill(loss: _Loss | None, later: dict[str, list[list[Digest]]], event: Step,
     them: the losses, gradient norm, then the two device sums of each digest in ``later``)."""
     it = iter(values)
     if loss is not None:
-        losses = [next(it) for _ in range(loss.calls)]
-        event.loss = losses[0] if loss.closure or loss.calls == 1 else _summed(losses, loss.dtype)
-        if loss.calls > 1:
-            event.loss_last = losses[-1]
+        event.loss, event.loss_last = _step_loss([next(it) for _ in range(loss.calls)], loss.closure, loss.dtype)
     if "grads" in later:
         event.grad_norm = round(next(it), 9)
     done = {
@@ -604,6 +663,14 @@ def _fill(loss: _Loss | None, later: dict[str, list[list[Digest]]], event: Step,
     if "params" in done:
         event.param_fps = [d[:16] for d in done["params"][0]]
         event.params_fp = _combined(done["params"][0])
+
+
+def _step_loss(values: list[Any], closure: bool, dtype: torch.dtype) -> tuple[Any, Any]:
+    """A step's ``loss`` and ``loss_last`` from the values of its ``backward()`` calls (the module
+    docstring): one value; else the first (a closure's) or their sum in ``dtype``, and the last."""
+    if len(values) == 1:
+        return values[0], None
+    return (values[0] if closure else _summed(values, dtype)), values[-1]
 
 
 def _summed(values: list[float], dtype: torch.dtype) -> float:

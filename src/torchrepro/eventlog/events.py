@@ -500,6 +500,27 @@ def _step_getter() -> Callable[[Step], tuple[Any, ...]]:
 
 _step_values = _step_getter()
 
+# The fields a common step gives (``EventWriter.write_step``): ``step`` is ``index``, every other field
+# is at its default (no digests, one backward() or none, no gradient norm).
+COMMON_STEP = ("t", "rank", "index", "loss", "backward_calls", "time_s", "compiles")
+
+
+def _common_step_getter() -> Callable[..., tuple[Any, ...]]:
+    """A step record's values (``_lines`` first) from :data:`COMMON_STEP`'s, each other field at its
+    default: what ``_step_values`` gives for the ``Step`` built from them, without building it."""
+    given = {**{name: name for name in COMMON_STEP}, "step": "index"}
+    defaults = {f.name: f.default for f in dataclasses.fields(Step) if f.name not in given}
+    assert all(type(d) in (type(None), int) for d in defaults.values()), defaults  # written out as literals
+    values = "".join(f"{given.get(name, repr(defaults.get(name)))}, " for name in _names(Step))
+    source = f"def values(lines, {', '.join(COMMON_STEP)}):\n    return (lines, {values})"
+    scope: dict[str, Any] = {}
+    exec(source, scope)  # noqa: S102 -- source built above from Step's own field names and literal defaults
+    common: Callable[..., tuple[Any, ...]] = scope["values"]
+    return common
+
+
+_common_step_values = _common_step_getter()
+
 
 class EventWriter:
     """Appends events to a JSONL file (steps to ``steps.bin`` beside it), one ``write`` system call per event, nothing buffered in
@@ -539,6 +560,29 @@ class EventWriter:
             self.lines += 1
         for listener in self.listeners:
             listener(event)
+
+    def write_step(
+        self, t: float, rank: int, index: int, loss: float | None, backward_calls: int, time_s: float, compiles: int
+    ) -> bool:
+        """A common step (:data:`COMMON_STEP`'s fields given, every other at its default) written
+        from its values, without building its :class:`Step`: the same bytes as ``write(Step(...))``
+        (the step hook's fast path, docs/performance.md). False, with nothing written, where
+        :meth:`write` must take the ``Step``: listeners to call, ``steps.bin`` not open yet (its
+        first step) or not used, a value the record cannot hold."""
+        steps = self._steps
+        if steps is None or self.listeners:
+            return False
+        fd, encoder = steps
+        try:
+            record = encoder.encode(
+                _common_step_values(self.lines, t, rank, index, loss, backward_calls, time_s, compiles)
+            )
+        except TypeError:
+            return False
+        written = os.write(fd, record)  # (_write's first call, inline: one function less, run cold once a step)
+        if written < len(record):
+            _write(fd, record[written:])
+        return True
 
     def _write_step(self, step: Step) -> bool:
         """``step`` as a record of ``steps.bin``; False when it must be a JSON line instead."""
