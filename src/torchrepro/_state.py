@@ -5,7 +5,8 @@ written by them through :func:`current`): torch's patches in place and who watch
 (``_compat``), the imports capture waits for (``capture.on_import``), the DataLoader's original
 ``_get_iterator`` (``seed``), whether the cuBLAS workspace was set too late (``determinism``),
 how the process was prepared before its rank was known (``runtime.follow``) and the telemetry
-exporter's (``telemetry``), the guardian of what this process launched (``commands.launcher``). Caches of pure lookups (digests of unchanged states, calibrated
+exporter's (``telemetry``), the guardian of what this process launched (``commands.launcher``),
+and this process's id (:func:`pid`: renewed in a forked child; capture compares it per event). Caches of pure lookups (digests of unchanged states, calibrated
 memory layouts) stay in their modules.
 
 Each piece has one writer (:func:`torchrepro.seed_everything` the plan, :func:`torchrepro.rng.register`
@@ -20,6 +21,7 @@ True
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,7 @@ class ProcessState:
     guardian: tuple[int, Any, int] | None = (
         None  # commands.launcher: (for pid, its guardian's Popen, the pipe's write end)
     )
+    pid: int = field(default_factory=os.getpid)  # renewed in a forked child (os.register_at_fork below)
 
 
 _STATE = ProcessState()
@@ -79,6 +82,20 @@ def reset() -> None:
     running process holding this one's pipe, which forgetting would leave behind."""
     global _STATE
     _STATE = ProcessState(guardian=_STATE.guardian)
+
+
+def pid() -> int:
+    """This process's id, without a system call (capture asks per event, to stay quiet in the
+    DataLoader workers forked from the training process)."""
+    return _STATE.pid
+
+
+def _forked() -> None:
+    _STATE.pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; where processes cannot fork, the pid stays right
+    os.register_at_fork(after_in_child=_forked)
 
 
 def seed_plan() -> SeedPlan | None:

@@ -49,17 +49,6 @@ def environment() -> tuple[JsonObject, str]:
     return env, info["env_fingerprint"]
 
 
-_pid = os.getpid()  # this process's id, renewed in a forked child: os.getpid() is a system call, not read per event
-
-
-def _forked() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX; where processes cannot fork, _pid stays right
-    os.register_at_fork(after_in_child=_forked)
-
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
@@ -97,7 +86,7 @@ class CaptureSession:
         self._unwatch: Any = None
 
     def emit(self, event: Event) -> None:
-        if self.writer is None or _pid != self.pid:  # DataLoader workers fork us: stay quiet there
+        if self.writer is None or _state.pid() != self.pid:  # DataLoader workers fork us: stay quiet there
             return
         event.rank = self.rank
         if isinstance(event, Compile) and self.steps is not None:
@@ -114,7 +103,7 @@ class CaptureSession:
         """A common step written from its values (:meth:`EventWriter.write_step`: the step hook's
         fast path, no ``Step`` built); False when :meth:`emit` must take its ``Step`` instead."""
         writer = self.writer
-        if writer is None or _pid != self.pid:
+        if writer is None or _state.pid() != self.pid:
             return False  # (emit drops it too)
         with self._lock:
             try:
