@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,16 @@ from test_otel import TRAIN, _cli, _env, _free_port, _warnings, receiver  # noqa
 # END_FLUSH_S 3 s at the end), where the SDK's own timeout would cost 10 s an export and more with
 # retries; 6 s, not less: two runs of the same doctor differ by 4 s beside the rest of the suite on 2 cores.
 SLACK_S = 6.0
+
+
+def _least_added(pair: Callable[[int], tuple[float, float]]) -> tuple[float, float]:
+    """(seconds with the failing collector, without) of ``pair(i)``, measured again once when the
+    first pair differs by more than SLACK_S: another job on the machine only adds time, so the
+    pair that differs less is the nearer to what the collector costs."""
+    first = pair(0)
+    if first[0] - first[1] < SLACK_S:
+        return first
+    return min(first, pair(1), key=lambda took: took[0] - took[1])
 
 
 class SilentCollector:
@@ -74,8 +85,16 @@ def _timed(cwd: Path, *args: str, env: dict[str, str] | None = None):
 @pytest.mark.parametrize("kind", ["silent", "refused"])
 def test_failing_collector_costs_report_one_warning_and_seconds(tmp_path, stored_run, silent, kind):
     url = silent.url if kind == "silent" else f"http://127.0.0.1:{_free_port()}"
-    plain, plain_s = _timed(tmp_path, "report", str(stored_run))
-    proc, took = _timed(tmp_path, "report", str(stored_run), "--otlp-endpoint", url)
+    runs: list[tuple] = []
+
+    def pair(i: int) -> tuple[float, float]:
+        plain = _timed(tmp_path, "report", str(stored_run))
+        failing = _timed(tmp_path, "report", str(stored_run), "--otlp-endpoint", url)
+        runs.append((plain[0], failing[0]))
+        return failing[1], plain[1]
+
+    took, plain_s = _least_added(pair)
+    plain, proc = runs[0]
     assert proc.returncode == plain.returncode, proc.stderr[-2000:]
     (warning,) = _warnings(proc.stderr)
     assert url in warning
@@ -89,10 +108,16 @@ def test_silent_collector_costs_doctor_one_warning_and_seconds(tmp_path, silent,
     """Against the same doctor exporting to a collector that answers: both processes (the launcher,
     the rank) import and set up the exporter either way; the silent one may add its bounded export."""
     args = [str(TRAIN), "--", "--backend", "eager", "--epochs", "1"]
-    plain, plain_s = _timed(
-        tmp_path, "doctor", "--out", str(tmp_path / "plain"), "--otlp-endpoint", receiver.url, *args
-    )
-    proc, took = _timed(tmp_path, "doctor", "--out", str(tmp_path / "run"), "--otlp-endpoint", silent.url, *args)
+    runs: list[tuple] = []
+
+    def pair(i: int) -> tuple[float, float]:
+        plain = _timed(tmp_path, "doctor", "--out", str(tmp_path / f"plain{i}"), "--otlp-endpoint", receiver.url, *args)
+        failing = _timed(tmp_path, "doctor", "--out", str(tmp_path / f"run{i}"), "--otlp-endpoint", silent.url, *args)
+        runs.append((plain[0], failing[0]))
+        return failing[1], plain[1]
+
+    took, plain_s = _least_added(pair)
+    plain, proc = runs[0]
     assert proc.returncode == plain.returncode, proc.stderr[-2000:]
     assert not _warnings(plain.stderr), plain.stderr[-2000:]
     (warning,) = _warnings(proc.stderr)  # launcher and rank both failed: one line for the job
