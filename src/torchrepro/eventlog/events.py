@@ -425,6 +425,7 @@ STEP_FIELDS = _names(Step)  # the order of a step's values in a row, and of the 
 _step_row = attrgetter(*STEP_FIELDS)  # a Step's values in that order (a tuple)
 _STEP_TYPES = tuple(_exact(_FIELD_TYPES[Step.kind][name]) for name in STEP_FIELDS)
 StepColumns = Sequence[Sequence[Any]]  # steps field by field: a sequence per field of STEP_FIELDS, in that order
+StepReduce = Callable[[Iterator[StepColumns]], Any]  # what read_events(reduce=...) makes of a log's steps
 
 
 def step_columns(steps: Iterable[Step]) -> StepColumns:
@@ -736,7 +737,7 @@ class LineReader:
 def read_events(
     path: str | os.PathLike[str],
     shared: Shared | None = None,
-    reduce: Callable[[Iterator[StepColumns]], Any] | None = None,
+    reduce: StepReduce | None = None,
 ) -> EventLog:
     """Read one rank's log, tolerating damage: see the module docstring. ``shared`` (one
     :class:`Shared` for every rank of a run) keeps what repeats across ranks once. ``reduce``:
@@ -764,7 +765,7 @@ class _ReadWhole(Exception):
     type (damage, found by checking each record alone), or steps in both files (to be put in order)."""
 
 
-def _read(path: Path, shared: Shared | None, reduce: Callable[[Iterator[StepColumns]], Any] | None = None) -> EventLog:
+def _read(path: Path, shared: Shared | None, reduce: StepReduce | None = None) -> EventLog:
     """:func:`read_events`; with ``reduce``, the steps reduced as they are read (steps.bin's first),
     :class:`_ReadWhole` where they cannot be."""
     log = EventLog(path)

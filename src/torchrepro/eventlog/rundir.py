@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterator, TypedDict
 
 from ..errors import InputError
-from .events import EVENTS_FILE, EventLog, Shared, StepColumns, open_regular, rank_logs, read_events
+from .events import EVENTS_FILE, EventLog, Shared, StepReduce, open_regular, rank_logs, read_events
 from .payloads import JsonObject
 from .stepstream import STEPS_FILE
 
@@ -351,7 +351,7 @@ def _no_gc() -> Iterator[None]:
 
 def load_run(
     path: str | os.PathLike[str],
-    keep: Callable[[], Callable[[Iterator[StepColumns]], Any]] | None = None,
+    keep: Callable[[], StepReduce] | None = None,
     jobs: int | None = 1,
     progress: Callable[[str], None] | None = None,
 ) -> Run:
@@ -432,9 +432,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _read_logs(
-    files: list[Path], keep: Callable[[], Callable[[Iterator[StepColumns]], Any]] | None
-) -> list[EventLog | str]:
+def _read_logs(files: list[Path], keep: Callable[[], StepReduce] | None) -> list[EventLog | str]:
     """Each file's log (its steps reduced by ``keep()``, given ``keep``: see :func:`load_run`), or
     why it was not read; what repeats across the ranks' steps is held once (:class:`~.events.Shared`
     or the reducer)."""
@@ -454,9 +452,7 @@ def _read_logs(
     return out
 
 
-def _read_in_processes(
-    files: list[Path], keep: Callable[[], Callable[[Iterator[StepColumns]], Any]], jobs: int
-) -> list[EventLog | str]:
+def _read_in_processes(files: list[Path], keep: Callable[[], StepReduce], jobs: int) -> list[EventLog | str]:
     """:func:`_read_logs` in ``jobs`` processes: this one reads the first contiguous share of
     ``files``, ``jobs - 1`` child processes (fresh interpreters: the caller's own script is not
     imported again, no lock of its threads is inherited) one share each, sending it back pickled
