@@ -62,6 +62,11 @@ CAUSE_HINTS = {
     "from a checkpoint (under DDP/FSDP, broadcast them from rank 0).",
     "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
     "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
+    "shared_files": "A run read a file an earlier run wrote in the working directory (a checkpoint the script "
+    "resumes from when it is there): the runs did not start from the same files, whatever else differs. Remove "
+    "the file before each run (or give the script a fresh checkpoint path per run), or let torchrepro run each "
+    "run in a fresh copy of the working directory: leave TORCHREPRO_WORKDIR unset and run from a directory of at "
+    "most 256 MiB, passing larger data by absolute path (docs/workdir.md).",
     "unknown": "No evidence points to one cause; rerun with more runs (--runs 3) to see if it repeats.",
     "unknown_diff": "No evidence in the two stored runs points to one cause: torchrepro check SCRIPT runs the "
     "script again with every piece of evidence recorded and localises the divergence.",
@@ -103,6 +108,22 @@ def compare(
         elif not params_within():
             tolerant = exact
     return tolerant, tolerant is None, notes + more
+
+
+def shared_files(crossings: list[tuple[str, str, str]]) -> Decision:
+    """The cause when a run read a file an earlier run wrote in the shared working directory
+    (``crossings``: each file, the run that wrote it, the run that read it): named before anything
+    else is blamed, since the runs did not start from the same files.
+
+    >>> shared_files([("snapshot.pt", "run-1", "run-2")])[1]["because"]
+    'run-1 wrote snapshot.pt in the working directory, run-2 read it'
+    """
+    path, wrote, read = crossings[0]
+    more = f" (and {len(crossings) - 1} more file(s))" if len(crossings) > 1 else ""
+    return "shared_files", {
+        "because": f"{wrote} wrote {path} in the working directory, {read} read it{more}",
+        "files": [{"path": p, "written_by": w, "read_by": r} for p, w, r in crossings[:20]],
+    }
 
 
 def decide(div: Divergence, logs_a: list[EventLog], logs_b: list[EventLog], same_config: bool = True) -> Decision:

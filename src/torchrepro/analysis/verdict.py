@@ -189,6 +189,8 @@ def verdict_line(det: JsonObject) -> str:
         )
         if x
     )
+    if fd["cause"] == "shared_files":  # the file one run wrote and a later one read, named
+        where = str((fd.get("evidence") or {}).get("because") or "")
     at = "before step 0" if fd["what"] == "init_params" else f"at step {fd['step']}"
     return (
         f"DIVERGED {at} (rank {fd['rank']}, {fd['what']}): cause {fd['cause']}"

@@ -222,17 +222,18 @@ def spawn(
     stdout: int | IO[Any] | None = None,
     stderr: int | IO[Any] | None = None,
     env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Job:
     """Start ``cmd`` as a job: in its own session (process group), killed by the kernel when the
     calling thread ends (Linux ``PR_SET_PDEATHSIG``: a torchrepro killed with SIGKILL leaves no
     job running; the caller waits for it in that thread), the orphans of its tree kept in it, and
     all of it ended by this process's guardian once this process is gone (:func:`_guard`).
-    ``stdin``, ``stdout``, ``stderr``, ``env``: as :class:`subprocess.Popen`'s."""
+    ``stdin``, ``stdout``, ``stderr``, ``env``, ``cwd``: as :class:`subprocess.Popen`'s."""
     _guard()
     parent = os.getpid()
     preexec = None if _PRCTL is None else partial(_prepare_job, parent, _PRCTL)
     proc = subprocess.Popen(
-        cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=env, start_new_session=True, preexec_fn=preexec
+        cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec
     )
     return Job(proc)
 
@@ -396,6 +397,7 @@ def run_child(
     quiet: bool = False,
     stall_timeout: float | None = None,
     run_dir: Path | None = None,
+    cwd: Path | None = None,
 ) -> ChildResult:
     """Run ``cmd`` as a job (:func:`spawn`), showing its output live (unless ``quiet``) and
     keeping it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job
@@ -407,7 +409,7 @@ def run_child(
     stalled = None
     with open(log_dir / "stdout.log", "wb") as out_log, open(log_dir / "stderr.log", "wb") as err_log:
         started = time.time()
-        job = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        job = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
         proc = job.proc
         out_sinks = [out_log] if quiet else [out_log, sys.stdout.buffer]
         err_sinks = [err_log] if quiet else [err_log, sys.stderr.buffer]
@@ -456,10 +458,14 @@ def launch(
     env: dict[str, str] | None = None,
     quiet: bool = False,
     stall_timeout: float | None = None,
+    cwd: Path | None = None,
 ) -> ChildResult:
     """Run ``script`` under capture in fresh processes: one, or ``nproc`` ranks through torchrun
     (standalone rendezvous, gloo/NCCL as the script chooses), each set up as ``options`` say and
-    writing into ``run_dir``. ``env``: the children's environment (None: ours)."""
+    writing into ``run_dir``. ``env``: the children's environment (None: ours); ``cwd``: their
+    working directory (None: ours; :mod:`torchrepro.commands.workdir`)."""
+    if cwd is not None:  # what the run is told is found from its own working directory
+        run_dir, options = run_dir.resolve(), options.absolute()
     run_cmd = run_command(script, args)
     if nproc > 1:
         logs = run_dir / "torchrun"
@@ -481,7 +487,13 @@ def launch(
     env = {**(os.environ if env is None else env), **replace(options, run_dir=run_dir).env()}
     with launch_span(run_dir, nproc) as trace:  # --otlp-endpoint: one span per launch, its context to every rank
         result = run_child(
-            cmd, run_dir / "logs", env=trace.child_env(env), quiet=quiet, stall_timeout=stall_timeout, run_dir=run_dir
+            cmd,
+            run_dir / "logs",
+            env=trace.child_env(env),
+            quiet=quiet,
+            stall_timeout=stall_timeout,
+            run_dir=run_dir,
+            cwd=cwd,
         )
         trace.exit_code = result.exit_code
     if nproc > 1:

@@ -28,6 +28,7 @@ from ...analysis.determinism import (
     not_localised,
     numerics_of_modes,
     numerics_without_inductor,
+    shared_files,
     uses_inductor,
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
@@ -242,11 +243,15 @@ def check(
     (spec_a, run_a), (spec_b, run_b) = pair
     shared = checker.shared_cores_note([run for _, run in done.values()]) if div is None else None
     notes += [shared] if shared else []
+    crossings = [(c.path, c.wrote, c.read) for c in checker.workdirs.crossings if c.read in done]
+    notes += workdir_notes(checker, crossings_named=div is not None and bool(crossings))
     cause: str | None = None
     evidence: JsonObject = {}
     decomposition: Decomposition | None = None
     ladder: list[FixRow] = []
-    if div is not None:
+    if div is not None and crossings:  # the runs did not start from the same files: nothing else is blamed
+        cause, evidence = shared_files(crossings)
+    elif div is not None:
         cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
         if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
             notes.append(evidence["localisation_note"])
@@ -289,6 +294,29 @@ def check(
     )
     write_report(out, report)
     return report, out
+
+
+def workdir_notes(checker: Checker, crossings_named: bool) -> list[str]:
+    """What the notes say of where the runs started (:mod:`torchrepro.commands.workdir`): files a
+    run wrote in its own copy of the working directory (no other run saw them), runs that ran in
+    the shared directory and why, and a file an earlier run wrote there that a later run read
+    (unless the cause names it: ``crossings_named``)."""
+    ledger, notes = checker.workdirs, []
+    wrote = sorted(
+        (label, files) for label, files in ledger.wrote_in_copies().items() if not label.startswith("replay")
+    )
+    if wrote:
+        label, files = wrote[0]
+        notes.append(
+            "each run started in a fresh copy of the working directory; what a run wrote there no other run saw "
+            f"({label} wrote {', '.join(files[:3])}{' …' if len(files) > 3 else ''})"
+        )
+    why = next((w.why_shared for w in ledger.workdirs.values() if w.why_shared), None)
+    if why:
+        notes.append(f"the runs ran in the working directory itself, not in copies: {why}")
+    if not crossings_named:
+        notes += [f"{c.wrote} wrote {c.path} in the working directory, {c.read} read it" for c in ledger.crossings[:3]]
+    return notes
 
 
 def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> list[Finding]:
@@ -508,14 +536,17 @@ def check_resume(
         )
     saved = out / "checkpoint"
     stopped, _ = checker.run(
-        RunSpec("stopped", None, f"stopping after step {at}"), env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved)}
+        RunSpec("stopped", None, f"stopping after step {at}"),
+        env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved.resolve())},
     )
     if not list(saved.glob("position-rank*.json")):
         raise InputError(
             f"the script saved no checkpoint after step {at}: it must call torchrepro.checkpoint.save() "
             "when checkpoint.plan().should_stop(step) (see examples/resume_ddp.py)"
         )
-    resumed, _ = checker.run(RunSpec("resumed", None, f"resumed after step {at}"), env={ENV_RESUME_FROM: str(saved)})
+    resumed, _ = checker.run(
+        RunSpec("resumed", None, f"resumed after step {at}"), env={ENV_RESUME_FROM: str(saved.resolve())}
+    )
     div, _, notes = _compare(full, resumed, Tolerance())
     notes = [n for n in notes if "with the same index" not in n] + _resume_notes(full, stopped, resumed, at)
     if div is None:

@@ -19,6 +19,7 @@ from ...analysis.divergence import settings
 from ...analysis.verdict import Ending, ending
 from ...errors import InputError, Stopped
 from ..launcher import ChildResult, child_env, launch, sharing_cores_env, side_by_side
+from ..workdir import Ledger, fresh_workdir, why_shared
 from ...runtime.options import RunOptions
 from ...eventlog.payloads import JsonObject
 from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, usable_cores, write_json
@@ -90,11 +91,17 @@ class Checker:
         self.endings: dict[str, Ending] = {}
         self.replay_failures: dict[str, str] = {}  # replay tag -> why it wrote no record
         self.side_by_side = False  # whether run_all ran its runs at once
+        self.workdirs = Ledger()  # each run and replay in a fresh copy of the working directory
 
     def run_all(self, specs: list[RunSpec]) -> list[tuple[Run, int]]:
         """:meth:`run` of each of ``specs``: side by side where :func:`side_by_side_allowed` says
-        the machine has room, else one after the other."""
-        self.side_by_side = len(specs) > 1 and side_by_side_allowed(len(specs) * self.nproc)
+        the machine has room and each run has its own copy of the working directory, else one
+        after the other."""
+        self.side_by_side = (
+            len(specs) > 1
+            and side_by_side_allowed(len(specs) * self.nproc)
+            and why_shared(self.args, [self.out]) is None  # runs in one directory: one after the other
+        )
         if self.side_by_side:
             self.console.print(f"[dim]· {len(specs)} runs side by side[/]", highlight=False)
             return side_by_side([partial(self.run, spec, sharing_cores_env()) for spec in specs])
@@ -129,25 +136,28 @@ class Checker:
         }
         write_json(run_dir / RUN_FILE, meta)
         t0 = time.perf_counter()
-        result = launch(
-            run_dir,
-            self.script,
-            self.args,
-            replace(
-                self.options,
-                fingerprint_every=1,
-                grads=True,
-                compile_mode=spec.compile_mode,
-                snapshots=self.snapshots,
-                **options,
-            ),
-            nproc=self.nproc,
-            quiet=True,
-            env=child_env(self.seed, env),
-            stall_timeout=timeout or self.timeout,
-        )
+        with fresh_workdir(run_dir, self.script, self.args, spec.label, self.workdirs, skip=[self.out]) as where:
+            result = launch(
+                run_dir,
+                where.script,
+                self.args,
+                replace(
+                    self.options,
+                    fingerprint_every=1,
+                    grads=True,
+                    compile_mode=spec.compile_mode,
+                    snapshots=self.snapshots,
+                    **options,
+                ),
+                nproc=self.nproc,
+                quiet=True,
+                env=child_env(self.seed, env),
+                stall_timeout=timeout or self.timeout,
+                cwd=where.cwd,
+            )
         self.timings[spec.label] = round(time.perf_counter() - t0, 3)
         meta.update(
+            workdir=where.record(),
             ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             exit_code=result.exit_code,
             stderr_tail=result.stderr_tail,
@@ -205,24 +215,29 @@ class Checker:
             highlight=False,
         )
         t0 = time.perf_counter()
-        result = launch(
-            self.out / "replays" / tag,
-            self.script,
-            self.args,
-            replace(
-                self.options,
-                fingerprint_every=1,
-                compile_mode=mode,
-                replay_step=step,
-                replay_out=out,
-                replay_graphs=graphs,
-                replay_kernels=kernels,
-            ),
-            nproc=self.nproc,
-            env=child_env(self.seed),
-            quiet=True,
-            stall_timeout=self.timeout,
-        )
+        replay_dir = self.out / "replays" / tag
+        with fresh_workdir(
+            replay_dir, self.script, self.args, f"replay {tag}", self.workdirs, skip=[self.out]
+        ) as where:
+            result = launch(
+                replay_dir,
+                where.script,
+                self.args,
+                replace(
+                    self.options,
+                    fingerprint_every=1,
+                    compile_mode=mode,
+                    replay_step=step,
+                    replay_out=out,
+                    replay_graphs=graphs,
+                    replay_kernels=kernels,
+                ),
+                nproc=self.nproc,
+                env=child_env(self.seed),
+                quiet=True,
+                stall_timeout=self.timeout,
+                cwd=where.cwd,
+            )
         self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
         out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)

@@ -38,6 +38,7 @@ from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
 from ...report.model import DoctorReport, TriedFix
 from ...runtime.options import RunOptions
 from ..launcher import child_env, launch, sharing_cores_env
+from ..workdir import fresh_workdir
 
 COMBINED = "recommended_set"
 
@@ -76,16 +77,18 @@ class FixRunner:
             write_json(out / RUN_FILE, meta)
             _say(f"fix {name}: {spec}" + (f", stopping after step {stop}" if stop is not None else ""))
             options = replace(self.options, run_dir=out, fix=spec, stop_after_step=stop)
-            result = launch(
-                out,
-                self.script,
-                self.args,
-                options,
-                nproc=self.nproc,
-                quiet=True,
-                env=child_env(self.options.seed, env),
-                stall_timeout=self.timeout,
-            )
+            with fresh_workdir(out, self.script, self.args, name, skip=[self.run_dir]) as where:
+                result = launch(
+                    out,
+                    where.script,
+                    self.args,
+                    options,
+                    nproc=self.nproc,
+                    quiet=True,
+                    env=child_env(self.options.seed, env),
+                    stall_timeout=self.timeout,
+                    cwd=where.cwd,
+                )
             if result.stopped_by:  # a signal to torchrepro: doctor ends here (128 + N); this run is redone
                 raise Stopped(f"fix {name}: stopped by {result.stopped_by}; rerun to go on", result.stopped_by)
             meta = finish_meta(meta, result, out)

@@ -180,7 +180,7 @@ def doctor_script(
         claim_run_dir(out, fresh=False)
         _say(f"{out} holds this script's baseline run: going on with its fix runs")
         return analyse_run_dir(out, budgets), out
-    return _baseline(script, args, out, budgets, options, nproc, timeout)
+    return _baseline(script, args, out, budgets, options, nproc, timeout, fresh=resume)
 
 
 def _baseline(
@@ -191,15 +191,25 @@ def _baseline(
     options: RunOptions,
     nproc: int,
     timeout: float | None,
+    fresh: bool = False,
 ) -> tuple[DoctorReport, Path]:
+    """The baseline run (``fresh``, as for ``doctor --fixes``: in a fresh copy of the working
+    directory, as each fix run will be, :mod:`torchrepro.commands.workdir`)."""
+    from ..workdir import fresh_workdir
+
     seed = options.seed
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
     from ...report.live import live_status
 
-    with live_status(run_dir):  # a status line at the bottom of the terminal while the script runs
-        result = launch(run_dir, script, args, options, nproc=nproc, env=child_env(seed), stall_timeout=timeout)
+    with (
+        live_status(run_dir),  # a status line at the bottom of the terminal while the script runs
+        fresh_workdir(run_dir, script, args, "baseline", enabled=fresh) as where,
+    ):
+        result = launch(
+            run_dir, where.script, args, options, nproc=nproc, env=child_env(seed), stall_timeout=timeout, cwd=where.cwd
+        )
     finish_meta(meta, result, run_dir)
     if not any(run_dir.glob("rank-*/events.jsonl")):
         if result.stopped_by:

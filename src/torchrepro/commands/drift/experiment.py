@@ -37,6 +37,7 @@ from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, fmt_numb
 from ...analysis.sequential import plan_sentence, planning, sequential_section, sequential_verdict
 from ...errors import InputError, UserError
 from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, read_header
+from ..workdir import fresh_workdir
 from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, sharing_cores_env, spawn, wait_job
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
@@ -348,13 +349,12 @@ class Runner:
             {"attempt": attempt, "pid": os.getpid(), **({"env_set": self.env} if self.env else {})},
         )
         compile_mode, levels = child_levels(self.plan, cell)
-        cmd = run_command(self.script, self.plan["args"])
-        env = child_env(
-            self.plan["seed"],
-            RunOptions(run_dir=run_dir, compile_mode=compile_mode, factors=levels, analysis_only=True).env() | self.env,
-        )
+        options = RunOptions(run_dir=run_dir.resolve(), compile_mode=compile_mode, factors=levels, analysis_only=True)
+        env = child_env(self.plan["seed"], options.env() | self.env)
         t0 = time.perf_counter()
         with (
+            # each run in a fresh copy of the working directory (commands.workdir)
+            fresh_workdir(run_dir, self.script, self.plan["args"], cell.dir, skip=[self.out]) as where,
             launch_span(run_dir, 1) as trace,  # --otlp-endpoint: a span per run, its context to the child
             open(logs / "stdout.log", "wb") as out_log,
             open(logs / "stderr.log", "wb") as err_log,
@@ -362,7 +362,15 @@ class Runner:
             with self._lock:
                 if self.stopping.is_set():
                     return None
-                job = spawn(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL, env=trace.child_env(env))
+                cmd = run_command(where.script, self.plan["args"])
+                job = spawn(
+                    cmd,
+                    stdout=out_log,
+                    stderr=err_log,
+                    stdin=subprocess.DEVNULL,
+                    env=trace.child_env(env),
+                    cwd=where.cwd,
+                )
                 self._live[job.pgid] = job
             try:
                 code = trace.exit_code = wait_job(job)
