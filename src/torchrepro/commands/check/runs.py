@@ -21,7 +21,9 @@ from ...errors import InputError, Stopped
 from ..launcher import ChildResult, child_env, launch, sharing_cores_env, side_by_side
 from ..workdir import Ledger, fresh_workdir, why_shared
 from ...runtime.options import RunOptions
+from ...eventlog.events import Step
 from ...eventlog.payloads import JsonObject
+from ...report.progress import Progress
 from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, usable_cores, write_json
 
 
@@ -92,6 +94,8 @@ class Checker:
         self.replay_failures: dict[str, str] = {}  # replay tag -> why it wrote no record
         self.side_by_side = False  # whether run_all ran its runs at once
         self.workdirs = Ledger()  # each run and replay in a fresh copy of the working directory
+        self.progress = Progress(console)  # each run's and replay's step and time while it runs
+        self.steps_seen: int | None = None  # the steps of a full run as written, once one ended
 
     def run_all(self, specs: list[RunSpec]) -> list[tuple[Run, int]]:
         """:meth:`run` of each of ``specs``: side by side where :func:`side_by_side_allowed` says
@@ -136,7 +140,12 @@ class Checker:
         }
         write_json(run_dir / RUN_FILE, meta)
         t0 = time.perf_counter()
-        with fresh_workdir(run_dir, self.script, self.args, spec.label, self.workdirs, skip=[self.out]) as where:
+        stop = options.get("stop_after_step")
+        total = stop + 1 if isinstance(stop, int) else self.steps_seen
+        with (
+            fresh_workdir(run_dir, self.script, self.args, spec.label, self.workdirs, skip=[self.out]) as where,
+            self.progress.phase(spec.label, run_dir, total),
+        ):
             result = launch(
                 run_dir,
                 where.script,
@@ -178,6 +187,8 @@ class Checker:
         )
         run = load_run(run_dir)
         self.endings[spec.label] = ending(spec.label, run.meta, run.logs)
+        if stop is None and spec.compile_mode is None and run.logs:
+            self.steps_seen = max(self.steps_seen or 0, len(run.logs[0].of(Step)))
         return run, result.exit_code
 
     def _stopped(self, result: ChildResult, what: str) -> None:
@@ -216,9 +227,10 @@ class Checker:
         )
         t0 = time.perf_counter()
         replay_dir = self.out / "replays" / tag
-        with fresh_workdir(
-            replay_dir, self.script, self.args, f"replay {tag}", self.workdirs, skip=[self.out]
-        ) as where:
+        with (
+            fresh_workdir(replay_dir, self.script, self.args, f"replay {tag}", self.workdirs, skip=[self.out]) as where,
+            self.progress.phase(f"replay {tag}", replay_dir, step + 1),
+        ):
             result = launch(
                 replay_dir,
                 where.script,

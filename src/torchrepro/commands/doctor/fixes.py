@@ -19,6 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from ...analysis.compile_fixes import (
     CompileFix,
     FixPlan,
@@ -39,6 +41,7 @@ from ...report.model import DoctorReport, TriedFix
 from ...runtime.options import RunOptions
 from ..launcher import child_env, launch, sharing_cores_env
 from ..workdir import fresh_workdir
+from ...report.progress import Progress
 
 COMBINED = "recommended_set"
 
@@ -58,6 +61,7 @@ class FixRunner:
     ):
         self.run_dir, self.script, self.args, self.nproc, self.timeout = run_dir, script, args, nproc, timeout
         self.options = replace(options, analysis_only=True)
+        self.progress = Progress(Console(stderr=True))  # each fix run's step and time while it runs
 
     def run(self, name: str, spec: str, stop: int | None, env: dict[str, str] | None = None) -> list[EventLog] | None:
         """The event logs of the run of ``spec`` in ``fixes/<name>`` (a finished one with the same
@@ -77,7 +81,10 @@ class FixRunner:
             write_json(out / RUN_FILE, meta)
             _say(f"fix {name}: {spec}" + (f", stopping after step {stop}" if stop is not None else ""))
             options = replace(self.options, run_dir=out, fix=spec, stop_after_step=stop)
-            with fresh_workdir(out, self.script, self.args, name, skip=[self.run_dir]) as where:
+            with (
+                fresh_workdir(out, self.script, self.args, name, skip=[self.run_dir]) as where,
+                self.progress.phase(f"fix {name}", out, None if stop is None else stop + 1),
+            ):
                 result = launch(
                     out,
                     where.script,

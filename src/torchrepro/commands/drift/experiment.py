@@ -38,6 +38,7 @@ from ...analysis.sequential import plan_sentence, planning, sequential_section, 
 from ...errors import InputError, UserError
 from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, read_header
 from ..workdir import fresh_workdir
+from ...report.progress import Progress as Lines
 from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, sharing_cores_env, spawn, wait_job
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
@@ -451,7 +452,12 @@ def run_all(out: Path, plan: Plan, jobs: int, console: Console, launcher: str = 
         TextColumn("· ETA"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+    # not a terminal (a log), where the bar is not drawn: a line every LOG_EVERY_S seconds instead
+    in_log = Lines(None if console.is_terminal else console)
+    with (
+        Progress(*columns, console=console, transient=False) as progress,
+        in_log.phase("drift", note=lambda: f"{counts['ran']} of {len(pending)} runs done"),
+    ):
         task = progress.add_task("drift", total=len(pending))
         finished = _on_ray(out, plan, pending, jobs) if launcher == "ray" else _locally(out, plan, pending, jobs)
         with contextlib.closing(finished):  # an interrupt anywhere here ends the live runs at once
