@@ -22,8 +22,8 @@ from torchrepro.analysis.fixes import (
     first_changing_stage,
     fix_hint,
     judge_fix,
-    median_step_time,
     recommend,
+    step_cost,
 )
 from torchrepro.analysis.verdict import ending
 from torchrepro.capture.kernels import fused_ops, producers
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 # --- the ladder's decisions, on recorded results ---------------------------------------------
 
 
-def _log(end: End | None = End(), times=(5.0, 0.1, 0.1, 0.1)) -> EventLog:
+def _log(end: End | None = End(), times=(5.0, *[0.1] * 7)) -> EventLog:
     events = [Header(world_size=1), *(Step(index=i, time_s=t) for i, t in enumerate(times))]
     return EventLog(Path("rank-0/events.jsonl"), events + ([end] if end else []))
 
@@ -51,7 +51,7 @@ def _fix_run(meta: dict, log: EventLog) -> FixRun:
         ok=e.ok,
         problems=e.problems,
         timed_out=bool(meta.get("stalled_after_s")),
-        step_times=[s.time_s for s in log.of(Step)],
+        step_times={s.index: s.time_s for s in log.of(Step)},
     )
 
 
@@ -69,9 +69,27 @@ def test_candidates_apply_by_evidence():
     assert eager_only == ["threads_1", "deterministic"]
 
 
-def test_median_leaves_out_the_compiling_step():
-    assert median_step_time([9.0, 0.2, 0.1, 0.3]) == 0.2
-    assert median_step_time([0.4]) == 0.4 and median_step_time([]) is None
+BASELINE = {i: 0.1 for i in range(8)}
+
+
+def test_a_cost_is_measured_on_the_same_steps_after_warm_up_or_not_shown():
+    # the baseline's steps 1-3 wait for its DataLoader workers to start; the fix's runs stop after step 3
+    starting = {0: 9.0, 1: 4.0, 2: 4.0, 3: 4.0, **{i: 0.1 for i in range(4, 10)}}
+    early = step_cost(starting, [{i: 0.135 for i in range(4)}] * 2)
+    assert isinstance(early, str) and early.startswith("cost not measured: 0 comparable steps after warm-up")
+    # on steps 4-9 of both: one thread 1.35x slower, whatever the warm-up did; a step that compiled is absent
+    fix = [{i: 0.135 for i in range(10) if i != 6}, {**{i: 0.135 for i in range(10)}, 5: 0.2, 7: 0.2, 8: 0.2}]
+    cost = step_cost(starting, fix)
+    assert not isinstance(cost, str)
+    assert (cost["ratio"], cost["first"], cost["last"], cost["steps"]) == (1.35, 4, 9, 5)
+    assert cost["low"] == 1.35 and cost["high"] > 1.5  # the spread shows the slow steps
+    row = judge_fix(LADDER["threads_1"], [FixRun(ok=True, step_times=f) for f in fix], False, 10, starting)
+    assert row["step_time_ratio"] == 1.35 and row["steps_timed"] == [4, 9, 5]
+    short = judge_fix(
+        LADDER["threads_1"], [FixRun(ok=True, step_times=dict(enumerate([0.1] * 4)))] * 2, False, 4, starting
+    )
+    assert short["step_time_ratio"] is None and short["cost_not_measured"].startswith("cost not measured")
+    assert "cost not measured" in fix_hint([short])
 
 
 def test_crash_and_timeout_are_reported_per_fix_and_the_others_still_shown():
@@ -84,15 +102,15 @@ def test_crash_and_timeout_are_reported_per_fix_and_the_others_still_shown():
         _fix_run(ok, _log()),
     ]
     timed_out = [_fix_run({"exit_code": -15, "stalled_after_s": 301.0}, _log(None)), _fix_run(ok, _log())]
-    exact_slow = [_fix_run(ok, _log(times=(5.0, 0.3, 0.3, 0.3))), _fix_run(ok, _log(times=(5.0, 0.3, 0.3, 0.3)))]
-    exact_fast = [_fix_run(ok, _log(times=(5.0, 0.12, 0.12, 0.12))), _fix_run(ok, _log())]
+    exact_slow = [_fix_run(ok, _log(times=(5.0, *[0.3] * 7))), _fix_run(ok, _log(times=(5.0, *[0.3] * 7)))]
+    exact_fast = [_fix_run(ok, _log(times=(5.0, *[0.12] * 7))), _fix_run(ok, _log(times=(5.0, *[0.12] * 7)))]
     not_exact = [_fix_run(ok, _log()), _fix_run(ok, _log())]
     rows = [
-        judge_fix(LADDER["threads_1"], not_exact, True, 4, 0.1),
-        judge_fix(LADDER["deterministic"], crashed, None, 0, 0.1),
-        judge_fix(LADDER["fallback_random"], [], None, 0, 0.1),
-        judge_fix(LADDER["aot_eager"], timed_out, None, 0, 0.1),
-        judge_fix(LADDER["eager"], exact_slow, False, 4, 0.1),
+        judge_fix(LADDER["threads_1"], not_exact, True, 4, BASELINE),
+        judge_fix(LADDER["deterministic"], crashed, None, 0, BASELINE),
+        judge_fix(LADDER["fallback_random"], [], None, 0, BASELINE),
+        judge_fix(LADDER["aot_eager"], timed_out, None, 0, BASELINE),
+        judge_fix(LADDER["eager"], exact_slow, False, 4, BASELINE),
     ]
     status = {r["name"]: r["status"] for r in rows}
     assert status == {
@@ -108,16 +126,16 @@ def test_crash_and_timeout_are_reported_per_fix_and_the_others_still_shown():
     best = recommend(rows)
     assert best["name"] == "eager"
     hint = fix_hint(rows)
-    assert best["how"] in hint and "3.00x" in hint
+    assert best["how"] in hint and "3.00x the step time (3.00-3.00 over steps 4-7)" in hint
     for failed in ("threads_1", "deterministic", "aot_eager"):  # said, never recommended
         assert failed in hint.split("Tried and not bit-exact or failed:")[1]
     # a cheaper bit-exact fix wins; equal cost falls back to the ladder's order
-    rows.append(judge_fix(LADDER["threads_1"], exact_fast, False, 4, 0.1) | {"name": "threads_1"})
+    rows.append(judge_fix(LADDER["threads_1"], exact_fast, False, 4, BASELINE) | {"name": "threads_1"})
     assert recommend(rows)["name"] == "threads_1"
 
 
 def test_no_bit_exact_fix_recommends_nothing():
-    rows = [judge_fix(LADDER["threads_1"], [FixRun(ok=True, step_times=[1, 1])] * 2, True, 2, 1.0)]
+    rows = [judge_fix(LADDER["threads_1"], [FixRun(ok=True, step_times={0: 1, 1: 1})] * 2, True, 2, {0: 1.0})]
     assert recommend(rows) is None and fix_hint(rows).startswith("No candidate fix")
     assert judge_fix(Candidate("x", "x"), [FixRun(ok=True)] * 2, None, 0, None)["status"] == "nothing_compared"
 

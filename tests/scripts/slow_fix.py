@@ -9,7 +9,7 @@ import torch
 torch.manual_seed(0)
 w = torch.nn.Parameter(torch.ones(8))
 opt = torch.optim.SGD([w], lr=0.1)
-for step in range(4):
+for step in range(10):
     if torch.are_deterministic_algorithms_enabled():
         time.sleep(0.2)
         noise = 0.0

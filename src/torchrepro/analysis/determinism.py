@@ -389,6 +389,26 @@ def determinism_section(
     return det
 
 
+NOTHING_COMPILED = (
+    "nothing was compiled in the run as written (no torch.compile call ran a compiled frame): there is no "
+    "compiled code to compare with {against}"
+)
+
+
+def nothing_compiled(det: JsonObject, against: str | None, compiled: list[EventLog]) -> None:
+    """``--against``: when the run as written compiled nothing, ``det`` says so and claims nothing
+    of compiled against ``against``: runs that agree are ``nothing_compared`` (not bit-exact), and a
+    divergence is the script's own (noted: not compiled code's)."""
+    if against is None or any(log.of(Compile) for log in compiled):
+        return
+    because = NOTHING_COMPILED.format(against=against)
+    if det["verdict"] in ("bit_exact", "within_tolerance"):
+        det["verdict"], det["exit_code"] = "nothing_compared", 1
+        det["nothing_compared_because"] = f"{because}; the two runs agree over {det['steps_compared']} step(s)"
+    else:
+        det["notes"].append(f"{because}: what differs is not compiled code")
+
+
 def divergence_findings(det: JsonObject, key: str | None) -> list[Finding]:
     """The findings of a ``determinism`` section: the divergence (its cause's hint under ``key``,
     or the measured fix when the fix ladder ran) and every run that did not end normally."""

@@ -4,8 +4,14 @@ showed (bit-exact, not, crashed, timed out) and what it costs, which one to reco
 rows and a recommendation out; nothing here imports torch.
 
 A fix is recommended only when it was tried and its runs were bit-exact: the cheapest such fix by
-median step time against the run as written (ties: the ladder's order). A fix that failed, timed
-out or was not bit-exact is reported as such and never recommended.
+step time against the run as written (ties: the ladder's order). A fix that failed, timed out or was
+not bit-exact is reported as such and never recommended.
+
+What a fix costs is measured on comparable steps only (:func:`step_cost`): the same step indices in
+the baseline and in each of the fix's runs, after :data:`WARMUP_STEPS` steps of warm-up (compilation,
+a DataLoader's workers starting: the first batches wait for them), leaving out every step during
+which either compiled; with the spread of the per-step ratios. With fewer than :data:`MIN_TIMED`
+such steps no cost is shown, and the row says why.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 DOC = "docs/compiled-nondeterminism.md"
+WARMUP_STEPS = 4  # steps 0-3 are warm-up: never in a cost
+MIN_TIMED = 3  # comparable steps a cost needs
+StepTimes = dict[int, float]  # step index -> seconds (rank 0), the steps during which nothing compiled
 LADDER = ("threads_1", "deterministic", "fallback_random", "aot_eager", "eager")
 
 
@@ -100,6 +109,9 @@ class FixRow(_FixRowHead, total=False):
 
     step_time_s: float
     baseline_step_s: float
+    step_time_spread: list[float]  # the per-step ratios' first and third quartiles
+    steps_timed: list[int]  # the first and last step index timed, and how many
+    cost_not_measured: str  # why no cost is shown
     steps_compared: int
     status: str  # bit_exact | not_bit_exact | failed | timed_out | nothing_compared | not_applicable
     why: str | None
@@ -135,28 +147,79 @@ class BackendStages(TypedDict):
 
 @dataclass
 class FixRun:
-    """How one of a fix's runs ended and its step times (seconds, from step 0)."""
+    """How one of a fix's runs ended and its step times by index."""
 
     ok: bool
     problems: list[str] = field(default_factory=list)
     timed_out: bool = False
-    step_times: list[float] = field(default_factory=list)
+    step_times: StepTimes = field(default_factory=dict)
 
 
-def median_step_time(step_times: Sequence[float | None]) -> float | None:
-    """Median step time leaving out step 0 (it includes compilation) when there are later steps
-    (a step without a time, None, counts as a step but not in the median)."""
-    times = [t for t in (step_times[1:] if len(step_times) > 1 else step_times) if t is not None]
-    return statistics.median(times) if times else None
+class StepCost(TypedDict):
+    """A fix's cost on comparable steps: the median of the per-step ratios (fix over baseline at
+    the same index), their first and third quartiles, the medians divided, and the steps used."""
+
+    ratio: float
+    low: float
+    high: float
+    fix_s: float
+    baseline_s: float
+    first: int
+    last: int
+    steps: int
+
+
+def step_cost(baseline: StepTimes, runs: Sequence[StepTimes]) -> StepCost | str:
+    """The cost of a fix whose runs took ``runs`` against ``baseline``, on the step indices all of
+    them timed after warm-up; or why it cannot be measured.
+
+    >>> step_cost({i: 0.1 for i in range(10)}, [{i: 0.135 for i in range(10)}] * 2)["ratio"]
+    1.35
+    >>> step_cost({0: 9.0, 1: 4.0, 2: 4.0, 3: 4.0, 4: 0.1}, [{i: 0.1 for i in range(5)}])
+    'cost not measured: 1 comparable step after warm-up (steps 4 and later, timed in the baseline and every run of the fix; 3 needed)'
+    """
+    common = sorted(i for i in baseline if i >= WARMUP_STEPS and baseline[i] > 0 and all(i in r for r in runs))
+    if len(common) < MIN_TIMED or not runs:
+        return (
+            f"cost not measured: {len(common)} comparable step{'' if len(common) == 1 else 's'} after warm-up "
+            f"(steps {WARMUP_STEPS} and later, timed in the baseline and every run of the fix; {MIN_TIMED} needed)"
+        )
+    ratios = sorted(r[i] / baseline[i] for r in runs for i in common)
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return {
+        "ratio": round(median, 3),
+        "low": round(q1, 3),
+        "high": round(q3, 3),
+        "fix_s": statistics.median(r[i] for r in runs for i in common),
+        "baseline_s": statistics.median(baseline[i] for i in common),
+        "first": common[0],
+        "last": common[-1],
+        "steps": len(common),
+    }
+
+
+def cost_text(row: FixRow) -> str:
+    """A row's cost as said: ``1.35x the step time (1.30-1.41 over steps 4-9)``, or why none.
+
+    >>> cost_text({"step_time_ratio": 1.35, "step_time_spread": [1.3, 1.41], "steps_timed": [4, 9, 6]})
+    '1.35x the step time (1.30-1.41 over steps 4-9)'
+    """
+    ratio = row.get("step_time_ratio")
+    if ratio is None:
+        return row.get("cost_not_measured") or "cost not measured"
+    low, high = row.get("step_time_spread") or (ratio, ratio)
+    first, last, _ = row.get("steps_timed") or (None, None, None)
+    return f"{ratio:.2f}x the step time ({low:.2f}-{high:.2f} over steps {first}-{last})"
 
 
 def judge_fix(
-    candidate: Candidate, runs: list[FixRun], diverged: bool | None, steps_compared: int, baseline_step_s: float | None
+    candidate: Candidate, runs: list[FixRun], diverged: bool | None, steps_compared: int, baseline: StepTimes | None
 ) -> FixRow:
     """One row of ``determinism.fixes``: ``{name, how, status, bit_exact, step_time_ratio, ...}``.
     ``status`` is ``bit_exact``, ``not_bit_exact``, ``failed`` (a run crashed or exited non-zero),
     ``timed_out``, ``nothing_compared`` or ``not_applicable``; ``bit_exact`` is True/False only when
-    the runs were compared, else None."""
+    the runs were compared, else None. Its cost: :func:`step_cost` of its runs against ``baseline``
+    (the step times of a run as written in the same configuration; None: none ran)."""
     row: FixRow = {"name": candidate.name, "how": candidate.how, "bit_exact": None, "step_time_ratio": None}
     if not candidate.applicable:
         return row | {"status": "not_applicable", "why": candidate.why_not}
@@ -165,10 +228,14 @@ def judge_fix(
         return row | {"status": "timed_out", "problems": problems[:3]}
     if not runs or not all(r.ok for r in runs):
         return row | {"status": "failed", "problems": problems[:3] or ["the fix's runs did not start"]}
-    medians = [m for r in runs for m in [median_step_time(r.step_times)] if m is not None]
-    if medians and baseline_step_s:  # with what it divides, so that a reader can check it
-        row["step_time_s"], row["baseline_step_s"] = statistics.median(medians), baseline_step_s
-        row["step_time_ratio"] = round(row["step_time_s"] / baseline_step_s, 3)
+    cost = step_cost(baseline, [r.step_times for r in runs]) if baseline else "cost not measured: no baseline run"
+    if isinstance(cost, str):
+        row["cost_not_measured"] = cost
+    else:  # with what it divides, so that a reader can check it
+        row["step_time_s"], row["baseline_step_s"] = cost["fix_s"], cost["baseline_s"]
+        row["step_time_ratio"] = cost["ratio"]
+        row["step_time_spread"] = [cost["low"], cost["high"]]
+        row["steps_timed"] = [cost["first"], cost["last"], cost["steps"]]
     if steps_compared == 0 or diverged is None:
         return row | {"status": "nothing_compared"}
     row["bit_exact"] = not diverged
@@ -198,8 +265,7 @@ def fix_hint(rows: list[FixRow]) -> str | None:
     tail = f" Tried and not bit-exact or failed: {', '.join(failed)}." if failed else ""
     if best is None:
         return f"No candidate fix made the runs bit-exact.{tail} See {DOC}."
-    cost = f"{best['step_time_ratio']:.2f}x the step time" if best["step_time_ratio"] else "cost not measured"
-    return f"Measured fix: {best['how']} — bit-exact, {cost}.{tail} See {DOC}."
+    return f"Measured fix: {best['how']} — bit-exact, {cost_text(best)}.{tail} See {DOC}."
 
 
 def first_changing_stage(stages: list[Stage]) -> StageChange | None:

@@ -27,13 +27,14 @@ from ...analysis.determinism import (
     hint_key,
     not_localised,
     numerics_of_modes,
+    nothing_compiled,
     numerics_without_inductor,
     shared_files,
     uses_inductor,
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
 from ...report.model import Finding, JsonObject
-from ...analysis.fixes import FixRow, recommend
+from ...analysis.fixes import FixRow, cost_text, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
@@ -274,6 +275,7 @@ def check(
         tol,
         unreadable_exit=3,
     )
+    nothing_compiled(det, against, run_b.logs)
     if decomposition is not None:
         det["decomposition"] = decomposition
     if ladder:
@@ -347,8 +349,7 @@ def _report(
     line = verdict_line(det)
     best = det.get("fix_recommended")
     if best:
-        ratio = f", {best['step_time_ratio']:.2f}x step time" if best.get("step_time_ratio") else ""
-        line += f"; measured fix: {best['name']} (bit-exact{ratio})"
+        line += f"; measured fix: {best['name']} (bit-exact, {cost_text(best)})"
     first_change = (det.get("backend_stages") or {}).get("first_change")
     if first_change:
         line += f"; results first change at {first_change['stage']} (vs {first_change['previous']})"

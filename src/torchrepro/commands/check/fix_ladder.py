@@ -23,8 +23,10 @@ from ...analysis.fixes import (
     Stage,
     candidates,
     first_changing_stage,
+    StepTimes,
     judge_fix,
-    median_step_time,
+    WARMUP_STEPS,
+    MIN_TIMED,
 )
 from ...errors import InputError
 from ...eventlog.events import Compile, Step
@@ -35,7 +37,8 @@ from .runs import intra_op_threads
 if TYPE_CHECKING:
     from .runs import Checker, RunSpec
 
-STEPS_AFTER = 2  # a fix's runs stop this many steps after the divergent step
+STEPS_AFTER = 2  # a fix's runs stop this many steps after the divergent step (at least after TIMED_UNTIL)
+TIMED_UNTIL = WARMUP_STEPS + 2 * MIN_TIMED - 1  # ... so that each has steps to time after warm-up
 BASELINE = "fix-baseline"  # the run as written, truncated like the fixes' runs: what their step times divide by
 FIX_TIMEOUT_S = 300.0
 
@@ -244,28 +247,19 @@ def _uses(runs: list[Run]) -> tuple[bool, bool]:
     return bool(compiles), any(c.inductor_s is not None or c.cache.get("fxgraph") for c in compiles)
 
 
-def step_times(run: Run) -> list[float]:
-    """Rank 0's step times for :func:`~torchrepro.analysis.fixes.median_step_time` (which leaves
-    out step 0): step 0, then every later step during which nothing was compiled (a recompile
-    is warm-up too, not the price of a fix)."""
-    times: list[float] = []
+def step_times(run: Run) -> StepTimes:
+    """Rank 0's step times by index, for :func:`~torchrepro.analysis.fixes.step_cost`: every step
+    during which nothing was compiled (a recompile is warm-up too, not the price of a fix)."""
+    times: StepTimes = {}
     compiled = False
     for event in run.logs[0].events if run.logs else []:
         if isinstance(event, Compile):
             compiled = True
-        elif isinstance(event, Step) and event.time_s is not None:
-            if not times or not compiled:
-                times.append(event.time_s)
+        elif isinstance(event, Step):
+            if event.time_s is not None and not compiled and not event.compiles:
+                times[event.index] = event.time_s
             compiled = False
     return times
-
-
-def _written_baseline(runs: list[Run], last: int) -> float | None:
-    """The median over the runs as written of their median step time to step ``last`` (only
-    when the baseline run failed: these runs' early steps may hold a cold compile)."""
-    each = [median_step_time([s.time_s for s in r.logs[0].of(Step) if s.index <= last]) for r in runs if r.logs]
-    medians = [m for m in each if m is not None]
-    return sorted(medians)[len(medians) // 2] if medians else None
 
 
 def _jobs(runs: list[Run]) -> int:
@@ -310,10 +304,11 @@ def run_fix_ladder(
     only: list[str] | None = None,
 ) -> list[FixRow]:
     """Each applicable candidate fix: two runs stopping ``STEPS_AFTER`` steps after the divergent
-    step, compared bit for bit, with their median step time after warm-up against that of a
-    baseline run as written in the same truncated configuration (run beside the fixes, so under
-    the same load and with the same warm compile cache; the runs as written, whose early steps
-    may hold a cold compile, only when the baseline run fails)."""
+    step (at the earliest after :data:`TIMED_UNTIL`), compared bit for bit, with their step times
+    against those of a baseline run as written in the same truncated configuration (run beside the
+    fixes, so under the same load and with the same warm compile cache; the first run as written
+    only when the baseline run fails) on the same step indices after warm-up
+    (:func:`~torchrepro.analysis.fixes.step_cost`)."""
     compiled, inductor = _uses(as_written)
     frames, function = _offending(as_written, evidence.get("compile_id"))
     ladder = candidates(
@@ -325,7 +320,7 @@ def run_fix_ladder(
     )
     if only:
         ladder = [c for c in ladder if c.name in only]
-    stop = div.step + STEPS_AFTER
+    stop = max(div.step + STEPS_AFTER, TIMED_UNTIL)
     tried = [c for c in ladder if c.applicable]
     checker.console.print(
         f"[dim]· fix ladder: {', '.join(c.name for c in tried)} (2 runs each, to step {stop}) and a baseline[/]",
@@ -346,9 +341,8 @@ def run_fix_ladder(
         )
         outcomes = dict(zip([c.name for c in tried], pool.map(lambda c: _try(checker, c, spec, stop, timeout), tried)))
         base_run, _ = base.result()
-    baseline = median_step_time(base_run.step_times) if base_run.ok else None
-    if baseline is None:
-        baseline = _written_baseline(as_written, stop)
+    # the baseline's steps at the fixes' indices; the first run as written only when the baseline failed
+    baseline = base_run.step_times if base_run.ok else next((step_times(r) for r in as_written if r.logs), None)
     rows: list[FixRow] = []
     for candidate in ladder:
         if candidate.name not in outcomes:
