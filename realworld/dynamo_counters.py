@@ -10,7 +10,7 @@ so that each rank writes its own file.
 The numbers follow the correspondence documented in docs/accuracy.md ("Report field <-> Dynamo's
 own numbers"): compiles = compilation-metrics records with a code name and no failure, recompiles =
 those of them with a recompile reason, graph breaks = `counters["graph_break"]` plus the
-`counters["unimplemented"]` entries that are not the recompile limit, unique graphs =
+`counters["unimplemented"]` entries of other break types (:func:`graph_breaks`), unique graphs =
 `counters["stats"]["unique_graphs"]`.
 """
 
@@ -23,6 +23,23 @@ import runpy
 import sys
 
 
+def graph_breaks(counters) -> int:
+    """``counters["graph_break"]``, plus the breaks counted only in ``counters["unimplemented"]``
+    (data-dependent branching, a break that makes Dynamo skip its frame): those entries whose first
+    line (the break's type) is not one of a ``graph_break`` entry's (the same break, counted there
+    when Dynamo met it again in a frame of its own), other than the recompile limit (no break) and a
+    generator Dynamo declines to trace (a frame not compiled, no break)."""
+    counted = {msg.splitlines()[0] for msg in counters["graph_break"]}
+    more = sum(
+        n
+        for msg, n in counters["unimplemented"].items()
+        if "recompile limit" not in msg
+        and msg.splitlines()[0] not in counted
+        and not msg.startswith("Attempt to trace generator")
+    )
+    return sum(counters["graph_break"].values()) + more
+
+
 def _dump(out: str, pid: int) -> None:
     """Write the counters, in the process that started the script only (a forked DataLoader
     worker that happens to run atexit handlers must not overwrite them)."""
@@ -32,11 +49,10 @@ def _dump(out: str, pid: int) -> None:
         from torch._dynamo.utils import counters, get_compilation_metrics
 
         metrics = [m for m in get_compilation_metrics() if m.co_name and not m.fail_type]
-        unimplemented = sum(n for msg, n in counters["unimplemented"].items() if "recompile limit" not in msg)
         counts = {
             "compiles": len(metrics),
             "recompiles": sum(1 for m in metrics if m.recompile_reason),
-            "graph_breaks": sum(counters["graph_break"].values()) + unimplemented,
+            "graph_breaks": graph_breaks(counters),
             "unique_graphs": counters["stats"]["unique_graphs"],
             "dynamo_imported": True,
         }

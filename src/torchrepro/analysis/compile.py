@@ -3,12 +3,14 @@ compile time, and the findings (with fixes) that follow from them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import linecache
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak
+from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak, Step
 from .categories import category_of, guard_text
 from ..report.model import (
     CacheCounts,
@@ -73,7 +75,8 @@ GRAPH_BREAK_HINTS = (
     ),
 )
 
-_SIZE = re.compile(r"size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+# a shape guard: the tensor (as the guard names it), the dimension, the size expected and the size seen
+SIZE_GUARD = re.compile(r"tensor '([^']+)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 
 
 TRAINING_HINT = (
@@ -99,14 +102,28 @@ def recompile_hint(category: str | None, reasons: list[str]) -> str:
     return RECOMPILE_HINTS.get(category or "other", RECOMPILE_HINTS["other"])
 
 
+def _variable(name: str) -> str:
+    """The guard's name of a tensor as the user's code names it: ``L['idx']`` → ``idx``."""
+    m = re.fullmatch(r"L\['([^']+)'\]", name)
+    return m.group(1) if m else name
+
+
 def _shape_hint(reasons: list[str]) -> str:
+    """The shape hint, naming the tensor and dimension the guard is on (``mark_dynamic(idx, 1)``).
+
+    >>> _shape_hint(["tensor 'idx' size mismatch at index 1. expected 8, actual 9"])
+    'Mark the varying dimension dynamic before the first call (torch._dynamo.mark_dynamic(idx, 1)) or compile with dynamic=True.'
+    """
+    found = [m for reason in reasons for m in [SIZE_GUARD.search(reason)] if m]
+    marks = list(dict.fromkeys(f"torch._dynamo.mark_dynamic({_variable(m.group(1))}, {m.group(2)})" for m in found))
     hint = RECOMPILE_HINTS["shape"]
-    for reason in reasons:
-        m = _SIZE.search(reason)
-        if m and m.group(1) == "0" and int(m.group(3)) < int(m.group(2)):
+    if marks:
+        hint = hint.replace("torch._dynamo.mark_dynamic(x, 0)", "; ".join(marks[:3]))
+    for m in found:
+        if m.group(2) == "0" and int(m.group(4)) < int(m.group(3)):
             return (
-                f"The leading dimension shrank ({m.group(2)} → {m.group(3)}): a short last batch. "
-                "Use drop_last=True, pad the last batch, or " + hint[0].lower() + hint[1:]
+                f"The leading dimension of {_variable(m.group(1))} shrank ({m.group(3)} → {m.group(4)}): a short "
+                "last batch. Use drop_last=True, pad the last batch, or " + hint[0].lower() + hint[1:]
             )
     return hint
 
@@ -147,32 +164,91 @@ def display_function(c: Compile) -> str:
     return name
 
 
+# Dynamo logs a break again, with one of these prefixes, when it cannot resume after it: it restarts
+# the frame and compiles up to the break, or skips the frame (a break in a loop or in a context
+# manager it cannot resume). Where the same break is also logged as such (the frame re-traced, or the
+# function called from it traced as a frame of its own), it is one break: counters["graph_break"]
+# counts it once (counters["unimplemented"] once more). docs/accuracy.md.
+RELOGGED = (
+    "Encountered graph break that we cannot resume from",
+    "Failed to handle graph break gracefully",
+    "Graph break: torch.compile cannot properly resume from this graph break",
+)
+
+
+def distinct_breaks(breaks: list[GraphBreak]) -> tuple[list[GraphBreak], int]:
+    """The graph breaks of one or more ranks, a break Dynamo logged again on a restart or frame
+    skip (:data:`RELOGGED`) counted once: the breaks, and how many records were such repeats."""
+    plain = {(b.rank, b.file, b.line) for b in breaks if not b.reason.startswith(RELOGGED)}
+    kept = [b for b in breaks if not b.reason.startswith(RELOGGED) or (b.rank, b.file, b.line) not in plain]
+    return kept, len(breaks) - len(kept)
+
+
+def completed(compiles: list[Compile]) -> list[Compile]:
+    """The compiles that made code: not a recompile-limit hit, not a compile that failed (the frame
+    then runs eagerly: Dynamo's compilation metrics record it with a ``fail_type``)."""
+    return [c for c in compiles if not c.limit_hit and not c.fail_type]
+
+
+def last_steps(logs: list[EventLog]) -> dict[int, int]:
+    """Each rank's last step index (ranks without steps absent)."""
+    out = {}
+    for log in logs:
+        if log.kept is not None:  # read with its steps reduced (doctor): the reduction keeps the last index
+            last = getattr(log.kept, "last_index", None)
+        else:
+            steps = log.of(Step)
+            last = steps[-1].index if steps else None
+        if isinstance(last, int):
+            out[log.rank] = last
+    return out
+
+
+def placed(step: int | None, rank: int, last: dict[int, int]) -> tuple[int | None, bool]:
+    """Where an event stamped ``step`` (the step in progress when it happened) took place: that
+    step, or, stamped past the rank's last step (after the last step had ended: a final evaluation),
+    the last step and True (after it)."""
+    if step is not None and rank in last and step > last[rank]:
+        return last[rank], True
+    return step, False
+
+
 def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
     """The ``compile`` section of the report and its findings, over every rank's events."""
-    compiles: list[Compile] = [e for log in logs for e in log.of(Compile)]
-    breaks: list[GraphBreak] = [e for log in logs for e in log.of(GraphBreak)]
+    last = last_steps(logs)
+    # an event after a rank's last step is placed at that step (and said to be after it)
+    after = {(c.rank, c.compile_id) for log in logs for c in log.of(Compile) if placed(c.step, c.rank, last)[1]}
+    compiles: list[Compile] = [
+        replace(e, step=placed(e.step, e.rank, last)[0]) if (e.rank, e.compile_id) in after else e
+        for log in logs
+        for e in log.of(Compile)
+    ]
+    breaks, relogged = distinct_breaks(
+        [replace(e, step=placed(e.step, e.rank, last)[0]) for log in logs for e in log.of(GraphBreak)]
+    )
     lookups: list[CacheLookup] = [e for log in logs for e in log.of(CacheLookup)]
-    done = [c for c in compiles if not c.limit_hit]
+    done = completed(compiles)
     recompiles = [c for c in done if c.is_recompile]
 
     recompile_events: list[RecompileEvent] = []
     for c in recompiles:
         category = category_of(c)
-        recompile_events.append(
-            {
-                "rank": c.rank,
-                "compile_id": c.compile_id,
-                "function": display_function(c),
-                "code": c.function,
-                "file": c.file,
-                "line": c.line,
-                "step": c.step,
-                "reason": c.recompile_reasons[0],
-                "guard": guard_text(c.recompile_reasons[0]),
-                "category": category,
-                "evaluation": for_evaluation(category, c.recompile_reasons[0]),
-            }
-        )
+        event: RecompileEvent = {
+            "rank": c.rank,
+            "compile_id": c.compile_id,
+            "function": display_function(c),
+            "code": c.function,
+            "file": c.file,
+            "line": c.line,
+            "step": c.step,
+            "reason": c.recompile_reasons[0],
+            "guard": guard_text(c.recompile_reasons[0]),
+            "category": category,
+            "evaluation": for_evaluation(category, c.recompile_reasons[0]),
+        }
+        if (c.rank, c.compile_id) in after:
+            event["after_step"] = True
+        recompile_events.append(event)
 
     grouped: dict[tuple[int, str, str | None, str | None, int | None], GraphBreakEvent] = {}
     sources: dict[tuple[str | None, int | None], str | None] = {}  # (file, line): its text, read once per analysis
@@ -228,6 +304,8 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
         "graph_break_events": list(grouped.values()),
         "per_rank": _per_rank(logs),
     }
+    if relogged:
+        section["graph_breaks_relogged"] = relogged
     findings = (
         _recompile_findings(recompiles)
         + _limit_findings(compiles)
@@ -290,11 +368,11 @@ def _cache_summary(lookups: list[CacheLookup], compiles: list[Compile]) -> dict[
 def _per_rank(logs: list[EventLog]) -> dict[str, RankCompiles]:
     out: dict[str, RankCompiles] = {}
     for log in logs:
-        done = [c for c in log.of(Compile) if not c.limit_hit]
+        done = completed(log.of(Compile))
         out[str(log.rank)] = {
             "compiles": len(done),
             "recompiles": sum(c.is_recompile for c in done),
-            "graph_breaks": len(log.of(GraphBreak)),
+            "graph_breaks": len(distinct_breaks(log.of(GraphBreak))[0]),
             "limit_hits": sum(bool(c.limit_hit) for c in log.of(Compile)),
             "compile_time_s": round(sum((c.dynamo_s or 0) + (c.backward_s or 0) for c in log.of(Compile)), 3),
         }

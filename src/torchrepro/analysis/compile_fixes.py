@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from ..eventlog.events import Compile, EventLog, GraphBreak, Step
+from .compile import SIZE_GUARD, completed, distinct_breaks
 from .divergence import Tolerance, first_divergence
 from ..report.model import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
 
@@ -35,7 +36,6 @@ SLOWER = 0.10  # a median step time this much above the baseline's counts as slo
 TOLERANCE = Tolerance(rtol=1e-4, atol=1e-6)  # "within tolerance": check's comparison with this tolerance
 RAISED_LIMITS = {"recompile_limit": 64, "accumulated_recompile_limit": 2048}
 
-_SIZE = re.compile(r"^tensor '([^']+)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 _INT_ATTRIBUTE = re.compile(r"^(?:self|L\['self'\])\.(\w+) == -?\d+$")
 _ITEM = re.compile(r"item\(\)|Tensor\.item|scalar output", re.I)
 _DYNAMIC_OUTPUT = re.compile(r"nonzero|dynamic shape operator|data-dependent output shape", re.I)
@@ -169,7 +169,7 @@ def _shape_fixes(plan: FixPlan, events: list[RecompileEvent]) -> None:
     guard names none. A shrunk leading dimension is a short last batch: ``drop_last=True``, a code change."""
     if not events:
         return
-    named = [(m, e) for e in events for m in [_SIZE.match(e["guard"])]]
+    named = [(m, e) for e in events for m in [SIZE_GUARD.match(e["guard"])]]
     entries = sorted({f"{_source(m.group(1))}:{m.group(2)}" for m, _ in named if m and _source(m.group(1))})
     if entries and all(m and _source(m.group(1)) for m, _ in named):
         dims = ", ".join(f"{m.group(1)} dim {m.group(2)}" for m in {m.group(1, 2): m for m, _ in named if m}.values())
@@ -213,14 +213,14 @@ def measure(logs: list[EventLog], until: int | None = None) -> FixMeasure:
         return until is None or step is None or step <= until
 
     compiles = [c for log in logs for c in log.of(Compile) if within(c.step)]
-    done = [c for c in compiles if not c.limit_hit]
+    done = completed(compiles)
     steps = [s for s in (logs[0].of(Step) if logs else []) if within(s.index)]
     times = sorted(s.time_s for s in steps if s.index > 0 and not s.compiles and s.time_s is not None)
     return {
         "compiles": len(done),
         "recompiles": sum(c.is_recompile for c in done),
-        "graph_breaks": sum(1 for log in logs for b in log.of(GraphBreak) if within(b.step)),
-        "limit_hits": len(compiles) - len(done),
+        "graph_breaks": len(distinct_breaks([b for log in logs for b in log.of(GraphBreak) if within(b.step)])[0]),
+        "limit_hits": sum(bool(c.limit_hit) for c in compiles),
         "compile_time_s": round(sum((c.dynamo_s or 0.0) + (c.backward_s or 0.0) for c in compiles), 3),
         "step_time_s": round(statistics.median(times), 6) if times else None,
         "step_time_tail_s": round(times[min(len(times) - 1, int(0.9 * len(times)))], 6) if times else None,

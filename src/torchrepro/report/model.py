@@ -161,9 +161,7 @@ class LimitHit(TypedDict):
     last_reason: str | None
 
 
-class RecompileEvent(TypedDict):
-    """One recompile on one rank: the guard that failed, its category, whether evaluation needs it."""
-
+class _RecompileEventHead(TypedDict):
     rank: int
     compile_id: str
     function: str
@@ -175,6 +173,13 @@ class RecompileEvent(TypedDict):
     guard: str
     category: str | None
     evaluation: bool
+
+
+class RecompileEvent(_RecompileEventHead, total=False):
+    """One recompile on one rank: the guard that failed, its category, whether evaluation needs it;
+    ``after_step``: it happened after ``step``, the rank's last, had ended (a final evaluation)."""
+
+    after_step: bool
 
 
 class GraphBreakEvent(TypedDict):
@@ -285,6 +290,7 @@ class CompileSection(_CompileSection, total=False):
 
     build_time_s: float
     capture_overhead_s: float
+    graph_breaks_relogged: int  # break records that repeat a break (a restart or frame skip): counted once
     recompile_limit_hits: list[LimitHit]
     recompiles_by_category: dict[str | None, int]
     compile_time_share: float
