@@ -304,9 +304,9 @@ def test_the_ladder_finds_a_bit_exact_fix_and_recommends_only_that(gpt_check):
     proc, report, out = gpt_check
     det = report["determinism"]
     rows = {r["name"]: r for r in det["fixes"]}
-    assert rows["deterministic"]["bit_exact"] is True and rows["deterministic"]["step_time_ratio"] > 0
-    for row in rows.values():  # each ratio is the fix's step time over the truncated baseline run's
-        assert row["step_time_ratio"] == round(row["step_time_s"] / row["baseline_step_s"], 3)
+    assert rows["deterministic"]["bit_exact"] is True
+    for row in rows.values():  # 4 steps: none to time after the 4 warm-up steps, so no cost is claimed
+        assert row["step_time_ratio"] is None and row["cost_not_measured"].startswith("cost not measured: 0 ")
     assert (out / "fix-baseline" / "run.json").exists()
     assert rows["threads_1"]["status"] in ("bit_exact", "not_bit_exact")
     assert set(rows) == {"threads_1", "deterministic"}  # --only-fixes
