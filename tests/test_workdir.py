@@ -31,6 +31,9 @@ def test_each_run_starts_from_a_fresh_copy(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.txt").write_text("input")
     (tmp_path / "empty").mkdir()
+    for skipped in (".git", ".venv", "data/__pycache__"):  # never copied: version control, environments, caches
+        (tmp_path / skipped).mkdir(parents=True)
+        (tmp_path / skipped / "big").write_bytes(b"x" * 1000)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     ledger = Ledger()
@@ -40,6 +43,7 @@ def test_each_run_starts_from_a_fresh_copy(tmp_path, monkeypatch):
             assert where.cwd == (out / label / "cwd").resolve()
             assert (where.cwd / "data" / "x.txt").read_text() == "input" and (where.cwd / "empty").is_dir()
             assert not (where.cwd / "out").exists()  # the command's own output is not copied
+            assert not any((where.cwd / d).exists() for d in (".git", ".venv", "data/__pycache__"))
             printed.append(_run(where, WRITE_OR_RESUME))
         assert not where.cwd.exists()  # removed once the run ended
         assert where.record() == {"mode": "copy", "copied_bytes": 5, "wrote_in_copy": ["snapshot.pt"]}

@@ -30,7 +30,23 @@ COPY_LIMIT_BYTES = 256 * 2**20  # a larger working directory runs in place, its 
 COPY_LIMIT_FILES = 20_000
 STAT_LIMIT_FILES = 100_000  # past this many files, writes are looked for in the first ones only
 COPY_DIR = "cwd"  # the copy, inside the run's own directory while it runs
-SKIPPED = ("torchrepro-runs",)
+# never copied nor watched, at any depth: torchrepro's own outputs (the default --out root), version
+# control, environments and caches (a project's .venv alone exceeds the copy's bound)
+SKIPPED = frozenset(
+    {
+        "torchrepro-runs",
+        ".git",
+        ".hg",
+        ".venv",
+        "venv",
+        "node_modules",
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+    }
+)
 WORKDIR_VAR = "TORCHREPRO_WORKDIR"  # "shared": every run in the working directory itself (writes still detected)  # torchrepro's own outputs (the default --out root) are never copied
 
 Stats = dict[str, tuple[int, int]]  # path relative to the root -> (size, mtime_ns)
@@ -129,7 +145,9 @@ def _inventory(root: Path, skip: set[Path], limit_files: int) -> tuple[Stats, in
         here = Path(dirpath)
         links = [d for d in dirnames if (here / d).is_symlink()]
         dirnames[:] = [
-            d for d in dirnames if d not in links and (here / d) not in skip and not (here / d / LOCK_FILE).exists()
+            d
+            for d in dirnames
+            if d not in links and d not in SKIPPED and (here / d) not in skip and not (here / d / LOCK_FILE).exists()
         ]
         for name in dirnames:
             stats[str((here / name).relative_to(root))] = (-1, 0)
@@ -187,7 +205,7 @@ def why_shared(args: Sequence[str], skip: Sequence[Path] = ()) -> str | None:
     """Why runs with these arguments would share the working directory (None: each gets a copy);
     runs that share it go one after the other (one writing there while another reads is a race)."""
     root = Path.cwd().resolve()
-    return _survey(root, args, {p.resolve() for p in skip} | {root / s for s in SKIPPED})[2]
+    return _survey(root, args, {p.resolve() for p in skip})[2]
 
 
 @contextmanager
@@ -210,7 +228,7 @@ def fresh_workdir(
         return
     ledger = ledger or Ledger()
     root = ledger.root
-    skip_set = {p.resolve() for p in (*skip, run_dir)} | {root / s for s in SKIPPED}
+    skip_set = {p.resolve() for p in (*skip, run_dir)}
     stats, total, why = _survey(root, args, skip_set)
     copy = run_dir.resolve() / COPY_DIR
     script = script.resolve()
