@@ -203,3 +203,17 @@ _HEAVY_FIRST = (
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def run_torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600):
+    """``python -m torchrepro ARGS`` in ``cwd`` (``env``: added to ours), its output as text."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )

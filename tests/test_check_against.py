@@ -3,31 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from conftest import run_torchrepro
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def test_against_eager_of_a_script_that_compiles_nothing_says_so_and_claims_no_match(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrepro",
-            "check",
-            "--out",
-            "c",
-            "--against",
-            "eager",
-            str(SCRIPTS / "deterministic.py"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_torchrepro("check", "--out", "c", "--against", "eager", str(SCRIPTS / "deterministic.py"), cwd=tmp_path)
     report = json.loads((tmp_path / "c" / "report.json").read_text())
     det = report["determinism"]
     assert proc.returncode == 1, proc.stderr

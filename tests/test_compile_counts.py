@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import run_torchrepro
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "scripts" / "compile_counts.py"
 
@@ -23,12 +25,7 @@ def test_counts_equal_dynamos_and_events_are_placed_and_named(tmp_path):
         timeout=300,
     )
     dynamo = json.loads(plain.read_text())
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchrepro", "doctor", "--out", str(tmp_path / "d"), str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_torchrepro("doctor", "--out", str(tmp_path / "d"), str(SCRIPT), cwd=tmp_path, timeout=300)
     report = json.loads((tmp_path / "d" / "report.json").read_text())
     c = report["compile"]
     ours = {k: c[k] for k in ("compiles", "recompiles", "graph_breaks", "unique_graphs")}

@@ -4,12 +4,12 @@ time, read from a real run's event log while it is written; in a log, a line eve
 from __future__ import annotations
 
 import io
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from conftest import run_torchrepro
 from rich.console import Console
 
 from torchrepro.report.progress import Progress
@@ -55,24 +55,16 @@ def test_no_phase_no_line_and_period_zero_none(tmp_path, monkeypatch):
 
 
 def test_check_says_each_run_step_and_time_in_a_log(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrepro",
-            "check",
-            "--out",
-            "c",
-            "--no-localize",
-            str(SCRIPTS / "long_train.py"),
-            "--steps",
-            "40",
-        ],
+    proc = run_torchrepro(
+        "check",
+        "--out",
+        "c",
+        "--no-localize",
+        str(SCRIPTS / "long_train.py"),
+        "--steps",
+        "40",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TORCHREPRO_PROGRESS_S": "1", "TORCHREPRO_CHECK_SIDE_BY_SIDE": "0"},
-        timeout=600,
+        env={"TORCHREPRO_PROGRESS_S": "1", "TORCHREPRO_CHECK_SIDE_BY_SIDE": "0"},
     )
     assert proc.returncode in (0, 1), proc.stderr  # (the script is unseeded: it may diverge)
     assert re.search(r"^· run-1: step \d+, \d+ s$", proc.stderr, re.M), proc.stderr  # how many: not known yet

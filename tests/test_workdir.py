@@ -5,12 +5,12 @@ is blamed (torchrepro.commands.workdir)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_torchrepro
 
 from torchrepro.commands.workdir import Ledger, fresh_workdir
 
@@ -75,14 +75,7 @@ def test_a_relative_path_outside_the_working_directory_runs_in_place(tmp_path, m
 
 
 def _check(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchrepro", "check", "--out", "check", "--no-localize", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
+    proc = run_torchrepro("check", "--out", "check", "--no-localize", *args, cwd=tmp_path, env=env)
     report = json.loads((tmp_path / "check" / "report.json").read_text()) if proc.returncode in (0, 1) else {}
     return proc, report
 
