@@ -43,8 +43,8 @@ realworld: bytecode
 	$(PY) -m pytest -q -m "realworld or not realworld" tests/realworld -k "not three_checks"
 	$(PY) realworld/run.py --table build/realworld/table.md
 
-# The compat tier on the oldest and newest torch tested besides the pinned one (README, "Tested torch
-# versions"): a venv per version, .venv-compat-<version> (a CUDA build, ~5 GB, run on CPU), then doctor's
+# The compat tier on the oldest and newest torch tested besides the pinned one (docs/compat.md): a venv
+# per version, .venv-compat-<version> (a CUDA build, ~5 GB, run on CPU), then doctor's
 # counts and categories against Dynamo's counters, TORCH_TRACE import, check's causes, non-perturbation
 # and the distributed cases; then the inductor cases (marker inductor: doctor's counts against Dynamo's with
 # backend inductor, check's inductor RNG and compiled-graph localisation). `make compat TORCH_VERSIONS=2.10.0`

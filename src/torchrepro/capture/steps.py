@@ -7,7 +7,7 @@
 - The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
   wrapped: a CPU loss is read there, ``item()``, while it is in the caches; of a device loss the
   wrapper keeps a detached reference, no copy, no sync, read back with the step), at its own precision. A
-  step's loss is what the script prints for it (README, "the loss of a step"): with one ``backward()``, its
+  step's loss is what the script prints for it (docs/commands.md, "the loss of a step"): with one ``backward()``, its
   value; with several before the step (gradient accumulation: micro-losses scaled for
   ``backward()``), their sum in the losses' dtype, added in order as ``total += loss`` adds
   them; with a closure passed to ``optimizer.step()`` (LBFGS calls it many times), the first
