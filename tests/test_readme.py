@@ -99,3 +99,22 @@ def test_docs_links_lead_to_pages_that_exist():
             if not link.startswith("http"):
                 assert (page.parent / link).exists(), f"{page.name}: {link}"
 
+
+def test_changelog_releases_are_dated_newest_first_and_the_latest_is_the_package_version():
+    import torchrepro
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", text, re.M)
+    assert headings[0] == ("Unreleased", ""), headings[:1]
+    releases = headings[1:]
+    assert releases and all(date for _, date in releases), releases
+    versions = [tuple(int(n) for n in v.split(".")) for v, _ in releases]
+    assert versions == sorted(versions, reverse=True) and [d for _, d in releases] == sorted(
+        (d for _, d in releases), reverse=True
+    )
+    project = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert releases[0][0] == project == torchrepro.__version__
+    sections = set(re.findall(r"^### (\w+)$", text, re.M))
+    assert sections <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, sections
+    # it speaks to users of what changed, not of how the work was organised
+    assert not re.findall(r"\b(?:sessions?|issues?|branch(?:es)?) #?\d+", text, re.I)
