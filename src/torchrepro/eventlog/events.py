@@ -205,7 +205,7 @@ class Step(Event):
     rng_fps: dict[str, str] | None = None
     rng_at: str | None = None  # where the step's RNG state was read: batch | backward | step_end | start
     compiles: int = 0
-    loss_last: float | None = None  # several backward() calls: the last one's value (docs/commands.md: "the loss of a step")
+    loss_last: float | None = None  # several backward() calls: the last value (docs/commands.md)
 
 
 @dataclass(slots=True)
