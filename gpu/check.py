@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from torchrepro.commands.options import positive_float
+
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
 STATUSES = ("PASS", "FAIL", "SKIP")
@@ -328,16 +330,6 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """A usage error is one line and exit 2 (the usage itself is in --help)."""
@@ -352,7 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", type=_names, metavar="NAME,NAME", help="run only these checks (see --list)")
     p.add_argument("--list", action="store_true", help="name every check and what it proves, then exit")
     p.add_argument("--work", type=Path, metavar="DIR", help="keep every run here (default: a temporary directory)")
-    p.add_argument("--timeout", type=_positive, default=300.0, metavar="S", help="limit per command (default 300)")
+    p.add_argument("--timeout", type=positive_float, default=300.0, metavar="S", help="limit per command (default 300)")
     return p.parse_args(argv)
 
 

@@ -49,7 +49,7 @@ def test_list_names_every_check_without_a_gpu():
 
 @pytest.mark.parametrize(
     "args, says",
-    [(["--only", "atomic-race,nope"], "unknown check nope"), (["--timeout", "0"], "positive number of seconds")],
+    [(["--only", "atomic-race,nope"], "unknown check nope"), (["--timeout", "0"], "must be a number > 0")],
 )
 def test_bad_arguments_are_one_line_and_exit_2(args, says):
     proc = _run(*args)
