@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,14 +91,24 @@ class Context:
         return self.run([sys.executable, str(SCRIPTS / name), *args], env=env)
 
 
-def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
+def _why(proc: subprocess.CompletedProcess[str], out: Path | None = None) -> str:
+    """The most telling line of a command that ended unexpectedly: the last error a run under
+    ``out`` recorded from the script (``run.json``'s ``stderr_tail``), else the command's last line."""
+    for meta in sorted(out.rglob("run.json")) if out is not None and out.is_dir() else []:
+        try:
+            tail = json.loads(meta.read_text()).get("stderr_tail") or []
+        except (OSError, ValueError):
+            continue
+        errors = [line.strip() for line in tail if re.search(r"\w(Error|Exception)\b", line)]
+        if errors:
+            return f"{meta.parent.name}: {errors[-1]}"
     lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
     return lines[-1].strip() if lines else "(no output)"
 
 
-def _expect(proc: subprocess.CompletedProcess[str], codes: tuple[int, ...], what: str) -> None:
+def _expect(proc: subprocess.CompletedProcess[str], codes: tuple[int, ...], what: str, out: Path | None = None) -> None:
     if proc.returncode not in codes:
-        raise CheckFailed(f"{what} exited {proc.returncode}: {_last_line(proc)}")
+        raise CheckFailed(f"{what} exited {proc.returncode}: {_why(proc, out)}")
 
 
 def _report(run_dir: Path) -> dict:
@@ -126,7 +137,7 @@ def check_rng_resume(ctx: Context) -> str:
         proc = ctx.torchrepro(
             "check-resume", "--at", "3", "--out", str(out), str(SCRIPTS / "rng_resume.py"), "--", *extra, env=env
         )
-        _expect(proc, (0, 1), f"check-resume ({label} RNG)")
+        _expect(proc, (0, 1), f"check-resume ({label} RNG)", out)
         verdicts[label] = _report(out)["determinism"]
     kept, forgot = verdicts["restored"], verdicts["forgotten"]
     if kept["verdict"] != "bit_exact":
@@ -145,12 +156,15 @@ def check_atomic_race(ctx: Context) -> str:
     nondeterministic_op, localised to the compiled graph and the accumulating op."""
     out = ctx.work / "atomic-race"
     proc = ctx.torchrepro("check", "--no-fixes", "--out", str(out), str(SCRIPTS / "atomic_race.py"))
-    _expect(proc, (1,), "check")
+    if not (out / "report.json").is_file():
+        _expect(proc, (), "check", out)
     det = _report(out)["determinism"]
     fd = det.get("first_divergence") or {}
     (ctx.work / "atomic-race.first_divergence.json").write_text(json.dumps(fd, indent=1))
     if det["verdict"] != "diverged" or fd.get("cause") != "nondeterministic_op":
-        raise CheckFailed(f"verdict {det['verdict']}, cause {fd.get('cause')}: expected diverged, nondeterministic_op")
+        raise CheckFailed(
+            f"verdict {det['verdict']}, cause {fd.get('cause')} (exit {proc.returncode}): expected diverged, nondeterministic_op"
+        )
     op = str(fd.get("op") or "")
     if not any(name in op for name in ("index_add", "index_put", "scatter_add")):
         raise CheckFailed(f"diverged, but the op named is {op or 'none'}, not the accumulating index_add_")
@@ -213,7 +227,7 @@ def check_cudagraph_recompiles(ctx: Context) -> str:
     out = ctx.work / "reduce-overhead"
     counts = ctx.work / "reduce-overhead.dynamo.json"
     proc = ctx.torchrepro("doctor", "--out", str(out), str(SCRIPTS / "cudagraph_recompiles.py"), "--", str(counts))
-    _expect(proc, (0, 1), "doctor")
+    _expect(proc, (0, 1), "doctor", out)
     dynamo = _json_file(counts, "cudagraph_recompiles.py")
     compile_ = _report(out)["compile"]
     ours = {k: compile_.get(k) for k in dynamo}
@@ -270,7 +284,7 @@ def check_sync_free(ctx: Context) -> str:
     out = ctx.work / "sync-doctor"
     timed = ctx.work / "sync-doctor.json"
     proc = ctx.torchrepro("doctor", "--out", str(out), str(SCRIPTS / "sync_free_loop.py"), "--", str(timed), steps)
-    _expect(proc, (0, 1), "doctor over the loop (a sync under capture raises)")
+    _expect(proc, (0, 1), "doctor over the loop (a sync under capture raises)", out)
     a, b = _json_file(ctx.work / "sync-plain.json", "the plain loop"), _json_file(timed, "the loop under doctor")
     report = _report(out)
     recorded = report["steps"]["steps"]

@@ -90,3 +90,17 @@ def test_a_command_past_its_timeout_fails_the_check(tmp_path):
         ctx.run([sys.executable, "-c", "import time; time.sleep(5)"])
     assert ctx.env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor-cache")
     assert "CUBLAS_WORKSPACE_CONFIG" not in ctx.env  # the audit check starts from it unset
+
+
+def test_an_unexpected_exit_names_the_scripts_error_where_a_run_recorded_one(tmp_path):
+    import json
+
+    proc = subprocess.CompletedProcess([], 3, stdout="", stderr="torchrepro: report in out/report.json\n")
+    assert gpu._why(proc) == "torchrepro: report in out/report.json"
+    run = tmp_path / "out" / "run-1"
+    run.mkdir(parents=True)
+    tail = ["Traceback (most recent call last):", '  File "x.py", line 3', "RuntimeError: an illegal sync", ""]
+    (run / "run.json").write_text(json.dumps({"stderr_tail": tail}))
+    assert gpu._why(proc, tmp_path / "out") == "run-1: RuntimeError: an illegal sync"
+    with pytest.raises(gpu.CheckFailed, match=r"doctor exited 3: run-1: RuntimeError: an illegal sync"):
+        gpu._expect(proc, (0, 1), "doctor", tmp_path / "out")
