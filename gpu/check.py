@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from torchrepro.commands.options import positive_float
+from torchrepro.report.sanitize import visible
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
@@ -49,7 +50,8 @@ def format_line(result: Result) -> str:
     """``PASS  cuda-rng-resume       BIT-EXACT resume ... (31.2 s)``: one line, whatever the detail holds."""
     if result.status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {result.status!r}")
-    detail = " ".join(result.detail.split())  # a newline in a measurement never splits the line
+    # a newline never splits the line; control characters from a script's output are shown as escapes
+    detail = visible(" ".join(result.detail.split()))
     took = f" ({result.seconds:.1f} s)" if result.seconds is not None else ""
     return f"{result.status:<4}  {result.name:<{NAME_WIDTH}}  {detail}{took}"
 

@@ -61,6 +61,7 @@ def test_line_format():
     line = gpu.format_line(gpu.Result("cache-warm-start", "PASS", "first step 9.1 s cold,\n0.8 s warm", 41.26))
     assert line == "PASS  cache-warm-start      first step 9.1 s cold, 0.8 s warm (41.3 s)"
     assert gpu.format_line(gpu.Result("x", "SKIP", "why")) == "SKIP  x                     why"
+    assert gpu.format_line(gpu.Result("x", "FAIL", "\x1b[2Jboom")).endswith("  \\x1b[2Jboom")
     with pytest.raises(ValueError, match="status must be one of"):
         gpu.format_line(gpu.Result("x", "OK", ""))
 
