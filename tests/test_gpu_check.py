@@ -66,7 +66,7 @@ def test_line_format():
         gpu.format_line(gpu.Result("x", "OK", ""))
 
 
-def test_a_failing_or_crashing_check_is_a_fail_line_and_exit_1(tmp_path):
+def test_a_failing_or_crashing_check_is_a_fail_line_and_exit_1_a_skipped_one_fails_nothing(tmp_path):
     def passes(ctx):
         return f"worked in {ctx.work.name}"
 
@@ -78,11 +78,13 @@ def test_a_failing_or_crashing_check_is_a_fail_line_and_exit_1(tmp_path):
 
     lines: list[str] = []
     ctx = gpu.Context(tmp_path, timeout=5)
-    results = gpu.run_checks({"passes": passes, "fails": fails, "crashes": crashes}, ctx, lines.append)
-    assert [r.status for r in results] == ["PASS", "FAIL", "FAIL"] and gpu.exit_code(results) == 1
+    checks = {"passes": passes, "fails": fails, "crashes": crashes, "kernel": gpu.check_atomic_kernel}
+    results = gpu.run_checks(checks, ctx, lines.append)
+    assert [r.status for r in results] == ["PASS", "FAIL", "FAIL", "SKIP"] and gpu.exit_code(results) == 1
     assert lines[0].startswith(f"PASS  passes                worked in {tmp_path.name} (")
     assert "expected 2, measured 3" in lines[1] and "KeyError: 'missing'" in lines[2]
-    assert gpu.exit_code(results[:1]) == 0
+    assert lines[3].startswith("SKIP  kernel") and "atomic-race wrote no first divergence" in lines[3]
+    assert gpu.exit_code(results[:1]) == 0 and gpu.exit_code([results[0], results[3]]) == 0
 
 
 def test_a_command_past_its_timeout_fails_the_check(tmp_path):
