@@ -216,9 +216,13 @@ def check_cublas_audit(ctx: Context) -> str:
     _expect(live, (0,), "cublas_late.py")
     seen = json.loads(live.stdout.strip().splitlines()[-1])
     early, late = seen["before_init"], seen["after_init"]
-    if early["status"] != "ok" or seen["before_init_warnings"]:
-        raise CheckFailed(f"deterministic() before CUDA init: {early['status']} ({early['note']})")
-    if late["status"] != "risk" or not any("CUDA is already initialised" in w for w in seen["after_init_warnings"]):
+    ours = [w for w in seen["before_init_warnings"] if w.startswith("DeterminismWarning")]
+    if early["status"] != "ok" or ours:
+        raise CheckFailed(f"deterministic() before CUDA init: {early['status']} ({early['note']}); {ours}")
+    late_warned = any(
+        w.startswith("DeterminismWarning: CUDA is already initialised") for w in seen["after_init_warnings"]
+    )
+    if late["status"] != "risk" or not late_warned:
         raise CheckFailed(f"deterministic() after CUDA init: {late['status']} ({late['note']}), no warning")
     if not seen["matmul_repeats"]:
         raise CheckFailed("two deterministic matmuls differ")

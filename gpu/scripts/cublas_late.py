@@ -30,10 +30,10 @@ with warnings.catch_warnings(record=True) as early:
         out["before_init"] = row()  # set before CUDA initialisation: in effect
         a = torch.randn(512, 512, device="cuda")
         out["matmul_repeats"] = bool(torch.equal(a @ a, a @ a))
-out["before_init_warnings"] = [str(w.message) for w in early]
+out["before_init_warnings"] = [f"{w.category.__name__}: {w.message}" for w in early]
 with warnings.catch_warnings(record=True) as late:
     warnings.simplefilter("always")
     with deterministic():  # CUDA is initialised now: the variable may not reach cuBLAS
         out["after_init"] = row()
-out["after_init_warnings"] = [str(w.message) for w in late]
+out["after_init_warnings"] = [f"{w.category.__name__}: {w.message}" for w in late]
 print(json.dumps(out))
