@@ -177,7 +177,10 @@ def test_fields_are_matched_by_name_and_a_name_no_step_has_is_damage(tmp_path):
     log = read_events(path)
     assert log.of(Step) == [] and log.bad_lines == 1, log.problems
     (problem,) = log.problems
-    assert "steps.bin: byte 0: a header naming fields no step has ('T', 'RANK', 'STEP'" in problem and "expected names among" in problem
+    assert (
+        "steps.bin: byte 0: a header naming fields no step has ('T', 'RANK', 'STEP'" in problem
+        and "expected names among" in problem
+    )
 
 
 def doctor_like_steps(n: int, seed: int = 0) -> list[Step]:

@@ -477,10 +477,9 @@ static PyObject *encoding_encode(Encoding *self, PyObject *values) {
             out_free(&head);
         }
         uint32_t chain = self->chain;
-        if (rc == 0 && self->checked) { /* the check: CRC-32 chained from the record before's, its low 2 bytes */
+        if (rc == 0 && self->checked) { /* the check: CRC-32 chained from the record before's, its low byte */
             chain = crc32_of(out.p, out.len, key ? 0 : self->chain);
-            unsigned char check[2] = {(unsigned char)chain, (unsigned char)(chain >> 8)};
-            rc = put(&out, check, 2);
+            rc = put1(&out, (unsigned char)chain);
         }
         if (rc == 0 && (record = PyBytes_FromStringAndSize((char *)out.p, out.len)) != NULL) self->chain = chain;
     }
@@ -925,7 +924,7 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
             pos = found;
             self->seeking = 0;
         }
-        Py_ssize_t start = pos, tail = self->checked ? 2 : 0;
+        Py_ssize_t start = pos, tail = self->checked ? 1 : 0;
         int keyed = 0;
         if (buf[pos] == 0) {
             if (n - pos < 4) break; /* the rest of the mark comes with the next piece */
@@ -948,9 +947,9 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
         else if (size == 0) damaged("a zero byte that is no keyframe mark");
         else if (!keyed && self->since_key >= KEYFRAME_EVERY)
             damaged("a record where a keyframe mark must be, %d records after the last", KEYFRAME_EVERY);
-        else if (tail && (want = crc32_of(buf + start, end - start, self->chain), (buf[end] | buf[end + 1] << 8) != (int)(want & 0xFFFF))) {
+        else if (tail && (want = crc32_of(buf + start, end - start, self->chain), buf[end] != (want & 0xFF))) {
             char why[64];
-            snprintf(why, sizeof why, "check %04x where its bytes give %04x", buf[end] | buf[end + 1] << 8, (unsigned)(want & 0xFFFF));
+            snprintf(why, sizeof why, "check %02x where its bytes give %02x", buf[end], (unsigned)(want & 0xFF));
             PyErr_SetString(PyExc_ValueError, why);
         } else {
             self->budget = BUDGET_PER_BYTE * (self->at + end + tail) + FREE_ITEMS;

@@ -896,6 +896,8 @@ def _read_steps(log: EventLog, path: Path, shared: Shared | None) -> list[tuple[
 
 
 def _count_damage(log: EventLog, path: Path, decoder: stepstream.Decoder) -> None:
+    if decoder.fields and not decoder.checked:
+        log.problems.append(f"{path}: {stepstream.UNCHECKED}")
     if decoder.damaged:
         log.bad_lines += decoder.damaged
         log.truncated = decoder.truncated

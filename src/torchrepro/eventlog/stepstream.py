@@ -65,6 +65,9 @@ from typing import Any, Protocol
 
 FORMAT = "torchrepro.steps/2"
 UNCHECKED_FORMAT = "torchrepro.steps/1"  # records without their check (still read, said to be unchecked)
+UNCHECKED = (
+    f"step records of {UNCHECKED_FORMAT}, written before records carried a check: damage inside one may read as values"
+)
 STEPS_FILE = "steps.bin"
 KEYFRAME = b"\x00TRK"  # no record starts with a zero byte (a body is never empty)
 KEYFRAME_EVERY = 256
@@ -206,7 +209,7 @@ class _Encoding:
         if not self.checked:
             return record
         self.chain = _check(record, 0 if key else self.chain)
-        return record + (self.chain & 0xFFFF).to_bytes(2, "little")
+        return record + bytes((self.chain & 0xFF,))
 
     def _value(self, value: Any, old: Any, out: bytearray) -> None:
         encode = _ENCODE.get(type(value))
@@ -382,9 +385,7 @@ class Decoder:
         self.fields: tuple[str, ...] | None = None
         self._head = b""  # the header line so far
         self._core: _Core | None = None  # once the header is read
-        self._records: Callable[[int, Callable[[list[Any]], Any], bool, int], _Core] = (
-            _C.Records if _C else _Records
-        )
+        self._records: Callable[[int, Callable[[list[Any]], Any], bool, int], _Core] = _C.Records if _C else _Records
 
     @property
     def damaged(self) -> int:
@@ -456,7 +457,11 @@ def _header(line: bytes) -> tuple[tuple[str, ...], bool, str | None]:
     if form not in (FORMAT, UNCHECKED_FORMAT) or fields[:1] != (LINES,):
         return (), False, f"byte 0: not a step stream of format {FORMAT}"
     if form == FORMAT and check != header_check(fields):
-        return fields, True, f"byte 0: a header whose field names fail their check (expected {check!r}, they give {header_check(fields)!r})"
+        return (
+            fields,
+            True,
+            f"byte 0: a header whose field names fail their check (expected {check!r}, they give {header_check(fields)!r})",
+        )
     return fields, form == FORMAT, None
 
 
@@ -493,7 +498,7 @@ class _Records:
     def feed(self, data: bytes) -> list[tuple[int, Any]]:
         buf = self._buf + data if self._buf else data
         pos, out = 0, list[tuple[int, Any]]()
-        n, tail = len(buf), 2 if self.checked else 0
+        n, tail = len(buf), 1 if self.checked else 0
         while pos < n:
             if self._seeking:
                 found = buf.find(KEYFRAME, pos) if self.n else -1
@@ -528,15 +533,16 @@ class _Records:
                 end = pos + size
                 if tail:
                     want = _check(buf[start:end], self.chain)
-                    got = int.from_bytes(buf[end : end + tail], "little")
-                    if got != want & 0xFFFF:
-                        raise Damaged(f"check {got:04x} where its bytes give {want & 0xFFFF:04x}")
+                    if buf[end] != want & 0xFF:
+                        raise Damaged(f"check {buf[end]:02x} where its bytes give {want & 0xFF:02x}")
                 self._budget = BUDGET_PER_BYTE * (self._at + end + tail) + FREE_ITEMS
                 out.append(self._record(buf[pos:end]))
                 if tail:
                     self.chain = want
             except (Damaged, IndexError, ValueError, TypeError, UnicodeDecodeError) as exc:
-                self.fail(f"byte {self._at + start}: an undecodable step record ({exc}); read on from the next keyframe")
+                self.fail(
+                    f"byte {self._at + start}: an undecodable step record ({exc}); read on from the next keyframe"
+                )
                 pos, self._seeking = start + 1, True
                 continue
             self.since_key += 1
