@@ -99,6 +99,29 @@ def test_a_record_where_a_keyframe_must_be_is_damage(tmp_path, codec, checked):
         assert any("a keyframe mark must be" in p for p in problems), problems
 
 
+@pytest.mark.parametrize("how", ["deleted", "repeated"])
+def test_a_whole_keyframe_block_deleted_or_repeated_is_damage(tmp_path, codec, how):
+    """Each record's check holds inside the block; its keyframe names the check of the records
+    before it, which then are not the ones read."""
+    steps = training_steps(600)
+    path = run_of(tmp_path, steps)
+    stream = path.with_name(STEPS_FILE).read_bytes()
+    second = stream.index(KEYFRAME, stream.index(KEYFRAME) + 1)
+    third = stream.index(KEYFRAME, second + 1)
+    if how == "deleted":
+        changed = stream[:second] + stream[third:]
+    else:
+        changed = stream[:third] + stream[second:third] + stream[third:]
+    path.with_name(STEPS_FILE).write_bytes(changed)
+    log = read_events(path)
+    assert log.bad_lines == 1, log.problems
+    (problem,) = log.problems
+    assert (
+        f"byte {second if how == 'deleted' else third}: a keyframe that does not follow the records before it"
+        in problem
+    )
+
+
 def test_a_header_whose_names_fail_their_check_reads_nothing(tmp_path, codec):
     steps = training_steps(20)
     path = run_of(tmp_path, steps)
@@ -127,8 +150,8 @@ def framed(records: list[bytes], checked: bool = True) -> bytes:
         size = bytearray()
         stepstream._varint(len(body), size)
         key = k % KEYFRAME_EVERY == 0
-        record = (KEYFRAME if key else b"") + bytes(size)
-        record += body
+        mark = KEYFRAME + (chain.to_bytes(4, "little") if checked else b"") if key else b""
+        record = mark + bytes(size) + body
         if checked:
             chain = stepstream._check(record, 0 if key else chain)
             record += bytes((chain & 0xFF,))

@@ -472,7 +472,10 @@ static PyObject *encoding_encode(Encoding *self, PyObject *values) {
         } else {
             Out head;
             out_init(&head);
+            unsigned char follows[4] = {(unsigned char)self->chain, (unsigned char)(self->chain >> 8),
+                                        (unsigned char)(self->chain >> 16), (unsigned char)(self->chain >> 24)};
             rc = put_bits(&head, self->mask, self->n) || (key && put(&out, KEYFRAME, 4)) ||
+                 (key && self->checked && put(&out, follows, 4)) ||
                  put_varint(&out, head.len + body.len) || put(&out, head.p, head.len) || put(&out, body.p, body.len);
             out_free(&head);
         }
@@ -637,6 +640,8 @@ typedef struct {
     long long at;            /* the file's byte that buf starts at */
     long long items, budget; /* items of changed lists and dicts decoded, and how many may be */
     uint32_t chain;          /* the check of the record before */
+    uint32_t follows;        /* the check the records read end with, when follows_known (not after damage) */
+    int follows_known;
     Py_ssize_t since_key;    /* records read since the last keyframe mark, the keyframe's own included */
 } Records;
 
@@ -881,6 +886,7 @@ static PyObject *decode_record(Records *self, const unsigned char *p, Py_ssize_t
 
 static int records_fail(Records *self, PyObject *why) {
     self->damaged++;
+    self->follows_known = 0;
     return PyList_GET_SIZE(self->problems) < 5 ? PyList_Append(self->problems, why) : 0;
 }
 
@@ -925,11 +931,21 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
             self->seeking = 0;
         }
         Py_ssize_t start = pos, tail = self->checked ? 1 : 0;
-        int keyed = 0;
+        int keyed = 0, before_known = self->follows_known;
+        uint32_t follows = 0, before = self->follows;
         if (buf[pos] == 0) {
             if (n - pos < 4) break; /* the rest of the mark comes with the next piece */
             if (memcmp(buf + pos, KEYFRAME, 4) == 0) {
                 pos += 4;
+                if (tail) {
+                    if (n - pos < 4) {
+                        pos = start;
+                        break;
+                    }
+                    follows = (uint32_t)buf[pos] | (uint32_t)buf[pos + 1] << 8 | (uint32_t)buf[pos + 2] << 16 |
+                              (uint32_t)buf[pos + 3] << 24;
+                    pos += 4;
+                }
                 records_reset(self);
                 keyed = 1;
             }
@@ -958,7 +974,20 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
         if (record != NULL) {
             if (PyList_Append(out, record)) Py_CLEAR(out);
             Py_DECREF(record);
-            if (tail) self->chain = want;
+            if (keyed && tail && before_known && follows != before) {
+                char why[200];
+                snprintf(why, sizeof why,
+                         "byte %lld: a keyframe that does not follow the records before it (it follows check %08x, "
+                         "they end with %08x): records lost or repeated; read on",
+                         self->at + (long long)start, (unsigned)follows, (unsigned)before);
+                PyObject *text = PyUnicode_FromString(why);
+                if (text == NULL || records_fail(self, text)) Py_CLEAR(out);
+                Py_XDECREF(text);
+            }
+            if (tail) {
+                self->chain = self->follows = want;
+                self->follows_known = 1;
+            }
             self->since_key++;
             pos = end + tail;
             continue;
@@ -1079,6 +1108,7 @@ static int records_init(Records *self, PyObject *args, PyObject *kwds) {
     self->fresh = 1;
     self->checked = checked;
     self->at = offset;
+    self->follows_known = 1; /* the first keyframe follows nothing: check 0 */
     self->seeking = n == 0; /* nothing in it can be read */
     return 0;
 }

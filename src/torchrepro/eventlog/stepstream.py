@@ -202,6 +202,8 @@ class _Encoding:
             record = bytes((len(body) + 1, mask)) + body
         else:
             out = bytearray(KEYFRAME if key else b"")
+            if key and self.checked:
+                out += self.chain.to_bytes(4, "little")  # what the records before end with: the keyframe follows them
             head = bytearray()
             _varint(mask, head)
             _varint(len(head) + len(body), out)
@@ -484,6 +486,7 @@ class _Records:
         self._depth = 0
         self._items = 0  # the items of changed lists and dicts decoded (against the budget)
         self._budget = 0
+        self._follows: int | None = 0  # the check the records read end with; None after damage
         self._reset()
 
     def _reset(self) -> None:
@@ -507,12 +510,18 @@ class _Records:
                     break
                 pos, self._seeking = found, False
             start = pos
-            keyed = False
+            keyed, follows, before = False, 0, self._follows
             if buf[pos] == 0:
                 if n - pos < len(KEYFRAME):
                     break  # the rest of the mark comes with the next piece
                 if buf[pos : pos + len(KEYFRAME)] == KEYFRAME:
                     pos += len(KEYFRAME)
+                    if tail:
+                        if n - pos < 4:
+                            pos = start
+                            break
+                        follows = int.from_bytes(buf[pos : pos + 4], "little")
+                        pos += 4
                     self._reset()
                     keyed = True
             try:
@@ -537,8 +546,13 @@ class _Records:
                         raise Damaged(f"check {buf[end]:02x} where its bytes give {want & 0xFF:02x}")
                 self._budget = BUDGET_PER_BYTE * (self._at + end + tail) + FREE_ITEMS
                 out.append(self._record(buf[pos:end]))
+                if keyed and tail and before is not None and follows != before:
+                    self.fail(
+                        f"byte {self._at + start}: a keyframe that does not follow the records before it (it follows "
+                        f"check {follows:08x}, they end with {before:08x}): records lost or repeated; read on"
+                    )
                 if tail:
-                    self.chain = want
+                    self.chain = self._follows = want
             except (Damaged, IndexError, ValueError, TypeError, UnicodeDecodeError) as exc:
                 self.fail(
                     f"byte {self._at + start}: an undecodable step record ({exc}); read on from the next keyframe"
@@ -568,6 +582,7 @@ class _Records:
 
     def fail(self, why: str) -> None:
         self.damaged += 1
+        self._follows = None
         if len(self.problems) < 5:
             self.problems.append(why)
 
