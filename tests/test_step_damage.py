@@ -252,3 +252,22 @@ def test_a_fuzz_of_mutated_streams_reads_the_same_in_both_within_bounds():
     )
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["cases"] >= 10_000 and summary["damaged"] > 1000 and summary["clean"] > 10, summary
+
+
+def test_damage_reaches_the_loaded_run_as_one_problem_naming_file_and_byte(tmp_path, codec):
+    """What a report reads: ``Run.logs[r].bad_lines`` counts the damage, ``Run.problems`` (and the
+    log's) says where it is and what was expected there."""
+    from torchrepro.eventlog.rundir import load_run
+
+    steps = training_steps(100)
+    path = run_of(tmp_path, steps)
+    stream = bytearray(path.with_name(STEPS_FILE).read_bytes())
+    at = len(stream) // 2
+    stream[at] ^= 0x01
+    path.with_name(STEPS_FILE).write_bytes(stream)
+    run = load_run(tmp_path)
+    (log,) = run.logs
+    assert log.bad_lines == 1 and len(log.of(Step)) < 100
+    found = [p for p in run.problems if "steps.bin: byte " in p]
+    assert len(found) == 1 and found[0].startswith(str(path.with_name(STEPS_FILE))), run.problems
+    assert "an undecodable step record (" in found[0] and "read on from the next keyframe" in found[0]

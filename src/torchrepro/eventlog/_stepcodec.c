@@ -10,7 +10,10 @@
  * read past it fails as Python's does ("index out of range"), a slice past it is cut short as a Python
  * slice is, so damage is counted and described exactly as the reference does. No allocation is sized
  * by a number read from the file (a list's count is read item by item, each at least its tag byte),
- * and values nest at most MAX_DEPTH deep.
+ * values nest at most MAX_DEPTH deep, a list or dict "changed with no item changed" is the previous
+ * one (shared), and the items of changed ones count against a budget of BUDGET_PER_BYTE a byte of
+ * the file. A record's check (CRC-32, chained) is verified before anything in it is decoded; runs
+ * of zero bytes are passed at memchr's speed while seeking a keyframe.
  *
  * VERSION changes whenever this file changes what it reads or writes: stepstream.py uses the
  * extension only when the VERSION it was built with is the one it expects (a stale build is ignored).

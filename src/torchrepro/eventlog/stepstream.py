@@ -8,19 +8,41 @@ bytes a step for what ``doctor`` records (docs/reports.md, "The event log on dis
 Layout (all integers unsigned LEB128 varints unless said)::
 
     file    := header-line record*
-    header  := one JSON line: {"format": "torchrepro.steps/1", "fields": ["_lines", "t", "rank", ...]}
-    record  := [KEYFRAME] varint(len(body)) body
+    header  := one JSON line: {"format": "torchrepro.steps/2", "fields": ["_lines", "t", "rank", ...],
+                               "check": CRC-32 of the field names joined by newlines, 8 hex digits}
+    record  := [KEYFRAME follows] varint(len(body)) body check
     body    := varint(mask) value*          one value per field whose bit is set in mask, in order
+    check   := 1 byte: the low byte of the CRC-32 (zlib's) of the record's bytes before it (mark,
+               follows and length included), chained: computed from the previous record's CRC-32
+               (``zlib.crc32(record, previous)``), from 0 at a keyframe
+    follows := 4 bytes, little-endian: the CRC-32 the records before the keyframe ended with (0 first)
 
 ``fields`` names the record's fields (the step event's own, in the writer's order; the reader
-matches them by name, so fields added later or unknown to a reader cost nothing). Field 0,
+matches them by name: a field the stream lacks is its default, a field no step has is damage, as
+a renamed header would be). Field 0,
 ``_lines``, is how many lines ``events.jsonl`` held when the step was written: the reader puts the
 step after that line, so the two files read back as one log in writing order. A field's bit is
 clear when its value is the *predicted* one: the previous record's value, or for integers the
 previous value plus the previous change (``index`` and ``step`` grow by one: no bit, no byte).
 :data:`KEYFRAME` (4 bytes) starts a record that is encoded against nothing (every field
-present, string table empty): every :data:`KEYFRAME_EVERY` records, so a reader that meets damage
-(a cut record, bytes that do not decode) skips to the next keyframe and reads on.
+present, string table empty): every :data:`KEYFRAME_EVERY` records at least, so a reader that meets
+damage (a cut record, bytes that do not decode, a check that fails) skips to the next keyframe and
+reads on.
+
+Damage is never read as values. Each record's check is chained: a damaged record that its own byte
+lets through (1 in 256) is caught by the next record's (the chain then differs), and a keyframe's
+``follows`` (32 bits) checks the whole block before it; a keyframe block deleted, repeated or moved
+breaks ``follows`` too. One byte a record, not two: doctor's common step is ~14.4 bytes without a
+check, and the log must stay within 16 (``bench/event_builders.py``: 15.4 with it). A record where a
+keyframe must be (:data:`KEYFRAME_EVERY` records after the last) is damage, as is a header whose
+names fail their check. Each damage is one problem: ``byte N: what was there (and what was expected
+there)``. A stream of :data:`UNCHECKED_FORMAT` (no checks, no ``follows``) is read as before, with a
+problem that says it has no checks (:data:`UNCHECKED`).
+
+Decoded size is bounded by the file's: a list or dict "changed with no item changed" is the previous
+one, shared, and the items of changed lists and dicts made while decoding are at most
+:data:`BUDGET_PER_BYTE` a byte of the file read so far (and :data:`FREE_ITEMS` more): past that a
+record is damage.
 
 Values (one tag byte, then its payload)::
 
@@ -45,7 +67,10 @@ format agree byte for byte: the C extension ``_stepcodec`` (``_stepcodec.c``: ~1
 doctor step and ~0.7 µs to decode one, where this module's Python takes ~15 and ~11 µs), used when
 it was built and is of :data:`CODEC_VERSION`, and this module's (the reference, and what runs where
 no compiler built the extension, or when ``TORCHREPRO_PURE_PYTHON_CODEC=1``);
-``tests/test_step_codec.py`` compares them on generated values and on damaged bytes.
+``tests/test_step_codec.py`` compares them on generated values and on damaged bytes,
+``tests/test_step_damage.py`` on 10 000 mutated streams a run (``tests/step_fuzz.py``). Neither
+msgspec nor numpy reads this format (varints, deltas, a string table): ``bench/step_decoders.py``
+compares their own formats with it (docs/step-log.md).
 
 Writes are one ``os.write`` per record (``O_APPEND``): a record the kernel took survives SIGKILL, a
 record cut by a crash is the file's last bytes and is reported as a truncated last record. Nothing
