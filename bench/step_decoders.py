@@ -17,43 +17,23 @@ C codec's.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
-import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 import numpy as np
+from event_builders import best_us, steps_asked  # (the same timer, and the steps the tests use)
 
 from torchrepro.eventlog import stepstream
 from torchrepro.eventlog.events import STEP_FIELDS, Step, _step_from_values, _step_values, step_decoder
 from torchrepro.eventlog.stepstream import Encoder
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic_runs import training_steps  # noqa: E402  (the steps the tests use too)
-
-
-def best_us(run: Callable[[], object], n: int) -> float:
-    best = float("inf")
-    for _ in range(9):
-        t0 = time.process_time()
-        run()
-        best = min(best, time.process_time() - t0)
-    return best / n * 1e6
 
 
 FIXED = [("t", "f8"), ("index", "i8"), ("loss", "f8"), ("time_s", "f8"), ("batch_fp", "V8"), ("rng_fp", "V8")]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--check", action="store_true", help="steps as check records them")
-    args = parser.parse_args()
-    made = training_steps(args.steps, check=args.check)
+    made, check = steps_asked()
     n = len(made)
     encoder = Encoder(STEP_FIELDS)
     stream = encoder.header() + b"".join(encoder.encode([0, *_step_values(s)]) for s in made)
@@ -103,7 +83,7 @@ def main() -> None:
     results["msgspec msgpack"] = (len(framed) / n, best_us(msgpack, n))
     results["numpy struct"] = (len(raw) / n, best_us(structured, n))
     base = results.get("steps.bin C", results["steps.bin Py"])
-    print(f"{n} steps ({'check' if args.check else 'doctor'}-like): read back as Step events, CPU µs a step, best of 9")
+    print(f"{n} steps ({'check' if check else 'doctor'}-like): read back as Step events, CPU µs a step, best of 9")
     print(f"{'':>16} {'B/step':>7} {'x C':>6} {'read µs':>8} {'x C':>6}")
     for name, (size, us) in results.items():
         print(f"{name:>16} {size:>7.1f} {size / base[0]:>6.2f} {us:>8.2f} {us / base[1]:>6.2f}")
