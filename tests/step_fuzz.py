@@ -30,7 +30,8 @@ def streams() -> list[bytes]:
         for check in (False, True):
             encoder = Encoder(STEP_FIELDS, checked)
             steps = training_steps(40, check=check, seed=3)
-            out.append(encoder.header() + b"".join(encoder.encode([k, *_step_values(s)]) for k, s in enumerate(steps)))
+            records = b"".join(encoder.encode([k, *_step_values(s)]) for k, s in enumerate(steps))
+            out.append(encoder.header() + records + encoder.seal())
     return out
 
 

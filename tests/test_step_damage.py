@@ -116,10 +116,32 @@ def test_a_whole_keyframe_block_deleted_or_repeated_is_damage(tmp_path, codec, h
     log = read_events(path)
     assert log.bad_lines == 1, log.problems
     (problem,) = log.problems
-    assert (
-        f"byte {second if how == 'deleted' else third}: a keyframe that does not follow the records before it"
-        in problem
-    )
+    assert f"byte {second if how == 'deleted' else third}: a keyframe does not follow the records before it" in problem
+
+
+def test_every_bit_flipped_at_the_end_of_a_closed_log_is_damage(tmp_path, codec):
+    """The writer's close seals the log with the CRC-32 its records end with: the last records are
+    checked by 32 bits, not by their own byte alone; the last record deleted is damage too."""
+    steps = training_steps(40)
+    path = tmp_path / "rank-0" / "events.jsonl"
+    write_all(path, [Header(), *steps])
+    stream = path.with_name(STEPS_FILE).read_bytes()
+    seal = stream.rindex(KEYFRAME)
+    assert len(stream) - seal == 9 and seal > stream.index(KEYFRAME)  # mark, 4 bytes, a zero length
+    for at in range(seal - 16, seal):
+        for bit in range(8):
+            flipped = bytearray(stream)
+            flipped[at] ^= 1 << bit
+            path.with_name(STEPS_FILE).write_bytes(flipped)
+            assert_no_wrong_step(path, steps)
+    shorter = tmp_path / "shorter" / "rank-0" / "events.jsonl"
+    write_all(shorter, [Header(), *steps[:-1]])
+    records = shorter.with_name(STEPS_FILE).read_bytes()
+    assert stream.startswith(records[: records.rindex(KEYFRAME)])
+    path.with_name(STEPS_FILE).write_bytes(records[: records.rindex(KEYFRAME)] + stream[seal:])  # the last one gone
+    log = read_events(path)
+    assert log.bad_lines == 1 and len(log.of(Step)) == 39
+    assert any("the end of the log does not follow the records before it" in p for p in log.problems), log.problems
 
 
 def test_a_header_whose_names_fail_their_check_reads_nothing(tmp_path, codec):

@@ -538,6 +538,7 @@ static PyMethodDef encoding_methods[] = {
 
 static PyMemberDef encoding_members[] = {
     {"records", T_PYSSIZET, offsetof(Encoding, records), READONLY, "records encoded"},
+    {"chain", T_UINT, offsetof(Encoding, chain), READONLY, "the CRC-32 the records written end with"},
     {NULL},
 };
 
@@ -919,6 +920,19 @@ static int frame_length(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t n,
     }
 }
 
+/* damage: `what` at start (a keyframe, the seal) names another check than the records before it end with */
+static int not_following(Records *self, const char *what, Py_ssize_t start, uint32_t follows, uint32_t before) {
+    char why[200];
+    snprintf(why, sizeof why,
+             "byte %lld: %s does not follow the records before it (it follows check %08x, they end with %08x): "
+             "records lost or repeated",
+             self->at + (long long)start, what, (unsigned)follows, (unsigned)before);
+    PyObject *text = PyUnicode_FromString(why);
+    int rc = text == NULL || records_fail(self, text) ? -1 : 0;
+    Py_XDECREF(text);
+    return rc;
+}
+
 /* the records complete in buf[0:n] (the decoder's stepstream._Records.feed) */
 static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssize_t n) {
     PyObject *out = PyList_New(0);
@@ -955,6 +969,11 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
         }
         u128 size;
         int framed = frame_length(buf, &pos, n, &size);
+        if (framed == 0 && keyed && tail && size == 0) { /* a seal: the end of a log its writer closed */
+            if (before_known && follows != before && not_following(self, "the end of the log", start, follows, before))
+                Py_CLEAR(out);
+            continue;
+        }
         if (framed == -1 || (framed == 0 && size <= MAX_RECORD && (u128)(n - pos) < size + tail)) {
             pos = start; /* a record cut at the end of this piece: wait for the rest */
             break;
@@ -977,16 +996,9 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
         if (record != NULL) {
             if (PyList_Append(out, record)) Py_CLEAR(out);
             Py_DECREF(record);
-            if (keyed && tail && before_known && follows != before) {
-                char why[200];
-                snprintf(why, sizeof why,
-                         "byte %lld: a keyframe that does not follow the records before it (it follows check %08x, "
-                         "they end with %08x): records lost or repeated; read on",
-                         self->at + (long long)start, (unsigned)follows, (unsigned)before);
-                PyObject *text = PyUnicode_FromString(why);
-                if (text == NULL || records_fail(self, text)) Py_CLEAR(out);
-                Py_XDECREF(text);
-            }
+            if (keyed && tail && before_known && follows != before &&
+                not_following(self, "a keyframe", start, follows, before))
+                Py_CLEAR(out);
             if (tail) {
                 self->chain = self->follows = want;
                 self->follows_known = 1;

@@ -11,6 +11,7 @@ MAX_DEPTH: int
 
 class Encoding:
     records: int
+    chain: int
     def __init__(self, nfields: int, checked: bool = True) -> None: ...
     def encode(self, values: Sequence[Any], /) -> bytes: ...
 

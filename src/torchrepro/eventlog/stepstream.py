@@ -7,7 +7,7 @@ bytes a step for what ``doctor`` records (docs/reports.md, "The event log on dis
 
 Layout (all integers unsigned LEB128 varints unless said)::
 
-    file    := header-line record*
+    file    := header-line record* [seal]
     header  := one JSON line: {"format": "torchrepro.steps/2", "fields": ["_lines", "t", "rank", ...],
                                "check": CRC-32 of the field names joined by newlines, 8 hex digits}
     record  := [KEYFRAME follows] varint(len(body)) body check
@@ -16,6 +16,7 @@ Layout (all integers unsigned LEB128 varints unless said)::
                follows and length included), chained: computed from the previous record's CRC-32
                (``zlib.crc32(record, previous)``), from 0 at a keyframe
     follows := 4 bytes, little-endian: the CRC-32 the records before the keyframe ended with (0 first)
+    seal    := KEYFRAME follows 00        written when the writer closes the log (Encoder.seal)
 
 ``fields`` names the record's fields (the step event's own, in the writer's order; the reader
 matches them by name: a field the stream lacks is its default, a field no step has is damage, as
@@ -31,8 +32,9 @@ reads on.
 
 Damage is never read as values. Each record's check is chained: a damaged record that its own byte
 lets through (1 in 256) is caught by the next record's (the chain then differs), and a keyframe's
-``follows`` (32 bits) checks the whole block before it; a keyframe block deleted, repeated or moved
-breaks ``follows`` too. One byte a record, not two: doctor's common step is ~14.4 bytes without a
+``follows`` (32 bits) checks the whole block before it, and the seal the last block of a log whose
+writer closed it (a log without one was cut: its last records are checked by their bytes alone); a
+keyframe block deleted, repeated or moved breaks ``follows`` too. One byte a record, not two: doctor's common step is ~14.4 bytes without a
 check, and the log must stay within 16 (``bench/event_builders.py``: 15.4 with it). A record where a
 keyframe must be (:data:`KEYFRAME_EVERY` records after the last) is damage, as is a header whose
 names fail their check. Each damage is one problem: ``byte N: what was there (and what was expected
@@ -180,11 +182,18 @@ class Encoder:
         self.fields, self.checked = (LINES, *fields), checked
         encoding = (_C.Encoding if _C else _Encoding)(len(self.fields), checked)
         self._encode: Callable[[Sequence[Any]], bytes] = encoding.encode
+        self._chain: Callable[[], int] = lambda: encoding.chain
 
     def encode(self, values: Sequence[Any]) -> bytes:
         """One record of ``values`` (``_lines`` first, then ``fields`` in order); ``TypeError`` for a
         value that is no JSON type (the caller writes that step as a JSON line instead)."""
         return self._encode(values)
+
+    def seal(self) -> bytes:
+        """What ends a stream whose writer closed it: a keyframe mark with no record, holding the
+        CRC-32 the records end with (the last ones are then checked as a block is); nothing where
+        the records carry no check."""
+        return KEYFRAME + self._chain().to_bytes(4, "little") + b"\x00" if self.checked else b""
 
     def header(self) -> bytes:
         head: dict[str, Any] = {"format": FORMAT if self.checked else UNCHECKED_FORMAT, "fields": list(self.fields)}
@@ -556,6 +565,10 @@ class _Records:
                 break
             except Damaged:
                 size = _MAX_RECORD + 1  # a length of over 11 bytes: a garbled one
+            if keyed and tail and size == 0:  # a seal (Encoder.seal): the end of a log its writer closed
+                if before is not None and follows != before:
+                    self._not_following("the end of the log", start, follows, before)
+                continue
             if pos + size + tail > n and size <= _MAX_RECORD:
                 pos = start
                 break
@@ -572,10 +585,7 @@ class _Records:
                 self._budget = BUDGET_PER_BYTE * (self._at + end + tail) + FREE_ITEMS
                 out.append(self._record(buf[pos:end]))
                 if keyed and tail and before is not None and follows != before:
-                    self.fail(
-                        f"byte {self._at + start}: a keyframe that does not follow the records before it (it follows "
-                        f"check {follows:08x}, they end with {before:08x}): records lost or repeated; read on"
-                    )
+                    self._not_following("a keyframe", start, follows, before)
                 if tail:
                     self.chain = self._follows = want
             except (Damaged, IndexError, ValueError, TypeError, UnicodeDecodeError) as exc:
@@ -604,6 +614,14 @@ class _Records:
         self._at += len(self._buf)
         self._buf = b""
         return out
+
+    def _not_following(self, what: str, start: int, follows: int, before: int) -> None:
+        """Damage: ``what`` at ``start`` (a keyframe, the seal) names another check than the records
+        before it end with."""
+        self.fail(
+            f"byte {self._at + start}: {what} does not follow the records before it (it follows check "
+            f"{follows:08x}, they end with {before:08x}): records lost or repeated"
+        )
 
     def fail(self, why: str) -> None:
         self.damaged += 1
