@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import resource
+import signal
 import sys
 import time
 from typing import Any
@@ -88,6 +89,11 @@ def read(blob: bytes, codec: Any, pieces: int) -> tuple[Any, ...]:
 def main() -> None:
     seed, cases = int(sys.argv[1]), int(sys.argv[2])
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError(f"a read of over {5 * SLOW:.0f} s")
+
+    signal.signal(signal.SIGALRM, hung)  # a read that hangs is stopped, and the case printed
     rng = random.Random(seed)
     bases = streams()
     codecs = [stepstream._C, None] if stepstream._C is not None else [None]
@@ -96,7 +102,9 @@ def main() -> None:
         blob = mutate(rng, rng.choice(bases))
         pieces = rng.choice([1 << 20, 1 << 20, 1 << 20, 61, 4096])
         try:
+            signal.setitimer(signal.ITIMER_REAL, 5 * SLOW * len(codecs))
             got = [read(blob, codec, pieces) for codec in codecs]
+            signal.setitimer(signal.ITIMER_REAL, 0)
         except BaseException as exc:
             print(f"case {case}: {type(exc).__name__}: {exc}\n{blob!r}")
             sys.exit(1)
