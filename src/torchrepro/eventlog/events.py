@@ -546,6 +546,7 @@ class EventWriter:
         self.listeners: list[Callable[[Event], None]] = []
         self.lines = _count_lines(self.path) if os.fstat(self._fd).st_size else 0  # what the reader counts
         self._steps: tuple[int, stepstream.Encoder] | None = None
+        self._steps_pid = 0
         self._compact = compact_steps
         # steps.bin is opened at the first step, in the folder this log is in then (it may have been
         # renamed: a launched process's log moves to launcher/ while it writes, runtime.follow.claim)
@@ -596,6 +597,7 @@ class EventWriter:
             encoder = stepstream.Encoder(_names(Step))
             _write(fd, encoder.header())
             self._steps = (fd, encoder)
+            self._steps_pid = os.getpid()  # the process whose records they are (a fork's close adds no seal)
         fd, encoder = self._steps
         try:
             record = encoder.encode([self.lines, *_step_values(step)])
@@ -609,8 +611,15 @@ class EventWriter:
             os.close(self._fd)
             self._fd = None
         if self._steps is not None:
-            os.close(self._steps[0])
+            fd, encoder = self._steps
             self._steps = None
+            try:
+                if os.getpid() == self._steps_pid:
+                    _write(fd, encoder.seal())  # (the last records are checked as a block is)
+            except OSError:
+                pass  # (a log that cannot take its seal reads as one whose writer was killed)
+            finally:
+                os.close(fd)
         if self._dir is not None:
             os.close(self._dir)
             self._dir = None
@@ -896,6 +905,8 @@ def _read_steps(log: EventLog, path: Path, shared: Shared | None) -> list[tuple[
 
 
 def _count_damage(log: EventLog, path: Path, decoder: stepstream.Decoder) -> None:
+    if decoder.fields and not decoder.checked:
+        log.problems.append(f"{path}: {stepstream.UNCHECKED}")
     if decoder.damaged:
         log.bad_lines += decoder.damaged
         log.truncated = decoder.truncated
