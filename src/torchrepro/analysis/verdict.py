@@ -16,7 +16,7 @@ from typing import TypedDict
 
 from ..eventlog.events import Capability, EventLog, Step
 from ..report.model import JsonObject, Verdict, comparison_exit_code
-from .ranks import missing_ranks, world_size
+from .ranks import missing_rank_ranges, missing_text, world_size
 
 
 class EndingRecord(TypedDict):
@@ -86,9 +86,9 @@ def ending(label: str, meta: JsonObject, logs: list[EventLog]) -> Ending:
         stopped = next((c for c in log.of(Capability) if c.name == "capture_error"), None)
         if stopped is not None:
             out.problems.append(f"rank {log.rank}: {stopped.note} (at step {stopped.step}; later steps not recorded)")
-    missing = missing_ranks(logs, meta)
+    missing = missing_rank_ranges(logs, meta)
     if missing:
-        out.problems.append(f"rank(s) {', '.join(map(str, missing))} of {world_size(logs, meta)} wrote no event log")
+        out.problems.append(f"rank(s) {missing_text(missing[:20])} of {world_size(logs, meta)} wrote no event log")
     lost = meta.get("interrupted")  # set when the run directory is read (eventlog.rundir.supervisor_lost)
     if isinstance(lost, dict):
         out.problems.append(

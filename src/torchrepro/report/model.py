@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
+from ..eventlog.jsoncheck import schema_problem
 from ..eventlog.payloads import (
     JsonObject as JsonObject,
 )  # re-exported; also: a whole report.json document, a finding's evidence (per code)
@@ -1374,46 +1375,6 @@ def load_report(data: Any, source: str = "report") -> Report:
         return _KINDS[kind].from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
-
-
-_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
-    "object": dict,
-    "array": list,
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "null": type(None),
-}
-
-
-def schema_problem(data: Any, schema: JsonObject, root: JsonObject, where: str = "") -> str | None:
-    """The first place ``data`` breaks ``schema`` (``root``: where its ``$ref`` point), as
-    ``field 'a.b' is ...``, or None. The subset of JSON Schema the shipped schemas use: ``type``,
-    ``properties``, ``required``, ``items``, ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``."""
-    if "$ref" in schema:
-        schema = root["$defs"][schema["$ref"].rpartition("/")[2]]
-    name = f"field {where!r}" if where else "the document"
-    if "anyOf" in schema and all(schema_problem(data, s, root, where) for s in schema["anyOf"]):
-        return f"{name} matches none of its allowed forms"
-    if "type" in schema:
-        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        fits = any(isinstance(data, _JSON_TYPES[n]) for n in names)
-        if not fits or (isinstance(data, bool) and "boolean" not in names):
-            return f"{name} is {type(data).__name__} {json.dumps(data, default=str)[:40]}, not {' or '.join(names)}"
-    if ("enum" in schema and data not in schema["enum"]) or ("const" in schema and data != schema["const"]):
-        return f"{name} is {json.dumps(data, default=str)[:40]}, not one of {schema.get('enum', [schema.get('const')])}"
-    if isinstance(data, dict):
-        if missing := [k for k in schema.get("required", ()) if k not in data]:
-            return f"{name} lacks {missing[0]!r}"
-        for key, sub in schema.get("properties", {}).items():
-            if key in data and (problem := schema_problem(data[key], sub, root, f"{where}.{key}".lstrip("."))):
-                return problem
-    if isinstance(data, list) and "items" in schema:
-        for i, item in enumerate(data):
-            if problem := schema_problem(item, schema["items"], root, f"{where}[{i}]"):
-                return problem
-    return None
 
 
 def schema_path(kind: str) -> Path:
