@@ -105,15 +105,15 @@ class Verdict(str, Enum):
 
 def comparison_exit_code(verdict: Verdict, ended_normally: bool, unreadable: bool, unreadable_exit: int) -> int:
     """A comparison's exit code: ``unreadable_exit`` when a log cannot be read (2 for stored runs
-    given as input, 3 for runs a check launched), 3 when a run did not end normally, else 0 for a
-    passing verdict and 1 otherwise.
+    given as input, 3 for runs a check launched), 3 when a run did not end normally or the
+    comparison is ``incomplete``, else 0 for a passing verdict and 1 otherwise.
 
     >>> comparison_exit_code(Verdict.DIVERGED, True, False, 3)
     1
     """
     if unreadable:
         return unreadable_exit
-    if not ended_normally:
+    if not ended_normally or verdict is Verdict.INCOMPLETE:
         return 3
     return 0 if verdict.passing else 1
 
@@ -811,7 +811,9 @@ class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
     (a JSON object: step, rank, what, cause, evidence...). ``more``: what only some checks add
     (``decomposition``, ``fixes``, ``fix_recommended``, ``backend_stages``, ``against``,
-    ``resume_at``, ``largest_difference``, ``nothing_compared_because``)."""
+    ``resume_at``, ``largest_difference``, ``nothing_compared_because``; every comparison:
+    ``evidence_compared``, steps compared per kind of evidence, ``not_compared`` and
+    ``incomplete_because``, what keeps it from covering both runs)."""
 
     verdict: Verdict
     runs: list[str]

@@ -268,6 +268,7 @@ def check(
         [checker.endings[s.label] for s in specs],
         tol,
         unreadable_exit=3,
+        pair=(spec_a.label, spec_b.label),
     )
     if decomposition is not None:
         det["decomposition"] = decomposition
@@ -538,6 +539,7 @@ def check_resume(
         list(checker.endings.values()),
         Tolerance(),
         unreadable_exit=3,
+        first_step=at,
     )
     det["resume_at"] = at
     report = _report(
