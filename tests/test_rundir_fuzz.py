@@ -1,0 +1,141 @@
+"""A run directory from someone else is read fail-closed: every JSON file kind survives a
+structure-aware fuzz (tests/rundir_fuzz.py) under a memory and a time limit, each input a clean
+read or one damage finding; a world size or rank of 10**9 or 2**70 sizes nothing; a comparison
+that does not cover both runs (evidence one run lacks, steps unpaired, duplicated, out of order)
+is INCOMPLETE with exit 3, never BIT-EXACT; a run directory that cannot be read exits 2 in one
+line. Real files, processes and CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from synthetic_runs import training_steps
+from test_hostile_input import fake_run, one_line_error, torchrepro
+
+from torchrepro.eventlog.events import End, Header, write_all
+
+FUZZ = Path(__file__).parent / "rundir_fuzz.py"
+MEMORY = 1 << 30  # address space of the fuzzing process: a list of world_size items would need far more
+
+
+def _limited() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+@pytest.mark.parametrize("kind", ["run.json", "events.jsonl", "report.json", "manifest"])
+def test_every_json_file_kind_survives_10000_hostile_inputs(kind):
+    proc = subprocess.run(
+        [sys.executable, FUZZ, kind, "10000", "48"],
+        capture_output=True,
+        text=True,
+        timeout=120,  # an input that hangs the reader fails the test
+        preexec_fn=_limited,
+        cwd=FUZZ.parent,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout)
+    assert counts["clean"] + counts["damage"] == 10_000
+    assert counts["clean"] and counts["damage"]  # both outcomes reached: the fuzz can fail either way
+
+
+def _run(path: Path, steps: list, *, world_size: int = 1) -> Path:
+    write_all(path / "rank-0" / "events.jsonl", [Header(world_size=world_size), *steps, End(step=len(steps))])
+    (path / "run.json").write_text(json.dumps({"script": "train.py", "world_size": world_size, "exit_code": 0}))
+    return path
+
+
+def _diff(tmp_path: Path, a: Path, b: Path) -> tuple[int, dict]:
+    out = tmp_path / f"{a.name}-{b.name}.json"
+    proc = torchrepro("diff", a, b, "--json", out, cwd=tmp_path, timeout=120)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode, json.loads(out.read_text())
+
+
+def test_a_good_pair_is_bit_exact_and_says_what_it_compared(tmp_path):
+    code, report = _diff(tmp_path, _run(tmp_path / "a", training_steps(60)), _run(tmp_path / "b", training_steps(60)))
+    det = report["determinism"]
+    assert code == 0 and det["verdict"] == "bit_exact" and det["incomplete_because"] == []
+    assert det["evidence_compared"] == {"params": 5, "grads": 0, "loss": 60, "rng": 60, "batch": 60}
+
+
+def test_loss_missing_from_step_k_on_is_incomplete_not_bit_exact(tmp_path):
+    lossless = [dataclasses.replace(s, loss=None) if s.index >= 40 else s for s in training_steps(600)]
+    code, report = _diff(tmp_path, _run(tmp_path / "a", training_steps(600)), _run(tmp_path / "b", lossless))
+    det = report["determinism"]
+    assert code == 3 and det["verdict"] == "incomplete", report["verdict"]
+    assert det["evidence_compared"]["loss"] == 40
+    assert "loss: b lacks it at 560 step(s) (steps 40–599)" in det["not_compared"][0]
+    assert "COMPARISON_INCOMPLETE" in {f["code"] for f in report["findings"]}
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda s: s[:300] + [dataclasses.replace(s[300], index=299)] + s[301:], "more than once"),
+        (lambda s: s[:300] + s[301:], "lacks 1 step(s) between steps 0 and 599"),
+        (lambda s: s[:300] + [s[301], s[300]] + s[302:], "out of order"),
+    ],
+    ids=["duplicated", "missing", "out-of-order"],
+)
+def test_steps_duplicated_missing_or_out_of_order_are_incomplete(tmp_path, damage, said):
+    code, report = _diff(tmp_path, _run(tmp_path / "a", training_steps(600)), _run(tmp_path / "b", damage(training_steps(600))))
+    assert code == 3 and report["determinism"]["verdict"] == "incomplete", report["verdict"]
+    assert any(said in why for why in report["determinism"]["incomplete_because"])
+
+
+def test_a_world_size_of_a_billion_sizes_nothing(tmp_path):
+    good = _run(tmp_path / "good", training_steps(20))
+    huge = _run(tmp_path / "huge", training_steps(20), world_size=10**9)
+    code, report = _diff(tmp_path, good, huge)
+    assert code == 3 and "1–999999999 of 1000000000" in report["verdict"]
+    proc = torchrepro("report", huge, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=60)
+    missing = next(f for f in json.loads((tmp_path / "r.json").read_text())["findings"] if f["code"] == "RANKS_MISSING")
+    assert proc.returncode == 1 and missing["evidence"]["missing_count"] == 10**9 - 1
+    assert len(missing["evidence"]["missing"]) == 1024 and missing["evidence"]["missing_ranges"] == "1–999999999"
+
+
+@pytest.mark.parametrize(
+    ("meta", "said"),
+    [
+        ({"world_size": 2**70}, "'world_size' is 1180591620717411303424, above its maximum"),
+        ({"rank_exit_codes": {"zero": 1}}, "'rank_exit_codes' has the key \"zero\""),
+        ({"rank_stderr_tails": {"0": 5}}, "'rank_stderr_tails.0' is int 5, not array"),
+        ({"stall": {"after_s": 1, "stacks": {"0": [{"file": 1}]}}}, "'stall.stacks.0[0]' lacks 'line'"),
+        ({"launcher": {"status": ["ok"]}}, "'launcher.status' is list"),
+        ({"git": {"commit": 5}}, "'git.commit' is int 5"),
+        ({"supervisor": {"pid": 2**40}}, "'supervisor.pid'"),
+        ({"extra": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "nested more than 64"),
+    ],
+)
+def test_a_damaged_run_json_is_one_line_naming_the_field(tmp_path, meta, said):
+    run = fake_run(tmp_path / "run")
+    (run / "run.json").write_text(json.dumps({"script": "train.py", **meta}))
+    for command in (["report", run], ["diff", run, run]):
+        line = one_line_error(torchrepro(*command, cwd=tmp_path, timeout=60))
+        assert said in line and "run.json" in line, (command, line)
+
+
+def test_run_json_nested_too_deeply_for_the_parser_is_one_line(tmp_path):
+    run = fake_run(tmp_path / "run")
+    (run / "run.json").write_text("[" * 100_000)
+    assert "run.json: not JSON" in one_line_error(torchrepro("report", run, cwd=tmp_path, timeout=60))
+
+
+def test_an_event_line_of_wrong_nested_types_is_one_damage_finding_naming_its_line(tmp_path):
+    run = fake_run(tmp_path / "run")
+    log = run / "rank-0" / "events.jsonl"
+    header = json.loads(log.read_text().splitlines()[0])
+    lines = log.read_text().splitlines()
+    lines[0] = json.dumps({**header, "env": {"determinism": [{"value": 1}]}})
+    log.write_text("\n".join(lines) + "\n")
+    proc = torchrepro("report", run, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=60)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "Traceback" not in proc.stderr and report["verdict"] != "healthy"
+    (problem,) = report["run"]["problems"][:1]
+    assert "events.jsonl: unreadable line 1 (header: field 'env.determinism[0]' lacks 'name')" in problem
