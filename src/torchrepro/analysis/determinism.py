@@ -404,7 +404,10 @@ def divergence_findings(det: JsonObject, key: str | None) -> list[Finding]:
                 "the comparison does not cover both runs: " + "; ".join(det["incomplete_because"][:5]),
                 hint="Steps or evidence that only one run holds were not compared, so agreement over the rest proves "
                 "nothing about them. Record both runs with the same options, from undamaged logs, and compare again.",
-                evidence={"incomplete_because": det["incomplete_because"], "evidence_compared": det["evidence_compared"]},
+                evidence={
+                    "incomplete_because": det["incomplete_because"],
+                    "evidence_compared": det["evidence_compared"],
+                },
             )
         )
     if det["verdict"] == "diverged" and fd is not None:

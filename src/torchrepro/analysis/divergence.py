@@ -249,7 +249,9 @@ def _steps_text(indices: list[int], most: int = 10) -> str:
             first, last = ordered[start], ordered[i - 1]
             parts.append(str(first) if first == last else f"{first}–{last}")
             start = i
-    return ("step " if len(ordered) == 1 else "steps ") + ", ".join(parts[:most]) + (", ..." if len(parts) > most else "")
+    return (
+        ("step " if len(ordered) == 1 else "steps ") + ", ".join(parts[:most]) + (", ..." if len(parts) > most else "")
+    )
 
 
 def settings(log: EventLog) -> dict[str, object]:

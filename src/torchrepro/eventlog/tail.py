@@ -10,7 +10,6 @@ polls (:class:`torchrepro.report.live.FollowedRun` feeds them to the live analys
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from .jsoncheck import loads
 from .events import EVENTS_FILE, MAX_LINE, Event, Step, from_json, open_regular, step_decoder
