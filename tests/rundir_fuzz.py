@@ -154,7 +154,7 @@ def run_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
         counts["clean"] += 1
         ending("a", got, logs)
         provenance(got, logs[0].header)
-        if i % 25 == 0:
+        if i % 200 == 0:
             analyse(got, kept, [], None).to_json()
     return counts
 
@@ -242,7 +242,7 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
             compile_differences(log, log)
             coverage(logs, logs, ("a", "b"))
             side("a", str(path), {}, logs)
-            if given % 50 == 0:
+            if given % 250 == 0:
                 kept = read_events(path, reduce=StepReducer())
                 analyse({}, [kept], list(kept.problems), None).to_json()
     return counts
@@ -272,7 +272,7 @@ def report_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
             continue
         counts["clean"] += 1
         report.to_json()
-        if i % 50 == 0:
+        if i % 500 == 0:
             render_check(report, Console(file=io.StringIO(), width=100))
     return counts
 

@@ -318,9 +318,9 @@ _NAMED = {"type": "object", "required": ["name", "value"], "properties": {"name"
 _ENV = {
     "type": "object",
     "properties": {
-        **dict.fromkeys(("versions", "hardware", "threads"), {"type": ["object", "null"]}),
-        "determinism": {"type": ["array", "null"], "items": _NAMED},
-        "env_vars": {"type": ["array", "null"], "items": _NAMED},
+        **dict.fromkeys(("versions", "hardware", "threads"), {"type": "object"}),
+        "determinism": {"type": "array", "items": _NAMED},
+        "env_vars": {"type": "array", "items": _NAMED},
     },
 }
 _FIELD_SCHEMAS: dict[str, JsonObject] = {  # what a field's schema says beyond its annotation
