@@ -141,4 +141,6 @@ def test_an_event_line_of_wrong_nested_types_is_one_damage_finding_naming_its_li
     report = json.loads((tmp_path / "r.json").read_text())
     assert "Traceback" not in proc.stderr and report["verdict"] != "healthy"
     (problem,) = report["run"]["problems"]
-    assert f"events.jsonl: unreadable line {len(lines)} (compile: field 'cache.fxgraph' is int 5, not object)" in problem
+    assert (
+        f"events.jsonl: unreadable line {len(lines)} (compile: field 'cache.fxgraph' is int 5, not object)" in problem
+    )

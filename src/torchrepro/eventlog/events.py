@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, ClassVar, TypeVar, cast
 from ..errors import InputError
 from . import stepstream
 from .payloads import CaptureSettings, JsonObject
-from .jsoncheck import MAX_RANK, loads, schema_problem
+from .jsoncheck import MAX_INT, MAX_RANK, loads, schema_problem
 from .stepstream import STEPS_FILE
 
 _orjson: ModuleType | None
@@ -373,11 +373,32 @@ EVENT_SCHEMAS: dict[str, JsonObject] = {
 }
 
 
+# per kind, the fields whose schema says more than a JSON type the builder checks (nested values, bounds)
+_DEEP = {
+    kind: {
+        name: sub
+        for name, sub in schema["properties"].items()
+        if set(sub) - {"type"} or {"array", "object"} & set(sub.get("type", ["any"])) or not sub
+    }
+    for kind, schema in EVENT_SCHEMAS.items()
+}
+
+
 def check_event(kind: str, data: JsonObject) -> None:
     """``ValueError`` naming the field of an event of ``kind`` (its JSON object, ``kind`` left out)
-    that breaks the kind's schema (:data:`EVENT_SCHEMAS`) or the bounds of every value read back."""
-    if (problem := schema_problem(data, EVENT_SCHEMAS[kind])) is not None:
-        raise ValueError(f"{kind}: {problem.replace('the document', 'the event')}")
+    that breaks the kind's schema (:data:`EVENT_SCHEMAS`) or the bounds of every value read back;
+    each field's own JSON type is the builder's to check (``TypeError``)."""
+    deep = _DEEP[kind]
+    for name, value in data.items():
+        sub = deep.get(name)
+        if sub is not None:
+            problem = schema_problem(value, sub, where=name)
+        elif type(value) is int and not -MAX_INT < value < MAX_INT:
+            problem = f"field {name!r} is an integer out of range"
+        else:
+            continue
+        if problem is not None:
+            raise ValueError(f"{kind}: {problem}")
 
 
 E = TypeVar("E", bound=Event)  # EventLog.of: the events of the type asked for
