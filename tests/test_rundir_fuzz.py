@@ -70,7 +70,7 @@ def test_loss_missing_from_step_k_on_is_incomplete_not_bit_exact(tmp_path):
     det = report["determinism"]
     assert code == 3 and det["verdict"] == "incomplete", report["verdict"]
     assert det["evidence_compared"]["loss"] == 40
-    assert "b lacks it at 560 step(s) (steps 40–599)" in det["not_compared"][0]
+    assert det["not_compared"][0].startswith("loss not compared at 560 step(s) (steps 40–599): ")
     assert "COMPARISON_INCOMPLETE" in {f["code"] for f in report["findings"]}
 
 

@@ -212,16 +212,13 @@ def coverage(
             for kind in _SAMPLED:
                 held[kind, which] = held.get((kind, which), 0) + sum(_held(s)[EVIDENCE.index(kind)] for s in of_run)
     for (kind, label), at in lacking.items():
-        out.not_compared.append(
-            f"{kind}: {label} lacks it at {len(at)} step(s) ({_steps_text(at)}) the other run recorded it at: "
-            "not compared there"
-        )
+        out.not_compared.append(f"{kind} not compared at {len(at)} step(s) ({_steps_text(at)}): {label} lacks it there")
     for kind in _SAMPLED:
         a, b = held.get((kind, 0), 0), held.get((kind, 1), 0)
         if (a or b) and not out.compared[kind]:
             out.not_compared.append(
-                f"{kind}: recorded at {a} step(s) of {labels[0]} and {b} of {labels[1]}, never at a step both "
-                "recorded: not compared"
+                f"{kind} not compared: recorded at {a} step(s) of {labels[0]} and {b} of {labels[1]}, never at a "
+                "step both recorded"
             )
     return out
 

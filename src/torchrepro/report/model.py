@@ -828,6 +828,13 @@ class Determinism:
     step_clock: str | None = None
     more: JsonObject = field(default_factory=dict)
 
+    @property
+    def evidence_line(self) -> str | None:
+        """``params 5, grads 0, loss 60, rng 60, batch 60``: the steps at which each kind of evidence
+        was compared (None in a report written before it was said)."""
+        compared = self.more.get("evidence_compared")
+        return ", ".join(f"{kind} {n}" for kind, n in compared.items()) if isinstance(compared, dict) else None
+
     def exit_code(self, unreadable_exit: int) -> int:
         """See :func:`comparison_exit_code`."""
         return comparison_exit_code(
