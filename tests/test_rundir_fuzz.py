@@ -144,3 +144,53 @@ def test_an_event_line_of_wrong_nested_types_is_one_damage_finding_naming_its_li
     assert (
         f"events.jsonl: unreadable line {len(lines)} (compile: field 'cache.fxgraph' is int 5, not object)" in problem
     )
+
+
+def _truncated_steps(run: Path, keep: float) -> Path:
+    steps = run / "rank-0" / "steps.bin"
+    data = steps.read_bytes()
+    steps.write_bytes(data[: int(len(data) * keep) + 3])  # cut inside a record
+    return run
+
+
+def test_a_step_log_cut_short_is_never_bit_exact_nor_healthy(tmp_path):
+    good = _run(tmp_path / "good", training_steps(600))
+    cut = _truncated_steps(_run(tmp_path / "cut", training_steps(600)), 0.5)
+    code, report = _diff(tmp_path, good, cut)
+    assert code == 3 and report["determinism"]["verdict"] == "incomplete", report["verdict"]
+    proc = torchrepro("report", cut, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=60)
+    doctor = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 0 and doctor["verdict"].startswith("WARNINGS"), doctor["verdict"]
+    (damaged,) = [f for f in doctor["findings"] if f["code"] == "EVENT_LOG_DAMAGED"]
+    assert "steps.bin" in damaged["evidence"]["problems"][0]
+
+
+@pytest.fixture(scope="module")
+def doctored(tmp_path_factory) -> tuple[Path, Path]:
+    """A real run of a small training script under ``torchrepro doctor``, and a copy of it."""
+    import shutil
+
+    from torchrepro.cli import main
+
+    root = tmp_path_factory.mktemp("doctored")
+    assert main(["doctor", "--out", str(root / "a"), str(Path(__file__).parent / "scripts" / "deterministic.py")]) == 0
+    return root / "a", shutil.copytree(root / "a", root / "b")
+
+
+def test_exit_codes_of_diff_on_real_runs_good_unreadable_and_incomplete(doctored, tmp_path, capsys):
+    import shutil
+
+    from torchrepro.cli import main
+
+    a, b = doctored
+    assert main(["diff", str(a), str(b)]) == 0
+    assert capsys.readouterr().out.startswith("BIT-EXACT")
+    huge = shutil.copytree(b, tmp_path / "huge")
+    meta = json.loads((huge / "run.json").read_text())
+    (huge / "run.json").write_text(json.dumps({**meta, "world_size": 2**70}))
+    assert main(["diff", str(a), str(huge)]) == 2
+    assert "run.json: field 'world_size'" in one_line_error(capsys.readouterr().err)
+    (huge / "run.json").unlink()  # damaged on purpose: not one for the schema check every test ends with
+    cut = _truncated_steps(shutil.copytree(b, tmp_path / "cut"), 0.9)
+    assert main(["diff", str(a), str(cut)]) == 3
+    assert capsys.readouterr().out.startswith("INCOMPLETE")
