@@ -59,13 +59,11 @@ def paths(doc: Any, at: tuple = ()) -> Iterator[tuple]:
 
 
 def replaced(doc: Any, at: tuple, value: Any) -> Any:
+    """``doc`` with the value at ``at`` replaced (the containers on the way copied, the rest shared)."""
     if not at:
         return value
-    out = copy.deepcopy(doc)
-    node = out
-    for key in at[:-1]:
-        node = node[key]
-    node[at[-1]] = value
+    out = copy.copy(doc)
+    out[at[0]] = replaced(doc[at[0]], at[1:], value)
     return out
 
 
@@ -254,6 +252,7 @@ def report_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
 
     from rich.console import Console
 
+    from torchrepro.report.html import write_html
     from torchrepro.report.model import load_report
     from torchrepro.report.terminal import render_check
 
@@ -274,6 +273,8 @@ def report_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
         report.to_json()
         if i % 500 == 0:
             render_check(report, Console(file=io.StringIO(), width=100))
+        if i % 2500 == 0:
+            write_html(report, root / "report.html")
     return counts
 
 

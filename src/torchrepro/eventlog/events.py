@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, ClassVar, TypeVar, cast
 from ..errors import InputError
 from . import stepstream
 from .payloads import CaptureSettings, JsonObject
-from .jsoncheck import MAX_INT, MAX_RANK, loads, schema_problem
+from .jsoncheck import MAX_INT, MAX_RANK, json_type, loads, schema_problem, type_names
 from .stepstream import STEPS_FILE
 
 _orjson: ModuleType | None
@@ -431,7 +431,7 @@ def _checked(kind: str, data: JsonObject) -> Event:
         accepted = types.get(name)
         if accepted is not None:
             if not isinstance(value, accepted):
-                raise TypeError(f"{kind}.{name}: {type(value).__name__}")
+                raise TypeError(f"{kind}: field {name!r} is {json_type(value)}, not {type_names(accepted)}")
             fields[name] = value
     return KINDS[kind](**fields)
 

@@ -47,6 +47,11 @@ def python_types(names: list[str]) -> tuple[type, ...]:
     return tuple(out)
 
 
+def type_names(accepted: tuple[type, ...]) -> str:
+    """``an integer or null``: the JSON types of ``accepted`` (Python types), in words."""
+    return " or ".join(dict.fromkeys("null" if t is type(None) else _NAMES.get(t, "a value") for t in accepted))
+
+
 def json_type(value: object) -> str:
     """``an integer``, ``a string``... : what a value read from JSON is, in words."""
     return "null" if value is None else _NAMES.get(type(value), "a value")

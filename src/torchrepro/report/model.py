@@ -19,6 +19,7 @@ a run's settings). Each kind has a JSON Schema in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -1377,13 +1378,18 @@ def load_report(data: Any, source: str = "report") -> Report:
     if kind is None:
         schema = data.get("schema") if isinstance(data, dict) else None
         raise InputError(f"{source} is not a torchrepro report (schema {schema!r})")
-    schema = json.loads(schema_path(kind).read_text())
-    if (problem := schema_problem(data, schema, schema)) is not None:
+    if (problem := schema_problem(data, _schema(kind))) is not None:
         raise InputError(f"{source}: a damaged {kind} report: {problem}")
     try:
         return _KINDS[kind].from_json(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(kind: str) -> JsonObject:
+    schema: JsonObject = json.loads(schema_path(kind).read_text())
+    return schema
 
 
 def schema_path(kind: str) -> Path:
