@@ -194,3 +194,17 @@ def test_exit_codes_of_diff_on_real_runs_good_unreadable_and_incomplete(doctored
     cut = _truncated_steps(shutil.copytree(b, tmp_path / "cut"), 0.9)
     assert main(["diff", str(a), str(cut)]) == 3
     assert capsys.readouterr().out.startswith("INCOMPLETE")
+
+
+def test_a_rank_log_that_cannot_be_read_keeps_diff_from_bit_exact(tmp_path):
+    import os
+
+    good = fake_run(tmp_path / "good", ranks={"0": 0, "1": 1})
+    fifo = fake_run(tmp_path / "fifo", ranks={"0": 0, "1": 1})
+    for run in (good, fifo):  # no world size said: only the rank folders tell
+        (run / "run.json").write_text(json.dumps({"script": "train.py"}))
+    (fifo / "rank-1" / "events.jsonl").unlink()
+    os.mkfifo(fifo / "rank-1" / "events.jsonl")
+    code, report = _diff(tmp_path, good, fifo)
+    assert code == 3 and report["determinism"]["verdict"] == "incomplete", report["verdict"]
+    assert "rank-1/events.jsonl: not a regular file" in report["verdict"]

@@ -273,6 +273,7 @@ class Run:
     meta: JsonObject = field(default_factory=dict)  # run.json: RUN_FIELDS checked, any other field kept as written
     logs: list[EventLog] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # rank logs not read at all (among problems), and why
 
     @property
     def ranks(self) -> list[int]:
@@ -398,6 +399,7 @@ def load_run(
     for item in read:
         if isinstance(item, str):
             run.problems.append(item)
+            run.unread.append(item)
         else:
             run.logs.append(item)
             run.problems.extend(item.problems)
