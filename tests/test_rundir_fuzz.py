@@ -208,3 +208,19 @@ def test_a_rank_log_that_cannot_be_read_keeps_diff_from_bit_exact(tmp_path):
     code, report = _diff(tmp_path, good, fifo)
     assert code == 3 and report["determinism"]["verdict"] == "incomplete", report["verdict"]
     assert "rank-1/events.jsonl: not a regular file" in report["verdict"]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"compile_fixes": [{"name": 5}]}', "field 'compile_fixes[0]' lacks 'applied_to'"),
+        ("[" * 100_000, "unreadable (nested more than 64 levels deep)"),
+    ],
+)
+def test_a_damaged_stored_fixes_result_is_one_line(tmp_path, text, said):
+    run = fake_run(tmp_path / "run")
+    (run / "fixes").mkdir()
+    (run / "fixes" / "compile_fixes.json").write_text(text)
+    line = one_line_error(torchrepro("report", run, cwd=tmp_path, timeout=60))
+    (run / "fixes" / "compile_fixes.json").unlink()  # damaged on purpose: not one for the schema check at the end
+    assert "fixes/compile_fixes.json: " + said in line

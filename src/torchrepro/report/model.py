@@ -1378,7 +1378,7 @@ def load_report(data: Any, source: str = "report") -> Report:
     if kind is None:
         schema = data.get("schema") if isinstance(data, dict) else None
         raise InputError(f"{source} is not a torchrepro report (schema {schema!r})")
-    if (problem := schema_problem(data, _schema(kind))) is not None:
+    if (problem := schema_problem(data, schema_of(kind))) is not None:
         raise InputError(f"{source}: a damaged {kind} report: {problem}")
     try:
         return _KINDS[kind].from_json(data)
@@ -1387,7 +1387,8 @@ def load_report(data: Any, source: str = "report") -> Report:
 
 
 @functools.lru_cache(maxsize=None)
-def _schema(kind: str) -> JsonObject:
+def schema_of(kind: str) -> JsonObject:
+    """The JSON Schema of ``kind``'s ``report.json``, parsed (once)."""
     schema: JsonObject = json.loads(schema_path(kind).read_text())
     return schema
 
