@@ -224,3 +224,28 @@ def test_a_damaged_stored_fixes_result_is_one_line(tmp_path, text, said):
     line = one_line_error(torchrepro("report", run, cwd=tmp_path, timeout=60))
     (run / "fixes" / "compile_fixes.json").unlink()  # damaged on purpose: not one for the schema check at the end
     assert "fixes/compile_fixes.json: " + said in line
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "said"),
+    [
+        ("step-3.npz", b"not a zip archive", "unreadable parameter snapshot"),
+        ("step-3.npz", None, "bytes in a file of"),  # a compressed archive that would expand in memory
+    ],
+)
+def test_a_damaged_parameter_snapshot_is_one_line(tmp_path, name, damage, said):
+    import numpy as np
+
+    a, b = (_run(tmp_path / x, training_steps(10)) for x in ("a", "b"))
+    for run in (a, b):
+        (run / "rank-0" / "snapshots").mkdir()
+        np.savez(run / "rank-0" / "snapshots" / "step-3.npz", w=np.zeros(4))
+        (run / "rank-0" / "snapshots" / "step-x.npz").write_bytes(b"a name that is no step: not a snapshot")
+    target = b / "rank-0" / "snapshots" / name
+    if damage is None:
+        np.savez_compressed(target, w=np.zeros(1 << 24))  # 128 MB of zeros in a few hundred kB
+    else:
+        target.write_bytes(damage)
+    assert _diff(tmp_path, a, a)[0] == 0  # the name that is no step is left alone
+    line = one_line_error(torchrepro("diff", a, b, cwd=tmp_path, timeout=60))
+    assert said in line and "step-3.npz" in line

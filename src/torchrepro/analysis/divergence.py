@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InputError
 from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 from ..eventlog.random_ops import is_random_op
 from ..report.model import CurvePoint, JsonObject, ParamDifference
@@ -365,14 +366,32 @@ def compile_differences(a: EventLog, b: EventLog) -> list[str]:
 
 
 def load_snapshot(path: Path) -> dict[str, np.ndarray]:
+    """A parameter snapshot (``step-<n>.npz``, written uncompressed by ``np.savez``); :class:`InputError`
+    for one that cannot be read, or that declares more bytes than its file holds (a compressed
+    archive that would expand in memory is not one torchrepro wrote)."""
+    import zipfile
+
     import numpy as np
 
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(member.file_size for member in archive.infolist())
+        if declared > path.stat().st_size:
+            raise InputError(f"{path}: declares {declared} bytes in a file of {path.stat().st_size}: not a snapshot")
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: unreadable parameter snapshot ({exc})") from None
 
 
 def snapshot_steps(folder: Path) -> dict[int, Path]:
-    return {int(p.stem.split("-")[1]): p for p in sorted(folder.glob("step-*.npz"))}
+    """The snapshots in ``folder`` by step (``step-<n>.npz``; other names are not snapshots)."""
+    out = {}
+    for p in sorted(folder.glob("step-*.npz")):
+        number = p.stem.split("-", 1)[1]
+        if number.isascii() and number.isdigit():
+            out[int(number)] = p
+    return out
 
 
 def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> ParamDifference:
