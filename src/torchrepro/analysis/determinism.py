@@ -24,6 +24,7 @@ from .divergence import (
     Tolerance,
     compare_replays,
     compile_differences,
+    coverage,
     environment_differences,
     first_divergence,
     settings,
@@ -314,12 +315,20 @@ def determinism_section(
     endings: list[Ending],
     tol: Tolerance,
     unreadable_exit: int,
+    pair: tuple[str, str] | None = None,
+    first_step: int | None = None,
 ) -> JsonObject:
     """The report's ``determinism`` section for one pair of runs, its verdict earned from what was
-    compared and from how every run ended (:mod:`torchrepro.analysis.verdict`). ``curve`` is the
-    parameter difference per snapshot step (empty without snapshots)."""
+    compared (:func:`~.divergence.coverage`: ``pair`` names the two runs, by default the first and
+    last of ``labels``; steps before ``first_step`` are not expected in both) and from how every
+    run ended (:mod:`torchrepro.analysis.verdict`). ``curve`` is the parameter difference per
+    snapshot step (empty without snapshots)."""
     compared = steps_compared(logs_a, logs_b)
-    verdict, exit_code = judge(div is not None, within, compared, endings, unreadable_exit)
+    covered = coverage(logs_a, logs_b, pair or (labels[0], labels[-1]), first_step)
+    # a divergence found among steps duplicated or out of order is the damage's, not the runs'
+    verdict, exit_code = judge(
+        div is not None and not covered.damaged, within, compared, endings, unreadable_exit, covered.incomplete_because
+    )
     first: FirstDivergence | None = None
     if div is not None:
         module = (
@@ -358,6 +367,9 @@ def determinism_section(
         "endings": [e.to_json() for e in endings],
         "environment_differences": env,
         "step_clock": _step_clock(logs_a),
+        "evidence_compared": covered.compared,
+        "not_compared": covered.not_compared,
+        "incomplete_because": covered.incomplete_because,
     }
     if verdict == "nothing_compared":
         det["nothing_compared_because"] = nothing_compared_because(endings)
@@ -384,6 +396,20 @@ def divergence_findings(det: JsonObject, key: str | None) -> list[Finding]:
         for e in det["endings"]
         if not e["ended_normally"]
     ]
+    if det["verdict"] == "incomplete" and det.get("incomplete_because"):
+        out.append(
+            Finding(
+                "COMPARISON_INCOMPLETE",
+                "error",
+                "the comparison does not cover both runs: " + "; ".join(det["incomplete_because"][:5]),
+                hint="Steps or evidence that only one run holds were not compared, so agreement over the rest proves "
+                "nothing about them. Record both runs with the same options, from undamaged logs, and compare again.",
+                evidence={
+                    "incomplete_because": det["incomplete_because"],
+                    "evidence_compared": det["evidence_compared"],
+                },
+            )
+        )
     if det["verdict"] == "diverged" and fd is not None:
         hint = CAUSE_HINTS[key or fd["cause"]]
         if det.get("fixes"):  # measured: recommend only what was tried and bit-exact

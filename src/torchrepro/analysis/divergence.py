@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InputError
 from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 from ..eventlog.random_ops import is_random_op
 from ..report.model import CurvePoint, JsonObject, ParamDifference
@@ -141,6 +142,116 @@ def steps_compared(logs_a: list[EventLog], logs_b: list[EventLog]) -> int:
     return min(counts, default=0)
 
 
+EVIDENCE = ("params", "grads", "loss", "rng", "batch")  # what a comparison of two steps rests on
+# fingerprinted at an interval capture chooses from each run's own measured cost: two runs of one
+# script may hold them at different steps, and are compared at the steps both hold
+_SAMPLED = ("params",)
+
+
+def _held(s: Step) -> tuple[bool, ...]:
+    """Which of :data:`EVIDENCE` a step recorded."""
+    return (
+        s.params_fp is not None,
+        s.grads_fp is not None,
+        s.loss is not None,
+        s.rng_fps is not None or s.rng_fp is not None,
+        s.batch_fp is not None,
+    )
+
+
+@dataclass
+class Coverage:
+    """What a comparison of two runs rests on: per kind of :data:`EVIDENCE`, the steps at which
+    both runs held it (``compared``); the evidence one run holds at a step and the other lacks
+    (``not_compared``); why fewer steps were paired than the runs recorded (``unpaired``: steps
+    of one run only, duplicated, out of order or missing). Either list keeps a verdict from
+    being bit-exact or within tolerance (:func:`~torchrepro.analysis.verdict.judge`)."""
+
+    compared: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EVIDENCE, 0))
+    not_compared: list[str] = field(default_factory=list)
+    unpaired: list[str] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)  # steps duplicated or out of order: no divergence found stands
+
+    @property
+    def incomplete_because(self) -> list[str]:
+        return self.damaged + self.unpaired + self.not_compared
+
+
+def coverage(
+    logs_a: list[EventLog], logs_b: list[EventLog], labels: tuple[str, str], first_step: int | None = None
+) -> Coverage:
+    """:class:`Coverage` of the ranks both runs logged (a rank one run lacks is said by how that run
+    ended), step indices from ``first_step`` on (a resumed run starts there; None: all)."""
+    out = Coverage()
+    by_rank_b = {log.rank: log for log in logs_b}
+    lacking: dict[tuple[str, str], list[int]] = {}  # (kind, run lacking it) -> steps
+    held: dict[tuple[str, int], int] = {}  # (sampled kind, run 0 or 1) -> steps holding it
+    for log_a in logs_a:
+        log_b = by_rank_b.get(log_a.rank)
+        if log_b is None:
+            continue
+        rank = log_a.rank
+        steps = [[s for s in log.of(Step) if first_step is None or s.index >= first_step] for log in (log_a, log_b)]
+        for label, of_run in zip(labels, steps):
+            damaged, missing = _sequence_problems(rank, label, [s.index for s in of_run])
+            out.damaged += damaged
+            out.unpaired += missing
+        by_index = {s.index: s for s in steps[1]}
+        paired = [(x, by_index[x.index]) for x in {s.index: s for s in steps[0]}.values() if x.index in by_index]
+        if len(paired) < max(len(steps[0]), len(steps[1])):
+            out.unpaired.append(
+                f"rank {rank}: {len(paired)} step(s) paired by index, of {len(steps[0])} in {labels[0]} "
+                f"and {len(steps[1])} in {labels[1]}"
+            )
+        for x, y in paired:
+            for kind, hx, hy in zip(EVIDENCE, _held(x), _held(y)):
+                if hx and hy:
+                    out.compared[kind] += 1
+                elif hx != hy and kind not in _SAMPLED:
+                    lacking.setdefault((kind, labels[1] if hx else labels[0]), []).append(x.index)
+        for which, of_run in enumerate(steps):
+            for kind in _SAMPLED:
+                held[kind, which] = held.get((kind, which), 0) + sum(_held(s)[EVIDENCE.index(kind)] for s in of_run)
+    for (kind, label), at in lacking.items():
+        out.not_compared.append(f"{kind} not compared at {len(at)} step(s) ({_steps_text(at)}): {label} lacks it there")
+    for kind in _SAMPLED:
+        a, b = held.get((kind, 0), 0), held.get((kind, 1), 0)
+        if (a or b) and not out.compared[kind]:
+            out.not_compared.append(
+                f"{kind} not compared: recorded at {a} step(s) of {labels[0]} and {b} of {labels[1]}, never at a "
+                "step both recorded"
+            )
+    return out
+
+
+def _sequence_problems(rank: int, label: str, indices: list[int]) -> tuple[list[str], list[str]]:
+    """Step indices of one rank that are not one step after another: duplicated or out of order
+    (damage), and missing."""
+    damaged, missing = [], []
+    distinct = set(indices)
+    if len(distinct) < len(indices):
+        damaged.append(f"rank {rank}: {label} records {len(indices) - len(distinct)} step index(es) more than once")
+    if any(b < a for a, b in zip(indices, indices[1:])):
+        damaged.append(f"rank {rank}: {label}'s steps are out of order")
+    if distinct and (gap := max(distinct) - min(distinct) + 1 - len(distinct)) > 0:
+        missing.append(f"rank {rank}: {label} lacks {gap} step(s) between steps {min(distinct)} and {max(distinct)}")
+    return damaged, missing
+
+
+def _steps_text(indices: list[int], most: int = 10) -> str:
+    """``"steps 3, 5–9"``: step indices as ranges, the first ``most`` of them."""
+    ordered = sorted(set(indices))
+    parts, start = [], 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            first, last = ordered[start], ordered[i - 1]
+            parts.append(str(first) if first == last else f"{first}–{last}")
+            start = i
+    return (
+        ("step " if len(ordered) == 1 else "steps ") + ", ".join(parts[:most]) + (", ..." if len(parts) > most else "")
+    )
+
+
 def settings(log: EventLog) -> dict[str, object]:
     """The switches recorded after the first step (``deterministic_algorithms``, ...)."""
     return {e.name: e.value for e in log.of(Setting)}
@@ -255,14 +366,32 @@ def compile_differences(a: EventLog, b: EventLog) -> list[str]:
 
 
 def load_snapshot(path: Path) -> dict[str, np.ndarray]:
+    """A parameter snapshot (``step-<n>.npz``, written uncompressed by ``np.savez``); :class:`InputError`
+    for one that cannot be read, or that declares more bytes than its file holds (a compressed
+    archive that would expand in memory is not one torchrepro wrote)."""
+    import zipfile
+
     import numpy as np
 
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(member.file_size for member in archive.infolist())
+        if declared > path.stat().st_size:
+            raise InputError(f"{path}: declares {declared} bytes in a file of {path.stat().st_size}: not a snapshot")
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: unreadable parameter snapshot ({exc})") from None
 
 
 def snapshot_steps(folder: Path) -> dict[int, Path]:
-    return {int(p.stem.split("-")[1]): p for p in sorted(folder.glob("step-*.npz"))}
+    """The snapshots in ``folder`` by step (``step-<n>.npz``; other names are not snapshots)."""
+    out = {}
+    for p in sorted(folder.glob("step-*.npz")):
+        number = p.stem.split("-", 1)[1]
+        if number.isascii() and number.isdigit():
+            out[int(number)] = p
+    return out
 
 
 def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> ParamDifference:

@@ -35,6 +35,7 @@ from typing import IO, Callable, Iterable, TypedDict
 
 from .. import __version__
 from ..errors import InputError, UserError
+from ..eventlog.jsoncheck import loads, schema_problem
 from ..eventlog.outputs import check, written
 from .signing import SIGNATURE, sign, signer, trusted_keys
 from ..report.model import Build
@@ -344,23 +345,39 @@ def _open_tar(path: Path) -> tarfile.TarFile:
         raise InputError(f"cannot read {path}: {_why(exc)}") from None
 
 
+_MANIFEST_SCHEMA = {  # what reading and unpacking a pack relies on (pack() writes more: kept as written)
+    "type": "object",
+    "required": ["schema", "files"],
+    "properties": {
+        "schema": {"const": PACK_SCHEMA},
+        "build": {"type": "object"},
+        "files": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["area", "path", "sha256", "size"],
+                "properties": {
+                    "area": {"enum": list(AREAS)},
+                    "path": {"type": "string", "maxLength": 4096},
+                    "sha256": {"type": "string", "maxLength": 64},
+                    "size": {"type": "integer", "minimum": 0, "maximum": 2**53},
+                    "mtime": {"type": "number"},
+                },
+            },
+        },
+    },
+}
+
+
 def parse_manifest(data: bytes, where: str) -> PackManifest:
-    """A pack manifest from its bytes, validated; :class:`InputError` names ``where`` otherwise."""
+    """A pack manifest from its bytes, checked against its schema and bounds; :class:`InputError`
+    names ``where`` and the field otherwise."""
     try:
-        manifest: PackManifest = json.loads(data)
-        files = manifest["files"]
-        if manifest.get("schema") != PACK_SCHEMA or not isinstance(files, list):
-            raise ValueError(f"schema {manifest.get('schema')!r}")
-        for f in files:
-            if not (
-                f["area"] in AREAS
-                and isinstance(f["path"], str)
-                and isinstance(f["sha256"], str)
-                and isinstance(f["size"], int)
-            ):
-                raise ValueError("bad file record")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        manifest: PackManifest = loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: unreadable manifest ({_why(exc)})") from None
+    if (problem := schema_problem(manifest, _MANIFEST_SCHEMA)) is not None:
+        raise InputError(f"{where}: unreadable manifest ({problem})")
     return manifest
 
 

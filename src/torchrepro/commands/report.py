@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import options
+from ..errors import InputError
 from ..telemetry.otlp import export_stored_run
 from ._finish import Outcome
 
@@ -56,8 +57,10 @@ def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
         return None
     try:
         data = read_json_file(directory / REPORT_FILE)
-    except (OSError, ValueError):
-        return None
+    except OSError as exc:
+        raise InputError(f"{directory / REPORT_FILE}: unreadable ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise InputError(f"{directory / REPORT_FILE}: not JSON ({exc})") from None
     kind = report_kind(data)
     if kind in (None, "doctor"):
         return None

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterator, TypedDict
 
 from ..errors import InputError
+from .jsoncheck import loads, python_types, schema_problem
 from .events import EVENTS_FILE, EventLog, Shared, StepReduce, open_regular, rank_logs, read_events
 from .payloads import JsonObject
 from .stepstream import STEPS_FILE
@@ -272,23 +273,18 @@ class Run:
     meta: JsonObject = field(default_factory=dict)  # run.json: RUN_FIELDS checked, any other field kept as written
     logs: list[EventLog] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # rank logs not read at all (among problems), and why
 
     @property
     def ranks(self) -> list[int]:
         return [log.rank for log in self.logs]
 
 
-# run.json's fields and the JSON types each may hold (null too); fields not named here are kept as they are
+RUN_SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "run.schema.json").read_text())
+# run.json's fields and the JSON types each may hold (null too), from its schema; fields not named
+# there are kept as they are (bounded: :func:`~.jsoncheck.bounded`)
 RUN_FIELDS: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("command", "args", "stderr_tail", "trace_files"), (list,)),
-    **dict.fromkeys(("git", "rank_exit_codes", "rank_stderr_tails", "stall", "launcher", "records_not_used"), (dict,)),
-    **dict.fromkeys(("seed", "world_size", "exit_code"), (int,)),
-    **dict.fromkeys(("wall_s", "stalled_after_s"), (int, float)),
-    **dict.fromkeys(
-        ("script", "cwd", "torchrepro_version", "torch_version", "python_version", "started", "ended", "label")
-        + ("compile_mode", "env_fingerprint", "source", "trace_dir", "stopped_by"),
-        (str,),
-    ),
+    name: python_types(spec["type"]) for name, spec in RUN_SCHEMA["properties"].items()
 }
 MAX_JSON = 64 << 20  # run.json, plan.json: larger is not one torchrepro wrote
 
@@ -301,16 +297,20 @@ def read_json_file(path: Path) -> Any:
         data = fp.read(MAX_JSON + 1)
     if len(data) > MAX_JSON:
         raise InputError(f"{path}: over {MAX_JSON >> 20} MiB: not a file torchrepro wrote")
-    return json.loads(data)
+    return loads(data)
 
 
 def read_run_json(path: Path) -> JsonObject:
-    """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`); :class:`InputError`
-    also for a file that is not a regular file (see :func:`read_json_file`)."""
+    """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`) and then against
+    its schema and bounds (``schemas/run.schema.json``, :func:`~.jsoncheck.schema_problem`);
+    :class:`InputError` naming the field and what it should be, also for a file that is not a
+    regular file (see :func:`read_json_file`)."""
     meta = read_json_file(path)
     if not isinstance(meta, dict):
         raise InputError(f"{path}: not a JSON object: not a torchrepro run.json")
     check_fields(path, meta, RUN_FIELDS)
+    if (problem := schema_problem(meta, RUN_SCHEMA)) is not None:
+        raise InputError(f"{path}: {problem}")
     if isinstance(meta.get("stopped_by"), str) and meta["stopped_by"] not in signal.Signals.__members__:
         raise InputError(f"{path}: field 'stopped_by' is {meta['stopped_by']!r}, not a signal name")
     return meta
@@ -376,8 +376,10 @@ def load_run(
     if meta_file.exists():
         try:
             run.meta = read_run_json(meta_file)
-        except (OSError, ValueError) as exc:
-            run.problems.append(f"{meta_file}: unreadable ({exc}); using the event logs alone")
+        except OSError as exc:
+            raise InputError(f"{meta_file}: unreadable ({exc.strerror or exc})") from None
+        except ValueError as exc:
+            raise InputError(f"{meta_file}: not JSON ({exc})") from None
         if isinstance(run.meta, dict) and (lost := supervisor_lost(run.meta)) is not None:
             run.meta["interrupted"] = {"supervisor_pid": lost}
     files = rank_logs(path)
@@ -397,6 +399,7 @@ def load_run(
     for item in read:
         if isinstance(item, str):
             run.problems.append(item)
+            run.unread.append(item)
         else:
             run.logs.append(item)
             run.problems.extend(item.problems)

@@ -19,6 +19,7 @@ a run's settings). Each kind has a JSON Schema in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
+from ..eventlog.jsoncheck import schema_problem
 from ..eventlog.payloads import (
     JsonObject as JsonObject,
 )  # re-exported; also: a whole report.json document, a finding's evidence (per code)
@@ -104,15 +106,15 @@ class Verdict(str, Enum):
 
 def comparison_exit_code(verdict: Verdict, ended_normally: bool, unreadable: bool, unreadable_exit: int) -> int:
     """A comparison's exit code: ``unreadable_exit`` when a log cannot be read (2 for stored runs
-    given as input, 3 for runs a check launched), 3 when a run did not end normally, else 0 for a
-    passing verdict and 1 otherwise.
+    given as input, 3 for runs a check launched), 3 when a run did not end normally or the
+    comparison is ``incomplete``, else 0 for a passing verdict and 1 otherwise.
 
     >>> comparison_exit_code(Verdict.DIVERGED, True, False, 3)
     1
     """
     if unreadable:
         return unreadable_exit
-    if not ended_normally:
+    if not ended_normally or verdict is Verdict.INCOMPLETE:
         return 3
     return 0 if verdict.passing else 1
 
@@ -810,7 +812,9 @@ class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
     (a JSON object: step, rank, what, cause, evidence...). ``more``: what only some checks add
     (``decomposition``, ``fixes``, ``fix_recommended``, ``backend_stages``, ``against``,
-    ``resume_at``, ``largest_difference``, ``nothing_compared_because``)."""
+    ``resume_at``, ``largest_difference``, ``nothing_compared_because``; every comparison:
+    ``evidence_compared``, steps compared per kind of evidence, ``not_compared`` and
+    ``incomplete_because``, what keeps it from covering both runs)."""
 
     verdict: Verdict
     runs: list[str]
@@ -824,6 +828,13 @@ class Determinism:
     environment_differences: list[str] = field(default_factory=list)
     step_clock: str | None = None
     more: JsonObject = field(default_factory=dict)
+
+    @property
+    def evidence_line(self) -> str | None:
+        """``params 5, grads 0, loss 60, rng 60, batch 60``: the steps at which each kind of evidence
+        was compared (None in a report written before it was said)."""
+        compared = self.more.get("evidence_compared")
+        return ", ".join(f"{kind} {n}" for kind, n in compared.items()) if isinstance(compared, dict) else None
 
     def exit_code(self, unreadable_exit: int) -> int:
         """See :func:`comparison_exit_code`."""
@@ -1367,8 +1378,7 @@ def load_report(data: Any, source: str = "report") -> Report:
     if kind is None:
         schema = data.get("schema") if isinstance(data, dict) else None
         raise InputError(f"{source} is not a torchrepro report (schema {schema!r})")
-    schema = json.loads(schema_path(kind).read_text())
-    if (problem := schema_problem(data, schema, schema)) is not None:
+    if (problem := schema_problem(data, schema_of(kind))) is not None:
         raise InputError(f"{source}: a damaged {kind} report: {problem}")
     try:
         return _KINDS[kind].from_json(data)
@@ -1376,44 +1386,11 @@ def load_report(data: Any, source: str = "report") -> Report:
         raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
 
 
-_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
-    "object": dict,
-    "array": list,
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "null": type(None),
-}
-
-
-def schema_problem(data: Any, schema: JsonObject, root: JsonObject, where: str = "") -> str | None:
-    """The first place ``data`` breaks ``schema`` (``root``: where its ``$ref`` point), as
-    ``field 'a.b' is ...``, or None. The subset of JSON Schema the shipped schemas use: ``type``,
-    ``properties``, ``required``, ``items``, ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``."""
-    if "$ref" in schema:
-        schema = root["$defs"][schema["$ref"].rpartition("/")[2]]
-    name = f"field {where!r}" if where else "the document"
-    if "anyOf" in schema and all(schema_problem(data, s, root, where) for s in schema["anyOf"]):
-        return f"{name} matches none of its allowed forms"
-    if "type" in schema:
-        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        fits = any(isinstance(data, _JSON_TYPES[n]) for n in names)
-        if not fits or (isinstance(data, bool) and "boolean" not in names):
-            return f"{name} is {type(data).__name__} {json.dumps(data, default=str)[:40]}, not {' or '.join(names)}"
-    if ("enum" in schema and data not in schema["enum"]) or ("const" in schema and data != schema["const"]):
-        return f"{name} is {json.dumps(data, default=str)[:40]}, not one of {schema.get('enum', [schema.get('const')])}"
-    if isinstance(data, dict):
-        if missing := [k for k in schema.get("required", ()) if k not in data]:
-            return f"{name} lacks {missing[0]!r}"
-        for key, sub in schema.get("properties", {}).items():
-            if key in data and (problem := schema_problem(data[key], sub, root, f"{where}.{key}".lstrip("."))):
-                return problem
-    if isinstance(data, list) and "items" in schema:
-        for i, item in enumerate(data):
-            if problem := schema_problem(item, schema["items"], root, f"{where}[{i}]"):
-                return problem
-    return None
+@functools.lru_cache(maxsize=None)
+def schema_of(kind: str) -> JsonObject:
+    """The JSON Schema of ``kind``'s ``report.json``, parsed (once)."""
+    schema: JsonObject = json.loads(schema_path(kind).read_text())
+    return schema
 
 
 def schema_path(kind: str) -> Path:

@@ -170,6 +170,10 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
     det = report.determinism
     console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
     render_findings(console, report.findings)
+    if det.evidence_line is not None:
+        console.print(f"steps compared per kind of evidence: {det.evidence_line}", highlight=False, markup=False)
+        for line in det.more.get("not_compared", [])[:5]:
+            console.print(f"  {line}", highlight=False, markup=False)
     fd = det.first_divergence
     if fd:
         because = fd["evidence"].get("because")

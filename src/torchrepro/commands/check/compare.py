@@ -268,6 +268,7 @@ def check(
         [checker.endings[s.label] for s in specs],
         tol,
         unreadable_exit=3,
+        pair=(spec_a.label, spec_b.label),
     )
     if decomposition is not None:
         det["decomposition"] = decomposition
@@ -382,6 +383,8 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
             f"{path_a} is a run of {scripts[0]}, {path_b} of {scripts[1]}: diff compares two runs of one script"
         )
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
+    for end, run in zip(endings, (run_a, run_b)):
+        end.problems += run.unread  # a rank log that could not be read: the comparison cannot cover it
     div, within, notes = _compare(run_a, run_b, tol)
     compare_lengths(endings[0], endings[1], diverged=div is not None)
     notes = run_a.problems + run_b.problems + notes + _missing_evidence(run_a, run_b)
@@ -538,6 +541,7 @@ def check_resume(
         list(checker.endings.values()),
         Tolerance(),
         unreadable_exit=3,
+        first_step=at,
     )
     det["resume_at"] = at
     report = _report(
