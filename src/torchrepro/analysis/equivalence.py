@@ -424,7 +424,9 @@ def _first_on_rank(
         why = "; ".join(
             filter(None, [f"not recorded: {', '.join(gaps)}" if gaps else "", _not_comparable(not_comparable)])
         )
-        return _rank_row(rank, "unknown", "absent", note=why)
+        compared = [what for what, ok in (("batches", same_split), ("losses", same_world)) if ok]
+        agree = f"{' and '.join(compared)} agree bit for bit over {len(common)} step(s); " if compared else ""
+        return _rank_row(rank, "unknown", "absent", note=agree + why)
     return _rank_row(rank, "identical", "direct", note=f"{len(common)} step(s) agree bit for bit")
 
 
@@ -467,7 +469,13 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
                 tensor_points = _tensor_points(step, p1, p2, pb, bands, tol)
                 tensors_compared += len(tensor_points)
                 points += tensor_points
-    data = _data_order(a1, a2, b, steps, notes)
+    skipped = [i for i in sorted(la1) if steps and i < steps[0]]
+    if skipped:
+        notes.append(
+            f"steps {skipped[0]}-{skipped[-1]} of A were not compared: B recorded none of them (a resumed run "
+            "starts at its checkpoint); the verdict covers the steps compared"
+        )
+    data = _data_order(a1, a2, b, notes)
     # in the order a step happens; at one step a rank's own value before the mean over ranks
     points = sorted(data + points, key=lambda p: (p["step"], _ORDER.index(p["quantity"]), p["rank"] is None))
     first_out = next((p for p in points if p["status"] == "out"), None)
@@ -526,7 +534,7 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
 _ORDER = ("batch", "loss", "grad_norm", "param")
 
 
-def _data_order(a1: Config, a2: Config, b: Config, steps: list[int], notes: list[str]) -> list[JsonObject]:
+def _data_order(a1: Config, a2: Config, b: Config, notes: list[str]) -> list[JsonObject]:
     """Points for the data: B's batches against A's (same split, when the reference's own batches
     are reproducible), and batches B sees twice that the reference does not."""
     points: list[JsonObject] = []

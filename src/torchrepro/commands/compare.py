@@ -98,6 +98,10 @@ def compare(
 ) -> tuple[Any, Path]:
     """Run A twice and B once (B stopped and resumed when ``resume_b_at``); the report, also
     written to ``OUT/report.json``."""
+    from .launcher import validate_script
+
+    script_a, script_b = validate_script(a[0]), validate_script(b[0])  # before the imports a run needs
+
     from rich.console import Console
 
     from ..analysis.equivalence import Config, compare_report, judge
@@ -106,10 +110,8 @@ def compare(
     from ..eventlog.rundir import create_run_dir, default_run_dir
     from ..report.save import write_report
     from .check.runs import Checker, RunSpec
-    from .launcher import validate_script
 
     console = console or Console(stderr=True)
-    script_a, script_b = validate_script(a[0]), validate_script(b[0])
     out = create_run_dir(out or default_run_dir(script_a, label="compare"))
 
     def checker(script: Path, script_args: list[str], nproc: int) -> Checker:
