@@ -902,6 +902,10 @@ class CheckRun:
     def to_json(self) -> JsonObject:
         return {**self.meta, "run_dirs": self.run_dirs, "timings_s": self.timings_s}
 
+    @classmethod
+    def from_json(cls, run: JsonObject) -> CheckRun:
+        return cls(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(cls, run))
+
 
 @dataclass
 class CheckReport:
@@ -950,9 +954,8 @@ class CheckReport:
     @classmethod
     def from_json(cls, data: JsonObject) -> CheckReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
-        run = data["run"]
         return cls(
-            run=CheckRun(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(CheckRun, run)),
+            run=CheckRun.from_json(data["run"]),
             determinism=Determinism.from_json(data["determinism"]),
             findings=_findings(data["findings"]),
             verdict_line=data["verdict"],
@@ -1008,14 +1011,9 @@ class CompareReport:
     @classmethod
     def from_json(cls, data: JsonObject) -> CompareReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
-        run = data["run"]
-        return cls(
-            run=CheckRun(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(CheckRun, run)),
-            compare=data["compare"],
-            findings=_findings(data["findings"]),
-            verdict_line=data["verdict"],
-            provenance=data.get("provenance"),
-        )
+        report = cls(CheckRun.from_json(data["run"]), data["compare"], _findings(data["findings"]), data["verdict"])
+        report.provenance = data.get("provenance")
+        return report
 
 
 # --- drift --------------------------------------------------------------------------------------
