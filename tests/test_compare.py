@@ -110,7 +110,10 @@ def test_a_measured_band_is_widened_and_b_judged_against_it(tmp_path):
     section = judge(cfg("a-1", a1), cfg("a-2", a2), cfg("b", inside))
     assert section["verdict"] == "equivalent" and not section["band"]["zero"]
     assert section["series"][3]["allowed_rel"] == pytest.approx(10 * 1e-3 * 0.9, rel=1e-6)
-    outside = config(tmp_path, "b2", scaled(LOSSES, [0, 2e-3, 3e-2, 0, 0]))
+    beyond = config(tmp_path, "b2", scaled(LOSSES, [0, 2e-3, 3e-2, 0, 0]))  # 2.7x the band: one sample of it
+    section = judge(cfg("a-1", a1), cfg("a-2", a2), cfg("b", beyond))
+    assert section["verdict"] == "abstain" and "measured band at step 2" in section["reason"]
+    outside = config(tmp_path, "b3", scaled(LOSSES, [0, 2e-3, 0.2, 0, 0]))
     section = judge(cfg("a-1", a1), cfg("a-2", a2), cfg("b", outside))
     assert section["verdict"] == "different" and section["first_out"]["step"] == 2
     assert section["first_out"]["governed_by"] == "band"

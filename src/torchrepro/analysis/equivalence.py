@@ -44,7 +44,7 @@ EPS = {
 }
 SAFETY = 4.0  # tolerance(k): the probabilistic rounding bound sqrt(n) * eps per step, four times over
 BAND_FACTOR = 10.0  # one pair of reference runs samples the noise once: B may be this much further
-AMBIGUOUS = 10.0  # beyond the analytic tolerance by less than this: abstain (a model, not a measurement)
+AMBIGUOUS = 10.0  # beyond what is allowed by less than this: abstain (one sample of the noise, or a model of it)
 MIN_STEPS = 3  # fewer compared steps: abstain
 BAND_TOO_WIDE = 0.05  # the reference's own noise over 5 % of a value: too noisy to judge
 _PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -274,7 +274,7 @@ def _point(
     allowed = max(measured, tol)
     governed = "band" if measured >= tol else "tolerance"
     ratio = diff / allowed if allowed > 0 else (0.0 if diff == 0 else math.inf)
-    status = "within" if ratio <= 1 else "ambiguous" if governed == "tolerance" and ratio <= AMBIGUOUS else "out"
+    status = "within" if ratio <= 1 else "ambiguous" if ratio <= AMBIGUOUS else "out"
     return {
         "step": step,
         "quantity": quantity,
@@ -620,12 +620,20 @@ def _verdict(
         )
     if first_ambiguous is not None:
         p = first_ambiguous
+        if p["governed_by"] == "tolerance":
+            return (
+                "abstain",
+                f"the reference is bit-exact (no band to measure) and B leaves the reassociation tolerance at step "
+                f"{p['step']} ({_what(p)}) by {p['ratio']:.3g}x, less than the {AMBIGUOUS:g}x that would be a "
+                "difference",
+                "a reference with measured noise (run A where its float sums reorder, e.g. another thread count or "
+                "another GPU), or more steps: a real difference grows, reassociation noise stays near the tolerance",
+            )
         return (
             "abstain",
-            f"the reference is bit-exact (no band to measure) and B leaves the reassociation tolerance at step "
-            f"{p['step']} ({_what(p)}) by {p['ratio']:.3g}x, less than the {AMBIGUOUS:g}x that would be a difference",
-            "a reference with measured noise (run A where its float sums reorder, e.g. another thread count or "
-            "another GPU), or more steps: a real difference grows, reassociation noise stays near the tolerance",
+            f"B leaves A's measured band at step {p['step']} ({_what(p)}) by {p['ratio']:.3g}x, less than the "
+            f"{AMBIGUOUS:g}x that would be a difference: two reference runs sample the noise once",
+            "compare again (a difference that stays beyond the band is real; noise moves), or more steps",
         )
     wide = max((band.envelope for band in bands.values()), default=0.0)
     if wide > BAND_TOO_WIDE:
