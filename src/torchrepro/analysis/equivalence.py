@@ -449,12 +449,12 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
     ga1, ga2, gb = global_grad_norms(a1), global_grad_norms(a2), global_grad_norms(b)
     snaps = snapshot_steps(a1) & snapshot_steps(a2) & snapshot_steps(b)
     per_rank = a1.world == b.world
-    rank_steps = [(_steps(x), _steps(y), _steps(z)) for x, y, z in zip(a1.logs, a2.logs, b.logs)] if per_rank else []
+    rank_steps = _by_rank(a1, a2, b) if per_rank else []
     tensors_compared = 0
     for step in steps:
         tol = tolerance(step, eps, n)
         points.append(_point(step, "loss", la1[step], la2[step], lb[step], bands.setdefault("loss", _Band()), tol))
-        for rank, (x, y, z) in enumerate(rank_steps):
+        for rank, x, y, z in rank_steps:
             vals = [s[step].loss if step in s else None for s in (x, y, z)]
             if all(isinstance(v, (int, float)) for v in vals) and a1.world > 1:
                 u, v, w = (float(v) for v in vals if v is not None)
@@ -534,17 +534,24 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
 _ORDER = ("batch", "loss", "grad_norm", "param")
 
 
+def _by_rank(a1: Config, a2: Config, b: Config) -> list[tuple[int, dict[int, Step], dict[int, Step], dict[int, Step]]]:
+    """Per rank all three runs have (configurations with the same ranks): its steps in each."""
+    logs = [{log.rank: log for log in cfg.logs} for cfg in (a1, a2, b)]
+    ranks = sorted(logs[0].keys() & logs[1].keys() & logs[2].keys())
+    return [(r, _steps(logs[0][r]), _steps(logs[1][r]), _steps(logs[2][r])) for r in ranks]
+
+
 def _data_order(a1: Config, a2: Config, b: Config, notes: list[str]) -> list[JsonObject]:
     """Points for the data: B's batches against A's (same split, when the reference's own batches
     are reproducible), and batches B sees twice that the reference does not."""
     points: list[JsonObject] = []
     if _same_split(a1, b) and _same_split(a1, a2):
-        by_rank = [(_steps(x), _steps(y), _steps(z)) for x, y, z in zip(a1.logs, a2.logs, b.logs)]
-        reproducible = all(x[i].batch_fp == y[i].batch_fp for x, y, _ in by_rank for i in x.keys() & y.keys())
+        by_rank = _by_rank(a1, a2, b)
+        reproducible = all(x[i].batch_fp == y[i].batch_fp for _, x, y, _ in by_rank for i in x.keys() & y.keys())
         if not reproducible:
             notes.append("the reference's batches differ between its two runs: the data order is not compared")
         else:
-            for rank, (x, _, z) in enumerate(by_rank):
+            for rank, x, _, z in by_rank:
                 for i in sorted(x.keys() & z.keys()):
                     if x[i].batch_fp and z[i].batch_fp and x[i].batch_fp != z[i].batch_fp:
                         points.append(_batch_point(i, rank, "another batch than the reference's at this step"))
