@@ -266,28 +266,16 @@ S = str(SCRIPT)
 
 
 @pytest.mark.slow  # three launches of one rank: ~20-30 s on two shared cores
-def test_loss_averaged_over_the_wrong_count_is_different_at_its_step(tmp_path):
-    code, c = compare(
-        tmp_path,
-        S,
-        "--accum",
-        "2",
-        "--epochs",
-        "1",
-        "::",
-        S,
-        "--accum",
-        "2",
-        "--epochs",
-        "1",
-        "--wrong-count-from",
-        "2",
-    )
+def test_accumulation_matches_one_large_batch_until_the_loss_is_averaged_over_the_wrong_count(tmp_path):
+    """A: one batch of 16 per step; B: two micro-batches of 8 accumulated, from step 2 divided by 3."""
+    one_batch = [S, "--accum", "1", "--epochs", "1"]
+    code, c = compare(tmp_path, *one_batch, "::", S, "--accum", "2", "--epochs", "1", "--wrong-count-from", "2")
     assert code == 1 and c["verdict"] == "different"
     assert (c["first_out"]["step"], c["first_out"]["quantity"]) == (2, "loss")
-    assert c["steps_compared"] == 4 and c["band"]["zero"]
-    (rank,) = c["per_rank"]
-    assert (rank["status"], rank["evidence"], rank["step"], rank["what"]) == ("diverged", "inferred", 2, "loss")
+    assert [r["status"] for r in c["series"]] == ["within", "within", "out", "out"]  # accumulation: same training
+    assert c["steps_compared"] == 4 and c["band"]["zero"] and c["tensors_compared"] == 16
+    (rank,) = c["per_rank"]  # the bits part at step 0 already: sums taken in another order
+    assert (rank["status"], rank["step"]) == ("diverged", 0) and rank["what"] in ("loss", "grads")
 
 
 @pytest.mark.slow  # three launches, one of two ranks: ~30 s

@@ -106,7 +106,7 @@ def compare(
 
     from ..analysis.equivalence import Config, compare_report, judge
     from ..checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
-    from ..eventlog.provenance import launch_meta
+    from ..eventlog.provenance import launch_meta, provenance
     from ..eventlog.rundir import create_run_dir, default_run_dir
     from ..report.save import write_report
     from .check.runs import Checker, RunSpec
@@ -151,11 +151,10 @@ def compare(
         "b": {"script": str(script_b), "args": b[1], "nproc": b[2], "world": len(run_b.logs)}
         | ({"resumed_after": resume_b_at} if resume_b_at is not None else {}),
     }
+    meta = {**launch_meta(script_a), "seed": options.seed}
     report = compare_report(
-        section,
-        {"a-1": str(out / "a-1"), "a-2": str(out / "a-2"), **b_dirs},
-        {**ref.timings, **other.timings},
-        {**launch_meta(script_a), "seed": options.seed},
+        section, {"a-1": str(out / "a-1"), "a-2": str(out / "a-2"), **b_dirs}, {**ref.timings, **other.timings}, meta
     )
+    report.provenance = provenance({**run_a1.meta, **meta}, run_a1.logs[0].header if run_a1.logs else None)
     write_report(out, report)
     return report, out
