@@ -318,7 +318,9 @@ def _tensor_points(
         scale = float(np.max(np.abs(x64))) if x.size else 0.0
         d2 = float(np.max(np.abs(y.astype(np.float64) - x64))) if x.size else 0.0
         db = float(np.max(np.abs(z.astype(np.float64) - x64))) if x.size else 0.0
-        p = _point(step, "param", 0.0, d2, db, bands.setdefault(name, _Band()), tol, scale=scale, tensor=name)
+        p = _point(
+            step, "param", 0.0, d2, db, bands.setdefault(f"param:{name}", _Band()), tol, scale=scale, tensor=name
+        )
         p.update(a=scale, a2=None, b=None)
         points.append(p)
     return points
@@ -457,7 +459,7 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
         for rank, x, y, z in rank_steps:
             vals = [s[step].loss if step in s else None for s in (x, y, z)]
             if all(isinstance(v, (int, float)) for v in vals) and a1.world > 1:
-                u, v, w = (float(v) for v in vals if v is not None)
+                u, v, w = (float(x) for x in vals if x is not None)
                 points.append(_point(step, "loss", u, v, w, bands.setdefault(f"loss{rank}", _Band()), tol, rank=rank))
         if step in ga1 and step in ga2 and step in gb:
             points.append(
@@ -509,9 +511,7 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
         "band": {
             "zero": all(band.envelope == 0 for band in bands.values()),
             "loss_rel": bands["loss"].envelope if "loss" in bands else None,
-            "params_rel": max(
-                (v.envelope for k, v in bands.items() if not k.startswith(("loss", "grad"))), default=None
-            ),
+            "params_rel": max((v.envelope for k, v in bands.items() if k.startswith("param:")), default=None),
         },
         "first_out": first_out,
         "first_ambiguous": first_ambiguous,
