@@ -33,7 +33,12 @@ from ..eventlog.payloads import (
 )  # re-exported; also: a whole report.json document, a finding's evidence (per code)
 
 LEGACY_SCHEMA = "torchrepro.report/1"  # shared by every kind before the schemas were split (still read)
-SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drift": "torchrepro.drift/1"}
+SCHEMAS = {
+    "doctor": "torchrepro.doctor/1",
+    "check": "torchrepro.check/1",
+    "drift": "torchrepro.drift/1",
+    "compare": "torchrepro.compare/1",
+}
 
 
 SEVERITIES = ("error", "warning", "info")
@@ -80,18 +85,21 @@ class Verdict(str, Enum):
     REAL_DIFFERENCE = "real_difference"
     RUN_FAILED = "run_failed"
     INTERRUPTED = "interrupted"
+    EQUIVALENT = "equivalent"  # compare: B within A's run-to-run band
+    DIFFERENT = "different"  # compare: B leaves the band
+    ABSTAIN = "abstain"  # compare: the evidence is too weak to say
 
     @property
     def passing(self) -> bool:
         """Whether a comparison with this verdict passes (exit 0 when every run ended normally)."""
-        return self in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE)
+        return self in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.EQUIVALENT)
 
     @property
     def tone(self) -> str:
         """``ok``, ``warn`` or ``bad``: how a renderer colours it."""
-        if self in (Verdict.HEALTHY, Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.NOISE):
+        if self in (Verdict.HEALTHY, Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.NOISE, Verdict.EQUIVALENT):
             return "ok"
-        return "warn" if self is Verdict.WARNINGS else "bad"
+        return "warn" if self in (Verdict.WARNINGS, Verdict.ABSTAIN) else "bad"
 
     @classmethod
     def of_doctor(cls, findings: list[Finding], budget_failures: list[str], interrupted: bool = False) -> Verdict:
@@ -905,6 +913,10 @@ class CheckRun:
     def to_json(self) -> JsonObject:
         return {**self.meta, "run_dirs": self.run_dirs, "timings_s": self.timings_s}
 
+    @classmethod
+    def from_json(cls, run: JsonObject) -> CheckRun:
+        return cls(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(cls, run))
+
 
 @dataclass
 class CheckReport:
@@ -953,9 +965,8 @@ class CheckReport:
     @classmethod
     def from_json(cls, data: JsonObject) -> CheckReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
-        run = data["run"]
         return cls(
-            run=CheckRun(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(CheckRun, run)),
+            run=CheckRun.from_json(data["run"]),
             determinism=Determinism.from_json(data["determinism"]),
             findings=_findings(data["findings"]),
             verdict_line=data["verdict"],
@@ -963,6 +974,57 @@ class CheckReport:
             sides=data.get("sides"),
             step_comparison=data.get("step_comparison"),
         )
+
+
+# --- compare: configuration B against configuration A's run-to-run band ----------------------------
+
+
+@dataclass
+class CompareReport:
+    """``torchrepro compare``: ``compare`` is the section :func:`torchrepro.analysis.equivalence.judge`
+    builds (verdict ``equivalent``/``different``/``abstain``, the tolerance and band, the first point
+    out of the band, each rank's first divergence, repeated batches)."""
+
+    kind: ClassVar[str] = "compare"
+    run: CheckRun
+    compare: JsonObject
+    findings: list[Finding]
+    verdict_line: str
+    provenance: JsonObject | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(self.compare["verdict"])
+
+    @property
+    def exit_code(self) -> int:
+        """0 equivalent, 1 different or abstain, 3 when a run did not end normally (as a check's
+        ``incomplete``; :func:`comparison_exit_code`)."""
+        return comparison_exit_code(
+            self.verdict, bool(self.compare.get("ended_normally")), bool(self.compare.get("unreadable")), 3
+        )
+
+    def to_json(self) -> JsonObject:
+        """The ``report.json`` document."""
+        out = {
+            "schema": SCHEMAS["compare"],
+            "kind": "compare",
+            "run": self.run.to_json(),
+            "compare": self.compare,
+            "findings": [f.to_json() for f in self.findings],
+            "verdict": self.verdict_line,
+            "exit_code": self.exit_code,
+        }
+        if self.provenance is not None:
+            out["provenance"] = self.provenance
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> CompareReport:
+        """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
+        report = cls(CheckRun.from_json(data["run"]), data["compare"], _findings(data["findings"]), data["verdict"])
+        report.provenance = data.get("provenance")
+        return report
 
 
 # --- drift --------------------------------------------------------------------------------------
@@ -1353,11 +1415,12 @@ class DriftReport:
         )
 
 
-Report = Union[DoctorReport, CheckReport, DriftReport]
-_KINDS: dict[str, type[DoctorReport] | type[CheckReport] | type[DriftReport]] = {
+Report = Union[DoctorReport, CheckReport, DriftReport, CompareReport]
+_KINDS: dict[str, type[DoctorReport] | type[CheckReport] | type[DriftReport] | type[CompareReport]] = {
     "doctor": DoctorReport,
     "check": CheckReport,
     "drift": DriftReport,
+    "compare": CompareReport,
 }
 
 

@@ -14,7 +14,15 @@ from rich.text import Text
 from .model import Finding
 from .sanitize import visible_tree
 from ..analysis.rank_groups import ranks_label
-from .model import FIX_COLUMNS, CheckReport, DoctorReport, RankCompiles, fix_cells, fix_recommendation
+from .model import (
+    FIX_COLUMNS,
+    CheckReport,
+    CompareReport,
+    DoctorReport,
+    RankCompiles,
+    fix_cells,
+    fix_recommendation,
+)
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
@@ -204,6 +212,37 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             _row(table, str(point["step"]), f"{point['max_abs']:.3g}", f"{point['max_rel']:.3g}", loss)
         console.print(table)
     for note in det.notes[:5]:
+        console.print(Text(f"note: {note}", style="dim"))
+    if report_path:
+        console.print(Text(f"report: {report_path}", style="dim"))
+
+
+def render_compare(report: CompareReport, console: Console | None = None, report_path: str | None = None) -> None:
+    """Verdict on the first line, the findings, the tolerance B was held to, each rank's first
+    divergence with the strength of its evidence, and the steps around the first one out of band."""
+    console = console or Console()
+    report = visible_tree(report)
+    c = report.compare
+    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
+    render_findings(console, report.findings)
+    tol, band = c["tolerance"], c["band"]
+    console.print(
+        Text(
+            f"compared {c['steps_compared']} step(s), {c['tensors_compared']} tensor comparisons; band "
+            f"{'zero (A bit-exact)' if band['zero'] else _num(band['loss_rel']) + ' (loss, relative)'}; "
+            f"tolerance {tol['safety']:g}*eps({tol['dtype']})*sqrt({tol['reduction_size']})*(step+1)",
+            style="dim",
+        ),
+        highlight=False,
+    )
+    table = Table(title="first divergence per rank (bit for bit)", title_justify="left", show_edge=False)
+    for col in ("rank", "status", "evidence", "step", "what", "tensor"):
+        table.add_column(col)
+    for r in c["per_rank"]:
+        cells = (r["rank"], r["status"], r["evidence"], r["step"], r["what"], r["tensor"])
+        _row(table, *("" if x is None else str(x) for x in cells))
+    console.print(table)
+    for note in c.get("notes", [])[:5]:
         console.print(Text(f"note: {note}", style="dim"))
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
