@@ -56,6 +56,18 @@ def test_damaged_and_foreign_logs():
     assert judge(False, False, 0, [e], unreadable_exit=3) == ("nothing_compared", 3)
 
 
+def test_a_problem_in_the_log_is_damage_but_an_older_unchecked_step_log_is_not():
+    from torchrepro.eventlog.stepstream import UNCHECKED
+
+    old = log()
+    old.problems.append(f"rank-0/steps.bin: {UNCHECKED}")
+    assert ending("a", {}, [old]).ok
+    damaged = log()
+    damaged.problems.append("rank-0/steps.bin: byte 12: a record where a keyframe must be")
+    e = ending("a", {}, [damaged])
+    assert not e.ok and "byte 12" in e.problems[0]
+
+
 def test_capture_that_stopped_is_not_a_complete_record():
     stopped = log()
     stopped.events.insert(2, Capability(name="capture_error", step=1, available=False, note="step capture stopped"))

@@ -85,8 +85,8 @@ def ending(label: str, meta: JsonObject, logs: list[EventLog]) -> Ending:
             out.problems.append(f"rank {log.rank}: {end.status} ({how})" + (f": {end.error}" if end.error else ""))
         if log.bad_lines:
             out.problems.append(f"rank {log.rank}: {log.bad_lines} damaged line(s) in its event log")
-        elif log.problems:
-            out.problems.append(f"rank {log.rank}: its event log is damaged ({log.problems[0]})")
+        elif log.damage:
+            out.problems.append(f"rank {log.rank}: its event log is damaged ({log.damage[0]})")
         stopped = next((c for c in log.of(Capability) if c.name == "capture_error"), None)
         if stopped is not None:
             out.problems.append(f"rank {log.rank}: {stopped.note} (at step {stopped.step}; later steps not recorded)")

@@ -751,6 +751,12 @@ class EventLog:
         return next((e for e in reversed(self.events) if isinstance(e, End)), None)
 
     @property
+    def damage(self) -> list[str]:
+        """The ``problems`` that are damage: all but the note that a step log of an older format
+        carries no checks (its records read as written; nothing in them is known to be wrong)."""
+        return [p for p in self.problems if not p.endswith(stepstream.UNCHECKED)]
+
+    @property
     def rank(self) -> int:
         header = self.header
         return header.rank if header else _rank_from_dir(self.path.parent.name)
