@@ -292,3 +292,40 @@ def test_check_starts_within_its_disk_budget_and_keeps_one_copy_per_run(small_di
     for run in ("run-1", "run-2"):
         snaps = out / run / "rank-0" / "snapshots"
         assert len(list(snaps.glob("step-*.npz"))) == 1 and list(snaps.glob("sketch-*.npz"))
+
+
+@pytest.mark.inductor
+@pytest.mark.slow  # three runs of an ~8M-parameter GPT, two of them compiled
+def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_model(tmp_path):
+    out = tmp_path / "check"
+    proc = torchrepro(
+        "check",
+        "--against",
+        "eager",
+        "--no-fixes",
+        "--out",
+        str(out),
+        str(SCRIPTS / "gpt_sized.py"),
+        "3",
+        "10m",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr  # compiled numerics differ from eager
+    final = next((out / "eager" / "rank-0" / "snapshots").glob("step-*.npz"))
+    copy = sum(a.nbytes for a in load_snapshot(final).values())
+    assert copy == 4 * 8_428_032  # one float32 copy of the model's parameters
+    runs = [p for p in out.iterdir() if (p / "rank-0" / "snapshots").is_dir()]
+    assert sorted(p.name for p in runs) == ["compiled", "eager", "fallback-random"]
+    for run in runs:
+        snaps = run / "rank-0" / "snapshots"
+        steps = len(list(snaps.glob("sketch-*.npz")))
+        whole = sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
+        assert steps == 3 and len(list(snaps.glob("step-*.npz"))) == 1
+        assert whole <= 2 * copy + steps * 1_000_000, (run.name, whole)
+    det = json.loads((out / "report.json").read_text())["determinism"]
+    curve = det["curve"]
+    assert [p["step"] for p in curve] == [0, 1, 2] and det["first_divergence"]["step"] == 0
+    assert all(p["estimated"] and p["max_abs"] is None and p["l2"] > 0 for p in curve[:2])
+    assert not curve[-1]["estimated"] and curve[-1]["max_abs"] > 0  # the last step, kept whole by both
+    assert det["decomposition"]["total"]["final_max_abs"] == curve[-1]["max_abs"]
+    assert any("estimated from a" in note for note in det["notes"])
