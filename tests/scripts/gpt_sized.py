@@ -19,33 +19,47 @@ LAYERS, DIM, HEADS, VOCAB, POSITIONS = SIZES[sys.argv[2] if len(sys.argv) > 2 el
 BATCH, T = 2, 32
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
+class CausalSelfAttention(torch.nn.Module):
+    """GPT-2's attention, its parameters named as GPT-2's (c_attn, c_proj)."""
+
+    def __init__(self, width, heads):
         super().__init__()
-        self.ln1, self.ln2 = torch.nn.LayerNorm(DIM), torch.nn.LayerNorm(DIM)
-        self.qkv, self.proj = torch.nn.Linear(DIM, 3 * DIM), torch.nn.Linear(DIM, DIM)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(DIM, 4 * DIM), torch.nn.GELU(), torch.nn.Linear(4 * DIM, DIM))
+        self.heads = heads
+        self.c_attn, self.c_proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
 
     def forward(self, x):
         b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, c // HEADS).transpose(1, 3).unbind(2)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.ln_1, self.attn = torch.nn.LayerNorm(width), CausalSelfAttention(width, heads)
+        self.ln_2 = torch.nn.LayerNorm(width)
+        self.c_fc, self.c_proj = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
 class GPT(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.tok, self.pos = torch.nn.Embedding(VOCAB, DIM), torch.nn.Embedding(POSITIONS, DIM)
-        self.blocks = torch.nn.Sequential(*[Block() for _ in range(LAYERS)])
-        self.ln = torch.nn.LayerNorm(DIM)
-        self.head = torch.nn.Linear(DIM, VOCAB, bias=False)
-        self.head.weight = self.tok.weight
+        self.wte, self.wpe = torch.nn.Embedding(VOCAB, DIM), torch.nn.Embedding(POSITIONS, DIM)
+        self.h = torch.nn.ModuleList(Layer(DIM, HEADS) for _ in range(LAYERS))
+        self.ln_f = torch.nn.LayerNorm(DIM)
+        self.lm_head = torch.nn.Linear(DIM, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as GPT-2's
 
     def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        return self.head(self.ln(self.blocks(x)))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for layer in self.h:
+            x = layer(x)
+        return self.lm_head(self.ln_f(x))
 
 
 model = GPT()
