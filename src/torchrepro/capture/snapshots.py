@@ -65,22 +65,39 @@ def tensor_seed(name: str) -> int:
 def count_sketch(x: torch.Tensor, k: int, seed: int) -> np.ndarray[Any, Any]:
     """The ``k``-dim count sketch of ``x`` (any shape; its values as float64), or ``x`` itself
     flattened when it has at most ``k`` elements."""
+    sketch: np.ndarray[Any, Any] = _sketch(x, k, seed)[0].cpu().numpy()
+    return sketch
+
+
+def _sketch(x: torch.Tensor, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(:func:`count_sketch`, sum of squares, largest magnitude) of ``x`` as float64 tensors on
+    its device (a CUDA tensor's; else the CPU), a chunk of elements at a time: no float64 copy of
+    a whole tensor, no device sync."""
     flat = x.detach().reshape(-1)
-    n = flat.numel()
+    if flat.device.type != "cuda":  # (some devices have no float64)
+        flat = flat.cpu()
+    n, dev = flat.numel(), flat.device
+    squares, largest = (
+        torch.zeros((), dtype=torch.float64, device=dev),
+        torch.zeros((), dtype=torch.float64, device=dev),
+    )
     if n <= k:
-        whole: np.ndarray[Any, Any] = flat.to(torch.float64).cpu().numpy().copy()
-        return whole
-    out = torch.zeros(k, dtype=torch.float64, device=flat.device)
-    base = torch.arange(min(n, _CHUNK), dtype=torch.int64, device=flat.device)
+        whole = flat.to(torch.float64)
+        if n:
+            squares, largest = whole.square().sum(), whole.abs().max()
+        return whole, squares, largest
+    out = torch.zeros(k, dtype=torch.float64, device=dev)
+    base = torch.arange(min(n, _CHUNK), dtype=torch.int64, device=dev)
     for start in range(0, n, _CHUNK):
         end = min(n, start + _CHUNK)
-        h = mix(base[: end - start] + start, seed)
         values = flat[start:end].to(torch.float64)
-        values[(h & 1).bool()] *= -1  # the sign: bit 0
+        squares += values.square().sum()
+        largest = torch.maximum(largest, values.abs().max())
+        h = mix(base[: end - start] + start, seed)
+        values.mul_((h & 1).to(torch.float64).mul_(-2).add_(1))  # the sign: bit 0
         bucket = _shr_(h, 32, h).mul_(k).bitwise_right_shift_(32)  # the top 32 bits scaled to [0, k)
         out.index_add_(0, bucket, values)
-    sketch: np.ndarray[Any, Any] = out.cpu().numpy()
-    return sketch
+    return out, squares, largest
 
 
 def sketch_dims(names: list[str], sizes: list[int], budget: int = SKETCH_BYTES) -> int:
@@ -118,11 +135,10 @@ class SnapshotWriter:
         local = [_local(p) for p in params]
         if self._dims is None:
             self._dims = sketch_dims(names, [t.numel() for t in local])
-        sketches, l2, max_abs = [], [], []
-        for name, t in zip(names, local):  # on the parameters' device, one tensor at a time
-            sketches.append(count_sketch(t, self._dims, tensor_seed(name)))
-            l2.append(float(torch.linalg.vector_norm(t, dtype=torch.float64)) if t.numel() else 0.0)
-            max_abs.append(float(t.abs().max()) if t.numel() else 0.0)
+        parts = [_sketch(t, self._dims, tensor_seed(name)) for name, t in zip(names, local)]
+        where = parts[0][0].device if parts else torch.device("cpu")  # read back at once: one sync
+        sketches = [p[0].to(where) for p in parts]
+        stats = torch.stack([torch.stack(p[1:]).to(where) for p in parts]).cpu().numpy() if parts else np.zeros((0, 2))
         with atomic_path(self.folder / f"sketch-{index:07d}.npz") as tmp, open(tmp, "wb") as fp:
             np.savez(
                 fp,
@@ -131,9 +147,9 @@ class SnapshotWriter:
                 fps=np.array([fingerprint(t)[:16] for t in local], dtype=str),
                 numel=np.array([t.numel() for t in local], dtype=np.int64),
                 dims=np.array([len(s) for s in sketches], dtype=np.int64),
-                sketch=np.concatenate(sketches) if sketches else np.zeros(0),
-                l2=np.array(l2, dtype=np.float64),
-                max_abs=np.array(max_abs, dtype=np.float64),
+                sketch=torch.cat(sketches).cpu().numpy() if sketches else np.zeros(0),
+                l2=np.sqrt(stats[:, 0]),
+                max_abs=stats[:, 1],
             )
         need = sum(t.numel() * max(4, t.element_size()) for t in local) + _MARGIN
         free = shutil.disk_usage(self.folder).free
