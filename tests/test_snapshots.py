@@ -28,7 +28,7 @@ from torchrepro.analysis.divergence import (
     Tolerance,
 )
 from torchrepro.capture.snapshots import SKETCH_BYTES, SnapshotWriter, count_sketch, mix, sketch_dims, tensor_seed
-from torchrepro.eventlog.events import EventLog
+from torchrepro.eventlog.events import Capability, EventLog, read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 MASK = (1 << 64) - 1
@@ -242,6 +242,33 @@ def small_disk(tmp_path):
         yield where
     finally:
         subprocess.run(["umount", str(where)], check=False)
+
+
+def test_a_run_whose_disk_cannot_hold_a_full_copy_keeps_the_sketch_and_says_so(small_disk):
+    writer = SnapshotWriter(small_disk / "snapshots")
+    small = [torch.ones(1000)]
+    assert writer.write(0, ["w"], small) is None  # fits: whole
+    big = [torch.ones(2_000_000)]  # 8 MB of float32 on a 4 MiB disk
+    note = writer.write(1, ["w"], big)
+    assert note is not None and note.startswith("step 1's parameters not kept whole: ")
+    assert sorted(snapshot_steps(small_disk / "snapshots")) == [0]  # the copy kept before stays
+    assert sorted(snapshot_steps(small_disk / "snapshots", "sketch")) == [0, 1]
+
+
+def test_run_snapshots_on_a_small_disk_record_that_the_full_copy_was_not_kept(small_disk, tmp_path):
+    script = tmp_path / "wide.py"
+    script.write_text(
+        "import torch\nmodel = torch.nn.Linear(1000, 2000)  # 8 MB of parameters\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(2):\n    model(torch.ones(4, 1000)).sum().backward(); opt.step(); opt.zero_grad()\n"
+    )
+    proc = torchrepro("run", "--snapshots", "--out", str(small_disk / "run"), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    log = read_events(small_disk / "run" / "rank-0" / "events.jsonl")
+    notes = [c.note for c in log.of(Capability) if c.name == "snapshots"]
+    assert len(notes) == 1 and "not kept whole" in notes[0]
+    snaps = small_disk / "run" / "rank-0" / "snapshots"
+    assert sorted(snapshot_steps(snaps, "sketch")) == [0, 1] and not snapshot_steps(snaps)
 
 
 def test_check_refuses_to_start_where_the_disk_cannot_hold_its_runs(small_disk, tmp_path):
