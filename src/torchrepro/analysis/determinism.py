@@ -20,6 +20,7 @@ from typing import TypedDict
 
 from ..eventlog.events import Capability, Compile, EventLog, Step
 from .divergence import (
+    SKETCH_CONFIDENCE,
     Divergence,
     Tolerance,
     compare_replays,
@@ -28,6 +29,7 @@ from .divergence import (
     environment_differences,
     first_divergence,
     settings,
+    sketch_error,
     steps_compared,
 )
 from ..report.model import CurvePoint, Finding, FirstDivergence, JsonObject, LocalisationKey
@@ -294,7 +296,24 @@ def _largest_difference(curve: list[CurvePoint], logs_a: list[EventLog], logs_b:
         for s in log.of(Step)
         if s.loss is not None and (loss_b := losses_b.get((log.rank, s.index))) is not None
     ]
-    return {"params_max_abs": max((c["max_abs"] for c in curve), default=None), "loss_max_abs": max(loss, default=None)}
+    kept = [c["max_abs"] for c in curve if c["max_abs"] is not None]
+    return {"params_max_abs": max(kept, default=None), "loss_max_abs": max(loss, default=None)}
+
+
+def curve_estimate_note(curve: list[CurvePoint]) -> str | None:
+    """What the curve's estimated points are (None: every point exact): where only sketches were
+    kept, max |Δparam| is not known and the L2 difference is estimated."""
+    estimated = [c for c in curve if c.get("estimated")]
+    if not estimated:
+        return None
+    dims = min(c["sketch_dims"] or 0 for c in estimated)
+    steps = ", ".join(str(c["step"]) for c in estimated[:6]) + (", …" if len(estimated) > 6 else "")
+    return (
+        f"divergence curve at step(s) {steps}: the parameter difference's L2 norm is estimated from a "
+        f"{dims}-dim projection of each tensor, relative error <= {sketch_error(dims):.2f} with probability "
+        f">= {SKETCH_CONFIDENCE:.2f}; max |Δparam| is exact only where both runs kept the step's parameters "
+        "(the last step, where both ended there) or only tensors small enough to be kept whole differ"
+    )
 
 
 def _step_clock(logs: list[EventLog]) -> str | None:
@@ -371,6 +390,9 @@ def determinism_section(
         "not_compared": covered.not_compared,
         "incomplete_because": covered.incomplete_because,
     }
+    estimate = curve_estimate_note(curve)
+    if estimate:
+        notes.append(estimate)
     if verdict == "nothing_compared":
         det["nothing_compared_because"] = nothing_compared_because(endings)
     if verdict == "within_tolerance":

@@ -769,11 +769,19 @@ class RunEnding:
 
 
 class ParamDifference(TypedDict):
-    """How far two runs' parameters are apart: the largest absolute and relative difference, and where."""
+    """How far two runs' parameters are apart: the largest absolute and relative difference (None
+    where only sketches were kept and a differing tensor was sketched), and where (the largest
+    absolute difference; without it, the largest L2 difference); the L2 norm of the whole
+    difference and relative to the second run's parameters' (``estimated``: from sketches, each
+    tensor projected to at least ``sketch_dims`` dims; docs/fingerprint.md, "Snapshots")."""
 
-    max_abs: float
-    max_rel: float
+    max_abs: float | None
+    max_rel: float | None
     parameter: str | None
+    l2: float
+    l2_rel: float
+    estimated: bool
+    sketch_dims: int | None
 
 
 class CurvePoint(ParamDifference):

@@ -203,13 +203,15 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.curve:
         table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("step", "max |Δparam|", "max rel", "|Δloss|"):
+        for col in ("step", "max |Δparam|", "max rel", "‖Δparam‖", "|Δloss|"):
             table.add_column(col, justify="right")
         curve = det.curve
         shown = curve if len(curve) <= 8 else curve[:4] + curve[-4:]
         for point in shown:
             loss = "" if point["loss_diff"] is None else f"{point['loss_diff']:.3g}"
-            _row(table, str(point["step"]), f"{point['max_abs']:.3g}", f"{point['max_rel']:.3g}", loss)
+            l2 = point.get("l2")
+            norm = "" if l2 is None else ("≈" if point.get("estimated") else "") + f"{l2:.3g}"
+            _row(table, str(point["step"]), _num(point["max_abs"]), _num(point["max_rel"]), norm, loss)
         console.print(table)
     for note in det.notes[:5]:
         console.print(Text(f"note: {note}", style="dim"))

@@ -43,6 +43,7 @@ from ...eventlog.provenance import launch_meta, provenance
 from ...report.model import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...report.save import write_report
+from .disk import planned_runs, require_disk
 from .runs import Checker, RunSpec, plan_runs
 
 
@@ -217,10 +218,12 @@ def check(
     timeout: float | None = None,
     fixes: bool | None = None,
     only_fixes: list[str] | None = None,
+    disk_budget: int | None = None,
 ) -> tuple[CheckReport, Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
     divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
-    False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from."""
+    False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from.
+    Refused before any run when the disk cannot hold ``disk_budget`` bytes or the estimate (:mod:`.disk`)."""
     from .fix_ladder import backend_stages, run_fix_ladder
 
     console = console or Console(stderr=True)
@@ -228,8 +231,10 @@ def check(
     script = validate_script(script)
     if runs < 2 and against is None:
         raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
-    out = create_run_dir(out or default_run_dir(script, label="check"))
     snapshots = against is not None or not tol.exact
+    out = out or default_run_dir(script, label="check")
+    require_disk(out, planned_runs(runs, against, fixes), snapshots, disk_budget)
+    out = create_run_dir(out)
     seed = options.seed
     checker = Checker(
         script, args, out, options=options, snapshots=snapshots, console=console, nproc=nproc, timeout=timeout
