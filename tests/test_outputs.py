@@ -29,7 +29,12 @@ def _cases(tmp: Path) -> dict[str, list]:
     (tmp / "link.json").symlink_to(run / "run.json")
     os.link(run / "rank-0" / "events.jsonl", tmp / "hard.json")
     cache = fake_cache(tmp / "cache")
+    (tmp / "data.txt").write_text("the script's data")
+    meta = json.loads((run / "run.json").read_text())  # the run's script and argument, as a doctor records them
+    (run / "run.json").write_text(json.dumps({**meta, "cwd": str(tmp), "args": ["--data", "data.txt"]}))
     return {
+        "--json onto the run's own script, through RUN/..": ["report", run, "--json", run / ".." / "train.py"],
+        "--html onto a file the run's arguments name": ["report", run, "--html", tmp / "data.txt"],
         "--html onto the event log read": ["report", run, "--html", run / "rank-0" / "events.jsonl"],
         "--json onto run.json": ["report", run, "--json", run / "run.json"],
         "--junit onto report.json": ["report", run, "--junit", run / "report.json"],
@@ -47,6 +52,8 @@ def _cases(tmp: Path) -> dict[str, list]:
 @pytest.mark.parametrize(
     "case",
     [
+        "--json onto the run's own script, through RUN/..",
+        "--html onto a file the run's arguments name",
         "--html onto the event log read",
         "--json onto run.json",
         "--junit onto report.json",
@@ -79,6 +86,20 @@ def test_force_still_replaces_an_earlier_output(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert 'content="torchrepro' in earlier.read_text() and stat.S_IMODE(earlier.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_report_writes_nothing_into_the_stored_run(tmp_path):
+    from synthetic_runs import drift_experiment
+
+    drift_experiment(tmp_path / "exp", "m")
+    for run in (fake_run(tmp_path / "run"), tmp_path / "exp"):
+        before = snapshot(run)
+        proc = torchrepro("report", run, cwd=tmp_path)
+        assert proc.returncode in (0, 1, 3), proc.stderr  # the stored run's own verdict
+        assert snapshot(run) == before  # not even report.html
+        page = tmp_path / f"{run.name}.html"
+        assert torchrepro("report", run, "--html", page, cwd=tmp_path).returncode == proc.returncode
+        assert 'content="torchrepro' in page.read_text() and snapshot(run) == before
 
 
 def test_two_outputs_naming_one_file_are_refused(tmp_path):
