@@ -43,8 +43,8 @@ def recorded_inputs(directory: Path) -> list[Path]:
         if not isinstance(meta, dict):
             continue
         cwd = Path(meta["cwd"]) if isinstance(meta.get("cwd"), str) else Path.cwd()
-        args = meta.get("args") if isinstance(meta.get("args"), list) else []
-        for value in (meta.get("script"), *args):
+        args = meta.get("args")
+        for value in [meta.get("script"), *(args if isinstance(args, list) else [])]:
             if isinstance(value, str) and value and (cwd / value).is_file():
                 found.append(cwd / value)
     return found
