@@ -5,11 +5,13 @@ with no partial file left and the previous file intact. Real files, real process
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,17 +110,27 @@ def test_two_outputs_naming_one_file_are_refused(tmp_path):
     assert "different files" in line and not (tmp_path / "x").exists()
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 1 MiB tmpfs holding ``earlier.json``, filled to the last block (root only: skipped otherwise)."""
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` while the block runs (root only: the test is skipped otherwise)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], capture_output=True, text=True)
+    where.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", where], capture_output=True, text=True
+    )
     if mount.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
+        yield where
+    finally:
+        subprocess.run(["umount", where], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs holding ``earlier.json``, filled to the last block."""
+    with _tmpfs(tmp_path / "disk", "1m") as disk:
         (disk / "earlier.json").write_text('{"earlier": true}')
         with open(disk / "filler", "wb", buffering=0) as fp:  # fill it: the rest of the 1 MiB, to the last block
             try:
@@ -127,8 +139,6 @@ def full_disk(tmp_path):
             except OSError:
                 pass
         yield disk
-    finally:
-        subprocess.run(["umount", disk], check=True)
 
 
 def test_report_json_onto_a_full_disk(tmp_path, full_disk):
@@ -154,3 +164,42 @@ def test_doctor_out_onto_a_full_disk(tmp_path, full_disk, free):
     assert "No space left on device" in line and str(full_disk / "run") in line
     assert json.loads((full_disk / "earlier.json").read_text()) == {"earlier": True}
     assert not [p for p in full_disk.rglob("*.tmp")]  # no temporary file of an atomic write left
+
+
+# trains three steps, then fills the disk its argument is on: torchrepro's supervisor cannot record the end
+FILLS_THE_DISK = """
+import sys, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.ones(2, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+with open(sys.argv[1], "wb", buffering=0) as fp:
+    try:
+        while True:
+            fp.write(b"\\0" * 4096)
+    except OSError:
+        pass
+"""
+
+
+def test_a_run_whose_supervisor_met_a_full_disk_says_so_not_the_oom_killer(tmp_path):
+    script = tmp_path / "fills.py"
+    script.write_text(FILLS_THE_DISK)
+    with _tmpfs(tmp_path / "disk", "4m") as disk:
+        proc = torchrepro("doctor", "--out", disk / "run", script, "--", disk / "filler", cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        said = f"cannot write {disk / 'run' / 'run.json'}: No space left on device: free some space and run again"
+        assert proc.stderr.strip().splitlines()[-1] == f"torchrepro: error: {said}"
+        report = torchrepro("report", disk / "run", "--json", tmp_path / "r.json", cwd=tmp_path)
+    assert report.returncode == 3, report.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verdict"].startswith("INTERRUPTED")
+    finding = next(f for f in data["findings"] if f["code"] == "RUN_INTERRUPTED")
+    assert finding["title"].startswith(
+        "interrupted: the disk was full (ENOSPC) while writing run.json: torchrepro's supervisor (pid "
+    )
+    assert "OOM" not in json.dumps(data) and "SIGKILL" not in finding["hint"]
+    assert finding["evidence"]["write_error"] == {"errno": "ENOSPC", "file": "run.json"}

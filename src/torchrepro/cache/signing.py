@@ -44,16 +44,18 @@ def read_key(path: Path, what: str, *, private: bool) -> bytes:
     :class:`InputError` for anything but a regular file (opened without waiting: a FIFO is refused,
     not read), for a ``private`` key that group or others may read (``chmod 600``) and for a public
     key that group or others may write (anyone could put their key among the trusted: ``chmod 644``)."""
+    from ..eventlog.events import open_regular
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fp = open_regular(path)
     except OSError as exc:
         raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fp:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise InputError(
-                f"{what} {path} is not a regular file (a FIFO, a device or a directory): give the key file"
-            )
+    except InputError:
+        raise InputError(
+            f"{what} {path} is not a regular file (a FIFO, a device or a directory): give the key file"
+        ) from None
+    with fp:
+        mode = os.fstat(fp.fileno()).st_mode
         if private and mode & 0o077:
             raise InputError(f"{what} {path} can be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 {path}")
         if not private and mode & 0o022:
