@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_faults import LOOP
 from test_hostile_input import SMALL, fake_run, one_line_error, snapshot, torchrepro
 
 
@@ -166,30 +167,26 @@ def test_doctor_out_onto_a_full_disk(tmp_path, full_disk, free):
     assert not [p for p in full_disk.rglob("*.tmp")]  # no temporary file of an atomic write left
 
 
-# trains three steps, then fills the disk its argument is on: torchrepro's supervisor cannot record the end
-FILLS_THE_DISK = """
-import sys, torch
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
-    loss = model(torch.ones(2, 4)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-with open(sys.argv[1], "wb", buffering=0) as fp:
+# test_faults' training loop (argv[1] steps), then it fills the disk argv[2] is on: torchrepro's
+# supervisor cannot record the end of the job
+FILLS_THE_DISK = (
+    LOOP
+    + """
+with open(sys.argv[2], "wb", buffering=0) as fp:
     try:
         while True:
-            fp.write(b"\\0" * 4096)
+            fp.write(bytes(4096))
     except OSError:
         pass
 """
+)
 
 
 def test_a_run_whose_supervisor_met_a_full_disk_says_so_not_the_oom_killer(tmp_path):
     script = tmp_path / "fills.py"
     script.write_text(FILLS_THE_DISK)
     with _tmpfs(tmp_path / "disk", "4m") as disk:
-        proc = torchrepro("doctor", "--out", disk / "run", script, "--", disk / "filler", cwd=tmp_path)
+        proc = torchrepro("doctor", "--out", disk / "run", script, "--", "3", disk / "filler", cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
         said = f"cannot write {disk / 'run' / 'run.json'}: No space left on device: free some space and run again"
         assert proc.stderr.strip().splitlines()[-1] == f"torchrepro: error: {said}"

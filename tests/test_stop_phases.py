@@ -8,13 +8,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from torchrepro.eventlog.events import read_events, read_header
+
+from test_faults import _gone_within, _torchrepro
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux (/proc)")
 
@@ -61,23 +62,6 @@ torchrepro.log_metric("m", float(loss))
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children of any of its threads), but torchrepro's guardian,
     which is no part of any job."""
@@ -97,17 +81,6 @@ def _descendants(pid: int) -> list[int]:
         found += children
         todo += children
     return found
-
-
-def _torchrepro(cwd: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "torchrepro", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "COLUMNS": "400"},
-    )
 
 
 def _first_step_pid(log: Path, proc: subprocess.Popen, timeout: float = 240) -> int:
