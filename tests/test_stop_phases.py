@@ -106,7 +106,11 @@ def _stopped_cleanly(proc: subprocess.Popen, sig: signal.Signals, pids: list[int
     return err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGTERM, signal.SIGHUP, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],  # ~15 s each
+    ids=lambda s: s.name,
+)
 def test_a_stop_signal_during_doctor_fixes_ends_the_fix_runs_and_writes_what_finished(tmp_path, sig):
     script = tmp_path / "int_attr.py"
     script.write_text(INT_ATTR)
