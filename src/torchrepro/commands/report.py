@@ -47,10 +47,9 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
     """A check, check-resume, diff or drift directory's stored report, to re-render (the terminal view,
-    ``DIR/report.html``, ``--html``/``--json``); None for a doctor run (its ``run.json`` beside the
-    report: analysed again from its events) or a directory with no report."""
-    from ..eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE, read_json_file
-    from ..report.html import write_html
+    ``--html``/``--json``: nothing is written into the stored directory); None for a doctor run (its
+    ``run.json`` beside the report: analysed again from its events) or a directory with no report."""
+    from ..eventlog.rundir import REPORT_FILE, RUN_FILE, read_json_file
     from ..report.model import load_report, report_kind
 
     if (directory / RUN_FILE).exists() or not (directory / REPORT_FILE).exists():
@@ -64,6 +63,4 @@ def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
     kind = report_kind(data)
     if kind in (None, "doctor"):
         return None
-    report = load_report(data, str(directory / REPORT_FILE))
-    write_html(report, directory / HTML_FILE)
-    return Outcome(report, directory)
+    return Outcome(load_report(data, str(directory / REPORT_FILE)), directory)

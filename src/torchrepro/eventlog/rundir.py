@@ -72,6 +72,7 @@ def write_bytes(path: Path, data: bytes) -> None:
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
     except OSError as exc:
+        record_write_error(path, exc)
         raise InputError(cannot_write(path, exc)) from None
 
 
@@ -146,6 +147,7 @@ def create_run_dir(path: Path) -> Path:
 # --- one writer per run directory -----------------------------------------------------------------
 
 LOCK_FILE = ".torchrepro.lock"
+_LOCK_NOTE = 512  # the most of a lock file read or written: the pid, and a write error (record_write_error)
 _HELD: dict[Path, int] = {}  # the run directories this process holds: resolved path -> lock file descriptor
 
 
@@ -183,6 +185,34 @@ def claim_run_dir(path: Path, *, fresh: bool = True) -> Path:
     return path
 
 
+def record_write_error(path: Path, exc: OSError) -> None:
+    """Keep, where it survives a full disk, that this process could not write ``path`` inside a run
+    directory it holds: the lock file (:func:`claim_run_dir`), whose first line is the holder's pid,
+    gets a second one, ``<errno name> <path in the run directory>``, written within the block the pid
+    already occupies (no new block is needed). A run read later as interrupted then says why
+    (:func:`write_error`) instead of guessing a SIGKILL."""
+    target = path.absolute()
+    for held, fd in list(_HELD.items()):
+        if held == target.parent.resolve() or held in target.resolve().parents:
+            name = errno.errorcode.get(exc.errno or 0, "EIO")
+            line = f"{os.getpid()}\n{name} {target.resolve().relative_to(held)}\n".encode()[:_LOCK_NOTE]
+            with contextlib.suppress(OSError):
+                os.pwrite(fd, line, 0)
+                os.fsync(fd)
+
+
+def write_error(run_dir: Path) -> dict[str, str] | None:
+    """What :func:`record_write_error` kept in ``run_dir``'s lock file: ``{"errno": "ENOSPC", "file":
+    "run.json"}``; None when nothing was."""
+    try:
+        with open_regular(run_dir / LOCK_FILE) as fp:
+            lines = fp.read(_LOCK_NOTE).decode("utf-8", "replace").splitlines()
+    except (OSError, InputError):
+        return None
+    name, _, file = lines[1].partition(" ") if len(lines) > 1 else ("", "", "")
+    return {"errno": name, "file": file} if name.startswith("E") and file else None
+
+
 def _locked(path: Path, lock: Path, create: bool) -> int:
     """``lock`` opened and locked (its descriptor); :class:`InputError` naming the holder if another has it."""
     try:
@@ -197,7 +227,7 @@ def _locked(path: Path, lock: Path, create: bool) -> int:
             time.sleep(0.2)
             written = os.pread(fd, 32, 0)
         os.close(fd)
-        holder = written.decode("ascii", "replace").strip() or "unknown"
+        holder = written.decode("ascii", "replace").partition("\n")[0].strip() or "unknown"
         raise InputError(f"{path} is being written by another torchrepro (pid {holder}): wait for it to end") from None
     return fd
 
@@ -381,7 +411,8 @@ def load_run(
         except ValueError as exc:
             raise InputError(f"{meta_file}: not JSON ({exc})") from None
         if isinstance(run.meta, dict) and (lost := supervisor_lost(run.meta)) is not None:
-            run.meta["interrupted"] = {"supervisor_pid": lost}
+            said = write_error(path)  # the supervisor could not write (a full disk): not a guess then
+            run.meta["interrupted"] = {"supervisor_pid": lost, **({"write_error": said} if said else {})}
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
