@@ -41,6 +41,13 @@ def add_parser(sub: Any) -> None:
         help="try only these fixes (comma list of threads_1, deterministic, fallback_random, aot_eager, eager)",
     )
     p.add_argument("--no-fixes", action="store_true", help="do not run the fix ladder")
+    p.add_argument(
+        "--disk-budget",
+        type=options.size,
+        metavar="SIZE",
+        help="disk the runs need, e.g. 20G, in place of the estimate the free space is checked against "
+        "(two parameter copies a run, 1 MB a snapshot step)",
+    )
     options.add_ranks(p)
     options.add_otlp_option(p)
     options.add_tolerance(p)
@@ -71,6 +78,7 @@ def run(args: argparse.Namespace) -> Outcome:
         timeout=args.timeout,
         fixes=False if args.no_fixes else (True if args.fixes else None),
         only_fixes=_fix_names(args.only_fixes),
+        disk_budget=args.disk_budget,
     )
     return Outcome(report, out)
 
