@@ -286,7 +286,7 @@ def test_a_drift_cell_killed_without_a_record_runs_again_on_resume(tmp_path):
         "exp",
         str(script),
         "--",
-        "marker",
+        str(tmp_path / "marker"),  # absolute: seen by every run (each starts in its own copy of the directory)
     ]
     first = subprocess.run([sys.executable, "-m", "torchrepro", *args], cwd=tmp_path, capture_output=True, text=True)
     assert first.returncode == 3, first.stderr  # one run was killed: the report says so
