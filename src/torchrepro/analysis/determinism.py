@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypedDict
 
-from ..eventlog.events import Capability, Compile, EventLog, Step
+from ..eventlog.events import Capability, Compile, EventLog, GraphProbe, Step
 from .divergence import (
     Divergence,
     Tolerance,
@@ -180,6 +180,65 @@ def cause_from_kernels(evidence: JsonObject, kernels: JsonObject) -> Decision:
     """A compiled graph's output differs on identical inputs (``kernels``, from the kernel replays):
     the op is nondeterministic."""
     return "nondeterministic_op", {**evidence, **kernels}
+
+
+def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
+    """Every compiled graph the runs probed (``capture.graph_probe``: called again on copies of the
+    inputs of its first call, in the run's own process), by run: the report's ``graph_probes``."""
+    return [
+        {
+            "run": label,
+            "rank": log.rank,
+            "step": p.step,
+            "compile_id": p.compile_id,
+            "graph": p.graph,
+            "repeats": p.repeats,
+            "runs_differing": p.runs_differing,
+            "threads": p.threads,
+            "differing": p.differing,
+            "max_abs": p.max_abs,
+            "explained": p.explained,
+            "time_s": p.time_s,
+            "error": p.error,
+        }
+        for label, logs in runs.items()
+        for log in logs
+        for p in log.of(GraphProbe)
+    ]
+
+
+def probe_divergence(probes: list[JsonObject]) -> tuple[Divergence, str, JsonObject] | None:
+    """The earliest probed graph (by step, then rank) whose outputs were not bit for bit the same
+    on identical inputs: a divergence within one run, its cause (``nondeterministic_op``, as the
+    kernel replays conclude) and evidence naming the graph, output, node, kernel and source line.
+    None when every probed graph repeated bit for bit."""
+    found = sorted(
+        (p for p in probes if p["differing"]),
+        key=lambda p: (p["step"] if p["step"] is not None else 1 << 30, p["rank"]),
+    )
+    if not found:
+        return None
+    p = found[0]
+    named = dict(p["explained"] or {})
+    what = f"gradient of {named['parameter']}" if named.get("parameter") else f"output {min(p['differing'])}"
+    because = (
+        f"compiled graph {p['compile_id']} ({p['graph']}) of {p['run']}: {what} differs when called again on "
+        f"identical inputs in the run's own process ({p['runs_differing']} of {p['repeats']} repeats at "
+        f"{p['threads']} thread(s)" + (f", by up to {p['max_abs']:.3g}" if p["max_abs"] is not None else "") + ")"
+    )
+    evidence: JsonObject = {
+        "named_by": "graph_probe",
+        "because": because,
+        "probe": {k: p[k] for k in ("run", "repeats", "runs_differing", "threads", "differing", "max_abs")},
+    }
+    for key in (*LOCALISATION_KEYS, "op", "source", "module", "kernel_atomic_add", "accumulating_node", "eager_node"):
+        if named.get(key) is not None:
+            evidence[key] = named[key]
+    evidence.setdefault("compile_id", p["compile_id"])
+    evidence.setdefault("graph", p["graph"])
+    step = p["step"] if p["step"] is not None else 0
+    detail = {"run": p["run"], "compile_id": p["compile_id"], "graph": p["graph"]}
+    return Divergence(step, p["rank"], "compiled_graph", detail), "nondeterministic_op", evidence
 
 
 def not_localised(cause: str | None, why: str) -> JsonObject:
