@@ -22,7 +22,7 @@ from .report.sanitize import visible
 
 
 # the sub-commands, in the order --help lists them; each is the module torchrepro.commands.<name, "-" as "_">
-COMMANDS = ("doctor", "check", "check-resume", "diff", "report", "run", "cache", "watch", "drift", "env")
+COMMANDS = ("doctor", "check", "check-resume", "diff", "repro", "report", "run", "cache", "watch", "drift", "env")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -4,8 +4,8 @@ Two whole runs that happen to agree do not show a race between threads that show
 calls. Here each inductor graph (forward and backward) keeps a copy of the inputs of its first
 call, the RNG state it started from and digests of what it returned; after the step it ran in
 (the step recorder's listener, so outside the step's own time), it is called again
-``repeats`` times on fresh copies of those inputs, in this process at this thread count, and every
-output is compared bit for bit with the first call's. A graph whose outputs differ is written as
+``repeats`` times on fresh copies of those inputs (fewer once one differs), in this process at this
+thread count, and every output is compared bit for bit with the first call's. A graph whose outputs differ is written as
 a :class:`~torchrepro.eventlog.events.GraphProbe` event, explained as the kernel replay explains
 one (:meth:`~torchrepro.capture.kernels.KernelRepeater.explain`: parameter, FX node, op, kernel,
 source line).
@@ -18,9 +18,12 @@ The copies are dropped once probed. Used by ``check`` (every run) and ``doctor -
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +32,9 @@ from ..eventlog.events import Event, GraphProbe
 from ..eventlog.payloads import NodeInfo
 from .fx_nodes import first_line, leaves, node_info, same
 from .kernels import KernelRepeater, _copy, _digests
+
+
+MIN_REPEATS = 2  # a graph that differs stops being repeated after this many
 
 
 @dataclass
@@ -45,11 +51,13 @@ class _Call:
 
 
 class GraphProber(KernelRepeater):
-    """Keeps the first call of each compiled graph and calls it again after the step (see the module)."""
+    """Keeps the first call of each compiled graph and calls it again after the step (see the
+    module); with ``save_to``, each probed graph's FX code and inputs are saved there for
+    ``torchrepro repro`` (:func:`save_graph`)."""
 
-    def __init__(self, emit: Callable[[Event], None], repeats: int) -> None:
+    def __init__(self, emit: Callable[[Event], None], repeats: int, save_to: Path | None = None) -> None:
         super().__init__()
-        self.emit, self.repeats = emit, repeats
+        self.emit, self.repeats, self.save_to = emit, repeats, save_to
         self.pending: dict[str, _Call] = {}  # "compile_id/graph" -> its first call, not probed yet
         self.seen: set[str] = set()
         self.fx: dict[str, Any] = {}  # "compile_id/graph" -> its aten FX graph, as inductor was given it
@@ -87,6 +95,12 @@ class GraphProber(KernelRepeater):
             _, call = self.pending.popitem()
             event = self.probe(call)
             event.step = index if index >= 0 else None
+            gm = self.fx.get(f"{call.compile_id}/{call.graph}")
+            if self.save_to is not None and gm is not None:
+                try:
+                    save_graph(self.save_to / graph_dir_name(call.compile_id, call.graph), gm, call, event)
+                except Exception as exc:  # the reproducer is lost, never the run
+                    event.error = event.error or f"saving the graph for torchrepro repro: {first_line(exc)}"
             self.emit(event)
 
     def probe(self, call: _Call) -> GraphProbe:
@@ -116,6 +130,8 @@ class GraphProber(KernelRepeater):
                     runs_differing += bool(now)
                     differing |= now
                     event.repeats += 1
+                    if differing and event.repeats >= MIN_REPEATS:  # shown: more repeats say nothing more
+                        break
             event.runs_differing, event.differing, event.max_abs = runs_differing, sorted(differing), largest
             if differing:
                 explained: dict[str, Any] = dict(self.explain(call.compile_id, call.graph, min(differing)))
@@ -165,3 +181,92 @@ def first_differing_node(gm: Any, call: _Call) -> NodeInfo | None:
             if n.name in first and first[n.name] != again.get(n.name):
                 return {**node_info(n), "target": str(n.target)}  # qualified: aten.mm.default
     return None
+
+
+GRAPHS_DIR = "graphs"  # in each rank's folder: one folder a compiled graph (graph_dir_name)
+MAX_SAVED_BYTES = 256 << 20  # a graph whose inputs take more is probed, not saved for torchrepro repro
+GRAPH_CODE, GRAPH_INPUTS, GRAPH_META = "graph.py", "inputs.json", "meta.json"
+
+
+def graph_dir_name(compile_id: str, graph: str) -> str:
+    """``0/1`` backward → ``0_1-backward``: the folder one compiled graph is saved in."""
+    return f"{compile_id.replace('/', '_')}-{graph}"
+
+
+def _global_line(name: str, value: Any) -> str:
+    """One line of Python that binds ``name`` as the FX code's globals do (``torch``, ``inf``, ``device``)."""
+    if isinstance(value, type(math)):
+        return f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}"
+    if value is type(None):
+        return f"{name} = type(None)"
+    if isinstance(value, float):
+        return f"{name} = float({str(value)!r})"
+    if value is None or isinstance(value, (str, int, bool)):
+        return f"{name} = {value!r}"
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if module and qualname and "<" not in qualname:
+        head, *rest = qualname.split(".")
+        return (
+            f"from {module} import {head} as {name}"
+            if not rest
+            else f"from {module} import {head} as _{name}; {name} = _{name}.{'.'.join(rest)}"
+        )
+    raise ValueError(f"the FX code's global {name} ({type(value).__name__}) cannot be written as Python")
+
+
+def graph_source(gm: Any) -> str:
+    """``gm`` as a standalone Python module: a ``Graph(torch.nn.Module)`` whose ``forward`` is the
+    FX code (its parameters are its inputs; constants it reads are set on it by the loader)."""
+    code = gm.graph.python_code(root_module="self")
+    lines = ["import torch", *sorted({_global_line(n, v) for n, v in code.globals.items() if n != "torch"})]
+    body = "\n".join("    " + line if line.strip() else "" for line in code.src.strip("\n").splitlines())
+    return "\n".join([*lines, "", "", "class Graph(torch.nn.Module):", body, ""])
+
+
+def save_graph(directory: Path, gm: Any, call: _Call, event: GraphProbe) -> None:
+    """Save one compiled graph for ``torchrepro repro``: its FX code (:func:`graph_source`), its first
+    call's inputs and the constants it reads (``inputs.safetensors`` where safetensors is installed,
+    else ``inputs.pt``: plain tensors, loadable with ``weights_only=True``), how to rebuild each input
+    (sizes, strides, dtype; a Python number by value) and what the probe found. Nothing is saved
+    when the tensors take more than :data:`MAX_SAVED_BYTES`."""
+    tensors: dict[str, torch.Tensor] = {}
+    inputs: list[dict[str, Any]] = []
+    for i, x in enumerate(call.inputs):
+        if isinstance(x, torch.Tensor):
+            key = f"input_{i}"
+            tensors[key] = x.detach().cpu().contiguous().clone()
+            inputs.append(
+                {
+                    "kind": "tensor",
+                    "key": key,
+                    "size": list(x.shape),
+                    "stride": list(x.stride()),
+                    "device": str(x.device),
+                }
+            )
+        elif x is None or isinstance(x, (bool, int, float)):
+            inputs.append({"kind": "value", "value": x})
+        else:
+            raise ValueError(f"input {i} is a {type(x).__name__}, which cannot be saved")
+    constants = sorted({str(n.target) for n in gm.graph.nodes if n.op == "get_attr"})
+    for name in constants:
+        value = gm
+        for part in name.split("."):
+            value = getattr(value, part)
+        tensors[f"const.{name}"] = value.detach().cpu().contiguous().clone()
+    tensors["rng.cpu"] = call.rng.clone()  # the CPU generator's state at the first call (random ops)
+    if sum(t.numel() * t.element_size() for t in tensors.values()) > MAX_SAVED_BYTES:
+        raise ValueError(f"its inputs take more than {MAX_SAVED_BYTES >> 20} MiB")
+    source = graph_source(gm)
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        torch.save(tensors, directory / "inputs.pt")
+    else:
+        save_file(tensors, str(directory / "inputs.safetensors"))
+    (directory / GRAPH_CODE).write_text(source, encoding="utf-8")
+    (directory / GRAPH_INPUTS).write_text(json.dumps({"inputs": inputs, "constants": constants}), encoding="utf-8")
+    meta = {k: v for k, v in asdict(event).items() if k not in ("t", "rank")}
+    meta["torch_version"] = torch.__version__
+    (directory / GRAPH_META).write_text(json.dumps(meta), encoding="utf-8")

@@ -213,10 +213,10 @@ class CaptureSession:
     def _install_prober(self) -> None:
         """``probe_repeats``: every compiled graph probed after the step it first ran in
         (:mod:`.graph_probe`), wrapped once inductor is imported (never importing it here)."""
-        from .graph_probe import GraphProber
+        from .graph_probe import GRAPHS_DIR, GraphProber
         from .on_import import when_imported
 
-        prober = self.prober = GraphProber(self.emit, self.config.probe_repeats)
+        prober = self.prober = GraphProber(self.emit, self.config.probe_repeats, save_to=self.dir / GRAPHS_DIR)
 
         def install() -> None:
             if not prober.install():
