@@ -97,3 +97,25 @@ def test_the_reproducer_runs_without_torchrepro_and_shows_compiled_vs_eager(tmp_
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]  # reproduced: compiled differs from eager
     assert "COMPILED VS EAGER: DIFFERS: output(s) [0" in proc.stdout
     assert "run to run: 3 calls bit for bit the same" in proc.stdout  # one thread: no race
+
+
+class Gelu(torch.nn.Module):
+    def forward(self, x):
+        return (torch.ops.aten.gelu.default(x),)
+
+
+def test_bisect_names_the_decomposition_that_makes_compiled_differ_from_eager(tmp_path):
+    """aten.gelu compiled differs from eager in the last bits, from its decomposition on (torch 2.13 CPU)."""
+    gm = torch.fx.symbolic_trace(Gelu())
+    x = torch.randn(1000, 37, generator=torch.Generator().manual_seed(0))
+    call_ = _Call("0/0", "forward", lambda args: gm(*args), [x], torch.random.get_rng_state(), [])
+    save_graph(
+        tmp_path / "run" / "rank-0" / "graphs" / "0_0-forward",
+        gm,
+        call_,
+        GraphProbe(compile_id="0/0", graph="forward", threads=1),
+    )
+    proc = _torchrepro(tmp_path, "repro", "run", "--bisect")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "bisect: backend aot_eager_decomp_partition, subsystem decomposition, application 0 (" in proc.stdout
+    assert "aten.gelu" in proc.stdout.splitlines()[-1]

@@ -59,9 +59,10 @@ def bisect(here: Path) -> str:
                 parts.append(f"subsystem {result.subsystem}")
             if getattr(result, "bisect_number", None) is not None and result.subsystem:
                 parts.append(f"application {result.bisect_number}")
+            found = ", ".join(parts)
             if getattr(result, "debug_info", None):
-                parts.append(f"({' '.join(str(result.debug_info).split())[:200]})")
-            return ", ".join(parts)
+                found += f" ({' '.join(str(result.debug_info).split())[:200]})"
+            return found
         for backend in BACKENDS:
             if not _matches_eager(here, backend)():
                 return f"backend {backend} (the first of {', '.join(BACKENDS)} to differ from eager)"
