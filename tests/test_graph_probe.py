@@ -162,3 +162,102 @@ def test_check_names_a_forward_race_the_two_runs_did_not_show(tmp_path):
     assert "DIVERGED when repeated at step 0 (rank 0, compiled graph 0/0 (forward) of run-" in " ".join(
         proc.stdout.split()
     )
+
+
+def test_where_the_forward_matches_eager_the_backward_probe_names_the_node():
+    from torchrepro.analysis.determinism import graph_evidence
+
+    replay = {"step": 0, "graphs": [{"compile_id": "0/0", "outputs": 2, "random_nodes": []}]}
+    probe = {
+        "graph": "backward",
+        "compile_id": "0/0",
+        "eager_differing": [0, 3],
+        "eager_explained": {
+            "parameter": "head.weight",
+            "node": "mm_1",
+            "op": "aten.mm.default",
+            "source": "gpt.py:43",
+            "output": "mm_1 (mm.default)",
+            "max_abs": 3.7e-9,
+        },
+    }
+    evidence = graph_evidence(replay, 0, "numerics", None, [probe])
+    assert evidence["localisation"] == "backward_graph"
+    assert (evidence["graph"], evidence["parameter"], evidence["node"], evidence["source"]) == (
+        "backward",
+        "head.weight",
+        "mm_1",
+        "gpt.py:43",
+    )
+    assert evidence["because"] == (
+        "the 1 compiled graph call(s) of step 0 match their eager FX graphs in the forward pass; in backward, "
+        "compiled graph 0/0 differs from the same FX graph run eagerly on the same inputs (2 output(s)), first at "
+        "the gradient of head.weight, by up to 3.7e-09"
+    )
+    plain = graph_evidence(replay, 0, "numerics", None, [dict(probe, eager_differing=[])])
+    assert plain == {
+        "localisation": "the 1 compiled graph call(s) of step 0 match their eager FX graphs in the forward pass "
+        "(the difference arises in backward)"
+    }
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_doctor_probe_reports_the_graph_that_differs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "doctor", "--probe", "--probe-repeats", "3", "--out", "run"]
+        + ["--json", "doctor.json", str(PLANTED), "2", "bwd"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    (finding,) = [f for f in report["findings"] if f["code"] == "NONDETERMINISTIC_COMPILED_GRAPH"]
+    assert finding["severity"] == "error" and report["verdict"].startswith("PROBLEMS"), proc.stderr[-2000:]
+    evidence = finding["evidence"]
+    assert (evidence["graph"], evidence["parameter"], evidence["graphs_probed"]) == ("backward", "w", 2)
+    # a backward node carries the stack of the forward call it differentiates: scale(h, self.w)
+    assert evidence["source"].endswith(f"probe_planted.py:{_line_of('return self.fc2(scale(h, self.w))')}")
+    assert evidence["op"] == "probe_planted.jitter.default" and evidence["eager_node"].startswith("jitter")
+    assert "torchrepro repro RUN_DIR" in finding["hint"]
+
+
+def test_probe_repeats_without_probe_is_a_usage_error(tmp_path):
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "doctor", "--probe-repeats", "3", "train.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "torchrepro: error: --probe-repeats says how often --probe calls each graph: give --probe too"
+    )
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_check_against_eager_names_the_backward_node_where_the_forward_matches(tmp_path):
+    """The planted script without jitter: its compiled forward (addmm, relu) is eager's bit for bit,
+    its backward (inductor's sum for a bias gradient) is not."""
+    out = tmp_path / "check"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "check", "--against", "eager", "--no-fixes", "--out", str(out)]
+        + [str(PLANTED), "--", "2", "none"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    fd = json.loads((out / "report.json").read_text())["determinism"]["first_divergence"]
+    evidence = fd["evidence"]
+    assert fd["cause"] == "numerics" and evidence["localisation"] == "backward_graph"
+    assert (evidence["compile_id"], evidence["graph"], evidence["parameter"]) == ("0/0", "backward", "fc2.bias")
+    assert fd["op"] == "aten.sum.dim_IntList"
+    assert fd["source"].endswith(f"probe_planted.py:{_line_of('return self.fc2(scale(h, self.w))')}")
+    assert (
+        "match their eager FX graphs in the forward pass; in backward, compiled graph 0/0 differs"
+        in (evidence["because"])
+    )

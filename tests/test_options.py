@@ -31,6 +31,7 @@ BAD = {
 NUMERIC = {
     ("doctor", "--max-graph-breaks"): options.count,
     ("doctor", "--max-recompiles"): options.count,
+    ("doctor", "--probe-repeats"): options.count,
     ("doctor", "--min-cache-hit-rate"): options.fraction,
     ("doctor", "--seed"): options.seed,
     ("doctor", "--fingerprint-every"): options.positive_int,

@@ -13,6 +13,7 @@ import torch
 
 from torchrepro.capture.graph_probe import GraphProbe, _Call, save_graph
 from torchrepro.capture.repro_script import call, load_graph, load_tensors, same_outputs
+from torchrepro.eventlog.events import read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SITE = str(Path(torch.__file__).parents[1])  # torch's site-packages, without its .pth files (torchrepro's among them)
@@ -76,6 +77,19 @@ def test_a_run_without_saved_graphs_is_one_line_and_exit_2(tmp_path):
 def test_the_reproducer_runs_without_torchrepro_and_shows_compiled_vs_eager(tmp_path):
     run = _torchrepro(tmp_path, "run", "--probe-repeats", "1", "--out", "run", str(SCRIPTS / "gpt_loss.py"), "1")
     assert run.returncode == 0, run.stderr[-2000:]
+    # the backward graph against the same FX graph run eagerly: the gradient computed first that differs
+    (backward,) = [
+        e
+        for e in read_events(tmp_path / "run" / "rank-0" / "events.jsonl").events
+        if isinstance(e, GraphProbe) and e.graph == "backward"
+    ]
+    head = next(
+        i
+        for i, line in enumerate((SCRIPTS / "gpt_loss.py").read_text().splitlines(), 1)
+        if "logits = self.head(" in line
+    )
+    assert backward.eager_differing and backward.eager_explained["parameter"] == "head.weight"
+    assert backward.eager_explained["source"].endswith(f"gpt_loss.py:{head}")
     wrong = _torchrepro(tmp_path, "repro", "run", "--graph", "9/9/forward")
     assert wrong.returncode == 2 and "saved: 0/0/backward, 0/0/forward" in wrong.stderr
     made = _torchrepro(tmp_path, "repro", "run", "--graph", "0/0/forward", "--out", "out")

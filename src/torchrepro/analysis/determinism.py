@@ -198,6 +198,8 @@ def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
             "differing": p.differing,
             "max_abs": p.max_abs,
             "explained": p.explained,
+            "eager_differing": p.eager_differing,
+            "eager_explained": p.eager_explained,
             "time_s": p.time_s,
             "error": p.error,
         }
@@ -279,13 +281,19 @@ def cause_from_replays(
 
 
 def graph_evidence(
-    replay: JsonObject | None, step: int, cause: str | None = None, failure: str | None = None
+    replay: JsonObject | None,
+    step: int,
+    cause: str | None = None,
+    failure: str | None = None,
+    probes: list[JsonObject] | None = None,
 ) -> JsonObject:
     """The divergent step replayed compiled, each compiled graph checked against its eager FX graph:
     the first graph (compile id) whose outputs differ, the output and its FX node; the op blamed
     agrees with ``cause``: the random op the output depends on when the cause is ``rng``, else
     the differing output's own node (an inert random op is not blamed for rounding). A replay
-    without a record, or a graph the check failed on, is said, with what was still concluded."""
+    without a record, or a graph the check failed on, is said, with what was still concluded.
+    Where the forward graphs match, the compiled run's ``probes`` (:func:`graph_probes`) name the
+    first backward output that differs from the same FX graph run eagerly (:func:`backward_evidence`)."""
     if replay is None:
         return not_localised(cause, failure or "the graph replay wrote no record")
     graphs = replay.get("graphs", [])
@@ -294,9 +302,11 @@ def graph_evidence(
     if first is None:
         if errors:
             return not_localised(cause, "; ".join(errors[:2]))
-        return {
-            "localisation": f"the {len(graphs)} compiled graph call(s) of step {step} match their eager "
-            "FX graphs in the forward pass (the difference arises in backward)"
+        forward = (
+            f"the {len(graphs)} compiled graph call(s) of step {step} match their eager FX graphs in the forward pass"
+        )
+        return backward_evidence(forward, probes or []) or {
+            "localisation": f"{forward} (the difference arises in backward)"
         }
     random = first.get("depends_on_random") or []
     origin = random[0] if cause == "rng" and random else first
@@ -313,6 +323,32 @@ def graph_evidence(
         evidence["random_nodes"] = random
     if errors:
         evidence["localisation_note"] = "checking some graphs failed: " + "; ".join(errors[:2])
+    return evidence
+
+
+def backward_evidence(forward: str, probes: list[JsonObject]) -> JsonObject | None:
+    """The first backward graph a probe found unlike its FX graph run eagerly (the graph AOTAutograd
+    made, as aot_eager runs it), on the same inputs: the output (a parameter's gradient) computed
+    first in the graph's order that differs, its node, op and source line. None when no probe
+    compared a backward graph with eager, or every one matched."""
+    found = next((p for p in probes if p["graph"] == "backward" and p.get("eager_differing")), None)
+    if found is None:
+        return None
+    named = found.get("eager_explained") or {}
+    what = f"the gradient of {named['parameter']}" if named.get("parameter") else f"output {named.get('output_index')}"
+    evidence: JsonObject = {
+        "localisation": "backward_graph",
+        "because": f"{forward}; in backward, compiled graph {found['compile_id']} differs from the same FX graph "
+        f"run eagerly on the same inputs ({len(found['eager_differing'])} output(s)), first at {what}"
+        + (f", by up to {named['max_abs']:.3g}" if named.get("max_abs") is not None else ""),
+        "compile_id": found["compile_id"],
+        "graph": "backward",
+    }
+    for key in ("parameter", "node", "op", "module", "source", "kernel", "kernel_fuses"):
+        if named.get(key) is not None:
+            evidence[key] = named[key]
+    if named.get("output"):
+        evidence["output"] = named["output"]
     return evidence
 
 

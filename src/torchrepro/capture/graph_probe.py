@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -103,6 +104,36 @@ class GraphProber(KernelRepeater):
                     event.error = event.error or f"saving the graph for torchrepro repro: {first_line(exc)}"
             self.emit(event)
 
+    def _against_eager(self, event: GraphProbe, gm: Any, call: _Call, compiled: list[Any], eager: list[Any]) -> None:
+        """The compiled outputs against the same FX graph run eagerly (what aot_eager runs): the
+        outputs that differ, and the first of them in the graph's own order (in a backward graph,
+        the gradient computed first), with its node, op and source line."""
+        diffs = {i: d for i, (x, y) in enumerate(zip(compiled, eager)) for equal, d in [same(x, y)] if not equal}
+        event.eager_differing = sorted(diffs)
+        if not diffs:
+            return
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        produced = leaves(output.args[0])
+        order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+
+        def position(i: int) -> int:
+            node = produced[i] if i < len(produced) else None
+            return order.get(getattr(node, "name", ""), len(order))
+
+        index = min(diffs, key=position)
+        explained: dict[str, Any] = dict(self.explain(call.compile_id, call.graph, index))
+        node: Any = produced[index] if index < len(produced) else None
+        if hasattr(node, "meta"):
+            info = node_info(node)
+            computed = node  # through views and getitem to the op that computed the value
+            while (computed.target is operator.getitem or getattr(computed.target, "is_view", False)) and hasattr(
+                computed.args[0], "target"
+            ):
+                computed = computed.args[0]
+            explained.update(node=info["node"], op=str(computed.target), source=info["source"], module=info["module"])
+        explained["max_abs"] = diffs[index]
+        event.eager_explained = explained
+
     def probe(self, call: _Call) -> GraphProbe:
         """Call ``call`` again :attr:`repeats` times on copies of its inputs; what differed."""
         event = GraphProbe(compile_id=call.compile_id, graph=call.graph, threads=torch.get_num_threads())
@@ -133,10 +164,13 @@ class GraphProber(KernelRepeater):
                     if differing and event.repeats >= MIN_REPEATS:  # shown: more repeats say nothing more
                         break
             event.runs_differing, event.differing, event.max_abs = runs_differing, sorted(differing), largest
+            gm = self.fx.get(f"{call.compile_id}/{call.graph}")
+            eager = interpret(gm, call) if gm is not None else None
+            if gm is not None and eager is not None and first is not None:
+                self._against_eager(event, gm, call, first, eager[0])
             if differing:
                 explained: dict[str, Any] = dict(self.explain(call.compile_id, call.graph, min(differing)))
-                gm = self.fx.get(f"{call.compile_id}/{call.graph}")
-                node = first_differing_node(gm, call) if gm is not None else None
+                node = first_differing_node(gm, call, eager[1]) if gm is not None and eager is not None else None
                 if node is not None:  # the FX graph run eagerly shows where: that node names it
                     explained.update(eager_node=node["node"], op=node["target"], source=node["source"])
                     explained["module"] = node["module"]
@@ -153,30 +187,32 @@ class GraphProber(KernelRepeater):
 EAGER_TRIES = 4  # eager interpretations of a differing graph compared node by node
 
 
-def first_differing_node(gm: Any, call: _Call) -> NodeInfo | None:
-    """The first node of ``gm`` (the aten FX graph the compiled one was made from) whose value is not
-    bit for bit the same in two eager interpretations on copies of ``call``'s inputs (up to
-    :data:`EAGER_TRIES` pairs: a race shows in only some), or None."""
+def interpret(gm: Any, call: _Call) -> tuple[list[Any], dict[str, list[str | None]]]:
+    """``gm`` (the aten FX graph the compiled one was made from) run eagerly, node by node, on copies
+    of ``call``'s inputs from its RNG state: its outputs, and each node's output digests by name."""
     import torch.fx
 
-    def values() -> dict[str, list[str | None]]:
-        seen: dict[str, list[str | None]] = {}
+    seen: dict[str, list[str | None]] = {}
 
-        class Recorder(torch.fx.Interpreter):
-            def run_node(self, n: Any) -> Any:
-                out = super().run_node(n)
-                if n.op == "call_function":
-                    seen[n.name] = _digests(leaves(out))
-                return out
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            out = super().run_node(n)
+            if n.op == "call_function":
+                seen[n.name] = _digests(leaves(out))
+            return out
 
-        torch.random.set_rng_state(call.rng)
-        with torch.no_grad():
-            Recorder(gm).run(*[_copy(x) for x in call.inputs])
-        return seen
+    torch.random.set_rng_state(call.rng)
+    with torch.no_grad():
+        out = Recorder(gm).run(*[_copy(x) for x in call.inputs])
+    return leaves(out), seen
 
-    first = values()
+
+def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]]) -> NodeInfo | None:
+    """The first node of ``gm`` whose value in eager interpretations (:func:`interpret`; ``first``:
+    one already made) is not bit for bit the same as in ``first`` (up to :data:`EAGER_TRIES` more:
+    a race shows in only some), or None."""
     for _ in range(EAGER_TRIES):
-        again = values()
+        _, again = interpret(gm, call)
         for n in gm.graph.nodes:
             if n.name in first and first[n.name] != again.get(n.name):
                 return {**node_info(n), "target": str(n.target)}  # qualified: aten.mm.default

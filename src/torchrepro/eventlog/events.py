@@ -223,8 +223,9 @@ class GraphProbe(Event):
     """One compiled graph (forward or backward) called again ``repeats`` times, in the run's own
     process and thread count, on copies of the inputs of its first call: ``differing`` lists the
     outputs (by index) that were not bit for bit the same every time, ``explained`` what the first
-    of them is (compile id, graph, parameter, FX node, op, kernel, source line), ``error`` what
-    failed in the probe itself (never the user's run)."""
+    of them is (compile id, graph, parameter, FX node, op, kernel, source line);
+    ``eager_differing`` and ``eager_explained`` the same against the graph run eagerly; ``error``
+    what failed in the probe itself (never the user's run)."""
 
     kind: ClassVar[str] = "graph_probe"
     compile_id: str = ""
@@ -235,6 +236,8 @@ class GraphProbe(Event):
     differing: list[int] = field(default_factory=list)
     max_abs: float | None = None
     explained: dict[str, Any] = field(default_factory=dict)
+    eager_differing: list[int] = field(default_factory=list)  # outputs unlike the FX graph's run eagerly
+    eager_explained: dict[str, Any] = field(default_factory=dict)  # the first of them in the graph's order
     time_s: float | None = None
     error: str | None = None
 

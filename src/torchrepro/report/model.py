@@ -821,6 +821,8 @@ class GraphProbeRecord(TypedDict):
     differing: list[int]
     max_abs: float | None
     explained: JsonObject
+    eager_differing: list[int]
+    eager_explained: JsonObject
     time_s: float | None
     error: str | None
 

@@ -64,12 +64,15 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
     return cause_from_replays(cause, replay_a, replay_b, same_config, failure or None)
 
 
-def localize_graph(checker: Checker, spec: RunSpec, div: Divergence, cause: str) -> JsonObject:
+def localize_graph(
+    checker: Checker, spec: RunSpec, div: Divergence, cause: str, probes: list[JsonObject] | None = None
+) -> JsonObject:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
     graph: names the first graph (compile id) whose outputs differ, the output and its FX node
-    (the op blamed agrees with ``cause``)."""
+    (the op blamed agrees with ``cause``); where the forward graphs match, the compiled run's
+    ``probes`` name the backward node."""
     replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
-    return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"))
+    return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"), probes)
 
 
 class DecompositionPair(TypedDict):
@@ -181,7 +184,8 @@ def _explain(
             decomposition = _decomposition(checker, done, against)
             cause, evidence = cause_from_decomposition(decomposition, against)
             if localize_divergence:
-                graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause)
+                probes = graph_probes({spec_b.label: run_b.logs})
+                graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause, probes)
                 evidence.update(graph or failed)
         else:
             cause, evidence = numerics_without_inductor()
