@@ -200,6 +200,7 @@ def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
             "explained": p.explained,
             "eager_differing": p.eager_differing,
             "eager_explained": p.eager_explained,
+            "one_thread": p.one_thread,
             "time_s": p.time_s,
             "error": p.error,
         }
@@ -232,6 +233,12 @@ def probe_divergence(probes: list[JsonObject]) -> tuple[Divergence, str, JsonObj
         "named_by": "graph_probe",
         "because": because,
         "probe": {k: p[k] for k in ("run", "repeats", "runs_differing", "threads", "differing", "max_abs")},
+        "thread_dependence": {
+            "threads": p["threads"],
+            "repeats": p["repeats"],
+            "repeats_differ": True,
+            "one_thread": p.get("one_thread"),
+        },
     }
     for key in (*LOCALISATION_KEYS, "op", "source", "module", "kernel_atomic_add", "accumulating_node", "eager_node"):
         if named.get(key) is not None:

@@ -32,6 +32,7 @@ import torch
 from ..eventlog.events import Event, GraphProbe
 from ..eventlog.payloads import NodeInfo
 from .fx_nodes import first_line, leaves, node_info, same
+from .._compat import op_name
 from .kernels import KernelRepeater, _copy, _digests
 
 
@@ -146,8 +147,7 @@ class GraphProber(KernelRepeater):
             runs_differing, largest = 0, None
             with torch.no_grad():
                 for _ in range(self.repeats):
-                    torch.random.set_rng_state(call.rng)
-                    outs = leaves(call.real([_copy(x) for x in call.inputs]))
+                    outs = _again(call)
                     digests = _digests(outs)
                     now = {i for i, (a, b) in enumerate(zip(digests, call.digests)) if a != b}
                     if first is None:
@@ -164,6 +164,8 @@ class GraphProber(KernelRepeater):
                     if differing and event.repeats >= MIN_REPEATS:  # shown: more repeats say nothing more
                         break
             event.runs_differing, event.differing, event.max_abs = runs_differing, sorted(differing), largest
+            if differing and event.threads > 1:
+                event.one_thread = _one_thread(call, event.repeats)
             gm = self.fx.get(f"{call.compile_id}/{call.graph}")
             eager = interpret(gm, call) if gm is not None else None
             if gm is not None and eager is not None and first is not None:
@@ -172,7 +174,7 @@ class GraphProber(KernelRepeater):
                 explained: dict[str, Any] = dict(self.explain(call.compile_id, call.graph, min(differing)))
                 node = first_differing_node(gm, call, eager[1]) if gm is not None and eager is not None else None
                 if node is not None:  # the FX graph run eagerly shows where: that node names it
-                    explained.update(eager_node=node["node"], op=node["target"], source=node["source"])
+                    explained.update(eager_node=node["node"], op=node["op"], source=node["source"])
                     explained["module"] = node["module"]
                 event.explained = explained
         except Exception as exc:  # the probe's own failure: said in the event, the run goes on
@@ -182,6 +184,24 @@ class GraphProber(KernelRepeater):
             torch.random.set_rng_state(state)
             event.time_s = round(time.perf_counter() - start, 6)
         return event
+
+
+def _again(call: _Call) -> list[Any]:
+    """``call``'s graph called once more on fresh copies of its inputs, from its RNG state."""
+    torch.random.set_rng_state(call.rng)
+    return leaves(call.real([_copy(x) for x in call.inputs]))
+
+
+def _one_thread(call: _Call, repeats: int) -> str:
+    """Whether ``call``'s graph at one intra-op thread ``differs`` or ``repeats bit for bit`` over
+    ``repeats`` more calls (a race between threads does not happen with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        first = _again(call)
+        return "differs" if any(not same(first, _again(call))[0] for _ in range(repeats)) else "repeats bit for bit"
+    finally:
+        torch.set_num_threads(threads)
 
 
 EAGER_TRIES = 4  # eager interpretations of a differing graph compared node by node
@@ -207,7 +227,14 @@ def interpret(gm: Any, call: _Call) -> tuple[list[Any], dict[str, list[str | Non
     return leaves(out), seen
 
 
-def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]]) -> NodeInfo | None:
+class DifferingNode(NodeInfo):
+    """A node whose value differs between eager interpretations, and its aten op: the one it was
+    decomposed from where it was (``aten.embedding_dense_backward``), else its own, qualified."""
+
+    op: str
+
+
+def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]]) -> DifferingNode | None:
     """The first node of ``gm`` whose value in eager interpretations (:func:`interpret`; ``first``:
     one already made) is not bit for bit the same as in ``first`` (up to :data:`EAGER_TRIES` more:
     a race shows in only some), or None."""
@@ -215,7 +242,10 @@ def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]
         _, again = interpret(gm, call)
         for n in gm.graph.nodes:
             if n.name in first and first[n.name] != again.get(n.name):
-                return {**node_info(n), "target": str(n.target)}  # qualified: aten.mm.default
+                original = n.meta.get("original_aten")
+                aten = getattr(original, "namespace", None) == "aten" and op_name(original)
+                op = f"aten.{op_name(original)}" if aten else str(original or n.target)
+                return DifferingNode(**node_info(n), op=op)
     return None
 
 

@@ -823,6 +823,7 @@ class GraphProbeRecord(TypedDict):
     explained: JsonObject
     eager_differing: list[int]
     eager_explained: JsonObject
+    one_thread: str | None
     time_s: float | None
     error: str | None
 
