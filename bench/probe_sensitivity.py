@@ -11,6 +11,7 @@ the median wall times (both kinds measured in this one run, under the same load)
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def _check(script: str, args: list[str], probe: bool, i: int) -> tuple[bool, str
         f"exit {proc.returncode}, {det.get('verdict')}, {fd.get('what')}, named by "
         f"{(fd.get('evidence') or {}).get('named_by')}, graph {fd.get('compile_id')} {fd.get('graph')}"
     )
+    shutil.rmtree(out.parent, ignore_errors=True)
     return det.get("verdict") == "diverged", how, wall
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import options
 from ..errors import InputError
+from ..report.sanitize import visible
 
 GRAPH_FILES = ("graph.py", "inputs.json", "meta.json", "inputs.safetensors", "inputs.pt")
 META = "meta.json"
@@ -106,18 +107,20 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{run_dir}: no such directory")
     graph_id, source, meta = choose(run_dir, args.graph)
     out = Path(args.out) if args.out else run_dir / "repro"
+    if out.resolve() == source.resolve():
+        raise InputError(f"--out {out} is where the graph is saved: choose another directory")
     script = write_repro(source, out)
     probe = (
         f"{meta.get('runs_differing')} of {meta.get('repeats')} repeats differed when probed"
         if meta.get("repeats")
         else "not probed"
     )
-    print(f"compiled graph {graph_id} ({probe}): {script}")
-    print(f"  run it: python {script}   (needs torch only; exit 1 when the divergence reproduces)")
+    print(visible(f"compiled graph {graph_id} ({probe}): {script}"))
+    print(visible(f"  run it: python {script}   (needs torch only; exit 1 when the divergence reproduces)"))
     if not args.bisect:
         return 0
     from ..capture.graph_bisect import bisect
 
     found = bisect(out)
-    print(f"bisect: {found}")
+    print(visible(f"bisect: {found}"))
     return 0
