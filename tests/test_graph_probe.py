@@ -162,6 +162,8 @@ def test_check_names_a_forward_race_the_two_runs_did_not_show(tmp_path):
     assert "DIVERGED when repeated at step 0 (rank 0, compiled graph 0/0 (forward) of run-" in " ".join(
         proc.stdout.split()
     )
+    page = (out / "report.html").read_text()
+    assert '<section id="graph-probes">' in page and "probe_planted.py:" in page
 
 
 def test_where_the_forward_matches_eager_the_backward_probe_names_the_node():
