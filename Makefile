@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.torchrepro-installed
 
-.PHONY: demo test test-slow lint bench bytecode clean realworld compat
+.PHONY: demo test test-slow lint bench bytecode clean realworld compat gpu
 
 # the editable install builds the C step codec in place (src/torchrepro/eventlog/_stepcodec*.so): again when its source changes
 $(STAMP): pyproject.toml src/torchrepro/eventlog/_stepcodec.c
@@ -26,8 +26,8 @@ demo: bytecode
 	$(PY) examples/demo.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples gpu
+	$(VENV)/bin/ruff format --check src tests bench examples gpu
 	$(VENV)/bin/mypy  # what it checks and how strictly: [tool.mypy] in pyproject.toml
 
 test: lint bytecode
@@ -43,8 +43,8 @@ realworld: bytecode
 	$(PY) -m pytest -q -m "realworld or not realworld" tests/realworld -k "not three_checks"
 	$(PY) realworld/run.py --table build/realworld/table.md
 
-# The compat tier on the oldest and newest torch tested besides the pinned one (README, "Tested torch
-# versions"): a venv per version, .venv-compat-<version> (a CUDA build, ~5 GB, run on CPU), then doctor's
+# The compat tier on the oldest and newest torch tested besides the pinned one (docs/compat.md): a venv
+# per version, .venv-compat-<version> (a CUDA build, ~5 GB, run on CPU), then doctor's
 # counts and categories against Dynamo's counters, TORCH_TRACE import, check's causes, non-perturbation
 # and the distributed cases; then the inductor cases (marker inductor: doctor's counts against Dynamo's with
 # backend inductor, check's inductor RNG and compiled-graph localisation). `make compat TORCH_VERSIONS=2.10.0`
@@ -68,6 +68,12 @@ compat: $(foreach v,$(TORCH_VERSIONS),.venv-compat-$(v)/.torchrepro-installed)
 		.venv-compat-$$v/bin/python -m pytest -n 2 --dist loadgroup -q -m "not inductor" $(COMPAT_TESTS); \
 		.venv-compat-$$v/bin/python -m pytest -n 2 --dist loadgroup -q -m inductor $(COMPAT_INDUCTOR); \
 	done
+
+# The CUDA checks (gpu/check.py, docs/gpu.md): one line per check (PASS/FAIL/SKIP and what it measured),
+# exit 1 on any FAIL; where no CUDA device is visible, one SKIP line and exit 2 (nothing was checked).
+# Needs a CUDA build of torch in .venv; under 8 minutes on one GPU.
+gpu: bytecode
+	$(PY) gpu/check.py
 
 bench: $(STAMP)
 	$(PY) bench/fingerprint.py

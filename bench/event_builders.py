@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 
 from torchrepro.eventlog import stepstream
-from torchrepro.eventlog.events import Step, _line, _names, _step_values, step_decoder
+from torchrepro.eventlog.events import Step, _common_step_values, _line, _names, _step_values, step_decoder
 from torchrepro.eventlog.stepstream import Encoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -40,12 +40,17 @@ def best_us(run: Callable[[], object], n: int) -> float:
     return best / n * 1e6
 
 
-def main() -> None:
+def steps_asked() -> tuple[list[Step], bool]:
+    """The steps the command line asks for (``--steps``, ``--check``), and whether as check's."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--check", action="store_true", help="steps as check records them")
     args = parser.parse_args()
-    made = training_steps(args.steps, check=args.check)
+    return training_steps(args.steps, check=args.check), args.check
+
+
+def main() -> None:
+    made, check = steps_asked()
     lines = [_line(s) for s in made]
     encoder = Encoder(_names(Step))
     stream = encoder.header() + b"".join(encoder.encode([0, *_step_values(s)]) for s in made)
@@ -61,7 +66,7 @@ def main() -> None:
 
     gc.disable()
     n = len(made)
-    print(f"{n} steps ({'check' if args.check else 'doctor'}-like), CPU µs per step, best of 9")
+    print(f"{n} steps ({'check' if check else 'doctor'}-like), CPU µs per step, best of 9")
     print(f"{'':>14} {'bytes':>7} {'write µs':>9} {'read µs':>8}")
     print(
         f"{'JSON line':>14} {sum(map(len, lines)) / n:>7.1f} {best_us(lambda: [_line(s) for s in made], n):>9.2f} "
@@ -74,6 +79,23 @@ def main() -> None:
             continue
         stepstream._C = codec
         print(f"{name:>14} {len(stream) / n:>7.1f} {best_us(encode_all, n):>9.2f} {best_us(decode_all, n):>8.2f}")
+    # what doctor writes most steps as (EventWriter.write_step: no digest but the loss and times), with
+    # the C codec where it was built; with and without the records' checks, taking turns
+    stepstream._C = codecs["steps.bin C"]
+    common = [_common_step_values(0, s.t, 0, s.index, s.loss, 1, s.time_s, 0) for s in made]
+    for checked in (True, False, True, False):
+        encoder = Encoder(_names(Step), checked)
+        size = sum(len(encoder.encode(values)) for values in common)
+
+        def encode_common(checked: bool = checked) -> None:
+            encode = Encoder(_names(Step), checked).encode
+            for values in common:
+                encode(values)
+
+        print(
+            f"{'common step':>14} {size / n:>7.1f} {best_us(encode_common, n):>9.2f}"
+            f"  ({'with' if checked else 'without'} the records' checks)"
+        )
 
 
 if __name__ == "__main__":

@@ -209,3 +209,69 @@ def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys,
     trusted = doctor(signed, "trusted", TORCHREPRO_TRUSTED_KEYS=str(tmp_path / "mine.pub"))
     assert trusted.returncode == 0 and "warm start skipped" not in trusted.stderr
     assert "not verified" not in trusted.stderr and (tmp_path / "trusted" / "ab" / "cabc.so").is_file()
+
+
+def _torchrepro(cwd: Path, *args: object) -> subprocess.CompletedProcess:
+    """torchrepro in a process of its own: a key it waited on would end in the timeout, not hang the tests."""
+    cmd = [sys.executable, "-m", "torchrepro", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("which", ["--sign", "--trusted"])
+def test_a_fifo_as_a_key_is_refused_without_waiting_on_it(tmp_path, keys, capsys, which):
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo)
+    if which == "--sign":
+        fake_cache(tmp_path / "source")
+        args = ["cache", "pack", tmp_path / "p.tar", "--no-headers", "--from", tmp_path / "source", "--sign", fifo]
+    else:
+        pack = _pack(tmp_path, capsys, "signed.tar", "--sign", keys["mine"])
+        args = ["cache", "unpack", pack, "--into", tmp_path / "target", "--trusted", fifo]
+    done = _torchrepro(tmp_path, *args)
+    assert done.returncode == 2, done.stderr
+    what = "signing key" if which == "--sign" else "trusted key"
+    assert done.stderr.splitlines() == [
+        f"torchrepro: error: {what} {fifo} is not a regular file (a FIFO, a device or a directory): give the key file"
+    ]
+    assert not (tmp_path / "p.tar").exists() and not (tmp_path / "target").exists()
+
+
+def test_a_private_key_others_can_read_is_refused(tmp_path, keys, capsys):
+    fake_cache(tmp_path / "source")
+    keys["mine"].chmod(0o640)
+    code, _, err = cli(
+        capsys,
+        "cache",
+        "pack",
+        tmp_path / "p.tar",
+        "--no-headers",
+        "--from",
+        tmp_path / "source",
+        "--sign",
+        keys["mine"],
+    )
+    assert code == 2
+    assert err.splitlines() == [
+        f"torchrepro: error: signing key {keys['mine']} can be read by others (mode 640): chmod 600 {keys['mine']}"
+    ]
+    assert not (tmp_path / "p.tar").exists()
+    keys["mine"].chmod(0o600)  # the fix it names
+    assert _pack(tmp_path, capsys, "p.tar", "--sign", keys["mine"]).is_file()
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646])
+def test_a_trusted_key_others_can_write_is_refused(tmp_path, keys, capsys, mode):
+    pack = _pack(tmp_path, capsys, "signed.tar", "--sign", keys["mine"])
+    public = tmp_path / "mine.pub"
+    public.chmod(mode)
+    before = snapshot(tmp_path)
+    code, _, err = cli(capsys, "cache", "unpack", pack, "--into", tmp_path / "target", "--trusted", public)
+    assert code == 2
+    assert err.splitlines() == [
+        f"torchrepro: error: trusted key {public} can be written by others (mode {mode:o}), who could add their "
+        f"key: chmod 644 {public}"
+    ]
+    assert snapshot(tmp_path) == before
+    public.chmod(0o644)  # the fix it names
+    code, out, err = cli(capsys, "cache", "unpack", pack, "--into", tmp_path / "target", "--trusted", public)
+    assert code == 0 and "(trusted)" in out, err

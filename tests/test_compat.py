@@ -45,7 +45,7 @@ PROBES = {
 }
 
 
-# what the oldest torch tested lacks (README, "Tested torch versions"): inductor's `deterministic` switch
+# what the oldest torch tested lacks (docs/compat.md): inductor's `deterministic` switch
 MISSING_ON_2_6 = {"inductor_config": ("deterministic",)}
 MISSING = MISSING_ON_2_6 if tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7) else {}
 

@@ -216,7 +216,7 @@ def test_crashed_run_is_excluded_and_an_interrupted_experiment_resumes(tmp_path)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     finished = {p: p.stat().st_mtime_ns for p in records()}
-    assert proc.returncode == 130 and "run the same command again" in err, err
+    assert proc.returncode == 143 and "run the same command again" in err, err
     assert len(finished) < 4
     for events in (tmp_path / "exp" / "runs").glob("*/rank-0/events.jsonl"):  # no run left behind
         pid = json.loads(events.read_text().splitlines()[0])["pid"]

@@ -5,14 +5,17 @@ with no partial file left and the previous file intact. Real files, real process
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_faults import LOOP
 from test_hostile_input import SMALL, fake_run, one_line_error, snapshot, torchrepro
 
 
@@ -29,7 +32,12 @@ def _cases(tmp: Path) -> dict[str, list]:
     (tmp / "link.json").symlink_to(run / "run.json")
     os.link(run / "rank-0" / "events.jsonl", tmp / "hard.json")
     cache = fake_cache(tmp / "cache")
+    (tmp / "data.txt").write_text("the script's data")
+    meta = json.loads((run / "run.json").read_text())  # the run's script and argument, as a doctor records them
+    (run / "run.json").write_text(json.dumps({**meta, "cwd": str(tmp), "args": ["--data", "data.txt"]}))
     return {
+        "--json onto the run's own script, through RUN/..": ["report", run, "--json", run / ".." / "train.py"],
+        "--html onto a file the run's arguments name": ["report", run, "--html", tmp / "data.txt"],
         "--html onto the event log read": ["report", run, "--html", run / "rank-0" / "events.jsonl"],
         "--json onto run.json": ["report", run, "--json", run / "run.json"],
         "--junit onto report.json": ["report", run, "--junit", run / "report.json"],
@@ -47,6 +55,8 @@ def _cases(tmp: Path) -> dict[str, list]:
 @pytest.mark.parametrize(
     "case",
     [
+        "--json onto the run's own script, through RUN/..",
+        "--html onto a file the run's arguments name",
         "--html onto the event log read",
         "--json onto run.json",
         "--junit onto report.json",
@@ -81,23 +91,47 @@ def test_force_still_replaces_an_earlier_output(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+def test_report_writes_nothing_into_the_stored_run(tmp_path):
+    from synthetic_runs import drift_experiment
+
+    drift_experiment(tmp_path / "exp", "m")
+    for run in (fake_run(tmp_path / "run"), tmp_path / "exp"):
+        before = snapshot(run)
+        proc = torchrepro("report", run, cwd=tmp_path)
+        assert proc.returncode in (0, 1, 3), proc.stderr  # the stored run's own verdict
+        assert snapshot(run) == before  # not even report.html
+        page = tmp_path / f"{run.name}.html"
+        assert torchrepro("report", run, "--html", page, cwd=tmp_path).returncode == proc.returncode
+        assert 'content="torchrepro' in page.read_text() and snapshot(run) == before
+
+
 def test_two_outputs_naming_one_file_are_refused(tmp_path):
     run = fake_run(tmp_path / "run")
     line = one_line_error(torchrepro("report", run, "--json", "x", "--html", "./x", cwd=tmp_path))
     assert "different files" in line and not (tmp_path / "x").exists()
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 1 MiB tmpfs holding ``earlier.json``, filled to the last block (root only: skipped otherwise)."""
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` while the block runs (root only: the test is skipped otherwise)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", disk], capture_output=True, text=True)
+    where.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", where], capture_output=True, text=True
+    )
     if mount.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
+        yield where
+    finally:
+        subprocess.run(["umount", where], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs holding ``earlier.json``, filled to the last block."""
+    with _tmpfs(tmp_path / "disk", "1m") as disk:
         (disk / "earlier.json").write_text('{"earlier": true}')
         with open(disk / "filler", "wb", buffering=0) as fp:  # fill it: the rest of the 1 MiB, to the last block
             try:
@@ -106,8 +140,6 @@ def full_disk(tmp_path):
             except OSError:
                 pass
         yield disk
-    finally:
-        subprocess.run(["umount", disk], check=True)
 
 
 def test_report_json_onto_a_full_disk(tmp_path, full_disk):
@@ -133,3 +165,38 @@ def test_doctor_out_onto_a_full_disk(tmp_path, full_disk, free):
     assert "No space left on device" in line and str(full_disk / "run") in line
     assert json.loads((full_disk / "earlier.json").read_text()) == {"earlier": True}
     assert not [p for p in full_disk.rglob("*.tmp")]  # no temporary file of an atomic write left
+
+
+# test_faults' training loop (argv[1] steps), then it fills the disk argv[2] is on: torchrepro's
+# supervisor cannot record the end of the job
+FILLS_THE_DISK = (
+    LOOP
+    + """
+with open(sys.argv[2], "wb", buffering=0) as fp:
+    try:
+        while True:
+            fp.write(bytes(4096))
+    except OSError:
+        pass
+"""
+)
+
+
+def test_a_run_whose_supervisor_met_a_full_disk_says_so_not_the_oom_killer(tmp_path):
+    script = tmp_path / "fills.py"
+    script.write_text(FILLS_THE_DISK)
+    with _tmpfs(tmp_path / "disk", "4m") as disk:
+        proc = torchrepro("doctor", "--out", disk / "run", script, "--", "3", disk / "filler", cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        said = f"cannot write {disk / 'run' / 'run.json'}: No space left on device: free some space and run again"
+        assert proc.stderr.strip().splitlines()[-1] == f"torchrepro: error: {said}"
+        report = torchrepro("report", disk / "run", "--json", tmp_path / "r.json", cwd=tmp_path)
+    assert report.returncode == 3, report.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verdict"].startswith("INTERRUPTED")
+    finding = next(f for f in data["findings"] if f["code"] == "RUN_INTERRUPTED")
+    assert finding["title"].startswith(
+        "interrupted: the disk was full (ENOSPC) while writing run.json: torchrepro's supervisor (pid "
+    )
+    assert "OOM" not in json.dumps(data) and "SIGKILL" not in finding["hint"]
+    assert finding["evidence"]["write_error"] == {"errno": "ENOSPC", "file": "run.json"}

@@ -53,11 +53,12 @@ def exact(value: object) -> object:
     return value
 
 
-def encode(records: list[list[Any]], c: bool) -> tuple[bytes, list[str]]:
+def encode(records: list[list[Any]], c: bool, checked: bool = True) -> tuple[bytes, list[str]]:
     """The stream of ``records`` (FIELDS' values after ``_lines``) and, for each record, "ok" or the
-    TypeError it raised (a value the stream cannot hold: the record is not in the stream)."""
+    TypeError it raised (a value the stream cannot hold: the record is not in the stream);
+    ``checked``: records with their check (False: as torchrepro.steps/1 wrote them)."""
     with implementation(c):
-        encoder = Encoder(FIELDS)
+        encoder = Encoder(FIELDS, checked)
     out, outcome = [encoder.header()], []
     for record in records:
         try:
@@ -143,9 +144,10 @@ slow_ok = settings(
 @needs_c
 @slow_ok
 @given(records(), st.lists(st.integers(1, 64), max_size=4))
-def test_both_encoders_write_the_same_bytes_and_both_decoders_read_them_back(recs, pieces):
-    blob, outcome = encode(recs, True)
-    assert (blob, outcome) == encode(recs, False)
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
+def test_both_encoders_write_the_same_bytes_and_both_decoders_read_them_back(checked, recs, pieces):
+    blob, outcome = encode(recs, True, checked)
+    assert (blob, outcome) == encode(recs, False, checked)
     written = [r for r, o in zip(recs, outcome) if o == "ok"]
     events, damaged, problems, truncated, _ = decode(blob, True, pieces)
     assert (events, damaged, problems, truncated) == decode(blob, False, pieces)[:4]
@@ -162,8 +164,9 @@ def test_both_encoders_write_the_same_bytes_and_both_decoders_read_them_back(rec
     st.sampled_from(["flip", "cut", "insert", "delete"]),
     st.lists(st.integers(1, 40), max_size=3),
 )
-def test_damaged_streams_read_the_same_with_either_decoder(recs, edits, how, pieces):
-    blob = bytearray(encode(recs, False)[0])
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
+def test_damaged_streams_read_the_same_with_either_decoder(checked, recs, edits, how, pieces):
+    blob = bytearray(encode(recs, False, checked)[0])
     start = blob.index(b"\n") + 1  # the records (a damaged header is the Python header reader's, shared)
     for where, byte in edits:
         at = start + where % max(1, len(blob) - start)
@@ -182,8 +185,8 @@ def test_damaged_streams_read_the_same_with_either_decoder(recs, edits, how, pie
 @slow_ok
 @given(st.binary(max_size=400), st.booleans(), st.lists(st.integers(1, 40), max_size=3))
 def test_random_bytes_read_the_same_with_either_decoder(junk, keyframed, pieces):
-    header = Encoder(FIELDS).header()
-    agree(header + (KEYFRAME if keyframed else b"") + junk, pieces)
+    for checked in (True, False):
+        agree(Encoder(FIELDS, checked).header() + (KEYFRAME if keyframed else b"") + junk, pieces)
     agree(junk, pieces)  # no header at all
 
 
@@ -193,7 +196,7 @@ def test_hostile_records_are_damage_not_a_crash():
     Python decoder alone where the C one was not built: it once raised out of ``feed`` on an
     over-long length and on values nested past the recursion limit)."""
     built = [True, False] if C is not None else [False]
-    header = Encoder(FIELDS).header()
+    header = Encoder(FIELDS, checked=False).header()  # (records without their check: what is past it)
 
     def keyframe(body: bytes) -> bytes:
         """A keyframe record of ``body`` (every field's bit set, ``_lines`` and ``index`` 0 first)."""
@@ -288,6 +291,7 @@ def test_captured_runs_read_the_same_with_either_and_python_writes_them_again(no
     proc, out = noise_check
     streams = sorted(out.rglob("steps.bin"))
     assert proc.returncode == 1 and len(streams) >= 3, proc.stderr[-2000:]  # its two runs and a replay
+    sealed: list[bool] = []
     for stream in streams:
         logs = {}
         for c in (True, False):
@@ -301,7 +305,9 @@ def test_captured_runs_read_the_same_with_either_and_python_writes_them_again(no
             encoder = Encoder(_names(Step))
         assert not decoder.damaged and decoder.fields == encoder.fields
         again = encoder.header() + b"".join(encoder.encode([lines, *fields.values()]) for lines, fields in records)
-        assert again == raw
+        assert raw in (again, again + encoder.seal())  # (sealed where the writer closed it; a replay is killed)
+        sealed.append(raw != again)
+    assert any(sealed), sealed  # (the runs end: their writers close the logs)
 
 
 def test_the_extension_built_is_of_its_source_and_of_what_python_expects():

@@ -1,4 +1,4 @@
-"""The loss of a step is what the script prints for it (README, "the loss of a step"), at the
+"""The loss of a step is what the script prints for it (docs/commands.md, "the loss of a step"), at the
 precision the script computed it: real scripts with several backward() calls per step, run under
 ``torchrepro run``, their printed losses compared bit for bit with the step events and the report."""
 

@@ -25,6 +25,7 @@ from torchrepro.eventlog.events import (
     EventWriter,
     Header,
     Params,
+    STEP_FIELDS,
     Step,
     read_events,
     write_all,
@@ -155,18 +156,31 @@ def test_a_model_of_over_70_parameter_tensors_fingerprinted_every_step_reads_bac
     assert [s.param_fps for s in log.of(Step)] == [s.param_fps for s in steps]
 
 
-def test_fields_are_matched_by_name_across_versions(tmp_path):
-    """A stream from a writer whose steps had a field this one lacks (ignored) and lacked one it has
-    (its default)."""
-    names = [n for n in Step.__dataclass_fields__ if n != "compiles"] + ["from_the_future"]
-    encoder = Encoder(names)
-    values = {**Step(index=4, step=4, loss=0.5).to_json(), "from_the_future": [1]}
+def test_fields_are_matched_by_name_and_a_name_no_step_has_is_damage(tmp_path):
+    """A stream from a writer whose steps lacked a field this one has (its default) reads; one that
+    names a field no step has (a renamed or damaged header) is damage: nothing of it reads as
+    default steps."""
     path = tmp_path / "rank-0" / "events.jsonl"
     write_all(path, [Header()])
-    path.with_name(STEPS_FILE).write_bytes(encoder.header() + encoder.encode([1, *(values[n] for n in names)]))
+    values = Step(index=4, step=4, loss=0.5).to_json()
+    older = [n for n in STEP_FIELDS if n != "compiles"]
+    encoder = Encoder(older)
+    path.with_name(STEPS_FILE).write_bytes(encoder.header() + encoder.encode([1, *(values[n] for n in older)]))
     log = read_events(path)
     (step,) = log.of(Step)
     assert (step.index, step.loss, step.compiles) == (4, 0.5, 0) and not log.problems
+
+    renamed = [n.upper() for n in STEP_FIELDS]
+    encoder = Encoder(renamed)
+    stream = encoder.header() + b"".join(encoder.encode([i, i, *[None] * (len(renamed) - 1)]) for i in range(3))
+    path.with_name(STEPS_FILE).write_bytes(stream)
+    log = read_events(path)
+    assert log.of(Step) == [] and log.bad_lines == 1, log.problems
+    (problem,) = log.problems
+    assert (
+        "steps.bin: byte 0: a header naming fields no step has ('T', 'RANK', 'STEP'" in problem
+        and "expected names among" in problem
+    )
 
 
 def doctor_like_steps(n: int, seed: int = 0) -> list[Step]:

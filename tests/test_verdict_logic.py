@@ -1,5 +1,5 @@
 """The verdict logic on hand-built event logs (no training): every way a run can end, and what
-may then be claimed. Also the public API exactly as the README shows it."""
+may then be claimed. Also the public API exactly as docs/library.md shows it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from torchrepro.analysis.verdict import Ending, compare_lengths, describe_exit, ending, judge, verdict_line
 from torchrepro.eventlog.events import Capability, End, EventLog, Header, Step
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+LIBRARY_DOC = Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
 def log(rank: int = 0, steps: int = 3, end: End | None = End(), world: int = 1, **header) -> EventLog:
@@ -54,6 +54,18 @@ def test_damaged_and_foreign_logs():
     assert e.unreadable and not e.steps
     assert judge(False, False, 0, [e], unreadable_exit=2) == ("nothing_compared", 2)
     assert judge(False, False, 0, [e], unreadable_exit=3) == ("nothing_compared", 3)
+
+
+def test_a_problem_in_the_log_is_damage_but_an_older_unchecked_step_log_is_not():
+    from torchrepro.eventlog.stepstream import UNCHECKED
+
+    old = log()
+    old.problems.append(f"rank-0/steps.bin: {UNCHECKED}")
+    assert ending("a", {}, [old]).ok
+    damaged = log()
+    damaged.problems.append("rank-0/steps.bin: byte 12: a record where a keyframe must be")
+    e = ending("a", {}, [damaged])
+    assert not e.ok and "byte 12" in e.problems[0]
 
 
 def test_capture_that_stopped_is_not_a_complete_record():
@@ -140,8 +152,8 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
-def test_readme_library_block_runs_as_shown(tmp_path):
-    block = re.search(r"## Library\n.*?```python\n(.*?)```", README.read_text(), re.S).group(1)
+def test_library_doc_block_runs_as_shown(tmp_path):
+    block = re.search(r"## The API in one block\n.*?```python\n(.*?)```", LIBRARY_DOC.read_text(), re.S).group(1)
     proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 5

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._lazy import lazy_api
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
 
 _API = {  # name -> the submodule defining it (a submodule's own name: the submodule itself)
     "seed_everything": "seed",

@@ -22,7 +22,20 @@ from .report.sanitize import visible
 
 
 # the sub-commands, in the order --help lists them; each is the module torchrepro.commands.<name, "-" as "_">
-COMMANDS = ("doctor", "check", "check-resume", "diff", "repro", "report", "run", "cache", "watch", "drift", "env")
+COMMANDS = (
+    "doctor",
+    "check",
+    "check-resume",
+    "compare",
+    "diff",
+    "repro",
+    "report",
+    "run",
+    "cache",
+    "watch",
+    "drift",
+    "env",
+)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -33,7 +46,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="torchrepro",
         description="Reproducible torch.compile training, and why a run is not.",
         epilog="Exit codes: 0 ok, 1 fails a budget or not reproducible, 2 usage/input error, 3 script failed, "
-        "128+N stopped by signal N (130 SIGINT, 143 SIGTERM).",
+        "128+N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP).",
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -62,7 +75,12 @@ def _check_torch_logs() -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    return finish(args.func(args), args)
+    if args.command == "run":  # a rank: its capture records how a signal ended it (capture.session)
+        return finish(args.func(args), args)
+    from .commands.launcher import stop_signals
+
+    with stop_signals():  # SIGINT, SIGTERM, SIGHUP alike: to the jobs running, else one line and 128 + N
+        return finish(args.func(args), args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,4 +29,5 @@ class Stopped(UserError):
 
     def __init__(self, message: str, signal_name: str):
         super().__init__(message)
+        self.signal_name = signal_name
         self.exit_code = stop_exit_code(signal_name)

@@ -20,13 +20,16 @@ from typing import TypedDict
 
 from ..eventlog.events import Capability, Compile, EventLog, GraphProbe, Step
 from .divergence import (
+    SKETCH_CONFIDENCE,
     Divergence,
     Tolerance,
     compare_replays,
     compile_differences,
+    coverage,
     environment_differences,
     first_divergence,
     settings,
+    sketch_error,
     steps_compared,
 )
 from ..report.model import CurvePoint, Finding, FirstDivergence, JsonObject, LocalisationKey
@@ -395,7 +398,24 @@ def _largest_difference(curve: list[CurvePoint], logs_a: list[EventLog], logs_b:
         for s in log.of(Step)
         if s.loss is not None and (loss_b := losses_b.get((log.rank, s.index))) is not None
     ]
-    return {"params_max_abs": max((c["max_abs"] for c in curve), default=None), "loss_max_abs": max(loss, default=None)}
+    kept = [c["max_abs"] for c in curve if c["max_abs"] is not None]
+    return {"params_max_abs": max(kept, default=None), "loss_max_abs": max(loss, default=None)}
+
+
+def curve_estimate_note(curve: list[CurvePoint]) -> str | None:
+    """What the curve's estimated points are (None: every point exact): where only sketches were
+    kept, max |Δparam| is not known and the L2 difference is estimated."""
+    estimated = [c for c in curve if c.get("estimated")]
+    if not estimated:
+        return None
+    dims = min(c["sketch_dims"] or 0 for c in estimated)
+    steps = ", ".join(str(c["step"]) for c in estimated[:6]) + (", …" if len(estimated) > 6 else "")
+    return (
+        f"divergence curve at step(s) {steps}: the parameter difference's L2 norm is estimated from a "
+        f"{dims}-dim projection of each tensor, relative error <= {sketch_error(dims):.2f} with probability "
+        f">= {SKETCH_CONFIDENCE:.2f}; max |Δparam| is exact only where both runs kept the step's parameters "
+        "(the last step, where both ended there) or only tensors small enough to be kept whole differ"
+    )
 
 
 def _step_clock(logs: list[EventLog]) -> str | None:
@@ -416,12 +436,20 @@ def determinism_section(
     endings: list[Ending],
     tol: Tolerance,
     unreadable_exit: int,
+    pair: tuple[str, str] | None = None,
+    first_step: int | None = None,
 ) -> JsonObject:
     """The report's ``determinism`` section for one pair of runs, its verdict earned from what was
-    compared and from how every run ended (:mod:`torchrepro.analysis.verdict`). ``curve`` is the
-    parameter difference per snapshot step (empty without snapshots)."""
+    compared (:func:`~.divergence.coverage`: ``pair`` names the two runs, by default the first and
+    last of ``labels``; steps before ``first_step`` are not expected in both) and from how every
+    run ended (:mod:`torchrepro.analysis.verdict`). ``curve`` is the parameter difference per
+    snapshot step (empty without snapshots)."""
     compared = steps_compared(logs_a, logs_b)
-    verdict, exit_code = judge(div is not None, within, compared, endings, unreadable_exit)
+    covered = coverage(logs_a, logs_b, pair or (labels[0], labels[-1]), first_step)
+    # a divergence found among steps duplicated or out of order is the damage's, not the runs'
+    verdict, exit_code = judge(
+        div is not None and not covered.damaged, within, compared, endings, unreadable_exit, covered.incomplete_because
+    )
     first: FirstDivergence | None = None
     if div is not None:
         module = (
@@ -460,7 +488,13 @@ def determinism_section(
         "endings": [e.to_json() for e in endings],
         "environment_differences": env,
         "step_clock": _step_clock(logs_a),
+        "evidence_compared": covered.compared,
+        "not_compared": covered.not_compared,
+        "incomplete_because": covered.incomplete_because,
     }
+    estimate = curve_estimate_note(curve)
+    if estimate:
+        notes.append(estimate)
     if verdict == "nothing_compared":
         det["nothing_compared_because"] = nothing_compared_because(endings)
     if verdict == "within_tolerance":
@@ -486,6 +520,20 @@ def divergence_findings(det: JsonObject, key: str | None) -> list[Finding]:
         for e in det["endings"]
         if not e["ended_normally"]
     ]
+    if det["verdict"] == "incomplete" and det.get("incomplete_because"):
+        out.append(
+            Finding(
+                "COMPARISON_INCOMPLETE",
+                "error",
+                "the comparison does not cover both runs: " + "; ".join(det["incomplete_because"][:5]),
+                hint="Steps or evidence that only one run holds were not compared, so agreement over the rest proves "
+                "nothing about them. Record both runs with the same options, from undamaged logs, and compare again.",
+                evidence={
+                    "incomplete_because": det["incomplete_because"],
+                    "evidence_compared": det["evidence_compared"],
+                },
+            )
+        )
     if det["verdict"] == "diverged" and fd is not None:
         hint = CAUSE_HINTS[key or fd["cause"]]
         if det.get("fixes"):  # measured: recommend only what was tried and bit-exact

@@ -98,10 +98,31 @@ def interrupted_line(meta: JsonObject, run: JsonObject) -> str | None:
     if not isinstance(lost, dict):
         return None
     steps = [r["last_step"] for r in run["ranks"].values() if r["last_step"] is not None]
+    last = f"last step seen: {max(steps) if steps else 'none'}"
+    failed = lost.get("write_error")
+    if isinstance(failed, dict):
+        return (
+            f"{_write_failure(failed)}: torchrepro's supervisor (pid {lost.get('supervisor_pid')}) could not "
+            f"record the end of the job; {last}"
+        )
     return (
-        f"torchrepro's supervisor (pid {lost.get('supervisor_pid')}) ended without recording "
-        f"the end of the job; last step seen: {max(steps) if steps else 'none'}"
+        f"torchrepro's supervisor (pid {lost.get('supervisor_pid')}) ended without recording the end of the job; {last}"
     )
+
+
+_WRITE_ERRORS = {
+    "ENOSPC": "the disk was full",
+    "EDQUOT": "the disk quota was exceeded",
+    "EROFS": "the disk was read-only",
+}
+
+
+def _write_failure(failed: JsonObject) -> str:
+    """``the disk was full (ENOSPC) while writing run.json``: what the supervisor kept when a write
+    failed (:func:`~torchrepro.eventlog.rundir.record_write_error`)."""
+    name = str(failed.get("errno"))
+    what = _WRITE_ERRORS.get(name, "a write failed")
+    return f"{what} ({name}) while writing {failed.get('file')}"
 
 
 def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -> list[Finding]:
@@ -113,8 +134,13 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 "RUN_INTERRUPTED",
                 "error",
                 f"interrupted: {interrupted}",
-                hint="torchrepro was killed (SIGKILL, the OOM killer) while the job ran; the job was ended with it. "
-                "Everything recorded before is analysed; run it again for a verdict.",
+                hint=(
+                    "Free some space (or fix the disk) and run it again for a verdict."
+                    if meta["interrupted"].get("write_error")
+                    else "torchrepro was most likely killed by SIGKILL while the job ran (a guess: nothing recorded "
+                    "says why; the OOM killer is the usual cause); the job was ended with it."
+                )
+                + " Everything recorded before is analysed.",
                 evidence={**meta["interrupted"], "last_steps": {r: i["last_step"] for r, i in run["ranks"].items()}},
             )
         )

@@ -76,15 +76,41 @@ def world_size(logs: list[EventLog], meta: JsonObject | None = None) -> int:
     return max([*sizes, max((log.rank + 1 for log in logs), default=1)])
 
 
+MAX_LISTED_RANKS = 1024  # missing ranks listed one by one at most (the rest are said as ranges)
+
+
+def missing_rank_ranges(logs: list[EventLog], meta: JsonObject | None = None) -> list[range]:
+    """Ranks that the world size says exist but that wrote no event log (see :func:`world_size`),
+    as ranges between the ranks present: as many as there are ranks present, plus one, however
+    large the world size a log claims. A verdict over the others says nothing about them.
+
+    >>> [(r.start, r.stop) for r in missing_rank_ranges([], {"world_size": 10**9})]
+    [(0, 1000000000)]
+    """
+    size = world_size(logs, meta)
+    out, start = [], 0
+    for rank in sorted({log.rank for log in logs}) + [size]:
+        if rank > start:
+            out.append(range(start, min(rank, size)))
+        start = max(start, rank + 1)
+    return [r for r in out if r]
+
+
 def missing_ranks(logs: list[EventLog], meta: JsonObject | None = None) -> list[int]:
-    """Ranks that the world size says exist but that wrote no event log (see :func:`world_size`);
-    a verdict over the others says nothing about them.
+    """The first :data:`MAX_LISTED_RANKS` of :func:`missing_rank_ranges`, one by one.
 
     >>> run = load_run("RUN_DIR"); missing_ranks(run.logs, run.meta)  # doctest: +SKIP
     [1]
     """
-    present = {log.rank for log in logs}
-    return [rank for rank in range(world_size(logs, meta)) if rank not in present]
+    out: list[int] = []
+    for gap in missing_rank_ranges(logs, meta):
+        out += gap[: MAX_LISTED_RANKS - len(out)]
+    return out
+
+
+def missing_text(gaps: list[range]) -> str:
+    """``"1, 3, 5–999999"``: missing ranks as :func:`missing_rank_ranges` gives them."""
+    return ", ".join(str(g.start) if len(g) == 1 else f"{g.start}–{g.stop - 1}" for g in gaps)
 
 
 def placement(logs: list[EventLog]) -> dict[int, Placement]:
@@ -112,21 +138,27 @@ def placement(logs: list[EventLog]) -> dict[int, Placement]:
 
 def world_findings(logs: list[EventLog], meta: JsonObject) -> list[Finding]:
     """``RANKS_MISSING``: ranks the world size says exist but that wrote no log."""
-    missing = missing_ranks(logs, meta)
-    if not missing:
+    gaps = missing_rank_ranges(logs, meta)
+    if not gaps:
         return []
-    size = world_size(logs, meta)
+    size, count = world_size(logs, meta), sum(map(len, gaps))
+    shown = missing_text(gaps[:20]) + (", ..." if len(gaps) > 20 else "")
     return [
         Finding(
             "RANKS_MISSING",
             "error",
-            f"the job has {size} ranks but {len(missing)} wrote no event log (rank{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(map(str, missing[:20]))}{', ...' if len(missing) > 20 else ''}): this report covers "
-            f"{size - len(missing)} of {size}",
+            f"the job has {size} ranks but {count} wrote no event log (rank{'s' if count > 1 else ''} "
+            f"{shown}): this report covers {size - count} of {size}",
             hint="A rank without a log was not captured: its node's RUN_DIR/rank-*/ folders were not copied here, it "
             "died before capture started, or it was started outside torchrepro's reach (another Python or "
             "environment without torchrepro, python -I/-S). Nothing is known about the missing ranks.",
-            evidence={"world_size": size, "missing": missing, "ranks_present": sorted(log.rank for log in logs)},
+            evidence={
+                "world_size": size,
+                "missing": missing_ranks(logs, meta),
+                "missing_count": count,
+                "missing_ranges": missing_text(gaps[:MAX_LISTED_RANKS]),
+                "ranks_present": sorted(log.rank for log in logs),
+            },
         )
     ]
 

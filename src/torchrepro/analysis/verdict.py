@@ -1,9 +1,11 @@
 """What a comparison of runs may claim, from what was compared and how every run ended.
 
 A verdict is earned: ``bit_exact`` needs at least one compared step, no difference in any of
-them, and every run ended normally (exit 0, an end record on every rank the world had, an
-undamaged log of this schema, as many steps as its twin). Anything less is ``incomplete``
-(the compared steps agree, but a run did not end normally), ``nothing_compared``,
+them, every run ended normally (exit 0, an end record on every rank the world had, an
+undamaged log of this schema, as many steps as its twin), every step of both runs paired once
+and in order, and every kind of evidence one run holds at a step held by the other too.
+Anything less is ``incomplete`` (the compared steps agree, but a run did not end normally or
+the comparison does not cover both runs), ``nothing_compared``,
 ``within_tolerance`` (differences, all within ``--rtol``/``--atol``) or ``diverged``. Pure:
 run metadata and event logs in, verdict out; nothing here imports torch.
 """
@@ -16,7 +18,7 @@ from typing import TypedDict
 
 from ..eventlog.events import Capability, EventLog, Step
 from ..report.model import JsonObject, Verdict, comparison_exit_code
-from .ranks import missing_ranks, world_size
+from .ranks import missing_rank_ranges, missing_text, world_size
 
 
 class EndingRecord(TypedDict):
@@ -83,12 +85,14 @@ def ending(label: str, meta: JsonObject, logs: list[EventLog]) -> Ending:
             out.problems.append(f"rank {log.rank}: {end.status} ({how})" + (f": {end.error}" if end.error else ""))
         if log.bad_lines:
             out.problems.append(f"rank {log.rank}: {log.bad_lines} damaged line(s) in its event log")
+        elif log.damage:
+            out.problems.append(f"rank {log.rank}: its event log is damaged ({log.damage[0]})")
         stopped = next((c for c in log.of(Capability) if c.name == "capture_error"), None)
         if stopped is not None:
             out.problems.append(f"rank {log.rank}: {stopped.note} (at step {stopped.step}; later steps not recorded)")
-    missing = missing_ranks(logs, meta)
+    missing = missing_rank_ranges(logs, meta)
     if missing:
-        out.problems.append(f"rank(s) {', '.join(map(str, missing))} of {world_size(logs, meta)} wrote no event log")
+        out.problems.append(f"rank(s) {missing_text(missing[:20])} of {world_size(logs, meta)} wrote no event log")
     lost = meta.get("interrupted")  # set when the run directory is read (eventlog.rundir.supervisor_lost)
     if isinstance(lost, dict):
         out.problems.append(
@@ -137,16 +141,23 @@ def nothing_compared_because(endings: list[Ending]) -> str:
 
 
 def judge(
-    diverged: bool, within_tolerance: bool, steps_compared: int, endings: list[Ending], unreadable_exit: int = 2
+    diverged: bool,
+    within_tolerance: bool,
+    steps_compared: int,
+    endings: list[Ending],
+    unreadable_exit: int = 2,
+    incomplete_because: list[str] | None = None,
 ) -> tuple[str, int]:
     """The verdict and the exit code: ``unreadable_exit`` when a log cannot be read (2 for
     stored runs given as input; 3 for runs a check launched), 3 when a run did not end
-    normally, 1 when the runs diverged or nothing was compared, else 0."""
+    normally or the comparison does not cover both runs (``incomplete_because``: steps not
+    paired, evidence one run lacks; see :class:`~.divergence.Coverage`), 1 when the runs
+    diverged or nothing was compared, else 0."""
     if diverged:
         verdict = "diverged"
     elif steps_compared == 0:
         verdict = "nothing_compared"
-    elif any(not e.ok for e in endings):
+    elif any(not e.ok for e in endings) or incomplete_because:
         verdict = "incomplete"
     else:
         verdict = "within_tolerance" if within_tolerance else "bit_exact"
@@ -174,6 +185,9 @@ def verdict_line(det: JsonObject) -> str:
             "in loss — not bit for bit"
         )
     if v == "incomplete":
+        gaps = det.get("incomplete_because") or []
+        if not failed:
+            return f"INCOMPLETE: the comparison ({n} step(s)) does not cover both runs — {gaps[0]}"
         return f"INCOMPLETE: the {n} step(s) both runs recorded agree, but not every run ended normally — {how}"
     if v == "nothing_compared":
         return f"NOTHING COMPARED: {det.get('nothing_compared_because', 'no common step')}" + (

@@ -11,12 +11,13 @@ manifest declares against a limit (:data:`MAX_EXPANSION` times the pack's size u
 otherwise: a small compressed pack that expands to gigabytes is refused) and against the free
 disk space, and each member's size against the manifest before writing it, reading no more than
 that. It extracts into temporary directories next to the targets, checks every hash against the
-manifest, and only then moves the files in, keeping any newer file already there. A failure at
-any point leaves the targets as they were.
+manifest, and only then moves the files in, keeping any newer file already there (into a cache
+that exists, under its lock: :mod:`.lock`). A failure at any point leaves the targets as they were.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -35,7 +36,9 @@ from typing import IO, Callable, Iterable, TypedDict
 
 from .. import __version__
 from ..errors import InputError, UserError
+from ..eventlog.jsoncheck import loads, schema_problem
 from ..eventlog.outputs import check, written
+from .lock import cache_lock
 from .signing import SIGNATURE, sign, signer, trusted_keys
 from ..report.model import Build
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
@@ -344,23 +347,39 @@ def _open_tar(path: Path) -> tarfile.TarFile:
         raise InputError(f"cannot read {path}: {_why(exc)}") from None
 
 
+_MANIFEST_SCHEMA = {  # what reading and unpacking a pack relies on (pack() writes more: kept as written)
+    "type": "object",
+    "required": ["schema", "files"],
+    "properties": {
+        "schema": {"const": PACK_SCHEMA},
+        "build": {"type": "object"},
+        "files": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["area", "path", "sha256", "size"],
+                "properties": {
+                    "area": {"enum": list(AREAS)},
+                    "path": {"type": "string", "maxLength": 4096},
+                    "sha256": {"type": "string", "maxLength": 64},
+                    "size": {"type": "integer", "minimum": 0, "maximum": 2**53},
+                    "mtime": {"type": "number"},
+                },
+            },
+        },
+    },
+}
+
+
 def parse_manifest(data: bytes, where: str) -> PackManifest:
-    """A pack manifest from its bytes, validated; :class:`InputError` names ``where`` otherwise."""
+    """A pack manifest from its bytes, checked against its schema and bounds; :class:`InputError`
+    names ``where`` and the field otherwise."""
     try:
-        manifest: PackManifest = json.loads(data)
-        files = manifest["files"]
-        if manifest.get("schema") != PACK_SCHEMA or not isinstance(files, list):
-            raise ValueError(f"schema {manifest.get('schema')!r}")
-        for f in files:
-            if not (
-                f["area"] in AREAS
-                and isinstance(f["path"], str)
-                and isinstance(f["sha256"], str)
-                and isinstance(f["size"], int)
-            ):
-                raise ValueError("bad file record")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        manifest: PackManifest = loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: unreadable manifest ({_why(exc)})") from None
+    if (problem := schema_problem(manifest, _MANIFEST_SCHEMA)) is not None:
+        raise InputError(f"{where}: unreadable manifest ({problem})")
     return manifest
 
 
@@ -605,17 +624,19 @@ def unpack(
             hint = " (pass --force to unpack anyway)" if check.problems[0].startswith("built for") else ""
             raise InputError(f"{check.path}: {check.problems[0]}{hint}; nothing was unpacked")
         move = _Move()
-        try:
-            for area in AREAS:
-                if area in staging.dirs:
-                    move.commit(
-                        staging.dirs[area], targets[area], [f for f in check.manifest["files"] if f["area"] == area]
-                    )
-        except OSError as exc:
-            move.undo()
-            raise InputError(
-                f"could not move the files into {targets['cache']} ({exc.strerror or exc}); nothing was changed"
-            ) from None
+        # into a cache that exists, one process at a time (cache.lock; a new one appears whole, by one rename)
+        with cache_lock(targets["cache"]) if targets["cache"].is_dir() else contextlib.nullcontext():
+            try:
+                for area in AREAS:
+                    if area in staging.dirs:
+                        move.commit(
+                            staging.dirs[area], targets[area], [f for f in check.manifest["files"] if f["area"] == area]
+                        )
+            except OSError as exc:
+                move.undo()
+                raise InputError(
+                    f"could not move the files into {targets['cache']} ({exc.strerror or exc}); nothing was changed"
+                ) from None
     finally:
         staging.remove()
     built: Mapping[str, object] = check.manifest.get("build", {})

@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 import socket
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Mapping
 
 from .._dist import from_env
 from ..errors import InputError, UserError
@@ -120,24 +119,6 @@ def _warn_if_others_can_write(directory: Path) -> None:
         warnings.warn(f"torchrepro: {risk}", stacklevel=3)
 
 
-@contextmanager
-def _exclusive(directory: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``directory`` (ranks sharing it unpack one at a time)."""
-    try:
-        import fcntl
-    except ImportError:  # no flock on this platform: unpack is atomic per file anyway
-        yield
-        return
-    lock_dir = directory / "locks"
-    lock_dir.mkdir(exist_ok=True)
-    with open(lock_dir / "torchrepro-prewarm.lock", "a") as fp:
-        fcntl.flock(fp, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fp, fcntl.LOCK_UN)
-
-
 def prewarm(
     pack: str | os.PathLike[str],
     policy: str = PREWARM_POLICY,
@@ -149,7 +130,9 @@ def prewarm(
 ) -> CachePlan:
     """:func:`configure`, then unpack a warm-start pack into this process's cache directory so
     the first step loads compiled kernels instead of compiling. Ranks that share a directory
-    unpack one after the other (a file lock); files already there are kept. A pack that cannot
+    move the files in one after the other (the cache's lock, :mod:`torchrepro.cache.lock`, which
+    says on stderr what it waits for and gives up after ``TORCHREPRO_LOCK_TIMEOUT`` s: a cold
+    start); files already there are kept. A pack that cannot
     be used (damaged, built for another torch, or not signed by a trusted key) is a warning and a
     cold start, unless ``strict``. Trust is :func:`~torchrepro.cache.archive.unpack`'s: keys from
     ``trusted``, else ``TORCHREPRO_TRUSTED_KEYS``; ``allow_unsigned`` (default: ``TORCHREPRO_ALLOW_UNSIGNED=1``,
@@ -160,18 +143,17 @@ def prewarm(
     from .archive import unpack, unverified
 
     chosen = configure(policy, root)
-    with _exclusive(chosen.inductor_dir):
-        try:
-            if allow_unsigned is None:
-                allow_unsigned = os.environ.get(ALLOW_UNSIGNED_VAR) == "1"
-            result = unpack(pack, into=chosen.inductor_dir, trusted=trusted, allow_unsigned=allow_unsigned)
-        except InputError as exc:
-            if strict:
-                raise
-            warnings.warn(f"torchrepro: warm start skipped, compiling cold: {exc}", stacklevel=2)
-        else:
-            if not result["verified"]:
-                warnings.warn(f"torchrepro: {unverified(result)}", stacklevel=2)
+    try:
+        if allow_unsigned is None:
+            allow_unsigned = os.environ.get(ALLOW_UNSIGNED_VAR) == "1"
+        result = unpack(pack, into=chosen.inductor_dir, trusted=trusted, allow_unsigned=allow_unsigned)
+    except InputError as exc:
+        if strict:
+            raise
+        warnings.warn(f"torchrepro: warm start skipped, compiling cold: {exc}", stacklevel=2)
+    else:
+        if not result["verified"]:
+            warnings.warn(f"torchrepro: {unverified(result)}", stacklevel=2)
     return chosen
 
 

@@ -9,7 +9,9 @@ machine that checks packs cannot forge one (with a shared secret every verifier 
 Keys: ``keygen`` writes the private key (PEM, PKCS#8, mode 0600) and ``KEYFILE.pub``, one line
 ``torchrepro-ed25519 <base64 of the 32 raw bytes>``. A signed pack holds
 ``torchrepro-pack.sig`` right after its manifest: JSON with the public key and the signature,
-both base64.
+both base64. A key is read only from a regular file (a FIFO or a device is refused, never waited
+on); a private key others can read and a trusted public key others can write are refused, with the
+``chmod`` that fixes them (:func:`read_key`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import binascii
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -34,6 +37,36 @@ _KEY_LIMIT = 64 << 10
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+
+def read_key(path: Path, what: str, *, private: bool) -> bytes:
+    """The bytes of the key file ``path`` (at most 64 KiB), ``what`` naming it in errors: an
+    :class:`InputError` for anything but a regular file (opened without waiting: a FIFO is refused,
+    not read), for a ``private`` key that group or others may read (``chmod 600``) and for a public
+    key that group or others may write (anyone could put their key among the trusted: ``chmod 644``)."""
+    from ..eventlog.events import open_regular
+
+    try:
+        fp = open_regular(path)
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except InputError:
+        raise InputError(
+            f"{what} {path} is not a regular file (a FIFO, a device or a directory): give the key file"
+        ) from None
+    with fp:
+        mode = os.fstat(fp.fileno()).st_mode
+        if private and mode & 0o077:
+            raise InputError(f"{what} {path} can be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 {path}")
+        if not private and mode & 0o022:
+            raise InputError(
+                f"{what} {path} can be written by others (mode {stat.S_IMODE(mode):o}), who could add their "
+                f"key: chmod 644 {path}"
+            )
+        try:
+            return fp.read(_KEY_LIMIT)
+        except OSError as exc:
+            raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 
 
 def fingerprint(raw: bytes) -> str:
@@ -98,9 +131,7 @@ def sign(manifest: bytes, keyfile: str | os.PathLike[str]) -> bytes:
 
     path = Path(keyfile)
     try:
-        key = load_pem_private_key(path.read_bytes(), password=None)
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        key = load_pem_private_key(read_key(path, "signing key", private=True), password=None)
     except (ValueError, TypeError):
         key = None
     if not isinstance(key, Ed25519PrivateKey):
@@ -142,11 +173,7 @@ def trusted_keys(paths: Iterable[str | os.PathLike[str]] | None = None) -> dict[
         paths = [p for p in os.environ.get(TRUSTED_VAR, "").split(os.pathsep) if p]
     keys = {}
     for path in map(Path, paths):
-        try:
-            with open(path, "rb") as fp:
-                text = fp.read(_KEY_LIMIT).decode("utf-8", "replace")
-        except OSError as exc:
-            raise InputError(f"cannot read trusted key {path}: {exc.strerror or exc}") from None
+        text = read_key(path, "trusted key", private=False).decode("utf-8", "replace")
         found = 0
         for line in text.splitlines():
             kind, _, b64 = line.strip().partition(" ")

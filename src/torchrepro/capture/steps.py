@@ -7,7 +7,7 @@
 - The loss is the scalar that ``.backward()`` was called on (``torch.autograd.backward`` is
   wrapped: a CPU loss is read there, ``item()``, while it is in the caches; of a device loss the
   wrapper keeps a detached reference, no copy, no sync, read back with the step), at its own precision. A
-  step's loss is what the script prints for it (README, "the loss of a step"): with one ``backward()``, its
+  step's loss is what the script prints for it (docs/commands.md, "the loss of a step"): with one ``backward()``, its
   value; with several before the step (gradient accumulation: micro-losses scaled for
   ``backward()``), their sum in the losses' dtype, added in order as ``total += loss`` adds
   them; with a closure passed to ``optimizer.step()`` (LBFGS calls it many times), the first
@@ -46,16 +46,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import _compat as compat
 from ..eventlog.events import Capability, Event, InitParams, Params, Setting, Step
 from ..digests import DeviceDigest, fingerprint, fingerprint_later, hash_bytes
 from ..rng import combine, live_fingerprints
-from ..eventlog.rundir import atomic_path
 from .on_import import when_imported
 from .readback import Readback
+from .snapshots import SnapshotWriter
 
 Digest = str | DeviceDigest  # a fingerprint, or one whose device sums are still to be read
 
@@ -73,7 +72,9 @@ class StepConfig:
     grads: bool = False
     batches: bool = True
     rng: bool = True
-    snapshots: bool = False  # save parameter values (npz) at steps 0-15, powers of two, and the last
+    snapshots: bool = (
+        False  # parameter sketches at steps 0-15, powers of two and the last; the last step whole (snapshots.py)
+    )
     # doctor: RNG, batch and parameter digests only while the process is one of several ranks (the
     # cross-rank checks compare them); one process's compile health needs none (docs/performance.md)
     ranks_only: bool = False
@@ -121,6 +122,8 @@ class StepRecorder:
         self.failed = False
         self._names: list[str] | None = None
         self._last_snapshot: int | None = None
+        self._snapshots: SnapshotWriter | None = None
+        self._snapshots_skipped = False  # a full snapshot was not written (said once)
         self.listeners: list[Callable[[int], None]] = []  # called with each finished step's index
         self.clock: str | None = None  # "optimizer" or "backward", once known
         self._optimizers_made = 0
@@ -570,12 +573,12 @@ class StepRecorder:
             )
 
     def _snapshot(self, index: int) -> None:
-        # Any: numpy's stub would match a dict of arrays, unpacked, against savez's allow_pickle: bool
-        arrays: dict[str, Any] = {name: _to_numpy(p) for name, p in zip(self._names or [], self._params or [])}
-        folder = Path(self.snapshot_dir or "snapshots")
-        folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(folder / f"step-{index:07d}.npz") as tmp, open(tmp, "wb") as fp:
-            np.savez(fp, **arrays)
+        if self._snapshots is None:
+            self._snapshots = SnapshotWriter(Path(self.snapshot_dir or "snapshots"))
+        skipped = self._snapshots.write(index, self._names or [], self._params or [])
+        if skipped and not self._snapshots_skipped:
+            self._snapshots_skipped = True
+            self._emit(Capability(rank=self.rank, step=index, name="snapshots", available=False, note=skipped))
         self._last_snapshot = index
 
     def flush(self) -> None:
@@ -689,13 +692,6 @@ def _combined(digests: list[str]) -> str:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a DTensor (FSDP2 shards, tensor-parallel pieces); a plain tensor as is."""
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _to_numpy(p: torch.Tensor) -> np.ndarray[Any, Any]:
-    t = _local(p).detach().cpu()
-    wide = t.float() if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) else t
-    array: np.ndarray[Any, Any] = wide.numpy().copy()
-    return array
 
 
 def _kind(p: torch.Tensor) -> str:

@@ -28,7 +28,7 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
     """A command's exit code; for a report, after writing, recording and rendering it."""
     if isinstance(outcome, int):
         return outcome
-    from ..report.model import CheckReport, DriftReport
+    from ..report.model import CheckReport, CompareReport, DriftReport
 
     report, where = outcome.report, outcome.stored_in
     _write_outputs(report, args)
@@ -40,7 +40,11 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
         render_drift(report, report_path=f"{where / REPORT_FILE} · {where / HTML_FILE}")
         return report.exit_code
     shown = _report_paths(where) if where else (getattr(args, "html", None) or getattr(args, "json", None))
-    if isinstance(report, CheckReport):
+    if isinstance(report, CompareReport):
+        from ..report.terminal import render_compare
+
+        render_compare(report, report_path=shown)
+    elif isinstance(report, CheckReport):
         from ..report.terminal import render_check
 
         render_check(report, report_path=shown)

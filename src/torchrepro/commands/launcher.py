@@ -15,14 +15,14 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 from .. import _state
-from ..errors import InputError
+from ..errors import InputError, Stopped
 from ..telemetry.otlp import launch_span
 from ..runtime.options import RunOptions
 from ..runtime.runner import die_with_parent, libc_prctl
@@ -272,6 +272,23 @@ def end_jobs(jobs: Iterable[Job], grace: float = GRACE_S) -> None:
             pass
 
 
+def wait_stoppable(job: Job, every: Callable[[], None] | None = None) -> tuple[int, str | None]:
+    """:func:`wait_job` with the stop signals to torchrepro forwarded to the job
+    (:class:`_ForwardStops`: SIGKILL :data:`GRACE_S` s later or at a second signal; ``every`` is no
+    longer called once stopped): its exit code, and the name of the signal that stopped it (None:
+    none did)."""
+    with _ForwardStops(job) as stops:
+
+        def check() -> None:
+            if stops.overdue():
+                job.signal(signal.SIGKILL)
+            elif stops.signum is None and every is not None:
+                every()
+
+        code = wait_job(job, check)
+    return code, stops.name
+
+
 def _stop_stalled(job: Job, run_dir: Path) -> None:
     """Ask every rank for its Python stacks (SIGUSR1 → faulthandler), then end the job."""
     for pid in _rank_pids(run_dir):
@@ -294,8 +311,9 @@ class _ForwardStops:
     """While a job runs, SIGINT/SIGTERM/SIGHUP sent to torchrepro stop the whole job (the same signal
     to its process group, SIGKILL after :data:`GRACE_S` s or at a second signal) instead of leaving
     it running; the run is then recorded as stopped and its report written. Jobs waited for in
-    other threads (:func:`side_by_side`) are stopped too: the main thread's handlers (installed by
-    the first job waited for there, or by :func:`side_by_side`) forward to every job running."""
+    other threads (:func:`side_by_side`, :func:`stop_phase`) are stopped too: the main thread's
+    handlers (installed by the command, :func:`stop_signals`, else by the first job waited for
+    there, :func:`side_by_side` or :func:`stop_phase`) forward to every job running."""
 
     def __init__(self, job: Job):
         self.job = job
@@ -307,7 +325,7 @@ class _ForwardStops:
         _RUNNING.append(self)
         if threading.current_thread() is threading.main_thread():
             self._previous = _forward_signals()
-        elif _STOPPED:  # a job started beside others after a stop signal: it stops at once
+        if _STOPPED:  # a job started after a stop signal (beside others, in a stop_phase): it stops at once
             self._on_signal(_STOPPED[0], None)
         return self
 
@@ -330,17 +348,20 @@ class _ForwardStops:
 
 
 _RUNNING: list[_ForwardStops] = []  # the jobs being waited for, in any thread
-_STOPPED: list[int] = []  # the stop signal received while jobs ran side by side (side_by_side)
+_STOPPED: list[int] = []  # the stop signals taken while the handlers were installed
+_PHASES: list[str] = []  # the phases open (stop_phase, side_by_side): a stop taken waits for them to end their jobs
 
 
 def _forward_signals() -> dict[int, Any]:
     """Install (main thread) the handlers that forward a stop signal to every job running; the
-    handlers they replace, for :func:`_restore_signals`."""
+    handlers they replace, for :func:`_restore_signals` (none when they are installed already: by
+    the command, :func:`stop_signals`, or an outer phase, which keeps the stop it took)."""
     previous = {}
     for name in STOP_SIGNALS:
         if hasattr(signal, name):
             sig = getattr(signal, name)
-            previous[sig] = signal.signal(sig, _on_stop)
+            if signal.getsignal(sig) is not _on_stop:
+                previous[sig] = signal.signal(sig, _on_stop)
     return previous
 
 
@@ -353,9 +374,53 @@ def _restore_signals(previous: dict[int, Any]) -> None:
 
 
 def _on_stop(signum: int, frame: Any) -> None:
+    """A stop signal: forwarded to every job running; with none running and no phase open (the
+    command between jobs, or one that starts none), the command ends here (:class:`Stopped`)."""
     _STOPPED.append(signum)
-    for stops in list(_RUNNING):
+    running = list(_RUNNING)
+    for stops in running:
         stops._on_signal(signum, frame)
+    if not running and not _PHASES:
+        name = signal.Signals(signum).name
+        raise Stopped(f"stopped by {name}", name)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """A command's lifetime (``torchrepro COMMAND``, all but ``run``, whose ranks record their own
+    end): SIGINT, SIGTERM and SIGHUP to torchrepro are handled alike, forwarded to the jobs running
+    (:class:`_ForwardStops`), else ending the command with :class:`Stopped` (one line, exit 128 + N)."""
+    previous = _forward_signals() if threading.current_thread() is threading.main_thread() else {}
+    try:
+        yield
+    finally:
+        _restore_signals(previous)
+
+
+def stop_received() -> str | None:
+    """The name of the stop signal taken (None: none yet). A phase checks it before it starts
+    another job."""
+    return signal.Signals(_STOPPED[0]).name if _STOPPED else None
+
+
+@contextlib.contextmanager
+def stop_phase(what: str) -> Iterator[None]:
+    """A long phase of a command whose jobs are waited for in other threads (``what``: doctor's fix
+    runs, drift's runs): a stop signal is forwarded to every job running (:class:`_ForwardStops`),
+    also to one started later, and the phase goes on to its end: it checks :func:`stop_received`
+    before each job, writes what finished and raises :class:`~torchrepro.errors.Stopped` (exit
+    128 + N). A stop it did not turn into an error is raised here as it ends."""
+    previous = _forward_signals() if threading.current_thread() is threading.main_thread() else {}
+    taken = len(_STOPPED)
+    _PHASES.append(what)
+    try:
+        yield
+    finally:
+        _PHASES.remove(what)
+        stopped = signal.Signals(_STOPPED[taken]).name if len(_STOPPED) > taken else None
+        _restore_signals(previous)
+    if stopped:
+        raise Stopped(f"{what}: stopped by {stopped}", stopped)
 
 
 def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
@@ -373,6 +438,7 @@ def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
             errors[i] = exc
 
     previous = _forward_signals() if threading.current_thread() is threading.main_thread() else {}
+    _PHASES.append("side by side")
     try:
         threads = [threading.Thread(target=call, args=(i,), name=f"torchrepro-run-{i}") for i in range(len(calls))]
         for thread in threads:
@@ -381,6 +447,7 @@ def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
             while thread.is_alive():  # (a join with a timeout lets the main thread take signals)
                 thread.join(timeout=0.2)
     finally:
+        _PHASES.remove("side by side")
         _restore_signals(previous)
     for error in errors:
         if error is not None:
@@ -420,22 +487,19 @@ def run_child(
 
         def check() -> None:
             nonlocal stalled
-            if stops.overdue():
-                job.signal(signal.SIGKILL)
-            elif stops.signum is None and stall_timeout is not None and run_dir is not None:
+            if stall_timeout is not None and run_dir is not None:
                 quiet_for = time.time() - _last_progress(run_dir, started)
                 if quiet_for > stall_timeout:
                     stalled = round(quiet_for, 1)
                     _stop_stalled(job, run_dir)
 
-        with _ForwardStops(job) as stops:
-            try:
-                code = wait_job(job, check)
-            finally:
-                end_jobs([job])  # the script's own subprocesses, and the job itself on any error here
+        try:
+            code, stopped_by = wait_stoppable(job, check)
+        finally:
+            end_jobs([job])  # the script's own subprocesses, and the job itself on any error here
         for pump in pumps:  # a process that left the group may still hold the pipes: do not wait for it
             pump.join(timeout=2)
-    return ChildResult(code, list(tail), stalled_after_s=stalled, stopped_by=stops.name)
+    return ChildResult(code, list(tail), stalled_after_s=stalled, stopped_by=stopped_by)
 
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)

@@ -21,9 +21,33 @@ OUTPUT_ARGS = ("json", "junit", "html")
 
 
 def inputs_of(args: argparse.Namespace) -> list[Path]:
-    """What a command reads, from its arguments: every output is compared with these."""
+    """What a command reads, from its arguments: every output is compared with these. A stored run
+    it reads brings the inputs of that run too (:func:`recorded_inputs`)."""
     names = INPUT_ARGS + (("out",) if getattr(args, "command", None) == "drift" else ())
-    return [Path(v) for v in (getattr(args, name, None) for name in names) if isinstance(v, str) and v]
+    named = [Path(v) for v in (getattr(args, name, None) for name in names) if isinstance(v, str) and v]
+    return [*named, *(path for directory in named if directory.is_dir() for path in recorded_inputs(directory))]
+
+
+def recorded_inputs(directory: Path) -> list[Path]:
+    """The inputs of the runs stored in ``directory`` (its ``run.json``, its runs' one level down, a
+    drift ``plan.json``): each script, and each of its arguments that names an existing file,
+    relative to the directory the run was started in."""
+    from ..eventlog.rundir import RUN_FILE, read_json_file
+
+    found = []
+    for record in (directory / RUN_FILE, *directory.glob(f"*/{RUN_FILE}"), directory / "plan.json"):
+        try:
+            meta = read_json_file(record) if record.is_file() else None
+        except (OSError, ValueError):
+            continue
+        if not isinstance(meta, dict):
+            continue
+        cwd = Path(meta["cwd"]) if isinstance(meta.get("cwd"), str) else Path.cwd()
+        args = meta.get("args")
+        for value in [meta.get("script"), *(args if isinstance(args, list) else [])]:
+            if isinstance(value, str) and value and (cwd / value).is_file():
+                found.append(cwd / value)
+    return found
 
 
 def outputs_of(args: argparse.Namespace) -> list[Path]:

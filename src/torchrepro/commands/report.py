@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import options
+from ..errors import InputError
 from ..telemetry.otlp import export_stored_run
 from ._finish import Outcome
 
@@ -46,21 +47,20 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
     """A check, check-resume, diff or drift directory's stored report, to re-render (the terminal view,
-    ``DIR/report.html``, ``--html``/``--json``); None for a doctor run (its ``run.json`` beside the
-    report: analysed again from its events) or a directory with no report."""
-    from ..eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE, read_json_file
-    from ..report.html import write_html
+    ``--html``/``--json``: nothing is written into the stored directory); None for a doctor run (its
+    ``run.json`` beside the report: analysed again from its events) or a directory with no report."""
+    from ..eventlog.rundir import REPORT_FILE, RUN_FILE, read_json_file
     from ..report.model import load_report, report_kind
 
     if (directory / RUN_FILE).exists() or not (directory / REPORT_FILE).exists():
         return None
     try:
         data = read_json_file(directory / REPORT_FILE)
-    except (OSError, ValueError):
-        return None
+    except OSError as exc:
+        raise InputError(f"{directory / REPORT_FILE}: unreadable ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise InputError(f"{directory / REPORT_FILE}: not JSON ({exc})") from None
     kind = report_kind(data)
     if kind in (None, "doctor"):
         return None
-    report = load_report(data, str(directory / REPORT_FILE))
-    write_html(report, directory / HTML_FILE)
-    return Outcome(report, directory)
+    return Outcome(load_report(data, str(directory / REPORT_FILE)), directory)

@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--snapshots",
         action="store_true",
-        help="save parameter values (rank-<r>/snapshots) at steps 0-15, powers of two and the last",
+        help="save parameter sketches (rank-<r>/snapshots, at most 1 MB a step) at steps 0-15, powers of two "
+        "and the last, and the last one's values whole",
     )
     p.add_argument("--replay-step", type=options.count, metavar="K", help="record every op of step K, then exit")
     p.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")

@@ -10,7 +10,10 @@
  * read past it fails as Python's does ("index out of range"), a slice past it is cut short as a Python
  * slice is, so damage is counted and described exactly as the reference does. No allocation is sized
  * by a number read from the file (a list's count is read item by item, each at least its tag byte),
- * and values nest at most MAX_DEPTH deep.
+ * values nest at most MAX_DEPTH deep, a list or dict "changed with no item changed" is the previous
+ * one (shared), and the items of changed ones count against a budget of BUDGET_PER_BYTE a byte of
+ * the file. A record's check (CRC-32, chained) is verified before anything in it is decoded; runs
+ * of zero bytes are passed at memchr's speed while seeking a keyframe.
  *
  * VERSION changes whenever this file changes what it reads or writes: stepstream.py uses the
  * extension only when the VERSION it was built with is the one it expects (a stale build is ignored).
@@ -24,10 +27,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#define VERSION 1
+#define VERSION 2
 #define KEYFRAME_EVERY 256
 #define MAX_RECORD (16 << 20)
 #define MAX_DEPTH 100
+#define BUDGET_PER_BYTE 16 /* items of changed lists and dicts decoded per byte of the file, and FREE_ITEMS more */
+#define FREE_ITEMS (1 << 20)
 static const unsigned char KEYFRAME[4] = {0, 'T', 'R', 'K'};
 
 typedef unsigned __int128 u128;
@@ -53,6 +58,23 @@ static double bits_float(uint64_t x) {
     double f;
     memcpy(&f, &x, 8);
     return f;
+}
+
+/* CRC-32 (zlib's: Python's zlib.crc32(data, value)) */
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[n] = c;
+    }
+}
+
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n, uint32_t value) {
+    uint32_t c = ~value;
+    for (Py_ssize_t k = 0; k < n; k++) c = crc_table[(c ^ p[k]) & 0xFF] ^ (c >> 8);
+    return ~c;
 }
 
 /* f in whole microseconds when it is exactly the float nearest such a number (stepstream._micros) */
@@ -198,7 +220,8 @@ typedef struct {
     char *mask;         /* the current record's fields written */
     PyObject *strings;  /* str -> its index in the string table */
     Py_ssize_t records;
-    int key_next, depth;
+    int key_next, depth, checked;
+    uint32_t chain; /* the check of the record before */
 } Encoding;
 
 static void encoding_reset(Encoding *self) {
@@ -444,19 +467,27 @@ static PyObject *encoding_encode(Encoding *self, PyObject *values) {
     if (encoding_body(self, &PyTuple_GET_ITEM(seq, 0), &body) == 0) {
         Py_ssize_t top = self->n;
         while (top > 0 && !self->mask[top - 1]) top--;
+        int rc;
         if (top <= 7 && body.len < 0x7F && !key) { /* most records: length and mask one byte each */
             unsigned char head[2] = {(unsigned char)(body.len + 1), 0};
             for (Py_ssize_t i = 0; i < top; i++) head[1] |= (unsigned char)(self->mask[i] << i);
-            if (put(&out, head, 2) == 0 && put(&out, body.p, body.len) == 0) record = PyBytes_FromStringAndSize((char *)out.p, out.len);
+            rc = put(&out, head, 2) || put(&out, body.p, body.len);
         } else {
             Out head;
             out_init(&head);
-            if (put_bits(&head, self->mask, self->n) == 0 && (!key || put(&out, KEYFRAME, 4) == 0) &&
-                put_varint(&out, head.len + body.len) == 0 && put(&out, head.p, head.len) == 0 &&
-                put(&out, body.p, body.len) == 0)
-                record = PyBytes_FromStringAndSize((char *)out.p, out.len);
+            unsigned char follows[4] = {(unsigned char)self->chain, (unsigned char)(self->chain >> 8),
+                                        (unsigned char)(self->chain >> 16), (unsigned char)(self->chain >> 24)};
+            rc = put_bits(&head, self->mask, self->n) || (key && put(&out, KEYFRAME, 4)) ||
+                 (key && self->checked && put(&out, follows, 4)) ||
+                 put_varint(&out, head.len + body.len) || put(&out, head.p, head.len) || put(&out, body.p, body.len);
             out_free(&head);
         }
+        uint32_t chain = self->chain;
+        if (rc == 0 && self->checked) { /* the check: CRC-32 chained from the record before's, its low byte */
+            chain = crc32_of(out.p, out.len, key ? 0 : self->chain);
+            rc = put1(&out, (unsigned char)chain);
+        }
+        if (rc == 0 && (record = PyBytes_FromStringAndSize((char *)out.p, out.len)) != NULL) self->chain = chain;
     }
     out_free(&body);
     out_free(&out);
@@ -469,9 +500,10 @@ static PyObject *encoding_encode(Encoding *self, PyObject *values) {
 }
 
 static int encoding_init(Encoding *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"nfields", NULL};
+    static char *names[] = {"nfields", "checked", NULL};
     Py_ssize_t n;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", names, &n)) return -1;
+    int checked = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|p", names, &n, &checked)) return -1;
     if (n < 1 || self->prev != NULL) {
         PyErr_SetString(PyExc_ValueError, "a record has at least one field (and an Encoding is made once)");
         return -1;
@@ -486,6 +518,7 @@ static int encoding_init(Encoding *self, PyObject *args, PyObject *kwds) {
     }
     self->n = n;
     self->key_next = 1;
+    self->checked = checked;
     return 0;
 }
 
@@ -505,12 +538,13 @@ static PyMethodDef encoding_methods[] = {
 
 static PyMemberDef encoding_members[] = {
     {"records", T_PYSSIZET, offsetof(Encoding, records), READONLY, "records encoded"},
+    {"chain", T_UINT, offsetof(Encoding, chain), READONLY, "the CRC-32 the records written end with"},
     {NULL},
 };
 
 static PyTypeObject EncodingType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "torchrepro.eventlog._stepcodec.Encoding",
-    .tp_doc = "Encoding(nfields): the encoder's state for one stream (stepstream._Encoding in C).",
+    .tp_doc = "Encoding(nfields, checked=True): the encoder's state for one stream (stepstream._Encoding in C).",
     .tp_basicsize = sizeof(Encoding),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -606,7 +640,13 @@ typedef struct {
     PyObject *problems;
     Py_ssize_t damaged;
     char truncated;
-    int fresh, seeking, depth;
+    int fresh, seeking, depth, checked;
+    long long at;            /* the file's byte that buf starts at */
+    long long items, budget; /* items of changed lists and dicts decoded, and how many may be */
+    uint32_t chain;          /* the check of the record before */
+    uint32_t follows;        /* the check the records read end with, when follows_known (not after damage) */
+    int follows_known;
+    Py_ssize_t since_key;    /* records read since the last keyframe mark, the keyframe's own included */
 } Records;
 
 static void records_reset(Records *self) {
@@ -616,6 +656,8 @@ static void records_reset(Records *self) {
     }
     PyList_SetSlice(self->strings, 0, PyList_GET_SIZE(self->strings), NULL);
     self->fresh = 1;
+    self->chain = 0;
+    self->since_key = 0;
 }
 
 static PyObject *decode_value(Records *self, Rd *r, int tag, PyObject *old);
@@ -659,15 +701,20 @@ static PyObject *decode_changes(Records *self, Rd *r, PyObject *old, int keyed) 
         damaged("a change to a value that is not there");
         return NULL;
     }
+    Py_ssize_t n = keyed ? PyDict_GET_SIZE(old) : PyList_GET_SIZE(old);
+    Bits m = {NULL, 0};
+    if (read_bits(r, n + 70, &m)) return NULL;
+    if (beyond(&m, n)) return damaged("an item beyond the previous value's"), NULL;
+    int any = 0;
+    for (Py_ssize_t k = 0; k < m.len; k++) any |= m.p[k] & 0x7F;
+    if (!any) { /* the same value: shared, not copied (a byte may not make n items) */
+        Py_INCREF(old);
+        return old;
+    }
+    self->items += n;
+    if (self->items > self->budget) return damaged("changed lists of over %d items a byte of the log", BUDGET_PER_BYTE), NULL;
     PyObject *out = keyed ? PyDict_Values(old) : PyList_GetSlice(old, 0, PyList_GET_SIZE(old));
     if (out == NULL) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(out);
-    Bits m = {NULL, 0};
-    if (read_bits(r, n + 70, &m)) goto fail;
-    if (beyond(&m, n)) {
-        damaged("an item beyond the previous value's");
-        goto fail;
-    }
     for (Py_ssize_t j = 0; j < n; j++) {
         if (!bit(&m, j)) continue;
         PyObject *item = decode_tagged(self, r, PyList_GET_ITEM(out, j));
@@ -712,8 +759,10 @@ static PyObject *decode_value(Records *self, Rd *r, int tag, PyObject *old) {
     }
     case 0xC0: {
         if (read_varint(r, &z)) return NULL;
-        Py_ssize_t size = z > (u128)PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)z;
-        PyObject *s = PyUnicode_DecodeUTF8((const char *)r->p + r->pos, room(r, size), "strict");
+        Py_ssize_t left = r->end - r->pos > 0 ? r->end - r->pos : 0;
+        if (z > (u128)left) return damaged("a string longer than the %zd bytes left of its record", left), NULL;
+        Py_ssize_t size = (Py_ssize_t)z;
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)r->p + r->pos, size, "strict");
         if (s == NULL || PyList_Append(self->strings, s)) {
             Py_XDECREF(s);
             return NULL;
@@ -841,17 +890,19 @@ static PyObject *decode_record(Records *self, const unsigned char *p, Py_ssize_t
 
 static int records_fail(Records *self, PyObject *why) {
     self->damaged++;
+    self->follows_known = 0;
     return PyList_GET_SIZE(self->problems) < 5 ? PyList_Append(self->problems, why) : 0;
 }
 
-/* the position of the next keyframe mark at or after pos, or -1 */
+/* the position of the next keyframe mark at or after pos, or -1: its 'T' found first (a run of zero
+ * bytes, as a crash leaves on some file systems, is passed at memchr's speed) */
 static Py_ssize_t find_keyframe(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t n) {
     while (pos + 4 <= n) {
-        const unsigned char *zero = memchr(buf + pos, 0, n - 3 - pos);
-        if (zero == NULL) return -1;
-        pos = zero - buf;
+        const unsigned char *t = memchr(buf + pos + 1, KEYFRAME[1], n - 3 - pos);
+        if (t == NULL) return -1;
+        pos = t - buf - 1;
         if (memcmp(buf + pos, KEYFRAME, 4) == 0) return pos;
-        pos++;
+        pos += 2; /* (no mark starts at the T) */
     }
     return -1;
 }
@@ -869,6 +920,19 @@ static int frame_length(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t n,
     }
 }
 
+/* damage: `what` at start (a keyframe, the seal) names another check than the records before it end with */
+static int not_following(Records *self, const char *what, Py_ssize_t start, uint32_t follows, uint32_t before) {
+    char why[200];
+    snprintf(why, sizeof why,
+             "byte %lld: %s does not follow the records before it (it follows check %08x, they end with %08x): "
+             "records lost or repeated",
+             self->at + (long long)start, what, (unsigned)follows, (unsigned)before);
+    PyObject *text = PyUnicode_FromString(why);
+    int rc = text == NULL || records_fail(self, text) ? -1 : 0;
+    Py_XDECREF(text);
+    return rc;
+}
+
 /* the records complete in buf[0:n] (the decoder's stepstream._Records.feed) */
 static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssize_t n) {
     PyObject *out = PyList_New(0);
@@ -883,28 +947,64 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
             pos = found;
             self->seeking = 0;
         }
-        Py_ssize_t start = pos;
+        Py_ssize_t start = pos, tail = self->checked ? 1 : 0;
+        int keyed = 0, before_known = self->follows_known;
+        uint32_t follows = 0, before = self->follows;
         if (buf[pos] == 0) {
             if (n - pos < 4) break; /* the rest of the mark comes with the next piece */
             if (memcmp(buf + pos, KEYFRAME, 4) == 0) {
                 pos += 4;
+                if (tail) {
+                    if (n - pos < 4) {
+                        pos = start;
+                        break;
+                    }
+                    follows = (uint32_t)buf[pos] | (uint32_t)buf[pos + 1] << 8 | (uint32_t)buf[pos + 2] << 16 |
+                              (uint32_t)buf[pos + 3] << 24;
+                    pos += 4;
+                }
                 records_reset(self);
+                keyed = 1;
             }
         }
         u128 size;
         int framed = frame_length(buf, &pos, n, &size);
-        if (framed == -1 || (framed == 0 && size <= MAX_RECORD && (u128)(n - pos) < size)) {
+        if (framed == 0 && keyed && tail && size == 0) { /* a seal: the end of a log its writer closed */
+            if (before_known && follows != before && not_following(self, "the end of the log", start, follows, before))
+                Py_CLEAR(out);
+            continue;
+        }
+        if (framed == -1 || (framed == 0 && size <= MAX_RECORD && (u128)(n - pos) < size + tail)) {
             pos = start; /* a record cut at the end of this piece: wait for the rest */
             break;
         }
         PyObject *record = NULL;
+        Py_ssize_t end = pos + (Py_ssize_t)size;
+        uint32_t want = 0;
         if (framed == -2 || size > MAX_RECORD) damaged("a record of over 16 MiB");
         else if (size == 0) damaged("a zero byte that is no keyframe mark");
-        else record = decode_record(self, buf + pos, (Py_ssize_t)size);
+        else if (!keyed && self->since_key >= KEYFRAME_EVERY)
+            damaged("a record where a keyframe mark must be, %d records after the last", KEYFRAME_EVERY);
+        else if (tail && (want = crc32_of(buf + start, end - start, self->chain), buf[end] != (want & 0xFF))) {
+            char why[64];
+            snprintf(why, sizeof why, "check %02x where its bytes give %02x", buf[end], (unsigned)(want & 0xFF));
+            PyErr_SetString(PyExc_ValueError, why);
+        } else {
+            self->budget = BUDGET_PER_BYTE * (self->at + end + tail) + FREE_ITEMS;
+            record = decode_record(self, buf + pos, (Py_ssize_t)size);
+        }
         if (record != NULL) {
             if (PyList_Append(out, record)) Py_CLEAR(out);
             Py_DECREF(record);
-            pos += (Py_ssize_t)size;
+            if (keyed && tail && before_known && follows != before &&
+                not_following(self, "a keyframe", start, follows, before))
+                Py_CLEAR(out);
+            if (tail) {
+                self->chain = self->follows = want;
+                self->follows_known = 1;
+            }
+            self->since_key++;
+            pos = end + tail;
             continue;
         }
         if (!(PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError) ||
@@ -915,7 +1015,8 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         PyErr_NormalizeException(&type, &value, &tb);
-        PyObject *why = PyUnicode_FromFormat("an undecodable step record (%S); read on from the next keyframe", value);
+        PyObject *why = PyUnicode_FromFormat("byte %lld: an undecodable step record (%S); read on from the next keyframe",
+                                             self->at + (long long)start, value);
         Py_XDECREF(type);
         Py_XDECREF(value);
         Py_XDECREF(tb);
@@ -926,7 +1027,10 @@ static PyObject *records_decode(Records *self, const unsigned char *buf, Py_ssiz
     }
     PyObject *rest = out != NULL ? PyBytes_FromStringAndSize((const char *)buf + pos, n - pos) : NULL;
     if (rest == NULL) Py_CLEAR(out);
-    else Py_SETREF(self->buf, rest);
+    else {
+        Py_SETREF(self->buf, rest);
+        self->at += pos;
+    }
     return out;
 }
 
@@ -950,9 +1054,15 @@ static PyObject *records_feed(Records *self, PyObject *data) {
 
 static PyObject *records_finish(Records *self, PyObject *unused) {
     if (self->buf == NULL) return PyErr_Format(PyExc_ValueError, "a Records not initialised");
-    PyObject *out = PyList_New(0), *why = PyUnicode_FromString("truncated last step record");
-    while (out != NULL && why != NULL && PyBytes_GET_SIZE(self->buf) && !self->seeking) {
-        if (records_fail(self, why)) break;
+    PyObject *out = PyList_New(0);
+    while (out != NULL && PyBytes_GET_SIZE(self->buf) && !self->seeking) {
+        PyObject *why = PyUnicode_FromFormat("byte %lld: truncated last step record", self->at);
+        if (why == NULL || records_fail(self, why)) {
+            Py_XDECREF(why);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(why);
         self->truncated = 1;
         PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(self->buf) + 1, PyBytes_GET_SIZE(self->buf) - 1);
         PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
@@ -964,16 +1074,19 @@ static PyObject *records_finish(Records *self, PyObject *unused) {
         }
         Py_SETREF(self->buf, empty);
         self->seeking = 1;
+        self->at++;
         PyObject *found = records_decode(self, (const unsigned char *)PyBytes_AS_STRING(rest), PyBytes_GET_SIZE(rest));
         Py_DECREF(rest);
         if (found == NULL || PyList_SetSlice(out, PyList_GET_SIZE(out), PyList_GET_SIZE(out), found)) Py_CLEAR(out);
         else if (PyList_GET_SIZE(found)) self->truncated = 0;
         Py_XDECREF(found);
     }
-    Py_XDECREF(why);
     PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
     if (empty == NULL) Py_CLEAR(out);
-    else Py_SETREF(self->buf, empty);
+    else {
+        self->at += PyBytes_GET_SIZE(self->buf);
+        Py_SETREF(self->buf, empty);
+    }
     return out;
 }
 
@@ -985,10 +1098,12 @@ static PyObject *records_fail_method(Records *self, PyObject *why) {
 }
 
 static int records_init(Records *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"nfields", "build", NULL};
+    static char *names[] = {"nfields", "build", "checked", "offset", NULL};
     Py_ssize_t n;
     PyObject *build;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO", names, &n, &build)) return -1;
+    int checked = 0;
+    long long offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO|pL", names, &n, &build, &checked, &offset)) return -1;
     if (n < 0 || !PyCallable_Check(build) || self->strings != NULL) {
         PyErr_SetString(PyExc_ValueError, "Records(nfields >= 0, callable), made once");
         return -1;
@@ -1006,6 +1121,9 @@ static int records_init(Records *self, PyObject *args, PyObject *kwds) {
     self->build = build;
     self->n = n;
     self->fresh = 1;
+    self->checked = checked;
+    self->at = offset;
+    self->follows_known = 1; /* the first keyframe follows nothing: check 0 */
     self->seeking = n == 0; /* nothing in it can be read */
     return 0;
 }
@@ -1052,7 +1170,7 @@ static PyMemberDef records_members[] = {
 
 static PyTypeObject RecordsType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "torchrepro.eventlog._stepcodec.Records",
-    .tp_doc = "Records(nfields, build): the records of a stream after its header (stepstream._Records in C).",
+    .tp_doc = "Records(nfields, build, checked=False, offset=0): the records of a stream after its header (stepstream._Records in C).",
     .tp_basicsize = sizeof(Records),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -1072,6 +1190,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__stepcodec(void) {
+    crc_init();
     if (PyType_Ready(&EncodingType) < 0 || PyType_Ready(&RecordsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO, ClassVar, TypeVar, cast
 from ..errors import InputError
 from . import stepstream
 from .payloads import CaptureSettings, JsonObject
+from .jsoncheck import MAX_INT, MAX_RANK, json_type, loads, schema_problem, type_names
 from .stepstream import STEPS_FILE
 
 _orjson: ModuleType | None
@@ -205,7 +206,7 @@ class Step(Event):
     rng_fps: dict[str, str] | None = None
     rng_at: str | None = None  # where the step's RNG state was read: batch | backward | step_end | start
     compiles: int = 0
-    loss_last: float | None = None  # several backward() calls: the last one's value (README: "the loss of a step")
+    loss_last: float | None = None  # several backward() calls: the last value (docs/commands.md)
 
 
 @dataclass(slots=True)
@@ -336,6 +337,96 @@ def _exact(accepted: tuple[type, ...]) -> frozenset[type] | None:
     return None if object in accepted else frozenset(accepted + ((bool,) if int in accepted else ()))
 
 
+_SCHEMA_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean", "None": "null"}
+_RANKS = {"minimum": 0, "maximum": MAX_RANK}  # the bounds of a rank or a world size
+_NAMED = {"type": "object", "required": ["name", "value"], "properties": {"name": {"type": "string"}}}
+# what analysis reads of a header's environment (capture.environment.collect(); the rest is kept as written)
+_ENV = {
+    "type": "object",
+    "properties": {
+        **dict.fromkeys(("versions", "hardware", "threads"), {"type": "object"}),
+        "determinism": {"type": "array", "items": _NAMED},
+        "env_vars": {"type": "array", "items": _NAMED},
+    },
+}
+_FIELD_SCHEMAS: dict[str, JsonObject] = {  # what a field's schema says beyond its annotation
+    **dict.fromkeys(("rank", "group_rank", "local_rank", "node"), _RANKS),
+    "world_size": {**_RANKS, "minimum": 1},
+    "env": _ENV,
+}
+
+
+def _annotation_schema(annotation: str) -> JsonObject:
+    """The JSON Schema of a field annotated ``annotation`` (``dict[str, dict[str, int]] | None``, ...)."""
+    types: list[str] = []
+    out: JsonObject = {}
+    for part in _split(annotation, "|"):
+        head, _, args = part.partition("[")
+        if head in ("Any", "JsonObject", "CaptureSettings"):
+            return {} if head == "Any" else {"type": ["object", *types]}
+        if head == "list":
+            types.append("array")
+            out["items"] = _annotation_schema(args[:-1])
+        elif head == "dict":
+            types.append("object")
+            out["additionalProperties"] = _annotation_schema(_split(args[:-1], ",")[1])
+        else:
+            types.append(_SCHEMA_TYPES[head])
+    return {"type": types, **out}
+
+
+def _split(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside brackets, each part stripped."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += (c == "[") - (c == "]")
+        if c == sep and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]
+
+
+# each kind's schema: its fields' JSON types, nested ones included, and the bounds of ranks and world sizes
+EVENT_SCHEMAS: dict[str, JsonObject] = {
+    kind: {
+        "type": "object",
+        "properties": {
+            f.name: {**_annotation_schema(str(f.type)), **_FIELD_SCHEMAS.get(f.name, {})}
+            for f in dataclasses.fields(cls)
+        },
+    }
+    for kind, cls in KINDS.items()
+}
+
+
+# per kind, the fields whose schema says more than a JSON type the builder checks (nested values, bounds)
+_DEEP = {
+    kind: {
+        name: sub
+        for name, sub in schema["properties"].items()
+        if set(sub) - {"type"} or {"array", "object"} & set(sub.get("type", ["any"])) or not sub
+    }
+    for kind, schema in EVENT_SCHEMAS.items()
+}
+
+
+def check_event(kind: str, data: JsonObject) -> None:
+    """``ValueError`` naming the field of an event of ``kind`` (its JSON object, ``kind`` left out)
+    that breaks the kind's schema (:data:`EVENT_SCHEMAS`) or the bounds of every value read back;
+    each field's own JSON type is the builder's to check (``TypeError``)."""
+    deep = _DEEP[kind]
+    for name, value in data.items():
+        sub = deep.get(name)
+        if sub is not None:
+            problem = schema_problem(value, sub, where=name)
+        elif type(value) is int and not -MAX_INT < value < MAX_INT:
+            problem = f"field {name!r} is an integer out of range"
+        else:
+            continue
+        if problem is not None:
+            raise ValueError(f"{kind}: {problem}")
+
+
 E = TypeVar("E", bound=Event)  # EventLog.of: the events of the type asked for
 
 _LEAF_TYPES = frozenset(KINDS.values())  # no event type derives from another: of() may look them up by type
@@ -345,12 +436,15 @@ _FIELD_TYPES = {kind: {f.name: _accepted(str(f.type)) for f in dataclasses.field
 
 def from_json(data: JsonObject) -> Event | None:
     """The event a JSON object describes; unknown fields are ignored, unknown kinds give None, a
-    field of the wrong JSON type raises ``TypeError`` (the reader skips that line)."""
+    field of the wrong JSON type raises ``TypeError``, one that breaks its kind's schema or bounds
+    ``ValueError`` (:func:`check_event`; the reader skips that line)."""
     kind = data.pop("kind", "")
     build = _BUILDERS.get(kind)
     if build is None:
         data["kind"] = kind
         return None
+    if kind != "step":
+        check_event(kind, data)
     return build(data)
 
 
@@ -363,7 +457,7 @@ def _checked(kind: str, data: JsonObject) -> Event:
         accepted = types.get(name)
         if accepted is not None:
             if not isinstance(value, accepted):
-                raise TypeError(f"{kind}.{name}: {type(value).__name__}")
+                raise TypeError(f"{kind}: field {name!r} is {json_type(value)}, not {type_names(accepted)}")
             fields[name] = value
     return KINDS[kind](**fields)
 
@@ -572,6 +666,7 @@ class EventWriter:
         self.listeners: list[Callable[[Event], None]] = []
         self.lines = _count_lines(self.path) if os.fstat(self._fd).st_size else 0  # what the reader counts
         self._steps: tuple[int, stepstream.Encoder] | None = None
+        self._steps_pid = 0
         self._compact = compact_steps
         # steps.bin is opened at the first step, in the folder this log is in then (it may have been
         # renamed: a launched process's log moves to launcher/ while it writes, runtime.follow.claim)
@@ -622,6 +717,7 @@ class EventWriter:
             encoder = stepstream.Encoder(_names(Step))
             _write(fd, encoder.header())
             self._steps = (fd, encoder)
+            self._steps_pid = os.getpid()  # the process whose records they are (a fork's close adds no seal)
         fd, encoder = self._steps
         try:
             record = encoder.encode([self.lines, *_step_values(step)])
@@ -635,8 +731,15 @@ class EventWriter:
             os.close(self._fd)
             self._fd = None
         if self._steps is not None:
-            os.close(self._steps[0])
+            fd, encoder = self._steps
             self._steps = None
+            try:
+                if os.getpid() == self._steps_pid:
+                    _write(fd, encoder.seal())  # (the last records are checked as a block is)
+            except OSError:
+                pass  # (a log that cannot take its seal reads as one whose writer was killed)
+            finally:
+                os.close(fd)
         if self._dir is not None:
             os.close(self._dir)
             self._dir = None
@@ -672,6 +775,12 @@ class EventLog:
     @property
     def end(self) -> End | None:
         return next((e for e in reversed(self.events) if isinstance(e, End)), None)
+
+    @property
+    def damage(self) -> list[str]:
+        """The ``problems`` that are damage: all but the note that a step log of an older format
+        carries no checks (its records read as written; nothing in them is known to be wrong)."""
+        return [p for p in self.problems if not p.endswith(stepstream.UNCHECKED)]
 
     @property
     def rank(self) -> int:
@@ -922,6 +1031,8 @@ def _read_steps(log: EventLog, path: Path, shared: Shared | None) -> list[tuple[
 
 
 def _count_damage(log: EventLog, path: Path, decoder: stepstream.Decoder) -> None:
+    if decoder.fields and not decoder.checked:
+        log.problems.append(f"{path}: {stepstream.UNCHECKED}")
     if decoder.damaged:
         log.bad_lines += decoder.damaged
         log.truncated = decoder.truncated
@@ -978,17 +1089,19 @@ def _read_lines(
                 kind = str(kind)
                 log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
                 continue
+            if kind != "step":  # (steps: their values' JSON types, as the builder checks them)
+                check_event(kind, data)
             event = build(data, shared)
             if rows and type(event) is Step:
                 given.append(row(event))
                 continue
             events.append(event)
             by_type.setdefault(type(event), []).append(event)
-        except (ValueError, TypeError, UnicodeDecodeError):
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
             log.bad_lines += 1
             log.truncated = lines.final
             if log.bad_lines <= 5:
-                what = f"unreadable line {number}"
+                what = f"unreadable line {number} ({_why(exc)})"
                 if raw is OVERSIZED:
                     what = f"line {number} (over {MAX_LINE >> 20} MiB)"
                 elif log.truncated:
@@ -1003,6 +1116,14 @@ def _read_lines(
         yield _columns(given)
 
 
+def _why(exc: BaseException) -> str:
+    """What was wrong with a line, in a few words (its first line, at most 200 characters)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _version() -> str:
     from .. import __version__
 
@@ -1013,7 +1134,7 @@ def read_header(path: str | os.PathLike[str]) -> Header | None:
     """Only the header (first line) of a rank's log, without reading the rest."""
     try:
         with open_regular(path) as fp:
-            event = from_json(json.loads(fp.readline(MAX_LINE)))
+            event = from_json(loads(fp.readline(MAX_LINE)))
     except (OSError, InputError, ValueError, TypeError, AttributeError):
         return None
     return event if isinstance(event, Header) else None

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterator, TypedDict
 
 from ..errors import InputError
+from .jsoncheck import loads, python_types, schema_problem
 from .events import EVENTS_FILE, EventLog, Shared, StepReduce, open_regular, rank_logs, read_events
 from .payloads import JsonObject
 from .stepstream import STEPS_FILE
@@ -71,6 +72,7 @@ def write_bytes(path: Path, data: bytes) -> None:
         with atomic_path(path) as tmp:
             tmp.write_bytes(data)
     except OSError as exc:
+        record_write_error(path, exc)
         raise InputError(cannot_write(path, exc)) from None
 
 
@@ -145,6 +147,7 @@ def create_run_dir(path: Path) -> Path:
 # --- one writer per run directory -----------------------------------------------------------------
 
 LOCK_FILE = ".torchrepro.lock"
+_LOCK_NOTE = 512  # the most of a lock file read or written: the pid, and a write error (record_write_error)
 _HELD: dict[Path, int] = {}  # the run directories this process holds: resolved path -> lock file descriptor
 
 
@@ -182,6 +185,34 @@ def claim_run_dir(path: Path, *, fresh: bool = True) -> Path:
     return path
 
 
+def record_write_error(path: Path, exc: OSError) -> None:
+    """Keep, where it survives a full disk, that this process could not write ``path`` inside a run
+    directory it holds: the lock file (:func:`claim_run_dir`), whose first line is the holder's pid,
+    gets a second one, ``<errno name> <path in the run directory>``, written within the block the pid
+    already occupies (no new block is needed). A run read later as interrupted then says why
+    (:func:`write_error`) instead of guessing a SIGKILL."""
+    target = path.absolute()
+    for held, fd in list(_HELD.items()):
+        if held == target.parent.resolve() or held in target.resolve().parents:
+            name = errno.errorcode.get(exc.errno or 0, "EIO")
+            line = f"{os.getpid()}\n{name} {target.resolve().relative_to(held)}\n".encode()[:_LOCK_NOTE]
+            with contextlib.suppress(OSError):
+                os.pwrite(fd, line, 0)
+                os.fsync(fd)
+
+
+def write_error(run_dir: Path) -> dict[str, str] | None:
+    """What :func:`record_write_error` kept in ``run_dir``'s lock file: ``{"errno": "ENOSPC", "file":
+    "run.json"}``; None when nothing was."""
+    try:
+        with open_regular(run_dir / LOCK_FILE) as fp:
+            lines = fp.read(_LOCK_NOTE).decode("utf-8", "replace").splitlines()
+    except (OSError, InputError):
+        return None
+    name, _, file = lines[1].partition(" ") if len(lines) > 1 else ("", "", "")
+    return {"errno": name, "file": file} if name.startswith("E") and file else None
+
+
 def _locked(path: Path, lock: Path, create: bool) -> int:
     """``lock`` opened and locked (its descriptor); :class:`InputError` naming the holder if another has it."""
     try:
@@ -196,7 +227,7 @@ def _locked(path: Path, lock: Path, create: bool) -> int:
             time.sleep(0.2)
             written = os.pread(fd, 32, 0)
         os.close(fd)
-        holder = written.decode("ascii", "replace").strip() or "unknown"
+        holder = written.decode("ascii", "replace").partition("\n")[0].strip() or "unknown"
         raise InputError(f"{path} is being written by another torchrepro (pid {holder}): wait for it to end") from None
     return fd
 
@@ -272,23 +303,18 @@ class Run:
     meta: JsonObject = field(default_factory=dict)  # run.json: RUN_FIELDS checked, any other field kept as written
     logs: list[EventLog] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # rank logs not read at all (among problems), and why
 
     @property
     def ranks(self) -> list[int]:
         return [log.rank for log in self.logs]
 
 
-# run.json's fields and the JSON types each may hold (null too); fields not named here are kept as they are
+RUN_SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "run.schema.json").read_text())
+# run.json's fields and the JSON types each may hold (null too), from its schema; fields not named
+# there are kept as they are (bounded: :func:`~.jsoncheck.bounded`)
 RUN_FIELDS: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("command", "args", "stderr_tail", "trace_files"), (list,)),
-    **dict.fromkeys(("git", "rank_exit_codes", "rank_stderr_tails", "stall", "launcher", "records_not_used"), (dict,)),
-    **dict.fromkeys(("seed", "world_size", "exit_code"), (int,)),
-    **dict.fromkeys(("wall_s", "stalled_after_s"), (int, float)),
-    **dict.fromkeys(
-        ("script", "cwd", "torchrepro_version", "torch_version", "python_version", "started", "ended", "label")
-        + ("compile_mode", "env_fingerprint", "source", "trace_dir", "stopped_by"),
-        (str,),
-    ),
+    name: python_types(spec["type"]) for name, spec in RUN_SCHEMA["properties"].items()
 }
 MAX_JSON = 64 << 20  # run.json, plan.json: larger is not one torchrepro wrote
 
@@ -301,16 +327,20 @@ def read_json_file(path: Path) -> Any:
         data = fp.read(MAX_JSON + 1)
     if len(data) > MAX_JSON:
         raise InputError(f"{path}: over {MAX_JSON >> 20} MiB: not a file torchrepro wrote")
-    return json.loads(data)
+    return loads(data)
 
 
 def read_run_json(path: Path) -> JsonObject:
-    """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`); :class:`InputError`
-    also for a file that is not a regular file (see :func:`read_json_file`)."""
+    """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`) and then against
+    its schema and bounds (``schemas/run.schema.json``, :func:`~.jsoncheck.schema_problem`);
+    :class:`InputError` naming the field and what it should be, also for a file that is not a
+    regular file (see :func:`read_json_file`)."""
     meta = read_json_file(path)
     if not isinstance(meta, dict):
         raise InputError(f"{path}: not a JSON object: not a torchrepro run.json")
     check_fields(path, meta, RUN_FIELDS)
+    if (problem := schema_problem(meta, RUN_SCHEMA)) is not None:
+        raise InputError(f"{path}: {problem}")
     if isinstance(meta.get("stopped_by"), str) and meta["stopped_by"] not in signal.Signals.__members__:
         raise InputError(f"{path}: field 'stopped_by' is {meta['stopped_by']!r}, not a signal name")
     return meta
@@ -376,10 +406,13 @@ def load_run(
     if meta_file.exists():
         try:
             run.meta = read_run_json(meta_file)
-        except (OSError, ValueError) as exc:
-            run.problems.append(f"{meta_file}: unreadable ({exc}); using the event logs alone")
+        except OSError as exc:
+            raise InputError(f"{meta_file}: unreadable ({exc.strerror or exc})") from None
+        except ValueError as exc:
+            raise InputError(f"{meta_file}: not JSON ({exc})") from None
         if isinstance(run.meta, dict) and (lost := supervisor_lost(run.meta)) is not None:
-            run.meta["interrupted"] = {"supervisor_pid": lost}
+            said = write_error(path)  # the supervisor could not write (a full disk): not a guess then
+            run.meta["interrupted"] = {"supervisor_pid": lost, **({"write_error": said} if said else {})}
     files = rank_logs(path)
     if not files:
         raise InputError(f"{path} holds no rank-*/events.jsonl: not a torchrepro run directory")
@@ -397,6 +430,7 @@ def load_run(
     for item in read:
         if isinstance(item, str):
             run.problems.append(item)
+            run.unread.append(item)
         else:
             run.logs.append(item)
             run.problems.extend(item.problems)

@@ -7,20 +7,44 @@ bytes a step for what ``doctor`` records (docs/reports.md, "The event log on dis
 
 Layout (all integers unsigned LEB128 varints unless said)::
 
-    file    := header-line record*
-    header  := one JSON line: {"format": "torchrepro.steps/1", "fields": ["_lines", "t", "rank", ...]}
-    record  := [KEYFRAME] varint(len(body)) body
+    file    := header-line record* [seal]
+    header  := one JSON line: {"format": "torchrepro.steps/2", "fields": ["_lines", "t", "rank", ...],
+                               "check": CRC-32 of the field names joined by newlines, 8 hex digits}
+    record  := [KEYFRAME follows] varint(len(body)) body check
     body    := varint(mask) value*          one value per field whose bit is set in mask, in order
+    check   := 1 byte: the low byte of the CRC-32 (zlib's) of the record's bytes before it (mark,
+               follows and length included), chained: computed from the previous record's CRC-32
+               (``zlib.crc32(record, previous)``), from 0 at a keyframe
+    follows := 4 bytes, little-endian: the CRC-32 the records before the keyframe ended with (0 first)
+    seal    := KEYFRAME follows 00        written when the writer closes the log (Encoder.seal)
 
 ``fields`` names the record's fields (the step event's own, in the writer's order; the reader
-matches them by name, so fields added later or unknown to a reader cost nothing). Field 0,
+matches them by name: a field the stream lacks is its default, a field no step has is damage, as
+a renamed header would be). Field 0,
 ``_lines``, is how many lines ``events.jsonl`` held when the step was written: the reader puts the
 step after that line, so the two files read back as one log in writing order. A field's bit is
 clear when its value is the *predicted* one: the previous record's value, or for integers the
 previous value plus the previous change (``index`` and ``step`` grow by one: no bit, no byte).
 :data:`KEYFRAME` (4 bytes) starts a record that is encoded against nothing (every field
-present, string table empty): every :data:`KEYFRAME_EVERY` records, so a reader that meets damage
-(a cut record, bytes that do not decode) skips to the next keyframe and reads on.
+present, string table empty): every :data:`KEYFRAME_EVERY` records at least, so a reader that meets
+damage (a cut record, bytes that do not decode, a check that fails) skips to the next keyframe and
+reads on.
+
+Damage is never read as values. Each record's check is chained: a damaged record that its own byte
+lets through (1 in 256) is caught by the next record's (the chain then differs), and a keyframe's
+``follows`` (32 bits) checks the whole block before it, and the seal the last block of a log whose
+writer closed it (a log without one was cut: its last records are checked by their bytes alone); a
+keyframe block deleted, repeated or moved breaks ``follows`` too. One byte a record, not two: doctor's common step is ~14.4 bytes without a
+check, and the log must stay within 16 (``bench/event_builders.py``: 15.4 with it). A record where a
+keyframe must be (:data:`KEYFRAME_EVERY` records after the last) is damage, as is a header whose
+names fail their check. Each damage is one problem: ``byte N: what was there (and what was expected
+there)``. A stream of :data:`UNCHECKED_FORMAT` (no checks, no ``follows``) is read as before, with a
+problem that says it has no checks (:data:`UNCHECKED`).
+
+Decoded size is bounded by the file's: a list or dict "changed with no item changed" is the previous
+one, shared, and the items of changed lists and dicts made while decoding are at most
+:data:`BUDGET_PER_BYTE` a byte of the file read so far (and :data:`FREE_ITEMS` more): past that a
+record is damage.
 
 Values (one tag byte, then its payload)::
 
@@ -45,7 +69,10 @@ format agree byte for byte: the C extension ``_stepcodec`` (``_stepcodec.c``: ~1
 doctor step and ~0.7 µs to decode one, where this module's Python takes ~15 and ~11 µs), used when
 it was built and is of :data:`CODEC_VERSION`, and this module's (the reference, and what runs where
 no compiler built the extension, or when ``TORCHREPRO_PURE_PYTHON_CODEC=1``);
-``tests/test_step_codec.py`` compares them on generated values and on damaged bytes.
+``tests/test_step_codec.py`` compares them on generated values and on damaged bytes,
+``tests/test_step_damage.py`` on 10 000 mutated streams a run (``tests/step_fuzz.py``). Neither
+msgspec nor numpy reads this format (varints, deltas, a string table): ``bench/step_decoders.py``
+compares their own formats with it (docs/step-log.md).
 
 Writes are one ``os.write`` per record (``O_APPEND``): a record the kernel took survives SIGKILL, a
 record cut by a crash is the file's last bytes and is reported as a truncated last record. Nothing
@@ -58,18 +85,25 @@ import json
 import math
 import os
 import struct
+import zlib
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
-FORMAT = "torchrepro.steps/1"
+FORMAT = "torchrepro.steps/2"
+UNCHECKED_FORMAT = "torchrepro.steps/1"  # records without their check (still read, said to be unchecked)
+UNCHECKED = (
+    f"step records of {UNCHECKED_FORMAT}, written before records carried a check: damage inside one may read as values"
+)
 STEPS_FILE = "steps.bin"
 KEYFRAME = b"\x00TRK"  # no record starts with a zero byte (a body is never empty)
 KEYFRAME_EVERY = 256
 _MAX_RECORD = 16 << 20  # a longer record is damage (a garbled length), not a record still being written
 LINES = "_lines"  # the pseudo-field: events.jsonl lines written before the step
+BUDGET_PER_BYTE = 16  # items of changed lists and dicts decoded per byte of the file (and FREE_ITEMS more) at most
+FREE_ITEMS = 1 << 20
 MAX_DEPTH = 100  # lists and dicts in lists and dicts: a deeper value is no step's (and no recursion without end)
-CODEC_VERSION = 1  # the _stepcodec this module uses: its VERSION, raised with every change to _stepcodec.c
+CODEC_VERSION = 2  # the _stepcodec this module uses: its VERSION, raised with every change to _stepcodec.c
 
 _D = struct.Struct("<d")
 _Q = struct.Struct("<Q")
@@ -107,6 +141,17 @@ def _micros(f: float) -> int | None:
     return m if m / 1e6 == f and (m or math.copysign(1.0, f) > 0) else None  # -0.0 is no 0 µs
 
 
+def _check(record: bytes, chain: int) -> int:
+    """The CRC-32 of ``record`` chained from the record before's (0 at a keyframe)."""
+    return zlib.crc32(record, chain)
+
+
+def header_check(fields: Sequence[str]) -> str:
+    """The check of a header's field names (a renamed or reordered field is damage)."""
+    names = "\n".join(fields).encode()
+    return f"{zlib.crc32(names):08x}"
+
+
 def _load_codec() -> tuple[ModuleType | None, str]:
     """The C extension, when it was built, is of :data:`CODEC_VERSION` (a build from an older
     ``_stepcodec.c`` is not used) and ``TORCHREPRO_PURE_PYTHON_CODEC`` is unset; else None. And
@@ -131,26 +176,40 @@ class Encoder:
     """Encodes step records for one stream; ``fields`` are the record's fields after ``_lines``.
     Holds the previous record's values (memory stays flat)."""
 
-    def __init__(self, fields: Sequence[str]):
-        self.fields = (LINES, *fields)
-        self._encode: Callable[[Sequence[Any]], bytes] = (_C.Encoding if _C else _Encoding)(len(self.fields)).encode
+    def __init__(self, fields: Sequence[str], checked: bool = True):
+        """``checked``: records end with their check (:data:`FORMAT`); False writes
+        :data:`UNCHECKED_FORMAT`, as torchrepro did before checks (tests of old logs)."""
+        self.fields, self.checked = (LINES, *fields), checked
+        encoding = (_C.Encoding if _C else _Encoding)(len(self.fields), checked)
+        self._encode: Callable[[Sequence[Any]], bytes] = encoding.encode
+        self._chain: Callable[[], int] = lambda: encoding.chain
 
     def encode(self, values: Sequence[Any]) -> bytes:
         """One record of ``values`` (``_lines`` first, then ``fields`` in order); ``TypeError`` for a
         value that is no JSON type (the caller writes that step as a JSON line instead)."""
         return self._encode(values)
 
+    def seal(self) -> bytes:
+        """What ends a stream whose writer closed it: a keyframe mark with no record, holding the
+        CRC-32 the records end with (the last ones are then checked as a block is); nothing where
+        the records carry no check."""
+        return KEYFRAME + self._chain().to_bytes(4, "little") + b"\x00" if self.checked else b""
+
     def header(self) -> bytes:
-        return (json.dumps({"format": FORMAT, "fields": list(self.fields)}, separators=(",", ":")) + "\n").encode()
+        head: dict[str, Any] = {"format": FORMAT if self.checked else UNCHECKED_FORMAT, "fields": list(self.fields)}
+        if self.checked:
+            head["check"] = header_check(self.fields)
+        return (json.dumps(head, separators=(",", ":")) + "\n").encode()
 
 
 class _Encoding:
     """The encoder's state for a stream of records of ``n`` fields, and :meth:`encode` (the
     reference implementation of ``_stepcodec.Encoding``)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, checked: bool = True):
         self._body = _body_encoder(n)
-        self.n = n
+        self.n, self.checked = n, checked
+        self.chain = 0  # the check of the record before (0 before a keyframe)
         self._reset()
         self.records = 0
         self._key_next = True
@@ -174,12 +233,19 @@ class _Encoding:
         self._key_next = False
         self.records += 1
         if mask < 0x80 and len(body) < 0x7F and not key:  # most records: length and mask one byte each
-            return bytes((len(body) + 1, mask)) + body
-        out = bytearray(KEYFRAME if key else b"")
-        head = bytearray()
-        _varint(mask, head)
-        _varint(len(head) + len(body), out)
-        return bytes(out + head + body)
+            record = bytes((len(body) + 1, mask)) + body
+        else:
+            out = bytearray(KEYFRAME if key else b"")
+            if key and self.checked:
+                out += self.chain.to_bytes(4, "little")  # what the records before end with: the keyframe follows them
+            head = bytearray()
+            _varint(mask, head)
+            _varint(len(head) + len(body), out)
+            record = bytes(out + head + body)
+        if not self.checked:
+            return record
+        self.chain = _check(record, 0 if key else self.chain)
+        return record + bytes((self.chain & 0xFF,))
 
     def _value(self, value: Any, old: Any, out: bytearray) -> None:
         encode = _ENCODE.get(type(value))
@@ -336,7 +402,9 @@ class Decoder:
     """Decodes a step stream fed in pieces (:meth:`feed`): the records complete so far come out as
     ``(lines_before, fields)``, a record cut at the end of what was fed is kept for the next
     piece. ``make(fields)`` builds the event from a dict of the fields it knows by name. Damage is
-    counted in ``damaged`` (with a reason in ``problems``) and skipped up to the next keyframe."""
+    counted in ``damaged`` (with a reason in ``problems``: the byte offset in the file and what was
+    expected there) and skipped up to the next keyframe. ``checked``: the stream's records carry
+    their check (:data:`FORMAT`; False for :data:`UNCHECKED_FORMAT`, or before the header is read)."""
 
     def __init__(
         self,
@@ -344,14 +412,16 @@ class Decoder:
         known: Sequence[str] = (),
         make_from_values: Callable[[list[Any]], Any] | None = None,
     ):
-        """``make_from_values``: builds the event from the values alone, in order, when the stream's
-        fields are ``known`` (this torchrepro's: the reader's hot path)."""
+        """``known``: the fields the events have (a stream naming another is damage; none given:
+        any name is taken). ``make_from_values``: builds the event from the values alone, in order,
+        when the stream's fields are ``known`` (this torchrepro's: the reader's hot path)."""
         self.make, self.known, self.make_from_values = make, tuple(known), make_from_values
         self.positional = False
+        self.checked = False
         self.fields: tuple[str, ...] | None = None
         self._head = b""  # the header line so far
         self._core: _Core | None = None  # once the header is read
-        self._records: Callable[[int, Callable[[list[Any]], Any]], _Core] = _C.Records if _C else _Records
+        self._records: Callable[[int, Callable[[list[Any]], Any], bool, int], _Core] = _C.Records if _C else _Records
 
     @property
     def damaged(self) -> int:
@@ -374,19 +444,26 @@ class Decoder:
             self._head = buf
             return []
         self._head = b""
-        return self._start(_header_fields(buf[:end])).feed(buf[end + 1 :])
+        fields, self.checked, why = _header(buf[:end])
+        return self._start(fields, why, end + 1).feed(buf[end + 1 :])
 
-    def _start(self, fields: tuple[str, ...] | None) -> _Core:
-        """The decoder of the records of a stream of ``fields`` (None: of a header that is no step
-        stream's, nothing in which can be read)."""
-        self.fields = fields or ()
-        names = self.fields[1:]
+    def _start(self, fields: tuple[str, ...], why: str | None, offset: int) -> _Core:
+        """The decoder of the records of a stream of ``fields`` that start at byte ``offset``;
+        ``why``: the reason nothing in the stream can be read (None: it can)."""
+        self.fields = fields
+        names = fields[1:]
+        unknown = [name for name in names if name not in self.known] if self.known else []
+        if why is None and unknown:
+            why = (
+                f"byte 0: a header naming fields no step has ({', '.join(map(repr, unknown[:3]))}; "
+                f"expected names among {', '.join(self.known)}): nothing of it read"
+            )
         make, from_values = self.make, self.make_from_values
         self.positional = from_values is not None and names == self.known
         build = from_values if from_values is not None and self.positional else lambda v: make(dict(zip(names, v)))
-        core = self._core = self._records(len(self.fields), build)
-        if fields is None:
-            core.fail(f"not a step stream of format {FORMAT}")
+        core = self._core = self._records(0 if why else len(fields), build, self.checked, offset)
+        if why:
+            core.fail(why)
         return core
 
     def finish(self) -> list[tuple[int, Any]]:
@@ -397,40 +474,53 @@ class Decoder:
         if core is None:
             if not self._head:
                 return []
-            core = self._start(())  # a header line cut short: nothing after it
-            core.fail("truncated last step record")
+            core = self._start((), "byte 0: truncated last step record (a header line cut short)", 0)
             core.truncated = True
             self._head = b""
         return core.finish()
 
 
-def _header_fields(line: bytes) -> tuple[str, ...] | None:
-    """The fields a header line names, ``_lines`` first; None when it is no header of :data:`FORMAT`."""
+def _header(line: bytes) -> tuple[tuple[str, ...], bool, str | None]:
+    """The fields a header line names (``_lines`` first), whether its records carry their check,
+    and why nothing of the stream can be read (None when it can)."""
     try:
         head = json.loads(line)
-        if head.get("format") != FORMAT:
-            return None
+        form = head.get("format")
         fields = tuple(map(str, head["fields"]))
+        check = head.get("check")
     except (ValueError, TypeError, AttributeError, KeyError):
-        return None
-    return fields if fields[:1] == (LINES,) else None
+        form, fields, check = None, (), None
+    if form not in (FORMAT, UNCHECKED_FORMAT) or fields[:1] != (LINES,):
+        return (), False, f"byte 0: not a step stream of format {FORMAT}"
+    if form == FORMAT and check != header_check(fields):
+        return (
+            fields,
+            True,
+            f"byte 0: a header whose field names fail their check (expected {check!r}, they give {header_check(fields)!r})",
+        )
+    return fields, form == FORMAT, None
 
 
 class _Records:
     """The records of a stream of ``n`` fields after its header line, each made an event by
-    ``build(values)`` (the reference implementation of ``_stepcodec.Records``). A record is decoded
+    ``build(values)`` (the reference implementation of ``_stepcodec.Records``); ``checked``: each
+    ends with its check; ``offset``: the file's byte the first one starts at. A record is decoded
     from its own bytes (a read past them fails, a slice past them is cut short), so damage reads
     the same whatever the pieces fed were."""
 
-    def __init__(self, n: int, build: Callable[[list[Any]], Any]):
-        self.n, self.build = n, build
+    def __init__(self, n: int, build: Callable[[list[Any]], Any], checked: bool = False, offset: int = 0):
+        self.n, self.build, self.checked = n, build, checked
         self.damaged = 0
         self.problems: list[str] = []
         self.truncated = False
         self.table = self._table()
         self._buf = b""
+        self._at = offset  # the file's byte that _buf starts at
         self._seeking = n == 0  # nothing in it can be read
         self._depth = 0
+        self._items = 0  # the items of changed lists and dicts decoded (against the budget)
+        self._budget = 0
+        self._follows: int | None = 0  # the check the records read end with; None after damage
         self._reset()
 
     def _reset(self) -> None:
@@ -439,11 +529,13 @@ class _Records:
         self.moving: set[int] = set()  # fields whose delta is not 0
         self.strings: list[str] = []
         self.fresh = True  # the next record must hold every field
+        self.chain = 0  # the check of the record before
+        self.since_key = 0  # records read since the last keyframe mark, the keyframe's own included
 
     def feed(self, data: bytes) -> list[tuple[int, Any]]:
         buf = self._buf + data if self._buf else data
         pos, out = 0, list[tuple[int, Any]]()
-        n = len(buf)
+        n, tail = len(buf), 1 if self.checked else 0
         while pos < n:
             if self._seeking:
                 found = buf.find(KEYFRAME, pos) if self.n else -1
@@ -452,12 +544,20 @@ class _Records:
                     break
                 pos, self._seeking = found, False
             start = pos
+            keyed, follows, before = False, 0, self._follows
             if buf[pos] == 0:
                 if n - pos < len(KEYFRAME):
                     break  # the rest of the mark comes with the next piece
                 if buf[pos : pos + len(KEYFRAME)] == KEYFRAME:
                     pos += len(KEYFRAME)
+                    if tail:
+                        if n - pos < 4:
+                            pos = start
+                            break
+                        follows = int.from_bytes(buf[pos : pos + 4], "little")
+                        pos += 4
                     self._reset()
+                    keyed = True
             try:
                 size, pos = _read_varint(buf, pos)
             except IndexError:
@@ -465,36 +565,67 @@ class _Records:
                 break
             except Damaged:
                 size = _MAX_RECORD + 1  # a length of over 11 bytes: a garbled one
-            if pos + size > n and size <= _MAX_RECORD:
+            if keyed and tail and size == 0:  # a seal (Encoder.seal): the end of a log its writer closed
+                if before is not None and follows != before:
+                    self._not_following("the end of the log", start, follows, before)
+                continue
+            if pos + size + tail > n and size <= _MAX_RECORD:
                 pos = start
                 break
             try:
                 if size == 0 or size > _MAX_RECORD:
                     raise Damaged("a zero byte that is no keyframe mark" if size == 0 else "a record of over 16 MiB")
-                out.append(self._record(buf[pos : pos + size]))
+                if not keyed and self.since_key >= KEYFRAME_EVERY:
+                    raise Damaged(f"a record where a keyframe mark must be, {KEYFRAME_EVERY} records after the last")
+                end = pos + size
+                if tail:
+                    want = _check(buf[start:end], self.chain)
+                    if buf[end] != want & 0xFF:
+                        raise Damaged(f"check {buf[end]:02x} where its bytes give {want & 0xFF:02x}")
+                self._budget = BUDGET_PER_BYTE * (self._at + end + tail) + FREE_ITEMS
+                out.append(self._record(buf[pos:end]))
+                if keyed and tail and before is not None and follows != before:
+                    self._not_following("a keyframe", start, follows, before)
+                if tail:
+                    self.chain = self._follows = want
             except (Damaged, IndexError, ValueError, TypeError, UnicodeDecodeError) as exc:
-                self.fail(f"an undecodable step record ({exc}); read on from the next keyframe")
+                self.fail(
+                    f"byte {self._at + start}: an undecodable step record ({exc}); read on from the next keyframe"
+                )
                 pos, self._seeking = start + 1, True
                 continue
-            pos += size
+            self.since_key += 1
+            pos = end + tail
         self._buf = buf[pos:]
+        self._at += pos
         return out
 
     def finish(self) -> list[tuple[int, Any]]:
         out: list[tuple[int, Any]] = []
         while self._buf and not self._seeking:
-            self.fail("truncated last step record")
+            self.fail(f"byte {self._at}: truncated last step record")
             self.truncated = True
             rest, self._buf, self._seeking = self._buf[1:], b"", True
+            self._at += 1
             found = self.feed(rest)
             if found:
                 self.truncated = False
                 out += found
+        self._at += len(self._buf)
         self._buf = b""
         return out
 
+    def _not_following(self, what: str, start: int, follows: int, before: int) -> None:
+        """Damage: ``what`` at ``start`` (a keyframe, the seal) names another check than the records
+        before it end with."""
+        self.fail(
+            f"byte {self._at + start}: {what} does not follow the records before it (it follows check "
+            f"{follows:08x}, they end with {before:08x}): records lost or repeated"
+        )
+
     def fail(self, why: str) -> None:
         self.damaged += 1
+        self._follows = None
         if len(self.problems) < 5:
             self.problems.append(why)
 
@@ -570,6 +701,8 @@ class _Records:
 
         def text(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
             size, pos = _read_varint(buf, pos)
+            if size > len(buf) - pos:
+                raise Damaged(f"a string longer than the {max(len(buf) - pos, 0)} bytes left of its record")
             s = buf[pos : pos + size].decode()
             self.strings.append(s)
             return s, pos + size
@@ -602,11 +735,16 @@ class _Records:
             def read(buf: bytes, pos: int, old: Any) -> tuple[Any, int]:
                 if type(old) is not (dict if keyed else list):
                     raise Damaged("a change to a value that is not there")
-                out = list(old.values() if isinstance(old, dict) else old)
-                n = len(out)
+                n = len(old)
                 mask, pos = _read_varint(buf, pos, n + 70)  # a bit an item: a model's parameters, over 70
                 if mask >> n:
                     raise Damaged("an item beyond the previous value's")
+                if not mask:
+                    return old, pos  # the same value: shared, not copied (a byte may not make n items)
+                self._items += n
+                if self._items > self._budget:
+                    raise Damaged(f"changed lists of over {BUDGET_PER_BYTE} items a byte of the log")
+                out = list(old.values() if isinstance(old, dict) else old)
                 if n >= 16 and mask == (1 << n) - 1 and 0x80 <= (tag := buf[pos]) < 0xC0:
                     # every item of a long list changed (a model's parameter fingerprints): when all
                     # are fingerprints of one size, one hex() of their bytes cut in n, tags and all

@@ -10,8 +10,8 @@ polls (:class:`torchrepro.report.live.FollowedRun` feeds them to the live analys
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from .jsoncheck import loads
 from .events import EVENTS_FILE, MAX_LINE, Event, Step, from_json, open_regular, step_decoder
 from .stepstream import STEPS_FILE, Decoder
 from .payloads import JsonObject
@@ -115,7 +115,7 @@ class RunFollower:
             event = None
             if raw.strip():
                 try:
-                    event = from_json(json.loads(raw))
+                    event = from_json(loads(raw))
                 except (ValueError, TypeError, AttributeError):
                     self.unreadable += 1
             out.append((number, event))

@@ -362,11 +362,14 @@ def per_rank_step_times(per_rank: dict[str, dict[str, Any]]) -> list[tuple[str, 
 
 
 def divergence_chart(curve: Sequence[CurvePoint]) -> Markup:
-    """The report's divergence curve: max |Δparam| and max relative difference per step."""
+    """The report's divergence curve: max |Δparam| and max relative difference per step (where
+    known: both runs kept the step's parameters), and the L2 norm of the difference (estimated
+    from sketches elsewhere)."""
     return line_chart(
         [
             {"name": "max |Δparam|", "points": [(p["step"], p["max_abs"]) for p in curve]},
             {"name": "max relative", "points": [(p["step"], p["max_rel"]) for p in curve], "dashed": True},
+            {"name": "‖Δparam‖ (L2)", "points": [(p["step"], p.get("l2")) for p in curve]},
         ],
         x_label="step",
         y_label="difference",

@@ -19,6 +19,7 @@ a run's settings). Each kind has a JSON Schema in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -26,12 +27,18 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 from ..errors import InputError, stop_exit_code
+from ..eventlog.jsoncheck import schema_problem
 from ..eventlog.payloads import (
     JsonObject as JsonObject,
 )  # re-exported; also: a whole report.json document, a finding's evidence (per code)
 
 LEGACY_SCHEMA = "torchrepro.report/1"  # shared by every kind before the schemas were split (still read)
-SCHEMAS = {"doctor": "torchrepro.doctor/1", "check": "torchrepro.check/1", "drift": "torchrepro.drift/1"}
+SCHEMAS = {
+    "doctor": "torchrepro.doctor/1",
+    "check": "torchrepro.check/1",
+    "drift": "torchrepro.drift/1",
+    "compare": "torchrepro.compare/1",
+}
 
 
 SEVERITIES = ("error", "warning", "info")
@@ -78,18 +85,21 @@ class Verdict(str, Enum):
     REAL_DIFFERENCE = "real_difference"
     RUN_FAILED = "run_failed"
     INTERRUPTED = "interrupted"
+    EQUIVALENT = "equivalent"  # compare: B within A's run-to-run band
+    DIFFERENT = "different"  # compare: B leaves the band
+    ABSTAIN = "abstain"  # compare: the evidence is too weak to say
 
     @property
     def passing(self) -> bool:
         """Whether a comparison with this verdict passes (exit 0 when every run ended normally)."""
-        return self in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE)
+        return self in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.EQUIVALENT)
 
     @property
     def tone(self) -> str:
         """``ok``, ``warn`` or ``bad``: how a renderer colours it."""
-        if self in (Verdict.HEALTHY, Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.NOISE):
+        if self in (Verdict.HEALTHY, Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.NOISE, Verdict.EQUIVALENT):
             return "ok"
-        return "warn" if self is Verdict.WARNINGS else "bad"
+        return "warn" if self in (Verdict.WARNINGS, Verdict.ABSTAIN) else "bad"
 
     @classmethod
     def of_doctor(cls, findings: list[Finding], budget_failures: list[str], interrupted: bool = False) -> Verdict:
@@ -104,15 +114,15 @@ class Verdict(str, Enum):
 
 def comparison_exit_code(verdict: Verdict, ended_normally: bool, unreadable: bool, unreadable_exit: int) -> int:
     """A comparison's exit code: ``unreadable_exit`` when a log cannot be read (2 for stored runs
-    given as input, 3 for runs a check launched), 3 when a run did not end normally, else 0 for a
-    passing verdict and 1 otherwise.
+    given as input, 3 for runs a check launched), 3 when a run did not end normally or the
+    comparison is ``incomplete``, else 0 for a passing verdict and 1 otherwise.
 
     >>> comparison_exit_code(Verdict.DIVERGED, True, False, 3)
     1
     """
     if unreadable:
         return unreadable_exit
-    if not ended_normally:
+    if not ended_normally or verdict is Verdict.INCOMPLETE:
         return 3
     return 0 if verdict.passing else 1
 
@@ -759,11 +769,19 @@ class RunEnding:
 
 
 class ParamDifference(TypedDict):
-    """How far two runs' parameters are apart: the largest absolute and relative difference, and where."""
+    """How far two runs' parameters are apart: the largest absolute and relative difference (None
+    where only sketches were kept and a differing tensor was sketched), and where (the largest
+    absolute difference; without it, the largest L2 difference); the L2 norm of the whole
+    difference and relative to the second run's parameters' (``estimated``: from sketches, each
+    tensor projected to at least ``sketch_dims`` dims; docs/fingerprint.md, "Snapshots")."""
 
-    max_abs: float
-    max_rel: float
+    max_abs: float | None
+    max_rel: float | None
     parameter: str | None
+    l2: float
+    l2_rel: float
+    estimated: bool
+    sketch_dims: int | None
 
 
 class CurvePoint(ParamDifference):
@@ -833,8 +851,10 @@ class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
     (a JSON object: step, rank, what, cause, evidence...). ``more``: what only some checks add
     (``decomposition``, ``fixes``, ``fix_recommended``, ``backend_stages``, ``against``,
-    ``resume_at``, ``largest_difference``, ``nothing_compared_because``, ``graph_probes``: each
-    compiled graph a run called again on identical inputs, :class:`GraphProbeRecord`)."""
+    ``resume_at``, ``largest_difference``, ``nothing_compared_because``, ``graph_probes``: each compiled graph a run called again on
+    identical inputs, :class:`GraphProbeRecord`; every comparison:
+    ``evidence_compared``, steps compared per kind of evidence, ``not_compared`` and
+    ``incomplete_because``, what keeps it from covering both runs)."""
 
     verdict: Verdict
     runs: list[str]
@@ -848,6 +868,13 @@ class Determinism:
     environment_differences: list[str] = field(default_factory=list)
     step_clock: str | None = None
     more: JsonObject = field(default_factory=dict)
+
+    @property
+    def evidence_line(self) -> str | None:
+        """``params 5, grads 0, loss 60, rng 60, batch 60``: the steps at which each kind of evidence
+        was compared (None in a report written before it was said)."""
+        compared = self.more.get("evidence_compared")
+        return ", ".join(f"{kind} {n}" for kind, n in compared.items()) if isinstance(compared, dict) else None
 
     def exit_code(self, unreadable_exit: int) -> int:
         """See :func:`comparison_exit_code`."""
@@ -918,6 +945,10 @@ class CheckRun:
     def to_json(self) -> JsonObject:
         return {**self.meta, "run_dirs": self.run_dirs, "timings_s": self.timings_s}
 
+    @classmethod
+    def from_json(cls, run: JsonObject) -> CheckRun:
+        return cls(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(cls, run))
+
 
 @dataclass
 class CheckReport:
@@ -966,9 +997,8 @@ class CheckReport:
     @classmethod
     def from_json(cls, data: JsonObject) -> CheckReport:
         """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
-        run = data["run"]
         return cls(
-            run=CheckRun(run.get("run_dirs", {}), run.get("timings_s", {}), _rest(CheckRun, run)),
+            run=CheckRun.from_json(data["run"]),
             determinism=Determinism.from_json(data["determinism"]),
             findings=_findings(data["findings"]),
             verdict_line=data["verdict"],
@@ -976,6 +1006,57 @@ class CheckReport:
             sides=data.get("sides"),
             step_comparison=data.get("step_comparison"),
         )
+
+
+# --- compare: configuration B against configuration A's run-to-run band ----------------------------
+
+
+@dataclass
+class CompareReport:
+    """``torchrepro compare``: ``compare`` is the section :func:`torchrepro.analysis.equivalence.judge`
+    builds (verdict ``equivalent``/``different``/``abstain``, the tolerance and band, the first point
+    out of the band, each rank's first divergence, repeated batches)."""
+
+    kind: ClassVar[str] = "compare"
+    run: CheckRun
+    compare: JsonObject
+    findings: list[Finding]
+    verdict_line: str
+    provenance: JsonObject | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(self.compare["verdict"])
+
+    @property
+    def exit_code(self) -> int:
+        """0 equivalent, 1 different or abstain, 3 when a run did not end normally (as a check's
+        ``incomplete``; :func:`comparison_exit_code`)."""
+        return comparison_exit_code(
+            self.verdict, bool(self.compare.get("ended_normally")), bool(self.compare.get("unreadable")), 3
+        )
+
+    def to_json(self) -> JsonObject:
+        """The ``report.json`` document."""
+        out = {
+            "schema": SCHEMAS["compare"],
+            "kind": "compare",
+            "run": self.run.to_json(),
+            "compare": self.compare,
+            "findings": [f.to_json() for f in self.findings],
+            "verdict": self.verdict_line,
+            "exit_code": self.exit_code,
+        }
+        if self.provenance is not None:
+            out["provenance"] = self.provenance
+        return out
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> CompareReport:
+        """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
+        report = cls(CheckRun.from_json(data["run"]), data["compare"], _findings(data["findings"]), data["verdict"])
+        report.provenance = data.get("provenance")
+        return report
 
 
 # --- drift --------------------------------------------------------------------------------------
@@ -1366,11 +1447,12 @@ class DriftReport:
         )
 
 
-Report = Union[DoctorReport, CheckReport, DriftReport]
-_KINDS: dict[str, type[DoctorReport] | type[CheckReport] | type[DriftReport]] = {
+Report = Union[DoctorReport, CheckReport, DriftReport, CompareReport]
+_KINDS: dict[str, type[DoctorReport] | type[CheckReport] | type[DriftReport] | type[CompareReport]] = {
     "doctor": DoctorReport,
     "check": CheckReport,
     "drift": DriftReport,
+    "compare": CompareReport,
 }
 
 
@@ -1391,8 +1473,7 @@ def load_report(data: Any, source: str = "report") -> Report:
     if kind is None:
         schema = data.get("schema") if isinstance(data, dict) else None
         raise InputError(f"{source} is not a torchrepro report (schema {schema!r})")
-    schema = json.loads(schema_path(kind).read_text())
-    if (problem := schema_problem(data, schema, schema)) is not None:
+    if (problem := schema_problem(data, schema_of(kind))) is not None:
         raise InputError(f"{source}: a damaged {kind} report: {problem}")
     try:
         return _KINDS[kind].from_json(data)
@@ -1400,44 +1481,11 @@ def load_report(data: Any, source: str = "report") -> Report:
         raise InputError(f"{source}: a damaged {kind} report ({type(exc).__name__}: {exc})") from None
 
 
-_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
-    "object": dict,
-    "array": list,
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "null": type(None),
-}
-
-
-def schema_problem(data: Any, schema: JsonObject, root: JsonObject, where: str = "") -> str | None:
-    """The first place ``data`` breaks ``schema`` (``root``: where its ``$ref`` point), as
-    ``field 'a.b' is ...``, or None. The subset of JSON Schema the shipped schemas use: ``type``,
-    ``properties``, ``required``, ``items``, ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``."""
-    if "$ref" in schema:
-        schema = root["$defs"][schema["$ref"].rpartition("/")[2]]
-    name = f"field {where!r}" if where else "the document"
-    if "anyOf" in schema and all(schema_problem(data, s, root, where) for s in schema["anyOf"]):
-        return f"{name} matches none of its allowed forms"
-    if "type" in schema:
-        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        fits = any(isinstance(data, _JSON_TYPES[n]) for n in names)
-        if not fits or (isinstance(data, bool) and "boolean" not in names):
-            return f"{name} is {type(data).__name__} {json.dumps(data, default=str)[:40]}, not {' or '.join(names)}"
-    if ("enum" in schema and data not in schema["enum"]) or ("const" in schema and data != schema["const"]):
-        return f"{name} is {json.dumps(data, default=str)[:40]}, not one of {schema.get('enum', [schema.get('const')])}"
-    if isinstance(data, dict):
-        if missing := [k for k in schema.get("required", ()) if k not in data]:
-            return f"{name} lacks {missing[0]!r}"
-        for key, sub in schema.get("properties", {}).items():
-            if key in data and (problem := schema_problem(data[key], sub, root, f"{where}.{key}".lstrip("."))):
-                return problem
-    if isinstance(data, list) and "items" in schema:
-        for i, item in enumerate(data):
-            if problem := schema_problem(item, schema["items"], root, f"{where}[{i}]"):
-                return problem
-    return None
+@functools.lru_cache(maxsize=None)
+def schema_of(kind: str) -> JsonObject:
+    """The JSON Schema of ``kind``'s ``report.json``, parsed (once)."""
+    schema: JsonObject = json.loads(schema_path(kind).read_text())
+    return schema
 
 
 def schema_path(kind: str) -> Path:

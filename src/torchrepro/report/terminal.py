@@ -14,7 +14,16 @@ from rich.text import Text
 from .model import Finding
 from .sanitize import visible_tree
 from ..analysis.rank_groups import ranks_label
-from .model import FIX_COLUMNS, CheckReport, DoctorReport, GraphProbeRecord, RankCompiles, fix_cells, fix_recommendation
+from .model import (
+    FIX_COLUMNS,
+    CheckReport,
+    CompareReport,
+    DoctorReport,
+    GraphProbeRecord,
+    RankCompiles,
+    fix_cells,
+    fix_recommendation,
+)
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
@@ -198,6 +207,10 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
     det = report.determinism
     console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
     render_findings(console, report.findings)
+    if det.evidence_line is not None:
+        console.print(f"steps compared per kind of evidence: {det.evidence_line}", highlight=False, markup=False)
+        for line in det.more.get("not_compared", [])[:5]:
+            console.print(f"  {line}", highlight=False, markup=False)
     fd = det.first_divergence
     if fd:
         because = fd["evidence"].get("because")
@@ -220,15 +233,48 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.curve:
         table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("step", "max |Δparam|", "max rel", "|Δloss|"):
+        for col in ("step", "max |Δparam|", "max rel", "‖Δparam‖", "|Δloss|"):
             table.add_column(col, justify="right")
         curve = det.curve
         shown = curve if len(curve) <= 8 else curve[:4] + curve[-4:]
         for point in shown:
             loss = "" if point["loss_diff"] is None else f"{point['loss_diff']:.3g}"
-            _row(table, str(point["step"]), f"{point['max_abs']:.3g}", f"{point['max_rel']:.3g}", loss)
+            l2 = point.get("l2")
+            norm = "" if l2 is None else ("≈" if point.get("estimated") else "") + f"{l2:.3g}"
+            _row(table, str(point["step"]), _num(point["max_abs"]), _num(point["max_rel"]), norm, loss)
         console.print(table)
     for note in det.notes[:5]:
+        console.print(Text(f"note: {note}", style="dim"))
+    if report_path:
+        console.print(Text(f"report: {report_path}", style="dim"))
+
+
+def render_compare(report: CompareReport, console: Console | None = None, report_path: str | None = None) -> None:
+    """Verdict on the first line, the findings, the tolerance B was held to, each rank's first
+    divergence with the strength of its evidence, and the steps around the first one out of band."""
+    console = console or Console()
+    report = visible_tree(report)
+    c = report.compare
+    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
+    render_findings(console, report.findings)
+    tol, band = c["tolerance"], c["band"]
+    console.print(
+        Text(
+            f"compared {c['steps_compared']} step(s), {c['tensors_compared']} tensor comparisons; band "
+            f"{'zero (A bit-exact)' if band['zero'] else _num(band['loss_rel']) + ' (loss, relative)'}; "
+            f"tolerance {tol['safety']:g}*eps({tol['dtype']})*sqrt({tol['reduction_size']})*(step+1)",
+            style="dim",
+        ),
+        highlight=False,
+    )
+    table = Table(title="first divergence per rank (bit for bit)", title_justify="left", show_edge=False)
+    for col in ("rank", "status", "evidence", "step", "what", "tensor"):
+        table.add_column(col)
+    for r in c["per_rank"]:
+        cells = (r["rank"], r["status"], r["evidence"], r["step"], r["what"], r["tensor"])
+        _row(table, *("" if x is None else str(x) for x in cells))
+    console.print(table)
+    for note in c.get("notes", [])[:5]:
         console.print(Text(f"note: {note}", style="dim"))
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))

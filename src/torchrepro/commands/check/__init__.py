@@ -49,6 +49,13 @@ def add_parser(sub: Any) -> None:
         help=f"in every run, call each compiled graph K more times on copies of its first call's inputs and "
         f"compare bit for bit (default {PROBE_REPEATS}; 0: off)",
     )
+    p.add_argument(
+        "--disk-budget",
+        type=options.size,
+        metavar="SIZE",
+        help="disk the runs need, e.g. 20G, in place of the estimate the free space is checked against "
+        "(two parameter copies a run, 1 MB a snapshot step)",
+    )
     options.add_ranks(p)
     options.add_otlp_option(p)
     options.add_tolerance(p)
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> Outcome:
         fixes=False if args.no_fixes else (True if args.fixes else None),
         only_fixes=_fix_names(args.only_fixes),
         probe_repeats=args.probe_repeats,
+        disk_budget=args.disk_budget,
     )
     return Outcome(report, out)
 

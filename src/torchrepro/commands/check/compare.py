@@ -46,6 +46,7 @@ from ...eventlog.provenance import launch_meta, provenance
 from ...report.model import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...report.save import write_report
+from .disk import planned_runs, require_disk
 from .runs import Checker, RunSpec, plan_runs
 
 
@@ -231,10 +232,12 @@ def check(
     fixes: bool | None = None,
     only_fixes: list[str] | None = None,
     probe_repeats: int = PROBE_REPEATS,
+    disk_budget: int | None = None,
 ) -> tuple[CheckReport, Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
     divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
     False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from.
+    Refused before any run when the disk cannot hold ``disk_budget`` bytes or the estimate (:mod:`.disk`).
     Every run calls each compiled graph again ``probe_repeats`` times (0: never); a graph that
     differs on identical inputs is a divergence even where the runs agree."""
     from .fix_ladder import backend_stages, run_fix_ladder
@@ -244,8 +247,10 @@ def check(
     script = validate_script(script)
     if runs < 2 and against is None:
         raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
-    out = create_run_dir(out or default_run_dir(script, label="check"))
     snapshots = against is not None or not tol.exact
+    out = out or default_run_dir(script, label="check")
+    require_disk(out, planned_runs(runs, against, fixes), snapshots, disk_budget)
+    out = create_run_dir(out)
     seed = options.seed
     checker = Checker(
         script,
@@ -299,6 +304,7 @@ def check(
         [checker.endings[s.label] for s in specs],
         tol,
         unreadable_exit=3,
+        pair=(spec_a.label, spec_b.label),
     )
     if decomposition is not None:
         det["decomposition"] = decomposition
@@ -415,6 +421,8 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
             f"{path_a} is a run of {scripts[0]}, {path_b} of {scripts[1]}: diff compares two runs of one script"
         )
     endings = [ending(str(path_a), run_a.meta, run_a.logs), ending(str(path_b), run_b.meta, run_b.logs)]
+    for end, run in zip(endings, (run_a, run_b)):
+        end.problems += run.unread  # a rank log that could not be read: the comparison cannot cover it
     div, within, notes = _compare(run_a, run_b, tol)
     compare_lengths(endings[0], endings[1], diverged=div is not None)
     notes = run_a.problems + run_b.problems + notes + _missing_evidence(run_a, run_b)
@@ -571,6 +579,7 @@ def check_resume(
         list(checker.endings.values()),
         Tolerance(),
         unreadable_exit=3,
+        first_step=at,
     )
     det["resume_at"] = at
     report = _report(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import options
-from ...errors import UserError
+from ...errors import Stopped, UserError
 from ...runtime.options import PROBE_REPEATS, RunOptions
 from .._finish import Outcome
 from ...analysis.compile_fixes import COMPILE_FIXES
@@ -124,5 +124,9 @@ def _try_fixes(report: DoctorReport, run_dir: Path, args: argparse.Namespace) ->
     runner = FixRunner(
         run_dir, Path(args.script), args.args, RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout
     )
-    try_fixes(report, runner, only=args.only_fixes, jobs=args.jobs)
+    try:
+        try_fixes(report, runner, only=args.only_fixes, jobs=args.jobs)
+    except Stopped:  # by a signal: the report says which fixes finished (marked partial)
+        write_report(run_dir, report)
+        raise
     write_report(run_dir, report)

@@ -37,7 +37,7 @@ from ...eventlog.rundir import RUN_FILE, load_run, write_json
 from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
 from ...report.model import DoctorReport, TriedFix
 from ...runtime.options import RunOptions
-from ..launcher import child_env, launch, sharing_cores_env
+from ..launcher import child_env, launch, sharing_cores_env, stop_phase, stop_received
 
 COMBINED = "recommended_set"
 
@@ -67,8 +67,10 @@ class FixRunner:
             meta = json.loads((out / RUN_FILE).read_text())
         except (OSError, ValueError):
             meta = None
-        finished = isinstance(meta, dict) and "ended" in meta
+        finished = isinstance(meta, dict) and "ended" in meta and not meta.get("stopped_by")
         if not (finished and meta.get("fix") == spec and meta.get("stop_after_step") == stop):
+            if signal_name := stop_received():  # doctor is stopping: no run starts
+                raise Stopped(f"fix {name}: not started, stopped by {signal_name}", signal_name)
             shutil.rmtree(out, ignore_errors=True)  # a run of ours cut short (or of another plan): again
             out.mkdir(parents=True)
             said: dict[str, Any] = {"env_set": env} if env else {}
@@ -86,9 +88,9 @@ class FixRunner:
                 env=child_env(self.options.seed, env),
                 stall_timeout=self.timeout,
             )
-            if result.stopped_by:  # a signal to torchrepro: doctor ends here (128 + N); this run is redone
+            meta = finish_meta(meta, result, out)  # (stopped: recorded as such, and run again next time)
+            if result.stopped_by:  # a signal to torchrepro: doctor ends here (128 + N)
                 raise Stopped(f"fix {name}: stopped by {result.stopped_by}; rerun to go on", result.stopped_by)
-            meta = finish_meta(meta, result, out)
         if meta.get("exit_code") != 0 or not rank_logs(out):
             return None
         return load_run(out).logs
@@ -121,28 +123,59 @@ def try_fixes(
         before = measure(baseline, stop)
 
         beside = sharing_cores_env() if jobs > 1 and len(tried) > 1 else None  # runs side by side
+        done: dict[str, TriedFix] = {}  # the fixes judged so far, by name
 
         def attempt(fix: CompileFix) -> TriedFix:
             logs = runner.run(fix.name, fix.spec, stop, beside)
-            return judge(fix, before, measure(logs, stop) if logs else None, numerics(baseline, logs) if logs else None)
+            row = judge(fix, before, measure(logs, stop) if logs else None, numerics(baseline, logs) if logs else None)
+            done[fix.name] = row
+            return row
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            rows = list(pool.map(attempt, tried))
-        good = recommendable(rows)
-        if len(good) > 1:
-            together = CompileFix(
-                COMBINED,
-                "+".join(r["spec"] for r in good),
-                " + ".join(r["name"] for r in good),
-                "; ".join(r["line"] for r in good),
-                sum(r["expected_removed"] for r in good),
+        try:
+            with stop_phase("doctor --fixes"):  # a stop signal: every fix run stops, what finished is kept
+                with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                    rows = list(pool.map(attempt, tried))
+                good = recommendable(rows)
+                if len(good) > 1:
+                    together = CompileFix(
+                        COMBINED,
+                        "+".join(r["spec"] for r in good),
+                        " + ".join(r["name"] for r in good),
+                        "; ".join(r["line"] for r in good),
+                        sum(r["expected_removed"] for r in good),
+                    )
+                    combined = attempt(together)
+        except Stopped as stopped:
+            rows = [done[fix.name] for fix in tried if fix.name in done]
+            note = (
+                f"partial: stopped by {stopped.signal_name} after {len(rows)} of {len(tried)} fix(es); "
+                "the same command on the same --out goes on where it stopped"
             )
-            combined = attempt(together)
+            _store(report, runner, plan, rows, done.get(COMBINED), note, partial=True)
+            raise Stopped(
+                f"doctor --fixes: stopped by {stopped.signal_name} after {len(rows)} of {len(tried)} fix run(s); "
+                f"what finished is in {runner.run_dir / FIXES_DIR / FIXES_FILE}: the same command goes on",
+                stopped.signal_name,
+            ) from None
         runs = len(tried) + (combined is not None)
         window_text = f"stopped after step {stop}" if stop is not None else "whole runs"
         note = f"{len(tried)} fix(es) tried in {runs} run(s) ({window_text}), each against the baseline"
+    _store(report, runner, plan, rows, combined, note)
+
+
+def _store(
+    report: DoctorReport,
+    runner: FixRunner,
+    plan: FixPlan,
+    rows: list[TriedFix],
+    combined: TriedFix | None,
+    note: str,
+    partial: bool = False,
+) -> None:
+    """The fixes tried (``partial``: the fix runs were stopped, these are the ones that finished),
+    into ``report`` and ``fixes/compile_fixes.json``."""
     report.compile_fixes = [*rows, *listed(plan)]
-    report.compile_fix_recommended = recommend(rows, combined)
+    report.compile_fix_recommended = None if partial else recommend(rows, combined)
     report.compile_fix_note = note
     (runner.run_dir / FIXES_DIR).mkdir(exist_ok=True)
     write_json(
@@ -151,5 +184,6 @@ def try_fixes(
             "compile_fixes": report.compile_fixes,
             "compile_fix_recommended": report.compile_fix_recommended,
             "compile_fix_note": note,
+            **({"partial": True} if partial else {}),
         },
     )

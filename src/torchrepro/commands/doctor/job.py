@@ -18,13 +18,15 @@ from ...runtime.follow import LAUNCHER_DIR
 from ..launcher import ChildResult, child_env, launch, validate_script
 from ...runtime.options import RunOptions
 from ...eventlog.provenance import launch_meta
-from ...report.model import DoctorReport
+from ...eventlog.jsoncheck import schema_problem
+from ...report.model import DoctorReport, schema_of
 from ...eventlog.rundir import (
     RUN_FILE,
     claim_run_dir,
     create_run_dir,
     default_run_dir,
     load_run,
+    read_json_file,
     supervisor_record,
     write_json,
 )
@@ -50,12 +52,24 @@ def resumable(run_dir: Path, script: Path, args: list[str]) -> bool:
     )
 
 
+_FIXES_FIELDS = ("compile_fixes", "compile_fix_recommended", "compile_fix_note")
+
+
 def attach(report: DoctorReport, run_dir: Path) -> None:
-    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one."""
+    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one;
+    :class:`InputError` naming the file and its field when it breaks its schema (the doctor
+    report's, for these fields)."""
+    path = run_dir / FIXES_DIR / FIXES_FILE
     try:
-        stored = json.loads((run_dir / FIXES_DIR / FIXES_FILE).read_text())
-    except (OSError, ValueError):
+        stored = read_json_file(path)
+    except FileNotFoundError:
         return
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable ({exc})") from None
+    schema = schema_of("doctor")
+    fields = {"type": "object", "properties": {k: schema["properties"][k] for k in _FIXES_FIELDS}}
+    if (problem := schema_problem(stored, fields, schema)) is not None:
+        raise InputError(f"{path}: {problem}")
     report.compile_fixes = stored.get("compile_fixes")
     report.compile_fix_recommended = stored.get("compile_fix_recommended")
     report.compile_fix_note = stored.get("compile_fix_note")

@@ -6,22 +6,22 @@ runs each factor needs.
 
 Exit codes: 0 analysed; 1 a binary factor makes a real difference (p < 0.05; under
 ``--until-clear``, by its sequential decision); 2 usage or input
-error; 3 a run failed (it is reported and excluded from every statistic); 130 interrupted (rerun
-the same command: finished runs are reused).
+error; 3 a run failed (it is reported and excluded from every statistic); 128+N stopped by signal N
+(130 SIGINT, 143 SIGTERM, 129 SIGHUP: the live runs are ended, a partial report of the finished ones is
+written; rerun the same command: finished runs are reused).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import options
-from ...errors import UserError
+from ...errors import Stopped, UserError
+from ...eventlog.rundir import REPORT_FILE
 from .._finish import Outcome
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ says how many runs each factor needs (--target-effect E, else --observed X, else
 sequential: drift --until-clear [--max-runs M] adds seed levels a batch at a time and stops as soon as
 each factor is decided (a test valid under continuous monitoring), or when the budget cannot decide it.
 size: a design of more than {max_runs:,} runs (cells x runs) is refused unless --allow-large is given.
-exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error, 3 a run failed, 130 interrupted.
+exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error, 3 a run failed,
+128+N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP; a partial report of the finished runs).
 """
 
 
@@ -208,14 +209,14 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     t0 = time.perf_counter()
     if not args.until_clear:
         prepare_out(out, plan)  # under the lock: an empty directory, or this experiment's
-        counts = _launch(out, plan, args, console)
+        counts = _launch(out, plan, args, console, t0)
         return _report(out, plan, args, counts, round(time.perf_counter() - t0, 3))
     looks, total = [levels], {"planned": 0, "reused": 0, "ran": 0, "crashed": 0}
     while True:
         sequential: SequentialPlan = {"looks": looks, "max_runs": budget, "target_effect": args.target_effect}
         plan = planned(looks[-1], sequential)
         prepare_out(out, plan)
-        counts = _launch(out, plan, args, console)
+        counts = _launch(out, plan, args, console, t0)
         ran, crashed = total["ran"] + counts["ran"], total["crashed"] + counts["crashed"]
         total = {"planned": counts["planned"], "reused": counts["planned"] - ran, "ran": ran, "crashed": crashed}
         stop = sequential_stop(out, plan, _metric(args, plan), args.target_effect)
@@ -252,22 +253,24 @@ def next_levels(plan: Plan, levels: int, jobs: int) -> int:
     return n
 
 
-def _launch(out: Path, plan: Plan, args: argparse.Namespace, console: Console) -> dict[str, int]:
-    """Run what ``plan`` still lacks (SIGTERM and Ctrl-C end the live runs; finished runs stay)."""
+def _launch(out: Path, plan: Plan, args: argparse.Namespace, console: Console, t0: float) -> dict[str, int]:
+    """Run what ``plan`` still lacks. A stop signal (SIGINT, SIGTERM, SIGHUP) ends the live runs (they
+    rerun next time); the report of the runs that finished is written, marked partial, and drift
+    ends with :class:`Stopped` (exit 128 + N)."""
     from .experiment import run_all
+    from ..launcher import stop_phase
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return run_all(out, plan, args.jobs, console, args.launcher)
-    except KeyboardInterrupt:
-        console.print(
-            f"drift interrupted: finished runs are kept in {out}; run the same command again to continue",
-            markup=False,
-            highlight=False,
-        )
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        with stop_phase("drift"):
+            return run_all(out, plan, args.jobs, console, args.launcher)
+    except Stopped as stopped:
+        how = f"stopped by {stopped.signal_name}"
+        _report(out, plan, args, None, round(time.perf_counter() - t0, 3), partial=how)
+        raise Stopped(
+            f"drift: {how}; finished runs are kept in {out} (partial report: {out / REPORT_FILE}): "
+            "run the same command again to go on",
+            stopped.signal_name,
+        ) from None
 
 
 def _print_plan(out: Path, plan: Plan, args: argparse.Namespace) -> None:
@@ -290,23 +293,33 @@ def _print_plan(out: Path, plan: Plan, args: argparse.Namespace) -> None:
         print(plan_sentence(item, fmt_number))
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def _report(
-    out: Path, plan: Plan, args: argparse.Namespace, counts: dict[str, int] | None, wall_s: float | None
+    out: Path,
+    plan: Plan,
+    args: argparse.Namespace,
+    counts: dict[str, int] | None,
+    wall_s: float | None,
+    partial: str | None = None,
 ) -> Outcome:
     """Collect and analyse the runs (``report.json``, ``report.html`` and the plots are written);
-    a :class:`UserError` when no run produced the metric and none crashed."""
+    a :class:`UserError` when no run produced the metric and none crashed. ``partial``: why the
+    runs were cut short (the report says it is partial)."""
     from .experiment import build_report, collect
 
     metric = _metric(args, plan)
     runs = collect(out, plan, metric)
     report = build_report(
-        out, plan, runs, metric, observed=args.observed, target_effect=args.target_effect, counts=counts, wall_s=wall_s
+        out,
+        plan,
+        runs,
+        metric,
+        observed=args.observed,
+        target_effect=args.target_effect,
+        counts=counts,
+        wall_s=wall_s,
+        partial=partial,
     )
     drift = report.drift
-    if report.exit_code != 3 and not drift.summary["n"] and drift.excluded:
+    if partial is None and report.exit_code != 3 and not drift.summary["n"] and drift.excluded:
         raise UserError(f"no run produced the metric: {drift.excluded[0].error}")
     return Outcome(report, out)

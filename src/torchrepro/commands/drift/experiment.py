@@ -35,9 +35,19 @@ from typing import TYPE_CHECKING, TypedDict, cast
 
 from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, fmt_number, analyse, verdict
 from ...analysis.sequential import plan_sentence, planning, sequential_section, sequential_verdict
-from ...errors import InputError, UserError
+from ...errors import InputError, Stopped, UserError
 from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, read_header
-from ..launcher import STDERR_TAIL_LINES, Job, child_env, end_jobs, run_command, sharing_cores_env, spawn, wait_job
+from ..launcher import (
+    STDERR_TAIL_LINES,
+    Job,
+    child_env,
+    end_jobs,
+    run_command,
+    sharing_cores_env,
+    spawn,
+    stop_received,
+    wait_stoppable,
+)
 from ...telemetry.otlp import launch_span
 from ...runtime.options import RunOptions
 from ...report.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
@@ -360,19 +370,22 @@ class Runner:
             open(logs / "stderr.log", "wb") as err_log,
         ):
             with self._lock:
-                if self.stopping.is_set():
+                if self.stopping.is_set() or stop_received():  # drift is stopping: no run starts
                     return None
                 job = spawn(cmd, stdout=out_log, stderr=err_log, stdin=subprocess.DEVNULL, env=trace.child_env(env))
                 self._live[job.pgid] = job
             try:
-                code = trace.exit_code = wait_job(job)
-            except BaseException:  # Ctrl-C of a foreground --run-one, a cancelled Ray task
+                code, stopped_by = wait_stoppable(job)  # a stop signal to torchrepro: forwarded to the run
+                trace.exit_code = code
+            except BaseException:  # a cancelled Ray task
                 self.stop()
                 raise
             finally:
                 with self._lock:
                     self._live.pop(job.pgid, None)
             end_jobs([job])  # what the script left running
+        if stopped_by:  # no record: the run goes again next time
+            raise Stopped(f"run {cell.index}: stopped by {stopped_by}", stopped_by)
         if self.stopping.is_set():
             return None
         tail = (logs / "stderr.log").read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
@@ -504,7 +517,11 @@ def _on_ray(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[Ru
     waiting = list(index)
     try:
         while waiting:
-            done, waiting = ray.wait(waiting, num_returns=1)
+            done, waiting = ray.wait(waiting, num_returns=1, timeout=0.5)
+            if signal_name := stop_received():  # the tasks are cancelled below: their runs rerun next time
+                raise Stopped(f"stopped by {signal_name}", signal_name)
+            if not done:
+                continue
             try:
                 record = ray.get(done[0])
             except ray.exceptions.RayError as exc:  # its retries spent too
@@ -621,9 +638,11 @@ def build_report(
     target_effect: float | None,
     counts: dict[str, int] | None = None,
     wall_s: float | None = None,
+    partial: str | None = None,
 ) -> DriftReport:
     """Analyse the runs and write ``report.json`` (schema torchrepro.drift/1), ``report.html`` and the
-    plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference."""
+    plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference.
+    ``partial``: why the runs were cut short (said first among the notes)."""
     from ...eventlog.provenance import launch_meta, provenance
     from ...report.svg import write_drift_plots
 
@@ -631,6 +650,11 @@ def build_report(
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]
     section = analyse(runs, random, binary, plan["runs"], observed=observed, target_effect=target_effect)
     add_plan_and_path(section, plan, runs, target_effect=target_effect, observed=observed)
+    if partial is not None:
+        done = sum(r.status != "missing" for r in runs)
+        section["notes"].insert(
+            0, f"partial: {partial} after {done} of {len(runs)} runs; the same command again runs the others"
+        )
     rerun = [r for r in runs if r.extra.get("attempts", 1) > 1]
     if rerun:
         section["notes"].append(

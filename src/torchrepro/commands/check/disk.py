@@ -1,0 +1,56 @@
+"""Whether the disk can hold what a ``check`` writes, decided before any run starts.
+
+A run keeps at most two copies of its parameters (the last snapshot step's, and the next one's
+while it is written) and a sketch of at most :data:`~torchrepro.capture.snapshots.SKETCH_BYTES` a
+snapshot step (docs/fingerprint.md, "Snapshots"), beside its event log. The parameters' size is not
+known before the script runs: the estimate is :data:`RUN_BYTES` a run (:data:`LOG_BYTES` when no
+snapshot is kept), and ``--disk-budget`` replaces it with what the user knows
+(two parameter copies a run, 1 MB a snapshot step, for the runs listed by :func:`planned_runs`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ...errors import UserError
+from ...eventlog.rundir import size_text
+
+RUN_BYTES = 64 << 20  # a run with snapshots, its parameters' size unknown
+LOG_BYTES = 8 << 20  # a run without: its event log
+LADDER_RUNS = 5  # the most fix runs after a divergence (analysis.fixes.LADDER)
+
+
+def planned_runs(runs: int, against: str | None, fixes: bool | None) -> int:
+    """The most runs a check may start: ``--against``: the reference, the compiled run, the
+    third run of the decomposition and the ``aot_eager`` stage; else ``runs`` and the fix ladder's."""
+    if against is not None:
+        return 4
+    return runs + (0 if fixes is False else LADDER_RUNS)
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes for an unprivileged writer on the file system of ``folder`` (or its nearest existing parent)."""
+    path = folder.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def require_disk(folder: Path, runs: int, snapshots: bool, budget: int | None) -> None:
+    """Refuse (one line, exit 2) when ``folder``'s file system has less free space than ``budget``
+    or, without one, the estimate for ``runs`` runs."""
+    need = budget if budget is not None else runs * (RUN_BYTES if snapshots else LOG_BYTES)
+    free = free_bytes(folder)
+    if free >= need:
+        return
+    what = (
+        "--disk-budget"
+        if budget is not None
+        else f"an estimated {size_text(RUN_BYTES if snapshots else LOG_BYTES)} for each of up to {runs} runs"
+    )
+    raise UserError(
+        f"not enough disk for the check: {size_text(free)} free where {folder} is, {size_text(need)} needed "
+        f"({what}); free space, choose --out elsewhere, or give --disk-budget SIZE (two parameter copies "
+        "a run, 1 MB a snapshot step)"
+    )

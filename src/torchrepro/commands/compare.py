@@ -1,0 +1,160 @@
+"""``torchrepro compare A.py [ARGS] :: B.py [ARGS]``: is configuration B the same training as
+configuration A? Runs A (the reference) twice and B once, and judges B against A's run-to-run
+band (:mod:`torchrepro.analysis.equivalence`; docs/compare.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from . import options
+from ..errors import InputError
+from ..runtime.options import RunOptions
+from ._finish import Outcome
+
+SEPARATOR = "::"
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``compare``."""
+    p = sub.add_parser(
+        "compare",
+        help="is configuration B the same training as A? (A twice for its noise band, B once)",
+        description="Run configuration A (the reference) twice and B once, and judge B against A's run-to-run "
+        "noise: EQUIVALENT, DIFFERENT (the first step, rank and tensor out of the band) or ABSTAIN. "
+        "Usage: torchrepro compare [--nproc N] [--nproc-b M] A.py [A_ARGS] :: B.py [B_ARGS]",
+    )
+    p.add_argument("--nproc-b", type=options.positive_int, metavar="M", help="ranks of B (default: --nproc)")
+    p.add_argument(
+        "--resume-b-at",
+        type=options.positive_int,
+        metavar="K",
+        help="B stops after step K with a checkpoint and resumes in a fresh process (torchrepro.checkpoint); "
+        "the resumed run is compared",
+    )
+    p.add_argument("--seed", type=options.seed, help="seed everything (and PYTHONHASHSEED) from this root in every run")
+    p.add_argument("--out", type=options.directory, metavar="DIR", help="where the runs and report go")
+    options.add_outputs(p)
+    options.add_html(p)
+    options.add_ranks(p)
+    options.add_otlp_option(p)
+    p.add_argument("script", metavar="A.py", help="configuration A's script (the reference)")
+    p.add_argument(
+        "args", nargs=argparse.REMAINDER, metavar="ARGS", help=f"A's arguments, then {SEPARATOR} B.py and B's arguments"
+    )
+    p.set_defaults(func=run)
+
+
+def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    """``A.py a-args :: B.py b-args`` → ``((A.py, a-args), (B.py, b-args))``; a ``--`` right after
+    either script is dropped.
+
+    >>> split_sides("a.py", ["--x", "1", "::", "b.py", "--", "--y"])
+    (('a.py', ['--x', '1']), ('b.py', ['--y']))
+    """
+    if args.count(SEPARATOR) != 1:
+        raise InputError(
+            f"compare needs two configurations: A.py [ARGS] {SEPARATOR} B.py [ARGS] "
+            f"(found {args.count(SEPARATOR)} '{SEPARATOR}')"
+        )
+    at = args.index(SEPARATOR)
+    a_args, rest = args[:at], args[at + 1 :]
+    if not rest:
+        raise InputError(f"no script after '{SEPARATOR}': give B's script, e.g. {SEPARATOR} train.py --ddp")
+
+    def strip(xs: list[str]) -> list[str]:
+        return xs[1:] if xs and xs[0] == "--" else xs
+
+    return (script, strip(a_args)), (rest[0], strip(rest[1:]))
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    """Run A twice and B once, and judge B against A's band."""
+    (script_a, args_a), (script_b, args_b) = split_sides(args.script, args.args)
+    report, out = compare(
+        (Path(script_a), args_a, args.nproc),
+        (Path(script_b), args_b, args.nproc_b or args.nproc),
+        options=RunOptions.from_args(args),
+        out=Path(args.out) if args.out else None,
+        resume_b_at=args.resume_b_at,
+        timeout=args.timeout,
+    )
+    return Outcome(report, out)
+
+
+Side = tuple[Path, list[str], int]  # script, its arguments, ranks
+
+
+def compare(
+    a: Side,
+    b: Side,
+    *,
+    options: RunOptions = RunOptions(),
+    out: Path | None = None,
+    resume_b_at: int | None = None,
+    timeout: float | None = None,
+    console: Any = None,
+) -> tuple[Any, Path]:
+    """Run A twice and B once (B stopped and resumed when ``resume_b_at``); the report, also
+    written to ``OUT/report.json``."""
+    from .launcher import validate_script
+
+    script_a, script_b = validate_script(a[0]), validate_script(b[0])  # before the imports a run needs
+
+    from rich.console import Console
+
+    from ..analysis.equivalence import Config, compare_report, judge
+    from ..checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
+    from ..eventlog.provenance import launch_meta, provenance
+    from ..eventlog.rundir import create_run_dir, default_run_dir
+    from ..report.save import write_report
+    from .check.runs import Checker, RunSpec
+
+    console = console or Console(stderr=True)
+    out = create_run_dir(out or default_run_dir(script_a, label="compare"))
+
+    def checker(script: Path, script_args: list[str], nproc: int) -> Checker:
+        return Checker(
+            script, script_args, out, options=options, snapshots=True, console=console, nproc=nproc, timeout=timeout
+        )
+
+    ref, other = checker(script_a, a[1], a[2]), checker(script_b, b[1], b[2])
+    specs = [RunSpec("a-1", None, f"A, run 1 of 2 ({a[2]} rank(s))"), RunSpec("a-2", None, "A, run 2 of 2")]
+    (run_a1, _), (run_a2, _) = ref.run_all(specs)
+    if resume_b_at is None:
+        run_b, _ = other.run(RunSpec("b", None, f"B ({b[2]} rank(s))"))
+        b_dirs = {"b": str(out / "b")}
+    else:
+        saved = out / "checkpoint-b"
+        other.run(
+            RunSpec("b-stopped", None, f"B, stopping after step {resume_b_at}"),
+            env={ENV_STOP_AT: str(resume_b_at), ENV_SAVE_TO: str(saved)},
+        )
+        if not list(saved.glob("position-rank*.json")):
+            raise InputError(
+                f"B saved no checkpoint after step {resume_b_at}: it must call torchrepro.checkpoint.save() "
+                "when checkpoint.plan().should_stop(step) (see examples/resume_ddp.py)"
+            )
+        run_b, _ = other.run(
+            RunSpec("b", None, f"B, resumed after step {resume_b_at}"), env={ENV_RESUME_FROM: str(saved)}
+        )
+        b_dirs = {"b-stopped": str(out / "b-stopped"), "b": str(out / "b"), "checkpoint": str(saved)}
+    endings = {**ref.endings, **other.endings}
+    section = judge(
+        Config("a-1", run_a1.logs, endings["a-1"]),
+        Config("a-2", run_a2.logs, endings["a-2"]),
+        Config("b", run_b.logs, endings["b"]),
+    )
+    section["configs"] = {
+        "a": {"script": str(script_a), "args": a[1], "nproc": a[2], "world": len(run_a1.logs)},
+        "b": {"script": str(script_b), "args": b[1], "nproc": b[2], "world": len(run_b.logs)}
+        | ({"resumed_after": resume_b_at} if resume_b_at is not None else {}),
+    }
+    meta = {**launch_meta(script_a), "seed": options.seed}
+    report = compare_report(
+        section, {"a-1": str(out / "a-1"), "a-2": str(out / "a-2"), **b_dirs}, {**ref.timings, **other.timings}, meta
+    )
+    report.provenance = provenance({**run_a1.meta, **meta}, run_a1.logs[0].header if run_a1.logs else None)
+    write_report(out, report)
+    return report, out
