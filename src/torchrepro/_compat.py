@@ -348,6 +348,27 @@ def skip_code() -> Callable[[Any], None] | None:
     )
 
 
+def compiler_bisector() -> Any:
+    """``torch._inductor.compiler_bisector.CompilerBisector`` (imports inductor): finds the backend,
+    subsystem or pass of ``torch.compile`` that makes a test fail (``torchrepro repro --bisect``)."""
+    return _probe(
+        "compiler_bisector",
+        "torch._inductor.compiler_bisector.CompilerBisector",
+        "repro --bisect names no backend, subsystem or pass; the inductor switches are tried one by one instead",
+        _attribute("torch._inductor.compiler_bisector", "CompilerBisector"),
+        names=("do_bisect",),
+    )
+
+
+def dynamo_reset() -> None:
+    """``torch._dynamo.reset()``: forget every compiled graph (a bisection compiles afresh each try)."""
+    reset = _probe(
+        "dynamo_reset", "torch._dynamo.reset", "compiles are not redone", _attribute("torch._dynamo", "reset")
+    )
+    if reset is not None:
+        reset()
+
+
 def dynamo_counters() -> Mapping[str, Mapping[str, int]]:
     """Dynamo's own counters (``torch._dynamo.utils.counters``); empty while Dynamo is not
     loaded (nothing compiled), never importing it."""

@@ -28,6 +28,7 @@ COMMANDS = (
     "check-resume",
     "compare",
     "diff",
+    "repro",
     "report",
     "run",
     "cache",

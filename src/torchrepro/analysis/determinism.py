@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypedDict
 
-from ..eventlog.events import Capability, Compile, EventLog, Step
+from ..eventlog.events import Capability, Compile, EventLog, GraphProbe, Step
 from .divergence import (
     SKETCH_CONFIDENCE,
     Divergence,
@@ -224,6 +224,74 @@ def cause_from_kernels(evidence: JsonObject, kernels: JsonObject) -> Decision:
     return "nondeterministic_op", {**evidence, **kernels}
 
 
+def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
+    """Every compiled graph the runs probed (``capture.graph_probe``: called again on copies of the
+    inputs of its first call, in the run's own process), by run: the report's ``graph_probes``."""
+    return [
+        {
+            "run": label,
+            "rank": log.rank,
+            "step": p.step,
+            "compile_id": p.compile_id,
+            "graph": p.graph,
+            "repeats": p.repeats,
+            "runs_differing": p.runs_differing,
+            "threads": p.threads,
+            "differing": p.differing,
+            "max_abs": p.max_abs,
+            "explained": p.explained,
+            "eager_differing": p.eager_differing,
+            "eager_explained": p.eager_explained,
+            "one_thread": p.one_thread,
+            "time_s": p.time_s,
+            "error": p.error,
+        }
+        for label, logs in runs.items()
+        for log in logs
+        for p in log.of(GraphProbe)
+    ]
+
+
+def probe_divergence(probes: list[JsonObject]) -> tuple[Divergence, str, JsonObject] | None:
+    """The earliest probed graph (by step, then rank) whose outputs were not bit for bit the same
+    on identical inputs: a divergence within one run, its cause (``nondeterministic_op``, as the
+    kernel replays conclude) and evidence naming the graph, output, node, kernel and source line.
+    None when every probed graph repeated bit for bit."""
+    found = sorted(
+        (p for p in probes if p["differing"]),
+        key=lambda p: (p["step"] if p["step"] is not None else 1 << 30, p["rank"]),
+    )
+    if not found:
+        return None
+    p = found[0]
+    named = dict(p["explained"] or {})
+    what = f"gradient of {named['parameter']}" if named.get("parameter") else f"output {min(p['differing'])}"
+    because = (
+        f"compiled graph {p['compile_id']} ({p['graph']}) of {p['run']}: {what} differs when called again on "
+        f"identical inputs in the run's own process ({p['runs_differing']} of {p['repeats']} repeats at "
+        f"{p['threads']} thread(s)" + (f", by up to {p['max_abs']:.3g}" if p["max_abs"] is not None else "") + ")"
+    )
+    evidence: JsonObject = {
+        "named_by": "graph_probe",
+        "because": because,
+        "probe": {k: p[k] for k in ("run", "repeats", "runs_differing", "threads", "differing", "max_abs")},
+        "thread_dependence": {
+            "threads": p["threads"],
+            "repeats": p["repeats"],
+            "repeats_differ": True,
+            "one_thread": p.get("one_thread"),
+        },
+    }
+    for key in (*LOCALISATION_KEYS, "op", "source", "module", "kernel_atomic_add", "accumulating_node", "eager_node"):
+        if named.get(key) is not None:
+            evidence[key] = named[key]
+    evidence.setdefault("compile_id", p["compile_id"])
+    evidence.setdefault("graph", p["graph"])
+    step = p["step"] if p["step"] is not None else 0
+    detail = {"run": p["run"], "compile_id": p["compile_id"], "graph": p["graph"]}
+    return Divergence(step, p["rank"], "compiled_graph", detail), "nondeterministic_op", evidence
+
+
 def not_localised(cause: str | None, why: str) -> JsonObject:
     """Evidence when localisation itself failed: why (an exception's first line, or a replay that
     ended early), and what was still concluded without it."""
@@ -262,13 +330,19 @@ def cause_from_replays(
 
 
 def graph_evidence(
-    replay: JsonObject | None, step: int, cause: str | None = None, failure: str | None = None
+    replay: JsonObject | None,
+    step: int,
+    cause: str | None = None,
+    failure: str | None = None,
+    probes: list[JsonObject] | None = None,
 ) -> JsonObject:
     """The divergent step replayed compiled, each compiled graph checked against its eager FX graph:
     the first graph (compile id) whose outputs differ, the output and its FX node; the op blamed
     agrees with ``cause``: the random op the output depends on when the cause is ``rng``, else
     the differing output's own node (an inert random op is not blamed for rounding). A replay
-    without a record, or a graph the check failed on, is said, with what was still concluded."""
+    without a record, or a graph the check failed on, is said, with what was still concluded.
+    Where the forward graphs match, the compiled run's ``probes`` (:func:`graph_probes`) name the
+    first backward output that differs from the same FX graph run eagerly (:func:`backward_evidence`)."""
     if replay is None:
         return not_localised(cause, failure or "the graph replay wrote no record")
     graphs = replay.get("graphs", [])
@@ -277,9 +351,11 @@ def graph_evidence(
     if first is None:
         if errors:
             return not_localised(cause, "; ".join(errors[:2]))
-        return {
-            "localisation": f"the {len(graphs)} compiled graph call(s) of step {step} match their eager "
-            "FX graphs in the forward pass (the difference arises in backward)"
+        forward = (
+            f"the {len(graphs)} compiled graph call(s) of step {step} match their eager FX graphs in the forward pass"
+        )
+        return backward_evidence(forward, probes or []) or {
+            "localisation": f"{forward} (the difference arises in backward)"
         }
     random = first.get("depends_on_random") or []
     origin = random[0] if cause == "rng" and random else first
@@ -296,6 +372,32 @@ def graph_evidence(
         evidence["random_nodes"] = random
     if errors:
         evidence["localisation_note"] = "checking some graphs failed: " + "; ".join(errors[:2])
+    return evidence
+
+
+def backward_evidence(forward: str, probes: list[JsonObject]) -> JsonObject | None:
+    """The first backward graph a probe found unlike its FX graph run eagerly (the graph AOTAutograd
+    made, as aot_eager runs it), on the same inputs: the output (a parameter's gradient) computed
+    first in the graph's order that differs, its node, op and source line. None when no probe
+    compared a backward graph with eager, or every one matched."""
+    found = next((p for p in probes if p["graph"] == "backward" and p.get("eager_differing")), None)
+    if found is None:
+        return None
+    named = found.get("eager_explained") or {}
+    what = f"the gradient of {named['parameter']}" if named.get("parameter") else f"output {named.get('output_index')}"
+    evidence: JsonObject = {
+        "localisation": "backward_graph",
+        "because": f"{forward}; in backward, compiled graph {found['compile_id']} differs from the same FX graph "
+        f"run eagerly on the same inputs ({len(found['eager_differing'])} output(s)), first at {what}"
+        + (f", by up to {named['max_abs']:.3g}" if named.get("max_abs") is not None else ""),
+        "compile_id": found["compile_id"],
+        "graph": "backward",
+    }
+    for key in ("parameter", "node", "op", "module", "source", "kernel", "kernel_fuses"):
+        if named.get(key) is not None:
+            evidence[key] = named[key]
+    if named.get("output"):
+        evidence["output"] = named["output"]
     return evidence
 
 

@@ -171,6 +171,29 @@ _DEGRADING = {
 }
 
 
+def probe_findings(logs: list[EventLog]) -> list[Finding]:
+    """``NONDETERMINISTIC_COMPILED_GRAPH`` (``doctor --probe``): a compiled graph whose outputs were not
+    bit for bit the same when called again on identical inputs, named as ``check`` names it."""
+    from .determinism import CAUSE_HINTS, graph_probes, probe_divergence
+
+    probes = graph_probes({"run": logs})
+    found = probe_divergence(probes)
+    if found is None:
+        return []
+    _, _, evidence = found
+    where = ", ".join(f"{k} {evidence[k]}" for k in ("parameter", "op", "kernel", "source") if evidence.get(k))
+    hint = CAUSE_HINTS["nondeterministic_kernel" if evidence.get("kernel_atomic_add") else "nondeterministic_op"]
+    return [
+        Finding(
+            "NONDETERMINISTIC_COMPILED_GRAPH",
+            "error",
+            evidence["because"] + (f": {where}" if where else ""),
+            hint=hint + " torchrepro repro RUN_DIR writes a standalone script that shows it.",
+            evidence={**evidence, "graphs_probed": len(probes)},
+        )
+    ]
+
+
 def capture_findings(logs: list[EventLog]) -> list[Finding]:
     """``CAPTURE_DEGRADED``: an observer that failed and was switched off, trace records that
     could not be read, an observer this torch version does not support."""
@@ -307,7 +330,7 @@ def _analyse(meta: JsonObject, logs: list[EventLog], problems: list[str], budget
     steps = steps_summary(kept)
     findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
     findings += _cache_findings(compile_section["cache"]) + rank_findings(logs, kept) + rank_key_findings(logs)
-    findings += capture_findings(logs)
+    findings += capture_findings(logs) + probe_findings(logs)
     findings = sort_findings(findings)
     failures = budget_failures(compile_section, budgets or Budgets())
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())

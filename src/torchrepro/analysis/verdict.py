@@ -206,8 +206,13 @@ def verdict_line(det: JsonObject) -> str:
     if fd["cause"] == "shared_files":  # the file one run wrote and a later one read, named
         where = str((fd.get("evidence") or {}).get("because") or "")
     at = "before step 0" if fd["what"] == "init_params" else f"at step {fd['step']}"
+    what = fd["what"]
+    if what == "compiled_graph":  # the runs agreed; a graph called again on identical inputs did not
+        detail = fd.get("detail") or {}
+        at = f"when repeated {at}"
+        what = f"compiled graph {detail.get('compile_id')} ({detail.get('graph')}) of {detail.get('run')}"
     return (
-        f"DIVERGED {at} (rank {fd['rank']}, {fd['what']}): cause {fd['cause']}"
+        f"DIVERGED {at} (rank {fd['rank']}, {what}): cause {fd['cause']}"
         + (f" — {where}" if where else "")
         + (f" (and {how})" if how else "")
     )

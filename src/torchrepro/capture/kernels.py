@@ -341,8 +341,9 @@ class KernelRepeater:
             except Exception as exc:  # the description is ours: the compile goes on without it
                 self.errors.append(f"describing compiled graph {compile_id} ({graph}): {first_line(exc)}")
                 described = {"outputs": [], "ops": []}
-            compiled = inner(gm, example_inputs, *args, **kwargs)
             key = f"{compile_id}/{graph}"
+            self._compiling(key, gm)
+            compiled = inner(gm, example_inputs, *args, **kwargs)
             self.graphs[key] = CompiledGraph(
                 **described, inputs=names, source_code=getattr(compiled, "source_code", None)
             )
@@ -352,6 +353,10 @@ class KernelRepeater:
             return compiled
 
         return inner_compile
+
+    def _compiling(self, key: str, gm: Any) -> None:
+        """Called with each graph (``compile_id/forward``) before inductor compiles it (its passes
+        may rewrite ``gm`` in place): nothing here; a subclass may keep a copy."""
 
     def _wrap(self, real: Any, compile_id: str, graph: str) -> Any:
         def run(args: list[Any]) -> Any:

@@ -38,6 +38,7 @@ class CaptureConfig:
     replay_graphs: bool = False  # compare compiled graphs with their eager FX graphs instead of ops
     replay_kernels: bool = False  # repeat each compiled graph (forward and backward) on identical inputs instead
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
+    probe_repeats: int = 0  # call each compiled graph again this many times after its first step (not in replays)
 
 
 def environment() -> tuple[JsonObject, str]:
@@ -84,6 +85,8 @@ class CaptureSession:
         self.pid = os.getpid()
         self._t0 = time.time()
         self._unwatch: Any = None
+        self.prober: Any = None  # capture.graph_probe.GraphProber, with probe_repeats
+        self._cancel_prober: Callable[[], None] = lambda: None
 
     def emit(self, event: Event) -> None:
         if self.writer is None or _state.pid() != self.pid:  # DataLoader workers fork us: stay quiet there
@@ -202,8 +205,28 @@ class CaptureSession:
             self.steps.listeners.append(replay.on_step_end)
             if self.config.replay_step == 0:
                 replay.start()
+        elif self.config.probe_repeats > 0:
+            self._install_prober()
         if self.config.stop_after_step is not None:
             self.steps.listeners.append(self._stop_after)
+
+    def _install_prober(self) -> None:
+        """``probe_repeats``: every compiled graph probed after the step it first ran in
+        (:mod:`.graph_probe`), wrapped once inductor is imported (never importing it here)."""
+        from .graph_probe import GRAPHS_DIR, GraphProber
+        from .on_import import when_imported
+
+        prober = self.prober = GraphProber(self.emit, self.config.probe_repeats, save_to=self.dir / GRAPHS_DIR)
+
+        def install() -> None:
+            if not prober.install():
+                self.note(
+                    "graph_probe", False, "this torch lacks inductor's compile_fx: compiled graphs are not probed"
+                )
+
+        self._cancel_prober = when_imported("torch._inductor.compile_fx", install)
+        assert self.steps is not None
+        self.steps.listeners.append(prober.on_step_end)
 
     def _stop_after(self, index: int) -> None:
         """``stop_after_step``: the script ends cleanly (SystemExit(0)) once that step is recorded."""
@@ -218,6 +241,11 @@ class CaptureSession:
         if self.steps is not None:
             self.steps.flush()
             self.steps.uninstall()
+        if self.prober is not None:
+            self._cancel_prober()
+            if exit_code == 0 and status is None:  # graphs called after the last step (or with no step at all)
+                self.prober.on_step_end(-1)
+            self.prober.uninstall()
         if self.compiles is not None:
             self.emit(self.compiles.counters())
             self.compiles.uninstall()

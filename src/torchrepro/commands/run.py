@@ -48,6 +48,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="with --replay-step: repeat each inductor graph (forward and backward) on identical inputs",
     )
+    p.add_argument(
+        "--probe-repeats",
+        type=options.count,
+        metavar="K",
+        help="call each inductor graph (forward and backward) K more times after the step it first ran in, on "
+        "copies of its inputs, and record any output that is not bit for bit the same",
+    )
     p.add_argument("--stop-after-step", type=options.count, metavar="K", help="end the script cleanly after step K")
     p.add_argument(
         "--fix",

@@ -220,6 +220,31 @@ class Capability(Event):
 
 
 @dataclass(slots=True)
+class GraphProbe(Event):
+    """One compiled graph (forward or backward) called again ``repeats`` times, in the run's own
+    process and thread count, on copies of the inputs of its first call: ``differing`` lists the
+    outputs (by index) that were not bit for bit the same every time, ``explained`` what the first
+    of them is (compile id, graph, parameter, FX node, op, kernel, source line);
+    ``eager_differing`` and ``eager_explained`` the same against the graph run eagerly; ``error``
+    what failed in the probe itself (never the user's run)."""
+
+    kind: ClassVar[str] = "graph_probe"
+    compile_id: str = ""
+    graph: str = ""  # "forward" | "backward"
+    repeats: int = 0
+    runs_differing: int = 0  # repeats whose outputs differed from the first call's
+    threads: int = 0
+    differing: list[int] = field(default_factory=list)
+    max_abs: float | None = None
+    explained: dict[str, Any] = field(default_factory=dict)
+    eager_differing: list[int] = field(default_factory=list)  # outputs unlike the FX graph's run eagerly
+    eager_explained: dict[str, Any] = field(default_factory=dict)  # the first of them in the graph's order
+    one_thread: str | None = None  # a graph that differs, at one thread: "differs" | "repeats bit for bit"
+    time_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
 class Setting(Event):
     """A switch that changes what a step computes, as it was when the first step ended (after
     the script's own set-up): ``deterministic_algorithms``, ``num_threads``, ..."""
@@ -278,6 +303,7 @@ KINDS: dict[str, type[Event]] = {
         InitParams,
         Step,
         Capability,
+        GraphProbe,
         Setting,
         Counters,
         Metric,

@@ -829,12 +829,36 @@ class FirstDivergence(_FirstDivergence, total=False):
     before_step: int
 
 
+class GraphProbeRecord(TypedDict):
+    """One compiled graph a run probed (``determinism.graph_probes``, from its ``graph_probe``
+    event): called again ``repeats`` times on copies of its first call's inputs, in the run's own
+    process; ``differing`` the outputs not bit for bit the same, ``explained`` the first of them."""
+
+    run: str
+    rank: int
+    step: int | None
+    compile_id: str
+    graph: str
+    repeats: int
+    runs_differing: int
+    threads: int
+    differing: list[int]
+    max_abs: float | None
+    explained: JsonObject
+    eager_differing: list[int]
+    eager_explained: JsonObject
+    one_thread: str | None
+    time_s: float | None
+    error: str | None
+
+
 @dataclass
 class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
     (a JSON object: step, rank, what, cause, evidence...). ``more``: what only some checks add
     (``decomposition``, ``fixes``, ``fix_recommended``, ``backend_stages``, ``against``,
-    ``resume_at``, ``largest_difference``, ``nothing_compared_because``; every comparison:
+    ``resume_at``, ``largest_difference``, ``nothing_compared_because``, ``graph_probes``: each compiled graph a run called again on
+    identical inputs, :class:`GraphProbeRecord`; every comparison:
     ``evidence_compared``, steps compared per kind of evidence, ``not_compared`` and
     ``incomplete_because``, what keeps it from covering both runs)."""
 

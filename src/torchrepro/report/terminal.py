@@ -19,6 +19,7 @@ from .model import (
     CheckReport,
     CompareReport,
     DoctorReport,
+    GraphProbeRecord,
     RankCompiles,
     fix_cells,
     fix_recommendation,
@@ -178,6 +179,34 @@ def _render_ranks(console: Console, report: DoctorReport, per_rank: dict[str, Ra
         console.print(f"… {len(rows) - RANK_ROWS} more {unit}(s): see the report", highlight=False, markup=False)
 
 
+def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
+    """``determinism.graph_probes`` in lines: how many graphs were probed, then each that was not
+    bit for bit the same on identical inputs (what its first differing output is)."""
+    differing = [p for p in probes if p["differing"]]
+    failed = [p for p in probes if p.get("error")]
+    repeats = max((p["repeats"] for p in probes), default=0)
+    lines = [
+        f"graph probes: {len(probes)} compiled graph(s) called {repeats} more times on identical inputs; "
+        f"{len(differing)} not bit for bit the same" + (f", {len(failed)} not probed" if failed else "")
+    ]
+    for p in differing[:4]:
+        e = p["explained"] or {}
+        where = ", ".join(
+            f"{k} {e[k]}" for k in ("parameter", "node", "op", "kernel", "source") if e.get(k) is not None
+        )
+        lines.append(
+            f"  {p['run']} rank {p['rank']}: compiled graph {p['compile_id']} ({p['graph']}), "
+            f"{p['runs_differing']} of {p['repeats']} repeats differ" + (f": {where}" if where else "")
+        )
+    return lines
+
+
+def _render_probes(console: Console, probes: list[GraphProbeRecord]) -> None:
+    if probes:
+        for line in probe_lines(probes):
+            console.print(Text(line, style="dim" if line.startswith("graph probes") else ""), highlight=False)
+
+
 def render_check(report: CheckReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict on the first line, then the divergence, its cause, and the curve."""
     console = console or Console()
@@ -198,6 +227,7 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             console.print(f"  {line}", highlight=False, markup=False)
         if fd.get("phase"):
             console.print(f"phase: {fd['phase']}", highlight=False, markup=False)
+    _render_probes(console, det.more.get("graph_probes") or [])
     dec = det.more.get("decomposition")
     if dec:
         for name in ("total", "rng", "numerics", "run_to_run"):

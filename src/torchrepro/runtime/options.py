@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..capture.session import CaptureConfig
 
 OPTIONS_VAR = "TORCHREPRO_RUN_OPTIONS"
+PROBE_REPEATS = 8  # check's default: each compiled graph called again this many times (capture.graph_probe)
 _PATHS = ("run_dir", "replay_out")
 
 
@@ -44,6 +45,7 @@ class RunOptions:
     replay_out: Path | None = None  # where the replay goes (default rank-<r>/replay.json)
     replay_graphs: bool = False  # compare compiled graphs with their eager FX graphs instead of ops
     replay_kernels: bool = False  # repeat each compiled graph on identical inputs instead
+    probe_repeats: int = 0  # call each compiled graph again this many times after its first step (capture.graph_probe)
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
     fix: str | None = None  # a candidate fix applied first (capture.fixes.apply_fix)
     factors: dict[str, int | str] | None = None  # a drift run's factor levels (torchrepro.runtime.factors.apply)
@@ -119,6 +121,7 @@ class RunOptions:
             replay_out=self.replay_out,
             replay_graphs=self.replay_graphs,
             replay_kernels=self.replay_kernels,
+            probe_repeats=self.probe_repeats,
             stop_after_step=self.stop_after_step,
         )
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import options
 from ...errors import UserError
-from ...runtime.options import RunOptions
+from ...runtime.options import PROBE_REPEATS, RunOptions
 from .._finish import Outcome
 
 
@@ -41,6 +41,14 @@ def add_parser(sub: Any) -> None:
         help="try only these fixes (comma list of threads_1, deterministic, fallback_random, aot_eager, eager)",
     )
     p.add_argument("--no-fixes", action="store_true", help="do not run the fix ladder")
+    p.add_argument(
+        "--probe-repeats",
+        type=options.count,
+        default=PROBE_REPEATS,
+        metavar="K",
+        help=f"in every run, call each compiled graph K more times on copies of its first call's inputs and "
+        f"compare bit for bit (default {PROBE_REPEATS}; 0: off)",
+    )
     p.add_argument(
         "--disk-budget",
         type=options.size,
@@ -78,6 +86,7 @@ def run(args: argparse.Namespace) -> Outcome:
         timeout=args.timeout,
         fixes=False if args.no_fixes else (True if args.fixes else None),
         only_fixes=_fix_names(args.only_fixes),
+        probe_repeats=args.probe_repeats,
         disk_budget=args.disk_budget,
     )
     return Outcome(report, out)

@@ -6,6 +6,7 @@ reads them; the decisions are pure (:mod:`torchrepro.analysis.determinism`)."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, TypeVar
@@ -24,11 +25,13 @@ from ...analysis.determinism import (
     determinism_section,
     divergence_findings,
     graph_evidence,
+    graph_probes,
     hint_key,
     not_localised,
     numerics_of_modes,
     nothing_compiled,
     numerics_without_inductor,
+    probe_divergence,
     shared_files,
     uses_inductor,
 )
@@ -40,7 +43,7 @@ from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
 from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
-from ...runtime.options import RunOptions
+from ...runtime.options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
 from ...report.model import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
@@ -64,12 +67,15 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
     return cause_from_replays(cause, replay_a, replay_b, same_config, failure or None)
 
 
-def localize_graph(checker: Checker, spec: RunSpec, div: Divergence, cause: str) -> JsonObject:
+def localize_graph(
+    checker: Checker, spec: RunSpec, div: Divergence, cause: str, probes: list[JsonObject] | None = None
+) -> JsonObject:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
     graph: names the first graph (compile id) whose outputs differ, the output and its FX node
-    (the op blamed agrees with ``cause``)."""
+    (the op blamed agrees with ``cause``); where the forward graphs match, the compiled run's
+    ``probes`` name the backward node."""
     replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
-    return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"))
+    return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"), probes)
 
 
 class DecompositionPair(TypedDict):
@@ -172,10 +178,13 @@ def _explain(
     div: Divergence,
     against: str | None,
     localize_divergence: bool,
+    probed: JsonObject | None = None,
 ) -> tuple[str, JsonObject, Decomposition | None]:
     """The cause of ``div`` between the runs of ``pair``, its evidence and (``--against`` with
     inductor) the backend decomposition: decided from the logs, then, while still unknown, from
-    the decomposition, repeated kernels, or replays of the divergent step with op capture."""
+    the decomposition, repeated kernels, or replays of the divergent step with op capture. ``probed``:
+    the evidence of a graph the runs' own probes found nondeterministic, which names the kernel
+    without kernel replays."""
     from .fix_ladder import localize_kernels
 
     (spec_a, run_a), (spec_b, run_b) = pair
@@ -186,12 +195,16 @@ def _explain(
             decomposition = _decomposition(checker, done, against)
             cause, evidence = cause_from_decomposition(decomposition, against)
             if localize_divergence:
-                graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause)
+                probes = graph_probes({spec_b.label: run_b.logs})
+                graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause, probes)
                 evidence.update(graph or failed)
         else:
             cause, evidence = numerics_without_inductor()
     kernels = None
-    if localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
+    if probed is not None and against is None and cause == "unknown":
+        kernels = probed
+        cause, evidence = cause_from_kernels(evidence, kernels)
+    elif localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
         kernels, failed = _guarded(
             "the kernel replays", cause, localize_kernels, checker, spec_a, spec_b, div, [run_a, run_b]
         )
@@ -228,12 +241,15 @@ def check(
     timeout: float | None = None,
     fixes: bool | None = None,
     only_fixes: list[str] | None = None,
+    probe_repeats: int = PROBE_REPEATS,
     disk_budget: int | None = None,
 ) -> tuple[CheckReport, Path]:
     """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
     divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
     False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from.
-    Refused before any run when the disk cannot hold ``disk_budget`` bytes or the estimate (:mod:`.disk`)."""
+    Refused before any run when the disk cannot hold ``disk_budget`` bytes or the estimate (:mod:`.disk`).
+    Every run calls each compiled graph again ``probe_repeats`` times (0: never); a graph that
+    differs on identical inputs is a divergence even where the runs agree."""
     from .fix_ladder import backend_stages, run_fix_ladder
 
     console = console or Console(stderr=True)
@@ -247,7 +263,14 @@ def check(
     out = create_run_dir(out)
     seed = options.seed
     checker = Checker(
-        script, args, out, options=options, snapshots=snapshots, console=console, nproc=nproc, timeout=timeout
+        script,
+        args,
+        out,
+        options=replace(options, probe_repeats=probe_repeats),
+        snapshots=snapshots,
+        console=console,
+        nproc=nproc,
+        timeout=timeout,
     )
     specs = plan_runs(runs, against)
     done = {spec.label: (spec, run) for spec, (run, _) in zip(specs, checker.run_all(specs))}
@@ -255,7 +278,10 @@ def check(
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
-    shared = checker.shared_cores_note([run for _, run in done.values()]) if div is None else None
+    probes = graph_probes({label: run.logs for label, (_, run) in done.items()})
+    probed = probe_divergence(probes) if against is None else None
+    only_probed = div is None and probed is not None  # the runs agree; a graph repeated in one did not
+    shared = checker.shared_cores_note([run for _, run in done.values()]) if div is None and not only_probed else None
     notes += [shared] if shared else []
     crossings = [(c.path, c.wrote, c.read) for c in checker.workdirs.crossings if c.read in done]
     notes += workdir_notes(checker, crossings_named=div is not None and bool(crossings))
@@ -265,8 +291,13 @@ def check(
     ladder: list[FixRow] = []
     if div is not None and crossings:  # the runs did not start from the same files: nothing else is blamed
         cause, evidence = shared_files(crossings)
+    elif probed is not None and only_probed:
+        div, cause, evidence = probed
+        within = False
     elif div is not None:
-        cause, evidence, decomposition = _explain(checker, done, pair, div, against, localize_divergence)
+        cause, evidence, decomposition = _explain(
+            checker, done, pair, div, against, localize_divergence, probed[2] if probed else None
+        )
         if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
             notes.append(evidence["localisation_note"])
         if fixes is not False and against is None and (fixes or cause in FIXABLE):
@@ -296,6 +327,8 @@ def check(
         det["fixes"], det["fix_recommended"] = ladder, recommend(ladder)
     if stages is not None:
         det["backend_stages"] = stages
+    if probes:
+        det["graph_probes"] = probes
     det["against"] = against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
     report = _report(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import options
 from ...errors import Stopped, UserError
-from ...runtime.options import RunOptions
+from ...runtime.options import PROBE_REPEATS, RunOptions
 from .._finish import Outcome
 from ...analysis.compile_fixes import COMPILE_FIXES
 
@@ -64,6 +64,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--jobs", type=options.positive_int, default=1, metavar="J", help="with --fixes: fix runs side by side"
     )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="call each compiled graph (forward and backward) again on copies of its first call's inputs, after "
+        f"the step it ran in, and report any that is not bit for bit the same ({PROBE_REPEATS} times; "
+        "--probe-repeats K)",
+    )
+    p.add_argument("--probe-repeats", type=options.count, metavar="K", help="with --probe: how many times")
     options.add_strict(p)
     options.add_ranks(p)
     options.add_otlp_option(p)
@@ -78,6 +86,10 @@ def run(args: argparse.Namespace) -> Outcome:
 
     budgets = Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
     out = Path(args.out) if args.out else None
+    if args.probe_repeats is not None and not args.probe:
+        raise UserError("--probe-repeats says how often --probe calls each graph: give --probe too")
+    if args.probe and args.probe_repeats is None:
+        args.probe_repeats = PROBE_REPEATS
     if (args.only_fixes or args.jobs != 1) and not args.fixes:
         raise UserError("--only-fixes and --jobs choose the fix runs of --fixes: give --fixes too")
     if args.trace:

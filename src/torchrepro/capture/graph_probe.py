@@ -1,0 +1,338 @@
+"""Probe every compiled graph for nondeterminism directly, in the run itself.
+
+Two whole runs that happen to agree do not show a race between threads that shows in only some
+calls. Here each inductor graph (forward and backward) keeps a copy of the inputs of its first
+call, the RNG state it started from and digests of what it returned; after the step it ran in
+(the step recorder's listener, so outside the step's own time), it is called again
+``repeats`` times on fresh copies of those inputs (fewer once one differs), in this process at this
+thread count, and every output is compared bit for bit with the first call's. A graph whose outputs differ is written as
+a :class:`~torchrepro.eventlog.events.GraphProbe` event, explained as the kernel replay explains
+one (:meth:`~torchrepro.capture.kernels.KernelRepeater.explain`: parameter, FX node, op, kernel,
+source line).
+
+Observation does not perturb the run: the repeats run on copies (a graph that writes into its
+inputs writes into the copies), without autograd, from the RNG state of the first call, and the
+RNG state of the moment is put back afterwards; the run's parameters and outputs are untouched.
+The copies are dropped once probed. Used by ``check`` (every run) and ``doctor --probe``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..eventlog.events import Event, GraphProbe
+from ..eventlog.payloads import NodeInfo
+from .fx_nodes import first_line, leaves, node_info, same
+from .._compat import op_name
+from .kernels import KernelRepeater, _copy, _digests
+
+
+MIN_REPEATS = 2  # a graph that differs stops being repeated after this many
+
+
+@dataclass
+class _Call:
+    """The first call of one compiled graph: the callable, copies of its inputs, the RNG state it
+    started from and its outputs' digests."""
+
+    compile_id: str
+    graph: str
+    real: Callable[[list[Any]], Any]
+    inputs: list[Any]
+    rng: torch.Tensor
+    digests: list[str | None]
+
+
+class GraphProber(KernelRepeater):
+    """Keeps the first call of each compiled graph and calls it again after the step (see the
+    module); with ``save_to``, each probed graph's FX code and inputs are saved there for
+    ``torchrepro repro`` (:func:`save_graph`)."""
+
+    def __init__(self, emit: Callable[[Event], None], repeats: int, save_to: Path | None = None) -> None:
+        super().__init__()
+        self.emit, self.repeats, self.save_to = emit, repeats, save_to
+        self.pending: dict[str, _Call] = {}  # "compile_id/graph" -> its first call, not probed yet
+        self.seen: set[str] = set()
+        self.fx: dict[str, Any] = {}  # "compile_id/graph" -> its aten FX graph, as inductor was given it
+
+    def _compiling(self, key: str, gm: Any) -> None:
+        import copy
+
+        try:
+            self.fx[key] = copy.deepcopy(gm)  # inductor's passes rewrite gm in place
+        except Exception as exc:  # the node-level naming is lost, the probe still runs
+            self.errors.append(f"copying compiled graph {key}: {first_line(exc)}")
+
+    def _wrap(self, real: Any, compile_id: str, graph: str) -> Any:
+        key = f"{compile_id}/{graph}"
+
+        def run(args: list[Any]) -> Any:
+            if self._ours or key in self.seen:
+                return real(args)
+            self.seen.add(key)
+            try:
+                saved = [_copy(x) for x in args]
+                rng = torch.random.get_rng_state()
+            except Exception as exc:  # the probe's own failure (memory): the call goes on unprobed
+                self.emit(GraphProbe(compile_id=compile_id, graph=graph, error=first_line(exc)))
+                return real(args)
+            out = real(args)
+            self.pending[key] = _Call(compile_id, graph, real, saved, rng, _digests(out))
+            return out
+
+        return run
+
+    def on_step_end(self, index: int) -> None:
+        """The step recorder's listener: probe every graph first called since the last step."""
+        while self.pending:
+            _, call = self.pending.popitem()
+            event = self.probe(call)
+            event.step = index if index >= 0 else None
+            gm = self.fx.get(f"{call.compile_id}/{call.graph}")
+            if self.save_to is not None and gm is not None:
+                try:
+                    save_graph(self.save_to / graph_dir_name(call.compile_id, call.graph), gm, call, event)
+                except Exception as exc:  # the reproducer is lost, never the run
+                    event.error = event.error or f"saving the graph for torchrepro repro: {first_line(exc)}"
+            self.emit(event)
+
+    def _against_eager(self, event: GraphProbe, gm: Any, call: _Call, compiled: list[Any], eager: list[Any]) -> None:
+        """The compiled outputs against the same FX graph run eagerly (what aot_eager runs): the
+        outputs that differ, and the first of them in the graph's own order (in a backward graph,
+        the gradient computed first), with its node, op and source line."""
+        diffs = {i: d for i, (x, y) in enumerate(zip(compiled, eager)) for equal, d in [same(x, y)] if not equal}
+        event.eager_differing = sorted(diffs)
+        if not diffs:
+            return
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        produced = leaves(output.args[0])
+        order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+
+        def position(i: int) -> int:
+            node = produced[i] if i < len(produced) else None
+            return order.get(getattr(node, "name", ""), len(order))
+
+        index = min(diffs, key=position)
+        explained: dict[str, Any] = dict(self.explain(call.compile_id, call.graph, index))
+        node: Any = produced[index] if index < len(produced) else None
+        if hasattr(node, "meta"):
+            info = node_info(node)
+            computed = node  # through views and getitem to the op that computed the value
+            while (computed.target is operator.getitem or getattr(computed.target, "is_view", False)) and hasattr(
+                computed.args[0], "target"
+            ):
+                computed = computed.args[0]
+            explained.update(node=info["node"], op=str(computed.target), source=info["source"], module=info["module"])
+        explained["max_abs"] = diffs[index]
+        event.eager_explained = explained
+
+    def probe(self, call: _Call) -> GraphProbe:
+        """Call ``call`` again :attr:`repeats` times on copies of its inputs; what differed."""
+        event = GraphProbe(compile_id=call.compile_id, graph=call.graph, threads=torch.get_num_threads())
+        state = torch.random.get_rng_state()
+        start = time.perf_counter()
+        self._ours = True
+        try:
+            first: list[Any] | None = None
+            differing: set[int] = set()
+            runs_differing, largest = 0, None
+            with torch.no_grad():
+                for _ in range(self.repeats):
+                    outs = _again(call)
+                    digests = _digests(outs)
+                    now = {i for i, (a, b) in enumerate(zip(digests, call.digests)) if a != b}
+                    if first is None:
+                        first = outs
+                    else:
+                        for i, (x, y) in enumerate(zip(first, outs)):
+                            equal, diff = same(x, y)
+                            if not equal:
+                                now.add(i)
+                                largest = diff if largest is None or (diff or 0) > largest else largest
+                    runs_differing += bool(now)
+                    differing |= now
+                    event.repeats += 1
+                    if differing and event.repeats >= MIN_REPEATS:  # shown: more repeats say nothing more
+                        break
+            event.runs_differing, event.differing, event.max_abs = runs_differing, sorted(differing), largest
+            if differing and event.threads > 1:
+                event.one_thread = _one_thread(call, event.repeats)
+            gm = self.fx.get(f"{call.compile_id}/{call.graph}")
+            eager = interpret(gm, call) if gm is not None else None
+            if gm is not None and eager is not None and first is not None:
+                self._against_eager(event, gm, call, first, eager[0])
+            if differing:
+                explained: dict[str, Any] = dict(self.explain(call.compile_id, call.graph, min(differing)))
+                node = first_differing_node(gm, call, eager[1]) if gm is not None and eager is not None else None
+                if node is not None:  # the FX graph run eagerly shows where: that node names it
+                    explained.update(eager_node=node["node"], op=node["op"], source=node["source"])
+                    explained["module"] = node["module"]
+                event.explained = explained
+        except Exception as exc:  # the probe's own failure: said in the event, the run goes on
+            event.error = first_line(exc)
+        finally:
+            self._ours = False
+            torch.random.set_rng_state(state)
+            event.time_s = round(time.perf_counter() - start, 6)
+        return event
+
+
+def _again(call: _Call) -> list[Any]:
+    """``call``'s graph called once more on fresh copies of its inputs, from its RNG state."""
+    torch.random.set_rng_state(call.rng)
+    return leaves(call.real([_copy(x) for x in call.inputs]))
+
+
+def _one_thread(call: _Call, repeats: int) -> str:
+    """Whether ``call``'s graph at one intra-op thread ``differs`` or ``repeats bit for bit`` over
+    ``repeats`` more calls (a race between threads does not happen with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        first = _again(call)
+        return "differs" if any(not same(first, _again(call))[0] for _ in range(repeats)) else "repeats bit for bit"
+    finally:
+        torch.set_num_threads(threads)
+
+
+EAGER_TRIES = 4  # eager interpretations of a differing graph compared node by node
+
+
+def interpret(gm: Any, call: _Call) -> tuple[list[Any], dict[str, list[str | None]]]:
+    """``gm`` (the aten FX graph the compiled one was made from) run eagerly, node by node, on copies
+    of ``call``'s inputs from its RNG state: its outputs, and each node's output digests by name."""
+    import torch.fx
+
+    seen: dict[str, list[str | None]] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            out = super().run_node(n)
+            if n.op == "call_function":
+                seen[n.name] = _digests(leaves(out))
+            return out
+
+    torch.random.set_rng_state(call.rng)
+    with torch.no_grad():
+        out = Recorder(gm).run(*[_copy(x) for x in call.inputs])
+    return leaves(out), seen
+
+
+class DifferingNode(NodeInfo):
+    """A node whose value differs between eager interpretations, and its aten op: the one it was
+    decomposed from where it was (``aten.embedding_dense_backward``), else its own, qualified."""
+
+    op: str
+
+
+def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]]) -> DifferingNode | None:
+    """The first node of ``gm`` whose value in eager interpretations (:func:`interpret`; ``first``:
+    one already made) is not bit for bit the same as in ``first`` (up to :data:`EAGER_TRIES` more:
+    a race shows in only some), or None."""
+    for _ in range(EAGER_TRIES):
+        _, again = interpret(gm, call)
+        for n in gm.graph.nodes:
+            if n.name in first and first[n.name] != again.get(n.name):
+                original = n.meta.get("original_aten")
+                aten = getattr(original, "namespace", None) == "aten" and op_name(original)
+                op = f"aten.{op_name(original)}" if aten else str(original or n.target)
+                return DifferingNode(**node_info(n), op=op)
+    return None
+
+
+GRAPHS_DIR = "graphs"  # in each rank's folder: one folder a compiled graph (graph_dir_name)
+MAX_SAVED_BYTES = 256 << 20  # a graph whose inputs take more is probed, not saved for torchrepro repro
+GRAPH_CODE, GRAPH_INPUTS, GRAPH_META = "graph.py", "inputs.json", "meta.json"
+
+
+def graph_dir_name(compile_id: str, graph: str) -> str:
+    """``0/1`` backward → ``0_1-backward``: the folder one compiled graph is saved in."""
+    return f"{compile_id.replace('/', '_')}-{graph}"
+
+
+def _global_line(name: str, value: Any) -> str:
+    """One line of Python that binds ``name`` as the FX code's globals do (``torch``, ``inf``, ``device``)."""
+    if isinstance(value, type(math)):
+        return f"import {value.__name__} as {name}" if value.__name__ != name else f"import {name}"
+    if value is type(None):
+        return f"{name} = type(None)"
+    if isinstance(value, float):
+        return f"{name} = float({str(value)!r})"
+    if value is None or isinstance(value, (str, int, bool)):
+        return f"{name} = {value!r}"
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if module and qualname and "<" not in qualname:
+        head, *rest = qualname.split(".")
+        return (
+            f"from {module} import {head} as {name}"
+            if not rest
+            else f"from {module} import {head} as _{name}; {name} = _{name}.{'.'.join(rest)}"
+        )
+    raise ValueError(f"the FX code's global {name} ({type(value).__name__}) cannot be written as Python")
+
+
+def graph_source(gm: Any) -> str:
+    """``gm`` as a standalone Python module: a ``Graph(torch.nn.Module)`` whose ``forward`` is the
+    FX code (its parameters are its inputs; constants it reads are set on it by the loader)."""
+    code = gm.graph.python_code(root_module="self")
+    lines = ["import torch", *sorted({_global_line(n, v) for n, v in code.globals.items() if n != "torch"})]
+    body = "\n".join("    " + line if line.strip() else "" for line in code.src.strip("\n").splitlines())
+    return "\n".join([*lines, "", "", "class Graph(torch.nn.Module):", body, ""])
+
+
+def save_graph(directory: Path, gm: Any, call: _Call, event: GraphProbe) -> None:
+    """Save one compiled graph for ``torchrepro repro``: its FX code (:func:`graph_source`), its first
+    call's inputs and the constants it reads (``inputs.safetensors`` where safetensors is installed,
+    else ``inputs.pt``: plain tensors, loadable with ``weights_only=True``), how to rebuild each input
+    (sizes, strides, dtype; a Python number by value) and what the probe found. Nothing is saved
+    when the tensors take more than :data:`MAX_SAVED_BYTES`."""
+    tensors: dict[str, torch.Tensor] = {}
+    inputs: list[dict[str, Any]] = []
+    for i, x in enumerate(call.inputs):
+        if isinstance(x, torch.Tensor):
+            key = f"input_{i}"
+            tensors[key] = x.detach().cpu().contiguous().clone()
+            inputs.append(
+                {
+                    "kind": "tensor",
+                    "key": key,
+                    "size": list(x.shape),
+                    "stride": list(x.stride()),
+                    "device": str(x.device),
+                }
+            )
+        elif x is None or isinstance(x, (bool, int, float)):
+            inputs.append({"kind": "value", "value": x})
+        else:
+            raise ValueError(f"input {i} is a {type(x).__name__}, which cannot be saved")
+    constants = sorted({str(n.target) for n in gm.graph.nodes if n.op == "get_attr"})
+    for name in constants:
+        value = gm
+        for part in name.split("."):
+            value = getattr(value, part)
+        tensors[f"const.{name}"] = value.detach().cpu().contiguous().clone()
+    tensors["rng.cpu"] = call.rng.clone()  # the CPU generator's state at the first call (random ops)
+    if sum(t.numel() * t.element_size() for t in tensors.values()) > MAX_SAVED_BYTES:
+        raise ValueError(f"its inputs take more than {MAX_SAVED_BYTES >> 20} MiB")
+    source = graph_source(gm)
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        torch.save(tensors, directory / "inputs.pt")
+    else:
+        save_file(tensors, str(directory / "inputs.safetensors"))
+    (directory / GRAPH_CODE).write_text(source, encoding="utf-8")
+    (directory / GRAPH_INPUTS).write_text(json.dumps({"inputs": inputs, "constants": constants}), encoding="utf-8")
+    meta = {k: v for k, v in asdict(event).items() if k not in ("t", "rank")}
+    meta["torch_version"] = torch.__version__
+    (directory / GRAPH_META).write_text(json.dumps(meta), encoding="utf-8")
