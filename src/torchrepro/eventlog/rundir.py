@@ -433,7 +433,7 @@ def load_run(
             run.unread.append(item)
         else:
             run.logs.append(item)
-            run.problems.extend(item.problems)
+            run.problems.extend(item.damage)  # an older unchecked step log is read as that version read it
     if not run.logs:
         raise InputError(f"no readable event log in {path}")
     seen: dict[int, Path] = {}
