@@ -501,5 +501,6 @@ def test_every_cause_has_a_hint():
         "recompile",
         "unknown",
         "unknown_diff",  # diff of two stored runs: no --runs to suggest
+        "shared_files",  # a file one run wrote and a later one read
     }
     assert set(CAUSE_HINTS) == keys and all(CAUSE_HINTS.values())
