@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from synthetic_runs import write_run
 
 from torchrepro.analysis.doctor import analyse
-from torchrepro.report.html import render_html
+from torchrepro.render.html import render_html
 from torchrepro.eventlog.rundir import load_run
 
 

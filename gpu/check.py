@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from torchrepro.commands.options import positive_float
-from torchrepro.report.sanitize import visible
+from torchrepro.render.sanitize import visible
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"

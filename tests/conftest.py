@@ -78,7 +78,7 @@ def schema_problems(path: Path) -> list[str]:
     validates, or when ``path`` holds no torchrepro report)."""
     import json
 
-    from torchrepro.report.model import report_kind, schema_path
+    from torchrepro.reports.model import report_kind, schema_path
 
     try:
         if not path.is_file() or path.stat().st_size > _LARGEST_REPORT:

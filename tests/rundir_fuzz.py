@@ -252,12 +252,12 @@ def report_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
 
     from rich.console import Console
 
-    from torchrepro.report.html import write_html
-    from torchrepro.report.model import load_report
-    from torchrepro.report.terminal import render_check
+    from torchrepro.render.html import write_html
+    from torchrepro.reports.model import load_report
+    from torchrepro.render.terminal import render_check
 
     from synthetic_runs import write_run
-    from torchrepro.commands.check.compare import diff
+    from torchrepro.commands.check.comparison import diff
     from torchrepro.eventlog.jsoncheck import loads
 
     doc = diff(write_run(root / "a", 1), write_run(root / "b", 1)).to_json()

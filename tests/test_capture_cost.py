@@ -308,12 +308,12 @@ def test_a_rank_process_starts_without_the_terminal_views(run_python):
         "import sys, torchrepro.cli\n"
         "torchrepro.cli.build_parser('run')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'torch') or m.startswith("
-        "('torchrepro.commands.', 'torchrepro.report'))))\n"
+        "('torchrepro.commands.', 'torchrepro.render'))))\n"
         "torchrepro.cli.build_parser()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'torch')))"
     )
     shared = "'torchrepro.commands._finish', 'torchrepro.commands.options', 'torchrepro.commands.run'"
-    assert out.stdout.split("\n")[:2] == [f"[{shared}, 'torchrepro.report', 'torchrepro.report.sanitize']", "[]"]
+    assert out.stdout.split("\n")[:2] == [f"[{shared}, 'torchrepro.render', 'torchrepro.render.sanitize']", "[]"]
 
 
 COMPILE_LATER = r"""

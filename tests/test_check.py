@@ -130,7 +130,7 @@ def test_a_fix_that_slows_steps_costs_more_than_one_and_every_ratio_is_the_recor
     """The fix ladder's step-time ratio divides by a baseline run as written in the same truncated
     configuration (run beside the fixes), after warm-up: a fix whose steps wait 0.2 s is far above
     1x, and each ratio is what the runs' own recorded step times give on the same steps after warm-up."""
-    from torchrepro.analysis.fixes import step_cost
+    from torchrepro.analysis.fix_ranking import step_cost
     from torchrepro.commands.check.fix_ladder import step_times
     from torchrepro.eventlog.rundir import load_run
 
@@ -207,7 +207,7 @@ def test_diff_hints_only_at_what_diff_and_run_have(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from synthetic_runs import rank_events
 
-    from torchrepro.commands.check.compare import diff
+    from torchrepro.commands.check.comparison import diff
     from torchrepro.eventlog.events import Step, write_all
 
     for name in ("a", "b"):
@@ -229,7 +229,7 @@ def test_runs_that_diverge_and_then_run_for_different_lengths_both_ended_normall
     sys.path.insert(0, str(Path(__file__).parent))
     from synthetic_runs import rank_events
 
-    from torchrepro.commands.check.compare import diff
+    from torchrepro.commands.check.comparison import diff
     from torchrepro.eventlog.events import Step, write_all
 
     for name, steps in (("a", 12), ("b", 30)):

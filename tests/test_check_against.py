@@ -22,7 +22,7 @@ def test_against_eager_of_a_script_that_compiles_nothing_says_so_and_claims_no_m
 
 
 def test_an_rng_share_within_the_compiled_runs_own_noise_is_not_blamed_on_rng():
-    from torchrepro.analysis.determinism import cause_from_decomposition
+    from torchrepro.analysis.nondeterminism import cause_from_decomposition
 
     def part(a: str, b: str, diff: float) -> dict:
         return {"between": [a, b], "bit_exact": diff == 0, "final_max_abs": diff, "final_max_rel": diff}

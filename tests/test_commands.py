@@ -19,12 +19,15 @@ import pytest
 import torchrepro.commands
 from torchrepro.cli import COMMANDS, build_parser
 from torchrepro.errors import InputError
-from torchrepro.runtime.options import OPTIONS_VAR, RunOptions
+from torchrepro.runtime.run_options import OPTIONS_VAR, RunOptions
 from torchrepro.eventlog.events import Step, read_events
 
-MODULES = [name.replace("-", "_") for name in COMMANDS]
 # what the commands share (the launcher, the option layer, the output guard): modules without a sub-command
-SHARED = [name for _, name, _ in pkgutil.iter_modules(torchrepro.commands.__path__) if name not in MODULES]
+SHARED = [
+    name
+    for _, name, _ in pkgutil.iter_modules(torchrepro.commands.__path__)
+    if name not in {module.split(".")[0] for module in COMMANDS.values()}
+]
 
 # Python's own RNG is seeded from the OS at start: the value differs between runs unless torchrepro seeds.
 DRAWS = """\
@@ -68,20 +71,19 @@ def test_the_commands_folder_holds_the_commands_and_what_they_share():
         assert not hasattr(importlib.import_module(f"torchrepro.commands.{name}"), "add_parser"), name
 
 
-@pytest.mark.parametrize("name", MODULES)
-def test_every_command_module_registers_itself_and_runs(name):
+@pytest.mark.parametrize(("command", "name"), COMMANDS.items())
+def test_every_command_module_registers_itself_and_runs(command, name):
     module = importlib.import_module(f"torchrepro.commands.{name}")
     assert callable(module.add_parser) and callable(module.run)
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     module.add_parser(sub)
-    command = name.replace("_", "-")
     assert list(sub.choices) == [command]
     assert sub.choices[command].get_default("func") in (module.run, None)  # cache: each sub-command sets its own
 
 
 def test_help_lists_every_command(tmp_path):
-    commands = [name.replace("_", "-") for name in MODULES]
+    commands = list(COMMANDS)
     registered = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert sorted(registered) == sorted(commands)
     proc = torchrepro("--help", cwd=tmp_path)

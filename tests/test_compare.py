@@ -29,9 +29,9 @@ from torchrepro.analysis.equivalence import (
 from torchrepro.analysis.verdict import Ending
 from torchrepro.cli import main
 from torchrepro.eventlog.events import End, EventLog, Header, Params, Step
-from torchrepro.report.html import render_html
-from torchrepro.report.model import load_report
-from torchrepro.report.terminal import render_compare
+from torchrepro.render.html import render_html
+from torchrepro.reports.model import load_report
+from torchrepro.render.terminal import render_compare
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "equivalence.py"
 NAMES = ["0.weight", "0.bias"]

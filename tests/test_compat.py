@@ -129,7 +129,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torchrepro import _compat
 from torchrepro.capture.session import CaptureSession
 from torchrepro.runtime.prepare import prepare
-from torchrepro.runtime.options import RunOptions
+from torchrepro.runtime.run_options import RunOptions
 
 compile_mode, fix, replay, run_dir = sys.argv[1:]
 trace = logging.getLogger("torch.__trace")

@@ -15,7 +15,7 @@ import markupsafe
 import pytest
 import torch
 
-from torchrepro.analysis.fixes import (
+from torchrepro.analysis.fix_ranking import (
     Candidate,
     FixRun,
     candidates,
@@ -373,7 +373,7 @@ def test_two_processes_name_the_first_graph_call_whose_outputs_differ_on_equal_i
 
 
 def test_the_op_blamed_follows_the_cause_not_the_first_random_op():
-    from torchrepro.analysis.determinism import graph_evidence
+    from torchrepro.analysis.nondeterminism import graph_evidence
 
     dropout = {"node": "x", "target": "dropout", "module": "drop (Dropout)", "source": "m.py:3"}
     graph = {
@@ -393,7 +393,7 @@ def test_the_op_blamed_follows_the_cause_not_the_first_random_op():
 
 
 def test_a_failed_localisation_is_said_with_its_exception_and_what_was_concluded():
-    from torchrepro.analysis.determinism import cause_from_replays, graph_evidence
+    from torchrepro.analysis.nondeterminism import cause_from_replays, graph_evidence
     from torchrepro.commands.check.runs import _why_no_record
     from torchrepro.commands.launcher import ChildResult
 
@@ -409,7 +409,7 @@ def test_a_failed_localisation_is_said_with_its_exception_and_what_was_concluded
     assert "compiled graph 0/1: ValueError: odd output" in crashed["localisation_failed"]
     cause, evidence = cause_from_replays("unknown", None, {"ops": []}, True, why)
     assert cause == "unknown" and "RuntimeError: boom here" in evidence["localisation_note"]
-    from torchrepro.commands.check.compare import _guarded
+    from torchrepro.commands.check.comparison import _guarded
 
     assert _guarded("the graph replay", "numerics", lambda x: x + 1, 1) == (2, {})
     result, evidence = _guarded("the graph replay", "numerics", lambda: {}["logits"])  # our own bug, not the run's

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from torchrepro.analysis.determinism import (
+from torchrepro.analysis.nondeterminism import (
     CAUSE_HINTS,
     FIXABLE,
     cause_from_decomposition,

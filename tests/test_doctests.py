@@ -33,5 +33,5 @@ def test_docstring_examples(name):
 
 
 def test_examples_are_found_and_run():
-    assert "torchrepro.report.sanitize" in _modules_with_examples()
-    assert doctest.testmod(importlib.import_module("torchrepro.report.sanitize")).attempted >= 3
+    assert "torchrepro.render.sanitize" in _modules_with_examples()
+    assert doctest.testmod(importlib.import_module("torchrepro.render.sanitize")).attempted >= 3

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from torchrepro.analysis.compile_fixes import COMPILE_FIXES, plan_fixes, slower
-from torchrepro.report.html import render_html
-from torchrepro.report.model import load_report
+from torchrepro.render.html import render_html
+from torchrepro.reports.model import load_report
 from torchrepro.telemetry.otel import compile_fix_attributes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -359,7 +359,7 @@ def test_log_metric_outside_torchrepro_does_nothing(tmp_path):
 
 
 def test_strip_plot_is_valid_svg_with_escaped_text():
-    from torchrepro.report.svg import strip_plot
+    from torchrepro.render.svg import strip_plot
 
     from torchrepro.analysis.drift import summarize
 

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 
 from torchrepro.capture import environment as envinfo
-from torchrepro.report.env import render_env
+from torchrepro.render.env_text import render_env
 
 
 def _run(*args: str, **extra: str) -> subprocess.CompletedProcess:

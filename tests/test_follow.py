@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from torchrepro.runtime.options import RunOptions
+from torchrepro.runtime.run_options import RunOptions
 from torchrepro.runtime.follow import CONFIG_VAR, SEEN_VAR, follow_env
 from torchrepro.commands.launcher import child_env
 

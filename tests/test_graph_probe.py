@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from torchrepro.analysis.determinism import graph_probes, probe_divergence
+from torchrepro.analysis.nondeterminism import graph_probes, probe_divergence
 from torchrepro.analysis.verdict import verdict_line
 from torchrepro.eventlog.events import EventLog, GraphProbe, Header, Step, read_events
-from torchrepro.report.terminal import probe_lines
+from torchrepro.render.terminal import probe_lines
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PLANTED = SCRIPTS / "probe_planted.py"
@@ -167,7 +167,7 @@ def test_check_names_a_forward_race_the_two_runs_did_not_show(tmp_path):
 
 
 def test_where_the_forward_matches_eager_the_backward_probe_names_the_node():
-    from torchrepro.analysis.determinism import graph_evidence
+    from torchrepro.analysis.nondeterminism import graph_evidence
 
     replay = {"step": 0, "graphs": [{"compile_id": "0/0", "outputs": 2, "random_nodes": []}]}
     probe = {

@@ -12,12 +12,12 @@ from markupsafe import escape
 from synthetic_runs import drift_experiment, rank_events, write_run
 
 from torchrepro.analysis.rank_groups import rank_ranges
-from torchrepro.commands.check.compare import diff
+from torchrepro.commands.check.comparison import diff
 from torchrepro.cli import main
 from torchrepro.commands.doctor.job import analyse_run_dir
 from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, write_all
-from torchrepro.report.html import fmt_num, fmt_value, line_chart, render_html, write_html
-from torchrepro.report.model import Verdict, load_report
+from torchrepro.render.html import fmt_num, fmt_value, line_chart, render_html, write_html
+from torchrepro.reports.model import Verdict, load_report
 from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE, write_json
 
 MARKUP = "<img src=x onerror=alert(1)> & \"quoted\" 'single' \x1b[31mred\x1b[0m"

@@ -6,9 +6,9 @@ folder (docs/architecture.md); nothing here lists modules by hand:
     eventlog  eventlog/                                the contract: events, run directories, traces
     library   the other root modules                   seed, rng, determinism, digests, checkpoint,
                                                        _dist, _state, _compat
-    model     report/model.py                          the typed reports analysis builds
+    reports   reports/                                 the typed reports analysis builds
     analysis  analysis/                                events in, findings out
-    report    report/ (but model.py)                   renderers: read a report, compute nothing
+    render    render/                                  renderers: read a report, compute nothing
     telemetry telemetry/                               events and reports out over OTLP
     capture   capture/, cache/                         observers in the user's process; the cache library
     runtime   runtime/                                 what runs in the user's process around the script
@@ -16,11 +16,11 @@ folder (docs/architecture.md); nothing here lists modules by hand:
     cli       cli.py, __main__.py                      dispatch
 
 - a module imports only modules of its own layer or of a lower one (data flows one way: command ->
-  launcher -> run directory -> event log -> analysis -> report);
+  launcher -> run directory -> event log -> analysis -> reports -> render);
 - no import cycle between modules;
-- ``analysis/`` and ``report/`` reach neither torch, ``capture/``, ``_compat``, ``runtime/`` nor
+- ``analysis/``, ``reports/`` and ``render/`` reach neither torch, ``capture/``, ``_compat``, ``runtime/`` nor
   ``commands/``, not even through another module (they read event logs on a machine without torch);
-- ``capture/`` and ``eventlog/`` reach neither ``analysis/`` nor ``report/``: the event log holds
+- ``capture/`` and ``eventlog/`` reach none of ``analysis/``, ``reports/``, ``render/``: the event log holds
   what torch said, analysis decides what it means;
 - only ``_compat`` names torch's private modules and attributes (``torch._inductor``, ``torch._C.x``).
 """
@@ -38,9 +38,9 @@ LAYERS = (
     "base",
     "eventlog",
     "library",
-    "model",
+    "reports",
     "analysis",
-    "report",
+    "render",
     "telemetry",
     "capture",
     "runtime",
@@ -51,7 +51,8 @@ BASE = ("torchrepro", "torchrepro.errors", "torchrepro._lazy")
 FOLDERS = {  # a folder's layer
     "eventlog": "eventlog",
     "analysis": "analysis",
-    "report": "report",
+    "reports": "reports",
+    "render": "render",
     "telemetry": "telemetry",
     "capture": "capture",
     "cache": "capture",
@@ -65,8 +66,6 @@ def layer_of(name: str) -> str:
     parts = name.split(".")
     if name in BASE:
         return "base"
-    if name == "torchrepro.report.model":
-        return "model"
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS):
         return FOLDERS[parts[1]]
     return "cli" if parts[1] in ("cli", "__main__") else "library"
@@ -190,7 +189,7 @@ def reach(graph: dict[str, set[str]], start: str) -> dict[str, list[str]]:
     return chains
 
 
-READERS = ("torchrepro.analysis", "torchrepro.report")  # events in, findings and pages out
+READERS = ("torchrepro.analysis", "torchrepro.reports", "torchrepro.render")  # events in, findings and pages out
 WRITERS = ("torchrepro.capture", "torchrepro.eventlog")  # torch in, events out
 # what readers must not reach: torch's observers and whatever runs or launches a script
 READERS_MUST_NOT_REACH = ("torchrepro.capture", "torchrepro._compat", "torchrepro.runtime", "torchrepro.commands")
@@ -235,7 +234,7 @@ def test_the_graph_is_read_from_the_source():
     assert "torchrepro.capture.steps" in GRAPH["torchrepro.capture.session"]  # from .steps import ...
     assert "torchrepro.capture.ops" in GRAPH["torchrepro.capture.session"]  # a function-level import
     assert "torchrepro.eventlog.events" in GRAPH["torchrepro.analysis.compile"]  # from ..eventlog.events import ...
-    assert "torchrepro.eventlog.rundir" in GRAPH["torchrepro.report.html"]
+    assert "torchrepro.eventlog.rundir" in GRAPH["torchrepro.render.html"]
 
 
 def test_every_module_has_a_layer_from_its_folder():
@@ -243,7 +242,7 @@ def test_every_module_has_a_layer_from_its_folder():
     assert set(layers.values()) == set(LAYERS)
     assert layers["torchrepro.commands.check.fix_ladder"] == "commands"
     assert layers["torchrepro.runtime.follow"] == "runtime" and layers["torchrepro.seed"] == "library"
-    assert layers["torchrepro.cli"] == "cli" and layers["torchrepro.report.model"] == "model"
+    assert layers["torchrepro.cli"] == "cli" and layers["torchrepro.reports.model"] == "reports"
     assert upward_imports({"torchrepro.eventlog.tail": {"torchrepro.analysis.live"}}) != []  # the rule can fail
 
 

@@ -1,4 +1,4 @@
-"""Progress of long phases (torchrepro.report.progress): which run, its step of how many, and the
+"""Progress of long phases (torchrepro.render.progress): which run, its step of how many, and the
 time, read from a real run's event log while it is written; in a log, a line every N seconds."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import run_torchrepro
 from rich.console import Console
 
-from torchrepro.report.progress import Progress
+from torchrepro.render.progress import Progress
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

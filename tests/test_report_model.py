@@ -1,4 +1,4 @@
-"""Typed reports (torchrepro.report.model): real doctor, check and diff reports read back equal to what
+"""Typed reports (torchrepro.reports.model): real doctor, check and diff reports read back equal to what
 was written, exit codes derived from the report agree with the command's, reports written with the
 shared schema of before still load, and a broken report is refused (by the loader and the schema)."""
 
@@ -13,11 +13,11 @@ from conftest import schema_problems
 from synthetic_runs import drift_experiment
 
 from torchrepro.analysis.verdict import Ending, judge
-from torchrepro.commands.check.compare import diff
+from torchrepro.commands.check.comparison import diff
 from torchrepro.cli import main
 from torchrepro.errors import InputError
-from torchrepro.report.html import render_html
-from torchrepro.report.model import (
+from torchrepro.render.html import render_html
+from torchrepro.reports.model import (
     LEGACY_SCHEMA,
     SCHEMAS,
     CheckReport,

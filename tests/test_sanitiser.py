@@ -1,4 +1,4 @@
-"""One sanitiser (``report/sanitize.py``) for text from the user's script, used by every renderer:
+"""One sanitiser (``render/sanitize.py``) for text from the user's script, used by every renderer:
 a hostile string (terminal escape sequences, C0 and C1 controls, NUL, DEL, bidirectional
 overrides, a newline) goes through each of them, and only its visible escapes come out."""
 
@@ -14,20 +14,20 @@ import pytest
 from rich.console import Console
 from synthetic_runs import drift_experiment, rank_events
 
-from torchrepro.commands.check.compare import diff
+from torchrepro.commands.check.comparison import diff
 from torchrepro.commands.doctor.job import analyse_run_dir
 from torchrepro.eventlog.events import Compile, End, GraphBreak, write_all
 from torchrepro.eventlog.rundir import RUN_FILE, write_json
-from torchrepro.report import sanitize
-from torchrepro.report.cache import render_status
-from torchrepro.report.drift import render_drift
-from torchrepro.report.env import render_env
-from torchrepro.report.html import render_html
-from torchrepro.report.junit import junit_xml
-from torchrepro.report.live import FollowedRun, render, status_line
-from torchrepro.report.sanitize import visible, visible_tree
-from torchrepro.report.svg import strip_plot
-from torchrepro.report.terminal import render_check, render_doctor
+from torchrepro.render import sanitize
+from torchrepro.render.cache_text import render_status
+from torchrepro.render.drift_text import render_drift
+from torchrepro.render.env_text import render_env
+from torchrepro.render.html import render_html
+from torchrepro.render.junit import junit_xml
+from torchrepro.render.live_text import FollowedRun, render, status_line
+from torchrepro.render.sanitize import visible, visible_tree
+from torchrepro.render.svg import strip_plot
+from torchrepro.render.terminal import render_check, render_doctor
 from torchrepro.telemetry.otel import _attrs
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "torchrepro"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrepro.analysis.determinism import curve_estimate_note
+from torchrepro.analysis.nondeterminism import curve_estimate_note
 from torchrepro.analysis.divergence import (
     divergence_curve,
     final_within,

@@ -308,7 +308,7 @@ def test_process_state_is_kept_only_in_the_state_module():
         for path in SRC.rglob("*.py")
         if any(isinstance(node, ast.Global) for node in ast.walk(ast.parse(path.read_text())))
     }
-    assert rebinding == {"_state.py", "rng_raw.py", "report/html.py"}
+    assert rebinding == {"_state.py", "rng_raw.py", "render/html.py"}
     _state.current().cublas_set_late = True
     _state.current().prepared["spawned"] = True
     _state.reset()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from torchrepro.commands.check.compare import diff
+from torchrepro.commands.check.comparison import diff
 from torchrepro.eventlog.events import (
     Capability,
     Compile,
@@ -337,7 +337,7 @@ def test_a_step_stream_beside_a_log_without_header_is_not_read(tmp_path):
 def test_storing_a_report_says_what_the_run_directory_holds(tmp_path, capsys):
     from torchrepro.analysis.doctor import analyse
     from torchrepro.eventlog.rundir import disk_use, load_run, size_text
-    from torchrepro.report.save import write_report
+    from torchrepro.render.save import write_report
 
     run_dir = write_run(tmp_path / "run", doctor_like_steps(300), compact=True)
     logs = sum(f.stat().st_size for f in (run_dir / "rank-0").iterdir())

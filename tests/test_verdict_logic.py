@@ -111,7 +111,7 @@ def test_verdict_lines_say_only_what_was_shown():
 
 
 def test_hint_never_repeats_a_fix_already_in_force():
-    from torchrepro.analysis.determinism import CAUSE_HINTS, hint_key
+    from torchrepro.analysis.nondeterminism import CAUSE_HINTS, hint_key
     from torchrepro.eventlog.events import Setting
 
     on = log()

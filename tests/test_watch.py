@@ -14,7 +14,7 @@ from pathlib import Path
 from torchrepro.analysis import compile as compile_analysis
 from torchrepro.eventlog.events import GraphBreak, Header, Step, read_events, write_all
 from torchrepro.eventlog.tail import RunFollower
-from torchrepro.report.live import FollowedRun
+from torchrepro.render.live_text import FollowedRun
 
 TRAIN = Path(__file__).parent / "scripts" / "otel_train.py"
 
@@ -211,7 +211,7 @@ def test_doctor_shows_a_status_line_on_a_terminal_only(tmp_path):
 
 def test_the_follower_only_reads_files():
     """``eventlog/tail.py`` reads the run directory; what the events mean is analysis's (fed by
-    ``report/live.py``): it imports neither ``analysis/`` nor ``report/``."""
+    ``render/live_text.py``): it imports neither ``analysis/`` nor ``report/``."""
     import ast
 
     import torchrepro.eventlog.tail as tail

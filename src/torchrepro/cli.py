@@ -18,24 +18,25 @@ from .commands import options
 from .commands._finish import finish
 from .errors import UserError
 from .telemetry.otlp import run_with_export
-from .report.sanitize import visible
+from .render.sanitize import visible
 
 
-# the sub-commands, in the order --help lists them; each is the module torchrepro.commands.<name, "-" as "_">
-COMMANDS = (
-    "doctor",
-    "check",
-    "check-resume",
-    "compare",
-    "diff",
-    "repro",
-    "report",
-    "run",
-    "cache",
-    "watch",
-    "drift",
-    "env",
-)
+# the sub-commands, in the order --help lists them, and the module of each under torchrepro.commands
+# (check, check-resume and diff are one family: they share check's runs and comparison)
+COMMANDS = {
+    "doctor": "doctor",
+    "check": "check",
+    "check-resume": "check.resume",
+    "compare": "compare",
+    "diff": "check.diff",
+    "repro": "repro",
+    "report": "report",
+    "run": "run",
+    "cache": "cache",
+    "watch": "watch",
+    "drift": "drift",
+    "env": "env",
+}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -51,7 +52,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in [command] if command in COMMANDS else COMMANDS:
-        importlib.import_module(f"{__package__}.commands.{name.replace('-', '_')}").add_parser(sub)
+        importlib.import_module(f"{__package__}.commands.{COMMANDS[name]}").add_parser(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak, Step
 from .categories import category_of, guard_text
-from ..report.model import (
+from ..reports.model import (
     CacheCounts,
     CapabilityNote,
     CompileSection,

@@ -1,6 +1,6 @@
 """``doctor --fixes``' decisions: which mechanical compile fix each recompile or graph break of a
 run has (a Dynamo setting or a dynamic dimension, applied from outside the script by
-``torchrepro run --fix SPEC``, :mod:`torchrepro.capture.fixes`), which fixes only exist as a code
+``torchrepro run --fix SPEC``, :mod:`torchrepro.capture.apply_fix`), which fixes only exist as a code
 change (stated, never tried), which recompiles are expected; what a fix run measured against the
 baseline, and which fix to recommend. Pure: the doctor report's ``compile`` section and event
 logs in, rows out; nothing here imports torch.
@@ -21,7 +21,7 @@ from typing import TypedDict
 from ..eventlog.events import Compile, EventLog, GraphBreak, Step
 from .compile import SIZE_GUARD, completed, distinct_breaks
 from .divergence import Tolerance, first_divergence
-from ..report.model import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
+from ..reports.model import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
 
 # --only-fixes names, in the order they are tried
 COMPILE_FIXES = (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError
 from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 from ..eventlog.random_ops import is_random_op
-from ..report.model import CurvePoint, JsonObject, ParamDifference
+from ..reports.model import CurvePoint, JsonObject, ParamDifference
 
 if TYPE_CHECKING:
     import numpy as np  # only the snapshot comparisons need numpy (~60 ms to import): imported there

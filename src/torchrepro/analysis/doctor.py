@@ -1,4 +1,4 @@
-"""The doctor report (:class:`~torchrepro.report.model.DoctorReport`): compile health, steps, the run's
+"""The doctor report (:class:`~torchrepro.reports.model.DoctorReport`): compile health, steps, the run's
 outcome, and budgets — from events."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from ..eventlog.events import Capability, Counters, End, EventLog, Header
 from ..eventlog.provenance import provenance
-from ..report.model import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
+from ..reports.model import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
 from . import compile as compile_analysis
-from .cache import rank_key_findings
-from ..report.model import Finding, JsonObject, sort_findings
+from .cache_misses import rank_key_findings
+from ..reports.model import Finding, JsonObject, sort_findings
 from .kept_steps import KeptSteps, kept_steps
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
@@ -174,7 +174,7 @@ _DEGRADING = {
 def probe_findings(logs: list[EventLog]) -> list[Finding]:
     """``NONDETERMINISTIC_COMPILED_GRAPH`` (``doctor --probe``): a compiled graph whose outputs were not
     bit for bit the same when called again on identical inputs, named as ``check`` names it."""
-    from .determinism import CAUSE_HINTS, graph_probes, probe_divergence
+    from .nondeterminism import CAUSE_HINTS, graph_probes, probe_divergence
 
     probes = graph_probes({"run": logs})
     found = probe_divergence(probes)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, stats
 
-from ..report.model import (
+from ..reports.model import (
     DriftAnalysis,
     JsonObject,
     EffectRow,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..eventlog.events import EventLog, Params, Step
-from ..report.model import CheckRun, CompareReport, Finding, JsonObject
+from ..reports.model import CheckRun, CompareReport, Finding, JsonObject
 from .verdict import Ending
 
 if TYPE_CHECKING:
@@ -743,5 +743,5 @@ def findings(section: JsonObject) -> list[Finding]:
 def compare_report(
     section: JsonObject, run_dirs: dict[str, str], timings: dict[str, float], meta: JsonObject
 ) -> CompareReport:
-    """The :class:`~torchrepro.report.model.CompareReport` of a judged comparison."""
+    """The :class:`~torchrepro.reports.model.CompareReport` of a judged comparison."""
     return CompareReport(CheckRun(run_dirs, timings, meta), section, findings(section), verdict_line(section))

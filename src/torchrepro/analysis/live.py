@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, End, Event, EventLog, GraphBreak, Header, Step
 from . import compile as compile_analysis
-from ..report.model import JsonObject, LiveRank, LiveSnapshot
+from ..reports.model import JsonObject, LiveRank, LiveSnapshot
 
 STEP_WINDOW = 20  # steps/s over the last this many steps
 LAG_STEPS = 2  # a rank lags when it is this many steps (and 5 % of the leader's) behind the leader

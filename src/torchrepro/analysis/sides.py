@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..eventlog.events import EventLog, Step
 from ..eventlog.provenance import provenance
-from ..report.model import JsonObject, RunSide, StepRow
+from ..reports.model import JsonObject, RunSide, StepRow
 from .kept_steps import MAX_POINTS
 
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from ..eventlog.events import Capability, EventLog, Step
-from ..report.model import JsonObject, Verdict, comparison_exit_code
+from ..reports.model import JsonObject, Verdict, comparison_exit_code
 from .ranks import missing_rank_ranges, missing_text, world_size
 
 
 class EndingRecord(TypedDict):
-    """An :class:`Ending` as a report's ``endings`` list holds it (read back as :class:`~torchrepro.report.model.RunEnding`)."""
+    """An :class:`Ending` as a report's ``endings`` list holds it (read back as :class:`~torchrepro.reports.model.RunEnding`)."""
 
     run: str
     ended_normally: bool

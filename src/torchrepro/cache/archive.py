@@ -37,10 +37,10 @@ from typing import IO, Callable, Iterable, TypedDict
 from .. import __version__
 from ..errors import InputError, UserError
 from ..eventlog.jsoncheck import loads, schema_problem
-from ..eventlog.outputs import check, written
+from ..eventlog.output_guard import check, written
 from .lock import cache_lock
 from .signing import SIGNATURE, sign, signer, trusted_keys
-from ..report.model import Build
+from ..reports.model import Build
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"

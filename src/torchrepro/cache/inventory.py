@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TypedDict
 
-from ..report.model import CacheStatus, CategoryRow, Finding, Permissions, UnreachableGroup, sort_findings
+from ..reports.model import CacheStatus, CategoryRow, Finding, Permissions, UnreachableGroup, sort_findings
 from ..errors import InputError, UserError
 from .layout import CATEGORIES, Entry, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 

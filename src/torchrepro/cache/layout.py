@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import InputError
-from ..report.model import Build
+from ..reports.model import Build
 
 CATEGORIES = {
     "fxgraph": "FX-graph entries",

@@ -1,4 +1,4 @@
-"""What `torchrepro env` shows (drawn by :func:`torchrepro.report.env.render_env`): versions,
+"""What `torchrepro env` shows (drawn by :func:`torchrepro.render.env_text.render_env`): versions,
 determinism switches, compile caches, risky variables.
 
 `collect()` gathers plain JSON data and an `env_fingerprint` over everything that changes

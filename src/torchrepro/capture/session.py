@@ -21,7 +21,7 @@ from .. import _dist, _state
 from .._compat import undo_patches, watch
 from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
 from ..eventlog.payloads import JsonObject
-from .compile import CompileCapture
+from .compile_events import CompileCapture
 from .steps import StepConfig, StepRecorder
 
 

@@ -13,7 +13,7 @@ from ..errors import UserError
 from ..telemetry.otlp import record_report
 
 if TYPE_CHECKING:  # imported once there is a report: a rank's `torchrepro run` hands back an int
-    from ..report.model import Report
+    from ..reports.model import Report
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,12 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
     """A command's exit code; for a report, after writing, recording and rendering it."""
     if isinstance(outcome, int):
         return outcome
-    from ..report.model import CheckReport, CompareReport, DriftReport
+    from ..reports.model import CheckReport, CompareReport, DriftReport
 
     report, where = outcome.report, outcome.stored_in
     _write_outputs(report, args)
     if isinstance(report, DriftReport):
-        from ..report.drift import render_drift
+        from ..render.drift_text import render_drift
         from ..eventlog.rundir import HTML_FILE, REPORT_FILE
 
         assert where is not None, "a drift report is always stored in its experiment's directory"
@@ -41,15 +41,15 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
         return report.exit_code
     shown = _report_paths(where) if where else (getattr(args, "html", None) or getattr(args, "json", None))
     if isinstance(report, CompareReport):
-        from ..report.terminal import render_compare
+        from ..render.terminal import render_compare
 
         render_compare(report, report_path=shown)
     elif isinstance(report, CheckReport):
-        from ..report.terminal import render_check
+        from ..render.terminal import render_check
 
         render_check(report, report_path=shown)
     else:
-        from ..report.terminal import render_doctor
+        from ..render.terminal import render_doctor
 
         render_doctor(report, report_path=shown)
     return report.exit_code
@@ -60,7 +60,7 @@ def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     existing file only with ``--force``, or a torchrepro page for ``--html``), and the report's
     verdict on the command's span."""
     from ..eventlog.rundir import json_text
-    from ..report.model import DoctorReport
+    from ..reports.model import DoctorReport
     from .outputs import write_args
 
     if getattr(args, "junit", None) and not isinstance(report, DoctorReport):  # before any file is written
@@ -68,11 +68,11 @@ def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     if getattr(args, "json", None):
         write_args(args, args.json, json_text(report.to_json()).encode())
     if getattr(args, "junit", None) and isinstance(report, DoctorReport):
-        from ..report.junit import junit_xml
+        from ..render.junit import junit_xml
 
         write_args(args, args.junit, junit_xml(report))
     if getattr(args, "html", None):
-        from ..report.html import render_html
+        from ..render.html import render_html
 
         write_args(args, args.html, render_html(report).encode())
     record_report(report)

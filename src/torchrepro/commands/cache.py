@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import options
 from ..errors import UserError
-from ..report.sanitize import visible
+from ..render.sanitize import visible
 
 if TYPE_CHECKING:
     from ..eventlog.events import CacheLookup
@@ -34,7 +34,7 @@ def _print_json(data: Any) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ..report.cache import render_status
+    from ..render.cache_text import render_status
     from ..cache.inventory import status
 
     report = status(args.dir)
@@ -65,8 +65,8 @@ def _events(run: str, rank: int | None) -> tuple[list[CacheLookup], str]:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from ..analysis.cache import explain_misses
-    from ..report.cache import render_explain
+    from ..analysis.cache_misses import explain_misses
+    from ..render.cache_text import render_explain
 
     if args.run_b is None and not args.ranks:
         raise UserError("give two runs (RUN_A RUN_B), or one run and --ranks RA RB to compare two of its ranks")
@@ -95,7 +95,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from ..report.cache import size_text
+    from ..render.cache_text import size_text
     from ..cache.archive import pack
 
     manifest = pack(
@@ -144,7 +144,7 @@ def _kernel_note(differences: list[str]) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from ..report.cache import size_text
+    from ..render.cache_text import size_text
     from ..cache.integrity import verify
 
     result = verify(args.target)
@@ -170,7 +170,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_clear(args: argparse.Namespace) -> int:
-    from ..report.cache import size_text
+    from ..render.cache_text import size_text
     from ..cache.inventory import clear
 
     result = clear(args.dir, older_than=args.older_than, stale=args.stale, yes=args.yes)

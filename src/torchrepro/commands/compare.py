@@ -10,7 +10,7 @@ from typing import Any
 
 from . import options
 from ..errors import InputError
-from ..runtime.options import RunOptions
+from ..runtime.run_options import RunOptions
 from ._finish import Outcome
 
 SEPARATOR = "::"
@@ -108,7 +108,7 @@ def compare(
     from ..checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
     from ..eventlog.provenance import launch_meta, provenance
     from ..eventlog.rundir import create_run_dir, default_run_dir
-    from ..report.save import write_report
+    from ..render.save import write_report
     from .check.runs import Checker, RunSpec
 
     console = console or Console(stderr=True)

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     """Print this environment (as JSON with ``--json``); a torch outside the tested range is said on
     stderr too (``torch_tested.outside`` in the JSON)."""
     from ..capture import environment as envinfo
-    from ..report.env import render_env
+    from ..render.env_text import render_env
 
     info = envinfo.collect()
     if args.json:

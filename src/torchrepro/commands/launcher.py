@@ -24,7 +24,7 @@ from typing import IO, Any
 from .. import _state
 from ..errors import InputError, Stopped
 from ..telemetry.otlp import launch_span
-from ..runtime.options import RunOptions
+from ..runtime.run_options import RunOptions
 from ..runtime.runner import die_with_parent, libc_prctl
 
 STDERR_TAIL_LINES = 40

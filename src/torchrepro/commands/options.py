@@ -144,7 +144,7 @@ def runs(text: str) -> int:
 def factors(text: str) -> list[str]:
     """``drift --vary``: a comma-separated list of known factors, each named once."""
     from ..analysis.drift import BINARY_FACTORS, RANDOM_FACTORS
-    from ..report.sanitize import visible
+    from ..render.sanitize import visible
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     known = (*RANDOM_FACTORS, *BINARY_FACTORS)
@@ -163,7 +163,7 @@ def otlp_endpoint(text: str) -> str:
     """``--otlp-endpoint``: an ``http(s)://host[:port]`` URL (the URL is echoed escaped in the error)."""
     from urllib.parse import urlsplit
 
-    from ..report.sanitize import visible
+    from ..render.sanitize import visible
 
     problem = None
     if any(not c.isprintable() or c.isspace() for c in text):

@@ -1,6 +1,6 @@
 """A command's output files, from its arguments: what it reads (:func:`inputs_of`), what it writes
 (``--json``/``--junit``/``--html``), checked before anything runs (:func:`check_args`) and written
-through the one output guard (:mod:`torchrepro.eventlog.outputs`); a full disk met anywhere as the
+through the one output guard (:mod:`torchrepro.eventlog.output_guard`); a full disk met anywhere as the
 one line the CLI prints (:func:`disk_error`).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import InputError, UserError
 from ..eventlog.rundir import cannot_write
-from ..eventlog.outputs import Replaceable, check, write
+from ..eventlog.output_guard import Replaceable, check, write
 
 # the arguments of any command that name what it reads (``out``: a drift experiment's, re-read)
 INPUT_ARGS = ("script", "run_dir", "run_a", "run_b", "trace", "collect", "source", "headers_from")
@@ -70,7 +70,7 @@ def _replaceable(path: Path, args: argparse.Namespace) -> Replaceable | None:
     html = getattr(args, "html", None)
     if not isinstance(html, str) or Path(html) != path:
         return None
-    from ..report.html import is_torchrepro_html
+    from ..render.html import is_torchrepro_html
 
     return is_torchrepro_html
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import options
 from ..errors import InputError
-from ..report.sanitize import visible
+from ..render.sanitize import visible
 
 GRAPH_FILES = ("graph.py", "inputs.json", "meta.json", "inputs.safetensors", "inputs.pt")
 META = "meta.json"

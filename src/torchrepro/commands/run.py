@@ -1,5 +1,5 @@
 """``torchrepro run [options] SCRIPT``: run a script with capture in this process (what each
-torchrun rank runs; :mod:`torchrepro.runtime.runner`). Launched by torchrepro, it takes its :class:`~torchrepro.runtime.options.RunOptions`
+torchrun rank runs; :mod:`torchrepro.runtime.runner`). Launched by torchrepro, it takes its :class:`~torchrepro.runtime.run_options.RunOptions`
 from the environment; called directly (e.g. under the user's own torchrun), from its flags."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from . import options
 from ..errors import UserError
-from ..runtime.options import OPTIONS_VAR, RunOptions
+from ..runtime.run_options import OPTIONS_VAR, RunOptions
 
 
 def add_parser(sub: Any) -> None:

@@ -1,7 +1,7 @@
 """`torchrepro watch RUN_DIR`: a live view of a run being written (here, or on a shared
 filesystem by a cluster job).
 
-The view (drawn by :mod:`torchrepro.report.live`): steps/s per rank, the ranks that lag, compiles
+The view (drawn by :mod:`torchrepro.render.live_text`): steps/s per rank, the ranks that lag, compiles
 and recompiles so far by category, the latest graph break with its line, findings as they appear.
 New rank directories are picked up as they appear; the view ends when the run ends. ``--once
 --json`` prints one snapshot.
@@ -17,7 +17,7 @@ from typing import Any
 
 from . import options
 from ..errors import InputError
-from ..report.live import FollowedRun, render
+from ..render.live_text import FollowedRun, render
 
 
 def add_parser(sub: Any) -> None:

@@ -197,7 +197,7 @@ class TestedTorch(TypedDict):
 
 class EnvInfo(TypedDict):
     """What ``torchrepro env`` reports (:func:`torchrepro.capture.environment.collect`, drawn by
-    :func:`torchrepro.report.env.render_env`); a run's ``Header.env`` holds it as written
+    :func:`torchrepro.render.env_text.render_env`); a run's ``Header.env`` holds it as written
     (a :data:`JsonObject` there: a log another version wrote may differ)."""
 
     torchrepro: str

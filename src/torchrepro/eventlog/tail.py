@@ -5,7 +5,7 @@ line still being written is kept until its newline arrives. Its ``steps.bin`` (s
 read the same way, each record put after the line it follows (a record that follows a line not
 read yet waits for it). ``run.json`` is re-read each time
 (it is written atomically). This module only reads files: what the events mean is for whoever
-polls (:class:`torchrepro.report.live.FollowedRun` feeds them to the live analysis).
+polls (:class:`torchrepro.render.live_text.FollowedRun` feeds them to the live analysis).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The factor levels of one ``torchrepro drift`` run, applied in its process before the script starts.
 
-``drift`` passes them in the run's :class:`~torchrepro.runtime.options.RunOptions` (``factors``,
+``drift`` passes them in the run's :class:`~torchrepro.runtime.run_options.RunOptions` (``factors``,
 applied by ``prepare.prepare``); ``compile`` and ``fallback-random`` are its ``compile_mode``. Every
 stream comes from the seed tree (:mod:`torchrepro.seed`) of the experiment's root seed:
 

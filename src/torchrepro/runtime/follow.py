@@ -40,7 +40,7 @@ from .._dist import from_env, placement
 
 if TYPE_CHECKING:  # imported where used: a followed process starts without them
     from ..capture.session import CaptureSession
-    from .options import RunOptions
+    from .run_options import RunOptions
 
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
 SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
@@ -62,7 +62,7 @@ def _mark_seen() -> None:
 
 def follow_env(options: RunOptions, root_pid: int, pythonpath: str = "") -> dict[str, str]:
     """The variables that make a process (and those it starts) capture itself as ``options`` (a
-    :class:`~torchrepro.runtime.options.RunOptions`, its run directory set) say once it becomes a rank:
+    :class:`~torchrepro.runtime.run_options.RunOptions`, its run directory set) say once it becomes a rank:
     the same capture, seed, compile mode, cache, replay, fix and drift factor levels;
     ``root_pid`` is the launched process, ``pythonpath`` the ``PYTHONPATH`` to extend."""
     path = [p for p in pythonpath.split(os.pathsep) if p and p != str(BOOTSTRAP_DIR)]
@@ -74,7 +74,7 @@ def follow_env(options: RunOptions, root_pid: int, pythonpath: str = "") -> dict
 
 def propagate(options: RunOptions) -> None:
     """Make every process the script starts capture itself once it becomes a rank (``options``:
-    the :class:`~torchrepro.runtime.options.RunOptions` of this process), and record the process
+    the :class:`~torchrepro.runtime.run_options.RunOptions` of this process), and record the process
     group this process joins."""
     from ..seed import active_plan
 
@@ -94,7 +94,7 @@ def without_follow(env: dict[str, str]) -> dict[str, str]:
 
 def _config() -> tuple[RunOptions, int]:
     """The run options of the launched process and its pid."""
-    from .options import RunOptions
+    from .run_options import RunOptions
 
     data = json.loads(os.environ[CONFIG_VAR])
     return RunOptions.from_json(data["options"]), int(data["root_pid"])

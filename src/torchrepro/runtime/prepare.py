@@ -1,4 +1,4 @@
-"""A process set up before the user's script starts, as its :class:`~torchrepro.runtime.options.RunOptions`
+"""A process set up before the user's script starts, as its :class:`~torchrepro.runtime.run_options.RunOptions`
 say: the compile cache, the compile mode, a candidate fix, the seeds, a drift run's factor levels,
 and how a run made only to compare ends.
 Run by ``torchrepro run`` (:mod:`torchrepro.commands.launcher`) and in every rank capture follows into
@@ -10,13 +10,13 @@ import atexit
 import gc
 import os
 
-from .options import RunOptions
+from .run_options import RunOptions
 
 
 def prepare(options: RunOptions) -> None:
     """Set a process up as ``torchrepro run`` does before capture starts: the cache policy (per
     rank, before any compile), the compile mode, a candidate fix, the seeds, a drift run's factors."""
-    from ..capture.fixes import apply_fix
+    from ..capture.apply_fix import apply_fix
     from .factors import apply
 
     _apply_cache(options)

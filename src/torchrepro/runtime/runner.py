@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from .options import RunOptions
+from .run_options import RunOptions
 from ..telemetry.otlp import live_listeners
 
 PR_SET_PDEATHSIG = 1

@@ -62,8 +62,8 @@ from ..analysis.categories import category_of
 from ..analysis.compile import display_function
 from ..eventlog.events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
 from .trace_context import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
-from ..report.model import Report
-from ..report.sanitize import visible
+from ..reports.model import Report
+from ..render.sanitize import visible
 
 DEFAULT_SERVICE = "torchrepro"
 END_FLUSH_S = 3.0  # the longest a process waits at its end for its last batches
@@ -86,7 +86,7 @@ def _ns(t: float) -> int:
 
 def _attrs(values: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
     """OpenTelemetry attributes: no None values, texts made visible (they quote the user's script:
-    :func:`~torchrepro.report.sanitize.visible`) and cut."""
+    :func:`~torchrepro.render.sanitize.visible`) and cut."""
     return {k: visible(v)[:_MAX_TEXT] if isinstance(v, str) else v for k, v in values.items() if v is not None}
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import options
 from ...errors import UserError
-from ...runtime.options import PROBE_REPEATS, RunOptions
+from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from .._finish import Outcome
 
 
@@ -66,7 +66,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> Outcome:
     """Run the script K times (or against a reference), compare and explain."""
     from ...analysis.divergence import Tolerance
-    from .compare import check
+    from .comparison import check
 
     if args.runs is not None and args.against:
         raise UserError(
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def _fix_names(value: str | None) -> list[str] | None:
     """``--only-fixes threads_1,eager`` → those names (checked); None → every candidate."""
-    from ...analysis.fixes import LADDER
+    from ...analysis.fix_ranking import LADDER
 
     if not value:
         return None

@@ -3,7 +3,7 @@ output and kernel (two kernel replays, run side by side), and re-run the script 
 candidate fix (two truncated runs each) to find the cheapest fix that is really bit-exact; for
 ``--against eager``, the backend stages at which results first change.
 
-The decisions are pure (:mod:`torchrepro.analysis.fixes`); this module only launches and reads.
+The decisions are pure (:mod:`torchrepro.analysis.fix_ranking`); this module only launches and reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ...analysis.divergence import Divergence, Tolerance, first_divergence, steps_compared
-from ...analysis.fixes import (
+from ...analysis.fix_ranking import (
     BackendStages,
     Candidate,
     FixRow,
@@ -248,7 +248,7 @@ def _uses(runs: list[Run]) -> tuple[bool, bool]:
 
 
 def step_times(run: Run) -> StepTimes:
-    """Rank 0's step times by index, for :func:`~torchrepro.analysis.fixes.step_cost`: every step
+    """Rank 0's step times by index, for :func:`~torchrepro.analysis.fix_ranking.step_cost`: every step
     during which nothing was compiled (a recompile is warm-up too, not the price of a fix)."""
     times: StepTimes = {}
     compiled = False
@@ -308,7 +308,7 @@ def run_fix_ladder(
     against those of a baseline run as written in the same truncated configuration (run beside the
     fixes, so under the same load and with the same warm compile cache; the first run as written
     only when the baseline run fails) on the same step indices after warm-up
-    (:func:`~torchrepro.analysis.fixes.step_cost`)."""
+    (:func:`~torchrepro.analysis.fix_ranking.step_cost`)."""
     compiled, inductor = _uses(as_written)
     frames, function = _offending(as_written, evidence.get("compile_id"))
     ladder = candidates(

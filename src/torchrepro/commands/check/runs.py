@@ -1,6 +1,6 @@
 """The runs of one ``check``: :class:`RunSpec` (a run's label and compile mode) and
 :class:`Checker`, which launches each run and each replay of a divergent step and reads them back.
-Used by :mod:`torchrepro.commands.check.compare` and the fix ladder (:mod:`torchrepro.commands.check.fix_ladder`)."""
+Used by :mod:`torchrepro.commands.check.comparison` and the fix ladder (:mod:`torchrepro.commands.check.fix_ladder`)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from ...analysis.verdict import Ending, ending
 from ...errors import InputError, Stopped
 from ..launcher import ChildResult, child_env, launch, sharing_cores_env, side_by_side
 from ..workdir import Ledger, fresh_workdir, why_shared
-from ...runtime.options import RunOptions
+from ...runtime.run_options import RunOptions
 from ...eventlog.events import Step
 from ...eventlog.payloads import JsonObject
-from ...report.progress import Progress
+from ...render.progress import Progress
 from ...eventlog.rundir import RUN_FILE, Run, load_run, replay_file, supervisor_record, usable_cores, write_json
 
 

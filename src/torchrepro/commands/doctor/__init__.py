@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from .. import options
 from ...errors import Stopped, UserError
-from ...runtime.options import PROBE_REPEATS, RunOptions
+from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from .._finish import Outcome
 from ...analysis.compile_fixes import COMPILE_FIXES
 
 if TYPE_CHECKING:
-    from ...report.model import DoctorReport
+    from ...reports.model import DoctorReport
 
 
 def _fix_names(value: str) -> list[str]:
@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def _try_fixes(report: DoctorReport, run_dir: Path, args: argparse.Namespace) -> None:
     """``--fixes``: the compile fixes tried on the script (:mod:`.fixes`), into the report."""
-    from ...report.save import write_report
-    from .fixes import FixRunner, try_fixes
+    from ...render.save import write_report
+    from .fix_runs import FixRunner, try_fixes
 
     runner = FixRunner(
         run_dir, Path(args.script), args.args, RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout

@@ -16,10 +16,10 @@ from ...errors import InputError, Stopped
 from ...eventlog.events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
 from ...runtime.follow import LAUNCHER_DIR
 from ..launcher import ChildResult, child_env, launch, validate_script
-from ...runtime.options import RunOptions
+from ...runtime.run_options import RunOptions
 from ...eventlog.provenance import launch_meta
 from ...eventlog.jsoncheck import schema_problem
-from ...report.model import DoctorReport, schema_of
+from ...reports.model import DoctorReport, schema_of
 from ...eventlog.rundir import (
     RUN_FILE,
     claim_run_dir,
@@ -30,7 +30,7 @@ from ...eventlog.rundir import (
     supervisor_record,
     write_json,
 )
-from ...report.save import write_report
+from ...render.save import write_report
 
 FIXES_DIR = "fixes"  # doctor --fixes: its runs, one folder each (commands.doctor.fixes)
 FIXES_FILE = "compile_fixes.json"  # ... and its result, in that folder
@@ -215,7 +215,7 @@ def _baseline(
     run_dir = create_run_dir(out or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
-    from ...report.live import live_status
+    from ...render.live_text import live_status
 
     with (
         live_status(run_dir),  # a status line at the bottom of the terminal while the script runs

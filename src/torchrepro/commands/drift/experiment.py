@@ -38,7 +38,7 @@ from ...analysis.sequential import plan_sentence, planning, sequential_section, 
 from ...errors import InputError, Stopped, UserError
 from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, read_header
 from ..workdir import fresh_workdir
-from ...report.progress import Progress as Lines
+from ...render.progress import Progress as Lines
 from ..launcher import (
     STDERR_TAIL_LINES,
     Job,
@@ -51,11 +51,11 @@ from ..launcher import (
     wait_stoppable,
 )
 from ...telemetry.otlp import launch_span
-from ...runtime.options import RunOptions
-from ...report.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
-from ...report.sanitize import visible
+from ...runtime.run_options import RunOptions
+from ...reports.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
+from ...render.sanitize import visible
 from ...eventlog.rundir import LOCK_FILE, check_fields, read_json_file, write_json
-from ...report.save import write_report
+from ...render.save import write_report
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -658,7 +658,7 @@ def build_report(
     plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference.
     ``partial``: why the runs were cut short (said first among the notes)."""
     from ...eventlog.provenance import launch_meta, provenance
-    from ...report.svg import write_drift_plots
+    from ...render.svg import write_drift_plots
 
     random = plan["random"]
     binary = [BINARY_FACTORS[name] for name in plan["binary"]]

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import options
-from ..runtime.options import RunOptions
-from ._finish import Outcome
+from .. import options
+from ...runtime.run_options import RunOptions
+from .._finish import Outcome
 
 
 def add_parser(sub: Any) -> None:
@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run to the end, stop after ``--at`` with a checkpoint, resume, compare."""
-    from .check.compare import check_resume
+    from .comparison import check_resume
 
     report, out = check_resume(
         Path(args.script),

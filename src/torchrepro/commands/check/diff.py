@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import options
-from ._finish import Outcome
+from .. import options
+from .._finish import Outcome
 
 
 def add_parser(sub: Any) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Where the two runs diverge, and why."""
-    from ..analysis.divergence import Tolerance
-    from .check.compare import diff
+    from ...analysis.divergence import Tolerance
+    from .comparison import diff
 
     return Outcome(diff(Path(args.run_a), Path(args.run_b), Tolerance(args.rtol, args.atol)))

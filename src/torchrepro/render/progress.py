@@ -1,7 +1,7 @@
 """Progress of a command's long phases, one facility for all: ``check``'s runs and replays, the fix
 ladder's and ``doctor --fixes``' fix runs, ``drift``'s runs. Each phase says which run it is, the
 step it reached (of how many, when known: read from the run's event log as it is written,
-:class:`~torchrepro.report.live.FollowedRun`) and how long it has run.
+:class:`~torchrepro.render.live_text.FollowedRun`) and how long it has run.
 
 On a terminal (the command's console is one), a live line at the bottom of stderr, redrawn each
 second, the command's own lines printing above it; otherwise (a log, CI), one line every
@@ -30,7 +30,7 @@ from .sanitize import visible
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .live import FollowedRun
+    from .live_text import FollowedRun
 
 LOG_EVERY_S = 30.0  # not a terminal: a progress line this often (TORCHREPRO_PROGRESS_S sets another)
 PERIOD_VAR = "TORCHREPRO_PROGRESS_S"
@@ -113,7 +113,7 @@ class Progress:
         ``total``), or what ``note`` says, and the time since it began."""
         run = None
         if run_dir is not None:
-            from .live import FollowedRun
+            from .live_text import FollowedRun
 
             run = FollowedRun(run_dir)
         entry = _Phase(label, time.monotonic(), total, run, note)

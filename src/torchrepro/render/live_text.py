@@ -4,7 +4,7 @@
 :class:`FollowedRun` joins the two halves below it: :class:`~torchrepro.eventlog.tail.RunFollower`
 reads what is new in the run directory, :class:`~torchrepro.analysis.live.LiveRun` takes the
 events in, and :meth:`FollowedRun.snapshot` is the view's data (``watch --once --json`` prints it).
-Every text of a snapshot passes through :func:`~torchrepro.report.sanitize.visible_tree` before it
+Every text of a snapshot passes through :func:`~torchrepro.render.sanitize.visible_tree` before it
 is drawn: a file name or graph-break reason from the user's script cannot control the terminal, and
 a newline in it shows as ``\\n`` (the status line stays one line).
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..analysis.live import LiveRun, is_finished, snapshot
 from ..eventlog.tail import RunFollower
-from .model import LiveSnapshot, WatchSnapshot
+from ..reports.model import LiveSnapshot, WatchSnapshot
 from .sanitize import visible_tree
 
 if TYPE_CHECKING:  # rich is imported where a view is drawn: doctor imports this module in every run

@@ -4,7 +4,7 @@ breaks: Dynamo settings and dynamic dimensions) re-run the script with, without 
 
 Each fix changes how the script computes, on purpose; it is only ever applied to those commands'
 own runs, never to the runs being compared. The names and the line a user would write live in
-:mod:`torchrepro.analysis.fixes` and :mod:`torchrepro.analysis.compile_fixes`. Its patches are
+:mod:`torchrepro.analysis.fix_ranking` and :mod:`torchrepro.analysis.compile_fixes`. Its patches are
 undone when capture stops (:func:`torchrepro._compat.undo_patches`).
 """
 

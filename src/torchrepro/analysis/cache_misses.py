@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence, TypedDict
 
 from ..eventlog.events import CacheLookup, EventLog
-from ..report.model import Finding
+from ..reports.model import Finding
 
 _NAME = re.compile(r"^([\w.]+(?:\[[^\]]*\])?):\s?(.*)$", re.DOTALL)
 _FIELD = re.compile(r"(\w+)=")

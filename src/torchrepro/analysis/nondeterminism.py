@@ -1,7 +1,7 @@
 """Why two runs diverged: the cause of the first divergence decided from evidence, its hint, and
 the report's ``determinism`` section. Pure: event logs, recorded replays and the parameter
 difference curve in, a decision out; nothing here imports torch, launches a process or reads a
-file (:mod:`torchrepro.commands.check.compare` runs the scripts and replays, reads the snapshots and calls in).
+file (:mod:`torchrepro.commands.check.comparison` runs the scripts and replays, reads the snapshots and calls in).
 
 The evidence is weighed in the order a step happens: the initial parameters, the batch, the RNG
 state the step ran with, the runs' environments, the graphs they compiled; what the step-level
@@ -32,8 +32,8 @@ from .divergence import (
     sketch_error,
     steps_compared,
 )
-from ..report.model import CurvePoint, Finding, FirstDivergence, JsonObject, LocalisationKey
-from .fixes import fix_hint
+from ..reports.model import CurvePoint, Finding, FirstDivergence, JsonObject, LocalisationKey
+from .fix_ranking import fix_hint
 from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
 

@@ -1,6 +1,6 @@
 """The terminal view of `torchrepro env` (:func:`torchrepro.capture.environment.collect`'s data): versions,
 determinism switches, compile caches, risky variables. Values (paths, variables) pass through
-:func:`~torchrepro.report.sanitize.visible_tree` and are shown as plain text (no rich markup from
+:func:`~torchrepro.render.sanitize.visible_tree` and are shown as plain text (no rich markup from
 paths or values). Nothing here imports torch."""
 
 from __future__ import annotations

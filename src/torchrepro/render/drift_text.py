@@ -1,6 +1,6 @@
 """The terminal view of a drift report: the verdict, effects of binary factors, variance shares,
 what could not be separated, excluded runs. Every text passes through
-:func:`~torchrepro.report.sanitize.visible_tree` and is shown without markup."""
+:func:`~torchrepro.render.sanitize.visible_tree` and is shown without markup."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ..analysis.drift import fmt_number
 from ..analysis.sequential import plan_sentence
-from .model import DriftReport, Sequential
+from ..reports.model import DriftReport, Sequential
 from .sanitize import visible_tree
 
 

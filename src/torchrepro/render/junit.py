@@ -5,7 +5,7 @@ from __future__ import annotations
 from xml.etree import ElementTree as ET
 
 from .sanitize import visible
-from .model import DoctorReport
+from ..reports.model import DoctorReport
 
 
 def junit_xml(report: DoctorReport) -> bytes:

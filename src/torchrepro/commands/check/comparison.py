@@ -1,7 +1,7 @@
 """`torchrepro check` and `torchrepro diff`: run a script several times (or eager against
 compiled), compare step by step, decide the cause of the first divergence, and localise it by
 replaying the divergent step with op-level capture. This module launches the runs and replays and
-reads them; the decisions are pure (:mod:`torchrepro.analysis.determinism`)."""
+reads them; the decisions are pure (:mod:`torchrepro.analysis.nondeterminism`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any, TypedDict, TypeVar
 
 from rich.console import Console
 
-from ...analysis.cache import key_findings
-from ...analysis.determinism import (
+from ...analysis.cache_misses import key_findings
+from ...analysis.nondeterminism import (
     FIXABLE,
     Decision,
     cause_from_decomposition,
@@ -36,18 +36,18 @@ from ...analysis.determinism import (
     uses_inductor,
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
-from ...report.model import Finding, JsonObject
-from ...analysis.fixes import FixRow, cost_text, recommend
+from ...reports.model import Finding, JsonObject
+from ...analysis.fix_ranking import FixRow, cost_text, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
 from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
-from ...runtime.options import PROBE_REPEATS, RunOptions
+from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
-from ...report.model import CheckReport, CheckRun, CurvePoint, Determinism
+from ...reports.model import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
-from ...report.save import write_report
+from ...render.save import write_report
 from .disk import planned_runs, require_disk
 from .runs import Checker, RunSpec, plan_runs
 
@@ -128,7 +128,7 @@ def _curve(run_a: Run, run_b: Run) -> list[CurvePoint]:
 
 
 def _compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None, bool, list[str]]:
-    """:func:`~torchrepro.analysis.determinism.compare` of two runs, their final parameters held to
+    """:func:`~torchrepro.analysis.nondeterminism.compare` of two runs, their final parameters held to
     ``tol`` on their last common snapshot when both have snapshots."""
     a, b = _snaps(run_a), _snaps(run_b)
     return compare(

@@ -5,7 +5,7 @@ attach to an issue.
 The page is rendered from the report dict exactly as ``report.json`` holds it: Jinja2 templates
 with autoescape, and charts drawn here as hand-written SVG from the report's own series. Every
 string from the user's run (script names, guard texts, exception messages), in a template or a
-chart, first passes through :func:`~torchrepro.report.sanitize.visible` (control and
+chart, first passes through :func:`~torchrepro.render.sanitize.visible` (control and
 bidirectional-override characters show as escapes such as ``\\x1b``), then is escaped. Nothing is
 recomputed: what a chart needs, the analysis put into the report.
 """
@@ -23,7 +23,7 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
-from .model import (
+from ..reports.model import (
     FIX_COLUMNS,
     CurvePoint,
     DriftSection,
@@ -418,7 +418,7 @@ def loss_diff_chart(rows: Sequence[StepRow]) -> Markup:
 
 
 def drift_plots(drift: JsonObject) -> list[Markup]:
-    """The drift report's strip plots (:func:`torchrepro.report.svg.drift_plots`, which escapes
+    """The drift report's strip plots (:func:`torchrepro.render.svg.drift_plots`, which escapes
     every text it draws), inline, from the page's ``drift`` section (read back typed)."""
     from .svg import drift_plots as plots
 
@@ -440,7 +440,7 @@ def fmt_percent(share: float | None) -> str:
 
 def _environment() -> Environment:
     env = Environment(
-        loader=PackageLoader("torchrepro.report", "templates"),
+        loader=PackageLoader("torchrepro.render", "templates"),
         autoescape=True,
         undefined=ChainableUndefined,
         finalize=_finalize,

@@ -9,14 +9,14 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from ..eventlog.rundir import write_text
-from .model import DriftRunResult, DriftSection, JsonObject, Summary
+from ..reports.model import DriftRunResult, DriftSection, JsonObject, Summary
 from .sanitize import visible
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
 
 
 def _text(value: object) -> str:
-    """Visible (:func:`~torchrepro.report.sanitize.visible`: no control or bidirectional-override
+    """Visible (:func:`~torchrepro.render.sanitize.visible`: no control or bidirectional-override
     character, nothing XML 1.0 forbids), escaped XML text."""
     return escape(visible(value))
 

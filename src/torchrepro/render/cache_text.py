@@ -1,6 +1,6 @@
 """The terminal views of `torchrepro cache status` and `cache explain-miss`. File names, writers and
 key components come from the cache directory and the user's code: every string passes through
-:func:`~torchrepro.report.sanitize.visible` and is printed as plain text."""
+:func:`~torchrepro.render.sanitize.visible` and is printed as plain text."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.cache import MissExplanation
-from .model import CacheStatus, Finding
+from ..analysis.cache_misses import MissExplanation
+from ..reports.model import CacheStatus, Finding
 from .sanitize import visible_tree
 from .terminal import render_findings
 
@@ -74,7 +74,7 @@ def render_status(report: CacheStatus, console: Console | None = None) -> None:
 
 
 def render_explain(result: MissExplanation, console: Console | None = None) -> None:
-    """Why run B could not reuse run A's compile-cache entries (:func:`torchrepro.analysis.cache.explain_misses`):
+    """Why run B could not reuse run A's compile-cache entries (:func:`torchrepro.analysis.cache_misses.explain_misses`):
     the key component behind each miss, with its fix."""
     console = console or Console()
     result = visible_tree(result)  # key components quote the user's code

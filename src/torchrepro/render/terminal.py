@@ -1,5 +1,5 @@
 """A one-screen rich summary of a report. Every string of the report passes through
-:func:`~torchrepro.report.sanitize.visible_tree` first and is printed without markup: text from the
+:func:`~torchrepro.render.sanitize.visible_tree` first and is printed without markup: text from the
 user's script (exception messages, guards, file names) cannot style or control the terminal, and a
 newline in it shows as ``\\n``, so each finding stays on its line."""
 
@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .model import Finding
+from ..reports.model import Finding
 from .sanitize import visible_tree
 from ..analysis.rank_groups import ranks_label
-from .model import (
+from ..reports.model import (
     FIX_COLUMNS,
     CheckReport,
     CompareReport,

@@ -1,0 +1,1 @@
+"""The typed reports: what analysis builds and the renderers read."""
