@@ -100,6 +100,36 @@ def prep_wikitext2_mini(work: Path) -> None:
     (work / "data" / "wikitext-2.txt").write_text("".join(lines))
 
 
+def prep_names(work: Path) -> None:
+    """names.txt (makemore's default input, one name a line): 300 random words of 3 to 8 letters."""
+    rng = random.Random(0)
+    (work / "names.txt").write_text(
+        "".join("".join(rng.choices("abcdefghijklmno", k=rng.randint(3, 8))) + "\n" for _ in range(300))
+    )
+
+
+# multigpu_torchrun.py pins CUDA and NCCL, which no argument changes: the smallest patch that runs it on
+# the CPU with gloo (ddp_tutorial/UPSTREAM.md), applied to the work directory's copy, never to realworld/
+DDP_ON_CPU = (
+    ('    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))\n', ""),
+    ('backend="nccl"', 'backend="gloo"'),
+    (".to(self.gpu_id)", '.to("cpu")'),
+    ('loc = f"cuda:{self.gpu_id}"', 'loc = "cpu"'),
+    ("DDP(self.model, device_ids=[self.gpu_id])", "DDP(self.model)"),
+)
+
+
+def prep_ddp_on_cpu(work: Path) -> None:
+    """multigpu_torchrun.py with DDP_ON_CPU's replacements, each of which must match."""
+    script = work / "multigpu_torchrun.py"
+    text = script.read_text()
+    for old, new in DDP_ON_CPU:
+        if old not in text:
+            raise ValueError(f"multigpu_torchrun.py no longer holds {old!r}: DDP_ON_CPU needs updating")
+        text = text.replace(old, new)
+    script.write_text(text)
+
+
 def prep_nothing(work: Path) -> None:
     """The script makes its own data."""
 
@@ -118,8 +148,9 @@ class Script:
     # files the script saves (checkpoints): their tensors are compared too, bit for bit, because a
     # printed loss rounded to 2-5 digits hides a difference in the last bits
     saves: tuple[str, ...] = ()
-    # realworld/stubs on PYTHONPATH: a matplotlib that draws nothing (only for the script that plots:
-    # others' libraries, torchmetrics under Lightning, would take it for the real one and fail)
+    # realworld/stubs on PYTHONPATH: a matplotlib that draws nothing, a tensorboard that writes nothing (only
+    # for the scripts that need them: others' libraries, torchmetrics under Lightning, would take them for
+    # the real ones and fail)
     stubs: bool = False
     nproc: int = 1  # > 1: plain runs under torchrun (standalone rendezvous), torchrepro with --nproc
 
@@ -265,6 +296,28 @@ SCRIPTS = [
         saves=("out/ckpt.pt",),
     ),
     Script(
+        "makemore",
+        "makemore",
+        "makemore.py",
+        (
+            "--input-file=names.txt",
+            "--max-steps=501",
+            "--num-workers=0",
+            "--n-layer=1",
+            "--n-head=2",
+            "--n-embd=16",
+            "--n-embd2=16",
+            "--batch-size=8",
+        ),
+        r"step (\d+) \| loss (\S+) \||step (\d+) train loss: (\S+) test loss: (\S+)",
+        "eager Transformer, seeded, infinite DataLoader (RandomSampler with replacement), AdamW, sampling "
+        "(multinomial) every 200 steps, evaluation under inference_mode and a checkpoint at step 500",
+        prep_names,
+        saves=("out/model.pt",),
+        stubs=True,  # no tensorboard here: torch.utils.tensorboard.SummaryWriter over a stand-in
+        env={"OMP_NUM_THREADS": "1"},  # tiny ops: a second thread on a loaded machine only waits
+    ),
+    Script(
         "fabric-language_model",
         "fabric_language_model",
         "train.py",
@@ -275,6 +328,20 @@ SCRIPTS = [
         prep_wikitext2_mini,
         # what `fabric run --accelerator cpu --strategy ddp --devices 2 train.py` sets for its processes
         env={"LT_CLI_USED": "1", "LT_ACCELERATOR": "cpu", "LT_STRATEGY": "ddp", "LT_DEVICES": "2"},
+        nproc=2,
+    ),
+    Script(
+        "ddp_tutorial",
+        "ddp_tutorial",
+        "multigpu_torchrun.py",
+        ("2", "1", "--batch_size=256"),
+        r"Epoch (\d+) \| Training snapshot saved",
+        "torch.distributed: 2 processes (torchrun), DDP on gloo (patched from NCCL/CUDA), DistributedSampler, "
+        "unseeded torch.rand data and init (runs differ by design), snapshot.pt saved each epoch and resumed "
+        "from when present",
+        prep_ddp_on_cpu,
+        # its snapshot, compared bit for bit and removed after each plain run: the next run starts afresh
+        saves=("snapshot.pt",),
         nproc=2,
     ),
 ]

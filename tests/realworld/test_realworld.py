@@ -9,8 +9,10 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,52 @@ def test_ground_truth_wrapper_counts_each_rank_under_torchrun(tmp_path: Path) ->
     total, ranks = corpus.dynamo_truth(tmp_path, 2)
     assert [ranks[r]["recompiles"] for r in ("0", "1")] == [0, 1]
     assert total == {"compiles": 3, "recompiles": 1, "graph_breaks": 0, "unique_graphs": 3}
+
+
+def _torchrepro(r: corpus.Runner, label: str, *argv: str, env: dict[str, str] | None = None) -> tuple[str, dict]:
+    """`torchrepro ARGV --out LABEL SCRIPT -- SCRIPT_ARGS` in the entry's work directory: its stderr and
+    report.json."""
+    r.env.update(env or {})
+    outcome, report = r.torchrepro(label, *argv)
+    assert report, outcome.tail()
+    return outcome.stderr, report
+
+
+@pytest.mark.realworld
+def test_makemore_against_eager_compares_nothing_and_says_so_with_progress(tmp_path: Path) -> None:
+    """makemore has no torch.compile switch and runs eager (Dynamo's counters: nothing compiled), so
+    `check --against eager` has nothing to compare and says NOTHING COMPARED, never BIT-EXACT; while
+    its runs go on, a progress line every second goes to the log."""
+    full = next(s for s in corpus.SCRIPTS if s.name == "makemore")
+    short = tuple(a for a in full.args if not a.startswith("--max-steps")) + ("--max-steps=21",)
+    r = corpus.Runner(replace(full, args=short), tmp_path, timeout=900)
+    r.prepare()
+    r.plain("plain-counted", str(RW / "dynamo_counters.py"), "counters-{rank}.json", full.entry, *short)
+    truth, _ = corpus.dynamo_truth(r.work, 1)
+    assert truth["compiles"] == 0
+    stderr, report = _torchrepro(
+        r, "against-eager", "check", "--against", "eager", "--no-fixes", env={"TORCHREPRO_PROGRESS_S": "1"}
+    )
+    assert report["verdict"].startswith("NOTHING COMPARED"), report["verdict"]
+    assert [report["compile"][k] for k in corpus.COUNTS] == [truth[k] for k in corpus.COUNTS]
+    assert re.search(r"^· \S+: step \d+", stderr, re.M), stderr[-3000:]
+
+
+@pytest.mark.realworld
+def test_ddp_tutorial_resuming_from_its_snapshot_is_checked_run_against_run(tmp_path: Path) -> None:
+    """The DDP tutorial on 2 gloo ranks saves snapshot.pt and resumes from it when it is there. Seeded
+    (--seed 0), each run in its own fresh copy of the directory: BIT-EXACT over every step of both ranks,
+    the user's directory left without the file. In place (TORCHREPRO_WORKDIR=shared) the second run
+    resumes from the first's snapshot: the cause named is the shared file, never data order or seeding."""
+    ddp = next(s for s in corpus.SCRIPTS if s.name == "ddp_tutorial")
+    r = corpus.Runner(ddp, tmp_path, timeout=900)
+    r.prepare()
+    _, report = _torchrepro(r, "copied", "check", "--seed", "0", "--no-fixes")
+    assert report["verdict"].startswith("BIT-EXACT"), report["verdict"]
+    assert report["determinism"]["steps_compared"] == 2 * 4  # epochs × steps an epoch (each on both ranks)
+    assert not (r.work / "snapshot.pt").exists()
+
+    _, report = _torchrepro(r, "shared", "check", "--seed", "0", "--no-fixes", env={"TORCHREPRO_WORKDIR": "shared"})
+    fd = report["determinism"]["first_divergence"]
+    assert fd["cause"] == "shared_files", (report["verdict"], fd)
+    assert {"path": "snapshot.pt", "written_by": "run-1", "read_by": "run-2"} in fd["evidence"]["files"]
