@@ -168,8 +168,9 @@ def _torchrepro(r: corpus.Runner, label: str, *argv: str, env: dict[str, str] | 
 @pytest.mark.realworld
 def test_makemore_against_eager_compares_nothing_and_says_so_with_progress(tmp_path: Path) -> None:
     """makemore has no torch.compile switch and runs eager (Dynamo's counters: nothing compiled), so
-    `check --against eager` has nothing to compare and says NOTHING COMPARED, never BIT-EXACT; while
-    its runs go on, a progress line every second goes to the log."""
+    `check --against eager` has nothing to compare and says NOTHING COMPARED, never BIT-EXACT (its two
+    runs, the same seeded eager run twice, agree on every step); while they go on, a progress line every
+    second goes to the log."""
     full = next(s for s in corpus.SCRIPTS if s.name == "makemore")
     short = tuple(a for a in full.args if not a.startswith("--max-steps")) + ("--max-steps=21",)
     r = corpus.Runner(replace(full, args=short), tmp_path, timeout=900)
@@ -180,9 +181,9 @@ def test_makemore_against_eager_compares_nothing_and_says_so_with_progress(tmp_p
     stderr, report = _torchrepro(
         r, "against-eager", "check", "--against", "eager", "--no-fixes", env={"TORCHREPRO_PROGRESS_S": "1"}
     )
-    assert report["verdict"].startswith("NOTHING COMPARED"), report["verdict"]
-    assert [report["compile"][k] for k in corpus.COUNTS] == [truth[k] for k in corpus.COUNTS]
-    assert re.search(r"^· \S+: step \d+", stderr, re.M), stderr[-3000:]
+    assert report["verdict"].startswith("NOTHING COMPARED: nothing was compiled"), report["verdict"]
+    assert "the two runs agree over 21 step(s)" in report["verdict"]  # seeded: the same run twice
+    assert re.search(r"^· eager: step \d+, \d+ s", stderr, re.M), stderr[-3000:]
 
 
 @pytest.mark.realworld
