@@ -242,7 +242,7 @@ def test_every_module_has_a_layer_from_its_folder():
     assert set(layers.values()) == set(LAYERS)
     assert layers["torchrepro.commands.check.fix_ladder"] == "commands"
     assert layers["torchrepro.runtime.follow"] == "runtime" and layers["torchrepro.seed"] == "library"
-    assert layers["torchrepro.cli"] == "cli" and layers["torchrepro.reports.model"] == "reports"
+    assert layers["torchrepro.cli"] == "cli" and layers["torchrepro.reports.loader"] == "reports"
     assert upward_imports({"torchrepro.eventlog.tail": {"torchrepro.analysis.live"}}) != []  # the rule can fail
 
 

@@ -11,7 +11,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TypedDict
 
-from ..reports.model import CacheStatus, CategoryRow, Finding, Permissions, UnreachableGroup, sort_findings
+from ..reports.cache_status import CacheStatus, CategoryRow, Permissions, UnreachableGroup
+from ..reports.findings import Finding, sort_findings
 from ..errors import InputError, UserError
 from .layout import CATEGORIES, Entry, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 

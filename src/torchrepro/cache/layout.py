@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import InputError
-from ..reports.model import Build
+from ..reports.cache_status import Build
 
 CATEGORIES = {
     "fxgraph": "FX-graph entries",

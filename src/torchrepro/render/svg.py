@@ -9,7 +9,8 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from ..eventlog.rundir import write_text
-from ..reports.model import DriftRunResult, DriftSection, JsonObject, Summary
+from ..eventlog.payloads import JsonObject
+from ..reports.drift_report import DriftRunResult, DriftSection, Summary
 from .sanitize import visible
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58

@@ -36,7 +36,8 @@ from ...analysis.nondeterminism import (
     uses_inductor,
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
-from ...reports.model import Finding, JsonObject
+from ...eventlog.payloads import JsonObject
+from ...reports.findings import Finding
 from ...analysis.fix_ranking import FixRow, cost_text, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
@@ -45,7 +46,7 @@ from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
 from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
-from ...reports.model import CheckReport, CheckRun, CurvePoint, Determinism
+from ...reports.check_report import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...render.save import write_report
 from .disk import planned_runs, require_disk

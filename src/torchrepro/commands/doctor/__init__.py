@@ -14,7 +14,7 @@ from .._finish import Outcome
 from ...analysis.compile_fixes import COMPILE_FIXES
 
 if TYPE_CHECKING:
-    from ...reports.model import DoctorReport
+    from ...reports.doctor_report import DoctorReport
 
 
 def _fix_names(value: str) -> list[str]:

@@ -37,7 +37,7 @@ from ...errors import Stopped
 from ...eventlog.events import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
 from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
-from ...reports.model import DoctorReport, TriedFix
+from ...reports.doctor_report import DoctorReport, TriedFix
 from ...runtime.run_options import RunOptions
 from ..launcher import child_env, launch, sharing_cores_env, stop_phase, stop_received
 from ..workdir import fresh_workdir

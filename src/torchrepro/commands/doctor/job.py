@@ -19,7 +19,8 @@ from ..launcher import ChildResult, child_env, launch, validate_script
 from ...runtime.run_options import RunOptions
 from ...eventlog.provenance import launch_meta
 from ...eventlog.jsoncheck import schema_problem
-from ...reports.model import DoctorReport, schema_of
+from ...reports.doctor_report import DoctorReport
+from ...reports.schema import schema_of
 from ...eventlog.rundir import (
     RUN_FILE,
     claim_run_dir,

@@ -52,7 +52,7 @@ from ..launcher import (
 )
 from ...telemetry.otlp import launch_span
 from ...runtime.run_options import RunOptions
-from ...reports.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
+from ...reports.drift_report import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
 from ...render.sanitize import visible
 from ...eventlog.rundir import LOCK_FILE, check_fields, read_json_file, write_json
 from ...render.save import write_report
