@@ -4,8 +4,8 @@ folder (docs/architecture.md); nothing here lists modules by hand:
 
     base      torchrepro/__init__, errors, _lazy      what every layer may use
     eventlog  eventlog/                                the contract: events, run directories, traces
-    library   the other root modules                   seed, rng, determinism, digests, checkpoint,
-                                                       _dist, _state, _compat
+    library   the other root modules, host/            seed, rng, determinism, digests, checkpoint,
+                                                       _dist, _state, _compat; files on this machine
     reports   reports/                                 the typed reports analysis builds
     analysis  analysis/                                events in, findings out
     render    render/                                  renderers: read a report, compute nothing
@@ -50,6 +50,7 @@ LAYERS = (
 BASE = ("torchrepro", "torchrepro.errors", "torchrepro._lazy")
 FOLDERS = {  # a folder's layer
     "eventlog": "eventlog",
+    "host": "library",
     "analysis": "analysis",
     "reports": "reports",
     "render": "render",

@@ -89,7 +89,7 @@ def _unreachable(entries: list[Entry]) -> list[UnreachableGroup]:
 
 def _writable_dirs(root: Path) -> list[str]:
     """Directories below ``root`` that other users may write to (they could add entries)."""
-    from ..capture.environment import writers
+    from ..host.files import writers
 
     found = []
     for current, dirs, _ in os.walk(root):  # never follows links
@@ -101,7 +101,7 @@ def _writable_dirs(root: Path) -> list[str]:
 
 
 def _permissions(root: Path, entries: list[Entry]) -> Permissions:
-    from ..capture.environment import cache_risks, owner_name
+    from ..host.files import cache_risks, owner_name
 
     st = root.stat()
     posix = hasattr(os, "geteuid")
