@@ -135,10 +135,10 @@ def _levels(
     return metric, seeds, tuple(sorted(seeds.items())), settings
 
 
-def write_drift_plots(out: Path, drift: DriftSection) -> list[str]:
-    """Write :func:`drift_plots` into ``out``; returns the file names."""
+def write_drift_plots(run_dir: Path, drift: DriftSection) -> list[str]:
+    """Write :func:`drift_plots` into ``run_dir``; returns the file names."""
     for file, svg in (plots := drift_plots(drift)):
-        write_text(out / file, svg)
+        write_text(run_dir / file, svg)
     return [file for file, _ in plots]
 
 

@@ -234,7 +234,7 @@ def check(
     runs: int = 2,
     options: RunOptions = RunOptions(),
     against: str | None = None,
-    out: Path | None = None,
+    run_dir: Path | None = None,
     tolerance: Tolerance | None = None,
     localize_divergence: bool = True,
     console: Console | None = None,
@@ -259,14 +259,14 @@ def check(
     if runs < 2 and against is None:
         raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
     snapshots = against is not None or not tol.exact
-    out = out or default_run_dir(script, label="check")
-    require_disk(out, planned_runs(runs, against, fixes), snapshots, disk_budget)
-    out = create_run_dir(out)
+    run_dir = run_dir or default_run_dir(script, label="check")
+    require_disk(run_dir, planned_runs(runs, against, fixes), snapshots, disk_budget)
+    run_dir = create_run_dir(run_dir)
     seed = options.seed
     checker = Checker(
         script,
         args,
-        out,
+        run_dir,
         options=replace(options, probe_repeats=probe_repeats),
         snapshots=snapshots,
         console=console,
@@ -335,15 +335,15 @@ def check(
     report = _report(
         det,
         hint_key(cause, against, run_b.logs, evidence) if cause else None,
-        {s.label: str(out / s.label) for s in specs}
-        | ({"decomposition": str(out / list(done)[-1])} if decomposition else {}),
+        {s.label: str(run_dir / s.label) for s in specs}
+        | ({"decomposition": str(run_dir / list(done)[-1])} if decomposition else {}),
         checker.timings,
         {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
         [f for pair in same_config for f in cache_key_findings(*pair)],
         (run_a, run_b),
     )
-    write_report(out, report)
-    return report, out
+    write_report(run_dir, report)
+    return report, run_dir
 
 
 def workdir_notes(checker: Checker, crossings_named: bool) -> list[str]:
@@ -537,14 +537,14 @@ def _check_resumed_ending(checker: Checker, full: Run, resumed: Run) -> None:
         )
 
 
-def _remove_created(out: Path, existed: bool) -> None:
-    """Remove what a check that ends in a usage error created: ``out`` itself, or (a directory the
+def _remove_created(run_dir: Path, existed: bool) -> None:
+    """Remove what a check that ends in a usage error created: ``run_dir`` itself, or (a directory the
     user made, empty before) what is in it."""
-    release_run_dir(out)
+    release_run_dir(run_dir)
     if not existed:
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
         return
-    for item in out.iterdir():
+    for item in run_dir.iterdir():
         if item.is_dir() and not item.is_symlink():
             shutil.rmtree(item, ignore_errors=True)
         else:
@@ -557,7 +557,7 @@ def check_resume(
     *,
     at: int,
     options: RunOptions = RunOptions(),
-    out: Path | None = None,
+    run_dir: Path | None = None,
     nproc: int = 1,
     timeout: float | None = None,
     console: Console | None = None,
@@ -571,21 +571,21 @@ def check_resume(
     script = validate_script(script)
     if at < 1:
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
-    existed = out is not None and out.exists()
-    out = create_run_dir(out or default_run_dir(script, label="resume"))
+    existed = run_dir is not None and run_dir.exists()
+    run_dir = create_run_dir(run_dir or default_run_dir(script, label="resume"))
     seed = options.seed
     checker = Checker(
-        script, args, out, options=options, snapshots=False, console=console, nproc=nproc, timeout=timeout
+        script, args, run_dir, options=options, snapshots=False, console=console, nproc=nproc, timeout=timeout
     )
     full, _ = checker.run(RunSpec("full", None, "to the end"))
     steps = min((len(log.of(Step)) for log in full.logs), default=0)
     if at >= steps and checker.endings["full"].ok:
-        _remove_created(out, existed)
+        _remove_created(run_dir, existed)
         raise InputError(
             f"--at {at}: the run has {steps} step(s), so nothing would run after the checkpoint; "
             f"choose --at below {steps} (nothing was kept)"
         )
-    saved = out / "checkpoint"
+    saved = run_dir / "checkpoint"
     stopped, _ = checker.run(
         RunSpec("stopped", None, f"stopping after step {at}"),
         env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved.resolve())},
@@ -627,9 +627,9 @@ def check_resume(
         det,
         None,
         {
-            "full": str(out / "full"),
-            "stopped": str(out / "stopped"),
-            "resumed": str(out / "resumed"),
+            "full": str(run_dir / "full"),
+            "stopped": str(run_dir / "stopped"),
+            "resumed": str(run_dir / "resumed"),
             "checkpoint": str(saved),
         },
         checker.timings,
@@ -643,5 +643,5 @@ def check_resume(
         )
     elif div is not None:
         report.findings[0].hint = evidence["hint"]
-    write_report(out, report)
-    return report, out
+    write_report(run_dir, report)
+    return report, run_dir
