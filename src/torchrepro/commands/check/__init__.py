@@ -66,14 +66,14 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> Outcome:
     """Run the script K times (or against a reference), compare and explain."""
     from ...analysis.divergence import Tolerance
-    from .comparison import check
+    from .comparison import CheckRequest, check
 
     if args.runs is not None and args.against:
         raise UserError(
             "--runs counts runs of the script as written: with --against there are always two "
             "(the reference and the compiled run)"
         )
-    report, run_dir = check(
+    request = CheckRequest(
         Path(args.script),
         args.args,
         runs=args.runs or 2,
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> Outcome:
         probe_repeats=args.probe_repeats,
         disk_budget=args.disk_budget,
     )
+    report, run_dir = check(request)
     return Outcome(report, run_dir)
 
 

@@ -6,7 +6,7 @@ reads them; the decisions are pure (:mod:`torchrepro.analysis.nondeterminism`)."
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, TypeVar
@@ -227,60 +227,69 @@ def _explain(
     return cause, evidence, decomposition
 
 
-def check(
-    script: Path,
-    args: list[str],
-    *,
-    runs: int = 2,
-    options: RunOptions = RunOptions(),
-    against: str | None = None,
-    run_dir: Path | None = None,
-    tolerance: Tolerance | None = None,
-    localize_divergence: bool = True,
-    console: Console | None = None,
-    nproc: int = 1,
-    timeout: float | None = None,
-    fixes: bool | None = None,
-    only_fixes: list[str] | None = None,
-    probe_repeats: int = PROBE_REPEATS,
-    disk_budget: int | None = None,
-) -> tuple[CheckReport, Path]:
-    """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
-    divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
-    False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from.
-    Refused before any run when the disk cannot hold ``disk_budget`` bytes or the estimate (:mod:`.disk`).
-    Every run calls each compiled graph again ``probe_repeats`` times (0: never); a graph that
-    differs on identical inputs is a divergence even where the runs agree."""
+@dataclass(frozen=True)
+class CheckRequest:
+    """What ``torchrepro check`` is asked to do, typed once (by the CLI or any other caller):
+    run ``script`` with ``args`` ``runs`` times (or once against the reference ``against``) in
+    ``run_dir`` (None: a new directory under ``torchrepro-runs/``), each run starting from
+    ``options`` on ``nproc`` ranks (``timeout``: seconds without progress before a run is ended),
+    and compare the runs within ``tolerance``. ``localize_divergence``: find where a divergence
+    starts (replays); ``fixes``: run the fix ladder after a divergence (None: for causes a fix can
+    address; True: always; False: never), limited to ``only_fixes`` when given;
+    ``probe_repeats``: how often each run calls each compiled graph again (0: never);
+    ``disk_budget``: the bytes the runs may need, in place of the estimate."""
+
+    script: Path
+    args: list[str]
+    runs: int = 2
+    options: RunOptions = RunOptions()
+    against: str | None = None
+    run_dir: Path | None = None
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    localize_divergence: bool = True
+    nproc: int = 1
+    timeout: float | None = None
+    fixes: bool | None = None
+    only_fixes: list[str] | None = None
+    probe_repeats: int = PROBE_REPEATS
+    disk_budget: int | None = None
+
+
+def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckReport, Path]:
+    """Run, compare, explain as ``request`` says; returns the report (also written to
+    ``RUN_DIR/report.json``) and the run directory. Refused before any run when the disk cannot
+    hold the runs (:mod:`.disk`). A graph that differs on identical inputs is a divergence even
+    where the runs agree."""
     from .fix_ladder import backend_stages, run_fix_ladder
 
     console = console or Console(stderr=True)
-    tol = tolerance or Tolerance()
-    script = validate_script(script)
-    if runs < 2 and against is None:
+    tol = request.tolerance
+    script = validate_script(request.script)
+    if request.runs < 2 and request.against is None:
         raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
-    snapshots = against is not None or not tol.exact
-    run_dir = run_dir or default_run_dir(script, label="check")
-    require_disk(run_dir, planned_runs(runs, against, fixes), snapshots, disk_budget)
+    snapshots = request.against is not None or not tol.exact
+    run_dir = request.run_dir or default_run_dir(script, label="check")
+    require_disk(run_dir, planned_runs(request.runs, request.against, request.fixes), snapshots, request.disk_budget)
     run_dir = create_run_dir(run_dir)
-    seed = options.seed
+    seed = request.options.seed
     checker = Checker(
         script,
-        args,
+        request.args,
         run_dir,
-        options=replace(options, probe_repeats=probe_repeats),
+        options=replace(request.options, probe_repeats=request.probe_repeats),
         snapshots=snapshots,
         console=console,
-        nproc=nproc,
-        timeout=timeout,
+        nproc=request.nproc,
+        timeout=request.timeout,
     )
-    specs = plan_runs(runs, against)
+    specs = plan_runs(request.runs, request.against)
     done = {spec.label: (spec, run) for spec, (run, _) in zip(specs, checker.run_all(specs))}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
     probes = graph_probes({label: run.logs for label, (_, run) in done.items()})
-    probed = probe_divergence(probes) if against is None else None
+    probed = probe_divergence(probes) if request.against is None else None
     only_probed = div is None and probed is not None  # the runs agree; a graph repeated in one did not
     shared = checker.shared_cores_note([run for _, run in done.values()]) if div is None and not only_probed else None
     notes += [shared] if shared else []
@@ -297,14 +306,14 @@ def check(
         within = False
     elif div is not None:
         cause, evidence, decomposition = _explain(
-            checker, done, pair, div, against, localize_divergence, probed[2] if probed else None
+            checker, done, pair, div, request.against, request.localize_divergence, probed[2] if probed else None
         )
         if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
             notes.append(evidence["localisation_note"])
-        if fixes is not False and against is None and (fixes or cause in FIXABLE):
-            ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
+        if request.fixes is not False and request.against is None and (request.fixes or cause in FIXABLE):
+            ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], request.only_fixes)
     stages = None
-    if decomposition is not None and against == "eager" and fixes is not False:
+    if decomposition is not None and request.against == "eager" and request.fixes is not False:
         stages = backend_stages(checker, done)
     det = determinism_section(
         div,
@@ -321,7 +330,7 @@ def check(
         unreadable_exit=3,
         pair=(spec_a.label, spec_b.label),
     )
-    nothing_compiled(det, against, run_b.logs)
+    nothing_compiled(det, request.against, run_b.logs)
     if decomposition is not None:
         det["decomposition"] = decomposition
     if ladder:
@@ -330,15 +339,22 @@ def check(
         det["backend_stages"] = stages
     if probes:
         det["graph_probes"] = probes
-    det["against"] = against
+    det["against"] = request.against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
     report = _report(
         det,
-        hint_key(cause, against, run_b.logs, evidence) if cause else None,
+        hint_key(cause, request.against, run_b.logs, evidence) if cause else None,
         {s.label: str(run_dir / s.label) for s in specs}
         | ({"decomposition": str(run_dir / list(done)[-1])} if decomposition else {}),
         checker.timings,
-        {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
+        {
+            **launch_meta(script),
+            "script": str(script),
+            "args": request.args,
+            "seed": seed,
+            "runs": request.runs,
+            "against": request.against,
+        },
         [f for pair in same_config for f in cache_key_findings(*pair)],
         (run_a, run_b),
     )
