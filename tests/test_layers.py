@@ -225,6 +225,32 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     ]
 
 
+def shared_basenames(paths: Iterable[Path]) -> dict[str, list[str]]:
+    """Each file name (``__init__.py`` aside) that more than one of ``paths`` has, with where."""
+    where: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name != "__init__.py":
+            where.setdefault(path.name, []).append(str(path))
+    return {name: sorted(places) for name, places in where.items() if len(places) > 1}
+
+
+def folder_of(name: str) -> str:
+    """A module's node in the graph between folders: its top folder (``commands/check/`` is
+    ``commands/``), or for a root module its layer (``base``, ``library``, ``cli``)."""
+    parts = name.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS):
+        return parts[1] + "/"
+    return layer_of(name)
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which folders import which (an import within a folder is no edge)."""
+    folders: dict[str, set[str]] = {folder_of(name): set() for name in graph}
+    for a, imported in graph.items():
+        folders[folder_of(a)] |= {folder_of(b) for b in imported} - {folder_of(a)}
+    return folders
+
+
 # --- the tests ---------------------------------------------------------------------------------
 
 GRAPH, RAW, PATHS = load_graph()
@@ -258,6 +284,32 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
 
 def test_no_import_cycle():
     assert cycles(GRAPH) == []
+
+
+def test_no_two_source_files_share_a_name():
+    assert shared_basenames(PATHS.values()) == {}
+    assert shared_basenames([Path("a/cache.py"), Path("b/cache.py"), Path("a/__init__.py"), Path("b/__init__.py")]) == {
+        "cache.py": ["a/cache.py", "b/cache.py"]
+    }  # the rule can fail
+
+
+def test_no_import_cycle_between_folders():
+    folders = folder_graph(GRAPH)
+    assert {"base", "library", "cli", "reports/", "render/", "cache/", "capture/", "host/"} <= set(folders)
+    assert cycles(folders) == []
+    assert cycles(
+        folder_graph(
+            {
+                "torchrepro.cache.layout": {"torchrepro.capture.ops"},
+                "torchrepro.capture.ops": {"torchrepro.cache.lock"},
+                "torchrepro.cache.lock": set(),
+            }
+        )
+    ) == [["cache/", "capture/"]]  # the rule can fail
+
+
+def test_the_cache_library_imports_nothing_of_capture():
+    assert "capture/" not in folder_graph(GRAPH)["cache/"]
 
 
 def test_analysis_and_report_reach_no_torch_capture_or_launcher_and_capture_reaches_no_analysis():
