@@ -17,7 +17,10 @@ folder (docs/architecture.md); nothing here lists modules by hand:
 
 - a module imports only modules of its own layer or of a lower one (data flows one way: command ->
   launcher -> run directory -> event log -> analysis -> reports -> render);
-- no import cycle between modules;
+- no import cycle between modules, nor between folders (each top folder a node; the root modules
+  grouped by their layer: base, library, cli);
+- no two source files share a name (``__init__.py`` aside);
+- ``cache/`` imports nothing of ``capture/`` (what both need is in ``host/``);
 - ``analysis/``, ``reports/`` and ``render/`` reach neither torch, ``capture/``, ``_compat``, ``runtime/`` nor
   ``commands/``, not even through another module (they read event logs on a machine without torch);
 - ``capture/`` and ``eventlog/`` reach none of ``analysis/``, ``reports/``, ``render/``: the event log holds
