@@ -29,21 +29,21 @@ def size_of(path: Path, pattern: str = "**/*") -> int:
     return sum(p.stat().st_size for p in path.glob(pattern) if p.is_file())
 
 
-def measure(out: Path, copy: int) -> list[str]:
-    """Lines saying what ``out`` (a check's directory) holds, for parameters of ``copy`` bytes."""
-    total = size_of(out)
+def measure(run_dir: Path, copy: int) -> list[str]:
+    """Lines saying what ``run_dir`` (a check's directory) holds, for parameters of ``copy`` bytes."""
+    total = size_of(run_dir)
     lines = [f"run directory {total / 1e6:.1f} MB = {total / copy:.2f} parameter copies"]
-    for run in sorted(p.name for p in out.iterdir() if list(p.glob("rank-*/snapshots"))):
-        snaps = out / run / "rank-0" / "snapshots"
+    for run in sorted(p.name for p in run_dir.iterdir() if list(p.glob("rank-*/snapshots"))):
+        snaps = run_dir / run / "rank-0" / "snapshots"
         full, sketches = size_of(snaps, "step-*.npz"), size_of(snaps, "sketch-*.npz")
         steps = len(list(snaps.glob("sketch-*.npz"))) or len(list(snaps.glob("step-*.npz"))) or 1
-        whole = size_of(out / run)
+        whole = size_of(run_dir / run)
         lines.append(
             f"  {run:>16}: {whole / 1e6:8.1f} MB ({whole / copy:.2f} copies); full copies {full / 1e6:.1f} MB, "
             f"sketches {sketches / steps / 1e3:.0f} kB/step; all but the full copies {(whole - full) / steps / 1e6:.3f} "
             f"MB/step over {steps} snapshot steps"
         )
-    rest = total - size_of(out, "*/rank-*/**/*")
+    rest = total - size_of(run_dir, "*/rank-*/**/*")
     lines.append(f"  {'outside runs':>16}: {rest / 1e6:8.1f} MB (run.json, report, replays)")
     return lines
 
@@ -65,8 +65,8 @@ def main() -> None:
     copy = 4 * int(params)  # float32
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(opts.keep) if opts.keep else Path(tmp)
-        out = work / "check"
-        cmd = [sys.executable, "-m", "torchrepro", "check", "--against", "eager", "--out", str(out), *extra]
+        run_dir = work / "check"
+        cmd = [sys.executable, "-m", "torchrepro", "check", "--against", "eager", "--out", str(run_dir), *extra]
         cmd += [str(SCRIPT), str(opts.steps), opts.size]
         print("$ torchrepro", " ".join(cmd[3:]), flush=True)
         t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def main() -> None:
             sys.exit(f"check exited {proc.returncode}: {proc.stderr[-2000:]}")
         print(f"GPT {opts.size}: {int(params):,} parameters, one float32 copy {copy / 1e6:.1f} MB; {opts.steps} steps")
         print(f"check: exit {proc.returncode} in {time.perf_counter() - t0:.0f} s")
-        print("\n".join(measure(out, copy)))
+        print("\n".join(measure(run_dir, copy)))
 
 
 if __name__ == "__main__":

@@ -30,11 +30,22 @@ def main() -> None:
     named = 0
     try:
         for i in range(runs):
-            out = Path(tempfile.mkdtemp(prefix="check-loc-")) / "check"
+            run_dir = Path(tempfile.mkdtemp(prefix="check-loc-")) / "check"
             t0 = time.perf_counter()
-            argv = [sys.executable, "-m", "torchrepro", "check", "--no-fixes", "--out", str(out), script, "--", *args]
+            argv = [
+                sys.executable,
+                "-m",
+                "torchrepro",
+                "check",
+                "--no-fixes",
+                "--out",
+                str(run_dir),
+                script,
+                "--",
+                *args,
+            ]
             proc = subprocess.run(argv, capture_output=True, text=True)
-            report = out / "report.json"
+            report = run_dir / "report.json"
             fd = json.loads(report.read_text())["determinism"]["first_divergence"] if report.exists() else None
             fd = fd or {}
             ok = all(fd.get(k) for k in ("compile_id", "graph")) and bool(fd.get("kernel") or fd.get("node"))
@@ -44,7 +55,7 @@ def main() -> None:
                 f"check {i + 1}: exit {proc.returncode}, step {fd.get('step')}, compile id {fd.get('compile_id')}, "
                 f"graph {fd.get('graph')}, kernel {fd.get('kernel')}, node {fd.get('node')}, named by "
                 f"{evidence.get('named_by')} (replay pairs {evidence.get('replay_pairs')}) "
-                f"[{'named' if ok else 'NOT named'}; {time.perf_counter() - t0:.0f} s; {out}]",
+                f"[{'named' if ok else 'NOT named'}; {time.perf_counter() - t0:.0f} s; {run_dir}]",
                 flush=True,
             )
     finally:

@@ -27,21 +27,21 @@ def _spin() -> None:
 
 def _check(script: str, args: list[str], probe: bool, i: int) -> tuple[bool, str, float]:
     """One check: (it said DIVERGED, what named it, wall seconds)."""
-    out = Path(tempfile.mkdtemp(prefix=f"probe-sens-{i}-")) / "check"
-    argv = [sys.executable, "-m", "torchrepro", "check", "--no-fixes", "--no-localize", "--out", str(out)]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"probe-sens-{i}-")) / "check"
+    argv = [sys.executable, "-m", "torchrepro", "check", "--no-fixes", "--no-localize", "--out", str(run_dir)]
     argv += [] if probe else ["--probe-repeats", "0"]
     env = {**os.environ, "TORCHREPRO_CHECK_SIDE_BY_SIDE": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run([*argv, script, "--", *args], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
-    report = out / "report.json"
+    report = run_dir / "report.json"
     det = json.loads(report.read_text())["determinism"] if report.exists() else {}
     fd = det.get("first_divergence") or {}
     how = (
         f"exit {proc.returncode}, {det.get('verdict')}, {fd.get('what')}, named by "
         f"{(fd.get('evidence') or {}).get('named_by')}, graph {fd.get('compile_id')} {fd.get('graph')}"
     )
-    shutil.rmtree(out.parent, ignore_errors=True)
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
     return det.get("verdict") == "diverged", how, wall
 
 

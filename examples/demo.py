@@ -27,21 +27,21 @@ def banner(text: str) -> None:
 
 def doctor(name: str, *script_args: str) -> dict:
     """``torchrepro doctor`` on train_digits.py into torchrepro-runs/<name>; returns report.json."""
-    out = RUNS / name
-    if out.exists():
-        shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "torchrepro", "doctor", "--out", str(out), str(SCRIPT), "--", *script_args]
+    run_dir = RUNS / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cmd = [sys.executable, "-m", "torchrepro", "doctor", "--out", str(run_dir), str(SCRIPT), "--", *script_args]
     shown = SCRIPT.relative_to(Path.cwd()) if SCRIPT.is_relative_to(Path.cwd()) else SCRIPT
-    print(" ".join(["$ torchrepro doctor --out", str(out), str(shown), *(["--", *script_args] if script_args else [])]),
+    print(" ".join(["$ torchrepro doctor --out", str(run_dir), str(shown), *(["--", *script_args] if script_args else [])]),
           flush=True)
     start = time.perf_counter()
     code = subprocess.call(cmd)
     print(f"({time.perf_counter() - start:.1f} s)", flush=True)
     if code != 0:
         print(f"demo: torchrepro doctor exited {code} ({EXIT_MEANING.get(code, 'unexpected')}); "
-              f"see {out}/rank-0/stderr.log", file=sys.stderr)
+              f"see {run_dir}/rank-0/stderr.log", file=sys.stderr)
         sys.exit(code)
-    return json.loads((out / "report.json").read_text())
+    return json.loads((run_dir / "report.json").read_text())
 
 
 def main() -> int:

@@ -97,10 +97,10 @@ class Context:
         return self.run([sys.executable, str(SCRIPTS / name), *args], env=env)
 
 
-def _why(proc: subprocess.CompletedProcess[str], out: Path | None = None) -> str:
+def _why(proc: subprocess.CompletedProcess[str], run_dir: Path | None = None) -> str:
     """The most telling line of a command that ended unexpectedly: the last error a run under
-    ``out`` recorded from the script (``run.json``'s ``stderr_tail``), else the command's last line."""
-    for meta in sorted(out.rglob("run.json")) if out is not None and out.is_dir() else []:
+    ``run_dir`` recorded from the script (``run.json``'s ``stderr_tail``), else the command's last line."""
+    for meta in sorted(run_dir.rglob("run.json")) if run_dir is not None and run_dir.is_dir() else []:
         try:
             tail = json.loads(meta.read_text()).get("stderr_tail") or []
         except (OSError, ValueError):
@@ -112,9 +112,11 @@ def _why(proc: subprocess.CompletedProcess[str], out: Path | None = None) -> str
     return lines[-1].strip() if lines else "(no output)"
 
 
-def _expect(proc: subprocess.CompletedProcess[str], codes: tuple[int, ...], what: str, out: Path | None = None) -> None:
+def _expect(
+    proc: subprocess.CompletedProcess[str], codes: tuple[int, ...], what: str, run_dir: Path | None = None
+) -> None:
     if proc.returncode not in codes:
-        raise CheckFailed(f"{what} exited {proc.returncode}: {_why(proc, out)}")
+        raise CheckFailed(f"{what} exited {proc.returncode}: {_why(proc, run_dir)}")
 
 
 def _report(run_dir: Path) -> dict:
@@ -139,12 +141,12 @@ def check_rng_resume(ctx: Context) -> str:
     env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     verdicts = {}
     for label, extra in (("restored", []), ("forgotten", ["--forget-rng"])):
-        out = ctx.work / f"resume-{label}"
+        run_dir = ctx.work / f"resume-{label}"
         proc = ctx.torchrepro(
-            "check-resume", "--at", "3", "--out", str(out), str(SCRIPTS / "rng_resume.py"), "--", *extra, env=env
+            "check-resume", "--at", "3", "--out", str(run_dir), str(SCRIPTS / "rng_resume.py"), "--", *extra, env=env
         )
-        _expect(proc, (0, 1), f"check-resume ({label} RNG)", out)
-        verdicts[label] = _report(out)["determinism"]
+        _expect(proc, (0, 1), f"check-resume ({label} RNG)", run_dir)
+        verdicts[label] = _report(run_dir)["determinism"]
     kept, forgot = verdicts["restored"], verdicts["forgotten"]
     if kept["verdict"] != "bit_exact":
         raise CheckFailed(f"resume with the CUDA RNG restored is {kept['verdict']}, not bit_exact")
@@ -160,11 +162,11 @@ def check_rng_resume(ctx: Context) -> str:
 def check_atomic_race(ctx: Context) -> str:
     """`torchrepro check` of an inductor-compiled index_add_ with many collisions: DIVERGED, cause
     nondeterministic_op, localised to the compiled graph and the accumulating op."""
-    out = ctx.work / "atomic-race"
-    proc = ctx.torchrepro("check", "--no-fixes", "--out", str(out), str(SCRIPTS / "atomic_race.py"))
-    if not (out / "report.json").is_file():
-        _expect(proc, (), "check", out)
-    det = _report(out)["determinism"]
+    run_dir = ctx.work / "atomic-race"
+    proc = ctx.torchrepro("check", "--no-fixes", "--out", str(run_dir), str(SCRIPTS / "atomic_race.py"))
+    if not (run_dir / "report.json").is_file():
+        _expect(proc, (), "check", run_dir)
+    det = _report(run_dir)["determinism"]
     fd = det.get("first_divergence") or {}
     (ctx.work / "atomic-race.first_divergence.json").write_text(json.dumps(fd, indent=1))
     if det["verdict"] != "diverged" or fd.get("cause") != "nondeterministic_op":
@@ -234,12 +236,12 @@ def check_cublas_audit(ctx: Context) -> str:
 def check_cudagraph_recompiles(ctx: Context) -> str:
     """doctor on a mode="reduce-overhead" loop whose batch size changes: its compiles, recompiles,
     graph breaks and unique graphs equal Dynamo's own counters in the same process."""
-    out = ctx.work / "reduce-overhead"
+    run_dir = ctx.work / "reduce-overhead"
     counts = ctx.work / "reduce-overhead.dynamo.json"
-    proc = ctx.torchrepro("doctor", "--out", str(out), str(SCRIPTS / "cudagraph_recompiles.py"), "--", str(counts))
-    _expect(proc, (0, 1), "doctor", out)
+    proc = ctx.torchrepro("doctor", "--out", str(run_dir), str(SCRIPTS / "cudagraph_recompiles.py"), "--", str(counts))
+    _expect(proc, (0, 1), "doctor", run_dir)
     dynamo = _json_file(counts, "cudagraph_recompiles.py")
-    compile_ = _report(out)["compile"]
+    compile_ = _report(run_dir)["compile"]
     ours = {k: compile_.get(k) for k in dynamo}
     if ours != dynamo:
         raise CheckFailed(f"doctor {ours} != Dynamo {dynamo}")
@@ -291,12 +293,12 @@ def check_sync_free(ctx: Context) -> str:
     steps = "200"
     plain = ctx.script("sync_free_loop.py", str(ctx.work / "sync-plain.json"), steps)
     _expect(plain, (0,), "the loop without torchrepro")
-    out = ctx.work / "sync-doctor"
+    run_dir = ctx.work / "sync-doctor"
     timed = ctx.work / "sync-doctor.json"
-    proc = ctx.torchrepro("doctor", "--out", str(out), str(SCRIPTS / "sync_free_loop.py"), "--", str(timed), steps)
-    _expect(proc, (0, 1), "doctor over the loop (a sync under capture raises)", out)
+    proc = ctx.torchrepro("doctor", "--out", str(run_dir), str(SCRIPTS / "sync_free_loop.py"), "--", str(timed), steps)
+    _expect(proc, (0, 1), "doctor over the loop (a sync under capture raises)", run_dir)
     a, b = _json_file(ctx.work / "sync-plain.json", "the plain loop"), _json_file(timed, "the loop under doctor")
-    report = _report(out)
+    report = _report(run_dir)
     recorded = report["steps"]["steps"]
     if recorded != b["steps"]:
         raise CheckFailed(f"doctor recorded {recorded} step(s) of {b['steps']}")

@@ -78,7 +78,8 @@ def schema_problems(path: Path) -> list[str]:
     validates, or when ``path`` holds no torchrepro report)."""
     import json
 
-    from torchrepro.reports.model import report_kind, schema_path
+    from torchrepro.reports.loader import report_kind
+    from torchrepro.reports.schema import schema_path
 
     try:
         if not path.is_file() or path.stat().st_size > _LARGEST_REPORT:
@@ -99,7 +100,7 @@ def schema_problems(path: Path) -> list[str]:
 @pytest.fixture(autouse=True)
 def reports_match_their_schema(request):
     """After a test, every torchrepro report under its ``tmp_path`` (``report.json``, ``--json``
-    files) validates against the published JSON Schema of its kind (``torchrepro/schemas``)."""
+    files) validates against the published JSON Schema of its kind (``torchrepro/reports/schemas``)."""
     root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
     if root is None or not root.is_dir():

@@ -253,7 +253,7 @@ def report_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
     from rich.console import Console
 
     from torchrepro.render.html import write_html
-    from torchrepro.reports.model import load_report
+    from torchrepro.reports.loader import load_report
     from torchrepro.render.terminal import render_check
 
     from synthetic_runs import write_run

@@ -3,6 +3,7 @@ evidence, localisation of the first divergent module and op, and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -199,6 +200,20 @@ def test_check_bad_input(tmp_path, args):
     proc = torchrepro(*args, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("torchrepro: error:")
+
+
+def test_a_check_request_is_refused_before_anything_runs_or_is_created(tmp_path):
+    from torchrepro.commands.check.comparison import CheckRequest, check
+    from torchrepro.errors import InputError
+
+    script = tmp_path / "x.py"
+    script.write_text("print(1)\n")
+    request = CheckRequest(script, [], runs=1, run_dir=tmp_path / "check")
+    with pytest.raises(InputError, match="--runs must be at least 2"):
+        check(request)
+    assert not (tmp_path / "check").exists()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.runs = 2  # type: ignore[misc]
 
 
 def test_diff_hints_only_at_what_diff_and_run_have(tmp_path):

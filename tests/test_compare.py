@@ -30,7 +30,7 @@ from torchrepro.analysis.verdict import Ending
 from torchrepro.cli import main
 from torchrepro.eventlog.events import End, EventLog, Header, Params, Step
 from torchrepro.render.html import render_html
-from torchrepro.reports.model import load_report
+from torchrepro.reports.loader import load_report
 from torchrepro.render.terminal import render_compare
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "equivalence.py"
@@ -220,7 +220,7 @@ def test_the_report_reads_back_renders_and_keeps_its_schema(tmp_path):
     section = judge(cfg("a-1", a1), cfg("a-2", a2), cfg("b", config(tmp_path, "b", scaled(LOSSES, [0, 0, 1, 0, 0]))))
     report = compare_report(section, {"a-1": "x"}, {"a-1": 1.0}, {"script": "train.py"})
     data = json.loads(json.dumps(report.to_json()))
-    again = load_report(data)  # checks the document against schemas/compare.schema.json
+    again = load_report(data)  # checks the document against reports/schemas/compare.schema.json
     assert again.exit_code == 1 and again.verdict_line.startswith("DIFFERENT at step 2")
     page = render_html(again)
     assert "First divergence of each rank" in page and "DIFFERENT at step 2" in page

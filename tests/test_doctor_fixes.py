@@ -17,7 +17,7 @@ import pytest
 
 from torchrepro.analysis.compile_fixes import COMPILE_FIXES, plan_fixes, slower
 from torchrepro.render.html import render_html
-from torchrepro.reports.model import load_report
+from torchrepro.reports.loader import load_report
 from torchrepro.telemetry.otel import compile_fix_attributes
 
 REPO = Path(__file__).resolve().parents[1]

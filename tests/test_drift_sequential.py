@@ -163,7 +163,7 @@ def test_an_until_clear_report_is_typed_matches_its_schema_and_exits_by_the_sequ
     from torchrepro.commands.drift.experiment import MetricSpec, build_report, cells_of, make_plan
     from torchrepro.eventlog.rundir import REPORT_FILE
     from torchrepro.render.drift_text import render_drift
-    from torchrepro.reports.model import load_report
+    from torchrepro.reports.loader import load_report
 
     script = tmp_path / "train.py"
     script.write_text("print('acc=1.0')\n")

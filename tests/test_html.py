@@ -17,7 +17,8 @@ from torchrepro.cli import main
 from torchrepro.commands.doctor.job import analyse_run_dir
 from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, write_all
 from torchrepro.render.html import fmt_num, fmt_value, line_chart, render_html, write_html
-from torchrepro.reports.model import Verdict, load_report
+from torchrepro.reports.findings import Verdict
+from torchrepro.reports.loader import load_report
 from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE, RUN_FILE, write_json
 
 MARKUP = "<img src=x onerror=alert(1)> & \"quoted\" 'single' \x1b[31mred\x1b[0m"

@@ -4,8 +4,8 @@ folder (docs/architecture.md); nothing here lists modules by hand:
 
     base      torchrepro/__init__, errors, _lazy      what every layer may use
     eventlog  eventlog/                                the contract: events, run directories, traces
-    library   the other root modules                   seed, rng, determinism, digests, checkpoint,
-                                                       _dist, _state, _compat
+    library   the other root modules, host/            seed, rng, determinism, digests, checkpoint,
+                                                       _dist, _state, _compat; files on this machine
     reports   reports/                                 the typed reports analysis builds
     analysis  analysis/                                events in, findings out
     render    render/                                  renderers: read a report, compute nothing
@@ -17,7 +17,10 @@ folder (docs/architecture.md); nothing here lists modules by hand:
 
 - a module imports only modules of its own layer or of a lower one (data flows one way: command ->
   launcher -> run directory -> event log -> analysis -> reports -> render);
-- no import cycle between modules;
+- no import cycle between modules, nor between folders (each top folder a node; the root modules
+  grouped by their layer: base, library, cli);
+- no two source files share a name (``__init__.py`` aside);
+- ``cache/`` imports nothing of ``capture/`` (what both need is in ``host/``);
 - ``analysis/``, ``reports/`` and ``render/`` reach neither torch, ``capture/``, ``_compat``, ``runtime/`` nor
   ``commands/``, not even through another module (they read event logs on a machine without torch);
 - ``capture/`` and ``eventlog/`` reach none of ``analysis/``, ``reports/``, ``render/``: the event log holds
@@ -50,6 +53,7 @@ LAYERS = (
 BASE = ("torchrepro", "torchrepro.errors", "torchrepro._lazy")
 FOLDERS = {  # a folder's layer
     "eventlog": "eventlog",
+    "host": "library",
     "analysis": "analysis",
     "reports": "reports",
     "render": "render",
@@ -224,6 +228,32 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     ]
 
 
+def shared_basenames(paths: Iterable[Path]) -> dict[str, list[str]]:
+    """Each file name (``__init__.py`` aside) that more than one of ``paths`` has, with where."""
+    where: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name != "__init__.py":
+            where.setdefault(path.name, []).append(str(path))
+    return {name: sorted(places) for name, places in where.items() if len(places) > 1}
+
+
+def folder_of(name: str) -> str:
+    """A module's node in the graph between folders: its top folder (``commands/check/`` is
+    ``commands/``), or for a root module its layer (``base``, ``library``, ``cli``)."""
+    parts = name.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in FOLDERS):
+        return parts[1] + "/"
+    return layer_of(name)
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which folders import which (an import within a folder is no edge)."""
+    folders: dict[str, set[str]] = {folder_of(name): set() for name in graph}
+    for a, imported in graph.items():
+        folders[folder_of(a)] |= {folder_of(b) for b in imported} - {folder_of(a)}
+    return folders
+
+
 # --- the tests ---------------------------------------------------------------------------------
 
 GRAPH, RAW, PATHS = load_graph()
@@ -242,7 +272,7 @@ def test_every_module_has_a_layer_from_its_folder():
     assert set(layers.values()) == set(LAYERS)
     assert layers["torchrepro.commands.check.fix_ladder"] == "commands"
     assert layers["torchrepro.runtime.follow"] == "runtime" and layers["torchrepro.seed"] == "library"
-    assert layers["torchrepro.cli"] == "cli" and layers["torchrepro.reports.model"] == "reports"
+    assert layers["torchrepro.cli"] == "cli" and layers["torchrepro.reports.loader"] == "reports"
     assert upward_imports({"torchrepro.eventlog.tail": {"torchrepro.analysis.live"}}) != []  # the rule can fail
 
 
@@ -257,6 +287,32 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
 
 def test_no_import_cycle():
     assert cycles(GRAPH) == []
+
+
+def test_no_two_source_files_share_a_name():
+    assert shared_basenames(PATHS.values()) == {}
+    assert shared_basenames([Path("a/cache.py"), Path("b/cache.py"), Path("a/__init__.py"), Path("b/__init__.py")]) == {
+        "cache.py": ["a/cache.py", "b/cache.py"]
+    }  # the rule can fail
+
+
+def test_no_import_cycle_between_folders():
+    folders = folder_graph(GRAPH)
+    assert {"base", "library", "cli", "reports/", "render/", "cache/", "capture/", "host/"} <= set(folders)
+    assert cycles(folders) == []
+    assert cycles(
+        folder_graph(
+            {
+                "torchrepro.cache.layout": {"torchrepro.capture.ops"},
+                "torchrepro.capture.ops": {"torchrepro.cache.lock"},
+                "torchrepro.cache.lock": set(),
+            }
+        )
+    ) == [["cache/", "capture/"]]  # the rule can fail
+
+
+def test_the_cache_library_imports_nothing_of_capture():
+    assert "capture/" not in folder_graph(GRAPH)["cache/"]
 
 
 def test_analysis_and_report_reach_no_torch_capture_or_launcher_and_capture_reaches_no_analysis():

@@ -1,5 +1,6 @@
-"""What the built wheel ships: the PEP 561 marker that lets type checkers read torchrepro's annotations;
-and a wheel built where no C compiler works: the step codec in Python, every command still working."""
+"""What the built wheel ships: the PEP 561 marker that lets type checkers read torchrepro's annotations
+and the JSON Schemas the package reads at run time; and a wheel built where no C compiler works: the
+step codec in Python, every command still working."""
 
 import json
 import os
@@ -49,6 +50,9 @@ def test_wheel_ships_py_typed(tmp_path):
     names = zipfile.ZipFile(build_wheel(tmp_path)).namelist()
     assert "torchrepro/py.typed" in names
     assert "torchrepro/analysis/verdict.py" in names  # the marker covers the sub-packages below it
+    kinds = ("doctor", "check", "compare", "drift")
+    assert {f"torchrepro/reports/schemas/{kind}.schema.json" for kind in kinds} <= set(names)  # load_report reads them
+    assert "torchrepro/eventlog/schemas/run.schema.json" in names  # load_run checks run.json against it
 
 
 STEPS = """\

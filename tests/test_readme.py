@@ -10,7 +10,7 @@ from pathlib import Path
 
 from torchrepro.cli import COMMANDS
 from torchrepro.errors import InputError, Stopped, UserError, stop_exit_code
-from torchrepro.reports.model import Verdict, comparison_exit_code
+from torchrepro.reports.findings import Verdict, comparison_exit_code
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Typed reports (torchrepro.reports.model): real doctor, check and diff reports read back equal to what
+"""Typed reports (torchrepro.reports): real doctor, check and diff reports read back equal to what
 was written, exit codes derived from the report agree with the command's, reports written with the
 shared schema of before still load, and a broken report is refused (by the loader and the schema)."""
 
@@ -17,17 +17,12 @@ from torchrepro.commands.check.comparison import diff
 from torchrepro.cli import main
 from torchrepro.errors import InputError
 from torchrepro.render.html import render_html
-from torchrepro.reports.model import (
-    LEGACY_SCHEMA,
-    SCHEMAS,
-    CheckReport,
-    DoctorReport,
-    DriftReport,
-    Verdict,
-    comparison_exit_code,
-    load_report,
-    schema_path,
-)
+from torchrepro.reports.check_report import CheckReport
+from torchrepro.reports.doctor_report import DoctorReport
+from torchrepro.reports.drift_report import DriftReport
+from torchrepro.reports.findings import Verdict, comparison_exit_code
+from torchrepro.reports.loader import load_report
+from torchrepro.reports.schema import LEGACY_SCHEMA, SCHEMAS, schema_path
 from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence, TypedDict
 
 from ..eventlog.events import CacheLookup, EventLog
-from ..reports.model import Finding
+from ..reports.findings import Finding
 
 _NAME = re.compile(r"^([\w.]+(?:\[[^\]]*\])?):\s?(.*)$", re.DOTALL)
 _FIELD = re.compile(r"(\w+)=")

@@ -12,15 +12,15 @@ from collections.abc import Iterable
 
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak, Step
 from .categories import category_of, guard_text
-from ..reports.model import (
+from ..reports.doctor_report import (
     CacheCounts,
     CapabilityNote,
     CompileSection,
-    Finding,
     GraphBreakEvent,
     RankCompiles,
     RecompileEvent,
 )
+from ..reports.findings import Finding
 
 RECOMPILE_HINTS = {
     "shape": "Mark the varying dimension dynamic before the first call "

@@ -21,7 +21,7 @@ from typing import TypedDict
 from ..eventlog.events import Compile, EventLog, GraphBreak, Step
 from .compile import SIZE_GUARD, completed, distinct_breaks
 from .divergence import Tolerance, first_divergence
-from ..reports.model import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
+from ..reports.doctor_report import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
 
 # --only-fixes names, in the order they are tried
 COMPILE_FIXES = (

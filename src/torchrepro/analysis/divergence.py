@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError
 from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
 from ..eventlog.random_ops import is_random_op
-from ..reports.model import CurvePoint, JsonObject, ParamDifference
+from ..eventlog.payloads import JsonObject
+from ..reports.check_report import CurvePoint, ParamDifference
 
 if TYPE_CHECKING:
     import numpy as np  # only the snapshot comparisons need numpy (~60 ms to import): imported there

@@ -1,4 +1,4 @@
-"""The doctor report (:class:`~torchrepro.reports.model.DoctorReport`): compile health, steps, the run's
+"""The doctor report (:class:`~torchrepro.reports.doctor_report.DoctorReport`): compile health, steps, the run's
 outcome, and budgets — from events."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 from ..eventlog.events import Capability, Counters, End, EventLog, Header
 from ..eventlog.provenance import provenance
-from ..reports.model import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary, Verdict
+from ..reports.doctor_report import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary
+from ..reports.findings import Verdict
 from . import compile as compile_analysis
 from .cache_misses import rank_key_findings
-from ..reports.model import Finding, JsonObject, sort_findings
+from ..eventlog.payloads import JsonObject
+from ..reports.findings import Finding, sort_findings
 from .kept_steps import KeptSteps, kept_steps
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, stats
 
-from ..reports.model import (
+from ..eventlog.payloads import JsonObject
+from ..reports.drift_report import (
     DriftAnalysis,
-    JsonObject,
     EffectRow,
     ExcludedRun,
     NotSeparable,

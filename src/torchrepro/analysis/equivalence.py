@@ -30,7 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..eventlog.events import EventLog, Params, Step
-from ..reports.model import CheckRun, CompareReport, Finding, JsonObject
+from ..eventlog.payloads import JsonObject
+from ..reports.check_report import CheckRun
+from ..reports.compare_report import CompareReport
+from ..reports.findings import Finding
 from .verdict import Ending
 
 if TYPE_CHECKING:
@@ -743,5 +746,5 @@ def findings(section: JsonObject) -> list[Finding]:
 def compare_report(
     section: JsonObject, run_dirs: dict[str, str], timings: dict[str, float], meta: JsonObject
 ) -> CompareReport:
-    """The :class:`~torchrepro.reports.model.CompareReport` of a judged comparison."""
+    """The :class:`~torchrepro.reports.compare_report.CompareReport` of a judged comparison."""
     return CompareReport(CheckRun(run_dirs, timings, meta), section, findings(section), verdict_line(section))

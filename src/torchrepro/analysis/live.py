@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, End, Event, EventLog, GraphBreak, Header, Step
 from . import compile as compile_analysis
-from ..reports.model import JsonObject, LiveRank, LiveSnapshot
+from ..eventlog.payloads import JsonObject
+from ..reports.live_snapshot import LiveRank, LiveSnapshot
 
 STEP_WINDOW = 20  # steps/s over the last this many steps
 LAG_STEPS = 2  # a rank lags when it is this many steps (and 5 % of the leader's) behind the leader

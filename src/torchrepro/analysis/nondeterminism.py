@@ -32,7 +32,9 @@ from .divergence import (
     sketch_error,
     steps_compared,
 )
-from ..reports.model import CurvePoint, Finding, FirstDivergence, JsonObject, LocalisationKey
+from ..eventlog.payloads import JsonObject
+from ..reports.check_report import CurvePoint, FirstDivergence, LocalisationKey
+from ..reports.findings import Finding
 from .fix_ranking import fix_hint
 from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from ..eventlog.events import CacheLookup, Compile, EventLog, GraphBreak
-from ..reports.model import GraphBreakEvent, GraphBreakGroup, RankGroup, RankGroups, RecompileEvent, RecompileGroup
+from ..reports.doctor_report import (
+    GraphBreakEvent,
+    GraphBreakGroup,
+    RankGroup,
+    RankGroups,
+    RecompileEvent,
+    RecompileGroup,
+)
 from .categories import category_of, guard_text
 from .compile import display_function
 from .kept_steps import KeptSteps

@@ -15,7 +15,8 @@ from typing import Any, TypedDict
 from ..eventlog.events import CacheLookup, Compile, EventLog, InitParams, Params, World
 from .categories import guard_text
 from .compile import display_function
-from ..reports.model import Finding, JsonObject
+from ..eventlog.payloads import JsonObject
+from ..reports.findings import Finding
 from .kept_steps import KeptSteps
 from .rank_groups import rank_ranges, ranks_label
 

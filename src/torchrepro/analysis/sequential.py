@@ -47,7 +47,7 @@ from typing import Any, TypedDict
 import numpy as np
 from scipy import stats
 
-from ..reports.model import DriftAnalysis, FactorPlan, Look, Sequential, SequentialFactor
+from ..reports.drift_report import DriftAnalysis, FactorPlan, Look, Sequential, SequentialFactor
 from .drift import RESIDUAL, BinaryFactor, DriftRun, mean_squares, pairs_needed, variance_components
 
 ALPHA = 0.05

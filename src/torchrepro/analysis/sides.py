@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..eventlog.events import EventLog, Step
 from ..eventlog.provenance import provenance
-from ..reports.model import JsonObject, RunSide, StepRow
+from ..eventlog.payloads import JsonObject
+from ..reports.check_report import RunSide, StepRow
 from .kept_steps import MAX_POINTS
 
 

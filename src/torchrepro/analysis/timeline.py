@@ -10,7 +10,7 @@ from ..eventlog.events import CacheLookup, Compile, EventLog
 from .categories import guard_text
 from .compile import display_function
 from .kept_steps import KeptSteps
-from ..reports.model import RankGroup, StepSpread, TimelineCompile, TimelineRow
+from ..reports.doctor_report import RankGroup, StepSpread, TimelineCompile, TimelineRow
 
 
 def _cache_status(statuses: list[str]) -> str | None:

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from ..eventlog.events import Capability, EventLog, Step
-from ..reports.model import JsonObject, Verdict, comparison_exit_code
+from ..eventlog.payloads import JsonObject
+from ..reports.findings import Verdict, comparison_exit_code
 from .ranks import missing_rank_ranges, missing_text, world_size
 
 
 class EndingRecord(TypedDict):
-    """An :class:`Ending` as a report's ``endings`` list holds it (read back as :class:`~torchrepro.reports.model.RunEnding`)."""
+    """An :class:`Ending` as a report's ``endings`` list holds it (read back as :class:`~torchrepro.reports.check_report.RunEnding`)."""
 
     run: str
     ended_normally: bool

@@ -40,7 +40,7 @@ from ..eventlog.jsoncheck import loads, schema_problem
 from ..eventlog.output_guard import check, written
 from .lock import cache_lock
 from .signing import SIGNATURE, sign, signer, trusted_keys
-from ..reports.model import Build
+from ..reports.cache_status import Build
 from .layout import PACKED, cache_dir, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
 PACK_SCHEMA = "torchrepro.cache-pack/1"

@@ -11,7 +11,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TypedDict
 
-from ..reports.model import CacheStatus, CategoryRow, Finding, Permissions, UnreachableGroup, sort_findings
+from ..reports.cache_status import CacheStatus, CategoryRow, Permissions, UnreachableGroup
+from ..reports.findings import Finding, sort_findings
 from ..errors import InputError, UserError
 from .layout import CATEGORIES, Entry, current_build, existing_cache_dir, headers_dir, looks_like_cache, scan
 
@@ -88,7 +89,7 @@ def _unreachable(entries: list[Entry]) -> list[UnreachableGroup]:
 
 def _writable_dirs(root: Path) -> list[str]:
     """Directories below ``root`` that other users may write to (they could add entries)."""
-    from ..capture.environment import writers
+    from ..host.files import writers
 
     found = []
     for current, dirs, _ in os.walk(root):  # never follows links
@@ -100,7 +101,7 @@ def _writable_dirs(root: Path) -> list[str]:
 
 
 def _permissions(root: Path, entries: list[Entry]) -> Permissions:
-    from ..capture.environment import cache_risks, owner_name
+    from ..host.files import cache_risks, owner_name
 
     st = root.stat()
     posix = hasattr(os, "geteuid")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import InputError
-from ..reports.model import Build
+from ..reports.cache_status import Build
 
 CATEGORIES = {
     "fxgraph": "FX-graph entries",
@@ -71,7 +71,7 @@ def current_build() -> Build:
     """
     import torch
 
-    from ..capture.environment import dist_version
+    from ..host.files import dist_version
     from ..eventlog.events import NOT_AVAILABLE
 
     triton = dist_version("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
@@ -120,7 +120,7 @@ def cache_dir(path: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
         return Path(path).expanduser().absolute(), "argument"
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).expanduser().absolute(), "TORCHINDUCTOR_CACHE_DIR"
-    from ..capture.environment import inductor_default_dir
+    from ..host.files import inductor_default_dir
 
     default, source = inductor_default_dir()
     return Path(default).absolute(), source
@@ -129,7 +129,7 @@ def cache_dir(path: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
 def headers_dir() -> Path:
     """Where inductor keeps precompiled C++ headers: under torch's *default* cache directory,
     whatever ``TORCHINDUCTOR_CACHE_DIR`` says."""
-    from ..capture.environment import inductor_default_dir
+    from ..host.files import inductor_default_dir
 
     return Path(inductor_default_dir()[0]).absolute() / "precompiled_headers"
 
@@ -303,7 +303,7 @@ def walk(root: Path) -> list[tuple[Path, tuple[str, ...], os.stat_result]]:
 
 def scan(root: Path, build: Build | None = None) -> list[Entry]:
     """Every entry under ``root``, classified, with writer and reachability where readable."""
-    from ..capture.environment import foreign_owner, owner_name, writers
+    from ..host.files import foreign_owner, owner_name, writers
 
     build = build or current_build()
     entries = []

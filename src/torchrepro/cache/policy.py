@@ -113,7 +113,7 @@ def configure(policy: str = DEFAULT_POLICY, root: str | os.PathLike[str] | None 
 def _warn_if_others_can_write(directory: Path) -> None:
     if not hasattr(os, "geteuid"):
         return
-    from ..capture.environment import cache_risks
+    from ..host.files import cache_risks
 
     for risk in cache_risks(directory.resolve()):
         warnings.warn(f"torchrepro: {risk}", stacklevel=3)

@@ -13,7 +13,7 @@ from ..errors import UserError
 from ..telemetry.otlp import record_report
 
 if TYPE_CHECKING:  # imported once there is a report: a rank's `torchrepro run` hands back an int
-    from ..reports.model import Report
+    from ..reports.loader import Report
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,9 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
     """A command's exit code; for a report, after writing, recording and rendering it."""
     if isinstance(outcome, int):
         return outcome
-    from ..reports.model import CheckReport, CompareReport, DriftReport
+    from ..reports.check_report import CheckReport
+    from ..reports.compare_report import CompareReport
+    from ..reports.drift_report import DriftReport
 
     report, where = outcome.report, outcome.stored_in
     _write_outputs(report, args)
@@ -60,7 +62,7 @@ def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     existing file only with ``--force``, or a torchrepro page for ``--html``), and the report's
     verdict on the command's span."""
     from ..eventlog.rundir import json_text
-    from ..reports.model import DoctorReport
+    from ..reports.doctor_report import DoctorReport
     from .outputs import write_args
 
     if getattr(args, "junit", None) and not isinstance(report, DoctorReport):  # before any file is written

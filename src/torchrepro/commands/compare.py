@@ -72,15 +72,15 @@ def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tu
 def run(args: argparse.Namespace) -> Outcome:
     """Run A twice and B once, and judge B against A's band."""
     (script_a, args_a), (script_b, args_b) = split_sides(args.script, args.args)
-    report, out = compare(
+    report, run_dir = compare(
         (Path(script_a), args_a, args.nproc),
         (Path(script_b), args_b, args.nproc_b or args.nproc),
         options=RunOptions.from_args(args),
-        out=Path(args.out) if args.out else None,
+        run_dir=Path(args.out) if args.out else None,
         resume_b_at=args.resume_b_at,
         timeout=args.timeout,
     )
-    return Outcome(report, out)
+    return Outcome(report, run_dir)
 
 
 Side = tuple[Path, list[str], int]  # script, its arguments, ranks
@@ -91,7 +91,7 @@ def compare(
     b: Side,
     *,
     options: RunOptions = RunOptions(),
-    out: Path | None = None,
+    run_dir: Path | None = None,
     resume_b_at: int | None = None,
     timeout: float | None = None,
     console: Any = None,
@@ -112,11 +112,11 @@ def compare(
     from .check.runs import Checker, RunSpec
 
     console = console or Console(stderr=True)
-    out = create_run_dir(out or default_run_dir(script_a, label="compare"))
+    run_dir = create_run_dir(run_dir or default_run_dir(script_a, label="compare"))
 
     def checker(script: Path, script_args: list[str], nproc: int) -> Checker:
         return Checker(
-            script, script_args, out, options=options, snapshots=True, console=console, nproc=nproc, timeout=timeout
+            script, script_args, run_dir, options=options, snapshots=True, console=console, nproc=nproc, timeout=timeout
         )
 
     ref, other = checker(script_a, a[1], a[2]), checker(script_b, b[1], b[2])
@@ -124,9 +124,9 @@ def compare(
     (run_a1, _), (run_a2, _) = ref.run_all(specs)
     if resume_b_at is None:
         run_b, _ = other.run(RunSpec("b", None, f"B ({b[2]} rank(s))"))
-        b_dirs = {"b": str(out / "b")}
+        b_dirs = {"b": str(run_dir / "b")}
     else:
-        saved = out / "checkpoint-b"
+        saved = run_dir / "checkpoint-b"
         other.run(
             RunSpec("b-stopped", None, f"B, stopping after step {resume_b_at}"),
             env={ENV_STOP_AT: str(resume_b_at), ENV_SAVE_TO: str(saved)},
@@ -139,7 +139,7 @@ def compare(
         run_b, _ = other.run(
             RunSpec("b", None, f"B, resumed after step {resume_b_at}"), env={ENV_RESUME_FROM: str(saved)}
         )
-        b_dirs = {"b-stopped": str(out / "b-stopped"), "b": str(out / "b"), "checkpoint": str(saved)}
+        b_dirs = {"b-stopped": str(run_dir / "b-stopped"), "b": str(run_dir / "b"), "checkpoint": str(saved)}
     endings = {**ref.endings, **other.endings}
     section = judge(
         Config("a-1", run_a1.logs, endings["a-1"]),
@@ -153,8 +153,11 @@ def compare(
     }
     meta = {**launch_meta(script_a), "seed": options.seed}
     report = compare_report(
-        section, {"a-1": str(out / "a-1"), "a-2": str(out / "a-2"), **b_dirs}, {**ref.timings, **other.timings}, meta
+        section,
+        {"a-1": str(run_dir / "a-1"), "a-2": str(run_dir / "a-2"), **b_dirs},
+        {**ref.timings, **other.timings},
+        meta,
     )
     report.provenance = provenance({**run_a1.meta, **meta}, run_a1.logs[0].header if run_a1.logs else None)
-    write_report(out, report)
-    return report, out
+    write_report(run_dir, report)
+    return report, run_dir

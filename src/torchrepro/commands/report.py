@@ -50,7 +50,7 @@ def stored_report(directory: Path, args: argparse.Namespace) -> Outcome | None:
     ``--html``/``--json``: nothing is written into the stored directory); None for a doctor run (its
     ``run.json`` beside the report: analysed again from its events) or a directory with no report."""
     from ..eventlog.rundir import REPORT_FILE, RUN_FILE, read_json_file
-    from ..reports.model import load_report, report_kind
+    from ..reports.loader import load_report, report_kind
 
     if (directory / RUN_FILE).exists() or not (directory / REPORT_FILE).exists():
         return None

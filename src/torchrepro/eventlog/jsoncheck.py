@@ -1,7 +1,7 @@
 """JSON read from a file someone else wrote (a run directory, a stored report, a cache pack's
 manifest), checked against its schema and bounds before anything uses it.
 
-A schema is the subset of JSON Schema that the shipped ``torchrepro/schemas/*.schema.json`` use:
+A schema is the subset of JSON Schema that the shipped ``*.schema.json`` files (``torchrepro/reports/schemas/``, ``torchrepro/eventlog/schemas/``) use:
 ``type``, ``properties``, ``required``, ``items``, ``additionalProperties`` (a schema for the
 values of keys not in ``properties``), ``propertyNames`` (a ``pattern``), ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``, and
 the bounds ``minimum``, ``maximum``, ``maxItems``, ``maxLength``, ``maxProperties``. Whatever a

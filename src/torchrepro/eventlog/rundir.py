@@ -310,7 +310,7 @@ class Run:
         return [log.rank for log in self.logs]
 
 
-RUN_SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "run.schema.json").read_text())
+RUN_SCHEMA = json.loads((Path(__file__).resolve().parent / "schemas" / "run.schema.json").read_text())
 # run.json's fields and the JSON types each may hold (null too), from its schema; fields not named
 # there are kept as they are (bounded: :func:`~.jsoncheck.bounded`)
 RUN_FIELDS: dict[str, tuple[type, ...]] = {
@@ -332,7 +332,7 @@ def read_json_file(path: Path) -> Any:
 
 def read_run_json(path: Path) -> JsonObject:
     """``run.json``, its fields checked (:func:`check_fields`, :data:`RUN_FIELDS`) and then against
-    its schema and bounds (``schemas/run.schema.json``, :func:`~.jsoncheck.schema_problem`);
+    its schema and bounds (``eventlog/schemas/run.schema.json``, :func:`~.jsoncheck.schema_problem`);
     :class:`InputError` naming the field and what it should be, also for a file that is not a
     regular file (see :func:`read_json_file`)."""
     meta = read_json_file(path)

@@ -9,7 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.cache_misses import MissExplanation
-from ..reports.model import CacheStatus, Finding
+from ..reports.cache_status import CacheStatus
+from ..reports.findings import Finding
 from .sanitize import visible_tree
 from .terminal import render_findings
 

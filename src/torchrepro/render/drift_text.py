@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ..analysis.drift import fmt_number
 from ..analysis.sequential import plan_sentence
-from ..reports.model import DriftReport, Sequential
+from ..reports.drift_report import DriftReport, Sequential
 from .sanitize import visible_tree
 
 

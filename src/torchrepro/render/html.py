@@ -23,17 +23,12 @@ from markupsafe import Markup, escape
 from .. import __version__
 from ..errors import InputError
 from ..eventlog.rundir import write_text
-from ..reports.model import (
-    FIX_COLUMNS,
-    CurvePoint,
-    DriftSection,
-    JsonObject,
-    Report,
-    StepRow,
-    TimelineRow,
-    fix_cells,
-    fix_recommendation,
-)
+from ..eventlog.payloads import JsonObject
+from .fix_table import FIX_COLUMNS, fix_cells, fix_recommendation
+from ..reports.check_report import CurvePoint, StepRow
+from ..reports.doctor_report import TimelineRow
+from ..reports.drift_report import DriftSection
+from ..reports.loader import Report
 from .sanitize import visible
 from ..analysis.rank_groups import ranks_label
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from xml.etree import ElementTree as ET
 
 from .sanitize import visible
-from ..reports.model import DoctorReport
+from ..reports.doctor_report import DoctorReport
 
 
 def junit_xml(report: DoctorReport) -> bytes:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..analysis.live import LiveRun, is_finished, snapshot
 from ..eventlog.tail import RunFollower
-from ..reports.model import LiveSnapshot, WatchSnapshot
+from ..reports.live_snapshot import LiveSnapshot, WatchSnapshot
 from .sanitize import visible_tree
 
 if TYPE_CHECKING:  # rich is imported where a view is drawn: doctor imports this module in every run

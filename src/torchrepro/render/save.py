@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..eventlog.rundir import HTML_FILE, REPORT_FILE, disk_use, size_text, write_json
 from .html import write_html
-from ..reports.model import Report
+from ..reports.loader import Report
 
 
 def write_report(directory: Path, report: Report) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from ..eventlog.rundir import write_text
-from ..reports.model import DriftRunResult, DriftSection, JsonObject, Summary
+from ..eventlog.payloads import JsonObject
+from ..reports.drift_report import DriftRunResult, DriftSection, Summary
 from .sanitize import visible
 
 _WIDTH_PER_GROUP, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 80, 300, 72, 16, 44, 58
@@ -134,10 +135,10 @@ def _levels(
     return metric, seeds, tuple(sorted(seeds.items())), settings
 
 
-def write_drift_plots(out: Path, drift: DriftSection) -> list[str]:
-    """Write :func:`drift_plots` into ``out``; returns the file names."""
+def write_drift_plots(run_dir: Path, drift: DriftSection) -> list[str]:
+    """Write :func:`drift_plots` into ``run_dir``; returns the file names."""
     for file, svg in (plots := drift_plots(drift)):
-        write_text(out / file, svg)
+        write_text(run_dir / file, svg)
     return [file for file, _ in plots]
 
 

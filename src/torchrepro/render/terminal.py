@@ -11,19 +11,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..reports.model import Finding
-from .sanitize import visible_tree
 from ..analysis.rank_groups import ranks_label
-from ..reports.model import (
-    FIX_COLUMNS,
-    CheckReport,
-    CompareReport,
-    DoctorReport,
-    GraphProbeRecord,
-    RankCompiles,
-    fix_cells,
-    fix_recommendation,
-)
+from ..reports.check_report import CheckReport, Determinism, GraphProbeRecord
+from ..reports.compare_report import CompareReport
+from ..reports.doctor_report import DoctorReport, RankCompiles
+from ..reports.findings import Finding
+from .fix_table import FIX_COLUMNS, fix_cells, fix_recommendation
+from .sanitize import visible_tree
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
@@ -207,6 +201,13 @@ def _render_probes(console: Console, probes: list[GraphProbeRecord]) -> None:
             console.print(Text(line, style="dim" if line.startswith("graph probes") else ""), highlight=False)
 
 
+def evidence_line(det: Determinism) -> str | None:
+    """``params 5, grads 0, loss 60, rng 60, batch 60``: the steps at which each kind of evidence
+    was compared (None in a report written before it was said)."""
+    compared = det.more.get("evidence_compared")
+    return ", ".join(f"{kind} {n}" for kind, n in compared.items()) if isinstance(compared, dict) else None
+
+
 def render_check(report: CheckReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict on the first line, then the divergence, its cause, and the curve."""
     console = console or Console()
@@ -214,8 +215,8 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
     det = report.determinism
     console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
     render_findings(console, report.findings)
-    if det.evidence_line is not None:
-        console.print(f"steps compared per kind of evidence: {det.evidence_line}", highlight=False, markup=False)
+    if (evidence := evidence_line(det)) is not None:
+        console.print(f"steps compared per kind of evidence: {evidence}", highlight=False, markup=False)
         for line in det.more.get("not_compared", [])[:5]:
             console.print(f"  {line}", highlight=False, markup=False)
     fd = det.first_divergence

@@ -62,7 +62,7 @@ from ..analysis.categories import category_of
 from ..analysis.compile import display_function
 from ..eventlog.events import CacheLookup, Compile, End, Event, GraphBreak, Header, Step
 from .trace_context import TRACEPARENT_VAR, WARN_ONCE_VAR, LaunchTrace
-from ..reports.model import Report
+from ..reports.loader import Report
 from ..render.sanitize import visible
 
 DEFAULT_SERVICE = "torchrepro"

@@ -36,7 +36,7 @@ from ..errors import InputError
 from .trace_context import WARN_ONCE_VAR, LaunchTrace
 
 if TYPE_CHECKING:
-    from ..reports.model import Report
+    from ..reports.loader import Report
 
 ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
 INSTALL_HINT = "install the OpenTelemetry extra: pip install 'torchrepro[otel]'"

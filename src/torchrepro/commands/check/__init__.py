@@ -66,20 +66,20 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> Outcome:
     """Run the script K times (or against a reference), compare and explain."""
     from ...analysis.divergence import Tolerance
-    from .comparison import check
+    from .comparison import CheckRequest, check
 
     if args.runs is not None and args.against:
         raise UserError(
             "--runs counts runs of the script as written: with --against there are always two "
             "(the reference and the compiled run)"
         )
-    report, out = check(
+    request = CheckRequest(
         Path(args.script),
         args.args,
         runs=args.runs or 2,
         options=RunOptions.from_args(args),
         against=args.against,
-        out=Path(args.out) if args.out else None,
+        run_dir=Path(args.out) if args.out else None,
         tolerance=Tolerance(args.rtol, args.atol),
         localize_divergence=not args.no_localize,
         nproc=args.nproc,
@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> Outcome:
         probe_repeats=args.probe_repeats,
         disk_budget=args.disk_budget,
     )
-    return Outcome(report, out)
+    report, run_dir = check(request)
+    return Outcome(report, run_dir)
 
 
 def _fix_names(value: str | None) -> list[str] | None:

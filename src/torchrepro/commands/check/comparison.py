@@ -6,7 +6,7 @@ reads them; the decisions are pure (:mod:`torchrepro.analysis.nondeterminism`)."
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, TypeVar
@@ -36,7 +36,8 @@ from ...analysis.nondeterminism import (
     uses_inductor,
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
-from ...reports.model import Finding, JsonObject
+from ...eventlog.payloads import JsonObject
+from ...reports.findings import Finding
 from ...analysis.fix_ranking import FixRow, cost_text, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
@@ -45,7 +46,7 @@ from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
 from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
-from ...reports.model import CheckReport, CheckRun, CurvePoint, Determinism
+from ...reports.check_report import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...render.save import write_report
 from .disk import planned_runs, require_disk
@@ -226,60 +227,69 @@ def _explain(
     return cause, evidence, decomposition
 
 
-def check(
-    script: Path,
-    args: list[str],
-    *,
-    runs: int = 2,
-    options: RunOptions = RunOptions(),
-    against: str | None = None,
-    out: Path | None = None,
-    tolerance: Tolerance | None = None,
-    localize_divergence: bool = True,
-    console: Console | None = None,
-    nproc: int = 1,
-    timeout: float | None = None,
-    fixes: bool | None = None,
-    only_fixes: list[str] | None = None,
-    probe_repeats: int = PROBE_REPEATS,
-    disk_budget: int | None = None,
-) -> tuple[CheckReport, Path]:
-    """Run, compare, explain; returns the report (also written to ``OUT/report.json``). After a
-    divergence the fix ladder runs (``fixes=None``: for causes a fix can address; True: always;
-    False: never), limited to ``only_fixes`` when given. ``options``: what every run starts from.
-    Refused before any run when the disk cannot hold ``disk_budget`` bytes or the estimate (:mod:`.disk`).
-    Every run calls each compiled graph again ``probe_repeats`` times (0: never); a graph that
-    differs on identical inputs is a divergence even where the runs agree."""
+@dataclass(frozen=True)
+class CheckRequest:
+    """What ``torchrepro check`` is asked to do, typed once (by the CLI or any other caller):
+    run ``script`` with ``args`` ``runs`` times (or once against the reference ``against``) in
+    ``run_dir`` (None: a new directory under ``torchrepro-runs/``), each run starting from
+    ``options`` on ``nproc`` ranks (``timeout``: seconds without progress before a run is ended),
+    and compare the runs within ``tolerance``. ``localize_divergence``: find where a divergence
+    starts (replays); ``fixes``: run the fix ladder after a divergence (None: for causes a fix can
+    address; True: always; False: never), limited to ``only_fixes`` when given;
+    ``probe_repeats``: how often each run calls each compiled graph again (0: never);
+    ``disk_budget``: the bytes the runs may need, in place of the estimate."""
+
+    script: Path
+    args: list[str]
+    runs: int = 2
+    options: RunOptions = RunOptions()
+    against: str | None = None
+    run_dir: Path | None = None
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    localize_divergence: bool = True
+    nproc: int = 1
+    timeout: float | None = None
+    fixes: bool | None = None
+    only_fixes: list[str] | None = None
+    probe_repeats: int = PROBE_REPEATS
+    disk_budget: int | None = None
+
+
+def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckReport, Path]:
+    """Run, compare, explain as ``request`` says; returns the report (also written to
+    ``RUN_DIR/report.json``) and the run directory. Refused before any run when the disk cannot
+    hold the runs (:mod:`.disk`). A graph that differs on identical inputs is a divergence even
+    where the runs agree."""
     from .fix_ladder import backend_stages, run_fix_ladder
 
     console = console or Console(stderr=True)
-    tol = tolerance or Tolerance()
-    script = validate_script(script)
-    if runs < 2 and against is None:
+    tol = request.tolerance
+    script = validate_script(request.script)
+    if request.runs < 2 and request.against is None:
         raise InputError("--runs must be at least 2 (there is nothing to compare with one run)")
-    snapshots = against is not None or not tol.exact
-    out = out or default_run_dir(script, label="check")
-    require_disk(out, planned_runs(runs, against, fixes), snapshots, disk_budget)
-    out = create_run_dir(out)
-    seed = options.seed
+    snapshots = request.against is not None or not tol.exact
+    run_dir = request.run_dir or default_run_dir(script, label="check")
+    require_disk(run_dir, planned_runs(request.runs, request.against, request.fixes), snapshots, request.disk_budget)
+    run_dir = create_run_dir(run_dir)
+    seed = request.options.seed
     checker = Checker(
         script,
-        args,
-        out,
-        options=replace(options, probe_repeats=probe_repeats),
+        request.args,
+        run_dir,
+        options=replace(request.options, probe_repeats=request.probe_repeats),
         snapshots=snapshots,
         console=console,
-        nproc=nproc,
-        timeout=timeout,
+        nproc=request.nproc,
+        timeout=request.timeout,
     )
-    specs = plan_runs(runs, against)
+    specs = plan_runs(request.runs, request.against)
     done = {spec.label: (spec, run) for spec, (run, _) in zip(specs, checker.run_all(specs))}
     (spec_a, run_a), (spec_b, run_b) = done[specs[0].label], done[specs[-1].label]
     pairs = [(done[specs[0].label], done[s.label]) for s in specs[1:]]
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
     probes = graph_probes({label: run.logs for label, (_, run) in done.items()})
-    probed = probe_divergence(probes) if against is None else None
+    probed = probe_divergence(probes) if request.against is None else None
     only_probed = div is None and probed is not None  # the runs agree; a graph repeated in one did not
     shared = checker.shared_cores_note([run for _, run in done.values()]) if div is None and not only_probed else None
     notes += [shared] if shared else []
@@ -296,14 +306,14 @@ def check(
         within = False
     elif div is not None:
         cause, evidence, decomposition = _explain(
-            checker, done, pair, div, against, localize_divergence, probed[2] if probed else None
+            checker, done, pair, div, request.against, request.localize_divergence, probed[2] if probed else None
         )
         if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
             notes.append(evidence["localisation_note"])
-        if fixes is not False and against is None and (fixes or cause in FIXABLE):
-            ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], only_fixes)
+        if request.fixes is not False and request.against is None and (request.fixes or cause in FIXABLE):
+            ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], request.only_fixes)
     stages = None
-    if decomposition is not None and against == "eager" and fixes is not False:
+    if decomposition is not None and request.against == "eager" and request.fixes is not False:
         stages = backend_stages(checker, done)
     det = determinism_section(
         div,
@@ -320,7 +330,7 @@ def check(
         unreadable_exit=3,
         pair=(spec_a.label, spec_b.label),
     )
-    nothing_compiled(det, against, run_b.logs)
+    nothing_compiled(det, request.against, run_b.logs)
     if decomposition is not None:
         det["decomposition"] = decomposition
     if ladder:
@@ -329,20 +339,27 @@ def check(
         det["backend_stages"] = stages
     if probes:
         det["graph_probes"] = probes
-    det["against"] = against
+    det["against"] = request.against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
     report = _report(
         det,
-        hint_key(cause, against, run_b.logs, evidence) if cause else None,
-        {s.label: str(out / s.label) for s in specs}
-        | ({"decomposition": str(out / list(done)[-1])} if decomposition else {}),
+        hint_key(cause, request.against, run_b.logs, evidence) if cause else None,
+        {s.label: str(run_dir / s.label) for s in specs}
+        | ({"decomposition": str(run_dir / list(done)[-1])} if decomposition else {}),
         checker.timings,
-        {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "runs": runs, "against": against},
+        {
+            **launch_meta(script),
+            "script": str(script),
+            "args": request.args,
+            "seed": seed,
+            "runs": request.runs,
+            "against": request.against,
+        },
         [f for pair in same_config for f in cache_key_findings(*pair)],
         (run_a, run_b),
     )
-    write_report(out, report)
-    return report, out
+    write_report(run_dir, report)
+    return report, run_dir
 
 
 def workdir_notes(checker: Checker, crossings_named: bool) -> list[str]:
@@ -536,14 +553,14 @@ def _check_resumed_ending(checker: Checker, full: Run, resumed: Run) -> None:
         )
 
 
-def _remove_created(out: Path, existed: bool) -> None:
-    """Remove what a check that ends in a usage error created: ``out`` itself, or (a directory the
+def _remove_created(run_dir: Path, existed: bool) -> None:
+    """Remove what a check that ends in a usage error created: ``run_dir`` itself, or (a directory the
     user made, empty before) what is in it."""
-    release_run_dir(out)
+    release_run_dir(run_dir)
     if not existed:
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
         return
-    for item in out.iterdir():
+    for item in run_dir.iterdir():
         if item.is_dir() and not item.is_symlink():
             shutil.rmtree(item, ignore_errors=True)
         else:
@@ -556,7 +573,7 @@ def check_resume(
     *,
     at: int,
     options: RunOptions = RunOptions(),
-    out: Path | None = None,
+    run_dir: Path | None = None,
     nproc: int = 1,
     timeout: float | None = None,
     console: Console | None = None,
@@ -570,21 +587,21 @@ def check_resume(
     script = validate_script(script)
     if at < 1:
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
-    existed = out is not None and out.exists()
-    out = create_run_dir(out or default_run_dir(script, label="resume"))
+    existed = run_dir is not None and run_dir.exists()
+    run_dir = create_run_dir(run_dir or default_run_dir(script, label="resume"))
     seed = options.seed
     checker = Checker(
-        script, args, out, options=options, snapshots=False, console=console, nproc=nproc, timeout=timeout
+        script, args, run_dir, options=options, snapshots=False, console=console, nproc=nproc, timeout=timeout
     )
     full, _ = checker.run(RunSpec("full", None, "to the end"))
     steps = min((len(log.of(Step)) for log in full.logs), default=0)
     if at >= steps and checker.endings["full"].ok:
-        _remove_created(out, existed)
+        _remove_created(run_dir, existed)
         raise InputError(
             f"--at {at}: the run has {steps} step(s), so nothing would run after the checkpoint; "
             f"choose --at below {steps} (nothing was kept)"
         )
-    saved = out / "checkpoint"
+    saved = run_dir / "checkpoint"
     stopped, _ = checker.run(
         RunSpec("stopped", None, f"stopping after step {at}"),
         env={ENV_STOP_AT: str(at), ENV_SAVE_TO: str(saved.resolve())},
@@ -626,9 +643,9 @@ def check_resume(
         det,
         None,
         {
-            "full": str(out / "full"),
-            "stopped": str(out / "stopped"),
-            "resumed": str(out / "resumed"),
+            "full": str(run_dir / "full"),
+            "stopped": str(run_dir / "stopped"),
+            "resumed": str(run_dir / "resumed"),
             "checkpoint": str(saved),
         },
         checker.timings,
@@ -642,5 +659,5 @@ def check_resume(
         )
     elif div is not None:
         report.findings[0].hint = evidence["hint"]
-    write_report(out, report)
-    return report, out
+    write_report(run_dir, report)
+    return report, run_dir

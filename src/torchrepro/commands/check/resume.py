@@ -30,13 +30,13 @@ def run(args: argparse.Namespace) -> Outcome:
     """Run to the end, stop after ``--at`` with a checkpoint, resume, compare."""
     from .comparison import check_resume
 
-    report, out = check_resume(
+    report, run_dir = check_resume(
         Path(args.script),
         args.args,
         at=args.at,
         options=RunOptions.from_args(args),
-        out=Path(args.out) if args.out else None,
+        run_dir=Path(args.out) if args.out else None,
         nproc=args.nproc,
         timeout=args.timeout,
     )
-    return Outcome(report, out)
+    return Outcome(report, run_dir)

@@ -76,7 +76,7 @@ class Checker:
         self,
         script: Path,
         args: list[str],
-        out: Path,
+        run_dir: Path,
         *,
         options: RunOptions,
         snapshots: bool,
@@ -85,7 +85,7 @@ class Checker:
         timeout: float | None = None,
     ):
         """``options``: what every run starts from (the seed, the cache policy)."""
-        self.script, self.args, self.out, self.nproc, self.timeout = script, args, out, nproc, timeout
+        self.script, self.args, self.run_dir, self.nproc, self.timeout = script, args, run_dir, nproc, timeout
         # every run and replay is made only to compare: it ends without the last collections (prepare)
         self.options, self.seed, self.snapshots = replace(options, analysis_only=True), options.seed, snapshots
         self.console = console
@@ -104,7 +104,7 @@ class Checker:
         self.side_by_side = (
             len(specs) > 1
             and side_by_side_allowed(len(specs) * self.nproc)
-            and why_shared(self.args, [self.out]) is None  # runs in one directory: one after the other
+            and why_shared(self.args, [self.run_dir]) is None  # runs in one directory: one after the other
         )
         if self.side_by_side:
             self.console.print(f"[dim]· {len(specs)} runs side by side[/]", highlight=False)
@@ -127,7 +127,7 @@ class Checker:
         self, spec: RunSpec, env: dict[str, str] | None = None, timeout: float | None = None, **options: Any
     ) -> tuple[Run, int]:
         """Launch ``spec`` (``env``: set in its environment, and said in its ``run.json``) and read it back."""
-        run_dir = self.out / spec.label
+        run_dir = self.run_dir / spec.label
         self.console.print(f"[dim]· {spec.label}: {spec.title}…[/]", highlight=False)
         meta: JsonObject = {
             "label": spec.label,
@@ -143,7 +143,7 @@ class Checker:
         stop = options.get("stop_after_step")
         total = stop + 1 if isinstance(stop, int) else self.steps_seen
         with (
-            fresh_workdir(run_dir, self.script, self.args, spec.label, self.workdirs, skip=[self.out]) as where,
+            fresh_workdir(run_dir, self.script, self.args, spec.label, self.workdirs, skip=[self.run_dir]) as where,
             self.progress.phase(spec.label, run_dir, total),
         ):
             result = launch(
@@ -195,7 +195,7 @@ class Checker:
         """A signal to torchrepro stopped the job: the check ends here (exit 128 + N)."""
         if result.stopped_by:
             raise Stopped(
-                f"{what}: stopped by {result.stopped_by}; the runs so far are in {self.out}", result.stopped_by
+                f"{what}: stopped by {result.stopped_by}; the runs so far are in {self.run_dir}", result.stopped_by
             )
 
     def replay(
@@ -212,7 +212,7 @@ class Checker:
         graph against eager (``graphs``), or every compiled graph repeated on identical inputs
         (``kernels``). The record as the replay wrote it (``step``, and ``ops``, ``graphs`` or ``kernels``:
         :mod:`torchrepro.capture.ops`), or None when it wrote none."""
-        out = self.out / "replays" / f"{tag}.json"
+        replay_out = self.run_dir / "replays" / f"{tag}.json"
         mode = "eager" if eager else spec.compile_mode
         what = (
             "compiled graphs repeated on identical inputs"
@@ -226,9 +226,11 @@ class Checker:
             highlight=False,
         )
         t0 = time.perf_counter()
-        replay_dir = self.out / "replays" / tag
+        replay_dir = self.run_dir / "replays" / tag
         with (
-            fresh_workdir(replay_dir, self.script, self.args, f"replay {tag}", self.workdirs, skip=[self.out]) as where,
+            fresh_workdir(
+                replay_dir, self.script, self.args, f"replay {tag}", self.workdirs, skip=[self.run_dir]
+            ) as where,
             self.progress.phase(f"replay {tag}", replay_dir, step + 1),
         ):
             result = launch(
@@ -240,7 +242,7 @@ class Checker:
                     fingerprint_every=1,
                     compile_mode=mode,
                     replay_step=step,
-                    replay_out=out,
+                    replay_out=replay_out,
                     replay_graphs=graphs,
                     replay_kernels=kernels,
                 ),
@@ -252,9 +254,9 @@ class Checker:
             )
         self._stopped(result, f"replay {tag}")
         self.timings[f"replay {tag}"] = round(time.perf_counter() - t0, 3)
-        out = replay_file(out, rank)  # the world may be one the script started (mp.spawn, Lightning)
-        if out.exists():
-            record: JsonObject = json.loads(out.read_text())
+        replay_out = replay_file(replay_out, rank)  # the world may be one the script started (mp.spawn, Lightning)
+        if replay_out.exists():
+            record: JsonObject = json.loads(replay_out.read_text())
             return record
         self.replay_failures[tag] = _why_no_record(result, step)
         return None

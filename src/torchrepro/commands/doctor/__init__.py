@@ -14,7 +14,7 @@ from .._finish import Outcome
 from ...analysis.compile_fixes import COMPILE_FIXES
 
 if TYPE_CHECKING:
-    from ...reports.model import DoctorReport
+    from ...reports.doctor_report import DoctorReport
 
 
 def _fix_names(value: str) -> list[str]:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from .job import doctor_from_trace, doctor_script
 
     budgets = Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
-    out = Path(args.out) if args.out else None
+    run_dir = Path(args.out) if args.out else None
     if args.probe_repeats is not None and not args.probe:
         raise UserError("--probe-repeats says how often --probe calls each graph: give --probe too")
     if args.probe and args.probe_repeats is None:
@@ -97,14 +97,14 @@ def run(args: argparse.Namespace) -> Outcome:
             raise UserError("--fixes re-runs the script: give a SCRIPT, not --trace")
         if args.script:
             raise UserError("give either --trace DIR or a SCRIPT, not both")
-        report, run_dir = doctor_from_trace(Path(args.trace), out, budgets)
+        report, run_dir = doctor_from_trace(Path(args.trace), run_dir, budgets)
     else:
         if not args.script:
             raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
         report, run_dir = doctor_script(
             Path(args.script),
             args.args,
-            out=out,
+            run_dir=run_dir,
             budgets=budgets,
             options=RunOptions.from_args(args, ranks_only=True),
             nproc=args.nproc,

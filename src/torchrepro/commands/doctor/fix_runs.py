@@ -37,7 +37,7 @@ from ...errors import Stopped
 from ...eventlog.events import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
 from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
-from ...reports.model import DoctorReport, TriedFix
+from ...reports.doctor_report import DoctorReport, TriedFix
 from ...runtime.run_options import RunOptions
 from ..launcher import child_env, launch, sharing_cores_env, stop_phase, stop_received
 from ..workdir import fresh_workdir
@@ -67,28 +67,28 @@ class FixRunner:
         """The event logs of the run of ``spec`` in ``fixes/<name>`` (a finished one with the same
         fix and stop is reused), or None when it did not end normally. ``env``: set in its
         environment, and said in its ``run.json``."""
-        out = self.run_dir / FIXES_DIR / name
+        fix_dir = self.run_dir / FIXES_DIR / name
         try:
-            meta = json.loads((out / RUN_FILE).read_text())
+            meta = json.loads((fix_dir / RUN_FILE).read_text())
         except (OSError, ValueError):
             meta = None
         finished = isinstance(meta, dict) and "ended" in meta and not meta.get("stopped_by")
         if not (finished and meta.get("fix") == spec and meta.get("stop_after_step") == stop):
             if signal_name := stop_received():  # doctor is stopping: no run starts
                 raise Stopped(f"fix {name}: not started, stopped by {signal_name}", signal_name)
-            shutil.rmtree(out, ignore_errors=True)  # a run of ours cut short (or of another plan): again
-            out.mkdir(parents=True)
+            shutil.rmtree(fix_dir, ignore_errors=True)  # a run of ours cut short (or of another plan): again
+            fix_dir.mkdir(parents=True)
             said: dict[str, Any] = {"env_set": env} if env else {}
             meta = start_meta(self.script, self.args, seed=self.options.seed, fix=spec, stop_after_step=stop, **said)
-            write_json(out / RUN_FILE, meta)
+            write_json(fix_dir / RUN_FILE, meta)
             _say(f"fix {name}: {spec}" + (f", stopping after step {stop}" if stop is not None else ""))
-            options = replace(self.options, run_dir=out, fix=spec, stop_after_step=stop)
+            options = replace(self.options, run_dir=fix_dir, fix=spec, stop_after_step=stop)
             with (
-                fresh_workdir(out, self.script, self.args, name, skip=[self.run_dir]) as where,
-                self.progress.phase(f"fix {name}", out, None if stop is None else stop + 1),
+                fresh_workdir(fix_dir, self.script, self.args, name, skip=[self.run_dir]) as where,
+                self.progress.phase(f"fix {name}", fix_dir, None if stop is None else stop + 1),
             ):
                 result = launch(
-                    out,
+                    fix_dir,
                     where.script,
                     self.args,
                     options,
@@ -98,12 +98,12 @@ class FixRunner:
                     stall_timeout=self.timeout,
                     cwd=where.cwd,
                 )
-            meta = finish_meta(meta, result, out)  # (stopped: recorded as such, and run again next time)
+            meta = finish_meta(meta, result, fix_dir)  # (stopped: recorded as such, and run again next time)
             if result.stopped_by:  # a signal to torchrepro: doctor ends here (128 + N)
                 raise Stopped(f"fix {name}: stopped by {result.stopped_by}; rerun to go on", result.stopped_by)
-        if meta.get("exit_code") != 0 or not rank_logs(out):
+        if meta.get("exit_code") != 0 or not rank_logs(fix_dir):
             return None
-        return load_run(out).logs
+        return load_run(fix_dir).logs
 
 
 def try_fixes(

@@ -19,7 +19,8 @@ from ..launcher import ChildResult, child_env, launch, validate_script
 from ...runtime.run_options import RunOptions
 from ...eventlog.provenance import launch_meta
 from ...eventlog.jsoncheck import schema_problem
-from ...reports.model import DoctorReport, schema_of
+from ...reports.doctor_report import DoctorReport
+from ...reports.schema import schema_of
 from ...eventlog.rundir import (
     RUN_FILE,
     claim_run_dir,
@@ -178,7 +179,7 @@ def doctor_script(
     script: Path,
     args: list[str],
     *,
-    out: Path | None,
+    run_dir: Path | None,
     budgets: Budgets,
     options: RunOptions,
     nproc: int = 1,
@@ -187,20 +188,20 @@ def doctor_script(
 ) -> tuple[DoctorReport, Path]:
     """Run ``script`` under capture as ``options`` say (one process, or ``nproc`` ranks via
     torchrun); analyse and write the report. ``timeout``: end the job after that many seconds
-    without progress. ``resume`` (``doctor --fixes``): when ``out`` holds this script's finished
+    without progress. ``resume`` (``doctor --fixes``): when ``run_dir`` holds this script's finished
     run, analyse that one instead of running it again."""
     script = validate_script(script)
-    if resume and out is not None and resumable(out, script, args):
-        claim_run_dir(out, fresh=False)
-        _say(f"{out} holds this script's baseline run: going on with its fix runs")
-        return analyse_run_dir(out, budgets), out
-    return _baseline(script, args, out, budgets, options, nproc, timeout, fresh=resume)
+    if resume and run_dir is not None and resumable(run_dir, script, args):
+        claim_run_dir(run_dir, fresh=False)
+        _say(f"{run_dir} holds this script's baseline run: going on with its fix runs")
+        return analyse_run_dir(run_dir, budgets), run_dir
+    return _baseline(script, args, run_dir, budgets, options, nproc, timeout, fresh=resume)
 
 
 def _baseline(
     script: Path,
     args: list[str],
-    out: Path | None,
+    run_dir: Path | None,
     budgets: Budgets,
     options: RunOptions,
     nproc: int,
@@ -212,7 +213,7 @@ def _baseline(
     from ..workdir import fresh_workdir
 
     seed = options.seed
-    run_dir = create_run_dir(out or default_run_dir(script))
+    run_dir = create_run_dir(run_dir or default_run_dir(script))
     meta = start_meta(script, args, seed=seed, world_size=nproc)
     write_json(run_dir / RUN_FILE, meta)
     from ...render.live_text import live_status
@@ -233,7 +234,7 @@ def _baseline(
     return analyse_run_dir(run_dir, budgets), run_dir
 
 
-def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tuple[DoctorReport, Path]:
+def doctor_from_trace(trace_dir: Path, run_dir: Path | None, budgets: Budgets) -> tuple[DoctorReport, Path]:
     """Build the doctor report from ``TORCH_TRACE`` logs written by a job without torchrepro."""
     from ...eventlog.structured_trace import trace_files, translate_file
 
@@ -249,7 +250,7 @@ def doctor_from_trace(trace_dir: Path, out: Path | None, budgets: Budgets) -> tu
             f"{trace_dir} holds no valid structured-trace record ({lines} record(s) read from "
             f"{len(files)} file(s), none that TORCH_TRACE writes)"
         )
-    run_dir = create_run_dir(out or default_run_dir(trace_dir.name, label="trace"))
+    run_dir = create_run_dir(run_dir or default_run_dir(trace_dir.name, label="trace"))
     skipped: dict[str, int] = {}
     for file, (events, translator) in zip(files, translated):
         rank = translator.rank

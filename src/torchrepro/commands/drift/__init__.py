@@ -147,22 +147,24 @@ def run(args: argparse.Namespace) -> Outcome | int:
     if args.collect:
         if args.script:
             raise UserError("--collect DIR analyses stored runs: give no SCRIPT")
-        out = Path(args.collect)
-        plan = load_plan(out)
-        claim_run_dir(out, fresh=False)  # one writer of the report at a time
-        return _report(out, plan, args, None, None)
+        run_dir = Path(args.collect)
+        plan = load_plan(run_dir)
+        claim_run_dir(run_dir, fresh=False)  # one writer of the report at a time
+        return _report(run_dir, plan, args, None, None)
     if args.run_one is not None:
         if not args.out:
             raise UserError("--run-one INDEX needs --out DIR (the directory holding plan.json)")
-        out = Path(args.out)
-        plan = load_plan(out)
+        run_dir = Path(args.out)
+        plan = load_plan(run_dir)
         cells = cells_of(plan)
         if args.run_one >= len(cells):
             raise UserError(f"--run-one {args.run_one}: the plan has cells 0..{len(cells) - 1}")
         cell = cells[args.run_one]
-        record = Runner(out, plan).run(cell) if unfinished(out, cell) else read_record(out, cell)  # not rerun
+        record = (
+            Runner(run_dir, plan).run(cell) if unfinished(run_dir, cell) else read_record(run_dir, cell)
+        )  # not rerun
         assert record is not None  # a record was read, or the run ended (it stops only on an interrupt, raised)
-        print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({out / cell.dir})")
+        print(f"run {args.run_one}: exit {record['exit_code']} in {record['wall_s']:.1f} s ({run_dir / cell.dir})")
         return 3 if record["exit_code"] else 0
     return _plan_and_run(args)
 
@@ -171,7 +173,7 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     from rich.console import Console
 
     from ...analysis.drift import DEFAULT_FACTORS
-    from .experiment import check_out, make_plan, plan_size, prepare_out, sequential_stop
+    from .experiment import check_run_dir, make_plan, plan_size, prepare_run_dir, sequential_stop
     from ..launcher import validate_script
     from ...eventlog.rundir import claim_run_dir, default_run_dir
 
@@ -199,34 +201,34 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     if args.until_clear:
         budget = args.max_runs or DEFAULT_BUDGET
         _check_sequential(plan, factors, budget)
-    out = Path(args.out) if args.out else default_run_dir(script, label="drift")
-    check_out(out, plan)  # before anything is created in it
-    claim_run_dir(out, fresh=False)  # one drift writes it at a time (--run-one: cells)
+    run_dir = Path(args.out) if args.out else default_run_dir(script, label="drift")
+    check_run_dir(run_dir, plan)  # before anything is created in it
+    claim_run_dir(run_dir, fresh=False)  # one drift writes it at a time (--run-one: cells)
     if args.plan:
-        _print_plan(out, plan, args)
+        _print_plan(run_dir, plan, args)
         return 0
     console = Console(stderr=True)
     t0 = time.perf_counter()
     if not args.until_clear:
-        prepare_out(out, plan)  # under the lock: an empty directory, or this experiment's
-        counts = _launch(out, plan, args, console, t0)
-        return _report(out, plan, args, counts, round(time.perf_counter() - t0, 3))
+        prepare_run_dir(run_dir, plan)  # under the lock: an empty directory, or this experiment's
+        counts = _launch(run_dir, plan, args, console, t0)
+        return _report(run_dir, plan, args, counts, round(time.perf_counter() - t0, 3))
     looks, total = [levels], {"planned": 0, "reused": 0, "ran": 0, "crashed": 0}
     while True:
         sequential: SequentialPlan = {"looks": looks, "max_runs": budget, "target_effect": args.target_effect}
         plan = planned(looks[-1], sequential)
-        prepare_out(out, plan)
-        counts = _launch(out, plan, args, console, t0)
+        prepare_run_dir(run_dir, plan)
+        counts = _launch(run_dir, plan, args, console, t0)
         ran, crashed = total["ran"] + counts["ran"], total["crashed"] + counts["crashed"]
         total = {"planned": counts["planned"], "reused": counts["planned"] - ran, "ran": ran, "crashed": crashed}
-        stop = sequential_stop(out, plan, _metric(args, plan), args.target_effect)
+        stop = sequential_stop(run_dir, plan, _metric(args, plan), args.target_effect)
         if stop != "continue":
             break
         levels = next_levels(plan, looks[-1], args.jobs)
         while plan_size(plan, levels) > budget:  # a last batch cut to the budget (one more level fits: not "budget")
             levels -= 1
         looks = [*looks, levels]
-    return _report(out, plan, args, total, round(time.perf_counter() - t0, 3))
+    return _report(run_dir, plan, args, total, round(time.perf_counter() - t0, 3))
 
 
 def _check_sequential(plan: Plan, factors: list[str], budget: int) -> None:
@@ -253,7 +255,7 @@ def next_levels(plan: Plan, levels: int, jobs: int) -> int:
     return n
 
 
-def _launch(out: Path, plan: Plan, args: argparse.Namespace, console: Console, t0: float) -> dict[str, int]:
+def _launch(run_dir: Path, plan: Plan, args: argparse.Namespace, console: Console, t0: float) -> dict[str, int]:
     """Run what ``plan`` still lacks. A stop signal (SIGINT, SIGTERM, SIGHUP) ends the live runs (they
     rerun next time); the report of the runs that finished is written, marked partial, and drift
     ends with :class:`Stopped` (exit 128 + N)."""
@@ -262,30 +264,30 @@ def _launch(out: Path, plan: Plan, args: argparse.Namespace, console: Console, t
 
     try:
         with stop_phase("drift"):
-            return run_all(out, plan, args.jobs, console, args.launcher)
+            return run_all(run_dir, plan, args.jobs, console, args.launcher)
     except Stopped as stopped:
         how = f"stopped by {stopped.signal_name}"
-        _report(out, plan, args, None, round(time.perf_counter() - t0, 3), partial=how)
+        _report(run_dir, plan, args, None, round(time.perf_counter() - t0, 3), partial=how)
         raise Stopped(
-            f"drift: {how}; finished runs are kept in {out} (partial report: {out / REPORT_FILE}): "
+            f"drift: {how}; finished runs are kept in {run_dir} (partial report: {run_dir / REPORT_FILE}): "
             "run the same command again to go on",
             stopped.signal_name,
         ) from None
 
 
-def _print_plan(out: Path, plan: Plan, args: argparse.Namespace) -> None:
-    """``--plan``: write the run matrix; with finished runs in ``out`` (a pilot), say how many runs
+def _print_plan(run_dir: Path, plan: Plan, args: argparse.Namespace) -> None:
+    """``--plan``: write the run matrix; with finished runs in ``run_dir`` (a pilot), say how many runs
     each factor needs."""
     from ...analysis.drift import fmt_number
     from ...analysis.sequential import plan_sentence
-    from .experiment import pilot_planning, prepare_out
+    from .experiment import pilot_planning, prepare_run_dir
 
-    pilot = pilot_planning(out, plan, _metric(args, plan), args.target_effect, args.observed, args.jobs)
-    prepare_out(out, plan)  # under the lock: an empty directory, or this experiment's
+    pilot = pilot_planning(run_dir, plan, _metric(args, plan), args.target_effect, args.observed, args.jobs)
+    prepare_run_dir(run_dir, plan)  # under the lock: an empty directory, or this experiment's
     n = len(plan["cells"])
     print(
-        f"{n} runs planned in {out / 'plan.json'}\nrun each cell: torchrepro drift --out {out} --run-one I "
-        f"(I = 0..{n - 1})\nthen: torchrepro drift --collect {out}"
+        f"{n} runs planned in {run_dir / 'plan.json'}\nrun each cell: torchrepro drift --out {run_dir} --run-one I "
+        f"(I = 0..{n - 1})\nthen: torchrepro drift --collect {run_dir}"
     )
     if pilot is None:
         print("runs needed: no finished runs in this directory yet (run a pilot, e.g. --runs 4, then --plan again)")
@@ -294,7 +296,7 @@ def _print_plan(out: Path, plan: Plan, args: argparse.Namespace) -> None:
 
 
 def _report(
-    out: Path,
+    run_dir: Path,
     plan: Plan,
     args: argparse.Namespace,
     counts: dict[str, int] | None,
@@ -307,9 +309,9 @@ def _report(
     from .experiment import build_report, collect
 
     metric = _metric(args, plan)
-    runs = collect(out, plan, metric)
+    runs = collect(run_dir, plan, metric)
     report = build_report(
-        out,
+        run_dir,
         plan,
         runs,
         metric,
@@ -322,4 +324,4 @@ def _report(
     drift = report.drift
     if partial is None and report.exit_code != 3 and not drift.summary["n"] and drift.excluded:
         raise UserError(f"no run produced the metric: {drift.excluded[0].error}")
-    return Outcome(report, out)
+    return Outcome(report, run_dir)

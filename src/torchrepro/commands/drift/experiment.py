@@ -52,7 +52,7 @@ from ..launcher import (
 )
 from ...telemetry.otlp import launch_span
 from ...runtime.run_options import RunOptions
-from ...reports.model import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
+from ...reports.drift_report import DriftAnalysis, DriftReport, DriftSection, DriftSettings, FactorPlan
 from ...render.sanitize import visible
 from ...eventlog.rundir import LOCK_FILE, check_fields, read_json_file, write_json
 from ...render.save import write_report
@@ -271,12 +271,14 @@ def child_levels(plan: Plan, cell: Cell) -> tuple[str | None, Levels]:
     return compile_mode, levels
 
 
-def load_plan(out: Path) -> Plan:
-    """``out``'s ``plan.json``; an :class:`InputError` when it is missing, unreadable, of another
+def load_plan(run_dir: Path) -> Plan:
+    """``run_dir``'s ``plan.json``; an :class:`InputError` when it is missing, unreadable, of another
     schema or a field holds another JSON type (its cells are checked by :func:`cells_of`)."""
-    path = out / PLAN_FILE
+    path = run_dir / PLAN_FILE
     if not path.is_file():
-        raise InputError(f"{out} holds no {PLAN_FILE}: not a drift directory (make one with torchrepro drift --plan)")
+        raise InputError(
+            f"{run_dir} holds no {PLAN_FILE}: not a drift directory (make one with torchrepro drift --plan)"
+        )
     try:
         data = read_json_file(path)
     except (OSError, ValueError) as exc:
@@ -302,27 +304,27 @@ def plan_size(plan: Plan, levels: int) -> int:
     return int(len(plan["cells"]) // plan["runs"] ** axes * levels**axes)  # int ** int is typed Any (2 ** -1 is float)
 
 
-def check_out(out: Path, plan: Plan) -> None:
-    """:class:`InputError` unless ``out`` is a new or empty directory, or one holding a drift
+def check_run_dir(run_dir: Path, plan: Plan) -> None:
+    """:class:`InputError` unless ``run_dir`` is a new or empty directory, or one holding a drift
     experiment of the same script (its finished runs are reused). Anything else is never touched."""
-    if out.exists() and (not out.is_dir() or any(p.name != LOCK_FILE for p in out.iterdir())):
-        old = load_plan(out) if (out / PLAN_FILE).exists() else None
+    if run_dir.exists() and (not run_dir.is_dir() or any(p.name != LOCK_FILE for p in run_dir.iterdir())):
+        old = load_plan(run_dir) if (run_dir / PLAN_FILE).exists() else None
         if old is None:
-            raise InputError(f"{out} exists and is not a drift directory: choose another --out")
+            raise InputError(f"{run_dir} exists and is not a drift directory: choose another --out")
         if old.get("script") != plan["script"]:
-            raise InputError(f"{out} holds a drift experiment of {old.get('script')}: choose another --out")
+            raise InputError(f"{run_dir} holds a drift experiment of {old.get('script')}: choose another --out")
 
 
-def prepare_out(out: Path, plan: Plan) -> None:
-    """Write the plan into ``out`` (:func:`check_out` first)."""
-    check_out(out, plan)
-    write_json(out / PLAN_FILE, plan)
+def prepare_run_dir(run_dir: Path, plan: Plan) -> None:
+    """Write the plan into ``run_dir`` (:func:`check_run_dir` first)."""
+    check_run_dir(run_dir, plan)
+    write_json(run_dir / PLAN_FILE, plan)
 
 
-def read_record(out: Path, cell: Cell) -> RunRecord | None:
+def read_record(run_dir: Path, cell: Cell) -> RunRecord | None:
     """The record of a finished run (None: not run, or interrupted)."""
     try:
-        record = json.loads((out / cell.dir / RECORD_FILE).read_text())
+        record = json.loads((run_dir / cell.dir / RECORD_FILE).read_text())
     except (OSError, ValueError):
         return None
     # the record drift wrote for this cell (its key): read as written
@@ -334,8 +336,8 @@ class Runner:
     the run's logs); :meth:`stop` ends every live one. ``env``: set in each run's environment
     (:func:`~torchrepro.commands.launcher.sharing_cores_env` when runs go side by side)."""
 
-    def __init__(self, out: Path, plan: Plan, env: dict[str, str] | None = None):
-        self.out, self.plan, self.env = out, plan, env or {}
+    def __init__(self, run_dir: Path, plan: Plan, env: dict[str, str] | None = None):
+        self.run_dir, self.plan, self.env = run_dir, plan, env or {}
         self.script = Path(plan["script"])
         self._live: dict[int, Job] = {}
         self._lock = threading.Lock()
@@ -343,7 +345,7 @@ class Runner:
 
     def run(self, cell: Cell) -> RunRecord | None:
         """Run one cell; its record, or None when stopped before it finished."""
-        run_dir = self.out / cell.dir
+        run_dir = self.run_dir / cell.dir
         attempt = 1
         if run_dir.exists():  # an attempt that never finished (drift was interrupted, its worker died)
             try:
@@ -365,7 +367,7 @@ class Runner:
         t0 = time.perf_counter()
         with (
             # each run in a fresh copy of the working directory (commands.workdir)
-            fresh_workdir(run_dir, self.script, self.plan["args"], cell.dir, skip=[self.out]) as where,
+            fresh_workdir(run_dir, self.script, self.plan["args"], cell.dir, skip=[self.run_dir]) as where,
             launch_span(run_dir, 1) as trace,  # --otlp-endpoint: a span per run, its context to the child
             open(logs / "stdout.log", "wb") as out_log,
             open(logs / "stderr.log", "wb") as err_log,
@@ -421,20 +423,20 @@ class Runner:
         end_jobs(live)
 
 
-def unfinished(out: Path, cell: Cell) -> bool:
+def unfinished(run_dir: Path, cell: Cell) -> bool:
     """Whether ``cell`` is still to run: it has no record, or its process died without writing its
     end event (killed: by the OOM killer, ``kill -9``, a torchrepro that was itself killed), which
     says nothing about the script."""
-    record = read_record(out, cell)
+    record = read_record(run_dir, cell)
     if record is None:
         return True
     if not record.get("exit_code"):
         return False
-    log = out / cell.dir / "rank-0" / EVENTS_FILE
+    log = run_dir / cell.dir / "rank-0" / EVENTS_FILE
     return not log.is_file() or read_events(log).end is None
 
 
-def run_all(out: Path, plan: Plan, jobs: int, console: Console, launcher: str = "local") -> dict[str, int]:
+def run_all(run_dir: Path, plan: Plan, jobs: int, console: Console, launcher: str = "local") -> dict[str, int]:
     """Run every cell without a record, ``jobs`` at a time (``launcher="ray"``: as Ray tasks), with a
     live progress bar (ETA) on ``console``. Returns counts ``{"planned", "reused", "ran", "crashed"}``;
     on Ctrl-C or SIGTERM the live runs are ended (they rerun next time) and KeyboardInterrupt propagates,
@@ -452,7 +454,7 @@ def run_all(out: Path, plan: Plan, jobs: int, console: Console, launcher: str = 
     cells = cells_of(plan)
     metric = MetricSpec(**plan["metric"])
     checked = False
-    pending = [c for c in cells if unfinished(out, c)]
+    pending = [c for c in cells if unfinished(run_dir, c)]
     counts = {"planned": len(cells), "reused": len(cells) - len(pending), "ran": 0, "crashed": 0}
     if not pending:
         return counts
@@ -472,7 +474,9 @@ def run_all(out: Path, plan: Plan, jobs: int, console: Console, launcher: str = 
         in_log.phase("drift", note=lambda: f"{counts['ran']} of {len(pending)} runs done"),
     ):
         task = progress.add_task("drift", total=len(pending))
-        finished = _on_ray(out, plan, pending, jobs) if launcher == "ray" else _locally(out, plan, pending, jobs)
+        finished = (
+            _on_ray(run_dir, plan, pending, jobs) if launcher == "ray" else _locally(run_dir, plan, pending, jobs)
+        )
         with contextlib.closing(finished):  # an interrupt anywhere here ends the live runs at once
             for record in finished:
                 counts["ran"] += 1
@@ -486,14 +490,14 @@ def run_all(out: Path, plan: Plan, jobs: int, console: Console, launcher: str = 
                     )
                 elif not checked:
                     checked = True
-                    check_metric(out, record, metric)
+                    check_metric(run_dir, record, metric)
                 progress.advance(task)
     return counts
 
 
-def _locally(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[RunRecord, None, None]:
+def _locally(run_dir: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[RunRecord, None, None]:
     """The records of ``cells`` as they finish, ``jobs`` child processes at a time."""
-    runner = Runner(out, plan, sharing_cores_env() if jobs > 1 else None)
+    runner = Runner(run_dir, plan, sharing_cores_env() if jobs > 1 else None)
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         for future in as_completed([pool.submit(runner.run, cell) for cell in cells]):
@@ -507,7 +511,7 @@ def _locally(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[R
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _on_ray(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[RunRecord, None, None]:
+def _on_ray(run_dir: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[RunRecord, None, None]:
     """The records of ``cells`` run as Ray tasks (1 CPU each) on ``$RAY_ADDRESS``'s cluster, else on a
     local one with ``jobs`` CPUs. ``--out`` (absolute here) must be on a filesystem every node sees."""
     try:
@@ -527,7 +531,7 @@ def _on_ray(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[Ru
                 f"--launcher ray: cannot join the Ray cluster at {address or 'a new local one'}: {exc}"
             ) from None
     run_cell = ray.remote(num_cpus=1)(_run_cell)  # a worker that dies: Ray runs the task again (attempts)
-    index = {run_cell.remote(str(out.resolve()), plan, cell): cell.index for cell in cells}
+    index = {run_cell.remote(str(run_dir.resolve()), plan, cell): cell.index for cell in cells}
     waiting = list(index)
     try:
         while waiting:
@@ -541,7 +545,7 @@ def _on_ray(out: Path, plan: Plan, cells: list[Cell], jobs: int) -> Generator[Ru
             except ray.exceptions.RayError as exc:  # its retries spent too
                 raise UserError(
                     f"--launcher ray: run {index[done[0]]} failed in Ray ({type(exc).__name__}); finished runs are "
-                    f"kept in {out}: run the same command again"
+                    f"kept in {run_dir}: run the same command again"
                 ) from None
             if record is not None:
                 yield record
@@ -571,9 +575,9 @@ def _ray_reachable(address: str, timeout_s: float = 3.0) -> None:
         ) from None
 
 
-def _run_cell(out: str, plan: Plan, cell: Cell) -> RunRecord | None:
+def _run_cell(run_dir: str, plan: Plan, cell: Cell) -> RunRecord | None:
     """One cell in a Ray worker."""
-    return Runner(Path(out), plan).run(cell)
+    return Runner(Path(run_dir), plan).run(cell)
 
 
 def _metric(spec: MetricSpec, events: list[Event], stdout: Path) -> tuple[float | None, str | None]:
@@ -596,32 +600,32 @@ def _metric(spec: MetricSpec, events: list[Event], stdout: Path) -> tuple[float 
     return (losses[-1], None) if losses else (None, "no training step recorded a loss")
 
 
-def check_metric(out: Path, record: RunRecord, metric: MetricSpec) -> None:
+def check_metric(run_dir: Path, record: RunRecord, metric: MetricSpec) -> None:
     """``--metric NAME``: a :class:`UserError` naming the metrics a finished run did log when it
     logged no ``NAME`` (checked on the first run, so a misspelt name does not cost the whole design)."""
     if not metric.name:
         return
-    log = out / "runs" / record["key"] / "rank-0" / EVENTS_FILE
+    log = run_dir / "runs" / record["key"] / "rank-0" / EVENTS_FILE
     names = {e.name for e in read_events(log).events if isinstance(e, Metric)} if log.is_file() else set()
     if metric.name not in names:
         logged = ", ".join(repr(n) for n in sorted(names)) or "none"
         raise UserError(
             f"--metric {visible(repr(metric.name))}: run {record['index']} logged no such metric (it logged: "
-            f"{visible(logged)}); stopped after it, finished runs are kept in {out}"
+            f"{visible(logged)}); stopped after it, finished runs are kept in {run_dir}"
         )
 
 
-def collect(out: Path, plan: Plan, metric: MetricSpec) -> list[DriftRun]:
+def collect(run_dir: Path, plan: Plan, metric: MetricSpec) -> list[DriftRun]:
     """Every cell as a :class:`DriftRun`: its metric and what capture observed, or why it is excluded."""
     runs = []
     for cell in cells_of(plan):
-        record = read_record(out, cell)
-        run = DriftRun(cell.index, cell.seeds, cell.settings, None, "missing", dir=str(out / cell.dir))
+        record = read_record(run_dir, cell)
+        run = DriftRun(cell.index, cell.seeds, cell.settings, None, "missing", dir=str(run_dir / cell.dir))
         runs.append(run)
         if record is None:
             run.error = "not run (or interrupted)"
             continue
-        log = out / cell.dir / "rank-0" / EVENTS_FILE
+        log = run_dir / cell.dir / "rank-0" / EVENTS_FILE
         events = read_events(log).events if log.is_file() else []
         steps = [e for e in events if isinstance(e, Step)]
         if steps:
@@ -635,7 +639,7 @@ def collect(out: Path, plan: Plan, metric: MetricSpec) -> list[DriftRun]:
             run.status = "crashed"
             run.error = f"exit {record['exit_code']}" + (f": {visible(tail[-1])[:300]}" if tail else "")
             continue
-        run.metric, problem = _metric(metric, events, out / cell.dir / "logs" / "stdout.log")
+        run.metric, problem = _metric(metric, events, run_dir / cell.dir / "logs" / "stdout.log")
         if run.metric is not None and not math.isfinite(run.metric):
             run.metric, problem = None, f"the metric is {run.metric}"
         run.status, run.error = ("ok", None) if problem is None else ("no_metric", problem)
@@ -643,7 +647,7 @@ def collect(out: Path, plan: Plan, metric: MetricSpec) -> list[DriftRun]:
 
 
 def build_report(
-    out: Path,
+    run_dir: Path,
     plan: Plan,
     runs: list[DriftRun],
     metric: MetricSpec,
@@ -702,14 +706,14 @@ def build_report(
             **section,
         }
     )
-    drift.plots = write_drift_plots(out, drift)
+    drift.plots = write_drift_plots(run_dir, drift)
     logs = (Path(r.dir) / "rank-0" / EVENTS_FILE for r in runs)
     header = next((h for log in logs if log.is_file() and (h := read_header(log)) is not None), None)
     report = DriftReport(
         run=DriftSettings(
             script=plan["script"],
             args=plan["args"],
-            out=str(out),
+            out=str(run_dir),
             seed=plan["seed"],
             vary=plan["vary"],
             levels_per_factor=plan["runs"],
@@ -722,21 +726,21 @@ def build_report(
             {**launch_meta(Path(plan["script"])), "script": plan["script"], "args": plan["args"]}, header
         ),
     )
-    write_report(out, report)
+    write_report(run_dir, report)
     return report
 
 
-def sequential_stop(out: Path, plan: Plan, metric: MetricSpec, target_effect: float | None) -> str:
+def sequential_stop(run_dir: Path, plan: Plan, metric: MetricSpec, target_effect: float | None) -> str:
     """Whether ``--until-clear`` goes on after this look: ``continue``, else why it stops
     (:func:`torchrepro.analysis.sequential.sequential_section`)."""
-    runs = collect(out, plan, metric)
+    runs = collect(run_dir, plan, metric)
     section = analyse(runs, plan["random"], [BINARY_FACTORS[b] for b in plan["binary"]], plan["runs"])
     add_plan_and_path(section, plan, runs, target_effect=target_effect, observed=None)
     return str(section["sequential"]["stop"])
 
 
 def pilot_planning(
-    out: Path,
+    run_dir: Path,
     plan: Plan,
     metric: MetricSpec,
     target_effect: float | None,
@@ -746,9 +750,9 @@ def pilot_planning(
     """``--plan`` on a directory with finished runs (a pilot): the runs each factor needs
     (:func:`torchrepro.analysis.sequential.planning`, sequential batches of ``jobs`` runs); None
     without a finished run."""
-    if not (out / PLAN_FILE).is_file():
+    if not (run_dir / PLAN_FILE).is_file():
         return None
-    runs = collect(out, plan, metric)
+    runs = collect(run_dir, plan, metric)
     if not any(r.status == "ok" for r in runs):
         return None
     random, binary = plan["random"], [BINARY_FACTORS[b] for b in plan["binary"]]
