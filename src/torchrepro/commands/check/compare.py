@@ -48,7 +48,7 @@ from ...eventlog.provenance import launch_meta, provenance
 from ...report.model import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...report.save import write_report
-from .disk import planned_runs, require_disk
+from .disk import keep_evidence, planned_runs, require_disk
 from .runs import Checker, RunSpec, plan_runs
 
 
@@ -342,6 +342,8 @@ def check(
         (run_a, run_b),
     )
     write_report(out, report)
+    if snapshots:  # what the report was drawn from, cut to the evidence (commands/check/disk.py)
+        keep_evidence(out, [spec_a.label, spec_b.label] if div is not None or within else [])
     return report, out
 
 
