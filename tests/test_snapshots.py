@@ -369,8 +369,10 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
         snaps = run / "rank-0" / "snapshots"
         assert len(list(snaps.glob("sketch-*.npz"))) == 3
         assert len(list(snaps.glob("step-*.npz"))) == (run.name != "fallback-random")
-    # the whole check directory: two parameter copies, a sketch a step a run, the logs
-    whole = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    # the compiled graphs saved for torchrepro repro: the compared pair's only (at most 256 MiB a graph)
+    assert sorted(p.parts[-3] for p in out.glob("*/rank-0/graphs")) == ["compiled"]
+    # the whole check directory but those graphs: two parameter copies, a sketch a step a run, the logs
+    whole = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and "graphs" not in p.parts)
     assert whole <= 2 * copy + len(runs) * 3 * 1_000_000 + 4_000_000, whole
     det = json.loads((out / "report.json").read_text())["determinism"]
     curve = det["curve"]

@@ -342,8 +342,8 @@ def check(
         (run_a, run_b),
     )
     write_report(out, report)
-    if snapshots:  # what the report was drawn from, cut to the evidence (commands/check/disk.py)
-        keep_evidence(out, [spec_a.label, spec_b.label] if div is not None or within else [])
+    # what the report was drawn from, cut to the evidence (commands/check/disk.py)
+    keep_evidence(out, [spec_a.label, spec_b.label], differ=div is not None or within)
     return report, out
 
 

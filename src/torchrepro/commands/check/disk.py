@@ -61,14 +61,19 @@ def require_disk(folder: Path, runs: int, snapshots: bool, budget: int | None) -
     )
 
 
-def keep_evidence(out: Path, keep: Sequence[str]) -> int:
-    """Delete the full parameter copies (``step-<n>.npz``) of every run in the check directory
-    ``out`` but the runs labelled ``keep`` (the pair that differs; none where the runs are
-    bit-exact). Their sketches stay: the divergence curve of any two runs is still drawn, estimated
-    (``max_abs`` null) where one of them kept no full copy. The bytes freed."""
+def keep_evidence(out: Path, pair: Sequence[str], differ: bool) -> int:
+    """Once a check has decided: delete the full parameter copies (``step-<n>.npz``) of every run
+    in the check directory ``out`` but the two compared (``pair``), and theirs too where they do
+    not ``differ`` (bit-exact); and the compiled graphs saved for ``torchrepro repro``
+    (``graphs/``) of every run but the pair. Sketches stay: the divergence curve of any two runs is
+    still drawn, estimated (``max_abs`` null) where one of them kept no full copy. The bytes freed."""
     freed = 0
     for path in sorted(out.glob("*/rank-*/snapshots/step-*.npz")):
-        if path.relative_to(out).parts[0] not in keep:
+        if not differ or path.relative_to(out).parts[0] not in pair:
             freed += path.stat().st_size
             path.unlink()
+    for folder in sorted(out.glob("*/rank-*/graphs")):
+        if folder.relative_to(out).parts[0] not in pair:
+            freed += sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+            shutil.rmtree(folder)
     return freed
