@@ -84,7 +84,7 @@ class GraphProber(KernelRepeater):
         fx_key = getattr(compiled, "_fx_graph_cache_key", None)
         if not self.from_aot_cache or found is None or gm is None or not isinstance(fx_key, str):
             return
-        _, _, cache_dir, pickling = found
+        _, _, cache_dir, pickling, _ = found
         try:
             store_graph(Path(cache_dir()) / STORED_GRAPHS / fx_key, gm, self.graphs.get(key), pickling)
         except Exception as exc:  # the next run compiles this graph again; this one is probed all the same
@@ -98,13 +98,13 @@ class GraphProber(KernelRepeater):
         found, config = aot_cache_loading(), functorch_config()
         if found is None or getattr(config, "bundled_autograd_cache", False):
             return False
-        loadable, miss, cache_dir, pickling = found
+        loadable, miss, cache_dir, pickling, fake_mode = found
         original: Any = getattr(loadable, "load")
 
         def load(entry: Any, example_inputs: Any) -> Any:
             graph = "backward" if entry._is_backward() else "forward"
             fx_key = str(entry.fx_graph_cache_info[0])
-            kept = load_graph(Path(cache_dir()) / STORED_GRAPHS / fx_key, pickling)
+            kept = load_graph(Path(cache_dir()) / STORED_GRAPHS / fx_key, pickling, fake_mode)
             if kept is None:
                 raise miss(f"torchrepro keeps no FX graph for {fx_key}")
             compiled = original(entry, example_inputs)
@@ -313,13 +313,12 @@ def store_graph(path: Path, gm: Any, described: GraphDescription | None, picklin
         tmp.write_text(json.dumps({"described": description, "modules": stacks}), encoding="utf-8")
 
 
-def load_graph(path: Path, pickling: Any) -> tuple[Any, GraphDescription] | None:
-    """The FX graph and description :func:`store_graph` kept at ``path``; None where none is (or unreadable)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+def load_graph(path: Path, pickling: Any, fake_mode: Any) -> tuple[Any, GraphDescription] | None:
+    """The FX graph (its tensors fake, in a new ``fake_mode()``) and description :func:`store_graph`
+    kept at ``path``; None where none is (or unreadable)."""
     try:
         kept = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-        gm = pickling.GraphPickler.loads(path.with_suffix(".graph").read_bytes(), FakeTensorMode())
+        gm = pickling.GraphPickler.loads(path.with_suffix(".graph").read_bytes(), fake_mode())
     except Exception:  # none kept, or not readable by this torch: compiled again
         return None
     for n in gm.graph.nodes:
