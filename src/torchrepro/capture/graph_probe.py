@@ -86,9 +86,14 @@ class GraphProber(KernelRepeater):
             return
         _, _, cache_dir, pickling, _ = found
         try:
-            store_graph(Path(cache_dir()) / STORED_GRAPHS / fx_key, gm, self.graphs.get(key), pickling)
+            store_graph(self._kept_at(cache_dir, fx_key), gm, self.graphs.get(key), pickling)
         except Exception as exc:  # the next run compiles this graph again; this one is probed all the same
             self.errors.append(f"keeping compiled graph {key} beside the cache: {first_line(exc)}")
+
+    def _kept_at(self, cache_dir: Callable[[], str], fx_key: str) -> Path:
+        """Where the FX graph of ``fx_key`` is kept, traced from the source lines of the graph being
+        compiled: an edit that moves them (not in the cache's key) finds none, and compiles again."""
+        return Path(cache_dir()) / STORED_GRAPHS / f"{fx_key}-{self.lines[:16]}"
 
     def _load_from_aot_cache(self) -> bool:
         """Wrap the graphs an AOTAutograd cache entry loads (that cache then stays on: tracing
@@ -104,7 +109,7 @@ class GraphProber(KernelRepeater):
         def load(entry: Any, example_inputs: Any) -> Any:
             graph = "backward" if entry._is_backward() else "forward"
             fx_key = str(entry.fx_graph_cache_info[0])
-            kept = load_graph(Path(cache_dir()) / STORED_GRAPHS / fx_key, pickling, fake_mode)
+            kept = load_graph(self._kept_at(cache_dir, fx_key), pickling, fake_mode)
             if kept is None:
                 raise miss(f"torchrepro keeps no FX graph for {fx_key}")
             compiled = original(entry, example_inputs)

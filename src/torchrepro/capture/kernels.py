@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 import torch
 
 from .._compat import compile_fx_module, current_compile_id, functorch_config, op_name, patch, wrap_compile_fx
-from ..digests import fingerprint
+from ..digests import fingerprint, hash_bytes
 from ..eventlog.payloads import ExplainedOutput, KernelCall, KernelSummary, NodeInfo
 from .fx_nodes import clean_fqn, first_line, leaves, node_info, same
 
@@ -293,6 +293,12 @@ def _copy(x: Any) -> Any:
     return out.copy_(x.detach())
 
 
+def _lines(stack: str | None) -> bytes:
+    """The line numbers and functions of a node's stack trace (not the files: each run of a check
+    may run in its own copy of the working directory)."""
+    return repr(re.findall(r"line (\d+), in (\S+)", stack or "")).encode()
+
+
 class KernelRepeater:
     """Wraps inductor's compile so every compiled forward and backward graph can be repeated."""
 
@@ -305,6 +311,7 @@ class KernelRepeater:
         self.graphs: dict[str, CompiledGraph] = {}  # "compile_id/forward" -> what describes it
         self._undo: list[Callable[[], None]] = []
         self.names: list[str] = []  # the inputs of the graph being compiled, as the script names them
+        self.lines = ""  # a digest of its nodes' source lines (a cache key leaves them out)
         # a cached AOTAutograd entry would skip inductor's inner compile: that cache is off unless a
         # subclass wraps the graphs loaded from it too (True)
         self.from_aot_cache = False
@@ -320,6 +327,7 @@ class KernelRepeater:
                 return original(gm, example_inputs, *args, **kwargs)
             compile_id = str(current_compile_id())
             self.names = names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+            self.lines = hash_bytes(*(_lines(n.meta.get("stack_trace")) for n in gm.graph.nodes))
             inner = self._inner(compile_id, names, module.compile_fx_inner)
             return original(gm, example_inputs, inner_compile=inner, **kwargs)
 
