@@ -38,6 +38,7 @@ PROBES = {
     "inductor_config": _compat.inductor_config,
     "dynamo_config": _compat.dynamo_config,
     "functorch_config": _compat.functorch_config,
+    "aot_cache_loading": _compat.aot_cache_loading,
     "skip_code": _compat.skip_code,
     "dynamo_counters": _compat.dynamo_counters,
     "dataloader_iterator": _compat.dataloader_iterator,

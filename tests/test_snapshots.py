@@ -298,7 +298,7 @@ def test_check_refuses_to_start_where_the_disk_cannot_hold_its_runs(small_disk, 
     assert proc.returncode == 2 and "(--disk-budget)" in proc.stderr, proc.stderr
 
 
-def test_check_starts_within_its_disk_budget_and_keeps_one_copy_per_run(small_disk, tmp_path):
+def test_check_starts_within_its_disk_budget_and_keeps_full_copies_only_as_evidence(small_disk, tmp_path):
     """The normal path on the small disk: a budget that fits, a real check with snapshots (--rtol)."""
     out = small_disk / "check"
     proc = torchrepro(
@@ -315,10 +315,32 @@ def test_check_starts_within_its_disk_budget_and_keeps_one_copy_per_run(small_di
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "report.json").read_text())
-    assert report["determinism"]["verdict"] in ("bit_exact", "within_tolerance")
-    for run in ("run-1", "run-2"):
+    verdict = report["determinism"]["verdict"]
+    assert verdict in ("bit_exact", "within_tolerance")
+    for run in ("run-1", "run-2"):  # bit-exact runs: no full copy is evidence of anything
         snaps = out / run / "rank-0" / "snapshots"
-        assert len(list(snaps.glob("step-*.npz"))) == 1 and list(snaps.glob("sketch-*.npz"))
+        assert len(list(snaps.glob("step-*.npz"))) == (verdict != "bit_exact") and list(snaps.glob("sketch-*.npz"))
+
+
+def test_a_check_keeps_full_copies_only_of_the_pair_that_diverged(tmp_path):
+    """Three runs that differ (a clock-seeded nudge), held to a tolerance they exceed: once the check
+    has decided, the first pair that diverged keeps its last step whole, the third run its sketches."""
+    out = tmp_path / "check"
+    proc = torchrepro(
+        "check", "--runs", "3", "--rtol", "1e-12", "--no-fixes", "--no-localize", "--out", str(out),
+        str(SCRIPTS / "tiny_noise.py"), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    det = json.loads((out / "report.json").read_text())["determinism"]
+    assert det["verdict"] == "diverged" and det["curve"][-1]["max_abs"] > 0
+    full = sorted(p.relative_to(out).parts[0] for p in out.glob("*/rank-*/snapshots/step-*.npz"))
+    assert full == ["run-1", "run-2"]
+    assert all(len(list((out / r / "rank-0" / "snapshots").glob("sketch-*.npz"))) == 4 for r in det["runs"])
+    # the run left with sketches only still compares (this model's tensors are small enough to be kept whole in them)
+    diff = torchrepro("diff", "--json", str(tmp_path / "d.json"), str(out / "run-1"), str(out / "run-3"), cwd=tmp_path)
+    assert diff.returncode == 1, diff.stderr
+    curve = json.loads((tmp_path / "d.json").read_text())["determinism"]["curve"]
+    assert [p["step"] for p in curve] == [0, 1, 2, 3] and curve[-1]["max_abs"] > 0 and not curve[-1]["estimated"]
 
 
 @pytest.mark.inductor
@@ -343,12 +365,15 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
     assert copy == 4 * 8_428_032  # one float32 copy of the model's parameters
     runs = [p for p in out.iterdir() if (p / "rank-0" / "snapshots").is_dir()]
     assert sorted(p.name for p in runs) == ["compiled", "eager", "fallback-random"]
-    for run in runs:
+    for run in runs:  # the pair that differs keeps its last step whole; the third run its sketches only
         snaps = run / "rank-0" / "snapshots"
-        steps = len(list(snaps.glob("sketch-*.npz")))
-        whole = sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
-        assert steps == 3 and len(list(snaps.glob("step-*.npz"))) == 1
-        assert whole <= 2 * copy + steps * 1_000_000, (run.name, whole)
+        assert len(list(snaps.glob("sketch-*.npz"))) == 3
+        assert len(list(snaps.glob("step-*.npz"))) == (run.name != "fallback-random")
+    # the compiled graphs saved for torchrepro repro: the compared pair's only (at most 256 MiB a graph)
+    assert sorted(p.parts[-3] for p in out.glob("*/rank-0/graphs")) == ["compiled"]
+    # the whole check directory but those graphs: two parameter copies, a sketch a step a run, the logs
+    whole = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and "graphs" not in p.parts)
+    assert whole <= 2 * copy + len(runs) * 3 * 1_000_000 + 4_000_000, whole
     det = json.loads((out / "report.json").read_text())["determinism"]
     curve = det["curve"]
     assert [p["step"] for p in curve] == [0, 1, 2] and det["first_divergence"]["step"] == 0
@@ -356,3 +381,11 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
     assert not curve[-1]["estimated"] and curve[-1]["max_abs"] > 0  # the last step, kept whole by both
     assert det["decomposition"]["total"]["final_max_abs"] == curve[-1]["max_abs"]
     assert any("estimated from a" in note for note in det["notes"])
+    # the runs still compare: exact at the last step where both kept it whole, estimated where one did not
+    for other, exact in (("compiled", True), ("fallback-random", False)):
+        diff = torchrepro(
+            "diff", "--json", str(tmp_path / f"{other}.json"), str(out / "eager"), str(out / other), cwd=tmp_path
+        )
+        assert diff.returncode == 1, diff.stderr
+        last = json.loads((tmp_path / f"{other}.json").read_text())["determinism"]["curve"][-1]
+        assert (last["max_abs"] is not None, last["estimated"]) == (exact, not exact) and last["l2"] > 0

@@ -338,6 +338,33 @@ def functorch_config() -> ModuleType | None:
     )
 
 
+def aot_cache_loading() -> tuple[type, type[Exception], Callable[[], str], ModuleType, type] | None:
+    """What loading a compiled graph from an AOTAutograd cache entry goes through, and what keeps
+    the graph for a later load: ``FxGraphCacheLoadable`` (``load``, ``_is_backward``,
+    ``fx_graph_cache_info``: the FX graph cache key first), ``FXGraphCacheMiss`` (raised by a load,
+    the entry counts as a miss and is compiled again), inductor's ``cache_dir()`` and
+    ``torch.fx._graph_pickler`` (``GraphPickler.dumps``/``loads``, ``Options``) and the
+    ``FakeTensorMode`` a graph is loaded into."""
+
+    def find() -> tuple[type, type[Exception], Callable[[], str], ModuleType, type]:
+        result = importlib.import_module("torch._functorch._aot_autograd.aot_autograd_result")
+        cache = importlib.import_module("torch._functorch._aot_autograd.autograd_cache")
+        cache_dir = _attribute("torch._inductor.runtime.cache_dir_utils", "cache_dir")()
+        pickling = importlib.import_module("torch.fx._graph_pickler")
+        loadable = result.FxGraphCacheLoadable
+        if not callable(getattr(loadable, "load", None)) or not hasattr(pickling.Options(), "ops_filter"):
+            raise AttributeError("FxGraphCacheLoadable.load or GraphPickler's Options.ops_filter")
+        fake_mode = _attribute("torch._subclasses.fake_tensor", "FakeTensorMode")()
+        return loadable, cache.FXGraphCacheMiss, cache_dir, pickling, fake_mode
+
+    return _probe(
+        "aot_cache_loading",
+        "torch._functorch._aot_autograd.aot_autograd_result.FxGraphCacheLoadable.load",
+        "graphs cannot be probed when served from the AOTAutograd cache: the probe turns that cache off",
+        find,
+    )
+
+
 def skip_code() -> Callable[[Any], None] | None:
     """``torch._dynamo.eval_frame.skip_code``: Dynamo skips a code object (capture's wrappers)."""
     return _probe(

@@ -2,6 +2,7 @@
 adds 1e-6 on every other call in this process (a call counter), in the forward (``fwd``) or in
 the backward of ``x * w`` (``bwd``). Two runs call it in the same order, so they agree bit for
 bit; a compiled graph called again on the same inputs does not. ``none``: no jitter at all."""
+
 import sys
 
 import torch
@@ -27,7 +28,9 @@ def _(x):
 jitter.register_autograd(lambda ctx, grad: grad)
 
 
-@torch.library.custom_op("probe_planted::scale", mutates_args=())
+# one op name a mode: AOTAutograd's cache keys an op by its name and schema, not by the Python of
+# its backward, so the modes would otherwise be served each other's cached backward graphs
+@torch.library.custom_op(f"probe_planted::scale_{WHERE}", mutates_args=())
 def scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x * w
 

@@ -30,10 +30,11 @@ from typing import Any
 import torch
 
 from ..eventlog.events import Event, GraphProbe
+from ..eventlog.rundir import atomic_path
 from ..eventlog.payloads import NodeInfo
 from .fx_nodes import first_line, leaves, node_info, same
-from .._compat import op_name
-from .kernels import KernelRepeater, _copy, _digests
+from .._compat import aot_cache_loading, current_compile_id, functorch_config, op_name, patch
+from .kernels import GraphDescription, KernelRepeater, _copy, _digests
 
 
 MIN_REPEATS = 2  # a graph that differs stops being repeated after this many
@@ -64,6 +65,10 @@ class GraphProber(KernelRepeater):
         self.seen: set[str] = set()
         self.fx: dict[str, Any] = {}  # "compile_id/graph" -> its aten FX graph, as inductor was given it
 
+    def install(self) -> bool:
+        self.from_aot_cache = self._load_from_aot_cache()
+        return super().install()
+
     def _compiling(self, key: str, gm: Any) -> None:
         import copy
 
@@ -71,6 +76,50 @@ class GraphProber(KernelRepeater):
             self.fx[key] = copy.deepcopy(gm)  # inductor's passes rewrite gm in place
         except Exception as exc:  # the node-level naming is lost, the probe still runs
             self.errors.append(f"copying compiled graph {key}: {first_line(exc)}")
+
+    def _compiled(self, key: str, compiled: Any) -> None:
+        """Keep the graph beside inductor's cache entry, for a later run served from the
+        AOTAutograd cache (:meth:`_load_from_aot_cache`)."""
+        found, gm = aot_cache_loading(), self.fx.get(key)
+        fx_key = getattr(compiled, "_fx_graph_cache_key", None)
+        if not self.from_aot_cache or found is None or gm is None or not isinstance(fx_key, str):
+            return
+        _, _, cache_dir, pickling, _ = found
+        try:
+            store_graph(self._kept_at(cache_dir, fx_key), gm, self.graphs.get(key), pickling)
+        except Exception as exc:  # the next run compiles this graph again; this one is probed all the same
+            self.errors.append(f"keeping compiled graph {key} beside the cache: {first_line(exc)}")
+
+    def _kept_at(self, cache_dir: Callable[[], str], fx_key: str) -> Path:
+        """Where the FX graph of ``fx_key`` is kept, traced from the source lines of the graph being
+        compiled: an edit that moves them (not in the cache's key) finds none, and compiles again."""
+        return Path(cache_dir()) / STORED_GRAPHS / f"{fx_key}-{self.lines[:16]}"
+
+    def _load_from_aot_cache(self) -> bool:
+        """Wrap the graphs an AOTAutograd cache entry loads (that cache then stays on: tracing
+        again costs a run seconds), each with its FX graph kept by the run that compiled it; an
+        entry none was kept for counts as a miss and is compiled, through inner compile, again.
+        False where this torch lacks what that takes, or bundles the entries."""
+        found, config = aot_cache_loading(), functorch_config()
+        if found is None or getattr(config, "bundled_autograd_cache", False):
+            return False
+        loadable, miss, cache_dir, pickling, fake_mode = found
+        original: Any = getattr(loadable, "load")
+
+        def load(entry: Any, example_inputs: Any) -> Any:
+            graph = "backward" if entry._is_backward() else "forward"
+            fx_key = str(entry.fx_graph_cache_info[0])
+            kept = load_graph(self._kept_at(cache_dir, fx_key), pickling, fake_mode)
+            if kept is None:
+                raise miss(f"torchrepro keeps no FX graph for {fx_key}")
+            compiled = original(entry, example_inputs)
+            compile_id = str(current_compile_id())
+            self.fx[f"{compile_id}/{graph}"], described = kept
+            self._wrap_compiled(compiled, compile_id, graph, described, self.names)
+            return compiled
+
+        self._undo.append(patch(loadable, "load", load).undo)
+        return True
 
     def _wrap(self, real: Any, compile_id: str, graph: str) -> Any:
         key = f"{compile_id}/{graph}"
@@ -247,6 +296,41 @@ def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]
                 op = f"aten.{op_name(original)}" if aten else str(original or n.target)
                 return DifferingNode(**node_info(n), op=op)
     return None
+
+
+STORED_GRAPHS = "torchrepro-graphs"  # in inductor's cache folder: each FX graph a probed run compiled
+
+
+def store_graph(path: Path, gm: Any, described: GraphDescription | None, pickling: Any) -> None:
+    """Keep ``gm`` (``path.graph``, torch's GraphPickler: node metadata but the module stacks) and
+    what describes it and its nodes' modules (``path.json``) for :func:`load_graph`."""
+    if path.with_suffix(".json").exists():
+        return
+    innermost = {
+        n.name: list(n.meta["nn_module_stack"].values())[-1] for n in gm.graph.nodes if n.meta.get("nn_module_stack")
+    }
+    stacks = {name: [fqn, getattr(cls, "__name__", str(cls))] for name, (fqn, cls) in innermost.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path.with_suffix(".graph")) as tmp:  # every op by name (prims.iota included)
+        tmp.write_bytes(pickling.GraphPickler.dumps(gm, pickling.Options(ops_filter=None)))
+    description = {k: v for k, v in (described or {}).items() if k in ("outputs", "ops")}
+    with atomic_path(path.with_suffix(".json")) as tmp:  # written last: the pair is complete
+        tmp.write_text(json.dumps({"described": description, "modules": stacks}), encoding="utf-8")
+
+
+def load_graph(path: Path, pickling: Any, fake_mode: Any) -> tuple[Any, GraphDescription] | None:
+    """The FX graph (its tensors fake, in a new ``fake_mode()``) and description :func:`store_graph`
+    kept at ``path``; None where none is (or unreadable)."""
+    try:
+        kept = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        gm = pickling.GraphPickler.loads(path.with_suffix(".graph").read_bytes(), fake_mode())
+    except Exception:  # none kept, or not readable by this torch: compiled again
+        return None
+    for n in gm.graph.nodes:
+        if n.name in kept["modules"]:
+            n.meta["nn_module_stack"] = {n.name: tuple(kept["modules"][n.name])}
+    described: GraphDescription = {"outputs": [], "ops": [], **kept["described"]}
+    return gm, described
 
 
 GRAPHS_DIR = "graphs"  # in each rank's folder: one folder a compiled graph (graph_dir_name)

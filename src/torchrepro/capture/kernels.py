@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 import torch
 
 from .._compat import compile_fx_module, current_compile_id, functorch_config, op_name, patch, wrap_compile_fx
-from ..digests import fingerprint
+from ..digests import fingerprint, hash_bytes
 from ..eventlog.payloads import ExplainedOutput, KernelCall, KernelSummary, NodeInfo
 from .fx_nodes import clean_fqn, first_line, leaves, node_info, same
 
@@ -293,6 +293,12 @@ def _copy(x: Any) -> Any:
     return out.copy_(x.detach())
 
 
+def _lines(stack: str | None) -> bytes:
+    """The line numbers and functions of a node's stack trace (not the files: each run of a check
+    may run in its own copy of the working directory)."""
+    return repr(re.findall(r"line (\d+), in (\S+)", stack or "")).encode()
+
+
 class KernelRepeater:
     """Wraps inductor's compile so every compiled forward and backward graph can be repeated."""
 
@@ -304,6 +310,11 @@ class KernelRepeater:
         self._ours = False  # inside our own repeats
         self.graphs: dict[str, CompiledGraph] = {}  # "compile_id/forward" -> what describes it
         self._undo: list[Callable[[], None]] = []
+        self.names: list[str] = []  # the inputs of the graph being compiled, as the script names them
+        self.lines = ""  # a digest of its nodes' source lines (a cache key leaves them out)
+        # a cached AOTAutograd entry would skip inductor's inner compile: that cache is off unless a
+        # subclass wraps the graphs loaded from it too (True)
+        self.from_aot_cache = False
 
     def install(self) -> bool:
         """Patch inductor (feature-detected); False when this torch lacks what is needed."""
@@ -315,7 +326,8 @@ class KernelRepeater:
             if args or "inner_compile" in kwargs:
                 return original(gm, example_inputs, *args, **kwargs)
             compile_id = str(current_compile_id())
-            names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+            self.names = names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+            self.lines = hash_bytes(*(_lines(n.meta.get("stack_trace")) for n in gm.graph.nodes))
             inner = self._inner(compile_id, names, module.compile_fx_inner)
             return original(gm, example_inputs, inner_compile=inner, **kwargs)
 
@@ -323,8 +335,8 @@ class KernelRepeater:
         if wrapped is None:
             return False
         self._undo.append(wrapped.undo)
-        config = functorch_config()  # a cached AOTAutograd entry would skip inductor's inner compile
-        if getattr(config, "enable_autograd_cache", None):  # (the FX cache still serves)
+        config = functorch_config()  # (the FX cache still serves)
+        if not self.from_aot_cache and getattr(config, "enable_autograd_cache", None):
             self._undo.append(patch(config, "enable_autograd_cache", False).undo)
         return True
 
@@ -336,27 +348,41 @@ class KernelRepeater:
     def _inner(self, compile_id: str, names: list[str], inner: Any) -> Any:
         def inner_compile(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
             graph = "backward" if kwargs.get("is_backward") else "forward"
-            try:
-                described = describe_outputs(gm)  # before inductor's passes rewrite gm
-            except Exception as exc:  # the description is ours: the compile goes on without it
-                self.errors.append(f"describing compiled graph {compile_id} ({graph}): {first_line(exc)}")
-                described = {"outputs": [], "ops": []}
+            described = self._describe(compile_id, graph, gm)  # before inductor's passes rewrite gm
             key = f"{compile_id}/{graph}"
             self._compiling(key, gm)
             compiled = inner(gm, example_inputs, *args, **kwargs)
-            self.graphs[key] = CompiledGraph(
-                **described, inputs=names, source_code=getattr(compiled, "source_code", None)
-            )
-            real = getattr(compiled, "current_callable", None)
-            if callable(real):
-                compiled.current_callable = self._wrap(real, compile_id, graph)
+            self._wrap_compiled(compiled, compile_id, graph, described, names)
+            self._compiled(key, compiled)
             return compiled
 
         return inner_compile
 
+    def _describe(self, compile_id: str, graph: str, gm: Any) -> GraphDescription:
+        """:func:`describe_outputs` of ``gm``; empty where that fails (the compile goes on without it)."""
+        try:
+            return describe_outputs(gm)
+        except Exception as exc:  # the description is ours
+            self.errors.append(f"describing compiled graph {compile_id} ({graph}): {first_line(exc)}")
+            return {"outputs": [], "ops": []}
+
+    def _wrap_compiled(
+        self, compiled: Any, compile_id: str, graph: str, described: GraphDescription, names: list[str]
+    ) -> None:
+        """Keep what describes inductor's output ``compiled`` and route its calls through :meth:`_wrap`."""
+        self.graphs[f"{compile_id}/{graph}"] = CompiledGraph(
+            **described, inputs=names, source_code=getattr(compiled, "source_code", None)
+        )
+        real = getattr(compiled, "current_callable", None)
+        if callable(real):
+            compiled.current_callable = self._wrap(real, compile_id, graph)
+
     def _compiling(self, key: str, gm: Any) -> None:
         """Called with each graph (``compile_id/forward``) before inductor compiles it (its passes
         may rewrite ``gm`` in place): nothing here; a subclass may keep a copy."""
+
+    def _compiled(self, key: str, compiled: Any) -> None:
+        """Called with inductor's output for each graph compiled (``key``: ``compile_id/forward``): nothing here."""
 
     def _wrap(self, real: Any, compile_id: str, graph: str) -> Any:
         def run(args: list[Any]) -> Any:

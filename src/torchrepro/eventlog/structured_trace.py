@@ -1,7 +1,7 @@
 """PyTorch's structured trace (``TORCH_TRACE``) → torchrepro events.
 
 The same :class:`TraceTranslator` serves two inputs: records seen live by a handler on the
-``torch.__trace`` logger (``capture.compile``), and ``TORCH_TRACE`` log files written by a job
+``torch.__trace`` logger (``capture.compile_events``), and ``TORCH_TRACE`` log files written by a job
 that ran without torchrepro (:func:`read_trace_dir`). A record is a metadata dict plus an
 optional payload string. Record types this module does not use are counted, never fatal, so
 newer torch versions that add records keep working. Events keep what torch said (a recompile's

@@ -49,7 +49,7 @@ from ...eventlog.provenance import launch_meta, provenance
 from ...reports.check_report import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...render.save import write_report
-from .disk import planned_runs, require_disk
+from .disk import keep_evidence, planned_runs, require_disk
 from .runs import Checker, RunSpec, plan_runs
 
 
@@ -359,6 +359,8 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
         (run_a, run_b),
     )
     write_report(run_dir, report)
+    # what the report was drawn from, cut to the evidence (commands/check/disk.py)
+    keep_evidence(run_dir, [spec_a.label, spec_b.label], differ=div is not None or within)
     return report, run_dir
 
 

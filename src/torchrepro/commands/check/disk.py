@@ -1,16 +1,21 @@
-"""Whether the disk can hold what a ``check`` writes, decided before any run starts.
+"""Whether the disk can hold what a ``check`` writes, decided before any run starts, and what
+is left of it once the check has decided.
 
-A run keeps at most two copies of its parameters (the last snapshot step's, and the next one's
-while it is written) and a sketch of at most :data:`~torchrepro.capture.snapshots.SKETCH_BYTES` a
-snapshot step (docs/fingerprint.md, "Snapshots"), beside its event log. The parameters' size is not
-known before the script runs: the estimate is :data:`RUN_BYTES` a run (:data:`LOG_BYTES` when no
-snapshot is kept), and ``--disk-budget`` replaces it with what the user knows
-(two parameter copies a run, 1 MB a snapshot step, for the runs listed by :func:`planned_runs`).
+While the runs go on, a run keeps at most two copies of its parameters (the last snapshot step's,
+and the next one's while it is written) and a sketch of at most
+:data:`~torchrepro.capture.snapshots.SKETCH_BYTES` a snapshot step (docs/fingerprint.md,
+"Snapshots"), beside its event log: the most a check needs is that, for every run it may start.
+The parameters' size is not known before the script runs: the estimate is :data:`RUN_BYTES` a run
+(:data:`LOG_BYTES` when no snapshot is kept), and ``--disk-budget`` replaces it with what the user
+knows (two parameter copies a run, 1 MB a snapshot step, for the runs listed by
+:func:`planned_runs`). Once the report is written, :func:`keep_evidence` leaves at most two copies
+in the whole check directory: those of the pair of runs that differ, none where they are bit-exact.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from ...errors import UserError
@@ -54,3 +59,21 @@ def require_disk(folder: Path, runs: int, snapshots: bool, budget: int | None) -
         f"({what}); free space, choose --out elsewhere, or give --disk-budget SIZE (two parameter copies "
         "a run, 1 MB a snapshot step)"
     )
+
+
+def keep_evidence(run_dir: Path, pair: Sequence[str], differ: bool) -> int:
+    """Once a check has decided: delete the full parameter copies (``step-<n>.npz``) of every run
+    in the check directory ``run_dir`` but the two compared (``pair``), and theirs too where they do
+    not ``differ`` (bit-exact); and the compiled graphs saved for ``torchrepro repro``
+    (``graphs/``) of every run but the pair. Sketches stay: the divergence curve of any two runs is
+    still drawn, estimated (``max_abs`` null) where one of them kept no full copy. The bytes freed."""
+    freed = 0
+    for path in sorted(run_dir.glob("*/rank-*/snapshots/step-*.npz")):
+        if not differ or path.relative_to(run_dir).parts[0] not in pair:
+            freed += path.stat().st_size
+            path.unlink()
+    for folder in sorted(run_dir.glob("*/rank-*/graphs")):
+        if folder.relative_to(run_dir).parts[0] not in pair:
+            freed += sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+            shutil.rmtree(folder)
+    return freed
