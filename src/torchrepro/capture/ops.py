@@ -241,7 +241,7 @@ def _wait_for_child_ranks(timeout: float = 120.0) -> None:
     session = _state.session()
     if session is None or session.pid != os.getpid():
         return
-    headers = (read_header(log) for log in rank_logs(session.config.run_dir))
+    headers = (read_header(log) for log in rank_logs(session.run_dir))
     children = [h.pid for h in headers if h is not None and h.pid and _parent(h.pid) == os.getpid()]
     deadline = time.monotonic() + timeout
     for pid in children:
