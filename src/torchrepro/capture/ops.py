@@ -236,7 +236,7 @@ def _wait_for_child_ranks(timeout: float = 120.0) -> None:
     rank 0), which the launcher would otherwise stop before they finish the same step."""
     import time
 
-    from ..eventlog.events import rank_logs, read_header
+    from ..eventlog.event_reader import rank_logs, read_header
 
     session = _state.session()
     if session is None or session.pid != os.getpid():

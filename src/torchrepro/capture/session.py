@@ -19,7 +19,8 @@ import torch
 
 from .. import _dist, _state
 from .._compat import undo_patches, watch
-from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
+from ..eventlog.event_writer import EventWriter
+from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, Header, World
 from ..eventlog.payloads import JsonObject
 from .compile_events import CompileCapture
 from .steps import StepConfig, StepRecorder

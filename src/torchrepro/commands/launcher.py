@@ -83,7 +83,7 @@ def _last_progress(run_dir: Path, since: float) -> float:
 
 
 def _rank_pids(run_dir: Path) -> list[int]:
-    from ..eventlog.events import read_header
+    from ..eventlog.event_reader import read_header
 
     pids = []
     for path in run_dir.glob("rank-*/events.jsonl"):

@@ -247,7 +247,8 @@ def _rank_the_plan(rank: int, world_size: int) -> None:
 def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
     """Make ``run_dir/rank-<rank>`` this process's: new, or held by the launched process (``root_pid``)
     as the rank 0 it assumed but never joined a group as (its log then moves to ``launcher/``)."""
-    from ..eventlog.events import EVENTS_FILE, read_header
+    from ..eventlog.event_reader import read_header
+    from ..eventlog.events import EVENTS_FILE
 
     target = run_dir / f"rank-{rank}"
     run_dir.mkdir(parents=True, exist_ok=True)
