@@ -276,7 +276,9 @@ def test_imports_for_type_hints_are_read_and_a_circle_through_them_fails(tmp_pat
     package = tmp_path / PKG
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "low.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .high import High\n")
+    (package / "low.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .high import High\n"
+    )
     (package / "high.py").write_text("from .low import low\n")
     assert cycles(load_graph(tmp_path)[0]) == []  # at run time: no circle
     assert cycles(load_graph(tmp_path, type_checking=True)[0]) == [["torchrepro.high", "torchrepro.low"]]
