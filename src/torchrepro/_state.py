@@ -3,7 +3,7 @@ plan's root and its ``fork()`` streams, the registered generators, the running c
 and this process's id), and the registry of what each higher module keeps for the life of the
 process.
 
-Each module that patches or prepares this process declares its own state once, at its top, with
+Each module that patches or prepares this process declares its own state once, at module level, with
 :func:`kept` (``_compat``: torch's patches in place and who watches the probes; ``seed``: the
 active plan, the DataLoader worker's stream, the original ``_get_iterator``; ``determinism``:
 whether the cuBLAS workspace was set too late; ``capture.on_import``, ``runtime.follow``,
@@ -63,7 +63,7 @@ _KEPT: list[Kept[Any]] = []  # every module's declared state, in the order decla
 
 
 def kept(factory: Callable[[], T], *, survives_reset: bool = False) -> Kept[T]:
-    """Declare a module's state for the life of this process (once, at the module's top)."""
+    """Declare a module's state for the life of this process (once, at module level)."""
     declared = Kept(factory, survives_reset)
     _KEPT.append(declared)
     return declared
