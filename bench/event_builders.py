@@ -23,7 +23,8 @@ from pathlib import Path
 import orjson
 
 from torchrepro.eventlog import stepstream
-from torchrepro.eventlog.events import Step, _common_step_values, _line, _names, _step_values, step_decoder
+from torchrepro.eventlog.event_codec import common_step_values, encode_line, step_decoder, step_values
+from torchrepro.eventlog.events import Step, field_names
 from torchrepro.eventlog.stepstream import Encoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -51,14 +52,14 @@ def steps_asked() -> tuple[list[Step], bool]:
 
 def main() -> None:
     made, check = steps_asked()
-    lines = [_line(s) for s in made]
-    encoder = Encoder(_names(Step))
-    stream = encoder.header() + b"".join(encoder.encode([0, *_step_values(s)]) for s in made)
+    lines = [encode_line(s) for s in made]
+    encoder = Encoder(field_names(Step))
+    stream = encoder.header() + b"".join(encoder.encode([0, *step_values(s)]) for s in made)
 
     def encode_all() -> None:
-        enc = Encoder(_names(Step))
+        enc = Encoder(field_names(Step))
         for s in made:
-            enc.encode([0, *_step_values(s)])
+            enc.encode([0, *step_values(s)])
 
     def decode_all() -> None:
         decoder = step_decoder()
@@ -69,7 +70,7 @@ def main() -> None:
     print(f"{n} steps ({'check' if check else 'doctor'}-like), CPU µs per step, best of 9")
     print(f"{'':>14} {'bytes':>7} {'write µs':>9} {'read µs':>8}")
     print(
-        f"{'JSON line':>14} {sum(map(len, lines)) / n:>7.1f} {best_us(lambda: [_line(s) for s in made], n):>9.2f} "
+        f"{'JSON line':>14} {sum(map(len, lines)) / n:>7.1f} {best_us(lambda: [encode_line(s) for s in made], n):>9.2f} "
         f"{best_us(lambda: [orjson.loads(line) for line in lines], n):>8.2f}  (read: orjson.loads alone)"
     )
     codecs = {"steps.bin C": stepstream._C, "steps.bin Py": None}
@@ -82,13 +83,13 @@ def main() -> None:
     # what doctor writes most steps as (EventWriter.write_step: no digest but the loss and times), with
     # the C codec where it was built; with and without the records' checks, taking turns
     stepstream._C = codecs["steps.bin C"]
-    common = [_common_step_values(0, s.t, 0, s.index, s.loss, 1, s.time_s, 0) for s in made]
+    common = [common_step_values(0, s.t, 0, s.index, s.loss, 1, s.time_s, 0) for s in made]
     for checked in (True, False, True, False):
-        encoder = Encoder(_names(Step), checked)
+        encoder = Encoder(field_names(Step), checked)
         size = sum(len(encoder.encode(values)) for values in common)
 
         def encode_common(checked: bool = checked) -> None:
-            encode = Encoder(_names(Step), checked).encode
+            encode = Encoder(field_names(Step), checked).encode
             for values in common:
                 encode(values)
 

@@ -40,17 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchrepro.eventlog.events import (
-    CacheLookup,
-    Compile,
-    Counters,
-    End,
-    GraphBreak,
-    Header,
-    Params,
-    Step,
-    write_all,
-)
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Params, Step
 
 
 def rank_log(events: int, rank: int) -> list:

@@ -194,16 +194,16 @@ PARTS = [  # (label, owner module, attribute, owner class or None); entry points
     ("entry: backward wrapper", "torchrepro.capture.steps", "_note_backward", "StepRecorder"),
     ("entry: after backward", "torchrepro.capture.steps", "_after_backward", "StepRecorder"),
     ("entry: optimizer post-step", "torchrepro.capture.steps", "_on_step", "StepRecorder"),
-    ("  RNG digest (live_fingerprints)", "torchrepro.capture.steps", "live_fingerprints", None),
-    ("  RNG combine", "torchrepro.capture.steps", "combine", None),
-    ("  batch fingerprint", "torchrepro.capture.steps", "fingerprint", None),
-    ("  parameter fingerprints (amortized)", "torchrepro.capture.steps", "fingerprint_later", None),
+    ("  RNG digest (live_fingerprints)", "torchrepro.capture.step_rng", "live_fingerprints", None),
+    ("  RNG combine", "torchrepro.capture.step_rng", "combine", None),
+    ("  batch fingerprint", "torchrepro.capture.step_inputs", "fingerprint", None),
+    ("  parameter fingerprints (amortized)", "torchrepro.capture.step_params", "fingerprint_later", None),
     ("  read-back add (CPU: read, written)", "torchrepro.capture.readback", "add", "Readback"),
     ("  read-back poll (device values)", "torchrepro.capture.readback", "poll", "Readback"),
-    ("  event write (record + write)", "torchrepro.eventlog.events", "write", "EventWriter"),
-    ("  common step write (record + write)", "torchrepro.eventlog.events", "write_step", "EventWriter"),
+    ("  event write (record + write)", "torchrepro.eventlog.event_writer", "write", "EventWriter"),
+    ("  common step write (record + write)", "torchrepro.eventlog.event_writer", "write_step", "EventWriter"),
     ("    record encoding (steps.bin)", "torchrepro.eventlog.stepstream", "encode", "Encoder"),
-    ("    write system call (other events)", "torchrepro.eventlog.events", "_write", None),
+    ("    write system call (other events)", "torchrepro.eventlog.event_writer", "_write", None),
 ]
 
 
@@ -433,7 +433,8 @@ def cold_pieces(rounds: int, calls: int = 300) -> None:
     the work it does (docs/performance.md, "What doctor costs a step")."""
     import torch
 
-    from torchrepro.eventlog.events import EventWriter, Step, _names
+    from torchrepro.eventlog.event_writer import EventWriter
+    from torchrepro.eventlog.events import Step, field_names
     from torchrepro.eventlog.stepstream import Encoder
 
     src, dst = torch.ones(4 << 20, dtype=torch.float64), torch.empty(4 << 20, dtype=torch.float64)
@@ -446,7 +447,7 @@ def cold_pieces(rounds: int, calls: int = 300) -> None:
         step = doctor_step(i)
         if moving_only:
             step.t, step.loss, step.time_s = t0, 0.5, 0.02
-        return [0, *(getattr(step, name) for name in _names(Step))]
+        return [0, *(getattr(step, name) for name in field_names(Step))]
 
     with tempfile.TemporaryDirectory(prefix="torchrepro-cold-") as tmp:
         fd = os.open(Path(tmp) / "write.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -460,8 +461,8 @@ def cold_pieces(rounds: int, calls: int = 300) -> None:
             "an empty function (the harness)": (int, lambda: lambda i: None),
             "the Step event (dataclass)": (int, lambda: doctor_step),
             "loss read: tensor.item()": (int, lambda: lambda i: loss.item()),
-            "encoding, only index/step move": (lambda i: record(i, True), lambda: Encoder(_names(Step)).encode),
-            "encoding, a doctor step": (record, lambda: Encoder(_names(Step)).encode),
+            "encoding, only index/step move": (lambda i: record(i, True), lambda: Encoder(field_names(Step)).encode),
+            "encoding, a doctor step": (record, lambda: Encoder(field_names(Step)).encode),
             "write system call (14 bytes)": (lambda i: b"\x0e" * 14, lambda: lambda data: os.write(fd, data)),
             "EventWriter.write (encode + write)": (doctor_step, lambda: writer().write),
         }

@@ -25,7 +25,8 @@ import numpy as np
 from event_builders import best_us, steps_asked  # (the same timer, and the steps the tests use)
 
 from torchrepro.eventlog import stepstream
-from torchrepro.eventlog.events import STEP_FIELDS, Step, _step_from_values, _step_values, step_decoder
+from torchrepro.eventlog.event_codec import step_decoder, step_from_values, step_values
+from torchrepro.eventlog.events import STEP_FIELDS, Step
 from torchrepro.eventlog.stepstream import Encoder
 
 
@@ -36,13 +37,13 @@ def main() -> None:
     made, check = steps_asked()
     n = len(made)
     encoder = Encoder(STEP_FIELDS)
-    stream = encoder.header() + b"".join(encoder.encode([0, *_step_values(s)]) for s in made)
+    stream = encoder.header() + b"".join(encoder.encode([0, *step_values(s)]) for s in made)
 
     def c_or_py() -> None:
         decoder = step_decoder()
         decoder.feed(stream)
 
-    packed = [msgspec.msgpack.encode([0, *_step_values(s)]) for s in made]
+    packed = [msgspec.msgpack.encode([0, *step_values(s)]) for s in made]
     framed = b"".join(packed)
     row = msgspec.msgpack.Decoder(tuple)
 
@@ -50,7 +51,7 @@ def main() -> None:
         decode = row.decode
         for one in packed:
             values = decode(one)
-            _step_from_values(list(values[1:]), None)
+            step_from_values(list(values[1:]), None)
 
     dtype = np.dtype(FIXED)
     table = np.zeros(n, dtype)

@@ -16,7 +16,9 @@ from pathlib import Path
 from event_builders import training_steps  # (the steps the tests use)
 
 from torchrepro.eventlog import stepstream
-from torchrepro.eventlog.events import Header, Step, read_events, write_all
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import Header, Step
 
 
 def main() -> None:

@@ -174,6 +174,7 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
     from torchrepro.analysis.ranks import missing_ranks, world_findings
     from torchrepro.analysis.sides import side
     from torchrepro.analysis.verdict import ending
+    from torchrepro.eventlog.event_reader import read_events
     from torchrepro.eventlog.events import (
         CacheLookup,
         Capability,
@@ -188,7 +189,6 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
         Setting,
         Step,
         World,
-        read_events,
     )
 
     env = {

@@ -18,7 +18,8 @@ from typing import Any
 
 from synthetic_runs import training_steps
 from torchrepro.eventlog import stepstream
-from torchrepro.eventlog.events import STEP_FIELDS, _step_values
+from torchrepro.eventlog.event_codec import step_values
+from torchrepro.eventlog.events import STEP_FIELDS
 from torchrepro.eventlog.stepstream import KEYFRAME, Decoder, Encoder
 
 LIMIT = 3 << 29  # 1.5 GiB of address space
@@ -31,7 +32,7 @@ def streams() -> list[bytes]:
         for check in (False, True):
             encoder = Encoder(STEP_FIELDS, checked)
             steps = training_steps(40, check=check, seed=3)
-            records = b"".join(encoder.encode([k, *_step_values(s)]) for k, s in enumerate(steps))
+            records = b"".join(encoder.encode([k, *step_values(s)]) for k, s in enumerate(steps))
             out.append(encoder.header() + records + encoder.seal())
     return out
 

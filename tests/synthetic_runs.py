@@ -11,7 +11,8 @@ from pathlib import Path
 
 from torchrepro.analysis.kept_steps import StepReducer
 
-from torchrepro.eventlog.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Step, write_all
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import CacheLookup, Compile, Counters, End, GraphBreak, Header, Step
 
 GUARD = "tensor 'x' size mismatch at index 0. expected 32, actual 8"
 

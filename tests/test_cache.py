@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from torchrepro.cli import main
-from torchrepro.eventlog.events import CacheLookup, Header, write_all
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import CacheLookup, Header
 
 pytestmark = pytest.mark.xdist_group("cache")  # one worker runs these tests: it builds the shared fixture once
 

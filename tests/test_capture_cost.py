@@ -210,7 +210,7 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
         if "_cpu_values" in chain:  # the batch point: Readback.add (nothing waiting) or Readback.poll
             assert chain[chain.index("_cpu_values") - 1] in ("add", "poll"), chain
             found = "poll"
-        if chain[-1:] == ["_note_backward"]:  # a CPU loss, read where backward() is called on it
+        if chain[-2:] == ["_note_backward", "note"]:  # a CPU loss, read where backward() is called on it (StepLosses)
             found = "backward"
         if found is None:
             assert chain[-2:] == ["_note_module_call", "fingerprint"] or "_note_module_call" in chain, chain
@@ -349,7 +349,8 @@ def test_a_script_that_never_compiles_never_imports_dynamo(run_python, tmp_path)
 def test_dynamo_imported_after_start_still_gets_the_wrappers_hidden(run_python, tmp_path):
     """Importing Dynamo imports torch.distributed.fsdp, whose observer wraps fully_shard and asks
     to hide it from Dynamo while Dynamo is still being imported: that waits until it is done."""
-    from torchrepro.eventlog.events import Capability, Step, read_events
+    from torchrepro.eventlog.event_reader import read_events
+    from torchrepro.eventlog.events import Capability, Step
 
     assert "ok" in run_python(COMPILE_LATER).stdout
     log = read_events(tmp_path / "run/rank-0/events.jsonl")
@@ -382,7 +383,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, steps):
     import signal
 
-    from torchrepro.eventlog.events import Step, read_events
+    from torchrepro.eventlog.event_reader import read_events
+    from torchrepro.eventlog.events import Step
 
     (tmp_path / "killed.py").write_text(KILLED)
     proc = run_python(
@@ -398,7 +400,8 @@ def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, 
 
 def _step_lines(run_root) -> list[str]:
     """The step events of the run's rank 0, each as a JSON line."""
-    from torchrepro.eventlog.events import Step, read_events
+    from torchrepro.eventlog.event_reader import read_events
+    from torchrepro.eventlog.events import Step
 
     return [json.dumps(s.to_json()) for s in read_events(run_root / "run/rank-0/events.jsonl").of(Step)]
 
@@ -408,7 +411,9 @@ def test_fast_json_lines_read_back_exactly_with_nan_and_unknown_fields(tmp_path)
     every value reads back as written, NaN and inf included; unknown fields are still ignored."""
     import math
 
-    from torchrepro.eventlog.events import EventWriter, Step, read_events
+    from torchrepro.eventlog.event_reader import read_events
+    from torchrepro.eventlog.event_writer import EventWriter
+    from torchrepro.eventlog.events import Step
 
     steps = [
         Step(index=0, step=0, loss=2.308467388153076, time_s=1e-05, rng_fps={"python": "ab"}, param_fps=["é"]),
@@ -518,7 +523,8 @@ def test_doctor_alone_takes_no_rng_batch_or_parameter_digests_and_ranks_still_do
     does; training is the same bit for bit in all."""
     import json
 
-    from torchrepro.eventlog.events import Step, read_events
+    from torchrepro.eventlog.event_reader import read_events
+    from torchrepro.eventlog.events import Step
 
     (tmp_path / "ranks_only.py").write_text(RANKS_ONLY)
     finals = json.loads(run_python("import runpy; runpy.run_path('ranks_only.py')").stdout.strip().splitlines()[-1])

@@ -223,7 +223,8 @@ def test_diff_hints_only_at_what_diff_and_run_have(tmp_path):
     from synthetic_runs import rank_events
 
     from torchrepro.commands.check.comparison import diff
-    from torchrepro.eventlog.events import Step, write_all
+    from torchrepro.eventlog.event_writer import write_all
+    from torchrepro.eventlog.events import Step
 
     for name in ("a", "b"):
         events = rank_events(0, 1, steps=8)
@@ -245,7 +246,8 @@ def test_runs_that_diverge_and_then_run_for_different_lengths_both_ended_normall
     from synthetic_runs import rank_events
 
     from torchrepro.commands.check.comparison import diff
-    from torchrepro.eventlog.events import Step, write_all
+    from torchrepro.eventlog.event_writer import write_all
+    from torchrepro.eventlog.events import Step
 
     for name, steps in (("a", 12), ("b", 30)):
         events = rank_events(0, 1, steps=steps)

@@ -20,7 +20,8 @@ import torchrepro.commands
 from torchrepro.cli import COMMANDS, build_parser
 from torchrepro.errors import InputError
 from torchrepro.runtime.run_options import OPTIONS_VAR, RunOptions
-from torchrepro.eventlog.events import Step, read_events
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.events import Step
 
 # what the commands share (the launcher, the option layer, the output guard): modules without a sub-command
 SHARED = [

@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import math
 
-from torchrepro.eventlog.events import COMMON_STEP, EventWriter, Header, Step, read_events
+from torchrepro.eventlog.event_codec import COMMON_STEP
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import EventWriter
+from torchrepro.eventlog.events import Header, Step
 from torchrepro.eventlog.stepstream import KEYFRAME_EVERY
 
 
@@ -80,7 +83,7 @@ import torchrepro.capture.steps as steps
 from torchrepro.capture.session import CaptureConfig, CaptureSession
 from torchrepro.capture.steps import StepConfig
 from torchrepro.digests import fingerprint
-from torchrepro.eventlog.events import EventWriter
+from torchrepro.eventlog.event_writer import EventWriter
 
 class Clock:  # the same times in every run, so that both ways can write the same bytes
     def __init__(self):

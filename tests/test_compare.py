@@ -28,7 +28,8 @@ from torchrepro.analysis.equivalence import (
 )
 from torchrepro.analysis.verdict import Ending
 from torchrepro.cli import main
-from torchrepro.eventlog.events import End, EventLog, Header, Params, Step
+from torchrepro.eventlog.event_reader import EventLog
+from torchrepro.eventlog.events import End, Header, Params, Step
 from torchrepro.render.html import render_html
 from torchrepro.reports.loader import load_report
 from torchrepro.render.terminal import render_compare

@@ -20,7 +20,9 @@ import torch._functorch.config
 from torchrepro import _compat
 from torchrepro.analysis.categories import category_of
 from torchrepro.analysis.doctor import analyse
-from torchrepro.eventlog.events import Capability, Compile, read_events, write_all
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import Capability, Compile
 from torchrepro.eventlog.rundir import load_run
 from torchrepro.eventlog.structured_trace import TraceTranslator, constant_ids
 

@@ -27,7 +27,8 @@ from torchrepro.analysis.fix_ranking import (
 )
 from torchrepro.analysis.verdict import ending
 from torchrepro.capture.kernels import fused_ops, producers
-from torchrepro.eventlog.events import End, EventLog, Header, Step
+from torchrepro.eventlog.event_reader import EventLog
+from torchrepro.eventlog.events import End, Header, Step
 from torchrepro.eventlog.payloads import ExplainedOutput, KernelCall, KernelSummary
 
 from test_payloads import fits

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._inductor.config as inductor_config
 
-from torchrepro import _state, determinism
+from torchrepro import determinism
 from torchrepro.determinism import CUBLAS_VAR, DeterminismArgumentError, DeterminismWarning, Switch
 from torchrepro.determinism import audit, deterministic
 from torchrepro.errors import UserError
@@ -150,7 +150,7 @@ def test_bad_arguments_are_user_errors_and_change_nothing(kwargs, global_state):
 
 def test_warns_when_cuda_is_already_initialised(monkeypatch):
     monkeypatch.delenv(CUBLAS_VAR, raising=False)
-    monkeypatch.setattr(_state.current(), "cublas_set_late", False)
+    monkeypatch.setattr(determinism._CUBLAS_SET_LATE, "value", False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.warns(DeterminismWarning, match="already initialised"), deterministic():
         pass

@@ -29,7 +29,8 @@ from torchrepro.analysis.nondeterminism import (
 )
 from torchrepro.analysis.divergence import Divergence, Tolerance
 from torchrepro.analysis.verdict import ending
-from torchrepro.eventlog.events import Compile, End, Event, EventLog, Header, InitParams, Setting, Step
+from torchrepro.eventlog.event_reader import EventLog
+from torchrepro.eventlog.events import Compile, End, Event, Header, InitParams, Setting, Step
 
 ENV = {
     "versions": {"torch": "2.13.0", "python": "3.12.3"},

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from torchrepro.analysis.doctor import analyse
-from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, Step, write_all
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, Step
 from torchrepro.eventlog.rundir import load_run
 
 
@@ -74,7 +75,8 @@ def test_one_evaluation_graph_is_expected_not_a_problem(tmp_path, evaluations, s
 def test_a_tolerance_says_it_does_not_cover_the_initial_parameters(tmp_path):
     """Initial parameters are fingerprints: `--atol` cannot apply to them, and the comparison says so."""
     from torchrepro.analysis.divergence import Tolerance, first_divergence
-    from torchrepro.eventlog.events import InitParams, read_events
+    from torchrepro.eventlog.event_reader import read_events
+    from torchrepro.eventlog.events import InitParams
 
     logs = []
     for name, fp in (("a", "00"), ("b", "01")):

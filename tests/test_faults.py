@@ -19,7 +19,7 @@ import pytest
 from torchrepro.commands.launcher import run_child
 from torchrepro.errors import InputError
 from torchrepro.eventlog.rundir import LOCK_FILE, claim_run_dir, release_run_dir
-from torchrepro.eventlog.events import read_events
+from torchrepro.eventlog.event_reader import read_events
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux (/proc, prctl)")
 

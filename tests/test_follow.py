@@ -173,7 +173,8 @@ def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tm
 
 def test_the_rank_whose_loss_differs_is_named_before_ranks_that_got_it_through_all_reduce():
     from torchrepro.analysis.divergence import Tolerance, first_divergence
-    from torchrepro.eventlog.events import EventLog, Header, Step
+    from torchrepro.eventlog.event_reader import EventLog
+    from torchrepro.eventlog.events import Header, Step
 
     def run(loss1: float, grads: str) -> list[EventLog]:
         steps = [Step(rank=0, index=0, loss=1.0, grads_fp=grads), Step(rank=1, index=0, loss=loss1, grads_fp=grads)]

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from torchrepro.eventlog.events import Step, read_events
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.events import Step
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.distributed

@@ -15,7 +15,8 @@ import pytest
 
 from torchrepro.analysis.nondeterminism import graph_probes, probe_divergence
 from torchrepro.analysis.verdict import verdict_line
-from torchrepro.eventlog.events import EventLog, GraphProbe, Header, Step, read_events
+from torchrepro.eventlog.event_reader import EventLog, read_events
+from torchrepro.eventlog.events import GraphProbe, Header, Step
 from torchrepro.render.terminal import probe_lines
 
 SCRIPTS = Path(__file__).parent / "scripts"

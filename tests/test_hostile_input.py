@@ -15,7 +15,9 @@ from xml.etree import ElementTree
 import pytest
 
 from torchrepro.cli import main
-from torchrepro.eventlog.events import End, Header, Step, read_events, write_all
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import End, Header, Step
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SMALL = SCRIPTS / "train_small.py"

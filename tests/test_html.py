@@ -15,7 +15,8 @@ from torchrepro.analysis.rank_groups import rank_ranges
 from torchrepro.commands.check.comparison import diff
 from torchrepro.cli import main
 from torchrepro.commands.doctor.job import analyse_run_dir
-from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, write_all
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import CacheLookup, Compile, End, Header
 from torchrepro.render.html import fmt_num, fmt_value, line_chart, render_html, write_html
 from torchrepro.reports.findings import Verdict
 from torchrepro.reports.loader import load_report

@@ -1,6 +1,7 @@
 """The package's layers, read from the source with ``ast`` (every import, also those inside
-functions; not those under ``if TYPE_CHECKING:``, which never run). Each module's layer is its
-folder (docs/architecture.md); nothing here lists modules by hand:
+functions; those under ``if TYPE_CHECKING:``, which never run, only for the cycle rule: a circle
+of type hints is a circle all the same). Each module's layer is its folder
+(docs/architecture.md); nothing here lists modules by hand:
 
     base      torchrepro/__init__, errors, _lazy      what every layer may use
     eventlog  eventlog/                                the contract: events, run directories, traces
@@ -17,7 +18,7 @@ folder (docs/architecture.md); nothing here lists modules by hand:
 
 - a module imports only modules of its own layer or of a lower one (data flows one way: command ->
   launcher -> run directory -> event log -> analysis -> reports -> render);
-- no import cycle between modules, nor between folders (each top folder a node; the root modules
+- no import cycle between modules (not even through imports for type hints only), nor between folders (each top folder a node; the root modules
   grouped by their layer: base, library, cli);
 - no two source files share a name (``__init__.py`` aside);
 - ``cache/`` imports nothing of ``capture/`` (what both need is in ``host/``);
@@ -75,8 +76,8 @@ def layer_of(name: str) -> str:
     return "cli" if parts[1] in ("cli", "__main__") else "library"
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
+def module_name(path: Path, src: Path = SRC) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -93,12 +94,14 @@ def _runtime_nodes(tree: ast.AST) -> Iterable[ast.AST]:
             todo.append(child)
 
 
-def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+def imports_of(name: str, path: Path, modules: set[str], type_checking: bool = False) -> set[str]:
     """What a module imports: absolute names, ``from x import y`` also as ``x.y`` when that is a
-    module of the package (``from . import rundir``)."""
+    module of the package (``from . import rundir``); ``type_checking``: those under ``if
+    TYPE_CHECKING:`` too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             out |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -137,10 +140,13 @@ def private_torch_names(path: Path) -> set[str]:
     return {name for name in found if not any(name != other and name.startswith(other + ".") for other in found)}
 
 
-def load_graph(src: Path = SRC) -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, Path]]:
-    """(internal import graph, every import by module, module paths) of the package under ``src``."""
-    paths = {module_name(p): p for p in sorted((src / PKG).rglob("*.py"))}
-    raw = {name: imports_of(name, path, set(paths)) for name, path in paths.items()}
+def load_graph(
+    src: Path = SRC, type_checking: bool = False
+) -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, Path]]:
+    """(internal import graph, every import by module, module paths) of the package under ``src``;
+    ``type_checking``: with the imports under ``if TYPE_CHECKING:``."""
+    paths = {module_name(p, src): p for p in sorted((src / PKG).rglob("*.py"))}
+    raw = {name: imports_of(name, path, set(paths), type_checking) for name, path in paths.items()}
     graph = {name: {m for m in imported if m in paths and m != name} for name, imported in raw.items()}
     return graph, raw, paths
 
@@ -257,6 +263,7 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 # --- the tests ---------------------------------------------------------------------------------
 
 GRAPH, RAW, PATHS = load_graph()
+TYPED_GRAPH = load_graph(type_checking=True)[0]  # with the imports for type hints only
 
 
 def test_the_graph_is_read_from_the_source():
@@ -313,6 +320,24 @@ def test_no_import_cycle_between_folders():
 
 def test_the_cache_library_imports_nothing_of_capture():
     assert "capture/" not in folder_graph(GRAPH)["cache/"]
+
+
+def test_no_import_cycle_even_through_type_hints():
+    assert cycles(TYPED_GRAPH) == []
+
+
+def test_imports_for_type_hints_are_read_and_a_circle_through_them_fails(tmp_path):
+    assert "torchrepro.reports.loader" in TYPED_GRAPH["torchrepro.telemetry.otlp"]  # under if TYPE_CHECKING:
+    assert "torchrepro.reports.loader" not in GRAPH["torchrepro.telemetry.otlp"]
+    package = tmp_path / PKG
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .high import High\n"
+    )
+    (package / "high.py").write_text("from .low import low\n")
+    assert cycles(load_graph(tmp_path)[0]) == []  # at run time: no circle
+    assert cycles(load_graph(tmp_path, type_checking=True)[0]) == [["torchrepro.high", "torchrepro.low"]]
 
 
 def test_analysis_and_report_reach_no_torch_capture_or_launcher_and_capture_reaches_no_analysis():

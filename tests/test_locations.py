@@ -15,7 +15,8 @@ import pytest
 
 import torchrepro
 from torchrepro.analysis.compile import display_function
-from torchrepro.eventlog.events import Compile, GraphBreak, read_events
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.events import Compile, GraphBreak
 
 SCRIPT = Path(__file__).parent / "scripts" / "entry_points.py"
 OURS = str(Path(torchrepro.__file__).parent)

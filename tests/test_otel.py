@@ -27,7 +27,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from torchrepro.analysis.categories import category_of
-from torchrepro.eventlog.events import CacheLookup, Compile, End, GraphBreak, Header, Step, read_events, write_all
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import CacheLookup, Compile, End, GraphBreak, Header, Step
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = SCRIPTS / "otel_train.py"

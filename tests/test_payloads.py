@@ -8,7 +8,9 @@ from collections.abc import Mapping
 
 import torch
 
-from torchrepro.eventlog.events import Header, read_events, write_all
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import Header
 from torchrepro.eventlog.payloads import CaptureSettings, GraphCheck, NodeInfo, OpRecord
 
 

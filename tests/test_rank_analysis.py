@@ -9,7 +9,8 @@ from pathlib import Path
 from torchrepro.analysis.doctor import analyse
 from torchrepro.analysis.kept_steps import kept_steps
 from torchrepro.analysis.ranks import missing_ranks, placement, rank_findings, where, world_size
-from torchrepro.eventlog.events import CacheLookup, Compile, End, EventLog, Header, Params, Step, World
+from torchrepro.eventlog.event_reader import EventLog
+from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, Params, Step, World
 
 
 def log(rank: int, events: list) -> EventLog:

@@ -95,7 +95,8 @@ def test_a_share_whose_reading_process_dies_is_read_by_the_parent(run_dir, monke
 def test_a_keep_the_reading_processes_cannot_import_is_run_here(tmp_path):
     """A lambda (no importable name): each reading process fails before it reads its list of
     files, which for 3 000 ranks overflows the pipe (the parent's write meets a closed pipe)."""
-    from torchrepro.eventlog.events import Header, write_all
+    from torchrepro.eventlog.event_writer import write_all
+    from torchrepro.eventlog.events import Header
 
     root = tmp_path / ("a-long-folder-name-" * 4)
     for rank in range(3000):

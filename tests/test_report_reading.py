@@ -1,6 +1,6 @@
 """The report's reader (compiled per-kind builders, step fields shared across ranks, events looked
 up by type) gives the same events and the same report as a plain reader: the standard library's
-json and every field checked one by one (``events._checked``), nothing shared. Compared on a real
+json and every field checked one by one (``event_codec._checked``), nothing shared. Compared on a real
 2-rank run and on synthetic many-rank logs with damage of every kind the reader tolerates."""
 
 from __future__ import annotations
@@ -16,22 +16,20 @@ import pytest
 
 from torchrepro.analysis.doctor import analyse
 from torchrepro.analysis.kept_steps import StepReducer
+from torchrepro.eventlog.event_codec import _checked, from_json
+from torchrepro.eventlog.event_reader import EventLog, read_events
+from torchrepro.eventlog.event_writer import write_all
 from torchrepro.eventlog.events import (
     KINDS,
     CacheLookup,
     Compile,
     End,
-    EventLog,
     GraphBreak,
     Header,
     Params,
     Step,
-    _checked,
     check_event,
-    _names,
-    from_json,
-    read_events,
-    write_all,
+    field_names,
 )
 from torchrepro.eventlog.rundir import load_run
 from torchrepro.eventlog.stepstream import STEPS_FILE, Decoder
@@ -274,7 +272,7 @@ def _reference(kind: str, data: dict) -> object:
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_compiled_builder_accepts_and_refuses_what_the_field_checks_do(kind):
-    names = _names(KINDS[kind])
+    names = field_names(KINDS[kind])
     default = KINDS[kind]()
     written = {n: json.loads(json.dumps(getattr(default, n))) for n in names}
     cases = [{**written, name: value} for name in names for value in VALUES]
@@ -309,10 +307,10 @@ def test_step_lines_read_by_msgspec_are_what_the_general_reader_makes(tmp_path, 
     inside a container) falls back to the general reader: the same events, the same lines
     skipped, the same fields shared across ranks."""
     pytest.importorskip("msgspec")
-    from torchrepro.eventlog import events as events_module
+    from torchrepro.eventlog import event_reader
 
-    assert events_module._decode_step is not None
-    names = _names(Step)
+    assert event_reader.decode_step_line is not None
+    names = field_names(Step)
     written = {n: json.loads(json.dumps(getattr(Step(), n))) for n in names}
     cases = [{**written, name: value} for name in names for value in VALUES]
     cases += [{k: v for k, v in case.items() if k != gone} for case in cases[::7] for gone in names[::3]]
@@ -332,7 +330,7 @@ def test_step_lines_read_by_msgspec_are_what_the_general_reader_makes(tmp_path, 
         with open(tmp_path / f"rank-{rank}" / "events.jsonl", "a") as fp:
             fp.write("\n".join(edit(line) for line in lines) + "\n")
     fast = load_run(tmp_path)
-    monkeypatch.setattr(events_module, "_decode_step", None)
+    monkeypatch.setattr(event_reader, "decode_step_line", None)
     general = load_run(tmp_path)
     for a, b in zip(fast.logs, general.logs, strict=True):
         assert (a.bad_lines, a.truncated, len(a.events)) == (b.bad_lines, b.truncated, len(b.events))

@@ -13,7 +13,7 @@ import torch
 
 from torchrepro.capture.graph_probe import GraphProbe, _Call, save_graph
 from torchrepro.capture.repro_script import call, load_graph, load_tensors, same_outputs
-from torchrepro.eventlog.events import read_events
+from torchrepro.eventlog.event_reader import read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SITE = str(Path(torch.__file__).parents[1])  # torch's site-packages, without its .pth files (torchrepro's among them)

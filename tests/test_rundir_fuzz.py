@@ -18,7 +18,8 @@ import pytest
 from synthetic_runs import training_steps
 from test_hostile_input import fake_run, one_line_error, torchrepro
 
-from torchrepro.eventlog.events import End, Header, write_all
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import End, Header
 
 FUZZ = Path(__file__).parent / "rundir_fuzz.py"
 MEMORY = 1 << 30  # address space of the fuzzing process: a list of world_size items would need far more

@@ -16,7 +16,8 @@ from synthetic_runs import drift_experiment, rank_events
 
 from torchrepro.commands.check.comparison import diff
 from torchrepro.commands.doctor.job import analyse_run_dir
-from torchrepro.eventlog.events import Compile, End, GraphBreak, write_all
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import Compile, End, GraphBreak
 from torchrepro.eventlog.rundir import RUN_FILE, write_json
 from torchrepro.render import sanitize
 from torchrepro.render.cache_text import render_status

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from torchrepro.eventlog.events import read_events
+from torchrepro.eventlog.event_reader import read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LONG = SCRIPTS / "long_train.py"

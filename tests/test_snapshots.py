@@ -28,7 +28,8 @@ from torchrepro.analysis.divergence import (
     Tolerance,
 )
 from torchrepro.capture.snapshots import SKETCH_BYTES, SnapshotWriter, count_sketch, mix, sketch_dims, tensor_seed
-from torchrepro.eventlog.events import Capability, EventLog, read_events
+from torchrepro.eventlog.event_reader import EventLog, read_events
+from torchrepro.eventlog.events import Capability
 
 SCRIPTS = Path(__file__).parent / "scripts"
 MASK = (1 << 64) - 1

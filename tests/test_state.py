@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from torchrepro import _dist, _state, make_generator, seed_everything
+from torchrepro.seed import active_plan
 from torchrepro.capture.session import CaptureConfig, CaptureSession, active_session
 from torchrepro.rng import RngState, register, registered
 
@@ -180,13 +181,13 @@ def test_an_initialised_process_group_wins_over_the_environment(tmp_path):
 
 def test_the_seed_plan_and_its_fork_streams_live_in_the_state():
     plan = seed_everything(3)
-    assert _state.seed_plan() is plan and _state.fork_states() == {}
+    assert active_plan() is plan and _state.seed_root() == 3 and _state.fork_states() == {}
     with plan.fork("dropout"):
         torch.rand(2)
     assert list(_state.fork_states()) == ["dropout[rank=0]"]
     assert list(RngState.capture().forks) == ["dropout[rank=0]"]
     again = seed_everything(3)  # a new plan starts its streams anew
-    assert _state.seed_plan() is again and _state.fork_states() == {}
+    assert active_plan() is again and _state.fork_states() == {}
 
 
 def test_restoring_fork_streams_writes_the_active_plans():
@@ -226,11 +227,11 @@ def test_reset_forgets_everything(tmp_path):
     register("g", torch.Generator())
     _state.set_session(CaptureSession(CaptureConfig(run_dir=tmp_path)))
     _state.reset()
-    assert (_state.seed_plan(), _state.fork_states(), _state.generators(), _state.worker(), _state.session()) == (
+    assert (active_plan(), _state.seed_root(), _state.fork_states(), _state.generators(), _state.session()) == (
+        None,
         None,
         {},
         {},
-        None,
         None,
     )
     with pytest.raises(RuntimeError, match="seed_everything"):
@@ -246,7 +247,7 @@ _USES = {  # importing a module, then using it, never imports the other
     "torchrepro.seed": "from torchrepro.seed import seed_everything, worker_rng\n"
     "seed_everything(0).make_generator('sampler'); worker_rng()",
     "torchrepro._dist": "import torchrepro._dist as d; d.placement(); d.local_rank(); d.node()",
-    "torchrepro._state": "import torchrepro._state as s; s.reset(); s.seed_plan(); s.session()",
+    "torchrepro._state": "import torchrepro._state as s; s.reset(); s.seed_root(); s.session()",
 }
 
 
@@ -300,16 +301,82 @@ def test_no_private_name_is_read_from_another_module(name):
     assert imported == [] and read == []
 
 
-def test_process_state_is_kept_only_in_the_state_module():
-    """``global`` rebinds module state: only ``_state`` does, and two caches of pure lookups:
-    ``rng_raw`` (the memory layouts it calibrated once) and ``report.html`` (its Jinja environment)."""
-    rebinding = {
-        str(path.relative_to(SRC))
-        for path in SRC.rglob("*.py")
-        if any(isinstance(node, ast.Global) for node in ast.walk(ast.parse(path.read_text())))
-    }
-    assert rebinding == {"_state.py", "rng_raw.py", "render/html.py"}
-    _state.current().cublas_set_late = True
-    _state.current().prepared["spawned"] = True
-    _state.reset()
-    assert not _state.current().cublas_set_late and _state.current().prepared == {}
+REBINDING_ALLOWED = {"_state.py", "rng_raw.py", "render/html.py"}
+
+
+def state_breaches(name: str, source: str) -> list[str]:
+    """Where module ``name`` keeps process state otherwise than the one way: ``global`` rebinds
+    module state (only ``_state`` may, and two caches of pure lookups: ``rng_raw``'s calibrated
+    memory layouts, ``render/html``'s Jinja environment); any other module declares what it keeps
+    once, at its top level, as ``NAME = _state.kept(...)``, which :func:`torchrepro._state.reset`
+    makes anew."""
+    tree = ast.parse(source)
+    out = [f"{name}:{node.lineno}: global" for node in ast.walk(tree) if isinstance(node, ast.Global)]
+    if name in REBINDING_ALLOWED:
+        out = []
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "kept"
+    ]
+    declared = [
+        node.value
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call) and node.value in calls
+    ]
+    out += [f"{name}:{call.lineno}: kept() not as a top-level NAME = ..." for call in calls if call not in declared]
+    if len(declared) > 1:
+        out.append(f"{name}: {len(declared)} declarations of kept state (one per module)")
+    return out
+
+
+def _kept_declarers() -> dict[str, int]:
+    """Module name -> how many states it declares with ``_state.kept``."""
+    found = {}
+    for path in SRC.rglob("*.py"):
+        count = path.read_text().count("_state.kept(")
+        if count and path.name != "_state.py":
+            found[".".join(("torchrepro", *path.relative_to(SRC).with_suffix("").parts))] = count
+    return found
+
+
+def test_the_rule_on_module_state_can_fail():
+    assert state_breaches("m.py", "def f():\n    global X\n    X = 1\n") == ["m.py:2: global"]
+    assert state_breaches("m.py", "def f():\n    return _state.kept(list)\n") == [
+        "m.py:2: kept() not as a top-level NAME = ..."
+    ]
+    assert state_breaches("m.py", "A = _state.kept(list)\nB = _state.kept(dict)\n") == [
+        "m.py: 2 declarations of kept state (one per module)"
+    ]
+    assert state_breaches("m.py", "A: _state.Kept[list[int]] = _state.kept(list)\n") == []
+
+
+def test_process_state_is_kept_only_in_the_state_module_or_declared_there():
+    breaches = [
+        problem
+        for path in sorted(SRC.rglob("*.py"))
+        for problem in state_breaches(str(path.relative_to(SRC)), path.read_text())
+    ]
+    assert breaches == []
+
+
+def test_reset_makes_every_declared_state_anew_but_the_guardian():
+    import importlib
+
+    declarers = _kept_declarers()
+    assert {"torchrepro._compat", "torchrepro.seed", "torchrepro.commands.launcher"} <= set(declarers)
+    for module in declarers:
+        importlib.import_module(module)
+    assert len(_state._KEPT) == sum(declarers.values())  # each declared once, at import
+    marker = object()
+    before = [declared.value for declared in _state._KEPT]
+    for declared in _state._KEPT:
+        declared.value = marker
+    try:
+        _state.reset()
+        kept = [declared for declared in _state._KEPT if declared.value is marker]
+        assert [d.survives_reset for d in kept] == [True]  # commands.launcher's guardian: a running process
+        assert all(d.value is not marker and d.value == d.factory() for d in _state._KEPT if not d.survives_reset)
+    finally:
+        for declared, value in zip(_state._KEPT, before):
+            declared.value = value

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from conftest import NOISE_CHECK_GROUP
 from torchrepro.eventlog import stepstream
-from torchrepro.eventlog.events import Step, _names, read_events
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.events import Step, field_names
 from torchrepro.eventlog.stepstream import KEYFRAME, KEYFRAME_EVERY, MAX_DEPTH, Decoder, Encoder
 
 C = stepstream._C
@@ -302,7 +303,7 @@ def test_captured_runs_read_the_same_with_either_and_python_writes_them_again(no
         with implementation(False):
             decoder = Decoder(dict)
             records = decoder.feed(raw) + decoder.finish()
-            encoder = Encoder(_names(Step))
+            encoder = Encoder(field_names(Step))
         assert not decoder.damaged and decoder.fields == encoder.fields
         again = encoder.header() + b"".join(encoder.encode([lines, *fields.values()]) for lines, fields in records)
         assert raw in (again, again + encoder.seal())  # (sealed where the writer closed it; a replay is killed)

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from torchrepro.eventlog import stepstream
-from torchrepro.eventlog.events import STEP_FIELDS, Header, Step, _step_values, read_events, write_all
+from torchrepro.eventlog.event_codec import step_values
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import STEP_FIELDS, Header, Step
 from torchrepro.eventlog.stepstream import KEYFRAME, KEYFRAME_EVERY, STEPS_FILE, Decoder, Encoder
 from synthetic_runs import training_steps
 
@@ -55,7 +58,7 @@ def run_of(tmp_path: Path, steps: list[Step], checked: bool = True) -> Path:
     write_all(path, [Header()])
     encoder = Encoder(STEP_FIELDS, checked)
     path.with_name(STEPS_FILE).write_bytes(
-        encoder.header() + b"".join(encoder.encode([1, *_step_values(s)]) for s in steps)
+        encoder.header() + b"".join(encoder.encode([1, *step_values(s)]) for s in steps)
     )
     return path
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 import torchrepro
-from torchrepro.eventlog.events import Step, read_events
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.events import Step
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ENV = {**os.environ, "PYTHONPATH": str(Path(torchrepro.__file__).parents[1])}

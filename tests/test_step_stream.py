@@ -18,18 +18,9 @@ from typing import Any
 import pytest
 
 from torchrepro.commands.check.comparison import diff
-from torchrepro.eventlog.events import (
-    Capability,
-    Compile,
-    End,
-    EventWriter,
-    Header,
-    Params,
-    STEP_FIELDS,
-    Step,
-    read_events,
-    write_all,
-)
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import EventWriter, write_all
+from torchrepro.eventlog.events import STEP_FIELDS, Capability, Compile, End, Header, Params, Step
 from torchrepro.eventlog import stepstream
 from torchrepro.eventlog.stepstream import KEYFRAME, KEYFRAME_EVERY, STEPS_FILE, Decoder, Encoder
 from torchrepro.eventlog.tail import RunFollower

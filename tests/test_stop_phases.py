@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrepro.eventlog.events import read_events, read_header
+from torchrepro.eventlog.event_reader import read_events, read_header
 
 from test_faults import _gone_within, _torchrepro
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from torchrepro.analysis.verdict import Ending, compare_lengths, describe_exit, ending, judge, verdict_line
-from torchrepro.eventlog.events import Capability, End, EventLog, Header, Step
+from torchrepro.eventlog.event_reader import EventLog
+from torchrepro.eventlog.events import Capability, End, Header, Step
 
 LIBRARY_DOC = Path(__file__).resolve().parents[1] / "docs" / "library.md"
 

@@ -12,7 +12,9 @@ import pytest
 from pathlib import Path
 
 from torchrepro.analysis import compile as compile_analysis
-from torchrepro.eventlog.events import GraphBreak, Header, Step, read_events, write_all
+from torchrepro.eventlog.event_reader import read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import GraphBreak, Header, Step
 from torchrepro.eventlog.tail import RunFollower
 from torchrepro.render.live_text import FollowedRun
 

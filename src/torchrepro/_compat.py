@@ -18,7 +18,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -117,6 +117,17 @@ _FOUND: dict[str, Any] = {}  # probe name -> what it found: a torch object of an
 _PROBES: dict[str, Probe] = {}
 
 
+@dataclass
+class _Kept:
+    """What this module keeps for the life of the process (:func:`torchrepro._state.kept`)."""
+
+    patches: list[Patch] = field(default_factory=list)  # torch objects capture replaced, in order
+    probe_watchers: list[Callable[[Probe], None]] = field(default_factory=list)  # watch() callbacks
+
+
+_KEPT = _state.kept(_Kept)
+
+
 def _probe(name: str, where: str, lost: str, find: Callable[[], T | None], names: Sequence[str] = ()) -> T | None:
     """The value ``find()`` gives (None when it raises), looked up once; ``names``: attributes
     the value should have (recorded when missing, the value is still given)."""
@@ -128,7 +139,7 @@ def _probe(name: str, where: str, lost: str, find: Callable[[], T | None], names
         _FOUND[name] = value
         missing = tuple(n for n in names if value is not None and not hasattr(value, n))
         probe = _PROBES[name] = Probe(name, where, value is not None, lost, missing)
-        for watcher in list(_state.current().probe_watchers):
+        for watcher in list(_KEPT.value.probe_watchers):
             watcher(probe)
     found: T | None = _FOUND[name]  # what find() gave for this name
     return found
@@ -144,7 +155,7 @@ def watch(callback: Callable[[Probe], None]) -> Callable[[], None]:
     function that stops it."""
     for probe in probes():
         callback(probe)
-    watchers = _state.current().probe_watchers
+    watchers = _KEPT.value.probe_watchers
     watchers.append(callback)
     return lambda: watchers.remove(callback) if callback in watchers else None
 
@@ -471,7 +482,7 @@ class Patch:
 
     def undo(self) -> None:
         """Put the original back (once), unless something replaced ours since: theirs stays."""
-        patches = _state.current().patches
+        patches = _KEPT.value.patches
         if self in patches:
             patches.remove(self)
         if not self.done and getattr(self.owner, self.name, None) is self.replacement:
@@ -483,12 +494,12 @@ def patch(owner: Any, name: str, replacement: Any) -> Patch:
     """Set ``owner.name = replacement`` until :func:`undo_patches` (or the patch's own undo)."""
     handle = Patch(owner, name, getattr(owner, name), replacement)
     setattr(owner, name, replacement)
-    _state.current().patches.append(handle)
+    _KEPT.value.patches.append(handle)
     return handle
 
 
 def undo_patches() -> None:
     """Undo every patch still in place, the latest first."""
-    patches = _state.current().patches
+    patches = _KEPT.value.patches
     while patches:
         patches[-1].undo()

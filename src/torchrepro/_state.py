@@ -1,87 +1,95 @@
-"""This process's state, in one place: the active seed plan and its ``fork()`` streams, the
-registered generators, the DataLoader worker's stream and the capture session; and what the
-modules that patch or prepare this process keep for its life (:class:`ProcessState`, read and
-written by them through :func:`current`): torch's patches in place and who watches the probes
-(``_compat``), the imports capture waits for (``capture.on_import``), the DataLoader's original
-``_get_iterator`` (``seed``), whether the cuBLAS workspace was set too late (``determinism``),
-how the process was prepared before its rank was known (``runtime.follow``) and the telemetry
-exporter's (``telemetry``), the guardian of what this process launched (``commands.launcher``),
-and this process's id (:func:`pid`: renewed in a forked child; capture compares it per event). Caches of pure lookups (digests of unchanged states, calibrated
-memory layouts) stay in their modules.
+"""This process's state, in one place: what the library below capture shares (the active seed
+plan's root and its ``fork()`` streams, the registered generators, the running capture session
+and this process's id), and the registry of what each higher module keeps for the life of the
+process.
 
-Each piece has one writer (:func:`torchrepro.seed_everything` the plan, :func:`torchrepro.rng.register`
+Each module that patches or prepares this process declares its own state once, at module level, with
+:func:`kept` (``_compat``: torch's patches in place and who watches the probes; ``seed``: the
+active plan, the DataLoader worker's stream, the original ``_get_iterator``; ``determinism``:
+whether the cuBLAS workspace was set too late; ``capture.on_import``, ``runtime.follow``,
+``telemetry``, ``commands.launcher``: theirs). This module knows them only as :class:`Kept`
+values, never by their types, so it imports none of its owners; :func:`reset` makes each anew.
+Caches of pure lookups (digests of unchanged states, calibrated memory layouts) stay in their
+modules.
+
+Each shared piece has one writer (:func:`torchrepro.seed_everything` the plan, :func:`torchrepro.rng.register`
 the generators, a :class:`~torchrepro.capture.session.CaptureSession` itself) and is read here by
 the others, so that ``seed``, ``rng``, ``checkpoint`` and ``capture`` need not import each other.
 Importing this module imports neither torch nor any other torchrepro module.
 
 >>> reset()
->>> seed_plan() is None and fork_states() == {} and session() is None
+>>> seed_root() is None and fork_states() == {} and session() is None
 True
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    import numpy as np
-
-    from .capture.session import CaptureSession
-    from .seed import SeedPlan, StreamSeeds
+T = TypeVar("T")
 
 TorchStates = dict[str, Any]  # one fork() stream's saved torch state: {"cpu": ByteTensor, "cuda": [ByteTensor, ...]}
 
 
-@dataclass
-class WorkerStream:
-    """The numpy stream of :func:`torchrepro.worker_rng` in process ``pid``: seeded from ``seeds``
-    (a DataLoader worker's, else the plan's ``data`` stream; ``None``: from numpy's global RNG)."""
+class Session(Protocol):
+    """The capture session running in this process, as the modules below capture see it."""
 
-    pid: int
-    seeds: StreamSeeds | None
-    generator: np.random.Generator | None = None
+    pid: int  # the process that started it (a forked DataLoader worker is another)
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    def restart_steps_at(self, step: int) -> None:
+        """Number the next step ``step + 1`` (a run resumed from a checkpoint)."""
+
+
+class Kept(Generic[T]):
+    """One module's state for the life of this process: :attr:`value`, made by ``factory`` when
+    declared and made anew by :func:`reset` (not when ``survives_reset``: a running process that
+    forgetting would leave behind)."""
+
+    __slots__ = ("factory", "survives_reset", "value")
+
+    def __init__(self, factory: Callable[[], T], survives_reset: bool) -> None:
+        self.factory, self.survives_reset = factory, survives_reset
+        self.value: T = factory()
+
+
+_KEPT: list[Kept[Any]] = []  # every module's declared state, in the order declared
+
+
+def kept(factory: Callable[[], T], *, survives_reset: bool = False) -> Kept[T]:
+    """Declare a module's state for the life of this process (once, at module level)."""
+    declared = Kept(factory, survives_reset)
+    _KEPT.append(declared)
+    return declared
 
 
 @dataclass
 class ProcessState:
-    """Everything torchrepro keeps for the life of a process."""
+    """What the library below capture shares for the life of a process."""
 
-    seed_plan: SeedPlan | None = None
+    seed_root: int | None = None  # the active seed plan's root
     forks: dict[str, TorchStates] = field(default_factory=dict)  # the seed plan's own fork() states, by stream
     generators: dict[str, Any] = field(default_factory=dict)  # torch / numpy Generators, by registered name
-    worker: WorkerStream | None = None
-    session: CaptureSession | None = None
-    patches: list[Any] = field(default_factory=list)  # _compat.Patch: torch objects capture replaced, in order
-    probe_watchers: list[Callable[[Any], None]] = field(default_factory=list)  # _compat.watch callbacks
-    awaited_imports: dict[str, list[Callable[[], None]]] = field(default_factory=dict)  # module -> callbacks
-    original_get_iterator: Callable[[Any], Any] | None = None  # DataLoader._get_iterator while seed wraps it
-    cublas_set_late: bool = False  # CUBLAS_WORKSPACE_CONFIG set after CUDA initialised (too late to count)
-    prepared: dict[str, Any] = field(default_factory=dict)  # runtime.follow: plan, factors, spawned
-    otlp_launcher: Any = None  # telemetry.otlp: the command's Launcher while a launcher command exports
-    otel_health: dict[str, Any] = field(default_factory=dict)  # telemetry.otel: the exporter's health
-    guardian: tuple[int, Any, int] | None = (
-        None  # commands.launcher: (for pid, its guardian's Popen, the pipe's write end)
-    )
+    session: Session | None = None
     pid: int = field(default_factory=os.getpid)  # renewed in a forked child (os.register_at_fork below)
 
 
 _STATE = ProcessState()
 
 
-def current() -> ProcessState:
-    """This process's state (for the modules that keep theirs here; read it anew each time:
-    :func:`reset` replaces it)."""
-    return _STATE
-
-
 def reset() -> None:
-    """Forget everything (a fresh process's state); for tests. The guardian is kept: it is a
-    running process holding this one's pipe, which forgetting would leave behind."""
+    """Forget everything (a fresh process's state), every module's declared state too; for tests."""
     global _STATE
-    _STATE = ProcessState(guardian=_STATE.guardian)
+    _STATE = ProcessState()
+    for declared in _KEPT:
+        if not declared.survives_reset:
+            declared.value = declared.factory()
 
 
 def pid() -> int:
@@ -98,14 +106,14 @@ if hasattr(os, "register_at_fork"):  # POSIX; where processes cannot fork, the p
     os.register_at_fork(after_in_child=_forked)
 
 
-def seed_plan() -> SeedPlan | None:
-    """The plan of the last ``seed_everything`` call in this process, if any."""
-    return _STATE.seed_plan
+def seed_root() -> int | None:
+    """The root of the last ``seed_everything`` call's plan in this process, if any."""
+    return _STATE.seed_root
 
 
-def set_seed_plan(plan: SeedPlan, forks: dict[str, TorchStates]) -> None:
-    """Make ``plan`` the active one; ``forks`` is the dict in which it keeps its ``fork()`` states."""
-    _STATE.seed_plan, _STATE.forks = plan, forks
+def set_seed(root: int, forks: dict[str, TorchStates]) -> None:
+    """The active plan's root; ``forks`` is the dict in which it keeps its ``fork()`` states."""
+    _STATE.seed_root, _STATE.forks = root, forks
 
 
 def fork_states() -> dict[str, TorchStates]:
@@ -135,22 +143,11 @@ def clear_generators() -> None:
     _STATE.generators.clear()
 
 
-def worker() -> WorkerStream | None:
-    """The :func:`torchrepro.worker_rng` stream, if one was set (maybe by a parent process:
-    compare its ``pid``)."""
-    return _STATE.worker
-
-
-def set_worker(stream: WorkerStream) -> None:
-    """Set the :func:`torchrepro.worker_rng` stream of this process."""
-    _STATE.worker = stream
-
-
-def session() -> CaptureSession | None:
+def session() -> Session | None:
     """The capture session running in this process, if any."""
     return _STATE.session
 
 
-def set_session(value: CaptureSession | None) -> None:
+def set_session(value: Session | None) -> None:
     """Record the capture session that started (``None``: it stopped)."""
     _STATE.session = value

@@ -117,7 +117,6 @@ def save(
     path = Path(path)
     state = RngState.capture()
     state.save(path)
-    seed_plan = _state.seed_plan()
     position = {
         "schema": POSITION_SCHEMA,
         "step": step,
@@ -125,7 +124,7 @@ def save(
         "batch": batch,
         "world_size": state.world_size,
         "rank": state.rank,
-        "seed": seed_plan.root if seed_plan else None,
+        "seed": _state.seed_root(),
         "extra": extra or {},
     }
     write_json(_position_file(path, state.rank), position)
@@ -180,5 +179,5 @@ def load(path: str | os.PathLike[str], *, rederive: bool = False) -> Resume:
 def _align_step_clock(step: int) -> None:
     """Under torchrepro capture, number the resumed run's steps from where the checkpoint stopped."""
     session = _state.session()
-    if session is not None and session.steps is not None:
-        session.steps.restart_at(step)
+    if session is not None:
+        session.restart_steps_at(step)

@@ -37,9 +37,8 @@ Scalar = bool | int | str | None
 
 CUBLAS_VAR = "CUBLAS_WORKSPACE_CONFIG"
 _CUBLAS_VALUE = ":4096:8"
+_CUBLAS_SET_LATE = _state.kept(bool)  # `deterministic` set CUBLAS_VAR after CUDA initialised (too late to count)
 CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two values cuBLAS documents as deterministic
-
-# Set by `deterministic` when it had to set CUBLAS_VAR after CUDA was initialised.
 
 
 class DeterminismArgumentError(UserError, ValueError):
@@ -104,7 +103,7 @@ class deterministic:  # noqa: N801  (used like a function, as torch.no_grad is)
         if self._prev_cublas is None:
             os.environ[CUBLAS_VAR] = _CUBLAS_VALUE
             if torch.cuda.is_initialized():
-                _state.current().cublas_set_late = True
+                _CUBLAS_SET_LATE.value = True
                 warnings.warn(
                     f"CUDA is already initialised, so {CUBLAS_VAR}={_CUBLAS_VALUE} may not reach "
                     "cuBLAS; set it in the shell or call deterministic() before any CUDA work",
@@ -230,7 +229,7 @@ def _cuda_switches(cuda: bool, cudnn: bool) -> list[Switch]:
     if not cuda:
         cublas_switch = Switch(CUBLAS_VAR, cublas, _CUBLAS_VALUE, False, "info", "no CUDA: cuBLAS is not used")
     else:
-        set_late = _state.current().cublas_set_late
+        set_late = _CUBLAS_SET_LATE.value
         ok = cublas in CUBLAS_DETERMINISTIC and not set_late
         if cublas is None:
             note = "unset: cuBLAS may vary run to run; deterministic algorithms then raise"

@@ -135,7 +135,7 @@ class RngState:
         for name, saved in self.generators.items():
             _set_generator_state(name, targets[name], saved)
         if self.forks:
-            if _state.seed_plan() is None:
+            if _state.seed_root() is None:
                 raise RngStateError(
                     "the RNG state holds plan.fork() streams: call torchrepro.seed_everything(seed) before restoring it"
                 )

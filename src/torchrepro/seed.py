@@ -229,6 +229,29 @@ def _set_torch_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+@dataclass
+class WorkerStream:
+    """The numpy stream of :func:`worker_rng` in process ``pid``: seeded from ``seeds`` (a
+    DataLoader worker's, else the plan's ``data`` stream; ``None``: from numpy's global RNG)."""
+
+    pid: int
+    seeds: StreamSeeds | None
+    generator: np.random.Generator | None = None
+
+
+@dataclass
+class _Seeded:
+    """What seeding keeps for the life of the process (:func:`torchrepro._state.kept`; the plan's
+    root and fork() states are in :mod:`torchrepro._state`, for ``rng`` and ``checkpoint``)."""
+
+    plan: SeedPlan | None = None  # the last seed_everything call's
+    worker: WorkerStream | None = None  # worker_rng's (maybe a parent process's: compare its pid)
+    original_get_iterator: Callable[[Any], Any] | None = None  # DataLoader._get_iterator while wrapped
+
+
+_SEEDED = _state.kept(_Seeded)
+
+
 class WorkerSeeder:
     """Picklable DataLoader ``worker_init_fn``: seeds Python, numpy and torch in a worker from
     ``("worker", rank, worker, epoch)``, then calls the user's own ``worker_init_fn``.
@@ -249,7 +272,7 @@ class WorkerSeeder:
     def __call__(self, worker_id: int) -> None:
         seeds = self.seeds(worker_id)
         seeds.seed_globals()
-        _state.set_worker(_state.WorkerStream(pid=os.getpid(), seeds=seeds))
+        _SEEDED.value.worker = WorkerStream(pid=os.getpid(), seeds=seeds)
         if self.user_fn is not None:
             self.user_fn(worker_id)
 
@@ -262,11 +285,12 @@ def worker_rng() -> np.random.Generator:
     worker it is the ``("data", rank)`` stream of the active plan, else a generator seeded from
     numpy's global RNG. Cached per process.
     """
-    stream = _state.worker()
+    stream = _SEEDED.value.worker
     if stream is None or stream.pid != os.getpid():
         plan = active_plan()
-        stream = _state.WorkerStream(pid=os.getpid(), seeds=plan.stream("data", rank=plan.rank) if plan else None)
-        _state.set_worker(stream)
+        stream = _SEEDED.value.worker = WorkerStream(
+            pid=os.getpid(), seeds=plan.stream("data", rank=plan.rank) if plan else None
+        )
     if stream.generator is None:
         stream.generator = (
             stream.seeds.numpy_generator()
@@ -278,7 +302,7 @@ def worker_rng() -> np.random.Generator:
 
 def active_plan() -> SeedPlan | None:
     """The plan of the last ``seed_everything`` call in this process, if any."""
-    return _state.seed_plan()
+    return _SEEDED.value.plan
 
 
 def seed_everything(
@@ -309,7 +333,8 @@ def seed_everything(
         from .determinism import deterministic as set_deterministic
 
         set_deterministic(mode=deterministic)
-    _state.set_seed_plan(plan, plan._fork_states)
+    _SEEDED.value.plan = plan
+    _state.set_seed(plan.root, plan._fork_states)
     if workers:
         _patch_dataloader()
     else:
@@ -349,7 +374,7 @@ def _loader_epoch(loader: torch.utils.data.DataLoader[Any], seeder: WorkerSeeder
 
 def _patch_dataloader() -> None:
     original = dataloader_get_iterator()
-    state = _state.current()  # the original, while the wrapper is in place
+    state = _SEEDED.value  # the original, while the wrapper is in place
     if state.original_get_iterator is not None or original is None:
         return
     state.original_get_iterator = original
@@ -369,7 +394,7 @@ def _patch_dataloader() -> None:
 
 
 def _unpatch_dataloader() -> None:
-    state = _state.current()
+    state = _SEEDED.value
     original, state.original_get_iterator = state.original_get_iterator, None
     if original is not None:
         set_dataloader_get_iterator(original)

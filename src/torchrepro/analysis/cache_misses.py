@@ -18,7 +18,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence, TypedDict
 
-from ..eventlog.events import CacheLookup, EventLog
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import CacheLookup
 from ..reports.findings import Finding
 
 _NAME = re.compile(r"^([\w.]+(?:\[[^\]]*\])?):\s?(.*)$", re.DOTALL)

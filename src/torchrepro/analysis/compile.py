@@ -10,7 +10,8 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from ..eventlog.events import CacheLookup, Capability, Compile, Counters, EventLog, GraphBreak, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import CacheLookup, Capability, Compile, Counters, GraphBreak, Step
 from .categories import category_of, guard_text
 from ..reports.doctor_report import (
     CacheCounts,

@@ -18,7 +18,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from ..eventlog.events import Compile, EventLog, GraphBreak, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import Compile, GraphBreak, Step
 from .compile import SIZE_GUARD, completed, distinct_breaks
 from .divergence import Tolerance, first_divergence
 from ..reports.doctor_report import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix

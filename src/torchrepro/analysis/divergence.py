@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from ..eventlog.events import Compile, EventLog, Header, InitParams, Params, Setting, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import Compile, Header, InitParams, Params, Setting, Step
 from ..eventlog.random_ops import is_random_op
 from ..eventlog.payloads import JsonObject
 from ..reports.check_report import CurvePoint, ParamDifference

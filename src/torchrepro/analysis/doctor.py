@@ -6,7 +6,8 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
-from ..eventlog.events import Capability, Counters, End, EventLog, Header
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import Capability, Counters, End, Header
 from ..eventlog.provenance import provenance
 from ..reports.doctor_report import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary
 from ..reports.findings import Verdict

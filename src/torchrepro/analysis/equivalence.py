@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..eventlog.events import EventLog, Params, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import Params, Step
 from ..eventlog.payloads import JsonObject
 from ..reports.check_report import CheckRun
 from ..reports.compare_report import CompareReport

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from itertools import compress, islice
 from operator import eq
 
-from ..eventlog.events import STEP_FIELDS, EventLog, Step, StepColumns, step_columns
+from ..eventlog.event_reader import EventLog, StepColumns, step_columns
+from ..eventlog.events import STEP_FIELDS, Step
 
 MAX_POINTS = 400  # per timeline series: longer runs are thinned evenly, steps that compiled are always kept
 COMPILE_STEPS = 50  # the steps that compiled, listed in the steps summary
@@ -54,8 +55,8 @@ _T, _INDEX, _LOSS, _TIME_S, _COMPILES, _PARAMS_FP, _PARAM_FPS, _BATCH_FP, _RNG_F
 
 class StepReducer:
     """Reduces the steps of one rank after another to :class:`KeptSteps`, given a batch of steps
-    at a time, field by field, in log order (``events.read_events(reduce=...)``; one batch:
-    ``[events.step_columns(steps)]``), holding once the parameter fingerprints that ranks agree
+    at a time, field by field, in log order (``event_reader.read_events(reduce=...)``; one batch:
+    ``[event_reader.step_columns(steps)]``), holding once the parameter fingerprints that ranks agree
     on: the ``keep`` of ``rundir.load_run`` (each process that reads makes one).
 
     >>> reduce = StepReducer()

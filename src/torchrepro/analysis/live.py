@@ -13,7 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..eventlog.events import CacheLookup, Capability, Compile, Counters, End, Event, EventLog, GraphBreak, Header, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import CacheLookup, Capability, Compile, Counters, End, Event, GraphBreak, Header, Step
 from . import compile as compile_analysis
 from ..eventlog.payloads import JsonObject
 from ..reports.live_snapshot import LiveRank, LiveSnapshot

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypedDict
 
-from ..eventlog.events import Capability, Compile, EventLog, GraphProbe, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import Capability, Compile, GraphProbe, Step
 from .divergence import (
     SKETCH_CONFIDENCE,
     Divergence,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ..eventlog.events import CacheLookup, Compile, EventLog, GraphBreak
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import CacheLookup, Compile, GraphBreak
 from ..reports.doctor_report import (
     GraphBreakEvent,
     GraphBreakGroup,

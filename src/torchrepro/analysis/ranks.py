@@ -12,7 +12,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from ..eventlog.events import CacheLookup, Compile, EventLog, InitParams, Params, World
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import CacheLookup, Compile, InitParams, Params, World
 from .categories import guard_text
 from .compile import display_function
 from ..eventlog.payloads import JsonObject

@@ -5,7 +5,8 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from ..eventlog.events import EventLog, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import Step
 from ..eventlog.provenance import provenance
 from ..eventlog.payloads import JsonObject
 from ..reports.check_report import RunSide, StepRow

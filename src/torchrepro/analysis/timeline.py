@@ -6,7 +6,8 @@ number of distinct rank behaviours, not by the number of ranks. Nothing here imp
 from __future__ import annotations
 
 import statistics
-from ..eventlog.events import CacheLookup, Compile, EventLog
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import CacheLookup, Compile
 from .categories import guard_text
 from .compile import display_function
 from .kept_steps import KeptSteps

@@ -16,7 +16,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from ..eventlog.events import Capability, EventLog, Step
+from ..eventlog.event_reader import EventLog
+from ..eventlog.events import Capability, Step
 from ..eventlog.payloads import JsonObject
 from ..reports.findings import Verdict, comparison_exit_code
 from .ranks import missing_rank_ranges, missing_text, world_size

@@ -44,7 +44,7 @@ def read_key(path: Path, what: str, *, private: bool) -> bytes:
     :class:`InputError` for anything but a regular file (opened without waiting: a FIFO is refused,
     not read), for a ``private`` key that group or others may read (``chmod 600``) and for a public
     key that group or others may write (anyone could put their key among the trusted: ``chmod 644``)."""
-    from ..eventlog.events import open_regular
+    from ..eventlog.event_reader import open_regular
 
     try:
         fp = open_regular(path)

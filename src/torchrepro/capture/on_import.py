@@ -17,9 +17,12 @@ from typing import Any
 from .. import _state
 
 
+_KEPT: _state.Kept[dict[str, list[Callable[[], None]]]] = _state.kept(dict)  # module -> callbacks, while awaited
+
+
 def _waiting() -> dict[str, list[Callable[[], None]]]:
-    """Module name -> callbacks, while its import is awaited (process state: :mod:`torchrepro._state`)."""
-    return _state.current().awaited_imports
+    """Module name -> callbacks, while its import is awaited (this process's: :func:`torchrepro._state.kept`)."""
+    return _KEPT.value
 
 
 class _Hook(importlib.abc.MetaPathFinder):

@@ -236,12 +236,12 @@ def _wait_for_child_ranks(timeout: float = 120.0) -> None:
     rank 0), which the launcher would otherwise stop before they finish the same step."""
     import time
 
-    from ..eventlog.events import rank_logs, read_header
+    from ..eventlog.event_reader import rank_logs, read_header
 
     session = _state.session()
     if session is None or session.pid != os.getpid():
         return
-    headers = (read_header(log) for log in rank_logs(session.config.run_dir))
+    headers = (read_header(log) for log in rank_logs(session.run_dir))
     children = [h.pid for h in headers if h is not None and h.pid and _parent(h.pid) == os.getpid()]
     deadline = time.monotonic() + timeout
     for pid in children:

@@ -13,13 +13,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .. import _dist, _state
 from .._compat import undo_patches, watch
-from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, EventWriter, Header, World
+from ..eventlog.event_writer import EventWriter
+from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, Header, World
 from ..eventlog.payloads import JsonObject
 from .compile_events import CompileCapture
 from .steps import StepConfig, StepRecorder
@@ -55,7 +56,7 @@ _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if
 
 def active_session() -> CaptureSession | None:
     """The capture session running in this process, if any."""
-    return _state.session()
+    return cast("CaptureSession | None", _state.session())  # (only a CaptureSession records itself there)
 
 
 class CaptureSession:
@@ -87,6 +88,16 @@ class CaptureSession:
         self._unwatch: Any = None
         self.prober: Any = None  # capture.graph_probe.GraphProber, with probe_repeats
         self._cancel_prober: Callable[[], None] = lambda: None
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory this session writes its rank's log into."""
+        return Path(self.config.run_dir)
+
+    def restart_steps_at(self, step: int) -> None:
+        """Number the next step ``step + 1`` (a run resumed from a checkpoint)."""
+        if self.steps is not None:
+            self.steps.restart_at(step)
 
     def emit(self, event: Event) -> None:
         if self.writer is None or _state.pid() != self.pid:  # DataLoader workers fork us: stay quiet there

@@ -83,7 +83,7 @@ def _last_progress(run_dir: Path, since: float) -> float:
 
 
 def _rank_pids(run_dir: Path) -> list[int]:
-    from ..eventlog.events import read_header
+    from ..eventlog.event_reader import read_header
 
     pids = []
     for path in run_dir.glob("rank-*/events.jsonl"):
@@ -170,6 +170,9 @@ class Job:
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 GUARDIAN = Path(__file__).with_name("_guardian.py")
 _guardian_lock = threading.Lock()
+# (for pid, its guardian's Popen, the pipe's write end); kept on reset: the guardian is a running
+# process holding this one's pipe, which forgetting would leave behind
+_GUARDIAN: _state.Kept[tuple[int, subprocess.Popen[bytes], int] | None] = _state.kept(lambda: None, survives_reset=True)
 
 
 def _guard() -> None:
@@ -179,9 +182,8 @@ def _guard() -> None:
     makes both ends non-inheritable: no job gets a copy that would keep the pipe open): the
     kernel closes it when this process ends. In a session of its own: a signal to torchrepro's
     process group (Ctrl-C, ``kill -- -PGID``) spares it. Linux (``/proc``) only."""
-    state = _state.current()
     with _guardian_lock:
-        guardian = state.guardian
+        guardian = _GUARDIAN.value
         if guardian is not None and guardian[0] == os.getpid() and guardian[1].poll() is None:
             return
         if not os.path.isdir("/proc/self/task"):
@@ -202,7 +204,7 @@ def _guard() -> None:
             raise
         finally:
             os.close(read)
-        state.guardian = (os.getpid(), proc, write)
+        _GUARDIAN.value = (os.getpid(), proc, write)
 
 
 def _prepare_job(parent: int, prctl: Callable[..., int]) -> None:

@@ -30,7 +30,9 @@ from typing import Any, Callable, Iterator, TypedDict
 
 from ..errors import InputError
 from .jsoncheck import loads, python_types, schema_problem
-from .events import EVENTS_FILE, EventLog, Shared, StepReduce, open_regular, rank_logs, read_events
+from .event_codec import Shared
+from .event_reader import EventLog, StepReduce, open_regular, rank_logs, read_events
+from .events import EVENTS_FILE
 from .payloads import JsonObject
 from .stepstream import STEPS_FILE
 
@@ -468,7 +470,7 @@ def usable_cores() -> int:
 
 def _read_logs(files: list[Path], keep: Callable[[], StepReduce] | None) -> list[EventLog | str]:
     """Each file's log (its steps reduced by ``keep()``, given ``keep``: see :func:`load_run`), or
-    why it was not read; what repeats across the ranks' steps is held once (:class:`~.events.Shared`
+    why it was not read; what repeats across the ranks' steps is held once (:class:`~.event_codec.Shared`
     or the reducer)."""
     reduce = keep() if keep is not None else None
     shared = Shared() if reduce is None else None

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TypedDict
 
-from .events import OVERSIZED, CacheLookup, Compile, Event, GraphBreak, LineReader, open_regular
+from .event_reader import OVERSIZED, LineReader, open_regular
+from .events import CacheLookup, Compile, Event, GraphBreak
 from .payloads import JsonObject
 
 TraceRecord = JsonObject  # a record's metadata as torch wrote it: its keys vary with the torch version
@@ -336,8 +337,8 @@ def iter_trace_file(path: Path, counts: Counter[str] | None = None) -> Iterator[
     """(metadata, payload) records of one ``TORCH_TRACE`` log. Damaged records are skipped and
     counted in ``counts["malformed"]``: a line that is neither a record nor a payload line, metadata
     that is not JSON, a payload whose MD5 is not the one its metadata names (``has_payload``: a
-    record cut, the file ending mid-record). A line over :data:`~.events.MAX_LINE` bytes is damage
-    too, never held whole; only a regular file is read (:func:`~.events.open_regular`)."""
+    record cut, the file ending mid-record). A line over :data:`~.event_reader.MAX_LINE` bytes is damage
+    too, never held whole; only a regular file is read (:func:`~.event_reader.open_regular`)."""
     counts = Counter() if counts is None else counts
     metadata: TraceRecord | None = None
     payload: list[bytes] = []

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from .jsoncheck import loads
-from .events import EVENTS_FILE, MAX_LINE, Event, Step, from_json, open_regular, step_decoder
+from .event_codec import from_json, step_decoder
+from .event_reader import MAX_LINE, open_regular
+from .events import EVENTS_FILE, Event, Step
 from .stepstream import STEPS_FILE, Decoder
 from .payloads import JsonObject
 from .rundir import RUN_FILE, read_run_json

@@ -33,6 +33,7 @@ import socket
 import sys
 import traceback
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypedDict
 
 from .. import _state
@@ -40,6 +41,7 @@ from .._dist import from_env, placement
 
 if TYPE_CHECKING:  # imported where used: a followed process starts without them
     from ..capture.session import CaptureSession
+    from ..seed import SeedPlan
     from .run_options import RunOptions
 
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
@@ -49,6 +51,17 @@ RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomi
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 LAUNCHER_DIR = "launcher"
 _WRAPPED = "__torchrepro_follows__"
+
+
+@dataclass
+class _Prepared:
+    """How this process was prepared before its rank was known (:func:`torchrepro._state.kept`)."""
+
+    plan: SeedPlan | None = None  # the seed plan made then: it takes the rank of a group joined later
+    spawned: bool = False  # a rank-to-be that torch.multiprocessing spawned, seeded at its start
+
+
+_PREPARED = _state.kept(_Prepared)
 
 
 def _note(text: str) -> None:
@@ -79,9 +92,7 @@ def propagate(options: RunOptions) -> None:
     from ..seed import active_plan
 
     os.environ.update(follow_env(options, os.getpid(), os.environ.get("PYTHONPATH", "")))
-    _state.current().prepared["plan"] = (
-        active_plan()
-    )  # made before the script ran: it takes the rank of a group joined later
+    _PREPARED.value.plan = active_plan()  # made before the script ran
     _mark_seen()
     hook_process_group()
     hook_spawn()
@@ -107,7 +118,7 @@ def _prepare(options: RunOptions) -> None:
     from ..seed import active_plan
 
     prepare(options)
-    _state.current().prepared["plan"] = active_plan()
+    _PREPARED.value.plan = active_plan()
 
 
 def activate_at_start(rank: int) -> None:
@@ -129,7 +140,7 @@ def prepare_spawned() -> None:
     bootstrap ``sitecustomize``."""
     options, _ = _config()
     _prepare(options)
-    _state.current().prepared["spawned"] = True
+    _PREPARED.value.spawned = True
 
 
 def hook_spawn() -> None:
@@ -209,7 +220,7 @@ def _joined() -> None:
         options, root_pid = _config()
         from .prepare import apply_compile_mode
 
-        if not _state.current().prepared.get("spawned"):  # no seeding: the script has run; seeding now would change it
+        if not _PREPARED.value.spawned:  # no seeding: the script has run; seeding now would change it
             apply_compile_mode(options.compile_mode)
         rank = (
             world.group_rank,
@@ -229,14 +240,15 @@ def _rank_the_plan(rank: int, world_size: int) -> None:
     from ..seed import active_plan
 
     plan = active_plan()
-    if plan is _state.current().prepared.get("plan") and plan is not None:
+    if plan is _PREPARED.value.plan and plan is not None:
         plan.rank, plan.world_size = rank, world_size
 
 
 def claim(run_dir: Path, rank: int, root_pid: int) -> bool:
     """Make ``run_dir/rank-<rank>`` this process's: new, or held by the launched process (``root_pid``)
     as the rank 0 it assumed but never joined a group as (its log then moves to ``launcher/``)."""
-    from ..eventlog.events import EVENTS_FILE, read_header
+    from ..eventlog.event_reader import read_header
+    from ..eventlog.events import EVENTS_FILE
 
     target = run_dir / f"rank-{rank}"
     run_dir.mkdir(parents=True, exist_ok=True)

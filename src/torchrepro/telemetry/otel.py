@@ -163,12 +163,13 @@ def _job_failed() -> bool:
     return bool(path and os.path.exists(path))
 
 
+_HEALTH: _state.Kept[_Health | None] = _state.kept(lambda: None)  # the exporter's health: one per process
+
+
 def _health(endpoint: str) -> _Health:
-    health = _state.current().otel_health  # one per process
-    if "process" not in health:
-        health["process"] = _Health(endpoint)
-    found: _Health = health["process"]  # the only value kept there
-    return found
+    if _HEALTH.value is None:
+        _HEALTH.value = _Health(endpoint)
+    return _HEALTH.value
 
 
 # --- exporters and providers ----------------------------------------------------------------

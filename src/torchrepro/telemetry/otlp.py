@@ -37,6 +37,7 @@ from .trace_context import WARN_ONCE_VAR, LaunchTrace
 
 if TYPE_CHECKING:
     from ..reports.loader import Report
+    from .otel import Launcher
 
 ENDPOINT_VAR = "TORCHREPRO_OTLP_ENDPOINT"
 INSTALL_HINT = "install the OpenTelemetry extra: pip install 'torchrepro[otel]'"
@@ -45,6 +46,7 @@ _PROTOCOL_VARS = (
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
     "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
 )
+_LAUNCHER: _state.Kept[Launcher | None] = _state.kept(lambda: None)  # the command's, while a launcher command exports
 
 
 def _validate(endpoint: str) -> None:
@@ -77,7 +79,7 @@ def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace
 
     with tempfile.TemporaryDirectory(prefix="torchrepro-otlp-") as tmp:
         os.environ[WARN_ONCE_VAR] = str(Path(tmp) / "warned")
-        launcher = _state.current().otlp_launcher = Launcher(
+        launcher = _LAUNCHER.value = Launcher(
             endpoint, args.command, script=getattr(args, "script", None), nproc=getattr(args, "nproc", None)
         )
         code = None
@@ -86,13 +88,13 @@ def run_with_export(args: argparse.Namespace, func: Callable[[argparse.Namespace
             return code
         finally:
             launcher.close(code)
-            _state.current().otlp_launcher = None
+            _LAUNCHER.value = None
 
 
 @contextmanager
 def launch_span(run_dir: Path, nproc: int) -> Iterator[LaunchTrace]:
     """A span around one launch of the script (one ``check`` run, a replay, a doctor run)."""
-    launcher = _state.current().otlp_launcher
+    launcher = _LAUNCHER.value
     if launcher is None:
         yield LaunchTrace()
         return
@@ -102,14 +104,14 @@ def launch_span(run_dir: Path, nproc: int) -> Iterator[LaunchTrace]:
 
 def record_report(report: Report) -> None:
     """Put a finished report's verdict and findings on the command's span and metrics."""
-    launcher = _state.current().otlp_launcher
+    launcher = _LAUNCHER.value
     if launcher is not None:
         launcher.record_report(report)
 
 
 def export_stored_run(run_dir: Path) -> None:
     """Export a stored run's events (``torchrepro report RUN_DIR --otlp-endpoint URL``)."""
-    launcher = _state.current().otlp_launcher
+    launcher = _LAUNCHER.value
     if launcher is not None:
         launcher.export_run(run_dir)
 

@@ -34,7 +34,7 @@ from ...analysis.compile_fixes import (
     window,
 )
 from ...errors import Stopped
-from ...eventlog.events import EventLog, rank_logs
+from ...eventlog.event_reader import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
 from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
 from ...reports.doctor_report import DoctorReport, TriedFix

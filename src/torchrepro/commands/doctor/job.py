@@ -13,7 +13,9 @@ from typing import Any, TypedDict
 from ...analysis.doctor import Budgets, analyse
 from ...analysis.kept_steps import StepReducer
 from ...errors import InputError, Stopped
-from ...eventlog.events import EVENTS_FILE, Counters, End, Header, rank_logs, read_events, read_header, write_all
+from ...eventlog.event_reader import rank_logs, read_events, read_header
+from ...eventlog.event_writer import write_all
+from ...eventlog.events import EVENTS_FILE, Counters, End, Header
 from ...runtime.follow import LAUNCHER_DIR
 from ..launcher import ChildResult, child_env, launch, validate_script
 from ...runtime.run_options import RunOptions

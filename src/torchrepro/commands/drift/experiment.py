@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, TypedDict, cast
 from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS, DriftRun, fmt_number, analyse, verdict
 from ...analysis.sequential import plan_sentence, planning, sequential_section, sequential_verdict
 from ...errors import InputError, Stopped, UserError
-from ...eventlog.events import EVENTS_FILE, Event, Metric, Step, read_events, read_header
+from ...eventlog.event_reader import read_events, read_header
+from ...eventlog.events import EVENTS_FILE, Event, Metric, Step
 from ..workdir import fresh_workdir
 from ...render.progress import Progress as Lines
 from ..launcher import (

@@ -1,0 +1,153 @@
+"""What a step records of the parameters: which tensors they are (the clock optimizer's, else
+the leaves a loss's gradient flows into) and their names, the modules called before they were
+named, whether the initial parameters were fingerprinted, the gradients' digests and norm, their
+fingerprints and snapshots (:mod:`.snapshots`)."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import _compat as compat
+from ..digests import fingerprint_later
+from .snapshots import SnapshotWriter
+from .step_inputs import Digest, local
+
+
+class StepParams:
+    """The parameters a step updates (``params``, ``names``) and what is recorded of them."""
+
+    def __init__(self, snapshot_dir: Path | None):
+        self.params: list[torch.Tensor] | None = None
+        self.names: list[str] | None = None
+        self.called: list[Any] = []  # the outermost modules called before the parameters are named
+        self.init_done = False  # the initial parameters were fingerprinted
+        self.grads: tuple[list[Digest], torch.Tensor] | None = None  # the step's gradient digests and norm
+        self.snapshot_dir = snapshot_dir
+        self.last_snapshot: int | None = None
+        self._snapshots: SnapshotWriter | None = None
+        self._snapshots_skipped = False  # a full snapshot was not written (said once)
+
+    def note_module(self, module: Any) -> tuple[Any, list[tuple[str, Any]]] | None:
+        """An outermost module call: remembered while the parameters have no names; the first
+        call of a module with parameters (not a parameter-free transform) gives the module whose
+        initial parameters are fingerprinted (``torch.compile(model)``: the original) and them."""
+        if self.names is None and len(self.called) < 8 and all(m is not module for m in self.called):
+            self.called.append(module)
+        if self.init_done:
+            return None
+        root = compat.compiled_original(module)
+        named = [(n, p) for n, p in root.named_parameters() if not p.is_meta]
+        if not named:
+            return None
+        self.init_done = True
+        return root, named
+
+    def name(self) -> bool:
+        """Name the parameters unless named (``params`` none yet: none); True when named now."""
+        if self.params is None:
+            self.params = []
+        if self.names is not None:
+            return False
+        self.names = _param_names(self.params, self.called) if self.params else []
+        self.called = []
+        return True
+
+    def note_grads(self, grads: list[torch.Tensor]) -> None:
+        self.grads = _grad_digest(grads)
+
+    def fingerprints(self) -> list[list[Digest]]:
+        """The parameters' fingerprints, their device sums to read back."""
+        return [[fingerprint_later(local(p)) for p in self.params or []]]
+
+    def snapshot(self, index: int) -> str | None:
+        """Snapshot the parameters after step ``index``; why a full snapshot was not written, the
+        first time one is not."""
+        if self._snapshots is None:
+            self._snapshots = SnapshotWriter(Path(self.snapshot_dir or "snapshots"))
+        skipped = self._snapshots.write(index, self.names or [], self.params or [])
+        self.last_snapshot = index
+        if skipped and not self._snapshots_skipped:
+            self._snapshots_skipped = True
+            return skipped
+        return None
+
+
+def leaves_of(loss: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors a loss's gradient flows into (what a hand-written update changes), in
+    the order autograd reaches them."""
+    seen, leaves, stack = set(), [], [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        stack.extend(next_node for next_node, _ in reversed(node.next_functions))
+    return leaves
+
+
+def _grad_digest(grads: list[torch.Tensor]) -> tuple[list[Digest], torch.Tensor] | None:
+    """(per-gradient digests, global norm as a tensor) of gradients, or None when there are none."""
+    grads = [local(g).detach() for g in grads]
+    if not grads:
+        return None
+    norms = compat.foreach_norm(grads)
+    return [fingerprint_later(g) for g in grads], torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def kind(p: torch.Tensor) -> str:
+    placements = getattr(p, "placements", None)
+    return "tensor" if placements is None else "dtensor:" + ",".join(str(x) for x in placements)
+
+
+def _is_module(obj: Any) -> bool:
+    try:
+        return isinstance(obj, torch.nn.Module)
+    except ReferenceError:  # a dead weak proxy
+        return False
+
+
+def _param_names(params: list[torch.Tensor], called: Sequence[Any] = ()) -> list[str]:
+    """Names of the optimizer's parameters, from the module that owns them: the one covering most
+    of them with the shortest names, among the modules the script called and their submodules
+    (found once per run), else among all live modules (a scan of every object, ~0.2 s)."""
+    wanted = {id(p) for p in params}
+    found = _best_names(wanted, _submodules(called))
+    if len(found) < len(wanted):
+        with warnings.catch_warnings():  # isinstance() on deprecated module attributes warns
+            warnings.simplefilter("ignore")
+            found = _best_names(wanted, [obj for obj in gc.get_objects() if _is_module(obj)])
+    return [found.get(id(p), f"param{i}") for i, p in enumerate(params)]
+
+
+def _submodules(roots: Sequence[Any]) -> list[Any]:
+    found = []
+    for root in roots:
+        try:
+            found.extend(root.modules())
+        except Exception:  # a module whose modules() misbehaves: the scan of live modules decides
+            continue
+    return found
+
+
+def _best_names(wanted: set[int], modules: list[Any]) -> dict[int, str]:
+    best: tuple[int, int, dict[int, str]] | None = None
+    for obj in modules:
+        try:
+            names = {id(p): n for n, p in obj.named_parameters() if id(p) in wanted}
+        except Exception:  # dead weak proxies, modules whose named_parameters misbehave
+            continue
+        if not names:
+            continue
+        score = (len(names), -sum(len(n) for n in names.values()))
+        if best is None or score > best[:2]:
+            best = (*score, names)
+    return best[2] if best else {}
