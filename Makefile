@@ -1,11 +1,12 @@
 # `make demo`, `make test` (the suite but its slow tier) and `make test-slow` (the slow end-to-end
-# tier: pytest marker `slow`; CI runs it after `make test`). All create .venv when it is missing.
+# tier: pytest marker `slow`; CI runs it after `make test`); `make test-fast`: the unit tier alone
+# (tests/unit: no torch, no processes; seconds). All create .venv when it is missing.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.torchrepro-installed
 
-.PHONY: demo test test-slow lint bench bytecode clean realworld compat gpu
+.PHONY: demo test test-fast test-slow lint bench bytecode clean realworld compat gpu
 
 # the editable install builds the C step codec in place (src/torchrepro/eventlog/_stepcodec*.so): again when its source changes
 $(STAMP): pyproject.toml src/torchrepro/eventlog/_stepcodec.c
@@ -30,8 +31,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench examples gpu
 	$(VENV)/bin/mypy  # what it checks and how strictly: [tool.mypy] in pyproject.toml
 
-test: lint bytecode
-	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow and not realworld" --durations=12
+# the unit tier (tests/unit/conftest.py refuses torch and processes there: complete only in a pytest of its own)
+test-fast: bytecode
+	$(PY) -m pytest -n 2 -q -m "not slow and not realworld" tests/unit
+
+# lint, the unit tier, then the end-to-end tier (tests/e2e) but its slow cases
+test: lint test-fast
+	$(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow and not realworld" --durations=12 --ignore=tests/unit
 
 # the end-to-end cases too slow for every `make test` (marker `slow`, pyproject.toml); CI runs both
 test-slow: bytecode
@@ -50,10 +56,10 @@ realworld: bytecode
 # backend inductor, check's inductor RNG and compiled-graph localisation). `make compat TORCH_VERSIONS=2.10.0`
 # tests another.
 TORCH_VERSIONS ?= 2.6.0 2.14.1
-COMPAT_TESTS := tests/test_doctor_scenarios.py tests/test_compat.py tests/compat tests/test_check.py \
-	tests/test_distributed.py tests/test_doctor_cli.py::test_doctor_from_torch_trace_logs \
-	tests/test_doctor_cli.py::test_observation_does_not_perturb
-COMPAT_INDUCTOR := tests/compat/test_inductor_scenarios.py tests/test_check.py
+COMPAT_TESTS := tests/e2e/test_doctor_scenarios.py tests/e2e/test_compat.py tests/e2e/compat tests/e2e/test_check.py \
+	tests/e2e/test_distributed.py tests/e2e/test_doctor_cli.py::test_doctor_from_torch_trace_logs \
+	tests/e2e/test_doctor_cli.py::test_observation_does_not_perturb
+COMPAT_INDUCTOR := tests/e2e/compat/test_inductor_scenarios.py tests/e2e/test_check.py
 
 .venv-compat-%/.torchrepro-installed: pyproject.toml
 	test -x .venv-compat-$*/bin/python || $(PYTHON) -m venv .venv-compat-$*

@@ -1,29 +1,30 @@
-"""Shared test setup: one inductor cache for the whole run (cold compiles cost 10-20 s); every
-report a test writes is checked against the JSON Schema of its kind.
+"""Shared setup of both tiers (tests/unit/, tests/e2e/; docs/architecture.md, "Tests"): one
+inductor cache for the whole run (cold compiles cost 10-20 s); no process a test starts outlives
+it; every report a test writes is checked against the JSON Schema of its kind.
 
-Two tiers: `make test` runs every test not marked ``slow``; `make test-slow` runs those (CI runs
-both). Mark ``slow`` an end-to-end case whose processes cost tens of seconds of CPU (several ranks,
-many runs, inductor) when a cheaper test in `make test` covers the same code path. Runs that several
-tests only read are made once: a session fixture, its tests in one xdist_group."""
+Besides the tiers, a marker: `make test` runs every test not marked ``slow``; `make test-slow` runs
+those (CI runs both). Mark ``slow`` an end-to-end case whose processes cost tens of seconds of CPU
+(several ranks, many runs, inductor) when a cheaper test in `make test` covers the same code path.
+Runs that several tests only read are made once: a session fixture (tests/e2e/conftest.py), its
+tests in one xdist_group."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import jsonschema
 import pytest
+
+from support import schema_problems
 
 # Set before anything imports torch._inductor; subprocesses started by tests inherit it.
 _CACHE = Path(tempfile.gettempdir()) / f"torchrepro-test-inductor-{os.getuid()}"
 _CACHE.mkdir(mode=0o700, exist_ok=True)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_CACHE))
 
-REPO = Path(__file__).resolve().parents[1]
 
 # Every process a test starts inherits this token, so one that outlives its test is found even
 # after it was reparented away from pytest.
@@ -69,34 +70,6 @@ def no_process_outlives_its_test():
     assert not left, f"processes outlived the test: {left}"
 
 
-_VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}
-_LARGEST_REPORT = 64 << 20
-
-
-def schema_problems(path: Path) -> list[str]:
-    """Where the torchrepro report in ``path`` breaks the schema of its kind (empty when it
-    validates, or when ``path`` holds no torchrepro report)."""
-    import json
-
-    from torchrepro.reports.loader import report_kind
-    from torchrepro.reports.schema import schema_path
-
-    try:
-        if not path.is_file() or path.stat().st_size > _LARGEST_REPORT:
-            return []
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):  # unreadable on purpose (hostile-input tests), or not JSON
-        return []
-    kind = report_kind(data)
-    if kind is None:
-        return []
-    if kind not in _VALIDATORS:
-        schema = json.loads(schema_path(kind).read_text())
-        _VALIDATORS[kind] = jsonschema.Draft202012Validator(schema)
-    errors = sorted(_VALIDATORS[kind].iter_errors(data), key=lambda e: list(e.absolute_path))
-    return [f"{kind} report at /{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in errors[:5]]
-
-
 @pytest.fixture(autouse=True)
 def reports_match_their_schema(request):
     """After a test, every torchrepro report under its ``tmp_path`` (``report.json``, ``--json``
@@ -107,57 +80,6 @@ def reports_match_their_schema(request):
         return
     problems = [f"{path}: {problem}" for path in sorted(root.rglob("*.json")) for problem in schema_problems(path)]
     assert not problems, "reports that break their schema:\n" + "\n".join(problems)
-
-
-@pytest.fixture
-def run_python(tmp_path):
-    """Run a Python snippet in a fresh interpreter; returns the CompletedProcess."""
-    import subprocess
-
-    def run(code: str, *, env: dict[str, str] | None = None, check: bool = True, timeout: float = 300):
-        full_env = {**os.environ, **(env or {})}
-        proc = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd=tmp_path, timeout=timeout
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        return proc
-
-    return run
-
-
-# Runs that several tests only read, made once. A session fixture is made once per xdist worker:
-# the tests reading one share a worker through an xdist_group (make test runs --dist loadgroup).
-NOISE_CHECK_GROUP = "html-browser"
-
-
-@pytest.fixture(scope="session")
-def noise_check(tmp_path_factory):
-    """`torchrepro check` of tests/scripts/noise_module.py (an unseeded generator: the runs
-    diverge, and replays localise the op): its process and output directory. Read by
-    test_check.py's verdict test and test_html_browser.py's check page (xdist_group
-    NOISE_CHECK_GROUP). Its reports are checked against their schemas here, as a test's are."""
-    import subprocess
-
-    root = tmp_path_factory.mktemp("noise-check")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrepro",
-            "check",
-            "--out",
-            str(root / "check"),
-            str(REPO / "tests" / "scripts" / "noise_module.py"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        timeout=600,
-    )
-    problems = [f"{path}: {problem}" for path in sorted(root.rglob("*.json")) for problem in schema_problems(path)]
-    assert not problems, "reports that break their schema:\n" + "\n".join(problems)
-    return proc, root / "check"
 
 
 _CPU_LOG = os.environ.get("TORCHREPRO_TEST_CPU_LOG")
@@ -204,17 +126,3 @@ _HEAVY_FIRST = (
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
-def run_torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600):
-    """``python -m torchrepro ARGS`` in ``cwd`` (``env``: added to ours), its output as text."""
-    import subprocess
-
-    return subprocess.run(
-        [sys.executable, "-m", "torchrepro", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=timeout,
-    )

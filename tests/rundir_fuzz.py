@@ -5,7 +5,7 @@ nesting, or the document's bytes flipped, cut or repeated. Every input must read
 document or as one damage finding naming the file (and its field or line), and never raise
 anything but :class:`~torchrepro.errors.InputError`; what reads clean goes on through what
 ``report`` and ``diff`` do with it. Run as ``python rundir_fuzz.py KIND N SEED``: prints a JSON
-summary (tests/test_rundir_fuzz.py runs it under a memory and a time limit)."""
+summary (tests/e2e/test_rundir_fuzz.py runs it under a memory and a time limit)."""
 
 from __future__ import annotations
 

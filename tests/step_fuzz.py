@@ -1,4 +1,4 @@
-"""The fuzz of tests/test_step_damage.py, run in a child process under a memory limit:
+"""The fuzz of tests/e2e/test_step_damage_fuzz.py, run in a child process under a memory limit:
 
     python tests/step_fuzz.py SEED CASES
 

@@ -1,6 +1,6 @@
 /* The step stream codec of steps.bin in C: the same format as eventlog/stepstream.py, byte for byte
  * (that module's docstring is the specification, its pure-Python Encoding and Records the reference
- * this file must agree with: tests/test_step_codec.py compares the two on generated values and on
+ * this file must agree with: tests/unit/test_step_codec.py compares the two on generated values and on
  * damaged bytes).
  *
  * Why: a record costs ~12-21 us to decode and ~7-49 us to encode in Python; here ~1 us, most of it

@@ -69,8 +69,8 @@ format agree byte for byte: the C extension ``_stepcodec`` (``_stepcodec.c``: ~1
 doctor step and ~0.7 µs to decode one, where this module's Python takes ~15 and ~11 µs), used when
 it was built and is of :data:`CODEC_VERSION`, and this module's (the reference, and what runs where
 no compiler built the extension, or when ``TORCHREPRO_PURE_PYTHON_CODEC=1``);
-``tests/test_step_codec.py`` compares them on generated values and on damaged bytes,
-``tests/test_step_damage.py`` on 10 000 mutated streams a run (``tests/step_fuzz.py``). Neither
+``tests/unit/test_step_codec.py`` compares them on generated values and on damaged bytes,
+``tests/e2e/test_step_damage_fuzz.py`` on 10 000 mutated streams a run (``tests/step_fuzz.py``). Neither
 msgspec nor numpy reads this format (varints, deltas, a string table): ``bench/step_decoders.py``
 compares their own formats with it (docs/step-log.md).
 

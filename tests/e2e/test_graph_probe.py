@@ -1,0 +1,266 @@
+"""Probing each compiled graph in the run itself: called again on copies of its first call's
+inputs, a graph whose outputs are not bit for bit the same is named (compile id, graph, output,
+source line), and `check` says DIVERGED even where its two runs agree. A planted nondeterministic
+custom op (tests/scripts/probe_planted.py: a call counter) makes the two runs agree every time
+while every repeat in one process differs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrepro.analysis.nondeterminism import graph_probes, probe_divergence
+from torchrepro.analysis.verdict import verdict_line
+from torchrepro.eventlog.event_reader import EventLog, read_events
+from torchrepro.eventlog.events import GraphProbe, Header, Step
+from torchrepro.render.terminal import probe_lines
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+PLANTED = SCRIPTS / "probe_planted.py"
+
+
+def _line_of(text: str) -> int:
+    return next(i for i, line in enumerate(PLANTED.read_text().splitlines(), 1) if text in line)
+
+
+def _probe(graph: str, differing: list[int], step: int | None = 0, rank: int = 0) -> GraphProbe:
+    explained = {
+        "compile_id": "0/0",
+        "graph": graph,
+        "output_index": 0,
+        "parameter": "w",
+        "node": "mm_1",
+        "op": "aten.mm",
+        "source": "train.py:7",
+        "kernel": "cpp_fused_0",
+        "kernel_atomic_add": True,
+    }
+    return GraphProbe(
+        step=step,
+        rank=rank,
+        compile_id="0/0",
+        graph=graph,
+        repeats=8,
+        threads=2,
+        runs_differing=3 if differing else 0,
+        differing=differing,
+        max_abs=1e-8 if differing else None,
+        explained=explained if differing else {},
+    )
+
+
+def test_a_differing_probe_is_a_divergence_named_by_its_graph():
+    logs = {
+        "run-1": [EventLog(Path("rank-0/events.jsonl"), [Header(), _probe("forward", []), _probe("backward", [2])])],
+        "run-2": [EventLog(Path("rank-0/events.jsonl"), [Header(), _probe("forward", [])])],
+    }
+    probes = graph_probes(logs)
+    assert [(p["run"], p["graph"], p["differing"]) for p in probes] == [
+        ("run-1", "forward", []),
+        ("run-1", "backward", [2]),
+        ("run-2", "forward", []),
+    ]
+    div, cause, evidence = probe_divergence(probes)
+    assert (div.step, div.rank, div.what, cause) == (0, 0, "compiled_graph", "nondeterministic_op")
+    assert evidence["named_by"] == "graph_probe" and evidence["kernel"] == "cpp_fused_0"
+    assert (evidence["compile_id"], evidence["graph"], evidence["parameter"]) == ("0/0", "backward", "w")
+    assert "3 of 8 repeats at 2 thread(s)" in evidence["because"]
+    lines = probe_lines(probes)
+    assert (
+        lines[0].startswith("graph probes: 3 compiled graph(s) called 8 more times") and "1 not bit for bit" in lines[0]
+    )
+    assert "compiled graph 0/0 (backward), 3 of 8 repeats differ: parameter w" in lines[1]
+
+
+def test_probes_that_repeat_bit_for_bit_are_no_divergence():
+    logs = {"run-1": [EventLog(Path("rank-0/events.jsonl"), [Header(), _probe("forward", []), _probe("backward", [])])]}
+    assert probe_divergence(graph_probes(logs)) is None
+    assert probe_divergence([]) is None
+
+
+def test_verdict_line_says_the_graph_and_that_the_runs_agreed_to_nothing_else():
+    det = {
+        "verdict": "diverged",
+        "steps_compared": 3,
+        "endings": [],
+        "first_divergence": {
+            "step": 0,
+            "rank": 0,
+            "what": "compiled_graph",
+            "cause": "nondeterministic_op",
+            "module": None,
+            "op": "aten.mm",
+            "source": "train.py:7",
+            "detail": {"run": "run-1", "compile_id": "0/0", "graph": "backward"},
+        },
+    }
+    assert verdict_line(det) == (
+        "DIVERGED when repeated at step 0 (rank 0, compiled graph 0/0 (backward) of run-1): cause "
+        "nondeterministic_op — op aten.mm, at train.py:7"
+    )
+
+
+def _run(tmp_path: Path, name: str, *args: str) -> list:
+    out = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "run", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return read_events(out / "rank-0" / "events.jsonl").events
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_probing_does_not_change_the_run(tmp_path):
+    """The same script with and without the probe: every step's loss, gradients and parameters
+    bit for bit the same, and the probe found its graphs deterministic."""
+    plain = _run(tmp_path, "plain", str(PLANTED), "3", "none")
+    probed = _run(tmp_path, "probed", "--probe-repeats", "4", str(PLANTED), "3", "none")
+    steps = lambda events: [(s.index, s.loss, s.grads_fp, s.params_fp) for s in events if isinstance(s, Step)]
+    assert steps(plain) == steps(probed) and len(steps(plain)) == 3
+    probes = [e for e in probed if isinstance(e, GraphProbe)]
+    assert {(p.graph, p.repeats, tuple(p.differing), p.error) for p in probes} == {
+        ("forward", 4, (), None),
+        ("backward", 4, (), None),
+    }
+    assert not [e for e in plain if isinstance(e, GraphProbe)]
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_check_names_a_forward_race_the_two_runs_did_not_show(tmp_path):
+    out = tmp_path / "check"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "check", "--no-fixes", "--out", str(out), str(PLANTED), "--", "3", "fwd"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    det = report["determinism"]
+    fd = det["first_divergence"]
+    assert det["verdict"] == "diverged" and fd["what"] == "compiled_graph" and fd["cause"] == "nondeterministic_op"
+    assert fd["evidence"]["named_by"] == "graph_probe"
+    assert (fd["compile_id"], fd["graph"]) == ("0/0", "forward")
+    assert fd["source"].endswith(f"probe_planted.py:{_line_of('h = jitter(h)')}")
+    assert fd["op"] == "probe_planted.jitter.default" and fd["evidence"]["eager_node"] == "jitter"
+    probed = {(p["run"], p["graph"]): p for p in det["graph_probes"]}
+    assert set(probed) == {(r, g) for r in ("run-1", "run-2") for g in ("forward", "backward")}
+    assert all(p["differing"] for (_, g), p in probed.items() if g == "forward")
+    assert not any(p["differing"] for (_, g), p in probed.items() if g == "backward")
+    # the two runs themselves agree: no step differs
+    assert "BIT-EXACT" not in proc.stdout + proc.stderr
+    assert "DIVERGED when repeated at step 0 (rank 0, compiled graph 0/0 (forward) of run-" in " ".join(
+        proc.stdout.split()
+    )
+    page = (out / "report.html").read_text()
+    assert '<section id="graph-probes">' in page and "probe_planted.py:" in page
+
+
+def test_where_the_forward_matches_eager_the_backward_probe_names_the_node():
+    from torchrepro.analysis.nondeterminism import graph_evidence
+
+    replay = {"step": 0, "graphs": [{"compile_id": "0/0", "outputs": 2, "random_nodes": []}]}
+    probe = {
+        "graph": "backward",
+        "compile_id": "0/0",
+        "eager_differing": [0, 3],
+        "eager_explained": {
+            "parameter": "head.weight",
+            "node": "mm_1",
+            "op": "aten.mm.default",
+            "source": "gpt.py:43",
+            "output": "mm_1 (mm.default)",
+            "max_abs": 3.7e-9,
+        },
+    }
+    evidence = graph_evidence(replay, 0, "numerics", None, [probe])
+    assert evidence["localisation"] == "backward_graph"
+    assert (evidence["graph"], evidence["parameter"], evidence["node"], evidence["source"]) == (
+        "backward",
+        "head.weight",
+        "mm_1",
+        "gpt.py:43",
+    )
+    assert evidence["because"] == (
+        "the 1 compiled graph call(s) of step 0 match their eager FX graphs in the forward pass; in backward, "
+        "compiled graph 0/0 differs from the same FX graph run eagerly on the same inputs (2 output(s)), first at "
+        "the gradient of head.weight, by up to 3.7e-09"
+    )
+    plain = graph_evidence(replay, 0, "numerics", None, [dict(probe, eager_differing=[])])
+    assert plain == {
+        "localisation": "the 1 compiled graph call(s) of step 0 match their eager FX graphs in the forward pass "
+        "(the difference arises in backward)"
+    }
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_doctor_probe_reports_the_graph_that_differs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "doctor", "--probe", "--probe-repeats", "3", "--out", "run"]
+        + ["--json", "doctor.json", str(PLANTED), "2", "bwd"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    (finding,) = [f for f in report["findings"] if f["code"] == "NONDETERMINISTIC_COMPILED_GRAPH"]
+    assert finding["severity"] == "error" and report["verdict"].startswith("PROBLEMS"), proc.stderr[-2000:]
+    evidence = finding["evidence"]
+    assert (evidence["graph"], evidence["parameter"], evidence["graphs_probed"]) == ("backward", "w", 2)
+    # a backward node carries the stack of the forward call it differentiates: scale(h, self.w)
+    assert evidence["source"].endswith(f"probe_planted.py:{_line_of('return self.fc2(scale(h, self.w))')}")
+    assert evidence["op"] == "probe_planted.jitter.default" and evidence["eager_node"].startswith("jitter")
+    assert "torchrepro repro RUN_DIR" in finding["hint"]
+
+
+def test_probe_repeats_without_probe_is_a_usage_error(tmp_path):
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "doctor", "--probe-repeats", "3", "train.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "torchrepro: error: --probe-repeats says how often --probe calls each graph: give --probe too"
+    )
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_check_against_eager_names_the_backward_node_where_the_forward_matches(tmp_path):
+    """The planted script without jitter: its compiled forward (addmm, relu) is eager's bit for bit,
+    its backward (inductor's sum for a bias gradient) is not."""
+    out = tmp_path / "check"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "check", "--against", "eager", "--no-fixes", "--out", str(out)]
+        + [str(PLANTED), "--", "2", "none"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    fd = json.loads((out / "report.json").read_text())["determinism"]["first_divergence"]
+    evidence = fd["evidence"]
+    assert fd["cause"] == "numerics" and evidence["localisation"] == "backward_graph"
+    assert (evidence["compile_id"], evidence["graph"], evidence["parameter"]) == ("0/0", "backward", "fc2.bias")
+    assert fd["op"] == "aten.sum.dim_IntList"
+    assert fd["source"].endswith(f"probe_planted.py:{_line_of('return self.fc2(scale(h, self.w))')}")
+    assert (
+        "match their eager FX graphs in the forward pass; in backward, compiled graph 0/0 differs"
+        in (evidence["because"])
+    )

@@ -1,0 +1,56 @@
+"""What tests import besides fixtures: reports checked against their schemas, the CLI in a child
+process, and the xdist group of the shared ``noise_check`` run (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import jsonschema
+
+_VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}
+_LARGEST_REPORT = 64 << 20
+
+
+def schema_problems(path: Path) -> list[str]:
+    """Where the torchrepro report in ``path`` breaks the schema of its kind (empty when it
+    validates, or when ``path`` holds no torchrepro report)."""
+    import json
+
+    from torchrepro.reports.loader import report_kind
+    from torchrepro.reports.schema import schema_path
+
+    try:
+        if not path.is_file() or path.stat().st_size > _LARGEST_REPORT:
+            return []
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # unreadable on purpose (hostile-input tests), or not JSON
+        return []
+    kind = report_kind(data)
+    if kind is None:
+        return []
+    if kind not in _VALIDATORS:
+        schema = json.loads(schema_path(kind).read_text())
+        _VALIDATORS[kind] = jsonschema.Draft202012Validator(schema)
+    errors = sorted(_VALIDATORS[kind].iter_errors(data), key=lambda e: list(e.absolute_path))
+    return [f"{kind} report at /{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in errors[:5]]
+
+
+# Runs that several tests only read, made once. A session fixture is made once per xdist worker:
+# the tests reading one share a worker through an xdist_group (make test runs --dist loadgroup).
+NOISE_CHECK_GROUP = "html-browser"
+
+
+def run_torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600):
+    """``python -m torchrepro ARGS`` in ``cwd`` (``env``: added to ours), its output as text."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "torchrepro", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
