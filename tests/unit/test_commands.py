@@ -6,10 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import pkgutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,22 +18,12 @@ from torchrepro.errors import InputError
 from torchrepro.runtime.run_options import OPTIONS_VAR, RunOptions
 
 
-MODULES = [name.replace("-", "_") for name in COMMANDS]
-
-
 # what the commands share (the launcher, the option layer, the output guard): modules without a sub-command
-SHARED = [name for _, name, _ in pkgutil.iter_modules(torchrepro.commands.__path__) if name not in MODULES]
-
-
-def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torchrepro", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
+SHARED = [
+    name
+    for _, name, _ in pkgutil.iter_modules(torchrepro.commands.__path__)
+    if name not in {module.split(".")[0] for module in COMMANDS.values()}
+]
 
 
 def test_the_commands_folder_holds_the_commands_and_what_they_share():
@@ -45,14 +32,13 @@ def test_the_commands_folder_holds_the_commands_and_what_they_share():
         assert not hasattr(importlib.import_module(f"torchrepro.commands.{name}"), "add_parser"), name
 
 
-@pytest.mark.parametrize("name", MODULES)
-def test_every_command_module_registers_itself_and_runs(name):
+@pytest.mark.parametrize(("command", "name"), COMMANDS.items())
+def test_every_command_module_registers_itself_and_runs(command, name):
     module = importlib.import_module(f"torchrepro.commands.{name}")
     assert callable(module.add_parser) and callable(module.run)
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     module.add_parser(sub)
-    command = name.replace("_", "-")
     assert list(sub.choices) == [command]
     assert sub.choices[command].get_default("func") in (module.run, None)  # cache: each sub-command sets its own
 
