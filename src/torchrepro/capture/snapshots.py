@@ -120,10 +120,11 @@ def sketch_dims(names: list[str], sizes: list[int], budget: int = SKETCH_BYTES) 
 
 class SnapshotWriter:
     """Writes a run's snapshots into ``folder``: a sketch per snapshot step, the full parameters
-    of the latest one."""
+    of the latest one (of every one with ``keep_all``: ``compare`` judges each tensor at each step)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, keep_all: bool = False):
         self.folder = folder
+        self.keep_all = keep_all
         self.last: int | None = None  # the step of the full snapshot kept
         self._dims: int | None = None
 
@@ -163,7 +164,7 @@ class SnapshotWriter:
         arrays: dict[str, Any] = {name: _to_numpy(t) for name, t in zip(names, host)}
         with atomic_path(self.folder / f"step-{index:07d}.npz") as tmp, open(tmp, "wb") as fp:
             np.savez(fp, **arrays)
-        if self.last is not None and self.last != index:
+        if self.last is not None and self.last != index and not self.keep_all:
             (self.folder / f"step-{self.last:07d}.npz").unlink(missing_ok=True)
         self.last = index
         return None

@@ -22,13 +22,14 @@ from .step_inputs import Digest, local
 class StepParams:
     """The parameters a step updates (``params``, ``names``) and what is recorded of them."""
 
-    def __init__(self, snapshot_dir: Path | None):
+    def __init__(self, snapshot_dir: Path | None, keep_all: bool = False):
         self.params: list[torch.Tensor] | None = None
         self.names: list[str] | None = None
         self.called: list[Any] = []  # the outermost modules called before the parameters are named
         self.init_done = False  # the initial parameters were fingerprinted
         self.grads: tuple[list[Digest], torch.Tensor] | None = None  # the step's gradient digests and norm
         self.snapshot_dir = snapshot_dir
+        self.keep_all = keep_all  # every snapshot step's full parameters, not only the latest
         self.last_snapshot: int | None = None
         self._snapshots: SnapshotWriter | None = None
         self._snapshots_skipped = False  # a full snapshot was not written (said once)
@@ -69,7 +70,7 @@ class StepParams:
         """Snapshot the parameters after step ``index``; why a full snapshot was not written, the
         first time one is not."""
         if self._snapshots is None:
-            self._snapshots = SnapshotWriter(Path(self.snapshot_dir or "snapshots"))
+            self._snapshots = SnapshotWriter(Path(self.snapshot_dir or "snapshots"), self.keep_all)
         skipped = self._snapshots.write(index, self.names or [], self.params or [])
         self.last_snapshot = index
         if skipped and not self._snapshots_skipped:

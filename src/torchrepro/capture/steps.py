@@ -75,6 +75,7 @@ class StepConfig:
     snapshots: bool = (
         False  # parameter sketches at steps 0-15, powers of two and the last; the last step whole (snapshots.py)
     )
+    whole_snapshots: bool = False  # every snapshot step whole too: compare judges each tensor at each step
     # doctor: RNG, batch and parameter digests only while the process is one of several ranks (the
     # cross-rank checks compare them); one process's compile health needs none (docs/performance.md)
     ranks_only: bool = False
@@ -105,7 +106,7 @@ class StepRecorder:
         self._losses = StepLosses()
         self._rng = StepRng()
         self._inputs = StepInputs()
-        self._params = StepParams(snapshot_dir)
+        self._params = StepParams(snapshot_dir, keep_all=self.config.whole_snapshots)
         self._compiles = 0
         self._start = time.perf_counter()
         self._undo: list[Callable[[], None]] = []

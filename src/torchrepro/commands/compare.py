@@ -5,6 +5,7 @@ band (:mod:`torchrepro.analysis.equivalence`; docs/compare.md)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def compare(
     console: Any = None,
 ) -> tuple[Any, Path]:
     """Run A twice and B once (B stopped and resumed when ``resume_b_at``); the report, also
-    written to ``OUT/report.json``."""
+    written to ``RUN_DIR/report.json``."""
     from .launcher import validate_script
 
     script_a, script_b = validate_script(a[0]), validate_script(b[0])  # before the imports a run needs
@@ -116,7 +117,14 @@ def compare(
 
     def checker(script: Path, script_args: list[str], nproc: int) -> Checker:
         return Checker(
-            script, script_args, run_dir, options=options, snapshots=True, console=console, nproc=nproc, timeout=timeout
+            script,
+            script_args,
+            run_dir,
+            options=replace(options, whole_snapshots=True),  # each parameter tensor judged at each snapshot step
+            snapshots=True,
+            console=console,
+            nproc=nproc,
+            timeout=timeout,
         )
 
     ref, other = checker(script_a, a[1], a[2]), checker(script_b, b[1], b[2])

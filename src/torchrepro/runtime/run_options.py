@@ -41,6 +41,7 @@ class RunOptions:
     fingerprint_every: int | None = None  # None: every step when that costs < 1 %
     grads: bool = False  # also fingerprint gradients
     snapshots: bool = False  # parameter sketches at steps 0-15, powers of two and the last; the last whole
+    whole_snapshots: bool = False  # with snapshots: every snapshot step's parameters whole (compare's tensors)
     replay_step: int | None = None  # record every op of this step (capture.ops), then exit
     replay_out: Path | None = None  # where the replay goes (default rank-<r>/replay.json)
     replay_graphs: bool = False  # compare compiled graphs with their eager FX graphs instead of ops
@@ -115,6 +116,7 @@ class RunOptions:
                 fingerprint_every=self.fingerprint_every,
                 grads=self.grads,
                 snapshots=self.snapshots,
+                whole_snapshots=self.whole_snapshots,
                 ranks_only=self.ranks_only,
             ),
             replay_step=self.replay_step,
