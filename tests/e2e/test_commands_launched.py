@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 
-import torchrepro.commands
 from torchrepro.cli import COMMANDS, build_parser
 from torchrepro.runtime.run_options import OPTIONS_VAR, RunOptions
 from torchrepro.eventlog.event_reader import read_events
 from torchrepro.eventlog.events import Step
+from support import run_torchrepro
 
 
 # Python's own RNG is seeded from the OS at start: the value differs between runs unless torchrepro seeds.
@@ -30,17 +27,6 @@ for step in range(6):
     opt.zero_grad(); loss.backward(); opt.step()
 open(sys.argv[1], "w").write(json.dumps({"draw": random.random(), "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}))
 """
-
-
-def torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torchrepro", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
 
 
 def header(run_dir: Path) -> dict:
@@ -59,7 +45,7 @@ def test_help_lists_every_command(tmp_path):
     commands = list(COMMANDS)
     registered = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert sorted(registered) == sorted(commands)
-    proc = torchrepro("--help", cwd=tmp_path)
+    proc = run_torchrepro("--help", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     listed = [
         line.split()[0]
@@ -72,7 +58,7 @@ def test_help_lists_every_command(tmp_path):
 def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     script = tmp_path / "draws.py"
     script.write_text(DRAWS)
-    proc = torchrepro(
+    proc = run_torchrepro(
         "doctor",
         "--seed",
         "7",
@@ -91,7 +77,7 @@ def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     launched = steps(tmp_path / "launched")
     assert [s["index"] for s in launched if s["params_fp"]] == [0, 3]  # every 3rd step
     # The same options given as flags to `torchrepro run` (as under a user's own torchrun) do the same.
-    proc = torchrepro(
+    proc = run_torchrepro(
         "run",
         "--seed",
         "7",
@@ -106,7 +92,9 @@ def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert seen(tmp_path / "direct.txt")["draw"] == seen(tmp_path / "launched.txt")["draw"]  # seeded alike
     assert [s["params_fp"] for s in steps(tmp_path / "direct")] == [s["params_fp"] for s in launched]
-    proc = torchrepro("run", "--seed", "8", "--out", "other", str(script), str(tmp_path / "other.txt"), cwd=tmp_path)
+    proc = run_torchrepro(
+        "run", "--seed", "8", "--out", "other", str(script), str(tmp_path / "other.txt"), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert seen(tmp_path / "other.txt")["draw"] != seen(tmp_path / "launched.txt")["draw"]
 
@@ -115,7 +103,7 @@ def test_the_cache_policy_reaches_the_child(tmp_path):
     script = tmp_path / "draws.py"
     script.write_text(DRAWS)
     root = tmp_path / "caches"
-    proc = torchrepro(
+    proc = run_torchrepro(
         "doctor",
         "--cache-policy",
         "per-rank",
@@ -135,10 +123,10 @@ def test_the_cache_policy_reaches_the_child(tmp_path):
 def test_run_refuses_flags_beside_handed_options_and_bad_options(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("pass\n")
-    proc = torchrepro("run", "--seed", "1", str(script), cwd=tmp_path, env=RunOptions(seed=2).env())
+    proc = run_torchrepro("run", "--seed", "1", str(script), cwd=tmp_path, env=RunOptions(seed=2).env())
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"torchrepro: error: {OPTIONS_VAR} holds this run's options")
-    proc = torchrepro("run", str(script), cwd=tmp_path, env={OPTIONS_VAR: '{"seed": 1, "colour": 2}'})
+    proc = run_torchrepro("run", str(script), cwd=tmp_path, env={OPTIONS_VAR: '{"seed": 1, "colour": 2}'})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"torchrepro: error: {OPTIONS_VAR}: not torchrepro run options")
     assert not (tmp_path / "torchrepro-runs").exists()
