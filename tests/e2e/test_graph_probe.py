@@ -264,3 +264,26 @@ def test_check_against_eager_names_the_backward_node_where_the_forward_matches(t
         "match their eager FX graphs in the forward pass; in backward, compiled graph 0/0 differs"
         in (evidence["because"])
     )
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_a_graph_that_adds_atomically_is_probed_longer(tmp_path):
+    """A race between threads shows only when they run at the same moment: a backward graph that
+    adds atomically at 2 threads and repeats bit for bit is called more than the repeats asked for,
+    and the report says so; its forward graph (no atomic adds) is called as often as asked."""
+    from torchrepro.capture.graph_probe import ACCUMULATING_FACTOR
+
+    events = _run(tmp_path, "run", "--probe-repeats", "2", str(SCRIPTS / "probe_unique_rows.py"))
+    probes = {p.graph: p for p in events if isinstance(p, GraphProbe)}
+    forward, backward = probes["forward"], probes["backward"]
+    assert (forward.accumulates, forward.repeats, forward.differing) == (False, 2, [])
+    assert backward.accumulates and not backward.differing and backward.error is None
+    assert 2 < backward.repeats <= 2 * ACCUMULATING_FACTOR
+    log = EventLog(Path("rank-0/events.jsonl"), [Header(), *probes.values()])
+    lines = probe_lines(graph_probes({"run-1": [log]}))
+    assert lines[0].startswith("graph probes: 2 compiled graph(s) called 2 more times") and "0 not bit" in lines[0]
+    assert lines[1] == (
+        f"  run-1 rank 0: compiled graph 0/0 (backward) adds atomically at 2 threads and repeated bit for bit "
+        f"{backward.repeats} times (its threads may still race at other timings)"
+    )

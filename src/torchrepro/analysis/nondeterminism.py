@@ -246,6 +246,7 @@ def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
             "eager_differing": p.eager_differing,
             "eager_explained": p.eager_explained,
             "one_thread": p.one_thread,
+            "accumulates": p.accumulates,
             "time_s": p.time_s,
             "error": p.error,
         }

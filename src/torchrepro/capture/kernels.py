@@ -191,6 +191,15 @@ def kernels_of(source: str) -> dict[str, CppKernel]:
     return out
 
 
+def accumulates(graph: CompiledGraph | None) -> bool:
+    """Whether ``graph`` accumulates with atomic adds: an output depends on an accumulating aten op
+    (:data:`ACCUMULATING`), or a kernel inductor generated for it adds atomically (C++ or Triton)."""
+    if graph is None:
+        return False
+    source = graph["source_code"] or ""
+    return any(o and o["accumulating"] for o in graph["outputs"]) or "atomic_add" in source
+
+
 def producers(source: str, index: int) -> list[str]:
     """The kernels (and extern calls) that compute output ``index`` of the wrapper's ``call``,
     nearest first: a backward walk over the calls from the buffer it returns."""

@@ -212,6 +212,7 @@ class GraphProbe(Event):
     eager_differing: list[int] = field(default_factory=list)  # outputs unlike the FX graph's run eagerly
     eager_explained: dict[str, Any] = field(default_factory=dict)  # the first of them in the graph's order
     one_thread: str | None = None  # a graph that differs, at one thread: "differs" | "repeats bit for bit"
+    accumulates: bool = False  # it adds atomically at several threads: probed longer where it repeats
     time_s: float | None = None
     error: str | None = None
 

@@ -178,11 +178,18 @@ def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
     bit for bit the same on identical inputs (what its first differing output is)."""
     differing = [p for p in probes if p["differing"]]
     failed = [p for p in probes if p.get("error")]
-    repeats = max((p["repeats"] for p in probes), default=0)
+    longer = [p for p in probes if p.get("accumulates") and not p["differing"] and not p.get("error")]
+    repeats = max((p["repeats"] for p in probes if p not in longer), default=0)
     lines = [
         f"graph probes: {len(probes)} compiled graph(s) called {repeats} more times on identical inputs; "
         f"{len(differing)} not bit for bit the same" + (f", {len(failed)} not probed" if failed else "")
     ]
+    for p in longer[:4]:
+        lines.append(
+            f"  {p['run']} rank {p['rank']}: compiled graph {p['compile_id']} ({p['graph']}) adds atomically at "
+            f"{p['threads']} threads and repeated bit for bit {p['repeats']} times (its threads may still race "
+            "at other timings)"
+        )
     for p in differing[:4]:
         e = p["explained"] or {}
         where = ", ".join(

@@ -97,6 +97,7 @@ class GraphProbeRecord(TypedDict):
     eager_differing: list[int]
     eager_explained: JsonObject
     one_thread: str | None
+    accumulates: bool
     time_s: float | None
     error: str | None
 
