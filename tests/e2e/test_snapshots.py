@@ -131,10 +131,11 @@ def _model_params(seed: int) -> tuple[list[str], list[torch.Tensor]]:
 def _write_run(folder: Path, steps: int, perturb_from: int | None, tiny: bool = False) -> None:
     """A run's snapshots: parameters changing by the same update each step, perturbed (from
     ``perturb_from`` on) by small differences in one large and one small tensor (or in the
-    small tensor only: ``tiny``)."""
+    small tensor only: ``tiny``). Never more than two full copies on disk."""
     names, params = _model_params(0)
     writer = SnapshotWriter(folder)
     for step in range(steps):
+        assert len(snapshot_steps(folder) if folder.exists() else []) <= 2
         for i, p in enumerate(params):
             p.add_(0.01 * (i + 1))
         if perturb_from is not None and step >= perturb_from:
@@ -148,9 +149,9 @@ def _write_run(folder: Path, steps: int, perturb_from: int | None, tiny: bool = 
             params[2][step] -= 5e-4
 
 
-def test_a_run_keeps_one_full_copy_and_a_sketch_per_step(tmp_path):
+def test_a_run_keeps_the_first_and_last_full_copies_and_a_sketch_per_step(tmp_path):
     _write_run(tmp_path / "a", 6, None)
-    assert sorted(snapshot_steps(tmp_path / "a")) == [5]  # the last step's parameters, whole
+    assert sorted(snapshot_steps(tmp_path / "a")) == [0, 5]  # the first and last steps' parameters, whole
     assert sorted(snapshot_steps(tmp_path / "a", "sketch")) == list(range(6))
     names, params = _model_params(0)
     full = load_snapshot(tmp_path / "a" / "step-0000005.npz")
@@ -173,6 +174,7 @@ def test_the_curve_is_exact_where_kept_and_estimated_elsewhere(tmp_path):
     _write_run(tmp_path / "b", 5, 2)
     curve = divergence_curve(tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b"))
     assert [p["step"] for p in curve] == [0, 1, 2, 3, 4]
+    assert sorted(snapshot_steps(tmp_path / "b")) == [0, 4]
     for p in curve[:2]:  # equal fingerprints: no difference, exactly
         assert (p["max_abs"], p["max_rel"], p["l2"], p["estimated"]) == (0.0, 0.0, 0.0, False)
     for p in curve[2:4]:  # a sketched tensor differs: max-abs unknown, L2 estimated
@@ -334,8 +336,10 @@ def test_a_check_keeps_full_copies_only_of_the_pair_that_diverged(tmp_path):
     assert proc.returncode == 1, proc.stderr
     det = json.loads((out / "report.json").read_text())["determinism"]
     assert det["verdict"] == "diverged" and det["curve"][-1]["max_abs"] > 0
-    full = sorted(p.relative_to(out).parts[0] for p in out.glob("*/rank-*/snapshots/step-*.npz"))
-    assert full == ["run-1", "run-2"]
+    full = sorted(p.relative_to(out).parts[::3] for p in out.glob("*/rank-*/snapshots/step-*.npz"))
+    # one copy each: the first divergent step where the runs kept it whole (the first and last), else the last
+    step = det["first_divergence"]["step"] if det["first_divergence"]["step"] in (0, 3) else 3
+    assert full == [("run-1", f"step-{step:07d}.npz"), ("run-2", f"step-{step:07d}.npz")]
     assert all(len(list((out / r / "rank-0" / "snapshots").glob("sketch-*.npz"))) == 4 for r in det["runs"])
     # the run left with sketches only still compares (this model's tensors are small enough to be kept whole in them)
     diff = torchrepro("diff", "--json", str(tmp_path / "d.json"), str(out / "run-1"), str(out / "run-3"), cwd=tmp_path)
@@ -366,10 +370,11 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
     assert copy == 4 * 8_428_032  # one float32 copy of the model's parameters
     runs = [p for p in out.iterdir() if (p / "rank-0" / "snapshots").is_dir()]
     assert sorted(p.name for p in runs) == ["compiled", "eager", "fallback-random"]
-    for run in runs:  # the pair that differs keeps its last step whole; the third run its sketches only
+    for run in runs:  # the pair that differs keeps the first divergent step whole; the third run its sketches only
         snaps = run / "rank-0" / "snapshots"
         assert len(list(snaps.glob("sketch-*.npz"))) == 3
-        assert len(list(snaps.glob("step-*.npz"))) == (run.name != "fallback-random")
+        kept = [p.name for p in snaps.glob("step-*.npz")]
+        assert kept == ([] if run.name == "fallback-random" else ["step-0000000.npz"])
     # the compiled graphs saved for torchrepro repro: the compared pair's only (at most 256 MiB a graph)
     assert sorted(p.parts[-3] for p in out.glob("*/rank-0/graphs")) == ["compiled"]
     # the whole check directory but those graphs: two parameter copies, a sketch a step a run, the logs
@@ -378,15 +383,16 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
     det = json.loads((out / "report.json").read_text())["determinism"]
     curve = det["curve"]
     assert [p["step"] for p in curve] == [0, 1, 2] and det["first_divergence"]["step"] == 0
-    assert all(p["estimated"] and p["max_abs"] is None and p["l2"] > 0 for p in curve[:2])
-    assert not curve[-1]["estimated"] and curve[-1]["max_abs"] > 0  # the last step, kept whole by both
+    # the first and last steps, kept whole by both while the check decided: exact; the step between estimated
+    assert [(p["estimated"], p["max_abs"] is None) for p in curve] == [(False, False), (True, True), (False, False)]
+    assert all(p["l2"] > 0 for p in curve) and curve[0]["max_abs"] > 0
     assert det["decomposition"]["total"]["final_max_abs"] == curve[-1]["max_abs"]
     assert any("estimated from a" in note for note in det["notes"])
-    # the runs still compare: exact at the last step where both kept it whole, estimated where one did not
+    # the runs still compare: exact at the first divergent step, which both keep whole, estimated where one did not
     for other, exact in (("compiled", True), ("fallback-random", False)):
         diff = torchrepro(
             "diff", "--json", str(tmp_path / f"{other}.json"), str(out / "eager"), str(out / other), cwd=tmp_path
         )
         assert diff.returncode == 1, diff.stderr
-        last = json.loads((tmp_path / f"{other}.json").read_text())["determinism"]["curve"][-1]
-        assert (last["max_abs"] is not None, last["estimated"]) == (exact, not exact) and last["l2"] > 0
+        first = json.loads((tmp_path / f"{other}.json").read_text())["determinism"]["curve"][0]
+        assert (first["max_abs"] is not None, first["estimated"]) == (exact, not exact) and first["l2"] > 0

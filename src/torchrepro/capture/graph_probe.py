@@ -40,9 +40,10 @@ from .kernels import GraphDescription, KernelRepeater, _copy, _digests, accumula
 MIN_REPEATS = 2  # a graph that differs stops being repeated after this many
 # A graph that accumulates with atomic adds at several threads races only when its threads run at
 # the same moment, which a busy machine makes rare: such a graph that has repeated bit for bit is
-# called on, up to this many times the repeats asked for, for as long as this budget of seconds.
+# called on, up to this many times the repeats asked for, while the time these extra calls took
+# in the whole run stays under this share of the run's time so far.
 ACCUMULATING_FACTOR = 8
-ACCUMULATING_BUDGET_S = 2.0
+ACCUMULATING_SHARE = 0.1
 
 
 @dataclass
@@ -61,14 +62,19 @@ class _Call:
 class GraphProber(KernelRepeater):
     """Keeps the first call of each compiled graph and calls it again after the step (see the
     module); with ``save_to``, each probed graph's FX code and inputs are saved there for
-    ``torchrepro repro`` (:func:`save_graph`)."""
+    ``torchrepro repro`` (:func:`save_graph`); with ``against_eager``, each graph's outputs are
+    also compared with its FX graph run eagerly (``check --against``: where in backward compiled
+    and eager part), else the FX graph runs eagerly only to name the node of a graph that differs."""
 
-    def __init__(self, emit: Callable[[Event], None], repeats: int, save_to: Path | None = None) -> None:
+    def __init__(
+        self, emit: Callable[[Event], None], repeats: int, save_to: Path | None = None, against_eager: bool = False
+    ) -> None:
         super().__init__()
-        self.emit, self.repeats, self.save_to = emit, repeats, save_to
+        self.emit, self.repeats, self.save_to, self.against_eager = emit, repeats, save_to, against_eager
         self.pending: dict[str, _Call] = {}  # "compile_id/graph" -> its first call, not probed yet
         self.seen: set[str] = set()
         self.fx: dict[str, Any] = {}  # "compile_id/graph" -> its aten FX graph, as inductor was given it
+        self.started, self.extra_s = time.perf_counter(), 0.0  # the extra calls' time (ACCUMULATING_SHARE)
 
     def install(self) -> bool:
         self.from_aot_cache = self._load_from_aot_cache()
@@ -204,9 +210,11 @@ class GraphProber(KernelRepeater):
             runs_differing, largest = 0, None
             with torch.no_grad():
                 for n in range(self.repeats * (ACCUMULATING_FACTOR if event.accumulates else 1)):
-                    if n >= self.repeats and time.perf_counter() - start > ACCUMULATING_BUDGET_S:
+                    if n >= self.repeats and self.extra_s > ACCUMULATING_SHARE * (time.perf_counter() - self.started):
                         break
+                    called = time.perf_counter()
                     outs = _again(call)
+                    self.extra_s += time.perf_counter() - called if n >= self.repeats else 0.0
                     digests = _digests(outs)
                     now = {i for i, (a, b) in enumerate(zip(digests, call.digests)) if a != b}
                     if first is None:
@@ -226,8 +234,8 @@ class GraphProber(KernelRepeater):
             if differing and event.threads > 1:
                 event.one_thread = _one_thread(call, event.repeats)
             gm = self.fx.get(key)
-            eager = interpret(gm, call) if gm is not None else None
-            if gm is not None and eager is not None and first is not None:
+            eager = interpret(gm, call) if gm is not None and (differing or self.against_eager) else None
+            if self.against_eager and gm is not None and eager is not None and first is not None:
                 self._against_eager(event, gm, call, first, eager[0])
             if differing:
                 explained: dict[str, Any] = dict(self.explain(call.compile_id, call.graph, min(differing)))

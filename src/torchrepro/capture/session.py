@@ -40,6 +40,7 @@ class CaptureConfig:
     replay_kernels: bool = False  # repeat each compiled graph (forward and backward) on identical inputs instead
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
     probe_repeats: int = 0  # call each compiled graph again this many times after its first step (not in replays)
+    probe_against_eager: bool = False  # the probe also compares each graph with its FX graph run eagerly
 
 
 def environment() -> tuple[JsonObject, str]:
@@ -227,7 +228,9 @@ class CaptureSession:
         from .graph_probe import GRAPHS_DIR, GraphProber
         from .on_import import when_imported
 
-        prober = self.prober = GraphProber(self.emit, self.config.probe_repeats, save_to=self.dir / GRAPHS_DIR)
+        prober = self.prober = GraphProber(
+            self.emit, self.config.probe_repeats, self.dir / GRAPHS_DIR, self.config.probe_against_eager
+        )
 
         def install() -> None:
             if not prober.install():

@@ -4,9 +4,10 @@ what the divergence curve is drawn from, in disk bounded by the model, not by th
 At each snapshot step (0-15, powers of two, the last) a run writes ``sketch-<step>.npz``: per
 parameter tensor its bitwise fingerprint, L2 norm and largest magnitude (exact), and a count
 sketch of its values, at most :data:`SKETCH_BYTES` for the whole model. Tensors of at most
-``dims`` elements are kept whole in it. The full values are kept for one step only,
-``step-<step>.npz``: each snapshot step's replaces the one before, so a finished run holds its
-last step's parameters (two copies while the next is written).
+``dims`` elements are kept whole in it. The full values, ``step-<step>.npz``, are kept for two
+steps: the first snapshot step (where a race between threads or a compiled-vs-eager difference
+first shows) and the latest, which replaces the one before (removed before the next is written:
+never more than two copies).
 
 The count sketch projects a flattened tensor ``x`` of ``n`` elements to ``k`` dims:
 ``y[h(i) mod k] += s(i) * x[i]`` with a bucket ``h`` and sign ``s`` taken from a 64-bit integer
@@ -120,18 +121,20 @@ def sketch_dims(names: list[str], sizes: list[int], budget: int = SKETCH_BYTES) 
 
 class SnapshotWriter:
     """Writes a run's snapshots into ``folder``: a sketch per snapshot step, the full parameters
-    of the latest one (of every one with ``keep_all``: ``compare`` judges each tensor at each step)."""
+    of the first one and the latest (of every one with ``keep_all``: ``compare`` judges each
+    tensor at each step)."""
 
     def __init__(self, folder: Path, keep_all: bool = False):
         self.folder = folder
         self.keep_all = keep_all
-        self.last: int | None = None  # the step of the full snapshot kept
+        self.first: int | None = None  # the step of the first full snapshot, kept
+        self.last: int | None = None  # the step of the latest full snapshot kept
         self._dims: int | None = None
 
     def write(self, index: int, names: list[str], params: list[torch.Tensor]) -> str | None:
-        """The sketch of step ``index``, then its full values in place of the step kept before;
-        what was not written and why (the disk cannot hold the full values: the step before
-        stays the one kept), else None."""
+        """The sketch of step ``index``, then its full values in place of the latest step kept
+        (but the first); what was not written and why (the disk cannot hold the full values: the
+        step before stays the one kept), else None."""
         self.folder.mkdir(parents=True, exist_ok=True)
         local = [_local(p) for p in params]
         if self._dims is None:
@@ -153,19 +156,23 @@ class SnapshotWriter:
                 max_abs=stats[:, 1],
             )
         need = sum(t.numel() * max(4, t.element_size()) for t in local) + _MARGIN
-        free = shutil.disk_usage(self.folder).free
+        replaced = None
+        if self.last not in (None, self.first, index) and not self.keep_all:
+            replaced = self.folder / f"step-{self.last:07d}.npz"
+        free = shutil.disk_usage(self.folder).free + (replaced.stat().st_size if replaced and replaced.exists() else 0)
         if free < need:
             return (
                 f"step {index}'s parameters not kept whole: {free >> 20} MiB free, {need >> 20} MiB needed "
                 "(its sketch is; the divergence curve estimates its difference)"
             )
+        if replaced is not None:  # before the next is written: two copies at most
+            replaced.unlink(missing_ok=True)
         host = [t.cpu() for t in local]
         # Any: numpy's stub would match a dict of arrays, unpacked, against savez's allow_pickle: bool
         arrays: dict[str, Any] = {name: _to_numpy(t) for name, t in zip(names, host)}
         with atomic_path(self.folder / f"step-{index:07d}.npz") as tmp, open(tmp, "wb") as fp:
             np.savez(fp, **arrays)
-        if self.last is not None and self.last != index and not self.keep_all:
-            (self.folder / f"step-{self.last:07d}.npz").unlink(missing_ok=True)
+        self.first = index if self.first is None else self.first
         self.last = index
         return None
 

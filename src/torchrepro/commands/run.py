@@ -53,7 +53,8 @@ def add_parser(sub: Any) -> None:
         type=options.count,
         metavar="K",
         help="call each inductor graph (forward and backward) K more times after the step it first ran in, on "
-        "copies of its inputs, and record any output that is not bit for bit the same",
+        "copies of its inputs, and record any output that is not bit for bit the same, and any unlike the same graph "
+        "run eagerly",
     )
     p.add_argument("--stop-after-step", type=options.count, metavar="K", help="end the script cleanly after step K")
     p.add_argument(
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.runner import die_with_parent, run_in_process
     from .launcher import validate_script
 
-    given = RunOptions.from_args(args)
+    given = RunOptions.from_args(
+        args, probe_against_eager=bool(args.probe_repeats)
+    )  # a probing run compares with eager too
     handed = RunOptions.from_env()
     if handed is not None and given != RunOptions():
         raise UserError(f"{OPTIONS_VAR} holds this run's options: give torchrepro run no options as well")

@@ -47,6 +47,7 @@ class RunOptions:
     replay_graphs: bool = False  # compare compiled graphs with their eager FX graphs instead of ops
     replay_kernels: bool = False  # repeat each compiled graph on identical inputs instead
     probe_repeats: int = 0  # call each compiled graph again this many times after its first step (capture.graph_probe)
+    probe_against_eager: bool = False  # the probe also runs each graph's FX graph eagerly (check --against)
     stop_after_step: int | None = None  # end the script cleanly (exit 0) after this step
     fix: str | None = None  # a candidate fix applied first (capture.fixes.apply_fix)
     factors: dict[str, int | str] | None = None  # a drift run's factor levels (torchrepro.runtime.factors.apply)
@@ -124,6 +125,7 @@ class RunOptions:
             replay_graphs=self.replay_graphs,
             replay_kernels=self.replay_kernels,
             probe_repeats=self.probe_repeats,
+            probe_against_eager=self.probe_against_eager,
             stop_after_step=self.stop_after_step,
         )
 

@@ -276,7 +276,9 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
         script,
         request.args,
         run_dir,
-        options=replace(request.options, probe_repeats=request.probe_repeats),
+        options=replace(
+            request.options, probe_repeats=request.probe_repeats, probe_against_eager=request.against is not None
+        ),
         snapshots=snapshots,
         console=console,
         nproc=request.nproc,
@@ -360,7 +362,7 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
     )
     write_report(run_dir, report)
     # what the report was drawn from, cut to the evidence (commands/check/disk.py)
-    keep_evidence(run_dir, [spec_a.label, spec_b.label], differ=div is not None or within)
+    keep_evidence(run_dir, [spec_a.label, spec_b.label], div is not None or within, div.step if div else None)
     return report, run_dir
 
 

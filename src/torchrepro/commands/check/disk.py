@@ -1,15 +1,16 @@
 """Whether the disk can hold what a ``check`` writes, decided before any run starts, and what
 is left of it once the check has decided.
 
-While the runs go on, a run keeps at most two copies of its parameters (the last snapshot step's,
-and the next one's while it is written) and a sketch of at most
+While the runs go on, a run keeps at most two copies of its parameters (the first snapshot step's
+and the latest's) and a sketch of at most
 :data:`~torchrepro.capture.snapshots.SKETCH_BYTES` a snapshot step (docs/fingerprint.md,
 "Snapshots"), beside its event log: the most a check needs is that, for every run it may start.
 The parameters' size is not known before the script runs: the estimate is :data:`RUN_BYTES` a run
 (:data:`LOG_BYTES` when no snapshot is kept), and ``--disk-budget`` replaces it with what the user
 knows (two parameter copies a run, 1 MB a snapshot step, for the runs listed by
 :func:`planned_runs`). Once the report is written, :func:`keep_evidence` leaves at most two copies
-in the whole check directory: those of the pair of runs that differ, none where they are bit-exact.
+in the whole check directory: those of the pair of runs that differ at one step (the first divergent
+one where they kept it), none where they are bit-exact.
 """
 
 from __future__ import annotations
@@ -61,15 +62,22 @@ def require_disk(folder: Path, runs: int, snapshots: bool, budget: int | None) -
     )
 
 
-def keep_evidence(run_dir: Path, pair: Sequence[str], differ: bool) -> int:
+def keep_evidence(run_dir: Path, pair: Sequence[str], differ: bool, step: int | None = None) -> int:
     """Once a check has decided: delete the full parameter copies (``step-<n>.npz``) of every run
     in the check directory ``run_dir`` but the two compared (``pair``), and theirs too where they do
-    not ``differ`` (bit-exact); and the compiled graphs saved for ``torchrepro repro``
-    (``graphs/``) of every run but the pair. Sketches stay: the divergence curve of any two runs is
-    still drawn, estimated (``max_abs`` null) where one of them kept no full copy. The bytes freed."""
+    not ``differ`` (bit-exact); of the pair's, keep one step: the first divergent ``step`` where both
+    kept it whole, else the latest both kept. Delete the compiled graphs saved for ``torchrepro
+    repro`` (``graphs/``) of every run but the pair. Sketches stay: the divergence curve of any two
+    runs is still drawn, estimated (``max_abs`` null) where one of them kept no full copy. The bytes freed."""
+    copies = sorted(run_dir.glob("*/rank-*/snapshots/step-*.npz"))
+    steps_of = {
+        label: {int(p.stem.split("-")[1]) for p in copies if p.relative_to(run_dir).parts[0] == label} for label in pair
+    }
+    both = set.intersection(*steps_of.values()) if differ and steps_of else set()
+    kept = step if step in both else max(both, default=None)
     freed = 0
-    for path in sorted(run_dir.glob("*/rank-*/snapshots/step-*.npz")):
-        if not differ or path.relative_to(run_dir).parts[0] not in pair:
+    for path in copies:
+        if path.relative_to(run_dir).parts[0] not in pair or int(path.stem.split("-")[1]) != kept:
             freed += path.stat().st_size
             path.unlink()
     for folder in sorted(run_dir.glob("*/rank-*/graphs")):
