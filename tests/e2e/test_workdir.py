@@ -31,9 +31,12 @@ def test_each_run_starts_from_a_fresh_copy(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.txt").write_text("input")
     (tmp_path / "empty").mkdir()
-    for skipped in (".git", ".venv", "data/__pycache__"):  # never copied: version control, environments, caches
+    skipped_dirs = (".git", ".venv", "data/__pycache__", ".venv-py311", "envs/cuda")
+    for skipped in skipped_dirs:  # never copied: version control, environments (by name or by content), caches
         (tmp_path / skipped).mkdir(parents=True)
         (tmp_path / skipped / "big").write_bytes(b"x" * 1000)
+    (tmp_path / ".venv-py311" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "envs" / "cuda" / "conda-meta").mkdir()
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     ledger = Ledger()
@@ -43,7 +46,7 @@ def test_each_run_starts_from_a_fresh_copy(tmp_path, monkeypatch):
             assert where.cwd == (out / label / "cwd").resolve()
             assert (where.cwd / "data" / "x.txt").read_text() == "input" and (where.cwd / "empty").is_dir()
             assert not (where.cwd / "out").exists()  # the command's own output is not copied
-            assert not any((where.cwd / d).exists() for d in (".git", ".venv", "data/__pycache__"))
+            assert not any((where.cwd / d).exists() for d in skipped_dirs) and (where.cwd / "envs").is_dir()
             printed.append(_run(where, WRITE_OR_RESUME))
         assert not where.cwd.exists()  # removed once the run ended
         assert where.record() == {"mode": "copy", "copied_bytes": 5, "wrote_in_copy": ["snapshot.pt"]}

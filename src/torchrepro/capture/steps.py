@@ -73,7 +73,7 @@ class StepConfig:
     batches: bool = True
     rng: bool = True
     snapshots: bool = (
-        False  # parameter sketches at steps 0-15, powers of two and the last; the last step whole (snapshots.py)
+        False  # parameter sketches at steps 0-15, powers of two and the last; the first and last whole (snapshots.py)
     )
     whole_snapshots: bool = False  # every snapshot step whole too: compare judges each tensor at each step
     # doctor: RNG, batch and parameter digests only while the process is one of several ranks (the

@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
         "--snapshots",
         action="store_true",
         help="save parameter sketches (rank-<r>/snapshots, at most 1 MB a step) at steps 0-15, powers of two "
-        "and the last, and the last one's values whole",
+        "and the last, and the first and last ones' values whole",
     )
     p.add_argument("--replay-step", type=options.count, metavar="K", help="record every op of step K, then exit")
     p.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")

@@ -47,6 +47,8 @@ SKIPPED = frozenset(
         ".tox",
     }
 )
+# an environment under any name (``.venv-py311``, ``env``): a folder holding one of these
+ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")
 WORKDIR_VAR = "TORCHREPRO_WORKDIR"  # "shared": every run in the working directory itself (writes still detected)  # torchrepro's own outputs (the default --out root) are never copied
 
 Stats = dict[str, tuple[int, int]]  # path relative to the root -> (size, mtime_ns)
@@ -135,8 +137,9 @@ def _outside(root: Path, args: Sequence[str]) -> str | None:
 
 
 def _inventory(root: Path, skip: set[Path], limit_files: int) -> tuple[Stats, int, bool]:
-    """Every file, symlink and directory under ``root`` (not into ``skip`` nor into another
-    command's output, a directory holding a run directory's lock file; not following links): its
+    """Every file, symlink and directory under ``root`` (not into ``skip``, an environment
+    (:data:`ENVIRONMENT_MARKERS`) nor another command's output, a directory holding a run
+    directory's lock file; not following links): its
     size and mtime (a directory: size -1); the files' total size; whether the walk stopped at
     ``limit_files``."""
     stats: Stats = {}
@@ -147,7 +150,10 @@ def _inventory(root: Path, skip: set[Path], limit_files: int) -> tuple[Stats, in
         dirnames[:] = [
             d
             for d in dirnames
-            if d not in links and d not in SKIPPED and (here / d) not in skip and not (here / d / LOCK_FILE).exists()
+            if d not in links
+            and d not in SKIPPED
+            and (here / d) not in skip
+            and not any((here / d / marker).exists() for marker in (LOCK_FILE, *ENVIRONMENT_MARKERS))
         ]
         for name in dirnames:
             stats[str((here / name).relative_to(root))] = (-1, 0)

@@ -40,7 +40,7 @@ class RunOptions:
     compile_mode: str | None = None  # None (as written) | "eager" | "fallback-random"
     fingerprint_every: int | None = None  # None: every step when that costs < 1 %
     grads: bool = False  # also fingerprint gradients
-    snapshots: bool = False  # parameter sketches at steps 0-15, powers of two and the last; the last whole
+    snapshots: bool = False  # parameter sketches at steps 0-15, powers of two and the last; the first and last whole
     whole_snapshots: bool = False  # with snapshots: every snapshot step's parameters whole (compare's tensors)
     replay_step: int | None = None  # record every op of this step (capture.ops), then exit
     replay_out: Path | None = None  # where the replay goes (default rank-<r>/replay.json)
