@@ -170,9 +170,23 @@ class Job:
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 GUARDIAN = Path(__file__).with_name("_guardian.py")
 _guardian_lock = threading.Lock()
-# (for pid, its guardian's Popen, the pipe's write end); kept on reset: the guardian is a running
-# process holding this one's pipe, which forgetting would leave behind
-_GUARDIAN: _state.Kept[tuple[int, subprocess.Popen[bytes], int] | None] = _state.kept(lambda: None, survives_reset=True)
+
+
+@dataclass
+class _LauncherState:
+    """What this module keeps for the life of the process, kept on reset: the guardian is a
+    running process holding this one's pipe, which forgetting would leave behind."""
+
+    guardian: tuple[int, subprocess.Popen[bytes], int] | None = None  # (for pid, its Popen, the pipe's write end)
+    # what the stop-signal handlers share, in any thread: the jobs being waited for, the stop
+    # signals taken while the handlers were installed, the phases open (stop_phase, side_by_side:
+    # a stop taken waits for them to end their jobs)
+    running: list[_ForwardStops] = field(default_factory=list)
+    taken: list[int] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)
+
+
+_LAUNCHER = _state.kept(_LauncherState, survives_reset=True)
 
 
 def _guard() -> None:
@@ -183,7 +197,7 @@ def _guard() -> None:
     kernel closes it when this process ends. In a session of its own: a signal to torchrepro's
     process group (Ctrl-C, ``kill -- -PGID``) spares it. Linux (``/proc``) only."""
     with _guardian_lock:
-        guardian = _GUARDIAN.value
+        guardian = _LAUNCHER.value.guardian
         if guardian is not None and guardian[0] == os.getpid() and guardian[1].poll() is None:
             return
         if not os.path.isdir("/proc/self/task"):
@@ -204,7 +218,7 @@ def _guard() -> None:
             raise
         finally:
             os.close(read)
-        _GUARDIAN.value = (os.getpid(), proc, write)
+        _LAUNCHER.value.guardian = (os.getpid(), proc, write)
 
 
 def _prepare_job(parent: int, prctl: Callable[..., int]) -> None:
@@ -325,15 +339,17 @@ class _ForwardStops:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _ForwardStops:
-        _RUNNING.append(self)
+        _LAUNCHER.value.running.append(self)
         if threading.current_thread() is threading.main_thread():
             self._previous = _forward_signals()
-        if _STOPPED:  # a job started after a stop signal (beside others, in a stop_phase): it stops at once
-            self._on_signal(_STOPPED[0], None)
+        if (
+            _LAUNCHER.value.taken
+        ):  # a job started after a stop signal (beside others, in a stop_phase): it stops at once
+            self._on_signal(_LAUNCHER.value.taken[0], None)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _RUNNING.remove(self)
+        _LAUNCHER.value.running.remove(self)
         _restore_signals(self._previous)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -348,11 +364,6 @@ class _ForwardStops:
 
     def overdue(self) -> bool:
         return self.since is not None and time.monotonic() - self.since > GRACE_S
-
-
-_RUNNING: list[_ForwardStops] = []  # the jobs being waited for, in any thread
-_STOPPED: list[int] = []  # the stop signals taken while the handlers were installed
-_PHASES: list[str] = []  # the phases open (stop_phase, side_by_side): a stop taken waits for them to end their jobs
 
 
 def _forward_signals() -> dict[int, Any]:
@@ -373,17 +384,17 @@ def _restore_signals(previous: dict[int, Any]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     if previous:
-        _STOPPED.clear()
+        _LAUNCHER.value.taken.clear()
 
 
 def _on_stop(signum: int, frame: Any) -> None:
     """A stop signal: forwarded to every job running; with none running and no phase open (the
     command between jobs, or one that starts none), the command ends here (:class:`Stopped`)."""
-    _STOPPED.append(signum)
-    running = list(_RUNNING)
+    _LAUNCHER.value.taken.append(signum)
+    running = list(_LAUNCHER.value.running)
     for stops in running:
         stops._on_signal(signum, frame)
-    if not running and not _PHASES:
+    if not running and not _LAUNCHER.value.phases:
         name = signal.Signals(signum).name
         raise Stopped(f"stopped by {name}", name)
 
@@ -403,7 +414,7 @@ def stop_signals() -> Iterator[None]:
 def stop_received() -> str | None:
     """The name of the stop signal taken (None: none yet). A phase checks it before it starts
     another job."""
-    return signal.Signals(_STOPPED[0]).name if _STOPPED else None
+    return signal.Signals(_LAUNCHER.value.taken[0]).name if _LAUNCHER.value.taken else None
 
 
 @contextlib.contextmanager
@@ -414,13 +425,13 @@ def stop_phase(what: str) -> Iterator[None]:
     before each job, writes what finished and raises :class:`~torchrepro.errors.Stopped` (exit
     128 + N). A stop it did not turn into an error is raised here as it ends."""
     previous = _forward_signals() if threading.current_thread() is threading.main_thread() else {}
-    taken = len(_STOPPED)
-    _PHASES.append(what)
+    taken = len(_LAUNCHER.value.taken)
+    _LAUNCHER.value.phases.append(what)
     try:
         yield
     finally:
-        _PHASES.remove(what)
-        stopped = signal.Signals(_STOPPED[taken]).name if len(_STOPPED) > taken else None
+        _LAUNCHER.value.phases.remove(what)
+        stopped = signal.Signals(_LAUNCHER.value.taken[taken]).name if len(_LAUNCHER.value.taken) > taken else None
         _restore_signals(previous)
     if stopped:
         raise Stopped(f"{what}: stopped by {stopped}", stopped)
@@ -441,7 +452,7 @@ def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
             errors[i] = exc
 
     previous = _forward_signals() if threading.current_thread() is threading.main_thread() else {}
-    _PHASES.append("side by side")
+    _LAUNCHER.value.phases.append("side by side")
     try:
         threads = [threading.Thread(target=call, args=(i,), name=f"torchrepro-run-{i}") for i in range(len(calls))]
         for thread in threads:
@@ -450,7 +461,7 @@ def side_by_side(calls: list[Callable[[], Any]]) -> list[Any]:
             while thread.is_alive():  # (a join with a timeout lets the main thread take signals)
                 thread.join(timeout=0.2)
     finally:
-        _PHASES.remove("side by side")
+        _LAUNCHER.value.phases.remove("side by side")
         _restore_signals(previous)
     for error in errors:
         if error is not None:
