@@ -8,7 +8,8 @@ next to one copy of the model's parameters, on a GPT of a chosen size (tests/scr
 ``check`` runs with ``--out`` in a temporary directory (``--keep DIR``: in DIR, kept), and the
 bytes there are counted: the whole directory, and per run its full parameter copies
 (``step-*.npz``; the target: at most two), its sketches (``sketch-*.npz``) per snapshot step, and
-all it holds but the full copies (sketches, event log, run.json) per snapshot step (the target: at most 1 MB).
+all it holds but the full copies (sketches, event log, run.json) per snapshot step (the target: at most 1 MB),
+and the most the directory held while the check ran (sampled every 0.5 s).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,11 +72,30 @@ def main() -> None:
         cmd += [str(SCRIPT), str(opts.steps), opts.size]
         print("$ torchrepro", " ".join(cmd[3:]), flush=True)
         t0 = time.perf_counter()
+        peak = [0, 0]  # the most the check directory held while the check ran, and its full copies then
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.5):
+                try:
+                    now = [size_of(run_dir), size_of(run_dir, "*/rank-*/snapshots/step-*.npz")]
+                except OSError:  # a file removed while listed
+                    continue
+                peak[:] = max(peak, now)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        done.set()
+        watcher.join()
         if proc.returncode not in (0, 1):
             sys.exit(f"check exited {proc.returncode}: {proc.stderr[-2000:]}")
         print(f"GPT {opts.size}: {int(params):,} parameters, one float32 copy {copy / 1e6:.1f} MB; {opts.steps} steps")
         print(f"check: exit {proc.returncode} in {time.perf_counter() - t0:.0f} s")
+        print(
+            f"peak while it ran (sampled every 0.5 s): {peak[0] / 1e6:.1f} MB = {peak[0] / copy:.2f} parameter copies, "
+            f"{peak[1] / copy:.2f} of them full copies"
+        )
         print("\n".join(measure(run_dir, copy)))
 
 
