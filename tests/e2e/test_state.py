@@ -375,7 +375,9 @@ def test_reset_makes_every_declared_state_anew_but_the_guardian():
     try:
         _state.reset()
         kept = [declared for declared in _state._KEPT if declared.value is marker]
-        assert [d.survives_reset for d in kept] == [True]  # commands.launcher's state: its guardian is a running process
+        assert [d.survives_reset for d in kept] == [
+            True
+        ]  # commands.launcher's state: its guardian is a running process
         assert all(d.value is not marker and d.value == d.factory() for d in _state._KEPT if not d.survives_reset)
     finally:
         for declared, value in zip(_state._KEPT, before):
