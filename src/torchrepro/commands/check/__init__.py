@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
         default=PROBE_REPEATS,
         metavar="K",
         help=f"in every run, call each compiled graph K more times on copies of its first call's inputs and "
-        f"compare bit for bit (default {PROBE_REPEATS}; 0: off)",
+        f"compare bit for bit, up to 8K where it adds atomically at several threads (default {PROBE_REPEATS}; 0: off)",
     )
     p.add_argument(
         "--disk-budget",
