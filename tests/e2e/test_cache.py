@@ -129,6 +129,7 @@ def test_explain_miss_names_the_thread_count(compiled, capsys):
 
 
 @pytest.mark.inductor
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 def test_pack_gives_a_new_machine_a_warm_start_without_compiling(compiled, tmp_path, capsys):
     pack, key = tmp_path / "warm.tar", tmp_path / "key"
     assert cli(capsys, "cache", "keygen", key)[0] == 0
@@ -214,6 +215,7 @@ def test_explain_miss_between_ranks_names_the_device_index(tmp_path, capsys):
 # ---------------------------------------------------------------- policies
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 def test_configure_sets_each_ranks_directories(run_python, tmp_path):
     code = f"""
 import json, os, socket

@@ -86,6 +86,7 @@ def test_unpack_goes_on_once_the_lock_is_free(tmp_path, capsys):
     assert "kept" in out
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 def test_prewarm_takes_the_same_lock_and_starts_cold_after_the_timeout(tmp_path, capsys, run_python):
     pack = _pack(tmp_path, capsys, "warm.tar")
     root = tmp_path / "root"

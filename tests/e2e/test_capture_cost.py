@@ -379,7 +379,9 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.mark.parametrize("steps", [1, 7, 40])
+@pytest.mark.parametrize(
+    "steps", [pytest.param(1, marks=pytest.mark.slow), 7, pytest.param(40, marks=pytest.mark.slow)]
+)
 def test_the_log_holds_every_completed_step_after_sigkill(run_python, tmp_path, steps):
     import signal
 

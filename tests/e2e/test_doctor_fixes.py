@@ -46,16 +46,27 @@ def rows(report: dict) -> dict[str, dict]:
 
 
 # scenario, the fix for it, its spec, recompiles and graph breaks after it (Dynamo's count)
+SLOW = pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs them
 SCENARIOS = [
-    ("short_batch", "dynamic_shapes", "dynamic_sources:L['x']:0", 0, 0),
-    ("seq_len", "dynamic_shapes", "dynamic_sources:L['x']:1", 0, 0),
-    ("item", "capture_scalar_outputs", "capture_scalar_outputs", 0, 0),
-    ("int_attr", "allow_unspec_int_on_nn_module", "allow_unspec_int_on_nn_module", 1, 0),  # dynamic on 2nd value
-    ("nonzero", "capture_dynamic_output_shape_ops", "capture_dynamic_output_shape_ops", 0, 0),
+    pytest.param("short_batch", "dynamic_shapes", "dynamic_sources:L['x']:0", 0, 0, id="short_batch"),
+    pytest.param("seq_len", "dynamic_shapes", "dynamic_sources:L['x']:1", 0, 0, id="seq_len", marks=SLOW),
+    pytest.param("item", "capture_scalar_outputs", "capture_scalar_outputs", 0, 0, id="item"),
+    pytest.param(  # dynamic on the 2nd value
+        "int_attr", "allow_unspec_int_on_nn_module", "allow_unspec_int_on_nn_module", 1, 0, id="int_attr", marks=SLOW
+    ),
+    pytest.param(
+        "nonzero",
+        "capture_dynamic_output_shape_ops",
+        "capture_dynamic_output_shape_ops",
+        0,
+        0,
+        id="nonzero",
+        marks=SLOW,
+    ),
 ]
 
 
-@pytest.mark.parametrize("scenario,fix,spec,recompiles,breaks", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+@pytest.mark.parametrize("scenario,fix,spec,recompiles,breaks", SCENARIOS)
 def test_fix_brings_counts_to_expected(tmp_path, scenario, fix, spec, recompiles, breaks):
     counters = tmp_path / "counters.jsonl"
     out = tmp_path / "run"

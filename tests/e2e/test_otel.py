@@ -365,6 +365,7 @@ def test_a_rank_leaves_its_export_failure_before_its_close_returns(tmp_path):
     assert proc.stderr == ""  # under a launcher, a rank prints nothing itself
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 @pytest.mark.xdist_group("otel-baseline")
 def test_absent_collector_in_process_run(tmp_path, baseline):
     """``torchrepro run`` (what each rank of a user's own torchrun runs) with a host that does
@@ -387,6 +388,7 @@ def test_absent_collector_in_process_run(tmp_path, baseline):
     assert "collector.invalid" in warning
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 def test_503_is_retried_and_delivered(tmp_path):
     receiver = Receiver(fail_first=1)
     try:
@@ -502,6 +504,7 @@ def test_ranks_launched_elsewhere_share_a_trace_from_the_job_id(tmp_path, receiv
     assert {s["resource"]["torchrepro.job.id"] for s in ranks} == {"job-42"}
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 def test_a_full_queue_drops_and_counts_spans(tmp_path):
     """A collector that takes 5 s per trace request and a queue of one span: spans are dropped
     and counted, the run is not held up by more than the end's bounded wait. The user's export

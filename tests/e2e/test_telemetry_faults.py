@@ -104,6 +104,7 @@ def test_failing_collector_costs_report_one_warning_and_seconds(tmp_path, stored
         assert silent.accepted  # the exporter did reach it: the time bound is the exporter's, not a refusal
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 def test_silent_collector_costs_doctor_one_warning_and_seconds(tmp_path, silent, receiver):  # noqa: F811
     """Against the same doctor exporting to a collector that answers: both processes (the launcher,
     the rank) import and set up the exporter either way; the silent one may add its bounded export."""

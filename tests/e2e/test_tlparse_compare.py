@@ -42,6 +42,7 @@ def _tlparse() -> str | None:
 
 TLPARSE = _tlparse()
 pytestmark = [
+    pytest.mark.slow,  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
     pytest.mark.skipif(TLPARSE is None, reason="tlparse is not installed (optional: pip install tlparse)"),
     pytest.mark.xdist_group("tlparse"),  # one worker builds the shared results once
 ]

@@ -279,6 +279,7 @@ def test_check_resume_at_the_end_is_an_input_error(tmp_path):
 # --- capture that degrades ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs it
 def test_an_observer_that_fails_is_a_finding_and_fails_under_strict(tmp_path):
     # `run` digests every batch (doctor alone does not: its verdicts do not read them)
     proc = cli("run", "--out", str(tmp_path / "d"), str(SCRIPTS / "observer_fails.py"), cwd=tmp_path)
