@@ -77,7 +77,8 @@ GRAPH_BREAK_HINTS = (
 )
 
 # a shape guard: the tensor (as the guard names it), the dimension, the size expected and the size seen
-SIZE_GUARD = re.compile(r"tensor '([^']+)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+# torch 2.13 names the tensor as the code does ('x'), torch 2.6 as the guard does ('L['x']')
+SIZE_GUARD = re.compile(r"tensor '(.+?)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 
 
 TRAINING_HINT = (
@@ -114,6 +115,9 @@ def _shape_hint(reasons: list[str]) -> str:
 
     >>> _shape_hint(["tensor 'idx' size mismatch at index 1. expected 8, actual 9"])
     'Mark the varying dimension dynamic before the first call (torch._dynamo.mark_dynamic(idx, 1)) or compile with dynamic=True.'
+    >>> guard = "size mismatch at index 1. expected 8, actual 9"
+    >>> _shape_hint([f"tensor 'L['idx']' {guard}"]) == _shape_hint([f"tensor 'idx' {guard}"])  # torch 2.6, 2.13
+    True
     """
     found = [m for reason in reasons for m in [SIZE_GUARD.search(reason)] if m]
     marks = list(dict.fromkeys(f"torch._dynamo.mark_dynamic({_variable(m.group(1))}, {m.group(2)})" for m in found))
