@@ -7,6 +7,8 @@ while every repeat in one process differs."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -287,3 +289,36 @@ def test_a_graph_that_adds_atomically_is_probed_longer(tmp_path):
         f"  run-1 rank 0: compiled graph 0/0 (backward) adds atomically at 2 threads and repeated bit for bit "
         f"{backward.repeats} times (its threads may still race at other timings)"
     )
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_a_graph_served_from_the_cache_names_this_runs_source_file(tmp_path):
+    """Two copies of one script (two checkouts, or a module a run imports from its copy of the
+    working directory) share an inductor cache: the second is served the first one's graphs, and
+    its probe still names its own file, not the first copy's."""
+    from torchrepro.eventlog.events import CacheLookup
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    events = {}
+    for copy in ("first", "second"):
+        (tmp_path / copy).mkdir()
+        shutil.copy(PLANTED, tmp_path / copy / "train.py")
+        out = tmp_path / copy / "out"
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchrepro", "run", "--out", str(out), "--probe-repeats", "2"]
+            + [str(tmp_path / copy / "train.py"), "2", "fwd"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path / copy,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        events[copy] = read_events(out / "rank-0" / "events.jsonl").events
+    served = {(e.cache, e.status) for e in events["second"] if isinstance(e, CacheLookup)}
+    assert ("aotautograd", "hit") in served, served
+    for copy, evs in events.items():
+        forward = next(e for e in evs if isinstance(e, GraphProbe) and e.graph == "forward")
+        assert forward.differing, forward
+        assert forward.explained["source"] == f"{tmp_path / copy / 'train.py'}:{_line_of('h = jitter(h)')}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -97,7 +98,7 @@ class GraphProber(KernelRepeater):
             return
         _, _, cache_dir, pickling, _ = found
         try:
-            store_graph(self._kept_at(cache_dir, fx_key), gm, self.graphs.get(key), pickling)
+            store_graph(self._kept_at(cache_dir, fx_key), gm, self.graphs.get(key), pickling, self.files)
         except Exception as exc:  # the next run compiles this graph again; this one is probed all the same
             self.errors.append(f"keeping compiled graph {key} beside the cache: {first_line(exc)}")
 
@@ -120,7 +121,7 @@ class GraphProber(KernelRepeater):
         def load(entry: Any, example_inputs: Any) -> Any:
             graph = "backward" if entry._is_backward() else "forward"
             fx_key = str(entry.fx_graph_cache_info[0])
-            kept = load_graph(self._kept_at(cache_dir, fx_key), pickling, fake_mode)
+            kept = load_graph(self._kept_at(cache_dir, fx_key), pickling, fake_mode, self.files)
             if kept is None:
                 raise miss(f"torchrepro keeps no FX graph for {fx_key}")
             compiled = original(entry, example_inputs)
@@ -319,9 +320,10 @@ def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]
 STORED_GRAPHS = "torchrepro-graphs"  # in inductor's cache folder: each FX graph a probed run compiled
 
 
-def store_graph(path: Path, gm: Any, described: GraphDescription | None, pickling: Any) -> None:
+def store_graph(path: Path, gm: Any, described: GraphDescription | None, pickling: Any, files: list[str]) -> None:
     """Keep ``gm`` (``path.graph``, torch's GraphPickler: node metadata but the module stacks) and
-    what describes it and its nodes' modules (``path.json``) for :func:`load_graph`."""
+    what describes it, its nodes' modules and the source files of the graph compiled
+    (``files``: :func:`~.kernels.frame_files`) in ``path.json``, for :func:`load_graph`."""
     if path.with_suffix(".json").exists():
         return
     innermost = {
@@ -333,12 +335,43 @@ def store_graph(path: Path, gm: Any, described: GraphDescription | None, picklin
         tmp.write_bytes(pickling.GraphPickler.dumps(gm, pickling.Options(ops_filter=None)))
     description = {k: v for k, v in (described or {}).items() if k in ("outputs", "ops")}
     with atomic_path(path.with_suffix(".json")) as tmp:  # written last: the pair is complete
-        tmp.write_text(json.dumps({"described": description, "modules": stacks}), encoding="utf-8")
+        tmp.write_text(json.dumps({"described": description, "modules": stacks, "files": files}), encoding="utf-8")
 
 
-def load_graph(path: Path, pickling: Any, fake_mode: Any) -> tuple[Any, GraphDescription] | None:
+def _moves(kept: list[str], now: list[str]) -> dict[str, str]:
+    """Each source file of a kept graph that the graph compiled now has elsewhere (the same frames,
+    file for file); none where the two do not pair up one to one.
+
+    >>> _moves(["/a/train.py", "/a/train.py", "/a/model.py"], ["/b/train.py", "/b/train.py", "/a/model.py"])
+    {'/a/train.py': '/b/train.py'}
+    """
+    pairs: dict[str, str] = {}
+    if len(kept) != len(now) or any(pairs.setdefault(old, new) != new for old, new in zip(kept, now)):
+        return {}
+    return {old: new for old, new in pairs.items() if old != new}
+
+
+def _relocate(gm: Any, described: GraphDescription, moves: dict[str, str]) -> None:
+    """Point the stack traces of ``gm``'s nodes and the source lines of ``described`` at ``moves``' files."""
+
+    def moved(source: str | None) -> str | None:
+        file, colon, line = (source or "").rpartition(":")
+        return f"{moves[file]}{colon}{line}" if file in moves else source
+
+    for n in gm.graph.nodes:
+        if n.meta.get("stack_trace"):
+            n.meta["stack_trace"] = re.sub(
+                r'File "(.+?)"', lambda m: f'File "{moves.get(m[1], m[1])}"', n.meta["stack_trace"]
+            )
+    for out in described["outputs"]:
+        for info in [out, *out["accumulating"]] if out else []:
+            info["source"] = moved(info.get("source"))
+
+
+def load_graph(path: Path, pickling: Any, fake_mode: Any, files: list[str]) -> tuple[Any, GraphDescription] | None:
     """The FX graph (its tensors fake, in a new ``fake_mode()``) and description :func:`store_graph`
-    kept at ``path``; None where none is (or unreadable)."""
+    kept at ``path``, their source lines in ``files`` (those of the graph compiled now, where its
+    script or modules lie elsewhere than the kept graph's); None where none is kept (or unreadable)."""
     try:
         kept = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
         gm = pickling.GraphPickler.loads(path.with_suffix(".graph").read_bytes(), fake_mode())
@@ -348,6 +381,7 @@ def load_graph(path: Path, pickling: Any, fake_mode: Any) -> tuple[Any, GraphDes
         if n.name in kept["modules"]:
             n.meta["nn_module_stack"] = {n.name: tuple(kept["modules"][n.name])}
     described: GraphDescription = {"outputs": [], "ops": [], **kept["described"]}
+    _relocate(gm, described, _moves(kept.get("files", []), files))
     return gm, described
 
 

@@ -303,9 +303,16 @@ def _copy(x: Any) -> Any:
 
 
 def _lines(stack: str | None) -> bytes:
-    """The line numbers and functions of a node's stack trace (not the files: each run of a check
-    may run in its own copy of the working directory)."""
+    """The line numbers and functions of a node's stack trace (not the files: the same script in
+    another checkout, or a module a run imports from its own copy of the working directory, is
+    served the same cached graphs; :func:`frame_files` lets a kept graph name this run's files)."""
     return repr(re.findall(r"line (\d+), in (\S+)", stack or "")).encode()
+
+
+def frame_files(gm: Any) -> list[str]:
+    """The file of every frame of every node's stack trace in ``gm``, in order (what :func:`_lines`
+    leaves out)."""
+    return [f for n in gm.graph.nodes for f in re.findall(r'File "(.+?)", line \d+', n.meta.get("stack_trace") or "")]
 
 
 class KernelRepeater:
@@ -321,6 +328,7 @@ class KernelRepeater:
         self._undo: list[Callable[[], None]] = []
         self.names: list[str] = []  # the inputs of the graph being compiled, as the script names them
         self.lines = ""  # a digest of its nodes' source lines (a cache key leaves them out)
+        self.files: list[str] = []  # ... and the files of those lines
         # a cached AOTAutograd entry would skip inductor's inner compile: that cache is off unless a
         # subclass wraps the graphs loaded from it too (True)
         self.from_aot_cache = False
@@ -337,6 +345,7 @@ class KernelRepeater:
             compile_id = str(current_compile_id())
             self.names = names = [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
             self.lines = hash_bytes(*(_lines(n.meta.get("stack_trace")) for n in gm.graph.nodes))
+            self.files = frame_files(gm)
             inner = self._inner(compile_id, names, module.compile_fx_inner)
             return original(gm, example_inputs, inner_compile=inner, **kwargs)
 
