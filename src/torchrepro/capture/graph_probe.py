@@ -317,7 +317,9 @@ def first_differing_node(gm: Any, call: _Call, first: dict[str, list[str | None]
     return None
 
 
-STORED_GRAPHS = "torchrepro-graphs"  # in inductor's cache folder: each FX graph a probed run compiled
+# in inductor's cache folder: each FX graph a probed run compiled (a new format, a new folder: graphs
+# kept by an earlier torchrepro, without their source files, are compiled again)
+STORED_GRAPHS = "torchrepro-graphs-2"
 
 
 def store_graph(path: Path, gm: Any, described: GraphDescription | None, pickling: Any, files: list[str]) -> None:
