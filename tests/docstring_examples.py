@@ -11,7 +11,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "torchrepro"
 # importing the bootstrap installs capture in this interpreter: it has no examples to run
 NOT_IMPORTED = {"torchrepro.runtime._bootstrap.sitecustomize"}
-NEED_TORCH = {"torchrepro.checkpoint", "torchrepro.rng", "torchrepro.runtime.metrics", "torchrepro.seed"}
+NEED_TORCH = {
+    "torchrepro.capture.graph_probe",
+    "torchrepro.checkpoint",
+    "torchrepro.rng",
+    "torchrepro.runtime.metrics",
+    "torchrepro.seed",
+}
 
 
 def modules_with_examples(*, torch: bool) -> list[str]:
