@@ -3,6 +3,7 @@ process, and the xdist group of the shared ``noise_check`` run (tests/conftest.p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -42,15 +43,19 @@ def schema_problems(path: Path) -> list[str]:
 NOISE_CHECK_GROUP = "html-browser"
 
 
-def run_torchrepro(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600):
-    """``python -m torchrepro ARGS`` in ``cwd`` (``env``: added to ours), its output as text."""
+def run_torchrepro(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600, log: Path | None = None
+):
+    """``python -m torchrepro ARGS`` in ``cwd`` (``env``: added to ours), its output as text (``log``:
+    its stdout and stderr into that file instead, as ``torchrepro ... > log 2>&1``)."""
     import subprocess
 
-    return subprocess.run(
-        [sys.executable, "-m", "torchrepro", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=timeout,
-    )
+    with open(log, "w") if log else contextlib.nullcontext() as out:
+        return subprocess.run(
+            [sys.executable, "-m", "torchrepro", *args],
+            cwd=cwd,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=timeout,
+            **({"stdout": out, "stderr": subprocess.STDOUT} if out else {"capture_output": True}),
+        )

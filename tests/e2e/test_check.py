@@ -111,7 +111,8 @@ def test_inductor_dropout_against_eager_is_rng_and_remainder_is_numerics(tmp_pat
 def test_compiled_gpt_with_a_scalar_loss_against_eager_names_graph_node_and_op_not_an_inert_dropout(tmp_path):
     """A GPT whose compiled forward returns (logits, 0-dim loss), with dropouts of p=0.0: compiled
     and eager part by rounding; the replay digests every output (the scalar loss too) and names the
-    first differing output's own node, not a dropout it passes through."""
+    first differing output's own node, not a dropout it passes through, and the probe the op where
+    the forward first departs from eager (the first LayerNorm's statistics, saved for backward)."""
     proc, report = check(tmp_path, "gpt_loss.py", "--against", "eager", "--no-fixes")
     assert proc.returncode == 1, proc.stderr[-2000:]
     fd = report["determinism"]["first_divergence"]
@@ -120,9 +121,10 @@ def test_compiled_gpt_with_a_scalar_loss_against_eager_names_graph_node_and_op_n
     assert evidence["localisation"] == "compiled_graph", evidence
     assert evidence["compile_id"] == "0/0" and "localisation_failed" not in evidence
     assert evidence["output"].startswith("output 0 (linear, FX node logits)")  # the logits, as the script names them
-    assert fd["op"] == "linear (FX node logits, compiled graph 0/0)" and fd["module"] == "head (Linear)"
+    assert fd["op"] == "aten.var_mean.correction (FX node getitem_1, compiled graph 0/0, forward)"
+    assert fd["module"] == "blocks.0.ln1 (LayerNorm)" and fd["source"].endswith("gpt_loss.py:25")
+    assert evidence["first_differing"] == "getitem_1 (getitem, blocks.0.ln1 (LayerNorm))"
     assert "dropout" not in fd["op"] and "Dropout" not in fd["module"] and "Dropout" not in report["verdict"]
-    assert fd["source"].endswith("gpt_loss.py:43")
     assert not any("localisation failed" in n for n in report["determinism"]["notes"])
 
 

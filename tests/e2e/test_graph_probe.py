@@ -293,6 +293,30 @@ def test_a_graph_that_adds_atomically_is_probed_longer(tmp_path):
 
 @pytest.mark.inductor
 @pytest.mark.slow
+def test_a_graph_too_large_to_save_is_probed_and_said_not_saved(tmp_path):
+    """A graph whose inputs take over 256 MiB (the forward, given the weight) is probed like any other
+    and not saved for repro: the report says it was not saved and why, never that it was not probed;
+    the backward (the input and the output's gradient) is saved."""
+    from torchrepro.capture.graph_probe import MAX_SAVED_BYTES, graph_dir_name
+
+    events = _run(tmp_path, "run", "--probe-repeats", "1", str(SCRIPTS / "probe_large_inputs.py"))
+    probes = {p.graph: p for p in events if isinstance(p, GraphProbe)}
+    assert sorted(probes) == ["backward", "forward"]
+    for p in probes.values():
+        assert p.repeats == 1 and p.error is None and p.differing == []
+    assert probes["forward"].not_saved == f"ValueError: its inputs take more than {MAX_SAVED_BYTES >> 20} MiB"
+    assert probes["backward"].not_saved is None
+    graphs = tmp_path / "run" / "rank-0" / "graphs"
+    assert sorted(p.name for p in graphs.iterdir()) == [graph_dir_name("0/0", "backward")]
+    log = EventLog(Path("rank-0/events.jsonl"), [Header(), *probes.values()])
+    assert probe_lines(graph_probes({"run-1": [log]})) == [
+        "graph probes: 2 compiled graph(s) called 1 more times on identical inputs; 0 not bit for bit the same; "
+        "1 not saved for torchrepro repro (ValueError: its inputs take more than 256 MiB)"
+    ]
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
 def test_a_graph_served_from_the_cache_names_this_runs_source_file(tmp_path):
     """Two copies of one script (two checkouts, or a module a run imports from its copy of the
     working directory) share an inductor cache: the second is served the first one's graphs, and

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,55 @@ def test_a_relative_path_outside_the_working_directory_runs_in_place(tmp_path, m
         assert where.cwd is None and "'../data'" in (where.why_shared or "")
     with fresh_workdir(tmp_path / "work" / "out", Path("s.py"), ["--data", "data2"], "run-1") as where:
         assert where.cwd is not None  # a relative path that does not exist is the script's to write
+
+
+SLOW_UNSEEDED = """
+import time, torch
+w = torch.zeros(4, requires_grad=True)
+for step in range(8):
+    loss = ((w - torch.randn(4)) ** 2).sum()
+    loss.backward()
+    with torch.no_grad():
+        w -= 0.1 * w.grad
+    w.grad = None
+    time.sleep(0.3)
+"""
+
+
+@pytest.mark.parametrize("mode", ["copy", "shared"])
+def test_torchrepros_own_log_in_the_working_directory_is_no_runs_file(tmp_path, mode):
+    """``torchrepro check ... > check.log 2>&1`` in the script's directory, the log read while it grows
+    (``tail -f``): torchrepro writes it, not a run, so it is neither copied nor watched, and the runs
+    of an unseeded script differ for want of a seed (the log was named as a file one run wrote and the
+    next read, and the seeding never looked at)."""
+    (tmp_path / "slow.py").write_text(SLOW_UNSEEDED)
+    log = tmp_path / "check.log"
+    log.touch()
+    stop = threading.Event()
+
+    def tail() -> None:
+        while not stop.is_set():
+            log.read_bytes()
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=tail)
+    reader.start()
+    env = {"TORCHREPRO_PROGRESS_S": "0.5", **({"TORCHREPRO_WORKDIR": "shared"} if mode == "shared" else {})}
+    try:
+        proc = run_torchrepro(
+            "check", "--out", "out", "--no-localize", "--no-fixes", "slow.py", cwd=tmp_path, env=env, log=log
+        )
+    finally:
+        stop.set()
+        reader.join()
+    text = log.read_text()
+    assert proc.returncode == 1, text
+    cause = json.loads((tmp_path / "out" / "report.json").read_text())["determinism"]["first_divergence"]["cause"]
+    assert cause == "rng", text
+    assert text.count("· run-") >= 2  # torchrepro wrote the log while the runs went on
+    for run in ("run-1", "run-2"):
+        workdir = json.loads((tmp_path / "out" / run / "run.json").read_text())["workdir"]
+        assert workdir["mode"] == mode and "wrote_shared" not in workdir, workdir
 
 
 def _check(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, dict]:

@@ -440,6 +440,33 @@ def test_graph_evidence_names_the_compiled_graph_and_the_random_op_behind_the_ou
     )
 
 
+def test_graph_evidence_names_where_a_forward_first_departs_from_eager_when_the_cause_is_rounding():
+    replay = {"graphs": [{"compile_id": "0/0", "first_differing_output": 0, "target": "linear", "node": "logits"}]}
+    named = {
+        "node": "getitem_1",
+        "output": "getitem_1 (getitem, h.0.ln_1 (LayerNorm))",
+        "op": "aten.var_mean.correction",
+        "module": "h.0.ln_1 (LayerNorm)",
+        "source": "train.py:25",
+        "kernel": "cpp_fused_native_layer_norm_0",
+    }
+    forward = {"graph": "forward", "compile_id": "0/0", "eager_differing": [0, 21], "eager_explained": named}
+    other = {**forward, "compile_id": "1/0"}
+    evidence = graph_evidence(replay, 0, "numerics", probes=[other, forward])
+    assert evidence["op"] == "aten.var_mean.correction (FX node getitem_1, compiled graph 0/0, forward)"
+    assert (evidence["module"], evidence["source"]) == ("h.0.ln_1 (LayerNorm)", "train.py:25")
+    assert evidence["output"] == "output 0 (linear, FX node logits)"  # the graph's output, still said
+    assert evidence["first_differing"] == named["output"] and evidence["kernel"] == named["kernel"]
+    # no probe of that forward, one that matched eager, or a random op behind an RNG cause: the output's node
+    for probes in ([other], [{**forward, "eager_differing": []}]):
+        assert (
+            graph_evidence(replay, 0, "numerics", probes=probes)["op"] == "linear (FX node logits, compiled graph 0/0)"
+        )
+    random = [{"target": "aten.bernoulli_", "node": "bernoulli", "module": "drop", "source": "train.py:11"}]
+    rng = graph_evidence({"graphs": [{**replay["graphs"][0], "depends_on_random": random}]}, 0, "rng", probes=[forward])
+    assert rng["op"] == "aten.bernoulli_ (FX node bernoulli, compiled graph 0/0)" and "first_differing" not in rng
+
+
 # --- tolerance and agreement ------------------------------------------------------------------
 
 

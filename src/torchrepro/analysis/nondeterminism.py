@@ -249,6 +249,7 @@ def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
             "accumulates": p.accumulates,
             "time_s": p.time_s,
             "error": p.error,
+            "not_saved": p.not_saved,
         }
         for label, logs in runs.items()
         for log in logs
@@ -345,8 +346,10 @@ def graph_evidence(
     agrees with ``cause``: the random op the output depends on when the cause is ``rng``, else
     the differing output's own node (an inert random op is not blamed for rounding). A replay
     without a record, or a graph the check failed on, is said, with what was still concluded.
-    Where the forward graphs match, the compiled run's ``probes`` (:func:`graph_probes`) name the
-    first backward output that differs from the same FX graph run eagerly (:func:`backward_evidence`)."""
+    Where a forward graph differs, its probe names the op where it first departs from eager
+    (:func:`first_forward_node`); where the forward graphs match, the compiled run's ``probes``
+    (:func:`graph_probes`) name the first backward output that differs from the same FX graph run
+    eagerly (:func:`backward_evidence`)."""
     if replay is None:
         return not_localised(cause, failure or "the graph replay wrote no record")
     graphs = replay.get("graphs", [])
@@ -374,9 +377,33 @@ def graph_evidence(
     }
     if random:
         evidence["random_nodes"] = random
+    if origin is first and (earliest := first_forward_node(probes or [], first["compile_id"])):
+        evidence.update(earliest)  # rounding: where the graph first departs, not the output it reaches
     if errors:
         evidence["localisation_note"] = "checking some graphs failed: " + "; ".join(errors[:2])
     return evidence
+
+
+def first_forward_node(probes: list[JsonObject], compile_id: str) -> JsonObject | None:
+    """Where compiled graph ``compile_id``'s forward first departs from the same FX graph run eagerly
+    (the graph AOTAutograd made, on the same inputs, as a probe compared them): the earliest output
+    in the graph's order that differs (a saved activation, such as the first LayerNorm's statistics,
+    comes before the logits computed from it), as the op, module and source line the evidence names.
+    None when no probe compared that forward graph with eager, or it matched."""
+    found = next(
+        (p for p in probes if (p["graph"], p["compile_id"]) == ("forward", compile_id) and p.get("eager_differing")),
+        None,
+    )
+    named = (found or {}).get("eager_explained") or {}
+    if not named.get("node"):
+        return None
+    return {
+        "op": f"{named.get('op')} (FX node {named['node']}, compiled graph {compile_id}, forward)",
+        "module": named.get("module"),
+        "source": named.get("source"),
+        "first_differing": named.get("output"),
+        **{k: named[k] for k in ("kernel", "kernel_fuses") if named.get(k) is not None},
+    }
 
 
 def backward_evidence(forward: str, probes: list[JsonObject]) -> JsonObject | None:

@@ -163,7 +163,7 @@ class GraphProber(KernelRepeater):
                 try:
                     save_graph(self.save_to / graph_dir_name(call.compile_id, call.graph), gm, call, event)
                 except Exception as exc:  # the reproducer is lost, never the run
-                    event.error = event.error or f"saving the graph for torchrepro repro: {first_line(exc)}"
+                    event.not_saved = first_line(exc)
             self.emit(event)
 
     def _against_eager(self, event: GraphProbe, gm: Any, call: _Call, compiled: list[Any], eager: list[Any]) -> None:

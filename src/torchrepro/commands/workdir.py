@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -136,13 +137,29 @@ def _outside(root: Path, args: Sequence[str]) -> str | None:
     return None
 
 
+def _own_output() -> set[tuple[int, int]]:
+    """The files torchrepro's own stdout and stderr go to (``torchrepro check ... > check.log``), as
+    (device, inode): torchrepro writes them while the runs go on, and the user reads them (``tail``),
+    which is neither run's doing."""
+    own = set()
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            own.add((st.st_dev, st.st_ino))
+    return own
+
+
 def _inventory(root: Path, skip: set[Path], limit_files: int) -> tuple[Stats, int, bool]:
     """Every file, symlink and directory under ``root`` (not into ``skip``, an environment
     (:data:`ENVIRONMENT_MARKERS`) nor another command's output, a directory holding a run
-    directory's lock file; not following links): its
+    directory's lock file; not following links), but torchrepro's own output (:func:`_own_output`): its
     size and mtime (a directory: size -1); the files' total size; whether the walk stopped at
     ``limit_files``."""
     stats: Stats = {}
+    own = _own_output()
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -162,6 +179,8 @@ def _inventory(root: Path, skip: set[Path], limit_files: int) -> tuple[Stats, in
             try:
                 st = path.lstat()
             except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in own:
                 continue
             stats[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
             total += st.st_size

@@ -198,7 +198,8 @@ class GraphProbe(Event):
     outputs (by index) that were not bit for bit the same every time, ``explained`` what the first
     of them is (compile id, graph, parameter, FX node, op, kernel, source line);
     ``eager_differing`` and ``eager_explained`` the same against the graph run eagerly; ``error``
-    what failed in the probe itself (never the user's run)."""
+    what failed in the probe itself (never the user's run); ``not_saved`` why a probed graph was
+    not saved for ``torchrepro repro``."""
 
     kind: ClassVar[str] = "graph_probe"
     compile_id: str = ""
@@ -215,6 +216,7 @@ class GraphProbe(Event):
     accumulates: bool = False  # it adds atomically at several threads: probed longer where it repeats
     time_s: float | None = None
     error: str | None = None
+    not_saved: str | None = None
 
 
 @dataclass(slots=True)

@@ -178,11 +178,14 @@ def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
     bit for bit the same on identical inputs (what its first differing output is)."""
     differing = [p for p in probes if p["differing"]]
     failed = [p for p in probes if p.get("error")]
+    unsaved = [p for p in probes if p.get("not_saved")]
     longer = [p for p in probes if p.get("accumulates") and not p["differing"] and not p.get("error")]
     repeats = max((p["repeats"] for p in probes if p not in longer), default=0)
     lines = [
         f"graph probes: {len(probes)} compiled graph(s) called {repeats} more times on identical inputs; "
-        f"{len(differing)} not bit for bit the same" + (f", {len(failed)} not probed" if failed else "")
+        f"{len(differing)} not bit for bit the same"
+        + (f", {len(failed)} not probed" if failed else "")
+        + (f"; {len(unsaved)} not saved for torchrepro repro ({unsaved[0]['not_saved']})" if unsaved else "")
     ]
     for p in longer[:4]:
         lines.append(

@@ -100,6 +100,7 @@ class GraphProbeRecord(TypedDict):
     accumulates: bool
     time_s: float | None
     error: str | None
+    not_saved: str | None
 
 
 @dataclass
