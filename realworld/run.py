@@ -130,6 +130,15 @@ def prep_ddp_on_cpu(work: Path) -> None:
     script.write_text(text)
 
 
+def prep_llmc_tokens(work: Path) -> None:
+    """synthetic.bin: 200,000 random GPT-2 token ids in llm.c's token file format (a header of 256
+    int32: magic 20240520, version 1, the token count; then the tokens as uint16)."""
+    tokens = np.random.default_rng(0).integers(0, 50257, size=200_000, dtype=np.uint16)
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, len(tokens))
+    (work / "synthetic.bin").write_bytes(header.tobytes() + tokens.tobytes())
+
+
 def prep_nothing(work: Path) -> None:
     """The script makes its own data."""
 
@@ -345,6 +354,28 @@ SCRIPTS = [
         nproc=2,
     ),
 ]
+
+# karpathy/llm.c's GPT-2 trainer at GPT-2 small's shapes (124M parameters), compiled with inductor:
+# not in SCRIPTS (its three checks would take most of an hour on a CPU); tests/realworld checks it
+# against eager, where it is named where compiled first departs, at bounded disk
+LLMC = Script(
+    "llmc-gpt2-d12",
+    "llmc",
+    "train_gpt2.py",
+    (
+        "--model=d12",
+        "--compile=1",
+        "--write_tensors=0",
+        "--num_iterations=2",
+        "--input_bin=synthetic.bin",
+        "--device=cpu",
+    ),
+    r"step\s+(\d+)/\d+ \| train loss (\S+) \| norm (\S+)",
+    "GPT-2 small (d12, random init, tied embeddings), torch.compile (inductor), AdamW, gradient clipping",
+    prep_llmc_tokens,
+    compiled=True,
+    stubs=True,  # tiktoken: the GPT-2 encoding is a download, used only to sample
+)
 
 
 def printed(script: Script, stdout: str) -> list[str]:

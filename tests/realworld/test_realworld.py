@@ -37,8 +37,9 @@ def test_upstream_files_are_the_upstream_bytes() -> None:
 def test_every_script_folder_is_attributed() -> None:
     """Each folder holds only upstream files (all in the manifest), its LICENSE and UPSTREAM.md with the
     commit; every corpus entry's script is an upstream file."""
-    folders = sorted({s.folder for s in corpus.SCRIPTS})
-    assert len({(s.folder, s.entry) for s in corpus.SCRIPTS}) >= 6
+    entries = [*corpus.SCRIPTS, corpus.LLMC]
+    folders = sorted({s.folder for s in entries})
+    assert len({(s.folder, s.entry) for s in entries}) >= 6
     for folder in folders:
         upstream = (RW / folder / "UPSTREAM.md").read_text()
         assert "https://github.com/" in upstream and "commit" in upstream and "License" in upstream
@@ -47,8 +48,10 @@ def test_every_script_folder_is_attributed() -> None:
         }
         assert files - set(MANIFEST) == {f"{folder}/UPSTREAM.md"}
         assert f"{folder}/LICENSE" in MANIFEST
-    for s in corpus.SCRIPTS:
+    for s in entries:
         assert f"{s.folder}/{s.entry}" in MANIFEST
+    stubs_and_code = {"stubs", "__pycache__"}
+    assert sorted(p.name for p in RW.iterdir() if p.is_dir() and p.name not in stubs_and_code) == folders
 
 
 def test_printed_values_are_read_in_order() -> None:
@@ -204,3 +207,32 @@ def test_ddp_tutorial_resuming_from_its_snapshot_is_checked_run_against_run(tmp_
     fd = report["determinism"]["first_divergence"]
     assert fd["cause"] == "shared_files", (report["verdict"], fd)
     assert {"path": "snapshot.pt", "written_by": "run-1", "read_by": "run-2"} in fd["evidence"]["files"]
+
+
+@pytest.mark.realworld
+def test_llmc_gpt2_against_eager_is_named_where_compiled_first_departs_at_bounded_disk(tmp_path: Path) -> None:
+    """karpathy/llm.c's train_gpt2.py at GPT-2 small's shapes (124M parameters), compiled with inductor
+    on the CPU: `check --against eager` names the op where the compiled forward first departs from
+    eager (the first block's first LayerNorm), not the loss it reaches; its backward probe names a
+    gradient; the forward graph (its inputs the weights, over 256 MiB) is probed but not saved for
+    repro, and said so; once decided the check directory holds at most two parameter copies plus
+    1 MB a snapshot step of each run. Its output goes to files in the script's directory (as
+    `> log` would): not a file the runs shared."""
+    r = corpus.Runner(corpus.LLMC, tmp_path, timeout=3000)
+    r.prepare()
+    _, report = _torchrepro(r, "against-eager", "check", "--against", "eager", "--no-fixes")
+    det = report["determinism"]
+    fd = det["first_divergence"]
+    assert (fd["cause"], fd["evidence"]["localisation"]) == ("numerics", "compiled_graph"), report["verdict"]
+    assert fd["module"] == "transformer.h.0.ln_1 (LayerNorm)", report["verdict"]
+    block = (RW / "llmc" / "train_gpt2.py").read_text().splitlines().index("        x = x + self.attn(self.ln_1(x))")
+    assert fd["source"].endswith(f"train_gpt2.py:{block + 1}") and "forward" in fd["op"]
+    probes = {p["graph"]: p for p in det["graph_probes"]}
+    assert probes["backward"]["eager_differing"] and probes["backward"]["eager_explained"]["parameter"]
+    assert "more than 256 MiB" in probes["forward"]["not_saved"] and probes["forward"]["error"] is None
+    copy = 124_439_808 * 4  # the parameters as train_gpt2.py counts them, float32
+    out = r.work / "against-eager"
+    held = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    steps = det["steps_compared"]
+    assert held <= 2 * copy + len(runs) * steps * 2**20, (held, len(runs), steps)
