@@ -5,6 +5,7 @@ is blamed (torchrepro.commands.workdir)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -93,11 +94,12 @@ for step in range(8):
 
 
 @pytest.mark.parametrize("mode", ["copy", "shared"])
-def test_torchrepros_own_log_in_the_working_directory_is_no_runs_file(tmp_path, mode):
-    """``torchrepro check ... > check.log 2>&1`` in the script's directory, the log read while it grows
-    (``tail -f``): torchrepro writes it, not a run, so it is neither copied nor watched, and the runs
-    of an unseeded script differ for want of a seed (the log was named as a file one run wrote and the
-    next read, and the seeding never looked at)."""
+@pytest.mark.parametrize("writer", ["redirect", "tee"])
+def test_a_log_of_torchrepros_output_in_the_working_directory_is_no_runs_file(tmp_path, mode, writer):
+    """``torchrepro check ... > check.log 2>&1`` (or ``2>&1 | tee check.log``) in the script's
+    directory, the log read while it grows (``tail -f``): torchrepro (or tee) writes it, not a run, so
+    it is neither copied nor watched, and the runs of an unseeded script differ for want of a seed
+    (the log was named as a file one run wrote and the next read, and the seeding never looked at)."""
     (tmp_path / "slow.py").write_text(SLOW_UNSEEDED)
     log = tmp_path / "check.log"
     log.touch()
@@ -111,18 +113,28 @@ def test_torchrepros_own_log_in_the_working_directory_is_no_runs_file(tmp_path, 
     reader = threading.Thread(target=tail)
     reader.start()
     env = {"TORCHREPRO_PROGRESS_S": "0.5", **({"TORCHREPRO_WORKDIR": "shared"} if mode == "shared" else {})}
+    argv = ("check", "--out", "out", "--no-localize", "--no-fixes", "slow.py")
     try:
-        proc = run_torchrepro(
-            "check", "--out", "out", "--no-localize", "--no-fixes", "slow.py", cwd=tmp_path, env=env, log=log
-        )
+        if writer == "redirect":
+            returncode = run_torchrepro(*argv, cwd=tmp_path, env=env, log=log).returncode
+        else:
+            command = [sys.executable, "-m", "torchrepro", *argv]
+            check = subprocess.Popen(
+                command, cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            tee = subprocess.Popen(["tee", str(log)], stdin=check.stdout, stdout=subprocess.DEVNULL)
+            assert check.stdout is not None
+            check.stdout.close()
+            returncode = check.wait(timeout=600)
+            tee.wait(timeout=60)
     finally:
         stop.set()
         reader.join()
     text = log.read_text()
-    assert proc.returncode == 1, text
+    assert returncode == 1, text
     cause = json.loads((tmp_path / "out" / "report.json").read_text())["determinism"]["first_divergence"]["cause"]
     assert cause == "rng", text
-    assert text.count("· run-") >= 2  # torchrepro wrote the log while the runs went on
+    assert text.count("· run-") >= 2  # the log was written while the runs went on
     for run in ("run-1", "run-2"):
         workdir = json.loads((tmp_path / "out" / run / "run.json").read_text())["workdir"]
         assert workdir["mode"] == mode and "wrote_shared" not in workdir, workdir

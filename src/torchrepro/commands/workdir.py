@@ -20,7 +20,7 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,29 +137,54 @@ def _outside(root: Path, args: Sequence[str]) -> str | None:
     return None
 
 
-def _own_output() -> set[tuple[int, int]]:
-    """The files torchrepro's own stdout and stderr go to (``torchrepro check ... > check.log``), as
-    (device, inode): torchrepro writes them while the runs go on, and the user reads them (``tail``),
-    which is neither run's doing."""
-    own = set()
+def _held_for_writing(root: Path) -> set[tuple[int, int]]:
+    """The regular files on ``root``'s device that a process holds open for writing, as (device,
+    inode): torchrepro's own stdout and stderr (``torchrepro check ... > check.log``), a ``| tee
+    check.log`` beside it, another job's log. Taken before a run starts and after it ended, they are
+    never the run's: they are neither copied nor watched (a user reading the log as it grows is no run
+    reading another's file). Found through ``/proc`` (Linux); elsewhere, torchrepro's own output only."""
+    held = set()
     for fd in (1, 2):
         try:
             st = os.fstat(fd)
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode):
-            own.add((st.st_dev, st.st_ino))
-    return own
+            held.add((st.st_dev, st.st_ino))
+    try:
+        device = root.stat().st_dev
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return held
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd_name in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd_name}")
+                if not stat.S_ISREG(st.st_mode) or st.st_dev != device or (st.st_dev, st.st_ino) in held:
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd_name}") as info:
+                    flags = next(int(line.split()[1], 8) for line in info if line.startswith("flags:"))
+            except (OSError, StopIteration, ValueError, IndexError):
+                continue
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                held.add((st.st_dev, st.st_ino))
+    return held
 
 
-def _inventory(root: Path, skip: set[Path], limit_files: int) -> tuple[Stats, int, bool]:
+def _inventory(
+    root: Path, skip: set[Path], limit_files: int, held: Set[tuple[int, int]] = frozenset()
+) -> tuple[Stats, int, bool]:
     """Every file, symlink and directory under ``root`` (not into ``skip``, an environment
     (:data:`ENVIRONMENT_MARKERS`) nor another command's output, a directory holding a run
-    directory's lock file; not following links), but torchrepro's own output (:func:`_own_output`): its
+    directory's lock file; not following links), but the files ``held`` open for writing
+    (:func:`_held_for_writing`): its
     size and mtime (a directory: size -1); the files' total size; whether the walk stopped at
     ``limit_files``."""
     stats: Stats = {}
-    own = _own_output()
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -180,7 +205,7 @@ def _inventory(root: Path, skip: set[Path], limit_files: int) -> tuple[Stats, in
                 st = path.lstat()
             except OSError:
                 continue
-            if (st.st_dev, st.st_ino) in own:
+            if (st.st_dev, st.st_ino) in held:
                 continue
             stats[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
             total += st.st_size
@@ -209,10 +234,12 @@ def _copy(root: Path, dest: Path, files: Stats) -> None:
             shutil.copy2(src, dst)
 
 
-def _survey(root: Path, args: Sequence[str], skip: set[Path]) -> tuple[Stats, int, str | None]:
+def _survey(
+    root: Path, args: Sequence[str], skip: set[Path], held: set[tuple[int, int]]
+) -> tuple[Stats, int, str | None]:
     """The working directory's files (:func:`_inventory`), their total size, and why a run cannot
     start in a copy of it (None: it can)."""
-    stats, total, truncated = _inventory(root, skip, STAT_LIMIT_FILES)
+    stats, total, truncated = _inventory(root, skip, STAT_LIMIT_FILES, held)
     outside = _outside(root, args)
     why = None
     if os.environ.get(WORKDIR_VAR) == "shared":
@@ -230,7 +257,7 @@ def why_shared(args: Sequence[str], skip: Sequence[Path] = ()) -> str | None:
     """Why runs with these arguments would share the working directory (None: each gets a copy);
     runs that share it go one after the other (one writing there while another reads is a race)."""
     root = Path.cwd().resolve()
-    return _survey(root, args, {p.resolve() for p in skip})[2]
+    return _survey(root, args, {p.resolve() for p in skip}, _held_for_writing(root))[2]
 
 
 @contextmanager
@@ -254,7 +281,8 @@ def fresh_workdir(
     ledger = ledger or Ledger()
     root = ledger.root
     skip_set = {p.resolve() for p in (*skip, run_dir)}
-    stats, total, why = _survey(root, args, skip_set)
+    held = _held_for_writing(root)
+    stats, total, why = _survey(root, args, skip_set, held)
     copy = run_dir.resolve() / COPY_DIR
     script = script.resolve()
     where = Workdir(label, None if why else copy, script, why_shared=why)
@@ -266,7 +294,7 @@ def fresh_workdir(
     try:
         yield where
     finally:
-        after, _, _ = _inventory(root, skip_set, STAT_LIMIT_FILES)
+        after, _, _ = _inventory(root, skip_set, STAT_LIMIT_FILES, held | _held_for_writing(root))
         if where.cwd is not None:
             copied, _, _ = _inventory(where.cwd, set(), STAT_LIMIT_FILES)
             where.wrote_in_copy = _changed(stats, copied)
