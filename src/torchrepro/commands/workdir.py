@@ -9,7 +9,7 @@ A working directory too large to copy (over :data:`COPY_LIMIT_BYTES` or :data:`C
 files), or a run whose arguments name a path outside it by a relative path (``../data``, which would
 not resolve from the copy), runs in place, as every run does with ``TORCHREPRO_WORKDIR=shared``. What a run writes in place (in the working directory
 itself: in place, or through an absolute path) is found by comparing the size and modification time
-of every file before and after it; a later run that read such a file (its access time moved past
+of every file (but a log some process holds open for writing: :func:`_held_for_writing`) before and after it; a later run that read such a file (its access time moved past
 the later run's start) is a :class:`Crossing`: ``check`` names it instead of blaming anything else.
 How, and why a copy: docs/workdir.md."""
 
