@@ -230,8 +230,11 @@ def test_llmc_gpt2_against_eager_is_named_where_compiled_first_departs_at_bounde
     probes = {p["graph"]: p for p in det["graph_probes"]}
     assert probes["backward"]["eager_differing"] and probes["backward"]["eager_explained"]["parameter"]
     assert "more than 256 MiB" in probes["forward"]["not_saved"] and probes["forward"]["error"] is None
-    copy = 124_439_808 * 4  # the parameters as train_gpt2.py counts them, float32
     out = r.work / "against-eager"
+    page = (out / "report.html").read_text()
+    assert "not saved for torchrepro repro: ValueError: its inputs take more than 256 MiB" in page
+    assert "not probed" not in page
+    copy = 124_439_808 * 4  # the parameters as train_gpt2.py counts them, float32
     held = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     runs = [p for p in out.iterdir() if p.is_dir()]
     steps = det["steps_compared"]
