@@ -23,8 +23,10 @@ from torchrepro.analysis.nondeterminism import (
     divergence_findings,
     graph_evidence,
     hint_key,
+    name_the_race,
     numerics_of_modes,
     numerics_without_inductor,
+    probe_divergence,
     uses_inductor,
 )
 from torchrepro.analysis.divergence import Divergence, Tolerance
@@ -465,6 +467,60 @@ def test_graph_evidence_names_where_a_forward_first_departs_from_eager_when_the_
     random = [{"target": "aten.bernoulli_", "node": "bernoulli", "module": "drop", "source": "train.py:11"}]
     rng = graph_evidence({"graphs": [{**replay["graphs"][0], "depends_on_random": random}]}, 0, "rng", probes=[forward])
     assert rng["op"] == "aten.bernoulli_ (FX node bernoulli, compiled graph 0/0)" and "first_differing" not in rng
+
+
+def test_against_eager_a_compiled_run_that_races_is_named_by_the_graph_its_probe_found():
+    """The decomposition says the compiled run is not reproducible (nondeterministic_op); its probe
+    found the backward graph whose gradient differs on identical inputs: that graph and kernel are
+    named, not the forward op where compiled departs from eager (kept under against_eager)."""
+    decided = cause_from_decomposition(
+        {
+            "rng": {"bit_exact": False, "final_max_abs": 1e-8},
+            "numerics": {"bit_exact": False, "final_max_abs": 1e-7},
+            "run_to_run": {"bit_exact": False, "final_max_abs": 1e-11, "between": ["compiled", "compiled-again"]},
+        },
+        "eager",
+    )
+    assert decided[0] == "nondeterministic_op"
+    replay = {"graphs": [{"compile_id": "0/0", "first_differing_output": 0, "target": "linear", "node": "logits"}]}
+    evidence = {**decided[1], **graph_evidence(replay, 0, "nondeterministic_op")}
+    probe = {
+        "run": "compiled",
+        "rank": 0,
+        "step": 0,
+        "compile_id": "0/1",
+        "graph": "backward",
+        "repeats": 2,
+        "runs_differing": 1,
+        "threads": 2,
+        "differing": [1],
+        "max_abs": 2e-9,
+        "explained": {
+            "parameter": "transformer.wte.weight",
+            "node": "embedding_dense_backward",
+            "op": "aten.embedding_dense_backward.default",
+            "source": "model.py:177",
+            "kernel": "cpp_fused_embedding_dense_backward_3",
+            "kernel_atomic_add": True,
+        },
+    }
+    race = probe_divergence([probe])
+    assert race is not None
+    named = name_the_race(evidence, race[2])
+    assert (named["compile_id"], named["graph"], named["parameter"]) == ("0/1", "backward", "transformer.wte.weight")
+    assert (named["op"], named["source"], named["named_by"]) == (
+        "aten.embedding_dense_backward.default",
+        "model.py:177",
+        "graph_probe",
+    )
+    assert (
+        named["kernel_atomic_add"] and hint_key("nondeterministic_op", "eager", [], named) == "nondeterministic_kernel"
+    )
+    assert named["because"].startswith("the compiled run is not reproducible run to run")
+    assert "compiled graph 0/1 (backward) of compiled: gradient of transformer.wte.weight differs" in named["because"]
+    assert named["run_to_run"]["final_max_abs"] == 1e-11  # the decomposition's evidence stays
+    assert named["against_eager"]["op"] == "linear (FX node logits, compiled graph 0/0)"
+    assert named["against_eager"]["localisation"] == "compiled_graph" and "localisation" not in named
 
 
 # --- tolerance and agreement ------------------------------------------------------------------

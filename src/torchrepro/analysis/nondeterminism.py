@@ -297,6 +297,25 @@ def probe_divergence(probes: list[JsonObject]) -> tuple[Divergence, str, JsonObj
     return Divergence(step, p["rank"], "compiled_graph", detail), "nondeterministic_op", evidence
 
 
+def name_the_race(evidence: JsonObject, race: JsonObject) -> JsonObject:
+    """``check --against``: the compiled run is not reproducible run to run (cause
+    ``nondeterministic_op``) and its own probe found the graph that is not (``race``, the evidence of
+    :func:`probe_divergence`): that graph, its op, kernel and source line are what the evidence
+    names, beside why the cause was decided; where compiled first departs from eager (the graph
+    replay's localisation) is kept under ``against_eager``.
+
+    >>> found = {"because": "graph 0/1 differs", "named_by": "graph_probe", "graph": "backward", "op": "aten.add"}
+    >>> named = name_the_race({"because": "not reproducible", "op": "aten.mm", "localisation": "compiled_graph"}, found)
+    >>> named["op"], named["graph"], named["against_eager"], named["because"]
+    ('aten.add', 'backward', {'op': 'aten.mm', 'localisation': 'compiled_graph'}, 'not reproducible; graph 0/1 differs')
+    """
+    replaced = ("localisation", "compile_id", "output", "output_max_abs", "first_differing", "random_nodes")
+    against = {k: v for k, v in evidence.items() if k in (*replaced, *LOCALISATION_KEYS, "op", "module", "source")}
+    kept = {k: v for k, v in evidence.items() if k not in against}
+    because = "; ".join(filter(None, [kept.pop("because", None), race.get("because")]))
+    return {**kept, **{k: v for k, v in race.items() if k != "because"}, "because": because, "against_eager": against}
+
+
 def not_localised(cause: str | None, why: str) -> JsonObject:
     """Evidence when localisation itself failed: why (an exception's first line, or a replay that
     ended early), and what was still concluded without it."""

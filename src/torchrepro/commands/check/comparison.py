@@ -27,6 +27,7 @@ from ...analysis.nondeterminism import (
     graph_evidence,
     graph_probes,
     hint_key,
+    name_the_race,
     not_localised,
     numerics_of_modes,
     nothing_compiled,
@@ -199,6 +200,9 @@ def _explain(
                 probes = graph_probes({spec_b.label: run_b.logs})
                 graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause, probes)
                 evidence.update(graph or failed)
+                race = probe_divergence(probes) if cause == "nondeterministic_op" else None
+                if race is not None:  # the compiled run's own race, found by its probe, is the cause's evidence
+                    evidence = name_the_race(evidence, race[2])
         else:
             cause, evidence = numerics_without_inductor()
     kernels = None
