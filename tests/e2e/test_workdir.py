@@ -93,8 +93,11 @@ for step in range(8):
 """
 
 
-@pytest.mark.parametrize("mode", ["copy", "shared"])
-@pytest.mark.parametrize("writer", ["redirect", "tee"])
+@pytest.mark.parametrize(
+    ("mode", "writer"),
+    [("copy", "redirect"), ("shared", "tee"), pytest.param("copy", "tee", marks=pytest.mark.slow)]
+    + [pytest.param("shared", "redirect", marks=pytest.mark.slow)],
+)
 def test_a_log_of_torchrepros_output_in_the_working_directory_is_no_runs_file(tmp_path, mode, writer):
     """``torchrepro check ... > check.log 2>&1`` (or ``2>&1 | tee check.log``) in the script's
     directory, the log read while it grows (``tail -f``): torchrepro (or tee) writes it, not a run, so
