@@ -403,17 +403,26 @@ def graph_evidence(
     return evidence
 
 
+def _unlike_eager(probes: list[JsonObject], graph: str, compile_id: str | None = None) -> JsonObject | None:
+    """The first probe of a ``graph`` ("forward" or "backward"; of ``compile_id`` when given) whose
+    outputs differed from the same FX graph run eagerly, or None."""
+    return next(
+        (
+            p
+            for p in probes
+            if p["graph"] == graph and compile_id in (None, p["compile_id"]) and p.get("eager_differing")
+        ),
+        None,
+    )
+
+
 def first_forward_node(probes: list[JsonObject], compile_id: str) -> JsonObject | None:
     """Where compiled graph ``compile_id``'s forward first departs from the same FX graph run eagerly
     (the graph AOTAutograd made, on the same inputs, as a probe compared them): the earliest output
     in the graph's order that differs (a saved activation, such as the first LayerNorm's statistics,
     comes before the logits computed from it), as the op, module and source line the evidence names.
     None when no probe compared that forward graph with eager, or it matched."""
-    found = next(
-        (p for p in probes if (p["graph"], p["compile_id"]) == ("forward", compile_id) and p.get("eager_differing")),
-        None,
-    )
-    named = (found or {}).get("eager_explained") or {}
+    named = (_unlike_eager(probes, "forward", compile_id) or {}).get("eager_explained") or {}
     if not named.get("node"):
         return None
     return {
@@ -430,7 +439,7 @@ def backward_evidence(forward: str, probes: list[JsonObject]) -> JsonObject | No
     made, as aot_eager runs it), on the same inputs: the output (a parameter's gradient) computed
     first in the graph's order that differs, its node, op and source line. None when no probe
     compared a backward graph with eager, or every one matched."""
-    found = next((p for p in probes if p["graph"] == "backward" and p.get("eager_differing")), None)
+    found = _unlike_eager(probes, "backward")
     if found is None:
         return None
     named = found.get("eager_explained") or {}

@@ -7,10 +7,12 @@ unless it did before the command started, and every run sees what the first one 
 
 A working directory too large to copy (over :data:`COPY_LIMIT_BYTES` or :data:`COPY_LIMIT_FILES`
 files), or a run whose arguments name a path outside it by a relative path (``../data``, which would
-not resolve from the copy), runs in place, as every run does with ``TORCHREPRO_WORKDIR=shared``. What a run writes in place (in the working directory
-itself: in place, or through an absolute path) is found by comparing the size and modification time
-of every file (but a log some process holds open for writing: :func:`_held_for_writing`) before and after it; a later run that read such a file (its access time moved past
-the later run's start) is a :class:`Crossing`: ``check`` names it instead of blaming anything else.
+not resolve from the copy), runs in place, as every run does with ``TORCHREPRO_WORKDIR=shared``.
+What a run writes in place (in the working directory itself: in place, or through an absolute path)
+is found by comparing the size and modification time of every file before and after it (but a log
+some process holds open for writing: :func:`_held_for_writing`); a later run that read such a file
+(its access time moved past the later run's start) is a :class:`Crossing`: ``check`` names it
+instead of blaming anything else.
 How, and why a copy: docs/workdir.md."""
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ def _copy(root: Path, dest: Path, files: Stats) -> None:
 
 
 def _survey(
-    root: Path, args: Sequence[str], skip: set[Path], held: set[tuple[int, int]]
+    root: Path, args: Sequence[str], skip: set[Path], held: Set[tuple[int, int]]
 ) -> tuple[Stats, int, str | None]:
     """The working directory's files (:func:`_inventory`), their total size, and why a run cannot
     start in a copy of it (None: it can)."""
