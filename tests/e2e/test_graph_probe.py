@@ -321,6 +321,7 @@ def test_a_graph_served_from_the_cache_names_this_runs_source_file(tmp_path):
     """Two copies of one script (two checkouts, or a module a run imports from its copy of the
     working directory) share an inductor cache: the second is served the first one's graphs, and
     its probe still names its own file, not the first copy's."""
+    from torchrepro._compat import aot_cache_loading
     from torchrepro.eventlog.events import CacheLookup
 
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
@@ -341,7 +342,9 @@ def test_a_graph_served_from_the_cache_names_this_runs_source_file(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         events[copy] = read_events(out / "rank-0" / "events.jsonl").events
     served = {(e.cache, e.status) for e in events["second"] if isinstance(e, CacheLookup)}
-    assert ("aotautograd", "hit") in served, served
+    # where the probe can load graphs from the AOTAutograd cache it keeps that cache on (the first copy's
+    # graph served); elsewhere (torch 2.6) it turns it off, and the second copy traces its own graph
+    assert (("aotautograd" if aot_cache_loading() is not None else "fxgraph"), "hit") in served, served
     for copy, evs in events.items():
         forward = next(e for e in evs if isinstance(e, GraphProbe) and e.graph == "forward")
         assert forward.differing, forward
