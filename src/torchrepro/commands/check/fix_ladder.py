@@ -30,8 +30,9 @@ from ...analysis.fix_ranking import (
 )
 from ...errors import InputError
 from ...eventlog.events import Compile, Step
-from ...eventlog.payloads import ExplainedOutput, JsonObject, KernelCall, KernelSummary
+from ...eventlog.payloads import ExplainedOutput, KernelCall, KernelSummary
 from ...eventlog.rundir import Run, usable_cores
+from ...reports.check_report import Evidence
 from .runs import intra_op_threads
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def _replay_pair(
 
 def localize_kernels(
     checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run]
-) -> JsonObject | None:
+) -> Evidence | None:
     """Replay the divergent step compiled in pairs of processes (:data:`REPLAY_PAIRS`), each
     recording every compiled graph call's input and output digests and, at the step, repeating
     each call on identical inputs. The first call whose outputs differ on equal inputs between
@@ -147,7 +148,7 @@ def _name_kernel(
     by_processes: bool,
     attempts: int,
     parted: str | None,
-) -> JsonObject:
+) -> Evidence:
     """The evidence for the kernel behind output ``index`` of graph call ``call``: what names it
     (two processes' graph calls, or the in-process repeats), and the repeats' thread dependence."""
     explained = found[0]["explained"].get(f"{call['compile_id']}/{call['graph']}") or []
@@ -214,6 +215,7 @@ def _name_kernel(
         because += f"; kernel {named['kernel']} accumulates with atomic adds"
     out = {
         "localisation": "compiled_kernel",
+        "strength": "measured",
         "named_by": named_by,
         "because": because,
         "thread_dependence": threads,
@@ -222,7 +224,7 @@ def _name_kernel(
     }
     if parted:
         out["replays_parted"] = parted
-    return out
+    return Evidence.from_json(out)
 
 
 def _offending(runs: list[Run], compile_id: str | None) -> tuple[list[int] | None, str | None]:
@@ -299,7 +301,7 @@ def run_fix_ladder(
     spec: RunSpec,
     div: Divergence,
     cause: str,
-    evidence: JsonObject,
+    evidence: Evidence,
     as_written: list[Run],
     only: list[str] | None = None,
 ) -> list[FixRow]:
@@ -310,13 +312,13 @@ def run_fix_ladder(
     only when the baseline run fails) on the same step indices after warm-up
     (:func:`~torchrepro.analysis.fix_ranking.step_cost`)."""
     compiled, inductor = _uses(as_written)
-    frames, function = _offending(as_written, evidence.get("compile_id"))
+    frames, function = _offending(as_written, evidence.compile_id)
     ladder = candidates(
         compiled=compiled,
         inductor=inductor,
         frames=frames,
         function=function,
-        random_ops=cause == "rng" or bool(evidence.get("random_nodes")),
+        random_ops=cause == "rng" or bool(evidence.facts.get("random_nodes")),
     )
     if only:
         ladder = [c for c in ladder if c.name in only]
