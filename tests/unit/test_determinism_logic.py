@@ -184,7 +184,9 @@ def test_recompile_the_runs_compiled_different_graphs():
     a, b = logs(events=graphs(10, 4)), logs(changed={3: {"loss": 9.0}}, events=graphs(12, 4))
     div, cause, evidence = decided(a, b)
     assert (div.step, cause) == (3, "recompile")
-    assert evidence.facts["differences"] == ["rank 0: compile #0 differs: forward (10 ops, first) vs forward (12 ops, first)"]
+    assert evidence.facts["differences"] == [
+        "rank 0: compile #0 differs: forward (10 ops, first) vs forward (12 ops, first)"
+    ]
     assert hint_key(cause, None, b, evidence) == "recompile"
     # different configurations are expected to compile differently
     assert decided(a, b, same_config=False)[1] == "unknown"
@@ -529,9 +531,7 @@ def test_against_eager_a_compiled_run_that_races_is_named_by_the_graph_its_probe
         "model.py:177",
         "graph_probe",
     )
-    assert (
-        named.kernel_atomic_add and hint_key("nondeterministic_op", "eager", [], named) == "nondeterministic_kernel"
-    )
+    assert named.kernel_atomic_add and hint_key("nondeterministic_op", "eager", [], named) == "nondeterministic_kernel"
     assert named.because.startswith("the compiled run is not reproducible run to run")
     assert "compiled graph 0/1 (backward) of compiled: gradient of transformer.wte.weight differs" in named.because
     assert named.facts["run_to_run"]["final_max_abs"] == 1e-11  # the decomposition's evidence stays

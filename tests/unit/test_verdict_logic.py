@@ -4,6 +4,7 @@ may then be claimed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,8 +94,8 @@ def test_verdict_lines_say_only_what_was_shown():
 
     endings = [RunEnding("a", True), RunEnding("b", False, ["rank 0: no end record"])]
 
-    def line(verdict: str, **changes: object) -> str:
-        return verdict_line(Determinism(Verdict(verdict), ["a", "b"], 4, endings, atol=1e-3, **changes))  # type: ignore[arg-type]
+    def line(verdict: str, **changes: Any) -> str:
+        return verdict_line(Determinism(Verdict(verdict), ["a", "b"], 4, endings, atol=1e-3, **changes))
 
     assert line("incomplete").startswith("INCOMPLETE")
     assert "b: rank 0: no end record" in line("incomplete")
