@@ -120,7 +120,7 @@ class Evidence:
             for f in dataclasses.fields(self)
             if f.name != "facts" and getattr(self, f.name) is not None
         }
-        return {**self.facts, **out}
+        return {**out, **{k: v for k, v in self.facts.items() if k not in out}}
 
     @classmethod
     def from_json(cls, data: JsonObject) -> Evidence:
