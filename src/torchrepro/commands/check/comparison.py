@@ -184,15 +184,16 @@ def _explain(
     div: Divergence,
     against: str | None,
     localize_divergence: bool,
+    scope: GraphScope,
     probed: Evidence | None = None,
 ) -> tuple[Decision, Decomposition | None]:
     """The cause of ``div`` between the runs of ``pair``, its evidence and (``--against`` with
     inductor) the backend decomposition: decided from the logs, then, while still unknown, from
     the decomposition, repeated kernels, or replays of the divergent step with op capture. Compiled
-    graphs are blamed only where they can explain the quantity that differs (a gradient: graphs whose
-    backward ran in that step, :mod:`torchrepro.analysis.graph_steps`). ``probed``: the evidence of
-    such a graph the runs' own probes found nondeterministic, which names the kernel without kernel
-    replays."""
+    graphs are blamed only where they can explain the quantity that differs (``scope``: for a
+    gradient, graphs whose backward ran in that step, :mod:`torchrepro.analysis.graph_steps`).
+    ``probed``: the evidence of such a graph the runs' own probes found nondeterministic, which names
+    the kernel without kernel replays."""
     from .fix_ladder import localize_kernels
 
     (spec_a, run_a), (spec_b, run_b) = pair
@@ -204,7 +205,6 @@ def _explain(
             cause, evidence = cause_from_decomposition(decomposition, against)
             if localize_divergence:
                 probes = graph_probes({spec_b.label: run_b.logs})
-                scope = step_scope(div.what, div.step, run_b.logs, div.rank)
                 graph, failed = _guarded(
                     "the graph replay", cause, localize_graph, checker, spec_b, div, cause, scope, probes
                 )
@@ -220,7 +220,7 @@ def _explain(
         cause, evidence = cause_from_kernels(evidence, kernels)
     elif localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
         kernels, failed = _guarded(
-            "the kernel replays", cause, localize_kernels, checker, spec_a, spec_b, div, [run_a, run_b]
+            "the kernel replays", cause, localize_kernels, checker, spec_a, spec_b, div, [run_a, run_b], scope
         )
         evidence = evidence.but(failed)
         if kernels is not None:
@@ -238,6 +238,8 @@ def _explain(
         evidence = evidence.noted(
             f"kernel replays failed ({'; '.join(replays[:2])}); concluded without them: cause {cause}"
         )
+    if evidence.compile_id is not None and evidence.scope is None:  # a graph named: what it was chosen among
+        evidence = dataclasses.replace(evidence, scope=scope.text())
     return (cause, evidence), decomposition
 
 
@@ -321,8 +323,9 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
     elif probed is not None and only_probed:
         div, decision, within = probed[0], probed[1:], False
     elif div is not None:
+        assert scope is not None
         decision, decomposition = _explain(
-            checker, done, pair, div, request.against, request.localize_divergence, probed[2] if probed else None
+            checker, done, pair, div, request.against, request.localize_divergence, scope, probed[2] if probed else None
         )
         cause, evidence = decision
         if evidence.localisation_note:  # a failure of localisation is said, never hidden

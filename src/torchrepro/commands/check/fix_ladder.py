@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ...analysis.divergence import Divergence, Tolerance, first_divergence, steps_compared
+from ...analysis.graph_steps import GraphScope
 from ...analysis.fix_ranking import (
     BackendStages,
     Candidate,
@@ -113,14 +114,24 @@ def _replay_pair(
 
 
 def localize_kernels(
-    checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run]
+    checker: Checker,
+    spec_a: RunSpec,
+    spec_b: RunSpec,
+    div: Divergence,
+    runs: list[Run],
+    scope: GraphScope | None = None,
 ) -> Evidence | None:
     """Replay the divergent step compiled in pairs of processes (:data:`REPLAY_PAIRS`), each
     recording every compiled graph call's input and output digests and, at the step, repeating
     each call on identical inputs. The first call whose outputs differ on equal inputs between
     the two processes names the graph, output and kernel; a difference within one process's
     repeats is supporting evidence (and names it when the processes agree). None when no pair
-    showed a difference, or every replay failed (``checker.replay_failures`` says why)."""
+    showed a difference, or every replay failed (``checker.replay_failures`` says why). Only calls
+    of graphs that can explain the divergent quantity (``scope``) are compared."""
+
+    def admitted(calls: list[GraphCall]) -> list[GraphCall]:
+        return [c for c in calls if scope is None or scope.admits(c["compile_id"], c["graph"])]
+
     budget = max(REPLAY_BUDGET_S, 2 * max((float(r.meta.get("wall_s") or 0) for r in runs), default=0.0))
     start, attempts, parted = time.monotonic(), 0, None
     across = within = None
@@ -129,8 +140,8 @@ def localize_kernels(
         found = _replay_pair(checker, spec_a, spec_b, div, runs, attempts)
         attempts += 1
         if len(found) == 2:
-            across, parted = first_cross_difference(_calls(found[0]), _calls(found[1]))
-        within = next((hit for k in found for hit in [_first_repeat_difference(k["calls"])] if hit), None)
+            across, parted = first_cross_difference(admitted(_calls(found[0])), admitted(_calls(found[1])))
+        within = next((hit for k in found for hit in [_first_repeat_difference(admitted(k["calls"]))] if hit), None)
         if across or within or not found:
             break
     hit = across or within
