@@ -202,7 +202,7 @@ class GraphProbeRecord(TypedDict):
 @dataclass
 class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
-    (a JSON object: step, rank, what, cause, evidence...). ``more``: what only some checks add
+    (:class:`FirstDivergence`, its cause and :class:`Evidence`). ``more``: what only some checks add
     (``decomposition``, ``fixes``, ``fix_recommended``, ``backend_stages``, ``against``,
     ``resume_at``, ``largest_difference``, ``nothing_compared_because``, ``graph_probes``: each compiled graph a run called again on
     identical inputs, :class:`GraphProbeRecord`; every comparison:
