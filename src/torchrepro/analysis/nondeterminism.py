@@ -410,7 +410,7 @@ def graph_evidence(
     if order is None:  # not known which graphs ran: the replay's order, then the probes'
         ids = list(dict.fromkeys([g["compile_id"] for g in calls] + [p["compile_id"] for p in probes]))
         order = tuple([(cid, "forward") for cid in ids] + [(cid, "backward") for cid in ids])
-    said = Evidence(scope=scope.text(), quantity=scope.quantity if scope.graphs is not None else None)
+    said = Evidence(scope=scope.text())
     forward = (
         f"the {len(calls)} compiled graph call(s) of step {replay.get('step', scope.step)} match their eager FX "
         "graphs in the forward pass"
