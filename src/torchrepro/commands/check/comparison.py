@@ -5,7 +5,6 @@ reads them; the decisions are pure (:mod:`torchrepro.analysis.nondeterminism`)."
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -79,9 +78,7 @@ def localize_graph(
     departs from eager and the op where it does (:func:`~torchrepro.analysis.nondeterminism.graph_evidence`,
     with the compiled run's ``probes``)."""
     replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
-    return dataclasses.replace(
-        graph_evidence(replay, scope, cause, checker.replay_failures.get("graphs"), probes), run=spec.label
-    )
+    return replace(graph_evidence(replay, scope, cause, checker.replay_failures.get("graphs"), probes), run=spec.label)
 
 
 class DecompositionPair(TypedDict):
@@ -239,7 +236,7 @@ def _explain(
             f"kernel replays failed ({'; '.join(replays[:2])}); concluded without them: cause {cause}"
         )
     if evidence.compile_id is not None and evidence.scope is None:  # a graph named: what it was chosen among
-        evidence = dataclasses.replace(evidence, scope=scope.text())
+        evidence = replace(evidence, scope=scope.text())
     return (cause, evidence), decomposition
 
 
