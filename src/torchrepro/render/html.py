@@ -74,6 +74,11 @@ def fmt_value(value: Any, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def fmt_list(values: Sequence[Any] | None, separator: str = ", ") -> str:
+    """Items joined, an absent one as a dash (``[3, None]`` → ``3, —``)."""
+    return separator.join("—" if v is None else str(v) for v in values or [])
+
+
 def drift_plots(drift: JsonObject) -> list[Markup]:
     """The drift report's strip plots (:func:`torchrepro.render.svg.drift_plots`, which escapes
     every text it draws), inline, from the page's ``drift`` section (read back typed)."""
@@ -102,7 +107,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=fmt_num, seconds=fmt_seconds, value=fmt_value, ranks=ranks_label)
+    env.filters.update(num=fmt_num, seconds=fmt_seconds, value=fmt_value, ranks=ranks_label, listed=fmt_list)
     env.globals.update(
         compile_timeline=compile_timeline,
         bar_chart=bar_chart,

@@ -273,8 +273,10 @@ def _line(ax: _Axes, s: Series, color: str, x_label: str) -> list[str]:
                 f"<title>{_text(title)}</title></circle>"
             )
             if k == 0 and s.get("label"):
+                below = py < _T + 24  # near the top edge: under the mark, clear of the legend
                 parts.append(
-                    f'<text class="legend mark-label" x="{ax.x(mx) + 7:.1f}" y="{py - 7:.1f}">{_text(s["label"])}</text>'
+                    f'<text class="legend mark-label" x="{ax.x(mx) + 7:.1f}" y="{py + 18 if below else py - 7:.1f}">'
+                    f"{_text(s['label'])}</text>"
                 )
     bad = next(((x, y) for x, y in s["points"] if y is not None and not finite(y)), None)
     if bad is not None:
