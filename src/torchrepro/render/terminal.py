@@ -63,8 +63,16 @@ def render_findings(console: Console, findings: list[Finding], limit: int = 8, v
         console.print(Text(f"   … {len(findings) - limit} more in report.json", style="dim"))
 
 
+TABLE_ROWS = 8  # rows of the recompile and graph-break tables; the report holds them all
+
+
 def _table(title: str) -> Table:
     return Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+
+
+def _more_rows(console: Console, rows: int, shown: int) -> None:
+    if rows > shown:
+        console.print(Text(f"… {rows - shown} more in report.json", style="dim"), highlight=False)
 
 
 def render_doctor(report: DoctorReport, console: Console | None = None, report_path: str | None = None) -> None:
@@ -80,21 +88,23 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
         text_columns(table, "function", "category")
         figure_columns(table, "count", "first step")
         text_columns(table, "guard")
-        for row in c["recompile_groups"][:8]:
+        for row in c["recompile_groups"][:TABLE_ROWS]:
             first = row["steps"][0] if row["steps"] else None
             _row(table, row["function"], row["category"] or "other", str(row["count"]), cell(first), row["guard"])
         console.print(table)
+        _more_rows(console, len(c["recompile_groups"]), TABLE_ROWS)
     if c["graph_break_groups"]:
         table = _table("graph breaks")
         text_columns(table, "location")
         figure_columns(table, "count")
         text_columns(table, "reason", "id")
-        for group in c["graph_break_groups"][:8]:
+        for group in c["graph_break_groups"][:TABLE_ROWS]:
             where = location(group["file"], group["line"]) + (
                 f" ({ranks_label(group['ranks_text'])})" if len(report.run.ranks) > 1 else ""
             )
             _row(table, where, str(group["count"]), group["reason"], group["gb_id"] or "")
         console.print(table)
+        _more_rows(console, len(c["graph_break_groups"]), TABLE_ROWS)
         if c.get("graph_breaks_relogged"):
             console.print(
                 f"({c['graph_breaks_relogged']} more record(s) of these breaks, logged again when Dynamo restarted or "
@@ -191,6 +201,9 @@ def _render_ranks(console: Console, report: DoctorReport, per_rank: dict[str, Ra
         console.print(f"… {len(rows) - RANK_ROWS} more {unit}(s): see the report", highlight=False, markup=False)
 
 
+PROBES_SHOWN = 4  # of the graphs that differed, and of those that add atomically
+
+
 def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
     """``determinism.graph_probes`` in lines: how many graphs were probed, then each that was not
     bit for bit the same on identical inputs (what its first differing output is)."""
@@ -205,13 +218,13 @@ def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
         + (f", {len(failed)} not probed" if failed else "")
         + (f"; {len(unsaved)} not saved for torchrepro repro ({unsaved[0]['not_saved']})" if unsaved else "")
     ]
-    for p in longer[:4]:
+    for p in longer[:PROBES_SHOWN]:
         lines.append(
             f"  {p['run']} rank {p['rank']}: compiled graph {p['compile_id']} ({p['graph']}) adds atomically at "
             f"{p['threads']} threads and repeated bit for bit {p['repeats']} times (its threads may still race "
             "at other timings)"
         )
-    for p in differing[:4]:
+    for p in differing[:PROBES_SHOWN]:
         e = p["explained"] or {}
         where = ", ".join(
             f"{k} {e[k]}" for k in ("parameter", "node", "op", "kernel", "source") if e.get(k) is not None
@@ -220,6 +233,9 @@ def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
             f"  {p['run']} rank {p['rank']}: compiled graph {p['compile_id']} ({p['graph']}), "
             f"{p['runs_differing']} of {p['repeats']} repeats differ" + (f": {where}" if where else "")
         )
+    hidden = max(len(longer) - PROBES_SHOWN, 0) + max(len(differing) - PROBES_SHOWN, 0)
+    if hidden:
+        lines.append(f"  … {hidden} more in report.json")
     return lines
 
 
