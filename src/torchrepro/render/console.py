@@ -34,15 +34,16 @@ OFF_TERMINAL_WIDTH = 1000  # what a table may take off a terminal before its cel
 
 
 def console(stderr: bool = False, file: IO[str] | None = None) -> Console:
-    """The console a command prints through: rich's own on a terminal; elsewhere one that never
-    wraps a line and lays tables out as wide as their cells (module docstring).
+    """The console a command prints through: rich's own on a terminal (and in a notebook);
+    elsewhere one that never wraps a line and lays tables out as wide as their cells (module
+    docstring).
 
     Example: ``render_doctor(report, console(file=buf))``.
     """
     from rich.console import Console
 
     on_terminal = Console(stderr=stderr, file=file)
-    if on_terminal.is_terminal:
+    if on_terminal.is_terminal or on_terminal.is_jupyter:  # a notebook lays out its own output
         return on_terminal
     return Console(stderr=stderr, file=file, width=OFF_TERMINAL_WIDTH, soft_wrap=True)
 

@@ -487,69 +487,59 @@ def loss_diff_chart(rows: Sequence[StepRow]) -> Markup:
     )
 
 
-_OUT = PALETTE[4]
+def _line_of(name: str, rows: Sequence[JsonObject], key: str, color: str, dashed: bool = False) -> Series:
+    """The line of ``rows``' ``key`` by step."""
+    line: Series = {"name": name, "points": [(r["step"], r.get(key)) for r in rows], "color": color}
+    if dashed:
+        line["dashed"] = True
+    return line
 
 
-def _first_out(rows: Sequence[JsonObject], key: str) -> list[tuple[float, float | None, str]]:
-    """The marks of B's line: each step out of the band, the first titled as such."""
+def _b_line(name: str, rows: Sequence[JsonObject], key: str) -> Series:
+    """B's line: each step the report judged out of A's band marked, the first one named beside it."""
+    line = _line_of(name, rows, key, PALETTE[4])
     out = [r for r in rows if r.get("status") == "out"]
-    return [
-        (
-            r["step"],
-            r.get(key),
-            ("first step out of A's band: " if i == 0 else "out of A's band: ") + f"step {r['step']}",
-        )
+    line["marks"] = [
+        (r["step"], r.get(key), f"{'first step out' if i == 0 else 'out'} of A's band: step {r['step']}")
         for i, r in enumerate(out)
     ]
+    if out:
+        line["label"] = line["marks"][0][2]
+    return line
 
 
 def band_loss_chart(series: Sequence[JsonObject]) -> Markup:
     """``compare``: the loss of A's two runs as a band (the area between them), B's as a line; the
     steps where B leaves the band (as the report judged each step) marked, the first one named."""
     rows = [r for r in series if "loss_a" in r]
-    marks = _first_out(rows, "loss_b")
-    b: Series = {"name": "B", "points": [(r["step"], r["loss_b"]) for r in rows], "marks": marks, "color": _OUT}
-    if marks:
-        b["label"] = marks[0][2]
-    a1: Series = {"name": "A run 1", "points": [(r["step"], r["loss_a"]) for r in rows], "color": PALETTE[0]}
-    a2: Series = {
-        "name": "A run 2",
-        "points": [(r["step"], r.get("loss_a2")) for r in rows],
-        "color": PALETTE[0],
-        "dashed": True,
-    }
     band: Area = {
         "name": "A's band",
         "points": [(r["step"], *_edges(r["loss_a"], r.get("loss_a2"))) for r in rows],
         "color": PALETTE[0],
     }
-    return line_chart(
-        [a1, a2, b], areas=[band], x_label="step", y_label="loss", zero=False, label="loss: B and A's band"
-    )
+    lines = [
+        _line_of("A run 1", rows, "loss_a", PALETTE[0]),
+        _line_of("A run 2", rows, "loss_a2", PALETTE[0], dashed=True),
+        _b_line("B", rows, "loss_b"),
+    ]
+    return line_chart(lines, areas=[band], x_label="step", y_label="loss", zero=False, label="loss: B and A's band")
 
 
 def band_distance_chart(series: Sequence[JsonObject]) -> Markup:
     """``compare``: per step, how far B is from A (relative, log scale) against what the report
     allows there (shaded up to it), with A's own run-to-run distance dashed; steps out marked."""
     rows = [r for r in series if "loss_a" in r]
-    marks = _first_out(rows, "loss_diff_rel")
-    b: Series = {"name": "B − A", "points": [(r["step"], r.get("loss_diff_rel")) for r in rows], "color": _OUT}
-    b["marks"] = marks
-    if marks:
-        b["label"] = marks[0][2]
-    a: Series = {
-        "name": "A run 2 − A run 1",
-        "points": [(r["step"], r.get("loss_band_rel")) for r in rows],
-        "color": PALETTE[0],
-        "dashed": True,
-    }
     allowed: Area = {
         "name": "allowed",
         "points": [(r["step"], None, r.get("allowed_rel")) for r in rows],
         "color": PALETTE[2],
     }
+    lines = [
+        _line_of("A run 2 − A run 1", rows, "loss_band_rel", PALETTE[0], dashed=True),
+        _b_line("B − A", rows, "loss_diff_rel"),
+    ]
     return line_chart(
-        [a, b],
+        lines,
         areas=[allowed],
         x_label="step",
         y_label="|Δloss| (relative)",
