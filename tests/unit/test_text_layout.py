@@ -130,6 +130,9 @@ def test_the_verdict_is_printed_once_with_its_fix_under_it(workdir):
     assert sum(report.verdict_line in line for line in lines) == 1 and lines[0] == report.verdict_line
     if said[0].hint:
         assert lines[1] == f"   fix: {said[0].hint}"
+    report.verdict_line += "; measured fix: threads_1 (bit-exact, 1.1x step time)"  # as check extends it
+    lines = _printed(render_check, report).splitlines()
+    assert lines[0] == report.verdict_line and sum(said[0].title in line for line in lines) == 1
 
 
 def _doctor_run_for_check(root: Path, losses: list[float]) -> Path:

@@ -45,14 +45,15 @@ def _verdict(console: Console, line: str, tone: str) -> None:
 
 def render_findings(console: Console, findings: list[Finding], limit: int = 8, verdict: str | None = None) -> None:
     """The first ``limit`` findings, each with its fix. A finding that says what the ``verdict``
-    line above it says (a comparison's divergence) shows its fix only, under the verdict: the
-    verdict is printed once."""
+    line above it says (a comparison's divergence, which the verdict may extend after a ``;``: the
+    measured fix, the backend stage) shows its fix only, under the verdict: the verdict is printed
+    once."""
     findings = shown(findings)
-    said = [f for f in findings if f.title == verdict]
+    said = [f for f in findings if verdict is not None and _says(verdict, f.title)]
     for f in said:
         if f.hint:
             console.print(Text(f"   fix: {f.hint}", style="dim"), highlight=False, markup=False)
-    findings = [f for f in findings if f.title != verdict]
+    findings = [f for f in findings if f not in said]
     for f in findings[:limit]:
         console.print(
             Text(f" {_MARK[f.severity]} ", style=_STYLE[f.severity]) + Text(f.title), highlight=False, markup=False
@@ -64,6 +65,11 @@ def render_findings(console: Console, findings: list[Finding], limit: int = 8, v
 
 
 TABLE_ROWS = 8  # rows of the recompile and graph-break tables; the report holds them all
+
+
+def _says(verdict: str, title: str) -> bool:
+    """Whether the ``verdict`` line says what a finding's ``title`` says (the same, or extended)."""
+    return verdict == title or verdict.startswith(f"{title}; ")
 
 
 def _table(title: str) -> Table:
