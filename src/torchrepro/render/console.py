@@ -18,6 +18,7 @@ error's tail, a list of ids) ends in ``…``.
 
 from __future__ import annotations
 
+import os
 from typing import IO, TYPE_CHECKING, TypeVar
 
 from .paths import display_path, display_paths
@@ -53,7 +54,13 @@ def shown(data: _T) -> _T:
     string made visible (:func:`~torchrepro.render.sanitize.visible`) and every path in it written
     by the one rule (:func:`~torchrepro.render.paths.display_paths`: relative under the working
     directory)."""
-    return text_tree(data, lambda text: display_paths(visible(text)))
+    base = os.getcwd()
+
+    def one(text: str) -> str:
+        text = visible(text)
+        return display_paths(text, base) if os.sep in text else text  # most texts hold no path
+
+    return text_tree(data, one)
 
 
 def figure(value: float | int | None, digits: int = 3) -> str:
