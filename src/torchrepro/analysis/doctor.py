@@ -42,9 +42,13 @@ class Budgets:
     strict: bool = False  # capture that degraded (CAPTURE_DEGRADED) fails the run too
 
 
+LOSS_CURVES = 8  # ranks whose loss curve the report keeps (the first that recorded a loss)
+
+
 def steps_summary(kept: dict[int, KeptSteps]) -> StepsSummary:
     """Per rank: step count, first/last loss, median step time (that of the steps that did not
-    compile; else of all), steps that compiled."""
+    compile; else of all), steps that compiled; the loss curves of the first :data:`LOSS_CURVES`
+    ranks that recorded a loss."""
     per_rank = {
         str(rank): RankSteps(
             steps=k.count,
@@ -57,7 +61,10 @@ def steps_summary(kept: dict[int, KeptSteps]) -> StepsSummary:
         )
         for rank, k in kept.items()
     }
-    return StepsSummary(max((r.steps for r in per_rank.values()), default=0), per_rank)
+    curves = [(rank, k.losses) for rank, k in sorted(kept.items()) if k.losses][:LOSS_CURVES]
+    return StepsSummary(
+        max((r.steps for r in per_rank.values()), default=0), per_rank, {str(rank): c for rank, c in curves}
+    )
 
 
 def run_summary(meta: JsonObject, logs: list[EventLog], problems: list[str], kept: dict[int, KeptSteps]) -> JsonObject:

@@ -48,6 +48,7 @@ from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
 from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
+from ...render.console import console as make_console
 from ...reports.check_report import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...render.save import write_report
@@ -275,7 +276,7 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
     where the runs agree."""
     from .fix_ladder import backend_stages, run_fix_ladder
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     tol = request.tolerance
     script = validate_script(request.script)
     if request.runs < 2 and request.against is None:
@@ -590,7 +591,7 @@ def check_resume(
     ``options``: what every run starts from."""
     from ...checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     script = validate_script(script)
     if at < 1:
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
