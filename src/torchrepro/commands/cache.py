@@ -174,6 +174,7 @@ def _cmd_clear(args: argparse.Namespace) -> int:
     from ..cache.inventory import clear
 
     result = clear(args.dir, older_than=args.older_than, stale=args.stale, yes=args.yes)
+    ours = result["by_category"].pop("probe", 0)  # torchrepro's own, said on a line of their own
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(result["by_category"].items())) or "nothing"
     if result["left_alone"]:
         shown = ", ".join(visible(rel) for rel in result["left_alone"][:5])
@@ -182,16 +183,16 @@ def _cmd_clear(args: argparse.Namespace) -> int:
             f"left alone: {len(result['left_alone'])} file(s) or link(s) that are not inductor cache entries: "
             f"{shown}{more}"
         )
+    inductor = result["files"] - ours, result["bytes"] - result["probe_bytes"]
     if result["dry_run"]:
-        print(
-            f"would delete {result['files']} files ({size_text(result['bytes'])}) from {result['path']}: {kinds}; "
-            "run again with --yes to delete"
-        )
+        print(f"would delete {inductor[0]} files ({size_text(inductor[1])}) from {result['path']}: {kinds}")
+        if ours:
+            print(f"would delete {ours} of torchrepro's probe graphs ({size_text(result['probe_bytes'])}) beside them")
+        print("run again with --yes to delete")
         return 0
-    print(
-        f"deleted {result['files'] - len(result['errors'])} files ({size_text(result['bytes'])}) from "
-        f"{result['path']}: {kinds}"
-    )
+    print(f"deleted {inductor[0]} files ({size_text(inductor[1])}) from {result['path']}: {kinds}")
+    if ours:
+        print(f"deleted {ours} of torchrepro's probe graphs ({size_text(result['probe_bytes'])}) beside them")
     for error in result["errors"]:
         print(f"torchrepro: could not delete {error}", file=sys.stderr)
     return 0

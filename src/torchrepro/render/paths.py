@@ -18,6 +18,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TypeVar
+
+from .. import _state
+from .sanitize import map_strings
+
+_T = TypeVar("_T")
+_ABSOLUTE = _state.kept(bool)  # --absolute-paths: reports keep every path as it is
 
 
 def display_path(path: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
@@ -73,3 +80,20 @@ def display_paths(text: str, base: str | os.PathLike[str] | None = None) -> str:
         pattern = re.compile(_BEFORE + re.escape(directory.rstrip(os.sep)) + _AFTER)
         text = pattern.sub(lambda m: shown if m.group().endswith("/") else (shown.rstrip("/") or "."), text)
     return text
+
+
+def keep_absolute_paths() -> None:
+    """``--absolute-paths``: the reports this process writes keep every path as it is."""
+    _ABSOLUTE.value = True
+
+
+def stored(report: _T) -> _T:
+    """``report`` (a typed report, or any JSON-like data) as it is written to a file someone may
+    attach to a bug report (``report.json``, ``report.html``, ``--json``/``--junit``/``--html``):
+    every path in every string of it as :func:`display_paths` writes it, relative to the working
+    directory; as it is after :func:`keep_absolute_paths`.
+
+    >>> stored({"run_dirs": {"a": os.path.join(os.getcwd(), "runs", "a")}})
+    {'run_dirs': {'a': 'runs/a'}}
+    """
+    return report if _ABSOLUTE.value else map_strings(report, display_paths)
