@@ -211,7 +211,10 @@ def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys,
     allowed = doctor(unsigned, "allowed", "--allow-unsigned")
     assert allowed.returncode == 0 and "UserWarning" not in allowed.stderr
     [said] = [line for line in allowed.stderr.splitlines() if "unsigned" in line]
-    assert said == f"torchrepro: warning: --warm-from {unsigned}: the pack is unsigned; unpacked because of --allow-unsigned"
+    assert (
+        said
+        == f"torchrepro: warning: --warm-from {unsigned}: the pack is unsigned; unpacked because of --allow-unsigned"
+    )
     assert (tmp_path / "allowed" / "ab" / "cabc.so").is_file()
     trusted = doctor(signed, "trusted", TORCHREPRO_TRUSTED_KEYS=str(tmp_path / "mine.pub"))
     assert trusted.returncode == 0 and "warning" not in trusted.stderr
