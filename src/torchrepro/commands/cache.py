@@ -258,7 +258,7 @@ def add_parser(sub: Any) -> None:
     pack.set_defaults(func=_cmd_pack)
 
     unpack = commands.add_parser("unpack", help="verify a pack and unpack it into a cache directory", epilog=_EPILOG)
-    unpack.add_argument("pack", metavar="PACK")
+    unpack.add_argument("pack", metavar="PACK", help="the pack to unpack (torchrepro cache pack made it)")
     unpack.add_argument("--into", metavar="DIR", help="target cache directory (default: the one in use)")
     unpack.add_argument(
         "--headers-into",
@@ -289,7 +289,9 @@ def add_parser(sub: Any) -> None:
     verify = commands.add_parser(
         "verify", help="check a pack or cache directory for damage, without unpacking", epilog=_EPILOG
     )
-    verify.add_argument("target", metavar="PACK|DIR")
+    verify.add_argument(
+        "target", metavar="PACK|DIR", help="a pack, a folder a pack was unpacked into, or a cache directory"
+    )
     verify.add_argument("--json", action="store_true", help="print machine-readable JSON")
     verify.set_defaults(func=_cmd_verify)
 

@@ -10,6 +10,7 @@ import re
 import sys
 import tarfile
 from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Callable, NoReturn, TypeVar
 
@@ -219,10 +220,17 @@ def module_script(module: str) -> str:
         )
     spec = PathFinder.find_spec(parts[0], [os.getcwd()]) or find_spec(parts[0])  # a top-level name imports nothing
     for at in range(1, len(parts)):
-        below = spec.submodule_search_locations if spec is not None else None
-        spec = PathFinder.find_spec(".".join(parts[: at + 1]), list(below)) if below is not None else None
-    if spec is not None and spec.submodule_search_locations is not None:  # a package runs its __main__
-        spec = PathFinder.find_spec(f"{module}.__main__", list(spec.submodule_search_locations))
+        below = _locations(spec)
+        if below is None:
+            spec = None
+            break
+        try:
+            spec = PathFinder.find_spec(".".join(parts[: at + 1]), below)
+        except KeyError:  # a namespace package in a package: importlib looks its parent up in sys.modules
+            spec = ModuleSpec(".".join(parts[: at + 1]), None, is_package=True)
+            spec.submodule_search_locations = [p for d in below if os.path.isdir(p := os.path.join(d, parts[at]))]
+    if (below := _locations(spec)) is not None:  # a package runs its __main__
+        spec = PathFinder.find_spec(f"{module}.__main__", below)
         if spec is None:
             raise argparse.ArgumentTypeError(
                 f"-m {visible(module)}: a package with no __main__ module, so it cannot be run"
@@ -232,6 +240,13 @@ def module_script(module: str) -> str:
             f"-m {visible(module)}: no such module in the working directory or on sys.path"
         )
     return spec.origin
+
+
+def _locations(spec: ModuleSpec | None) -> list[str] | None:
+    """Where a package's modules are (None: not a package), as found: a namespace package's list is
+    not looked up again on ``sys.path`` (the package was found in the working directory)."""
+    found = spec.submodule_search_locations if spec is not None else None
+    return None if found is None else list(getattr(found, "_path", found))
 
 
 def add_outputs(p: argparse.ArgumentParser, *, html: bool = False) -> None:
