@@ -319,7 +319,9 @@ def test_clear_removes_the_probes_graphs_too_and_says_so_apart(tmp_path, capsys)
     code, out, _ = cli(capsys, "cache", "clear", cache)
     lines = out.splitlines()
     assert lines[0] == "left alone: 1 file(s) or link(s) that are not inductor cache entries: notes.txt", out
-    assert lines[1].startswith("would delete 5 files (") and lines[1].endswith(": aotautograd 1, cpp 2, fxgraph 1, python 1")
+    assert lines[1].startswith("would delete 5 files (") and lines[1].endswith(
+        ": aotautograd 1, cpp 2, fxgraph 1, python 1"
+    )
     assert lines[2] == "would delete 2 of torchrepro's probe graphs (2.0 kB) beside them"
     code, out, _ = cli(capsys, "cache", "clear", cache, "--yes")
     assert code == 0 and "deleted 2 of torchrepro's probe graphs (2.0 kB) beside them" in out

@@ -4,7 +4,6 @@ before anything runs, whatever the command."""
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrepro.cli import build_parser
+from support import command_parsers
 from torchrepro.commands import options
 
 # Bad values per checker: out of range, not finite, not a number.
@@ -77,27 +76,11 @@ NUMERIC = {
 }
 
 
-def _parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every command's parser (``cache`` sub-commands as ``cache NAME``), walked from the CLI's."""
-    found = {}
-
-    def walk(prefix: str, parser: argparse.ArgumentParser) -> None:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, child in action.choices.items():
-                    walk(f"{prefix} {name}".strip(), child)
-        if prefix:
-            found[prefix] = parser
-
-    walk("", build_parser())
-    return found
-
-
 def _numeric_flags() -> dict[tuple[str, str], object]:
     """(command, flag) -> checker of every option whose values are numbers (or sizes)."""
     return {
         (command, action.option_strings[0]): action.type
-        for command, parser in _parsers().items()
+        for command, parser in command_parsers().items()
         for action in parser._actions
         if action.option_strings and action.type in BAD
     }
@@ -106,7 +89,7 @@ def _numeric_flags() -> dict[tuple[str, str], object]:
 def test_every_numeric_flag_is_checked():
     bare = [
         (command, action.option_strings[0])
-        for command, parser in _parsers().items()
+        for command, parser in command_parsers().items()
         for action in parser._actions
         if action.type in (int, float)
     ]

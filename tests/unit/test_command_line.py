@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from support import command_parsers
 
 from torchrepro.cli import build_parser
 from torchrepro.commands import options
@@ -16,22 +17,6 @@ from torchrepro.errors import UserError
 
 VERDICTS = ("doctor", "check", "check-resume", "diff", "compare", "drift", "report")
 LAUNCHERS = ("doctor", "check", "check-resume", "compare")  # the commands with --nproc
-
-
-def _parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every command's parser (``cache`` sub-commands as ``cache NAME``)."""
-    found = {}
-
-    def walk(prefix: str, parser: argparse.ArgumentParser) -> None:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, child in action.choices.items():
-                    walk(f"{prefix} {name}".strip(), child)
-        if prefix:
-            found[prefix] = parser
-
-    walk("", build_parser())
-    return found
 
 
 def _flags(parser: argparse.ArgumentParser) -> set[str]:
@@ -46,7 +31,7 @@ def parse(capsys, *argv: str) -> tuple[argparse.Namespace, str]:
 def test_every_argument_has_help():
     bare = [
         f"{command} {action.metavar or action.dest}"
-        for command, parser in _parsers().items()
+        for command, parser in command_parsers().items()
         for action in parser._actions
         if not action.help and not isinstance(action, argparse._SubParsersAction)
     ]
@@ -55,7 +40,7 @@ def test_every_argument_has_help():
 
 @pytest.mark.parametrize("command", VERDICTS)
 def test_every_verdict_can_be_written_for_ci_and_force_names_only_what_the_command_writes(command):
-    parser = _parsers()[command]
+    parser = command_parsers()[command]
     outputs = {"--json", "--junit", "--html"} & _flags(parser)
     assert {"--json", "--junit", "--absolute-paths"} <= _flags(parser)
     [force] = [a for a in parser._actions if "--force" in a.option_strings]
