@@ -1,10 +1,8 @@
 """What tests import besides fixtures: reports checked against their schemas, the CLI in a child
-process and every command's parser, and the xdist group of the shared ``noise_check`` run
-(tests/conftest.py)."""
+process, and the xdist group of the shared ``noise_check`` run (tests/conftest.py)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -61,21 +59,3 @@ def run_torchrepro(
             timeout=timeout,
             **({"stdout": out, "stderr": subprocess.STDOUT} if out else {"capture_output": True}),
         )
-
-
-def command_parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every command's parser (``cache`` sub-commands as ``cache NAME``), walked from the CLI's."""
-    from torchrepro.cli import build_parser
-
-    found = {}
-
-    def walk(prefix: str, parser: argparse.ArgumentParser) -> None:
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, child in action.choices.items():
-                    walk(f"{prefix} {name}".strip(), child)
-        if prefix:
-            found[prefix] = parser
-
-    walk("", build_parser())
-    return found

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support import command_parsers
+from command_reference import commands as command_parsers
 from torchrepro.commands import options
 
 # Bad values per checker: out of range, not finite, not a number.

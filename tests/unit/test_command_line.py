@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from support import command_parsers
+from command_reference import commands as command_parsers
 
 from torchrepro.cli import build_parser
 from torchrepro.commands import options
