@@ -150,7 +150,7 @@ class Parser(argparse.ArgumentParser):
         """Set ``script``, ``module`` and ``args`` from the command line as it was given (argparse
         drops a ``--`` it meets, and cannot tell an option after ``-m MODULE`` from its own)."""
         if parsed.module is not None:  # -m MODULE ARGS: everything after -m is the module's
-            at = next(i for i, a in enumerate(given) if a == "-m" or (a.startswith("-m") and a[1] != "-"))
+            at = next(i for i, a in enumerate(given) if a.startswith("-m"))  # argparse's -m: the first
             tokens = ([given[at][2:]] if len(given[at]) > 2 else []) + given[at + 1 :]
             if not tokens:
                 self.error("-m needs a MODULE to run (as python -m takes it: package.module)")
@@ -162,8 +162,8 @@ class Parser(argparse.ArgumentParser):
         elif parsed.script is None and self.script_required:
             self.error("give the SCRIPT to run (or -m MODULE)")
         else:
-            tail = list(parsed.args)
-            if tail and given[len(given) - len(tail) :] == tail and given[len(given) - len(tail) - 1] == "--":
+            tail, start = list(parsed.args), len(given) - len(parsed.args)
+            if tail and start > 0 and given[start:] == tail and given[start - 1] == "--":
                 tail = ["--", *tail]  # argparse dropped the "--" right after the script
         explicit = tail[:1] == ["--"]
         parsed.args = tail[1:] if explicit else tail
@@ -218,7 +218,10 @@ def module_script(module: str) -> str:
         raise argparse.ArgumentTypeError(
             f"-m {visible(module)}: not a module name (give it as python -m takes it: package.module)"
         )
-    spec = PathFinder.find_spec(parts[0], [os.getcwd()]) or find_spec(parts[0])  # a top-level name imports nothing
+    try:  # a top-level name imports nothing
+        spec = PathFinder.find_spec(parts[0], [os.getcwd()]) or find_spec(parts[0])
+    except (ImportError, ValueError):  # ValueError: a module imported already, without a spec
+        spec = None
     for at in range(1, len(parts)):
         below = _locations(spec)
         if below is None:
