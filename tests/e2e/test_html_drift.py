@@ -15,6 +15,7 @@ from hostile_text import MARKUP, assert_safe
 
 from torchrepro.cli import main
 from torchrepro.render.html import fmt_num, render_html
+from torchrepro.render.paths import stored
 from torchrepro.render.sanitize import visible
 from torchrepro.reports.loader import load_report
 from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE
@@ -22,8 +23,8 @@ from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE
 
 def test_drift_page_shows_the_experiment_escaped_and_self_contained(tmp_path):
     report = drift_experiment(tmp_path / "exp", MARKUP)
-    page = (tmp_path / "exp" / HTML_FILE).read_text()  # drift writes it beside report.json
-    assert page == render_html(report)
+    page = (tmp_path / "exp" / HTML_FILE).read_text()  # drift writes it beside report.json, paths as stored
+    assert page == render_html(stored(report))
     assert_safe(page)
     assert not re.search(r"<(script|link|iframe|object|embed|img)\b", page) and "onclick=x>" not in page
     assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
