@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import TypeVar
 
 from .. import _state
@@ -72,14 +73,26 @@ def display_paths(text: str, base: str | os.PathLike[str] | None = None) -> str:
     >>> display_paths("see /srv/a/b.py and /srv/ab/c.py", base="/srv/a")
     'see b.py and /srv/ab/c.py'
     """
+    return _rewriter(base)(text)
+
+
+def _rewriter(base: str | os.PathLike[str] | None) -> Callable[[str], str]:
+    """:func:`display_paths` for one ``base``, its patterns made once (a report has many strings)."""
     root = os.path.abspath(os.fspath(base)) if base is not None else os.getcwd()
     home = os.path.abspath(os.path.expanduser("~"))
-    for directory, shown in ((root, ""), (home, "~/")):
-        if directory in (os.sep, "~") or directory not in text:
-            continue
-        pattern = re.compile(_BEFORE + re.escape(directory.rstrip(os.sep)) + _AFTER)
-        text = pattern.sub(lambda m: shown if m.group().endswith("/") else (shown.rstrip("/") or "."), text)
-    return text
+    rules = [
+        (directory, re.compile(_BEFORE + re.escape(directory.rstrip(os.sep)) + _AFTER), shown)
+        for directory, shown in ((root, ""), (home, "~/"))
+        if directory not in (os.sep, "~")
+    ]
+
+    def rewrite(text: str) -> str:
+        for directory, pattern, shown in rules:
+            if directory in text:
+                text = pattern.sub(lambda m: shown if m.group().endswith("/") else (shown.rstrip("/") or "."), text)
+        return text
+
+    return rewrite
 
 
 def keep_absolute_paths() -> None:
@@ -96,4 +109,4 @@ def stored(report: _T) -> _T:
     >>> stored({"run_dirs": {"a": os.path.join(os.getcwd(), "runs", "a")}})
     {'run_dirs': {'a': 'runs/a'}}
     """
-    return report if _ABSOLUTE.value else map_strings(report, display_paths)
+    return report if _ABSOLUTE.value else map_strings(report, _rewriter(None))

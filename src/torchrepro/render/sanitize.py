@@ -78,15 +78,15 @@ def map_strings(data: _T, change: Callable[[str], str], keys: Callable[[str], st
 
 
 def _map(data: Any, change: Callable[[str], str], keys: Callable[[str], str]) -> Any:
-    if isinstance(data, Enum):
+    if isinstance(data, Enum):  # before str: a Verdict is both
         return data
-    if dataclasses.is_dataclass(data) and not isinstance(data, type):
-        fields = (f.name for f in dataclasses.fields(data) if f.init)
-        return dataclasses.replace(data, **{name: _map(getattr(data, name), change, keys) for name in fields})
-    if isinstance(data, str):
+    if isinstance(data, str):  # the commonest first: a report of many ranks holds tens of thousands
         return change(data)
     if isinstance(data, dict):
         return {keys(k) if isinstance(k, str) else k: _map(v, change, keys) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
         return [_map(v, change, keys) for v in data]
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        fields = (f.name for f in dataclasses.fields(data) if f.init)
+        return dataclasses.replace(data, **{name: _map(getattr(data, name), change, keys) for name in fields})
     return data
