@@ -199,16 +199,26 @@ def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys,
             timeout=300,
         )
 
-    cold = doctor(unsigned, "cold")
+    cold = doctor(unsigned, "cold", "--nproc-per-node", "2")  # said once, by the command, not by each rank
     assert cold.returncode == 0 and "trained" in cold.stdout
-    assert "warm start skipped" in cold.stderr and "unsigned" in cold.stderr
-    assert not (tmp_path / "cold" / "ab").exists()
+    [said] = [line for line in cold.stderr.splitlines() if "unsigned" in line]
+    assert said.startswith(f"torchrepro: warning: --warm-from {unsigned}: the pack is unsigned"), cold.stderr
+    assert "--allow-unsigned" in said and "TORCHREPRO_TRUSTED_KEYS" in said and "--trusted" not in said
+    assert "UserWarning" not in cold.stderr and not (tmp_path / "cold" / "ab").exists()
+    report = json.loads(next(tmp_path.glob("torchrepro-runs/*/report.json")).read_text())
+    [finding] = [f for f in report["findings"] if f["code"] == "WARM_START_SKIPPED"]
+    assert finding["severity"] == "warning" and "unsigned" in finding["title"]
     allowed = doctor(unsigned, "allowed", "--allow-unsigned")
-    assert allowed.returncode == 0 and "was not verified (unsigned)" in allowed.stderr
+    assert allowed.returncode == 0 and "UserWarning" not in allowed.stderr
+    [said] = [line for line in allowed.stderr.splitlines() if "unsigned" in line]
+    assert (
+        said
+        == f"torchrepro: warning: --warm-from {unsigned}: the pack is unsigned; unpacked because of --allow-unsigned"
+    )
     assert (tmp_path / "allowed" / "ab" / "cabc.so").is_file()
     trusted = doctor(signed, "trusted", TORCHREPRO_TRUSTED_KEYS=str(tmp_path / "mine.pub"))
-    assert trusted.returncode == 0 and "warm start skipped" not in trusted.stderr
-    assert "not verified" not in trusted.stderr and (tmp_path / "trusted" / "ab" / "cabc.so").is_file()
+    assert trusted.returncode == 0 and "warning" not in trusted.stderr
+    assert (tmp_path / "trusted" / "ab" / "cabc.so").is_file()
 
 
 def _torchrepro(cwd: Path, *args: object) -> subprocess.CompletedProcess:

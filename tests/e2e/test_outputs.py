@@ -74,7 +74,8 @@ def test_an_output_is_never_an_input_even_with_force(tmp_path, case):
     args = _cases(tmp_path)[case]
     (tmp_path / "run" / "report.json").write_text('{"stored": true}')
     before = snapshot(tmp_path)
-    line = one_line_error(torchrepro(*args, "--force", cwd=tmp_path))
+    at = next((i for i, a in enumerate(args) if a in ("--json", "--html", "--junit")), len(args))
+    line = one_line_error(torchrepro(*args[:at], "--force", *args[at:], cwd=tmp_path))  # before any script
     assert "input" in line
     assert snapshot(tmp_path) == before  # every input byte-identical, nothing new
 

@@ -154,6 +154,17 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 evidence={**meta["interrupted"], "last_steps": {r: i["last_step"] for r, i in run["ranks"].items()}},
             )
         )
+    if isinstance(meta.get("warm_start_skipped"), str):
+        findings.append(
+            Finding(
+                "WARM_START_SKIPPED",
+                "warning",
+                f"--warm-from skipped, compiled cold: {meta['warm_start_skipped']}",
+                hint="A compile cache is code: sign the pack (torchrepro cache pack --sign KEY) and list KEY.pub in "
+                "TORCHREPRO_TRUSTED_KEYS, or pass --allow-unsigned for a pack you made yourself.",
+                evidence={"why": meta["warm_start_skipped"]},
+            )
+        )
     if run["problems"]:
         skipped = sum(log.bad_lines for log in logs)
         findings.append(

@@ -655,6 +655,30 @@ def unpack(
     }
 
 
+def pack_signer(path: str | os.PathLike[str]) -> str | None:
+    """Who signed a pack: the fingerprint of the key whose signature matches its manifest (None:
+    unsigned), from the manifest and the signature alone (no file of the pack is read).
+    :class:`InputError` for a file that is not a pack, or a signature that does not match.
+
+    >>> pack_signer("warm.tar")  # doctest: +SKIP
+    'SHA256:0rQ...'
+    """
+
+    class Read(Exception):
+        signer: str | None
+
+    def stop(signer: str | None) -> None:  # called once the signature is checked, before any member is read
+        found = Read()
+        found.signer = signer
+        raise found
+
+    try:
+        check = check_pack(path, authenticate=stop)
+    except Read as read:
+        return read.signer
+    raise InputError(f"{check.path}: {check.problems[0]}")
+
+
 def unverified(result: Unpacked) -> str:
     """The one warning for a pack unpacked with ``allow_unsigned`` that no trusted key signed."""
     who = f"signed by {result['signer']}, not a trusted key" if result["signer"] else "unsigned"

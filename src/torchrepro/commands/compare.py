@@ -36,23 +36,19 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=options.seed, help="seed everything (and PYTHONHASHSEED) from this root in every run")
     p.add_argument("--out", type=options.directory, metavar="DIR", help="where the runs and report go")
-    options.add_outputs(p)
-    options.add_html(p)
+    options.add_outputs(p, html=True)
     options.add_ranks(p)
     options.add_otlp_option(p)
-    p.add_argument("script", metavar="A.py", help="configuration A's script (the reference)")
-    p.add_argument(
-        "args", nargs=argparse.REMAINDER, metavar="ARGS", help=f"A's arguments, then {SEPARATOR} B.py and B's arguments"
-    )
+    options.add_script(p, script_help="configuration A's script (the reference)", sides=SEPARATOR)
     p.set_defaults(func=run)
 
 
-def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
-    """``A.py a-args :: B.py b-args`` → ``((A.py, a-args), (B.py, b-args))``; a ``--`` right after
-    either script is dropped.
+def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str], str | None]]:
+    """``A.py a-args :: B.py b-args`` → ``((A.py, a-args), (B.py, b-args, None))``; a ``--`` right
+    after either script is dropped. B may be ``-m MODULE`` (then ``(its file, b-args, MODULE)``).
 
     >>> split_sides("a.py", ["--x", "1", "::", "b.py", "--", "--y"])
-    (('a.py', ['--x', '1']), ('b.py', ['--y']))
+    (('a.py', ['--x', '1']), ('b.py', ['--y'], None))
     """
     if args.count(SEPARATOR) != 1:
         raise InputError(
@@ -61,18 +57,23 @@ def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tu
         )
     at = args.index(SEPARATOR)
     a_args, rest = args[:at], args[at + 1 :]
-    if not rest:
+    if not rest or rest == ["-m"]:
         raise InputError(f"no script after '{SEPARATOR}': give B's script, e.g. {SEPARATOR} train.py --ddp")
 
     def strip(xs: list[str]) -> list[str]:
         return xs[1:] if xs and xs[0] == "--" else xs
 
-    return (script, strip(a_args)), (rest[0], strip(rest[1:]))
+    if rest[0] != "-m":
+        return (script, strip(a_args)), (rest[0], strip(rest[1:]), None)
+    try:
+        return (script, strip(a_args)), (options.module_script(rest[1]), strip(rest[2:]), rest[1])
+    except argparse.ArgumentTypeError as exc:
+        raise InputError(f"B: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run A twice and B once, and judge B against A's band."""
-    (script_a, args_a), (script_b, args_b) = split_sides(args.script, args.args)
+    (script_a, args_a), (script_b, args_b, module_b) = split_sides(args.script, args.args)
     report, run_dir = compare(
         (Path(script_a), args_a, args.nproc),
         (Path(script_b), args_b, args.nproc_b or args.nproc),
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> Outcome:
         run_dir=Path(args.out) if args.out else None,
         resume_b_at=args.resume_b_at,
         timeout=args.timeout,
+        module_b=module_b,
     )
     return Outcome(report, run_dir)
 
@@ -96,9 +98,11 @@ def compare(
     resume_b_at: int | None = None,
     timeout: float | None = None,
     console: Any = None,
+    module_b: str | None = None,
 ) -> tuple[Any, Path]:
     """Run A twice and B once (B stopped and resumed when ``resume_b_at``); the report, also
-    written to ``RUN_DIR/report.json``."""
+    written to ``RUN_DIR/report.json``. ``options.module`` is how A runs, ``module_b`` how B runs
+    (``-m MODULE``: the side's script is that module's file)."""
     from .launcher import validate_script
 
     script_a, script_b = validate_script(a[0]), validate_script(b[0])  # before the imports a run needs
@@ -114,19 +118,19 @@ def compare(
     console = console or make_console(stderr=True)
     run_dir = create_run_dir(run_dir or default_run_dir(script_a, label="compare"))
 
-    def checker(script: Path, script_args: list[str], nproc: int) -> Checker:
+    def checker(script: Path, script_args: list[str], nproc: int, module: str | None) -> Checker:
         return Checker(
             script,
             script_args,
             run_dir,
-            options=replace(options, whole_snapshots=True),  # each parameter tensor judged at each snapshot step
+            options=replace(options, whole_snapshots=True, module=module),  # each tensor judged at each snapshot step
             snapshots=True,
             console=console,
             nproc=nproc,
             timeout=timeout,
         )
 
-    ref, other = checker(script_a, a[1], a[2]), checker(script_b, b[1], b[2])
+    ref, other = checker(script_a, a[1], a[2], options.module), checker(script_b, b[1], b[2], module_b)
     specs = [RunSpec("a-1", None, f"A, run 1 of 2 ({a[2]} rank(s))"), RunSpec("a-2", None, "A, run 2 of 2")]
     (run_a1, _), (run_a2, _) = ref.run_all(specs)
     if resume_b_at is None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from .paths import display_path, display_paths
-from .sanitize import text_tree, visible
+from .paths import display_path, path_rewriter
+from .sanitize import map_strings, visible
 
 if TYPE_CHECKING:  # rich is imported where something is printed
     from rich.console import Console
@@ -54,13 +54,13 @@ def shown(data: _T) -> _T:
     string made visible (:func:`~torchrepro.render.sanitize.visible`) and every path in it written
     by the one rule (:func:`~torchrepro.render.paths.display_paths`: relative under the working
     directory)."""
-    base = os.getcwd()
+    paths = path_rewriter(None)
 
     def one(text: str) -> str:
         text = visible(text)
-        return display_paths(text, base) if os.sep in text else text  # most texts hold no path
+        return paths(text) if os.sep in text else text  # most texts hold no path
 
-    return text_tree(data, one)
+    return map_strings(data, one)
 
 
 def figure(value: float | int | None, digits: int = 3) -> str:

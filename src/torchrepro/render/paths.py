@@ -18,6 +18,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from typing import TypeVar
+
+from .. import _state
+from .sanitize import map_strings
+
+_T = TypeVar("_T")
+_ABSOLUTE = _state.kept(bool)  # --absolute-paths: reports keep every path as it is
 
 
 def display_path(path: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
@@ -32,12 +40,20 @@ def display_path(path: str | os.PathLike[str], base: str | os.PathLike[str] | No
     '.'
     """
     absolute = os.path.abspath(os.fspath(path))
-    if (inside := _under(absolute, os.path.abspath(os.fspath(base)) if base is not None else os.getcwd())) is not None:
+    if (root := _base(base)) and (inside := _under(absolute, root)) is not None:
         return inside
     home = os.path.expanduser("~")
     if home not in ("~", "/") and (inside := _under(absolute, os.path.abspath(home))) is not None:
         return "~" if inside == "." else os.path.join("~", inside)
     return absolute
+
+
+def _base(base: str | os.PathLike[str] | None) -> str | None:
+    """``base`` made absolute, or the working directory; None when that was removed (nothing lies under it)."""
+    try:
+        return os.path.abspath(os.fspath(base)) if base is not None else os.getcwd()
+    except FileNotFoundError:
+        return None
 
 
 def _under(path: str, directory: str) -> str | None:
@@ -65,11 +81,40 @@ def display_paths(text: str, base: str | os.PathLike[str] | None = None) -> str:
     >>> display_paths("see /srv/a/b.py and /srv/ab/c.py", base="/srv/a")
     'see b.py and /srv/ab/c.py'
     """
-    root = os.path.abspath(os.fspath(base)) if base is not None else os.getcwd()
+    return path_rewriter(base)(text)
+
+
+def path_rewriter(base: str | os.PathLike[str] | None) -> Callable[[str], str]:
+    """:func:`display_paths` for one ``base`` (None: the working directory), its patterns made once:
+    for the many strings of a report."""
     home = os.path.abspath(os.path.expanduser("~"))
-    for directory, shown in ((root, ""), (home, "~/")):
-        if directory in (os.sep, "~") or directory not in text:
-            continue
-        pattern = re.compile(_BEFORE + re.escape(directory.rstrip(os.sep)) + _AFTER)
-        text = pattern.sub(lambda m: shown if m.group().endswith("/") else (shown.rstrip("/") or "."), text)
-    return text
+    rules = [
+        (directory, re.compile(_BEFORE + re.escape(directory.rstrip(os.sep)) + _AFTER), shown)
+        for directory, shown in ((_base(base), ""), (home, "~/"))
+        if directory and directory not in (os.sep, "~")
+    ]
+
+    def rewrite(text: str) -> str:
+        for directory, pattern, shown in rules:
+            if directory in text:
+                text = pattern.sub(lambda m: shown if m.group().endswith("/") else (shown.rstrip("/") or "."), text)
+        return text
+
+    return rewrite
+
+
+def keep_absolute_paths() -> None:
+    """``--absolute-paths``: the reports this process writes keep every path as it is."""
+    _ABSOLUTE.value = True
+
+
+def stored(report: _T) -> _T:
+    """``report`` (a typed report, or any JSON-like data) as it is written to a file someone may
+    attach to a bug report (``report.json``, ``report.html``, ``--json``/``--junit``/``--html``):
+    every path in every string of it as :func:`display_paths` writes it, relative to the working
+    directory; as it is after :func:`keep_absolute_paths`.
+
+    >>> stored({"run_dirs": {"a": os.path.join(os.getcwd(), "runs", "a")}})
+    {'run_dirs': {'a': 'runs/a'}}
+    """
+    return report if _ABSOLUTE.value else map_strings(report, path_rewriter(None))

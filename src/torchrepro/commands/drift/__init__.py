@@ -125,9 +125,8 @@ def add_parser(sub: Any) -> None:
         metavar="M",
         help=f"--until-clear: at most M runs in all (default {DEFAULT_BUDGET})",
     )
-    p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script")
     options.add_otlp_option(p)
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
+    options.add_script(p, required=False)
     p.set_defaults(func=run)
 
 
@@ -193,6 +192,7 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
             _metric(args),
             None if args.allow_large else MAX_RUNS,
             sequential,
+            args.module,
         )
 
     plan = planned(levels)
