@@ -492,8 +492,8 @@ def load_snapshot(path: Path, log: EventLog) -> dict[str, np.ndarray] | None:
     """A parameter snapshot (``step-<n>.npz``, written uncompressed by ``np.savez``), every tensor
     checked against the fingerprints the run recorded for step ``n``: in ``log`` and in the sketch
     of that step beside it (:func:`load_sketch`). :class:`InputError` for one that cannot be read or
-    does not match them (damaged or replaced: never evidence); None where some tensor has no
-    recorded fingerprint to check it against (it is not compared)."""
+    does not match them, or holds other tensors (damaged or replaced: never evidence); None where the
+    run recorded no fingerprint to check it against (it is not compared)."""
     from ..eventlog.snapshot_files import candidate_dtypes, matches, read_npz
 
     step = _step_of(path)
@@ -505,9 +505,14 @@ def load_snapshot(path: Path, log: EventLog) -> dict[str, np.ndarray] | None:
         for name, fp in zip(sketch.names, sketch.fps):
             fps, dtype = recorded.get(name, ([], None))
             recorded[name] = ([*fps, fp], dtype)
+    if not recorded:
+        return None
+    if set(arrays) != set(recorded):
+        raise InputError(
+            f"{path}: holds other tensors ({len(arrays)}) than the run recorded for step {step} ({len(recorded)}): "
+            "the snapshot is damaged or was replaced, and is not compared"
+        )
     for name, array in arrays.items():
-        if name not in recorded:
-            return None
         fps, dtype = recorded[name]
         if not matches(array, fps, candidate_dtypes(array, dtype)):
             raise InputError(f"{path}: {_not_recorded(name, step)}")

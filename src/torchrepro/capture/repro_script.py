@@ -50,6 +50,7 @@ LIMITS = {  # the largest file of each kind torchrepro writes, in bytes
     **dict.fromkeys(TENSOR_FILES, MAX_SAVED_BYTES + (16 << 20)),
 }
 MAX_DIMS = 64
+DEVICES = ("cpu", "cuda", "xpu")  # where an input may have been (rebuilt there: torch.<device>.is_available())
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -89,10 +90,11 @@ def read_input(here: Path, name: str) -> bytes:
         raise Unusable(name, "missing") from None
     except OSError as exc:
         raise Unusable(name, "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Unusable(name, "not a regular file (a FIFO, a device or a directory)")
+    os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as fp:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Unusable(name, "not a regular file (a FIFO, a device or a directory)")
-        os.set_blocking(fd, True)
         data = fp.read(LIMITS[name] + 1)
     if len(data) > LIMITS[name]:
         raise Unusable(name, f"over {LIMITS[name]} bytes: not a file torchrepro wrote")
@@ -164,10 +166,10 @@ def _json(name: str, data: bytes) -> Any:
         raise Unusable(name, f"not JSON ({' '.join(str(exc).split())[:120]})") from None
 
 
-def _count(value: Any, name: str, what: str, most: int) -> int:
-    """``value`` if it is an integer from 0 to ``most``, else :class:`Unusable` naming ``what``."""
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
-        raise Unusable(name, f"{what} is {_shown(value)}, not an integer from 0 to {most}")
+def _count(value: Any, name: str, what: str, most: int, least: int = 0) -> int:
+    """``value`` if it is an integer from ``least`` to ``most``, else :class:`Unusable` naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+        raise Unusable(name, f"{what} is {_shown(value)}, not an integer from {least} to {most}")
     return value
 
 
@@ -188,11 +190,9 @@ def _meta(data: bytes) -> dict[str, Any]:
         raise Unusable(GRAPH_META, "not a JSON object")
     _label(meta.get("compile_id"), GRAPH_META, "'compile_id'")
     _label(meta.get("graph"), GRAPH_META, "'graph'")
-    for field, most in (("threads", 4096), ("repeats", 1 << 20), ("runs_differing", 1 << 20)):
+    for field, least, most in (("threads", 1, 4096), ("repeats", 0, 1 << 20), ("runs_differing", 0, 1 << 20)):
         if meta.get(field) is not None:
-            _count(meta[field], GRAPH_META, repr(field), most)
-    if meta.get("threads") == 0:
-        raise Unusable(GRAPH_META, "'threads' is 0, not an integer from 1 to 4096")
+            _count(meta[field], GRAPH_META, repr(field), most, least)
     version = meta.get("torch_version")
     if version is not None and (not isinstance(version, str) or not re.fullmatch(r"[\w.+-]{1,64}", version)):
         raise Unusable(GRAPH_META, f"'torch_version' is {_shown(version)}, not a version")
@@ -216,7 +216,7 @@ def _safetensors(data: bytes) -> dict[str, Stored]:
         if key == "__metadata__":
             continue
         what = f"tensor {_shown(key)}"
-        if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:
+        if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str) or entry["dtype"] not in SAFETENSORS_DTYPES:
             raise Unusable(name, f"{what}: no dtype torch knows")
         shape, offsets = entry.get("shape"), entry.get("data_offsets")
         if not isinstance(shape, list) or len(shape) > MAX_DIMS:
@@ -299,9 +299,11 @@ def _inputs(spec: Any, stored: dict[str, Stored]) -> tuple[list[dict[str, Any]],
             raise Unusable(name, f"its inputs would take more than {MEMORY_BUDGET >> 20} MiB rebuilt")
         device = item.get("device")
         try:
-            torch.device(device)
-        except (RuntimeError, TypeError):
-            raise Unusable(name, f"{what}'s device is {_shown(device)}, not a device") from None
+            kind = torch.device(device).type if isinstance(device, str) else None
+        except (RuntimeError, TypeError, ValueError):
+            kind = None
+        if kind not in DEVICES:
+            raise Unusable(name, f"{what}'s device is {_shown(device)}, not one of {', '.join(DEVICES)}")
     return spec["inputs"], constants, rebuilt
 
 

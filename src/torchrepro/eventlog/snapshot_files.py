@@ -23,6 +23,7 @@ import math
 import os
 import struct
 import zipfile
+from tokenize import TokenError
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,16 @@ def read_npz(path: Path, what: str) -> dict[str, np.ndarray]:
                 return arrays
     except InputError:
         raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RecursionError) as exc:
+    except (
+        OSError,
+        ValueError,
+        EOFError,
+        KeyError,
+        zipfile.BadZipFile,
+        RecursionError,
+        SyntaxError,
+        TokenError,
+    ) as exc:  # a header numpy cannot parse raises the last two
         raise InputError(f"{path}: unreadable {what} ({' '.join(str(exc).split())[:200]})") from None
 
 
