@@ -178,7 +178,10 @@ def graph(root: Path, n: int, rng: random.Random) -> dict[str, int]:
             for data in json_inputs(doc, per, rng, lambda d: json.dumps(d).encode()):
                 yield f"{name}: hostile field", lambda data=data, name=name: (folder / name).write_bytes(data)
         for data in _safetensors_cases(originals["inputs.safetensors"], rng, per):
-            yield "inputs.safetensors: hostile header", lambda data=data: (folder / "inputs.safetensors").write_bytes(data)
+            yield (
+                "inputs.safetensors: hostile header",
+                lambda data=data: (folder / "inputs.safetensors").write_bytes(data),
+            )
         while True:
             name = rng.choice(FILES)
             data = _mutated(originals[name], rng)
