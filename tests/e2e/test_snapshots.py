@@ -217,13 +217,21 @@ def test_differences_only_in_tensors_kept_whole_stay_exact(tmp_path):
 def test_final_within_reads_the_kept_copy_or_exact_sketches(tmp_path):
     _write_run(tmp_path / "a", 3, None)
     _write_run(tmp_path / "b", 3, 0, tiny=True)
-    assert final_within(Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b"))
-    assert not final_within(Tolerance(atol=1e-5), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b"))
+    assert final_within(
+        Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b")
+    )
+    assert not final_within(
+        Tolerance(atol=1e-5), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b")
+    )
     (tmp_path / "b" / "step-0000002.npz").unlink()  # only sketches in common: the small tensor whole
-    assert final_within(Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b"))
+    assert final_within(
+        Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b")
+    )
     _write_run(tmp_path / "c", 3, 0)
     (tmp_path / "c" / "step-0000002.npz").unlink()  # a sketched tensor differs: not known to be within
-    assert not final_within(Tolerance(atol=1.0), tmp_path / "a", tmp_path / "c", _log(tmp_path / "a"), _log(tmp_path / "c"))
+    assert not final_within(
+        Tolerance(atol=1.0), tmp_path / "a", tmp_path / "c", _log(tmp_path / "a"), _log(tmp_path / "c")
+    )
 
 
 def torchrepro(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -216,7 +216,11 @@ def _safetensors(data: bytes) -> dict[str, Stored]:
         if key == "__metadata__":
             continue
         what = f"tensor {_shown(key)}"
-        if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str) or entry["dtype"] not in SAFETENSORS_DTYPES:
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("dtype"), str)
+            or entry["dtype"] not in SAFETENSORS_DTYPES
+        ):
             raise Unusable(name, f"{what}: no dtype torch knows")
         shape, offsets = entry.get("shape"), entry.get("data_offsets")
         if not isinstance(shape, list) or len(shape) > MAX_DIMS:
