@@ -169,6 +169,16 @@ def test_bisect_of_another_users_run_needs_trust_run_dir(tmp_path, capsys):
     assert code == 2 and marker.exists() and "bisect: its process ended" in one_line_error(err)
 
 
+def test_bisect_of_a_run_others_may_write_needs_trust_run_dir(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    run = _run(tmp_path / "run", MARKER_CODE.format(marker=str(marker), then="raise SystemExit(0)"))
+    (run / FOLDER / "graph.py").chmod(0o666)
+    code, _, err = cli(capsys, "repro", run, "--out", tmp_path / "out", "--bisect")
+    line = one_line_error(err)
+    assert code == 2 and "graph.py can be written by others: --bisect would run the run's code" in line
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "sig",
     [
@@ -247,7 +257,12 @@ def test_repro_py_that_cannot_run_exits_2_in_one_line_naming_the_input_or_the_op
     broken = _repro_py(tmp_path / "out" / "repro.py")
     assert broken.returncode == 2 and len(broken.stderr.strip().splitlines()) == 1, broken.stderr
     assert broken.stderr.startswith("repro.py: error: inputs.json: not JSON") and not broken.stdout
-    missing = _repro_py(_op_run(tmp_path, capsys), "--backend", "eager")
+    op_script = _op_run(tmp_path, capsys)
+    code, out, err = cli(capsys, "repro", tmp_path / "op", "--out", tmp_path / "out-bisect", "--bisect")
+    line = one_line_error(err)  # the bisection's process names the op too
+    assert code == 2 and line.startswith("torchrepro: error: bisect: graph.py: calls torch.ops.reprotest.twice")
+    assert "--import MODULE" in line
+    missing = _repro_py(op_script, "--backend", "eager")
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
     assert missing.stderr.startswith(
         "repro.py: error: graph.py: calls torch.ops.reprotest.twice, which this process has not registered: "

@@ -11,7 +11,7 @@ same for inductor's C++ kernels and Triton kernels. Where this torch lacks the b
 backends alone are tried.
 
 The graph's code is the run's: it runs here, in a process of its own that torchrepro starts
-(``python -m torchrepro.capture.graph_bisect DIR``), never in torchrepro's. That process prints one
+(``python -m torchrepro.capture.graph_bisect DIR [MODULE...]``), never in torchrepro's. That process prints one
 JSON line, ``{"found": "backend inductor, ..."}`` or ``{"found": null}`` (the graph matches eager
 under every backend) or ``{"error": "graph.py: ..."}``, and exits 0 (a cause named), 1 (nothing to
 name) or 2 (it could not run).
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -46,11 +46,12 @@ def _matches_eager(saved: Saved, tensors: dict[str, torch.Tensor], rng: torch.Te
     return test
 
 
-def bisect(here: Path) -> str | None:
+def bisect(here: Path, modules: Sequence[str] = ()) -> str | None:
     """What makes the graph saved in ``here`` differ from eager: ``backend inductor, subsystem
     lowerings, application 3 (aten.mm)``; None when it matches eager under every backend.
-    :class:`~.repro_script.Unusable` for a saved graph that cannot be used."""
-    saved, tensors, rng = load_saved(here)
+    ``modules`` are imported first (a custom op's). :class:`~.repro_script.Unusable` for a saved
+    graph that cannot be used."""
+    saved, tensors, rng = load_saved(here, modules)
     threads = torch.get_num_threads()
     torch.set_num_threads(int(saved.meta.get("threads") or threads))
     try:
@@ -77,10 +78,11 @@ def bisect(here: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The bisection's own process: ``argv[0]`` is the folder of the saved graph; one JSON line out."""
-    (here,) = sys.argv[1:] if argv is None else argv
+    """The bisection's own process: ``argv[0]`` is the folder of the saved graph, the rest modules to
+    import first; one JSON line out."""
+    here, *modules = sys.argv[1:] if argv is None else argv
     try:
-        found = bisect(Path(here))
+        found = bisect(Path(here), modules)
     except Unusable as exc:
         print(json.dumps({"error": str(exc)}), flush=True)
         return 2

@@ -1,4 +1,4 @@
-"""``torchrepro repro RUN_DIR [--graph ID] [--out DIR] [--force] [--bisect [--trust-run-dir]]``: a
+"""``torchrepro repro RUN_DIR [--graph ID] [--out DIR] [--force] [--bisect [--trust-run-dir] [--import M]]``: a
 standalone reproducer of one compiled graph of a run.
 
 Every run of ``check`` (and ``doctor --probe``, ``run --probe-repeats K``) saves each compiled graph
@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -63,7 +64,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--trust-run-dir",
         action="store_true",
-        help="let --bisect run the graph.py of a run directory another user made",
+        help="let --bisect run the graph.py of a run directory another user made (or others may write)",
+    )
+    p.add_argument(
+        "--import",
+        dest="modules",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="with --bisect: import it first in the bisection's process (the module that registers a custom op)",
     )
     p.set_defaults(func=run)
 
@@ -143,13 +152,16 @@ def read_graph(source: Path) -> tuple[dict[str, bytes], Saved]:
 
 
 def foreign(run_dir: Path, source: Path) -> str | None:
-    """Who other than this user made ``run_dir`` or the graph saved in ``source`` (its folders and
-    files), as ``uid N``; None when this user owns all of it."""
+    """Who but this user made, or may change, ``run_dir`` or the graph saved in ``source`` (its
+    folders and files): ``PATH belongs to uid N`` or ``PATH can be written by others``; None when
+    this user owns all of it and no one else may write it."""
     me = os.geteuid()
     for path in (run_dir, *(p for p in source.parents if run_dir in p.parents), source, *source.iterdir()):
-        owner = path.lstat().st_uid
-        if owner != me:
-            return f"{path} belongs to uid {owner}"
+        st = path.lstat()
+        if st.st_uid != me:
+            return f"{path} belongs to uid {st.st_uid}, not to you"
+        if st.st_mode & stat.S_IWOTH:
+            return f"{path} can be written by others"
     return None
 
 
@@ -177,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     sha256 = hashlib.sha256(files["graph.py"]).hexdigest()
     if args.bisect and not args.trust_run_dir and (who := foreign(run_dir, source)):
         raise InputError(
-            f"{who}, not to you: --bisect would run the run's code, {source / 'graph.py'} (sha256 {sha256}); "
+            f"{who}: --bisect would run the run's code, {source / 'graph.py'} (sha256 {sha256}); "
             "read it, then pass --trust-run-dir (or leave out --bisect: nothing of the run runs then)"
         )
     from ..capture.repro_script import missing_op
@@ -197,22 +209,24 @@ def run(args: argparse.Namespace) -> int:
     print(visible(f"  {out / 'graph.py'} is the run's code (sha256 {sha256}): repro.py runs it, and so does --bisect"))
     if (missing := missing_op(saved)) is not None:
         print(visible(f"  note: graph.py {missing}"))
-    return _bisect(out) if args.bisect else 0
+    return _bisect(out, args.modules) if args.bisect else 0
 
 
-def _bisect(out: Path) -> int:
-    """Bisect the reproducer in ``out`` in a process of its own (:mod:`~torchrepro.capture.graph_bisect`):
-    0 a cause named, 1 nothing to name; :class:`InputError` when it could not run, :class:`Stopped`
-    when a signal stopped it (no verdict then)."""
+def _bisect(out: Path, modules: list[str]) -> int:
+    """Bisect the reproducer in ``out`` in a process of its own (:mod:`~torchrepro.capture.graph_bisect`),
+    ``modules`` imported there first: 0 a cause named, 1 nothing to name; :class:`InputError` when
+    it could not run, :class:`Stopped` when a signal stopped it (no verdict then)."""
     from .launcher import run_child
 
+    print("bisecting: compiled against eager under each backend, in a process of its own ...", flush=True)
     package = str(Path(__file__).resolve().parents[2])  # the torchrepro this process runs
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package, os.environ.get("PYTHONPATH")))))
+    command = [sys.executable, "-m", "torchrepro.capture.graph_bisect", str(out), *modules]
     with tempfile.TemporaryDirectory(prefix="torchrepro-bisect-") as logs:
-        ended = run_child(
-            [sys.executable, "-m", "torchrepro.capture.graph_bisect", str(out)], Path(logs), env=env, quiet=True
-        )
-        lines = (Path(logs) / "stdout.log").read_bytes()[-65536:].decode("utf-8", "replace").splitlines()
+        ended = run_child(command, Path(logs), env=env, quiet=True)
+        with open(Path(logs) / "stdout.log", "rb") as fp:  # its last line: what it found (what it printed before, not)
+            fp.seek(max(0, os.fstat(fp.fileno()).st_size - 65536))
+            lines = fp.read().decode("utf-8", "replace").splitlines()
     if ended.stopped_by is not None:
         raise Stopped(f"bisect: stopped by {ended.stopped_by}; no verdict", ended.stopped_by)
     try:
