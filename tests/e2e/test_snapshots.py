@@ -410,3 +410,40 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
         assert diff.returncode == 1, diff.stderr
         first = json.loads((tmp_path / f"{other}.json").read_text())["determinism"]["curve"][0]
         assert (first["max_abs"] is not None, first["estimated"]) == (exact, not exact) and first["l2"] > 0
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
+)
+def test_the_fingerprints_a_snapshot_is_checked_with_are_torchs_own(dtype):
+    """What a snapshot holds (``capture.snapshots``: bfloat16 widened to float32, complex as real
+    pairs), fingerprinted with numpy alone (``eventlog.snapshot_files``), gives the fingerprints
+    torchrepro.digests gave the tensor in the run: on the CPU, on a device (its two sums, here
+    computed on the CPU: integer sums do not depend on where), and a sketch's (the real pairs)."""
+    import xxhash
+
+    from torchrepro.capture.snapshots import _local, _to_numpy
+    from torchrepro.digests import _device_digest, fingerprint
+    from torchrepro.eventlog.snapshot_files import candidate_dtypes, fingerprints, matches
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(3, 5), (1000, 33), (7,), (), (0, 3)]:
+        t = (torch.randn(shape, generator=g, dtype=torch.float64) * 100).to(dtype)
+        held = _to_numpy(_local(t))
+        recorded = str(dtype).removeprefix("torch.")
+        got = set(fingerprints(held, candidate_dtypes(held, recorded)))
+        cpu, device = fingerprint(t)[:16], xxhash.xxh3_128_hexdigest(b"t" + _device_digest(t))[:16]
+        assert {cpu, device, fingerprint(_local(t))[:16]} <= got, (dtype, shape)
+        assert matches(held, [cpu, fingerprint(_local(t))[:16]], candidate_dtypes(held, recorded))
+        if held.size and not (held == 0).all():
+            assert not matches(np.zeros_like(held), [cpu], candidate_dtypes(held, recorded)), (dtype, shape)
