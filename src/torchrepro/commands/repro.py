@@ -167,12 +167,13 @@ def foreign(run_dir: Path, source: Path) -> str | None:
 
 def _inputs(run_dir: Path, out: Path) -> list[Path]:
     """What the reproducer must never be written onto: the run directory's own files (but the
-    folder the reproducer goes to, ``RUN_DIR/repro`` by default) and its runs' scripts."""
+    folder the reproducer goes to, ``RUN_DIR/repro`` by default, and the links it holds, which are
+    no file of the run's: one to ``/`` would refuse every folder) and its runs' scripts."""
     from .outputs import recorded_inputs
 
     inside = out.absolute().parent == run_dir.absolute()
     return [
-        *(p for p in run_dir.iterdir() if not (inside and p.name == out.name)),
+        *(p for p in run_dir.iterdir() if not p.is_symlink() and not (inside and p.name == out.name)),
         *([] if inside else [run_dir]),
         *recorded_inputs(run_dir),
     ]
