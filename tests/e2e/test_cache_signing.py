@@ -150,6 +150,34 @@ def test_verify_shows_the_signer(tmp_path, keys, capsys):
     assert code == 0 and "unsigned" in out
 
 
+@pytest.mark.parametrize("where", ["pack", "extracted"])
+def test_verify_of_an_altered_signature_says_it_does_not_verify_not_unsigned(tmp_path, keys, capsys, where):
+    signed = _pack(tmp_path, capsys, "signed.tar", "--sign", keys["mine"])
+    with tarfile.open(signed) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    sig = json.loads(members[1][1])
+    raw = bytearray(base64.b64decode(sig["signature"]))
+    raw[0] ^= 1  # one bit of the signature flipped
+    members[1] = (members[1][0], json.dumps({**sig, "signature": base64.b64encode(bytes(raw)).decode()}).encode())
+    altered = tmp_path / "altered.tar"
+    with tarfile.open(altered, "w") as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    target = altered
+    if where == "extracted":
+        target = tmp_path / "extracted"
+        with tarfile.open(altered) as tar:
+            tar.extractall(target, filter="data")
+    code, out, _ = cli(capsys, "cache", "verify", target)
+    (last,) = [line for line in out.splitlines() if line.startswith("verify ")]
+    assert code == 1 and last.startswith("verify FAILED") and "signature does NOT verify" in last, out
+    assert "unsigned" not in out and "the signature does not match the manifest" in out
+    code, out, _ = cli(capsys, "cache", "verify", target, "--json")
+    result = json.loads(out)
+    assert (result["signer"], result["signed"]) == (None, True) and result["problems"]
+
+
 def test_prewarm_follows_the_same_policy(tmp_path, keys, capsys, run_python):
     unsigned = _pack(tmp_path, capsys, "unsigned.tar")
     signed = _pack(tmp_path, capsys, "signed.tar", "--sign", keys["mine"])

@@ -92,6 +92,23 @@ def test_force_still_replaces_an_earlier_output(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+@pytest.mark.parametrize("target", ["a file of the user's", "nothing yet"])
+def test_an_output_that_is_a_link_is_refused_even_with_force(tmp_path, capsys, target):
+    from test_hostile_input import cli
+
+    run = fake_run(tmp_path / "run")
+    victim = tmp_path / "bashrc"
+    if target != "nothing yet":
+        victim.write_text("the user's own file")
+    (tmp_path / "r.json").symlink_to(victim)
+    code, _, err = cli(capsys, "report", run, "--json", tmp_path / "r.json", "--force")
+    assert code == 2 and "r.json is a symbolic link: torchrepro writes no file through a link" in one_line_error(err)
+    assert os.readlink(tmp_path / "r.json") == str(victim)  # the link as it was
+    assert (victim.read_text() if victim.exists() else None) == (
+        None if target == "nothing yet" else "the user's own file"
+    )
+
+
 def test_report_writes_nothing_into_the_stored_run(tmp_path):
     from synthetic_runs import drift_experiment
 

@@ -327,6 +327,7 @@ class PackCheck:
     files: int = 0
     bytes: int = 0
     signer: str | None = None  # fingerprint of the key that signed the manifest; None: unsigned
+    signed: bool = False  # the pack holds a signature (``signer`` None then: it does not verify)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -442,8 +443,11 @@ def check_pack(
             second = next(members, None)
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise InputError(f"{path} is not a tar archive, or is damaged ({_why(exc)})") from None
-        if second is not None and second.name == SIGNATURE and second.isfile() and second.size <= _MANIFEST_LIMIT:
+        if second is not None and second.name == SIGNATURE:
+            result.signed = True
             try:
+                if not second.isfile() or second.size > _MANIFEST_LIMIT:
+                    raise InputError(f"{path}: unreadable {SIGNATURE} (not a small regular member)")
                 result.signer = signer(data, _read_member(tar, second, path), str(path))
             except InputError as exc:
                 result.problems.append(str(exc).removeprefix(f"{path}: "))

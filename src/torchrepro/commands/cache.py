@@ -158,7 +158,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     built = result["built_with"]
     made = f", built with torch {built.get('torch')} on {built.get('system')} {built.get('machine')}" if built else ""
     verdict = "FAILED" if result["problems"] else "ok"
-    signed = "" if result["kind"] == "cache directory" else f"; signed by {result['signer'] or 'nobody: unsigned'}"
+    signed = "" if result["kind"] == "cache directory" else f"; {_signature(result['signer'], result['signed'])}"
     print(
         f"verify {verdict}: {result['kind']} {result['path']}: {result['files']} files, "
         f"{size_text(result['bytes'])}{made}{signed}"
@@ -167,6 +167,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"note: unpack here would refuse it without --force: {'; '.join(result['mismatches'])}")
     _kernel_note(result["kernels_rebuilt"])
     return 1 if result["problems"] else 0
+
+
+def _signature(signer: str | None, signed: bool) -> str:
+    """Who signed a pack, as ``verify`` says it: a signature that does not verify is not "unsigned"."""
+    if signer is not None:
+        return f"signed by {signer}"
+    return "its signature does NOT verify (altered, or not made over this manifest)" if signed else "unsigned"
 
 
 def _cmd_clear(args: argparse.Namespace) -> int:

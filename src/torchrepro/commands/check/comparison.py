@@ -136,7 +136,10 @@ def _compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None,
     ``tol`` on their last common snapshot when both have snapshots."""
     a, b = _snaps(run_a), _snaps(run_b)
     return compare(
-        run_a.logs, run_b.logs, tol, (lambda: final_within([], tol, a, b)) if a.is_dir() and b.is_dir() else None
+        run_a.logs,
+        run_b.logs,
+        tol,
+        (lambda: final_within(tol, a, b, run_a.logs[0], run_b.logs[0])) if a.is_dir() and b.is_dir() else None,
     )
 
 
