@@ -8,6 +8,7 @@ in this process where no signal is sent: torch is imported once)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -301,3 +302,15 @@ def test_bisect_of_a_graph_that_matches_eager_everywhere_exits_1_naming_nothing(
     assert proc.stdout.splitlines()[-1] == (
         "bisect: the compiled graph matches eager bit for bit under every backend: nothing to name"
     )
+
+
+def test_a_graph_that_differs_from_itself_run_to_run_is_written_but_not_bisected(tmp_path, capsys):
+    run = _run(tmp_path / "run")
+    meta = json.loads((run / FOLDER / "meta.json").read_text())
+    (run / FOLDER / "meta.json").write_text(json.dumps({**meta, "repeats": 4, "runs_differing": 2, "differing": [0]}))
+    code, out, err = cli(capsys, "repro", run, "--bisect", "--out", tmp_path / "out")
+    assert code == 1, out + err  # nothing named
+    assert out.splitlines()[-1] == (
+        "compiled graph 0/0/forward differs from itself run to run (2 of 4 repeats differed when probed): not bisected"
+    )
+    assert (tmp_path / "out" / "repro.py").is_file()  # the reproducer is still written: it shows the race

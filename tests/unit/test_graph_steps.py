@@ -6,7 +6,6 @@ takes by default: the one the verdict names."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -302,24 +301,3 @@ def test_repro_says_where_the_bisection_and_the_verdict_part(tmp_path):
     assert chosen == "the check's verdict names compiled graph 0/1/forward, not this one (--graph chose it)"
     fresh = repro.apart_from_verdict(run_dir, "0/1/forward", None)
     assert fresh is not None and "compiled afresh on its saved inputs it matches eager" in fresh
-
-
-def test_a_graph_that_differs_from_itself_run_to_run_is_not_bisected(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    _saved(run_dir, ".", "0/1/backward", runs_differing=2, differing=[3])
-    args = argparse.Namespace(
-        run_dir=str(run_dir),
-        graph=None,
-        out=str(tmp_path / "out"),
-        bisect=True,
-        force=False,
-        trust_run_dir=False,
-        modules=[],
-    )
-    assert repro.run(args) == 1  # nothing named
-    lines = capsys.readouterr().out.splitlines()
-    assert (
-        lines[-1]
-        == "compiled graph 0/1/backward differs from itself run to run (2 of 4 repeats differed when probed): not bisected"
-    )
-    assert (tmp_path / "out" / "repro.py").is_file()  # the reproducer is still written: it shows the race
