@@ -132,8 +132,8 @@ def _detail(aspect: str, a: Step, b: Step) -> JsonObject:
         fa, fb = a.rng_fps or {}, b.rng_fps or {}
         return {"streams": sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)), "read_at": a.rng_at}
     if aspect == "loss":
-        both = a.loss is not None and b.loss is not None
-        return {"loss_a": a.loss, "loss_b": b.loss, "abs_diff": distance(a.loss, b.loss) if both else None}
+        x, y = a.loss, b.loss
+        return {"loss_a": x, "loss_b": y, "abs_diff": distance(x, y) if x is not None and y is not None else None}
     if aspect == "grads":
         return {"grad_norm_a": a.grad_norm, "grad_norm_b": b.grad_norm}
     return {}

@@ -27,6 +27,7 @@ from .divergence import (
     compare_replays,
     compile_differences,
     coverage,
+    distance,
     environment_differences,
     first_divergence,
     settings,
@@ -491,7 +492,7 @@ def _largest_difference(curve: list[CurvePoint], logs_a: list[EventLog], logs_b:
     """The largest parameter (from snapshots) and loss (from every step) differences seen."""
     losses_b = {(log.rank, s.index): s.loss for log in logs_b for s in log.of(Step)}
     loss = [
-        abs(s.loss - loss_b)
+        distance(s.loss, loss_b)
         for log in logs_a
         for s in log.of(Step)
         if s.loss is not None and (loss_b := losses_b.get((log.rank, s.index))) is not None

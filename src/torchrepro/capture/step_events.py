@@ -52,11 +52,7 @@ class StepEvents:
         ``of``) that hold NaN or an infinity; nothing when there are none."""
         if names:
             count = len(names) if count is None else count
-            self.emit(
-                NonFinite(
-                    rank=self.rank, step=step, what=what, names=names[:NAMED_AT_MOST], count=count, of=of
-                )
-            )
+            self.emit(NonFinite(rank=self.rank, step=step, what=what, names=names[:NAMED_AT_MOST], count=count, of=of))
 
     def params(self, names: list[str], params: list[torch.Tensor]) -> None:
         self.emit(

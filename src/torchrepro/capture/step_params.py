@@ -91,16 +91,17 @@ class StepParams:
         """The names of ``named`` parameters that ``to_empty()`` materialised and nothing wrote since."""
         out = []
         for name, p in named:
-            seen = self.materialised.get(id(p))
-            if seen is not None and seen[0]() is p and seen[1] == _versions(p):
+            ref, versions = self.materialised.get(id(p), (None, None))
+            alive = ref() if ref is not None else None  # the same tensor, not another at its address
+            if alive is not None and alive is p and versions == _versions(alive):
                 out.append(name)
         self.materialised = {}
         return out
 
     def note_grads(self, params: list[torch.Tensor]) -> None:
         """The gradients of ``params`` (those that have one), recorded before the update."""
-        held_by = [i for i, p in enumerate(params) if p.grad is not None]
-        self.grads = _grad_digest([params[i].grad for i in held_by], held_by)
+        held = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
+        self.grads = _grad_digest([g for _, g in held], [i for i, _ in held])
 
     def nonfinite_grads(self, norms: list[float]) -> tuple[list[str], int, int]:
         """(the first names, the count, of how many) of the gradients whose norm ``norms`` (read back,
