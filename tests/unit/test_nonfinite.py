@@ -245,3 +245,20 @@ def test_the_first_nonfinite_values_survive_the_step_log(tmp_path):
     assert kept[0].nonfinite_grad_norm == (1, INF)
     assert [f.code for f in nonfinite_findings(logs, kept)] == ["NONFINITE_GRAD", "NONFINITE_LOSS"]
     assert ending("a", {"exit_code": 0}, logs).ok
+
+
+def test_runs_that_differ_before_step_0_because_of_uninitialised_memory_say_so():
+    """Parameters to_empty() left unwritten differ run to run: the cause is init_params, and its hint is
+    the initialisation, not a seed."""
+    from torchrepro.analysis.nondeterminism import CAUSE_HINTS, decide, hint_key
+
+    def run(fp: str, unwritten: list[str]) -> list[EventLog]:
+        init = InitParams(source="first_forward", module="M", names=["w"], fps=[fp], unwritten=unwritten)
+        return [log([1.0, 0.5], events=(init,))]
+
+    div, _ = first_divergence(run("a", ["w"]), run("b", ["w"]), Tolerance())
+    assert div is not None and div.what == "init_params"
+    cause, _ = decide(div, run("a", ["w"]), run("b", ["w"]))
+    assert hint_key(cause, None, run("b", ["w"])) == "init_params_uninitialised"
+    assert "reset_parameters()" in CAUSE_HINTS["init_params_uninitialised"]
+    assert hint_key(cause, None, run("b", [])) == "init_params"  # initialised, from an unseeded RNG

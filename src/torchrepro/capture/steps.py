@@ -112,6 +112,7 @@ class StepRecorder:
         self._start = time.perf_counter()
         self._undo: list[Callable[[], None]] = []
         self.failed = False
+        self.observing = 0  # observers running (nested: a listener inside the step end)
         self.listeners: list[Callable[[int], None]] = []  # called with each finished step's index
         self.clock: str | None = None  # "optimizer" or "backward", once known
         self._optimizers_made = 0
@@ -143,11 +144,13 @@ class StepRecorder:
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Observer bugs must never reach the user's script: the first one is recorded as a
-        ``capture_error`` event and step capture stops; the run goes on untouched."""
+        ``capture_error`` event and step capture stops; the run goes on untouched. While an observer
+        runs, ``observing`` is above 0 (an op replay does not record capture's own tensor work)."""
 
         def guarded(*args: Any, **kwargs: Any) -> None:
             if self.failed:
                 return
+            self.observing += 1
             try:
                 fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - deliberately total
@@ -155,6 +158,8 @@ class StepRecorder:
                 self._events.capability(
                     "capture_error", False, f"step capture stopped: {type(exc).__name__}: {exc}", step=self.completed
                 )
+            finally:
+                self.observing -= 1
 
         return guarded
 
