@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchrepro._compat import installed_torch_version
 
@@ -91,10 +92,29 @@ def test_doctor_names_the_parameters_to_empty_left_uninitialised(tmp_path):
     assert uninit["evidence"]["modules"] == ["0", "2"] and uninit["evidence"]["module"] == "Sequential"
     assert uninit["evidence"]["ranks"] == [0] and "reset_parameters()" in uninit["hint"]
     assert proc.returncode == 1 and "UNINITIALISED_PARAMETERS" in report["failing_findings"]
-    proc = torchrepro("doctor", "--out", str(tmp_path / "init"), str(SCRIPTS / "meta_init.py"), "--init", cwd=tmp_path)
+    saved = {name: tmp_path / f"{name}.pt" for name in ("plain", "doctor")}
+    plain = subprocess.run(
+        [sys.executable, str(SCRIPTS / "meta_init.py"), "--init", "--save", str(saved["plain"])],
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert plain.returncode == 0
+    proc = torchrepro(
+        "doctor",
+        "--out",
+        str(tmp_path / "init"),
+        str(SCRIPTS / "meta_init.py"),
+        "--init",
+        "--save",
+        str(saved["doctor"]),
+        cwd=tmp_path,
+    )
     report = report_of(tmp_path / "init")
     assert proc.returncode == 0, report["findings"]
     assert not {"UNINITIALISED_PARAMETERS", "NONFINITE_PARAMETER", "NONFINITE_LOSS"} & set(findings(report))
+    # observing to_empty() and the first forward's values changes nothing the script computes
+    a, b = (torch.load(saved[name], weights_only=True) for name in ("plain", "doctor"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
 
 
 def test_check_of_a_model_built_on_meta_replays_the_step_and_names_the_op(tmp_path):
@@ -113,7 +133,7 @@ def test_check_of_a_model_built_on_meta_replays_the_step_and_names_the_op(tmp_pa
     assert proc.returncode == 1, proc.stderr[-3000:]
     fd = report_of(tmp_path / "check")["determinism"]["first_divergence"]
     assert (fd["step"], fd["cause"], fd["module"], fd["phase"]) == (0, "rng", "Sequential.2", "forward")
-    assert fd["op"].startswith("aten.randn") and fd["source"].endswith("meta_init.py:23")
+    assert fd["op"].startswith("aten.randn") and fd["source"].endswith("meta_init.py:25")
     assert "localisation_note" not in fd["evidence"]
 
 

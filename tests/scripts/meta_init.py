@@ -1,7 +1,8 @@
 """A model built on the meta device and given memory with to_empty(), FSDP2's way, in one process.
 `--init`: every submodule's reset_parameters() after to_empty() (without it the parameters hold
 whatever that memory held); `--noise`: an unseeded generator adds noise in the forward (the runs
-differ from step 0); `--compile BACKEND`: torch.compile(model, backend=BACKEND)."""
+differ from step 0); `--compile BACKEND`: torch.compile(model, backend=BACKEND); `--save PATH`: the
+final parameters."""
 import argparse
 
 import torch
@@ -10,6 +11,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--init", action="store_true")
 parser.add_argument("--noise", action="store_true")
 parser.add_argument("--compile")
+parser.add_argument("--save")
 args = parser.parse_args()
 
 
@@ -40,3 +42,5 @@ for step in range(3):
     opt.zero_grad()
     loss.backward()
     opt.step()
+if args.save:
+    torch.save(model.state_dict(), args.save)

@@ -117,7 +117,7 @@ def nonfinite_findings(logs: list[EventLog], kept: dict[int, KeptSteps] | None =
     if tensors["parameters"]:
         out.append(_parameters(tensors["parameters"], inits))
     if norms or tensors["gradients"]:
-        out.append(_gradients(norms, tensors["gradients"]))
+        out.append(_gradients(norms, tensors["gradients"], min((step for step, _ in losses.values()), default=None)))
     if losses:
         out.append(_loss(losses, bool(inits or tensors["parameters"])))
     return out
@@ -174,7 +174,7 @@ def _parameters(events: dict[int, NonFinite], inits: dict[int, InitParams]) -> F
     )
 
 
-def _gradients(norms: dict[int, tuple[int, float]], events: dict[int, NonFinite]) -> Finding:
+def _gradients(norms: dict[int, tuple[int, float]], events: dict[int, NonFinite], loss_step: int | None) -> Finding:
     seen = _Seen({r: step for r, (step, _) in norms.items()} or {r: e.step or 0 for r, e in events.items()})
     first = events.get(seen.rank)
     value = norms[seen.rank][1] if seen.rank in norms else math.nan
@@ -187,7 +187,12 @@ def _gradients(norms: dict[int, tuple[int, float]], events: dict[int, NonFinite]
         "NONFINITE_GRAD",
         "error",
         f"the gradient norm is {value_text(value)} at {seen.where()}, the first that is not finite{which}",
-        hint="The optimizer steps with these gradients and writes NaN or inf into the parameters. " + _FIND_THE_OP,
+        hint="The optimizer steps with these gradients and writes NaN or inf into the parameters. "
+        + (
+            "The loss is not finite already (NONFINITE_LOSS): find where it first is."
+            if loss_step is not None and loss_step <= seen.step
+            else _FIND_THE_OP
+        ),
         evidence={**seen.evidence(), "value": value_text(value), **(_tensors(first, "gradients") if first else {})},
     )
 
