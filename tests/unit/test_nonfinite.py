@@ -31,24 +31,10 @@ from torchrepro.eventlog.event_reader import EventLog, read_events
 from torchrepro.eventlog.event_writer import EventWriter
 from torchrepro.eventlog.events import End, Event, Header, InitParams, NonFinite, Params, Step
 
+from test_determinism_logic import step  # a step that fingerprinted everything
+
 NAN, INF = math.nan, math.inf
 NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
-
-
-def step(i: int, **changes: Any) -> Step:
-    """Step ``i`` of a run that fingerprinted everything (parameters alike in every run)."""
-    values = {
-        "index": i,
-        "step": i,
-        "loss": 1.0 / (i + 1),
-        "batch_fp": f"batch{i}",
-        "grads_fp": f"grads{i}",
-        "grad_norm": 0.5,
-        "params_fp": f"params{i}",
-        "rng_fps": {"torch_cpu": f"rng{i}"},
-        "rng_at": "batch",
-    }
-    return Step(**{**values, **changes})
 
 
 def log(

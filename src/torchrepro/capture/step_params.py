@@ -103,11 +103,10 @@ class StepParams:
         held = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
         self.grads = _grad_digest([g for _, g in held], [i for i, _ in held])
 
-    def nonfinite_grads(self, norms: list[float]) -> tuple[list[str], int, int]:
-        """(the first names, the count, of how many) of the gradients whose norm ``norms`` (read back,
-        in the order of the last :meth:`note_grads`) is not finite; said once a run."""
+    def nonfinite_grads(self, norms: list[float], held_by: list[int]) -> tuple[list[str], int, int]:
+        """(the first names, the count, of how many) of the gradients whose norm ``norms`` (read back;
+        held by the parameters at ``held_by``) is not finite; said once a run."""
         self.nonfinite_grads_seen = True
-        held_by = self.grads.held_by if self.grads is not None else list(range(len(norms)))
         bad = [i for i, norm in zip(held_by, norms) if not math.isfinite(norm)]
         names = self.names or []
         return [names[i] if i < len(names) else f"param{i}" for i in bad[:NAMED_AT_MOST]], len(bad), len(norms)

@@ -406,13 +406,13 @@ class StepRecorder:
         loss = losses.put(event, parts)
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         self._inputs.put(event, later)
-        norms = 0  # gradient norms read back one by one: until one is found not finite
+        held_by: list[int] = []  # whose gradient norms are read back one by one: until one is found not finite
         if params.grads is not None:
             parts.append(params.grads.norm)
             later["grads"] = [params.grads.digests]
             if not params.nonfinite_grads_seen:
                 parts.append(params.grads.norms)
-                norms = len(params.grads.held_by)
+                held_by = params.grads.held_by
         self._rng.put(event)
         fp_cost = 0.0
         if params.params and self._digests and self.interval.due(index):
@@ -423,7 +423,7 @@ class StepRecorder:
             parts += [
                 d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)
             ]
-        self._readback.add(event, parts, partial(_fill, loss, later, norms, self._nonfinite_grads))
+        self._readback.add(event, parts, partial(_fill, loss, later, held_by, self._nonfinite_grads))
         if params.params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._readback.poll()
@@ -433,10 +433,10 @@ class StepRecorder:
             own = self.interval.own + (time.perf_counter() - now) - fp_cost
             self._choose_interval(index, step_time - self.interval.own, fp_cost, own)
 
-    def _nonfinite_grads(self, step: int, norms: list[float]) -> None:
+    def _nonfinite_grads(self, step: int, norms: list[float], held_by: list[int]) -> None:
         """The first step whose gradient norm is not finite: which gradients are not (once a run)."""
         if not self._params.nonfinite_grads_seen:
-            names, count, of = self._params.nonfinite_grads(norms)
+            names, count, of = self._params.nonfinite_grads(norms, held_by)
             self._events.nonfinite(step, "gradients", names, of, count)
 
     def _reset_step(self) -> None:
@@ -499,22 +499,23 @@ def _skip_frame(fn: Callable[..., Any]) -> None:
 def _fill(
     loss: Loss | None,
     later: dict[str, list[list[Digest]]],
-    norms: int,
-    nonfinite_grads: Callable[[int, list[float]], None],
+    held_by: list[int],
+    nonfinite_grads: Callable[[int, list[float], list[int]], None],
     event: Step,
     values: list[Any],
 ) -> None:
     """Complete a step's event from its values read back (in the order ``_end_step`` queued
-    them: the losses, gradient norm and ``norms`` gradients' own norms, then the two device sums of
-    each digest in ``later``); a gradient norm that is not finite goes to ``nonfinite_grads``."""
+    them: the losses, gradient norm and the own norms of the gradients of the parameters at
+    ``held_by``, then the two device sums of each digest in ``later``); a gradient norm that is not
+    finite goes to ``nonfinite_grads``."""
     it = iter(values)
     if loss is not None:
         event.loss, event.loss_last = step_loss([next(it) for _ in range(loss.calls)], loss.closure, loss.dtype)
     if "grads" in later:
         event.grad_norm = round(next(it), 9)
-        each = [next(it) for _ in range(norms)]
+        each = [next(it) for _ in held_by]
         if each and not math.isfinite(event.grad_norm):
-            nonfinite_grads(event.index, each)
+            nonfinite_grads(event.index, each, held_by)
     done = {
         key: [[d if isinstance(d, str) else d.finish(next(it), next(it)) for d in group] for group in groups]
         for key, groups in later.items()
