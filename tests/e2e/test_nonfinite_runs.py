@@ -212,3 +212,16 @@ def test_graph_probe_and_snapshots_of_a_compiled_model_built_on_meta(tmp_path):
     probes = det["graph_probes"]
     assert probes and not any(p.get("error") for p in probes), probes
     assert det["curve"] and det["curve"][-1]["max_abs"] == 0
+
+
+def test_a_replay_that_failed_under_torchrun_is_said_with_its_ranks_exception():
+    """Under torchrun the launcher's own stderr ends in ChildFailedError; what the note says is the
+    replayed rank's exception (as it was before replays worked on meta tensors)."""
+    from torchrepro.commands.check.runs import _why_no_record
+    from torchrepro.commands.launcher import ChildResult
+
+    launcher = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "fsdp2_meta.py FAILED"]
+    rank = ["[rank0]: Traceback (most recent call last):", "[rank0]: TypeError: cannot fingerprint a tensor on meta"]
+    failed = ChildResult(1, launcher, rank_stderr_tails={0: rank, 1: ["[rank1]: RuntimeError: peer gone"]})
+    assert _why_no_record(failed, 0) == "the replay exited with 1: TypeError: cannot fingerprint a tensor on meta"
+    assert _why_no_record(failed, 0, rank=1) == "the replay exited with 1: RuntimeError: peer gone"
