@@ -187,15 +187,16 @@ def probe_findings(logs: list[EventLog]) -> list[Finding]:
     if found is None:
         return []
     _, _, evidence = found
-    where = ", ".join(f"{k} {evidence[k]}" for k in ("parameter", "op", "kernel", "source") if evidence.get(k))
-    hint = CAUSE_HINTS["nondeterministic_kernel" if evidence.get("kernel_atomic_add") else "nondeterministic_op"]
+    said = evidence.to_json()
+    where = ", ".join(f"{k} {said[k]}" for k in ("parameter", "op", "kernel", "source") if said.get(k))
+    hint = CAUSE_HINTS["nondeterministic_kernel" if evidence.kernel_atomic_add else "nondeterministic_op"]
     return [
         Finding(
             "NONDETERMINISTIC_COMPILED_GRAPH",
             "error",
-            evidence["because"] + (f": {where}" if where else ""),
+            (evidence.because or "") + (f": {where}" if where else ""),
             hint=hint + " torchrepro repro RUN_DIR writes a standalone script that shows it.",
-            evidence={**evidence, "graphs_probed": len(probes)},
+            evidence={**said, "graphs_probed": len(probes)},
         )
     ]
 

@@ -231,13 +231,15 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             console.print(f"  {line}", highlight=False, markup=False)
     fd = det.first_divergence
     if fd:
-        because = fd["evidence"].get("because")
-        if because:
-            console.print(f"evidence: {because}", highlight=False, markup=False)
-        for line in fd["evidence"].get("differences", [])[:6]:
+        said = fd.evidence
+        if said.because:
+            console.print(f"evidence: {said.because}", highlight=False, markup=False)
+        for line in said.facts.get("differences", [])[:6]:
             console.print(f"  {line}", highlight=False, markup=False)
-        if fd.get("phase"):
-            console.print(f"phase: {fd['phase']}", highlight=False, markup=False)
+        if said.scope:
+            console.print(f"graphs: {said.scope}", highlight=False, markup=False)
+        if said.phase:
+            console.print(f"phase: {said.phase}", highlight=False, markup=False)
     _render_probes(console, det.more.get("graph_probes") or [])
     dec = det.more.get("decomposition")
     if dec:
