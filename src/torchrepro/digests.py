@@ -27,7 +27,9 @@ logical bytes in row-major order, so dtype, shape and every bit count: +0.0 and
 no copy when contiguous. Tensors on other devices are reduced on the device to
 two 64-bit position-weighted sums (see `_device_digest`), and only those travel
 to the host; their digests therefore differ from a CPU digest of the same bytes,
-so compare fingerprints taken on the same kind of device.
+so compare fingerprints taken on the same kind of device. A tensor on the ``meta`` device holds
+no values: its digest is that of the header ``meta <dtype> <shape>`` alone. A DTensor (FSDP2's
+sharded parameters) is hashed by this rank's part of it, as that part's own digest.
 Python's `hash()` is never used: digests are equal across processes, runs and
 machines of the same endianness.
 """
@@ -221,9 +223,13 @@ def _tensor_digest(t: torch.Tensor) -> bytes:
             size = t.nbytes
             if size:
                 return _xxh3(_header("cpu-xxh3", dtype, t.shape), (ctypes.c_char * size).from_address(t.data_ptr()))
-    if t.layout != torch.strided or t.device.type == "meta" or t.is_nested:
+    if type(t) not in _PLAIN and hasattr(t, "to_local"):  # a DTensor (FSDP2's parameters): this rank's part
+        return _tensor_digest(t.to_local())
+    if t.layout != torch.strided or t.is_nested:
         kind = "nested" if t.is_nested else str(t.layout)
         raise TypeError(f"cannot fingerprint a {kind} tensor on {t.device}")
+    if t.device.type == "meta":  # no values (a model built on meta before to_empty): its dtype and shape
+        return _xxh3(_header("meta", t.dtype, t.shape))
     if t.device.type != "cpu":
         return _device_digest(t)
     t = _dense(t)

@@ -260,8 +260,8 @@ def drift_run(tmp_path_factory) -> Path:
 def nan_run(tmp_path_factory) -> Path:
     """``doctor`` of an eager script whose loss turns NaN at step 2."""
     root = tmp_path_factory.mktemp("nan")
-    proc = torchrepro("doctor", "--out", str(root / "run"), str(SCRIPTS / "nan_loss.py"), cwd=root)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    proc = torchrepro("doctor", "--out", str(root / "run"), str(SCRIPTS / "nan_loss.py"), "2", cwd=root)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr  # a NaN loss fails doctor
     return root / "run"
 
 

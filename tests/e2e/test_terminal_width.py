@@ -91,12 +91,14 @@ def test_in_a_pipe_nothing_is_laid_out_for_80_columns(tmp_path):
 
 
 def test_a_nan_loss_is_reported_and_drawn_not_a_traceback(tmp_path):
-    proc = run_torchrepro("doctor", "--out", "run", str(SCRIPTS / "nan_loss.py"), cwd=tmp_path)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    proc = run_torchrepro("doctor", "--out", "run", str(SCRIPTS / "nan_loss.py"), "2", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr  # a NaN loss fails doctor
     lines = proc.stdout.splitlines()
     verdict = json.loads((tmp_path / "run" / "report.json").read_text())["verdict"]
     assert lines[0] == verdict and lines.count(verdict) == 1
-    assert "rank 0: 6 steps" in proc.stdout and "loss 0.3066 → nan" in proc.stdout
+    assert "rank 0: 4 steps" in proc.stdout and "loss 0.2602 → nan" in proc.stdout
+    assert " ✗ the loss is NaN at step 2 (rank 0), the first that is not finite" in lines
+    assert "report: run/report.json, run/report.html" in lines
     page = (tmp_path / "run" / "report.html").read_text()
     assert "rank 0: nan from step 2" in page
 

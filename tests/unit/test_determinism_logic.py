@@ -597,6 +597,7 @@ def test_every_cause_has_a_hint():
         "nondeterministic_kernel",
         "nondeterministic_op_deterministic_on",
         "init_params",
+        "init_params_uninitialised",  # parameters to_empty() left unwritten
         "environment",
         "recompile",
         "unknown",

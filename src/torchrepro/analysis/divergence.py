@@ -5,6 +5,7 @@ replay of the divergent step shows."""
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,9 +25,39 @@ if TYPE_CHECKING:
 # ran with, then what it computes (loss, grads, params).
 
 
+_FLOAT64 = struct.Struct("<d")
+
+
+def same_value(a: float | None, b: float | None) -> bool:
+    """Whether two recorded values are the same bit for bit (a non-finite value is a value): a NaN
+    equals a NaN with the same bits, never a number; ``inf`` equals ``inf``; ``0.0`` and ``-0.0``
+    differ. None (not recorded) equals only None.
+
+    >>> same_value(float("nan"), float("nan")), same_value(float("nan"), 1.0), same_value(0.0, -0.0)
+    (True, False, False)
+    """
+    if a is None or b is None:
+        return a is b
+    return _FLOAT64.pack(a) == _FLOAT64.pack(b)
+
+
+def distance(a: float, b: float) -> float:
+    """``|a - b|`` of two recorded values: 0 for the same bits (two alike NaNs or infinities
+    included), ``inf`` where one is not finite and the other is not the same.
+
+    >>> distance(float("nan"), float("nan")), distance(float("nan"), 2.0), distance(1.0, 0.5)
+    (0.0, inf, 0.5)
+    """
+    if same_value(a, b):
+        return 0.0
+    d = abs(a - b)
+    return d if math.isfinite(d) else math.inf
+
+
 @dataclass
 class Tolerance:
-    """``|a - b| <= atol + rtol * |b|`` counts as equal (loss, grad norm, snapshot values)."""
+    """``|a - b| <= atol + rtol * |b|`` counts as equal (loss, grad norm, snapshot values); a value
+    that is not finite is close only to itself (two NaNs of any bits count as close)."""
 
     rtol: float = 0.0
     atol: float = 0.0
@@ -38,8 +69,8 @@ class Tolerance:
     def close(self, a: float | None, b: float | None) -> bool:
         if a is None or b is None:
             return a is b
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return same_value(a, b) or (math.isnan(a) and math.isnan(b))
         return abs(a - b) <= self.atol + self.rtol * abs(b)
 
 
@@ -75,7 +106,7 @@ def compare_steps(a: Step, b: Step, tol: Tolerance) -> tuple[str, JsonObject] | 
         if x is None or y is None:  # not recorded in one of the runs
             continue
         if aspect == "loss":
-            equal = x == y or (not tol.exact and tol.close(x, y))
+            equal = same_value(x, y) or (not tol.exact and tol.close(x, y))
         elif aspect == "grads" and not tol.exact:
             equal = x == y or tol.close(a.grad_norm, b.grad_norm)
         elif aspect == "params" and not tol.exact:
@@ -101,7 +132,8 @@ def _detail(aspect: str, a: Step, b: Step) -> JsonObject:
         fa, fb = a.rng_fps or {}, b.rng_fps or {}
         return {"streams": sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)), "read_at": a.rng_at}
     if aspect == "loss":
-        return {"loss_a": a.loss, "loss_b": b.loss, "abs_diff": abs((a.loss or 0) - (b.loss or 0))}
+        x, y = a.loss, b.loss
+        return {"loss_a": x, "loss_b": y, "abs_diff": distance(x, y) if x is not None and y is not None else None}
     if aspect == "grads":
         return {"grad_norm_a": a.grad_norm, "grad_norm_b": b.grad_norm}
     return {}
@@ -543,7 +575,7 @@ def _difference(
         if l2 > worst_l2:
             worst_l2, where_l2 = l2, name
     total = math.sqrt(sum(x[2] ** 2 for x in diffs.values()))
-    norm = math.sqrt(sum(x[3] ** 2 for x in diffs.values()))
+    norm = math.sqrt(sum(x[3] ** 2 for x in diffs.values() if math.isfinite(x[3])))
     return {
         "max_abs": worst_abs if exact else None,
         "max_rel": worst_rel if exact else None,
@@ -558,18 +590,46 @@ def _difference(
 _MISMATCH = (math.inf, math.inf, math.inf, 0.0)
 
 
-def _exact(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
-    """(max abs, max rel to B's largest magnitude, L2 of the difference, L2 of B) of two arrays."""
+def abs_difference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``|x - y|`` element by element, as float64, of two arrays of one shape: 0 where the bits are
+    the same (alike NaNs and infinities included), ``inf`` where a value that is not finite meets
+    another (:func:`distance`, for arrays)."""
     import numpy as np
 
-    x, y = x.astype(np.float64), y.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+    if x.dtype == y.dtype and x.dtype.kind in "fc":
+        bits = np.dtype(f"u{x.dtype.itemsize}") if x.dtype.kind == "f" else np.dtype(f"u{x.dtype.itemsize // 2}")
+        same = np.ascontiguousarray(x).view(bits) == np.ascontiguousarray(y).view(bits)
+        same = same.reshape(*x.shape, -1).all(axis=-1) if x.dtype.kind == "c" else same
+        d[same] = 0.0
+    d[~np.isfinite(d)] = math.inf
+    return d
+
+
+def finite_magnitude(x: np.ndarray) -> float:
+    """The largest magnitude of the finite values of ``x`` (0 when it has none)."""
+    import numpy as np
+
+    magnitudes = np.abs(x.astype(np.float64))
+    finite = magnitudes[np.isfinite(magnitudes)]
+    return float(np.max(finite)) if finite.size else 0.0
+
+
+def _exact(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
+    """(max abs, max rel to B's largest finite magnitude, L2 of the difference, L2 of B's finite
+    values) of two arrays, bit for bit where values are not finite (:func:`abs_difference`)."""
+    import numpy as np
+
     if x.shape != y.shape:
         return _MISMATCH
     if not x.size:
         return 0.0, 0.0, 0.0, 0.0
-    d, scale = float(np.max(np.abs(x - y))), float(np.max(np.abs(y)))
-    rel = d / scale if scale > 0 else (0.0 if d == 0 else math.inf)
-    return d, rel, float(np.linalg.norm((x - y).ravel())), float(np.linalg.norm(y.ravel()))
+    diff = abs_difference(x, y)
+    d, scale = float(np.max(diff)), finite_magnitude(y)
+    rel = d / scale if scale > 0 and math.isfinite(d) else (0.0 if d == 0 else math.inf)
+    y64 = y.astype(np.float64).ravel()
+    return d, rel, float(np.linalg.norm(diff.ravel())), float(np.linalg.norm(y64[np.isfinite(y64)]))
 
 
 def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> ParamDifference:
@@ -603,7 +663,8 @@ def sketch_difference(a: Sketch, b: Sketch) -> ParamDifference:
             diffs[name] = _exact(a.parts[i], b.parts[j])
         else:
             estimated.append(a.dims[i])
-            diffs[name] = (None, None, float(np.linalg.norm(a.parts[i] - b.parts[j])), b.l2[j])
+            l2 = float(np.linalg.norm(a.parts[i] - b.parts[j]))  # a tensor that is not finite: its sketch neither
+            diffs[name] = (None, None, l2 if math.isfinite(l2) else math.inf, b.l2[j])
     return _difference(diffs, estimated)
 
 

@@ -16,12 +16,14 @@ from .cache_misses import rank_key_findings
 from ..eventlog.payloads import JsonObject
 from ..reports.findings import Finding, sort_findings
 from .kept_steps import KeptSteps, kept_steps
+from .nonfinite import CODES as NONFINITE_CODES, nonfinite_findings
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
 from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
 from .timeline import timeline
 
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
-# that train on different parameters, a report over fewer ranks than the job has.
+# that train on different parameters, a report over fewer ranks than the job has, a training on
+# uninitialised memory or on values that are not finite.
 FAILING_CODES = (
     "RECOMPILE_LIMIT_HIT",
     "NO_GRAPH_COMPILED",
@@ -29,6 +31,7 @@ FAILING_CODES = (
     "REPLICAS_DIFFER_FROM_START",
     "REPLICAS_DIVERGE",
     "RANKS_MISSING",
+    *NONFINITE_CODES,
 )
 
 
@@ -352,7 +355,7 @@ def _analyse(meta: JsonObject, logs: list[EventLog], problems: list[str], budget
     steps = steps_summary(kept)
     findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
     findings += _cache_findings(compile_section["cache"]) + rank_findings(logs, kept) + rank_key_findings(logs)
-    findings += capture_findings(logs) + probe_findings(logs)
+    findings += capture_findings(logs) + probe_findings(logs) + nonfinite_findings(logs, kept)
     findings = sort_findings(findings)
     failures = budget_failures(compile_section, budgets or Budgets())
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())

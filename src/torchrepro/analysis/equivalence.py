@@ -25,6 +25,7 @@ and the band is zero.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,8 @@ from ..eventlog.payloads import JsonObject
 from ..reports.check_report import CheckRun
 from ..reports.compare_report import CompareReport
 from ..reports.findings import Finding
+from .divergence import abs_difference, distance, finite_magnitude, same_value
+from .nonfinite import nonfinite_findings, of_runs, value_text
 from .verdict import Ending
 
 if TYPE_CHECKING:
@@ -110,8 +113,15 @@ def global_losses(cfg: Config) -> dict[int, float]:
     for index in sorted(common):
         values = [steps[index].loss for steps in per_rank]
         if all(isinstance(v, (int, float)) for v in values):
-            out[index] = math.fsum(float(v) for v in values if v is not None) / len(values)
+            out[index] = _mean([float(v) for v in values if v is not None])
     return out
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of ``values``: exactly rounded when all are finite, else NaN or an infinity as a sum makes it."""
+    if all(map(math.isfinite, values)):
+        return math.fsum(values) / len(values)
+    return sum(values) / len(values)
 
 
 def global_grad_norms(cfg: Config) -> dict[int, float]:
@@ -271,18 +281,31 @@ def _point(
     scale: float | None = None,
     rank: int | None = None,
     tensor: str | None = None,
+    finite: tuple[bool, bool] | None = None,
 ) -> JsonObject:
     """One quantity at one step: the reference band (relative), B's distance, what is allowed and
     the status: ``within``, ``ambiguous`` (beyond the analytic tolerance by less than AMBIGUOUS when
-    no band was measured) or ``out``."""
+    no band was measured), ``out``, or ``nonfinite`` (a reference run holds NaN or an infinity here:
+    no band measured on such values can judge B). ``finite``: whether the reference (both runs) and B
+    hold finite values (None: whether ``a1``, ``a2`` and ``b`` are finite). Distances are bit for bit
+    where values are not finite (:func:`~.divergence.distance`)."""
+    reference_finite, b_finite = finite or (math.isfinite(a1) and math.isfinite(a2), math.isfinite(b))
     size = band.size(scale if scale is not None else a1)
-    noise = band.widen(_distance(a1, a2) / size)
-    diff = _distance(a1, b) / size
+    noise = band.widen(distance(a1, a2) / size) if reference_finite else band.envelope
+    diff = distance(a1, b) / size
     measured = BAND_FACTOR * noise
     allowed = max(measured, tol)
     governed = "band" if measured >= tol else "tolerance"
     ratio = diff / allowed if allowed > 0 else (0.0 if diff == 0 else math.inf)
-    status = "within" if ratio <= 1 else "ambiguous" if ratio <= AMBIGUOUS else "out"
+    status = (
+        "nonfinite"
+        if not reference_finite
+        else "within"
+        if ratio <= 1
+        else "ambiguous"
+        if ratio <= AMBIGUOUS
+        else "out"
+    )
     return {
         "step": step,
         "quantity": quantity,
@@ -298,13 +321,8 @@ def _point(
         "governed_by": governed,
         "ratio": ratio if math.isfinite(ratio) else None,
         "status": status,
+        "finite": {"reference": reference_finite, "b": b_finite},
     }
-
-
-def _distance(x: float, y: float) -> float:
-    if math.isnan(x) or math.isnan(y):
-        return 0.0 if math.isnan(x) and math.isnan(y) else math.inf
-    return abs(x - y)
 
 
 def _tensor_points(
@@ -322,13 +340,12 @@ def _tensor_points(
         y, z = a2.get(name), b.get(name)
         if y is None or z is None or y.shape != x.shape or z.shape != x.shape:
             continue
-        x64 = x.astype(np.float64)
-        scale = float(np.max(np.abs(x64))) if x.size else 0.0
-        d2 = float(np.max(np.abs(y.astype(np.float64) - x64))) if x.size else 0.0
-        db = float(np.max(np.abs(z.astype(np.float64) - x64))) if x.size else 0.0
-        p = _point(
-            step, "param", 0.0, d2, db, bands.setdefault(f"param:{name}", _Band()), tol, scale=scale, tensor=name
-        )
+        scale = finite_magnitude(x)
+        d2 = float(np.max(abs_difference(y, x))) if x.size else 0.0
+        db = float(np.max(abs_difference(z, x))) if x.size else 0.0
+        finite = (bool(np.isfinite(x).all() and np.isfinite(y).all()), bool(np.isfinite(z).all()))
+        band = bands.setdefault(f"param:{name}", _Band())
+        p = _point(step, "param", 0.0, d2, db, band, tol, scale=scale, tensor=name, finite=finite)
         p.update(a=scale, a2=None, b=None)
         points.append(p)
     return points
@@ -400,7 +417,7 @@ def _first_on_rank(
                 if fingerprint and f"{aspect} fingerprints" not in gaps:
                     gaps.append(f"{aspect} fingerprints")
                 continue
-            if va == vb:
+            if va == vb or aspect == "loss" and same_value(va, vb):
                 continue
             tensor = None
             if aspect == "params" and layout is not None:
@@ -490,13 +507,16 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
     points = sorted(data + points, key=lambda p: (p["step"], _ORDER.index(p["quantity"]), p["rank"] is None))
     first_out = next((p for p in points if p["status"] == "out"), None)
     first_ambiguous = next((p for p in points if p["status"] == "ambiguous"), None)
+    # a reference that is not finite before B leaves it: nothing after it can be judged
+    unjudged = next((p for p in points if p["status"] in ("nonfinite", "out")), None)
+    first_nonfinite = unjudged if unjudged is not None and unjudged["status"] == "nonfinite" else None
     if not tensors_compared:
         notes.append(
             "no parameter tensor compared (no snapshots, or a layout whose shards cannot be joined): only the loss and gradient norm"
         )
     endings = [a1.ending, a2.ending, b.ending]
     ranks = rank_divergences(a1, b)
-    verdict, reason, decide = _verdict(first_out, first_ambiguous, steps, la1, lb, endings, bands)
+    verdict, reason, decide = _verdict(first_out, first_ambiguous, first_nonfinite, steps, la1, lb, endings, bands)
     return {
         "verdict": verdict,
         "reason": reason,
@@ -523,6 +543,7 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
         },
         "first_out": first_out,
         "first_ambiguous": first_ambiguous,
+        "first_nonfinite": first_nonfinite,
         "out_at_first": [
             p["tensor"] or p["quantity"]
             for p in points
@@ -606,7 +627,7 @@ def _series(points: list[JsonObject]) -> list[JsonObject]:
             row.update(
                 param=p["tensor"], param_band_rel=p["band_rel"], param_diff_rel=p["diff_rel"], param_ratio=p["ratio"]
             )
-        rank = {"within": 0, "ambiguous": 1, "out": 2}
+        rank = {"within": 0, "ambiguous": 1, "nonfinite": 2, "out": 3}
         if rank[p["status"]] > rank[row["status"]]:
             row["status"] = p["status"]
     return [rows[k] for k in sorted(rows)]
@@ -615,6 +636,7 @@ def _series(points: list[JsonObject]) -> list[JsonObject]:
 def _verdict(
     first_out: JsonObject | None,
     first_ambiguous: JsonObject | None,
+    first_nonfinite: JsonObject | None,
     steps: list[int],
     la: dict[int, float],
     lb: dict[int, float],
@@ -623,6 +645,16 @@ def _verdict(
 ) -> tuple[str, str, str | None]:
     """(``equivalent`` | ``different`` | ``abstain``, why, what would decide it)."""
     failed = [f"{e.label}: {e.problems[0]}" for e in endings if not e.ok]
+    if first_nonfinite is not None:
+        p = first_nonfinite
+        bad = next((v for v in (p["a"], p["a2"]) if v is not None and not math.isfinite(v)), math.nan)
+        held = "holds NaN or inf" if p["quantity"] == "param" else f"is {value_text(bad)}"
+        return (
+            "abstain",
+            f"A's {_what(p)} {held} at step {p['step']}: A's run-to-run band is not finite there, and no band "
+            "of values that are not finite can judge B",
+            "a reference that trains on finite values (the NONFINITE findings say where it first does not)",
+        )
     if first_out is not None:
         return "different", _where(first_out), None
     if failed:
@@ -678,6 +710,10 @@ def _what(p: JsonObject) -> str:
 def _where(p: JsonObject) -> str:
     if p["quantity"] == "batch":
         return f"step {p['step']}, rank {p['rank']}: {p['detail']}"
+    if not p["finite"]["b"]:  # NaN or inf in B where A's values are finite: no relative distance to state
+        if p["quantity"] == "param":
+            return f"step {p['step']}: {_what(p)} holds NaN or inf in B, and only finite values in A"
+        return f"step {p['step']}: {_what(p)} is {value_text(p['b'])} in B, {value_text(p['a'])} in A"
     return (
         f"step {p['step']}: {_what(p)} differs by {p['diff_rel']:.3g} (relative), "
         f"{'the band allows' if p['governed_by'] == 'band' else 'the reassociation tolerance allows'} {p['allowed_rel']:.3g}"
@@ -749,7 +785,13 @@ def findings(section: JsonObject) -> list[Finding]:
 
 
 def compare_report(
-    section: JsonObject, run_dirs: dict[str, str], timings: dict[str, float], meta: JsonObject
+    section: JsonObject,
+    run_dirs: dict[str, str],
+    timings: dict[str, float],
+    meta: JsonObject,
+    configs: Sequence[Config] = (),
 ) -> CompareReport:
-    """The :class:`~torchrepro.reports.compare_report.CompareReport` of a judged comparison."""
-    return CompareReport(CheckRun(run_dirs, timings, meta), section, findings(section), verdict_line(section))
+    """The :class:`~torchrepro.reports.compare_report.CompareReport` of a judged comparison, with the
+    non-finite values and uninitialised parameters of its runs (``configs``)."""
+    runs = of_runs({cfg.label: nonfinite_findings(cfg.logs) for cfg in configs})
+    return CompareReport(CheckRun(run_dirs, timings, meta), section, findings(section) + runs, verdict_line(section))

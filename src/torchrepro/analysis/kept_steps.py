@@ -47,11 +47,17 @@ class KeptSteps:
     batch_fps: Sequence[object]  # see _Digests
     param_indices: Sequence[int]  # the steps with per-parameter fingerprints (a range where they count up by one)
     param_fps: list[list[str]]
+    nonfinite_loss: tuple[int, float] | None = None  # (step, value) of the first loss that is NaN or infinite
+    nonfinite_grad_norm: tuple[int, float] | None = None  # (step, value) of the first such gradient norm
 
 
 _AT = {name: at for at, name in enumerate(STEP_FIELDS)}
-_T, _INDEX, _LOSS, _TIME_S, _COMPILES, _PARAMS_FP, _PARAM_FPS, _BATCH_FP, _RNG_FPS = (
-    _AT[name] for name in ("t", "index", "loss", "time_s", "compiles", "params_fp", "param_fps", "batch_fp", "rng_fps")
+_T, _INDEX, _LOSS, _GRAD_NORM, _TIME_S, _COMPILES, _PARAMS_FP, _PARAM_FPS, _BATCH_FP, _RNG_FPS = (
+    _AT[name]
+    for name in (
+        *("t", "index", "loss", "grad_norm", "time_s", "compiles"),
+        *("params_fp", "param_fps", "batch_fp", "rng_fps"),
+    )
 )
 
 
@@ -79,11 +85,14 @@ class StepReducer:
         param_indices: list[int] = []
         param_fps: list[list[str]] = []
         batch_fps, streams, agreed = _Digests(), _Digests(), self.agreed
+        nonfinite_loss = nonfinite_grad_norm = None
         for step in batches:  # what can be done while a batch is in the caches is done here
             index += step[_INDEX]
             time_s += step[_TIME_S]
             compiles += step[_COMPILES]
             loss += step[_LOSS]
+            nonfinite_loss = nonfinite_loss or _first_nonfinite(step[_INDEX], step[_LOSS])
+            nonfinite_grad_norm = nonfinite_grad_norm or _first_nonfinite(step[_INDEX], step[_GRAD_NORM])
             if step[_T]:
                 low = min(step[_T])
                 first_t = low if first_t is None else min(first_t, low)
@@ -116,7 +125,25 @@ class StepReducer:
             batch_fps=batch_fps.column(),
             param_indices=_indices(param_indices),
             param_fps=param_fps,
+            nonfinite_loss=nonfinite_loss,
+            nonfinite_grad_norm=nonfinite_grad_norm,
         )
+
+
+def _first_nonfinite(index: Sequence[int], values: Sequence[float | None]) -> tuple[int, float] | None:
+    """(step, value) of the first of ``values`` that is NaN or infinite. Their sum first (a NaN or an
+    infinity carries through it; ``x - x`` is 0 for every finite ``x``): a column of finite values
+    costs one pass in C; else (a NaN, an infinity, a None, an overflow) they are looked at one by one."""
+    try:
+        total = sum(values)  # type: ignore[arg-type]  # a None among them raises: looked at one by one
+        if total - total == 0:
+            return None
+    except TypeError:
+        pass
+    for at, x in enumerate(values):
+        if x is not None and x - x != 0:
+            return index[at], x
+    return None
 
 
 def _series(index: Sequence[int], time_s: Sequence[float | None], compiles: Sequence[int]) -> list[list[float]]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 from ..eventlog.event_reader import EventLog
-from ..eventlog.events import Capability, Compile, GraphProbe, Step
+from ..eventlog.events import Capability, Compile, GraphProbe, InitParams, Step
 from .graph_steps import GraphScope
 from .divergence import (
     SKETCH_CONFIDENCE,
@@ -30,6 +30,7 @@ from .divergence import (
     compare_replays,
     compile_differences,
     coverage,
+    distance,
     environment_differences,
     first_divergence,
     settings,
@@ -48,6 +49,7 @@ from ..reports.check_report import (
 )
 from ..reports.findings import Finding, Verdict, from_fields
 from .fix_ranking import fix_hint
+from .nonfinite import UNINITIALISED_HINT
 from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
 
@@ -77,6 +79,9 @@ CAUSE_HINTS = {
     "built before Trainer or set_seed seeds). Seed before building the model "
     "(torchrepro.seed_everything(seed), transformers.set_seed(seed)), or load the initial weights "
     "from a checkpoint (under DDP/FSDP, broadcast them from rank 0).",
+    "init_params_uninitialised": "The parameters differ before the first step because some were never "
+    "initialised (UNINITIALISED_PARAMETERS names them): their memory holds whatever it held before, another "
+    "thing in every run. " + UNINITIALISED_HINT,
     "environment": "The runs' environments differ (thread counts, versions, TF32, determinism switches): pin them.",
     "recompile": "The runs compiled different graphs: run torchrepro doctor on each to see why.",
     "shared_files": "A run read a file an earlier run wrote in the working directory (a checkpoint the script "
@@ -535,6 +540,8 @@ def hint_key(cause: str, against: str | None, logs: list[EventLog], evidence: Ev
         return "nondeterministic_kernel"
     if cause == "nondeterministic_op" and any(settings(log).get("deterministic_algorithms") for log in logs):
         return "nondeterministic_op_deterministic_on"  # the usual fix was already in force
+    if cause == "init_params" and any(e.unwritten for log in logs for e in log.of(InitParams)):
+        return "init_params_uninitialised"  # not a seed: memory to_empty() left as it was
     return cause
 
 
@@ -557,7 +564,7 @@ def _largest_difference(curve: list[CurvePoint], logs_a: list[EventLog], logs_b:
     """The largest parameter (from snapshots) and loss (from every step) differences seen."""
     losses_b = {(log.rank, s.index): s.loss for log in logs_b for s in log.of(Step)}
     loss = [
-        abs(s.loss - loss_b)
+        distance(s.loss, loss_b)
         for log in logs_a
         for s in log.of(Step)
         if s.loss is not None and (loss_b := losses_b.get((log.rank, s.index))) is not None

@@ -10,6 +10,7 @@ from ..eventlog.events import Step
 from ..eventlog.provenance import provenance
 from ..eventlog.payloads import JsonObject
 from ..reports.check_report import RunSide, StepRow
+from .divergence import distance
 from .kept_steps import MAX_POINTS
 
 
@@ -32,7 +33,8 @@ def side(label: str, path: str, meta: JsonObject, logs: list[EventLog]) -> RunSi
 
 
 def step_comparison(a: EventLog, b: EventLog) -> list[StepRow]:
-    """Per step both runs recorded (one rank): the two losses, their absolute difference and
+    """Per step both runs recorded (one rank): the two losses, their absolute difference (0 for the
+    same bits, NaN and infinities included; :func:`~.divergence.distance`) and
     whether the parameter fingerprints after the step are equal (None where not fingerprinted)."""
     by_index = {s.index: s for s in b.of(Step)}
     rows: list[StepRow] = []
@@ -46,7 +48,7 @@ def step_comparison(a: EventLog, b: EventLog) -> list[StepRow]:
                 "step": x.index,
                 "loss_a": x.loss,
                 "loss_b": y.loss,
-                "loss_diff": abs(x.loss - y.loss) if x.loss is not None and y.loss is not None else None,
+                "loss_diff": distance(x.loss, y.loss) if x.loss is not None and y.loss is not None else None,
                 "same_params": same,
             }
         )

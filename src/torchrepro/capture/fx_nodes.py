@@ -5,6 +5,7 @@ user source line, and whether two values are bitwise equal. Shared by the graph 
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import re
 import struct
@@ -90,12 +91,15 @@ def same(x: Any, y: Any) -> tuple[bool, float | None]:
 
 
 def _max_abs(x: torch.Tensor, y: torch.Tensor) -> float | None:
-    """The largest absolute difference of two same-shaped tensors (None when empty or when their
-    values cannot be subtracted, e.g. quantized)."""
-    if not x.numel():
+    """The largest absolute difference of two same-shaped tensors, ``inf`` where a value that is not
+    finite meets another (None when empty, on the meta device, or when their values cannot be
+    subtracted, e.g. quantized)."""
+    if not x.numel() or x.is_meta or y.is_meta:
         return None
     wide = torch.complex128 if x.dtype.is_complex else torch.float64
     try:
-        return float((x.detach().to(wide) - y.detach().to(wide)).abs().max())
+        a, b = x.detach().to(wide), y.detach().to(wide)
+        alike = (a == b) | (a.isnan() & b.isnan())  # NaNs of other bits: their digests already differ
+        return float(torch.where(alike, 0.0, (a - b).abs().nan_to_num(nan=math.inf)).abs().max())
     except (RuntimeError, TypeError):
         return None

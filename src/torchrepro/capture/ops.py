@@ -62,8 +62,9 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
     """Records each op: index, name, module FQN, phase (forward/backward), source, digests
     (only where :func:`~torchrepro._compat.ops_replay` says this torch has what it needs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, unrecorded: Callable[[], bool] = lambda: False) -> None:
         super().__init__()
+        self._unrecorded = unrecorded  # true while capture does its own tensor work (fingerprints, norms, checks)
         flatten, autograd_node = tree_flatten(), current_autograd_node()
         if flatten is None or autograd_node is None:
             raise RuntimeError("this torch cannot replay ops (torchrepro._compat.ops_replay)")
@@ -106,6 +107,8 @@ class OpRecorder(dispatch_mode() or object):  # type: ignore[misc]
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if self._unrecorded():
+            return func(*args, **kwargs)
         inputs = _digests(self._flatten, (args, kwargs))
         out = func(*args, **kwargs)
         node = self._autograd_node()
@@ -258,8 +261,17 @@ class StepReplay:
     torch lacks what a compiled replay needs, the ops are recorded; where it lacks what that
     needs, nothing is (the ``torch_api`` capability events say which API was missing)."""
 
-    def __init__(self, step: int, out: Path, graphs: bool = False, kernels: bool = False):
+    def __init__(
+        self,
+        step: int,
+        out: Path,
+        graphs: bool = False,
+        kernels: bool = False,
+        unrecorded: Callable[[], bool] = lambda: False,
+    ):
+        """``unrecorded``: whether an op now is capture's own (not recorded)."""
         self.step, self.out = step, Path(out)
+        self._unrecorded = unrecorded
         self.recorder: OpRecorder | None = None
         self.checker: GraphChecker | None = None
         self.repeater = None
@@ -280,7 +292,7 @@ class StepReplay:
         elif self.checker is not None:
             self.checker.active = True
         elif ops_replay():
-            self.recorder = OpRecorder()
+            self.recorder = OpRecorder(self._unrecorded)
             self.recorder.__enter__()
 
     def on_step_end(self, index: int) -> None:

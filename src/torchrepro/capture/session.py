@@ -208,11 +208,13 @@ class CaptureSession:
         if self.config.replay_step is not None:
             from .ops import StepReplay
 
+            steps = self.steps
             replay = StepReplay(
                 self.config.replay_step,
                 self.config.replay_out or self.dir / "replay.json",
                 graphs=self.config.replay_graphs,
                 kernels=self.config.replay_kernels,
+                unrecorded=lambda: steps.observing > 0,  # capture's own tensor work is not the step's
             )
             self.steps.listeners.append(replay.on_step_end)
             if self.config.replay_step == 0:

@@ -136,7 +136,9 @@ class SnapshotWriter:
         (but the first); what was not written and why (the disk cannot hold the full values: the
         step before stays the one kept), else None."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        local = [_local(p) for p in params]
+        # a tensor on the meta device holds no values (an optimizer made before to_empty() holds such): left out
+        kept = [(name, t) for name, t in zip(names, map(_local, params)) if not t.is_meta]
+        names, local = [name for name, _ in kept], [t for _, t in kept]
         if self._dims is None:
             self._dims = sketch_dims(names, [t.numel() for t in local])
         parts = [_sketch(t, self._dims, tensor_seed(name)) for name, t in zip(names, local)]

@@ -1,6 +1,6 @@
 """The events the step recorder writes besides its steps: capabilities (the step clock, the
-fingerprint interval, capture errors, FSDP2, snapshots), the initial parameters, the parameters'
-names, shapes and kinds, and the settings in force after the first step."""
+fingerprint interval, capture errors, FSDP2, snapshots), the initial parameters, tensors that hold
+NaN or an infinity, the parameters' names, shapes and kinds, and the settings in force after the first step."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from .. import _compat as compat
-from ..eventlog.events import Capability, Event, InitParams, Params, Setting
-from .step_params import kind
+from ..eventlog.events import Capability, Event, InitParams, NonFinite, Params, Setting
+from .step_params import NAMED_AT_MOST, kind
 
 
 class StepEvents:
@@ -23,9 +23,18 @@ class StepEvents:
     def capability(self, name: str, available: bool, note: str, step: int | None = None) -> None:
         self.emit(Capability(rank=self.rank, step=step, name=name, available=available, note=note))
 
-    def init_params(self, step: int, source: str, module: Any, named: list[tuple[str, Any]], fps: list[str]) -> None:
+    def init_params(
+        self,
+        step: int,
+        source: str,
+        module: Any,
+        named: list[tuple[str, Any]],
+        fps: list[str],
+        unwritten: list[str] | None = None,
+    ) -> None:
         """The one ``InitParams`` event: the fingerprints ``fps`` of ``module``'s ``named``
-        parameters as training starts (``source``: at its first forward, or before FSDP2 shards it)."""
+        parameters as training starts (``source``: at its first forward, or before FSDP2 shards it),
+        and those ``to_empty()`` materialised that were never written (``unwritten``)."""
         self.emit(
             InitParams(
                 rank=self.rank,
@@ -34,8 +43,16 @@ class StepEvents:
                 module=type(module).__name__,
                 names=[n for n, _ in named],
                 fps=fps,
+                unwritten=unwritten or [],
             )
         )
+
+    def nonfinite(self, step: int, what: str, names: list[str], of: int, count: int | None = None) -> None:
+        """A ``NonFinite`` event for the ``names`` (the first :data:`NAMED_AT_MOST` of ``count``, of
+        ``of``) that hold NaN or an infinity; nothing when there are none."""
+        if names:
+            count = len(names) if count is None else count
+            self.emit(NonFinite(rank=self.rank, step=step, what=what, names=names[:NAMED_AT_MOST], count=count, of=of))
 
     def params(self, names: list[str], params: list[torch.Tensor]) -> None:
         self.emit(

@@ -1,13 +1,17 @@
 """What a step records of the parameters: which tensors they are (the clock optimizer's, else
 the leaves a loss's gradient flows into) and their names, the modules called before they were
-named, whether the initial parameters were fingerprinted, the gradients' digests and norm, their
-fingerprints and snapshots (:mod:`.snapshots`)."""
+named, whether the initial parameters were fingerprinted, which of them ``to_empty()`` left
+unwritten and which hold NaN or an infinity as training starts, the gradients' digests and norms,
+their fingerprints and snapshots (:mod:`.snapshots`)."""
 
 from __future__ import annotations
 
 import gc
+import math
 import warnings
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,20 @@ from .snapshots import SnapshotWriter
 from .step_inputs import Digest, local
 
 
+NAMED_AT_MOST = 20  # tensors a NonFinite event names
+
+
+@dataclass(slots=True)
+class Grads:
+    """A step's gradients as recorded before the update: their digests, their global norm and each
+    one's norm (tensors, read back with the step), and which parameters (by position) had them."""
+
+    digests: list[Digest]
+    norm: torch.Tensor
+    norms: torch.Tensor
+    held_by: list[int]
+
+
 class StepParams:
     """The parameters a step updates (``params``, ``names``) and what is recorded of them."""
 
@@ -27,7 +45,10 @@ class StepParams:
         self.names: list[str] | None = None
         self.called: list[Any] = []  # the outermost modules called before the parameters are named
         self.init_done = False  # the initial parameters were fingerprinted
-        self.grads: tuple[list[Digest], torch.Tensor] | None = None  # the step's gradient digests and norm
+        self.grads: Grads | None = None  # the step's gradients
+        self.nonfinite_grads_seen = False  # a step's gradients were found not finite (said once)
+        # parameters Module.to_empty() materialised: id -> (the parameter, its versions then)
+        self.materialised: dict[int, tuple[weakref.ref[torch.Tensor], tuple[int, int]]] = {}
         self.snapshot_dir = snapshot_dir
         self.keep_all = keep_all  # every snapshot step's full parameters, not only the latest
         self.last_snapshot: int | None = None
@@ -59,8 +80,36 @@ class StepParams:
         self.called = []
         return True
 
-    def note_grads(self, grads: list[torch.Tensor]) -> None:
-        self.grads = _grad_digest(grads)
+    def note_to_empty(self, module: Any) -> None:
+        """``module.to_empty()`` gave its parameters memory: their versions now (one still at them at the
+        first forward was never written: no init, no state dict loaded into it)."""
+        if isinstance(module, torch.nn.Module):
+            for p in module.parameters():
+                self.materialised[id(p)] = (weakref.ref(p), _versions(p))
+
+    def unwritten(self, named: list[tuple[str, Any]]) -> list[str]:
+        """The names of ``named`` parameters that ``to_empty()`` materialised and nothing wrote since."""
+        out = []
+        for name, p in named:
+            ref, versions = self.materialised.get(id(p), (None, None))
+            alive = ref() if ref is not None else None  # the same tensor, not another at its address
+            if alive is not None and alive is p and versions == _versions(alive):
+                out.append(name)
+        self.materialised = {}
+        return out
+
+    def note_grads(self, params: list[torch.Tensor]) -> None:
+        """The gradients of ``params`` (those that have one), recorded before the update."""
+        held = [(i, p.grad) for i, p in enumerate(params) if p.grad is not None]
+        self.grads = _grad_digest([g for _, g in held], [i for i, _ in held])
+
+    def nonfinite_grads(self, norms: list[float], held_by: list[int]) -> tuple[list[str], int, int]:
+        """(the first names, the count, of how many) of the gradients whose norm ``norms`` (read back;
+        held by the parameters at ``held_by``) is not finite; said once a run."""
+        self.nonfinite_grads_seen = True
+        bad = [i for i, norm in zip(held_by, norms) if not math.isfinite(norm)]
+        names = self.names or []
+        return [names[i] if i < len(names) else f"param{i}" for i in bad[:NAMED_AT_MOST]], len(bad), len(norms)
 
     def fingerprints(self) -> list[list[Digest]]:
         """The parameters' fingerprints, their device sums to read back."""
@@ -95,13 +144,33 @@ def leaves_of(loss: torch.Tensor) -> list[torch.Tensor]:
     return leaves
 
 
-def _grad_digest(grads: list[torch.Tensor]) -> tuple[list[Digest], torch.Tensor] | None:
-    """(per-gradient digests, global norm as a tensor) of gradients, or None when there are none."""
+def _grad_digest(grads: list[torch.Tensor], held_by: list[int]) -> Grads | None:
+    """The :class:`Grads` of gradients (held by the parameters at ``held_by``), or None when there are none."""
     grads = [local(g).detach() for g in grads]
     if not grads:
         return None
-    norms = compat.foreach_norm(grads)
-    return [fingerprint_later(g) for g in grads], torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    norms = torch.stack([n.float() for n in compat.foreach_norm(grads)])
+    return Grads([fingerprint_later(g) for g in grads], torch.linalg.vector_norm(norms), norms, held_by)
+
+
+def nonfinite_params(named: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the parameters (this rank's part of each) that hold NaN or an infinity: one
+    reduction each (its smallest and largest value, NaN included), no copy of a tensor."""
+    out = []
+    for name, p in named:
+        t = local(p).detach()
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        if not t.is_floating_point() or not t.numel() or t.is_meta:
+            continue
+        if not all(map(math.isfinite, torch.stack(torch.aminmax(t.reshape(-1))).tolist())):
+            out.append(name)
+    return out
+
+
+def _versions(p: torch.Tensor) -> tuple[int, int]:
+    """A parameter's version counter and its local part's (a DTensor's shard): any write in place moves one."""
+    return p._version, local(p)._version
 
 
 def kind(p: torch.Tensor) -> str:

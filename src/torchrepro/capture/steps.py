@@ -40,6 +40,7 @@ events it writes (:mod:`.step_events`).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -58,7 +59,7 @@ from .readback import Readback
 from .step_events import StepEvents
 from .step_inputs import Digest, StepInputs, local
 from .step_losses import Loss, StepLosses, step_loss
-from .step_params import StepParams, leaves_of
+from .step_params import StepParams, leaves_of, nonfinite_params
 from .step_rng import StepRng
 from .step_timing import FingerprintInterval
 
@@ -111,6 +112,7 @@ class StepRecorder:
         self._start = time.perf_counter()
         self._undo: list[Callable[[], None]] = []
         self.failed = False
+        self.observing = 0  # observers running (nested: a listener inside the step end)
         self.listeners: list[Callable[[int], None]] = []  # called with each finished step's index
         self.clock: str | None = None  # "optimizer" or "backward", once known
         self._optimizers_made = 0
@@ -142,11 +144,13 @@ class StepRecorder:
 
     def _safe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Observer bugs must never reach the user's script: the first one is recorded as a
-        ``capture_error`` event and step capture stops; the run goes on untouched."""
+        ``capture_error`` event and step capture stops; the run goes on untouched. While an observer
+        runs, ``observing`` is above 0 (an op replay does not record capture's own tensor work)."""
 
         def guarded(*args: Any, **kwargs: Any) -> None:
             if self.failed:
                 return
+            self.observing += 1
             try:
                 fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - deliberately total
@@ -154,6 +158,8 @@ class StepRecorder:
                 self._events.capability(
                     "capture_error", False, f"step capture stopped: {type(exc).__name__}: {exc}", step=self.completed
                 )
+            finally:
+                self.observing -= 1
 
         return guarded
 
@@ -169,6 +175,7 @@ class StepRecorder:
         before, after = self._safe(self._note_backward), self._safe(self._after_backward)
         self._wrap(torch.autograd, "backward", before, after=after, after_while="_backward_clock")
         self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
+        self._wrap(torch.nn.Module, "to_empty", None, after=self._safe(self._params.note_to_empty))
         self._wrap_module_call()
         caps = [
             Capability(
@@ -252,7 +259,9 @@ class StepRecorder:
             root, named = initial
             self._modes()
             fps = [fingerprint(local(p))[:16] for _, p in named]
-            self._events.init_params(self.completed, "first_forward", root, named, fps)
+            unwritten = self._params.unwritten(named)
+            self._events.init_params(self.completed, "first_forward", root, named, fps, unwritten)
+            self._events.nonfinite(self.completed, "parameters", nonfinite_params(named), len(named))
         if self.config.batches and not self._inputs.batches:
             self._inputs.note_call(args, kwargs)
         if self._timing:
@@ -313,7 +322,7 @@ class StepRecorder:
         self._pending_backward = True
         params = self._params
         if self.config.grads and params.params:
-            params.note_grads([p.grad for p in params.params if p.grad is not None])
+            params.note_grads(params.params)
 
     def _note_batch(self, batch: Any) -> None:
         t0 = time.perf_counter() if self._timing else 0.0
@@ -326,7 +335,7 @@ class StepRecorder:
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
             return
-        self._params.note_grads([p.grad for p in self._optimizer_params(optimizer) if p.grad is not None])
+        self._params.note_grads(self._optimizer_params(optimizer))
 
     def _is_clock(self, optimizer: Any) -> bool:
         if self._clock_optimizer is None:
@@ -397,9 +406,13 @@ class StepRecorder:
         loss = losses.put(event, parts)
         later: dict[str, list[list[Digest]]] = {}  # digests whose device sums are read back with them
         self._inputs.put(event, later)
+        held_by: list[int] = []  # whose gradient norms are read back one by one: until one is found not finite
         if params.grads is not None:
-            parts.append(params.grads[1])
-            later["grads"] = [params.grads[0]]
+            parts.append(params.grads.norm)
+            later["grads"] = [params.grads.digests]
+            if not params.nonfinite_grads_seen:
+                parts.append(params.grads.norms)
+                held_by = params.grads.held_by
         self._rng.put(event)
         fp_cost = 0.0
         if params.params and self._digests and self.interval.due(index):
@@ -410,7 +423,7 @@ class StepRecorder:
             parts += [
                 d.sums for groups in later.values() for group in groups for d in group if isinstance(d, DeviceDigest)
             ]
-        self._readback.add(event, parts, partial(_fill, loss, later))
+        self._readback.add(event, parts, partial(_fill, loss, later, held_by, self._nonfinite_grads))
         if params.params and self.config.snapshots and (index < 16 or index & (index - 1) == 0):
             self._snapshot(index)
         self._readback.poll()
@@ -419,6 +432,12 @@ class StepRecorder:
         if self._timing:
             own = self.interval.own + (time.perf_counter() - now) - fp_cost
             self._choose_interval(index, step_time - self.interval.own, fp_cost, own)
+
+    def _nonfinite_grads(self, step: int, norms: list[float], held_by: list[int]) -> None:
+        """The first step whose gradient norm is not finite: which gradients are not (once a run)."""
+        if not self._params.nonfinite_grads_seen:
+            names, count, of = self._params.nonfinite_grads(norms, held_by)
+            self._events.nonfinite(step, "gradients", names, of, count)
 
     def _reset_step(self) -> None:
         self._losses.reset()
@@ -477,14 +496,26 @@ def _skip_frame(fn: Callable[..., Any]) -> None:
         skip_code(fn.__code__)
 
 
-def _fill(loss: Loss | None, later: dict[str, list[list[Digest]]], event: Step, values: list[Any]) -> None:
+def _fill(
+    loss: Loss | None,
+    later: dict[str, list[list[Digest]]],
+    held_by: list[int],
+    nonfinite_grads: Callable[[int, list[float], list[int]], None],
+    event: Step,
+    values: list[Any],
+) -> None:
     """Complete a step's event from its values read back (in the order ``_end_step`` queued
-    them: the losses, gradient norm, then the two device sums of each digest in ``later``)."""
+    them: the losses, gradient norm and the own norms of the gradients of the parameters at
+    ``held_by``, then the two device sums of each digest in ``later``); a gradient norm that is not
+    finite goes to ``nonfinite_grads``."""
     it = iter(values)
     if loss is not None:
         event.loss, event.loss_last = step_loss([next(it) for _ in range(loss.calls)], loss.closure, loss.dtype)
     if "grads" in later:
         event.grad_norm = round(next(it), 9)
+        each = [next(it) for _ in held_by]
+        if each and not math.isfinite(event.grad_norm):
+            nonfinite_grads(event.index, each, held_by)
     done = {
         key: [[d if isinstance(d, str) else d.finish(next(it), next(it)) for d in group] for group in groups]
         for key, groups in later.items()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..telemetry.otlp import record_report
+from ..render.paths import display_path
 
 if TYPE_CHECKING:  # imported once there is a report: a rank's `torchrepro run` hands back an int
     from ..reports.loader import Report
@@ -38,7 +39,7 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
         from ..eventlog.rundir import HTML_FILE, REPORT_FILE
 
         assert where is not None, "a drift report is always stored in its experiment's directory"
-        render_drift(report, report_path=f"{where / REPORT_FILE} · {where / HTML_FILE}")
+        render_drift(report, report_path=" · ".join(display_path(where / name) for name in (REPORT_FILE, HTML_FILE)))
         return report.exit_code
     shown = _report_paths(where) if where else _written_to(args)
     if isinstance(report, CompareReport):
@@ -91,12 +92,13 @@ def _written_to(args: argparse.Namespace) -> str | None:
     """The file the command wrote the report to (``--html``, else ``--json``; not stdout)."""
     from .options import STDOUT
 
-    return next((v for v in (getattr(args, "html", None), getattr(args, "json", None)) if v and v != STDOUT), None)
+    written = (v for v in (getattr(args, "html", None), getattr(args, "json", None)) if v and v != STDOUT)
+    return next((display_path(v) for v in written), None)
 
 
 def _report_paths(directory: Path) -> str:
     """Where the report went: ``report.json`` and, when it was written, ``report.html``."""
     from ..eventlog.rundir import HTML_FILE, REPORT_FILE
 
-    written = [str(directory / name) for name in (REPORT_FILE, HTML_FILE) if (directory / name).exists()]
-    return ", ".join(written) or str(directory / REPORT_FILE)
+    written = [display_path(directory / name) for name in (REPORT_FILE, HTML_FILE) if (directory / name).exists()]
+    return ", ".join(written) or display_path(directory / REPORT_FILE)

@@ -152,11 +152,10 @@ def compare(
         )
         b_dirs = {"b-stopped": str(run_dir / "b-stopped"), "b": str(run_dir / "b"), "checkpoint": str(saved)}
     endings = {**ref.endings, **other.endings}
-    section = judge(
-        Config("a-1", run_a1.logs, endings["a-1"]),
-        Config("a-2", run_a2.logs, endings["a-2"]),
-        Config("b", run_b.logs, endings["b"]),
-    )
+    configs = [
+        Config(label, run.logs, endings[label]) for label, run in (("a-1", run_a1), ("a-2", run_a2), ("b", run_b))
+    ]
+    section = judge(*configs)
     section["configs"] = {
         "a": {"script": str(script_a), "args": a[1], "nproc": a[2], "world": len(run_a1.logs)},
         "b": {"script": str(script_b), "args": b[1], "nproc": b[2], "world": len(run_b.logs)}
@@ -168,6 +167,7 @@ def compare(
         {"a-1": str(run_dir / "a-1"), "a-2": str(run_dir / "a-2"), **b_dirs},
         {**ref.timings, **other.timings},
         meta,
+        configs,
     )
     report.provenance = provenance({**run_a1.meta, **meta}, run_a1.logs[0].header if run_a1.logs else None)
     write_report(run_dir, report)

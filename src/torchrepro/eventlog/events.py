@@ -150,13 +150,30 @@ class Params(Event):
 @dataclass(slots=True)
 class InitParams(Event):
     """A module's full parameters as this rank built them, just before ``source`` (e.g.
-    ``fully_shard``) sharded them: fingerprints by name, ``"meta"`` for meta tensors."""
+    ``fully_shard``) sharded them, or as training starts (``first_forward``): fingerprints by name,
+    ``"meta"`` for meta tensors. At the first forward, ``unwritten`` names the parameters that
+    ``Module.to_empty()`` materialised and nothing wrote since (uninitialised memory)."""
 
     kind: ClassVar[str] = "init_params"
     source: str = ""
     module: str = ""
     names: list[str] = field(default_factory=list)
     fps: list[str] = field(default_factory=list)
+    unwritten: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class NonFinite(Event):
+    """Tensors that hold NaN or an infinity, written the first time capture sees them:
+    ``what`` is ``parameters`` (as training starts, at the first forward) or ``gradients`` (at
+    the first step whose gradient norm is not finite); ``names`` the first of them, in the
+    parameters' order, ``count`` how many of ``of``."""
+
+    kind: ClassVar[str] = "nonfinite"
+    what: str = ""
+    names: list[str] = field(default_factory=list)
+    count: int = 0
+    of: int = 0
 
 
 @dataclass(slots=True)
@@ -289,6 +306,7 @@ KINDS: dict[str, type[Event]] = {
         CacheLookup,
         Params,
         InitParams,
+        NonFinite,
         Step,
         Capability,
         GraphProbe,

@@ -41,6 +41,7 @@ from ...eventlog.payloads import JsonObject
 from ...reports.check_report import Evidence, GraphProbeRecord
 from ...reports.findings import Finding, Verdict
 from ...analysis.fix_ranking import FixRow, cost_text, recommend
+from ...analysis.nonfinite import nonfinite_findings, of_runs
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
@@ -374,7 +375,8 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
             "runs": request.runs,
             "against": request.against,
         },
-        [f for pair in same_config for f in cache_key_findings(*pair)],
+        [f for pair in same_config for f in cache_key_findings(*pair)]
+        + nonfinite_of({s.label: done[s.label][1] for s in specs}),
         (run_a, run_b),
     )
     write_report(run_dir, report)
@@ -404,6 +406,12 @@ def workdir_notes(checker: Checker, crossings_named: bool) -> list[str]:
     if not crossings_named:
         notes += [f"{c.wrote} wrote {c.path} in the working directory, {c.read} read it" for c in ledger.crossings[:3]]
     return notes
+
+
+def nonfinite_of(runs: dict[str, Run]) -> list[Finding]:
+    """Non-finite losses, gradients and parameters, and parameters never initialised, of the runs
+    compared (by label): a finding every run has alike said once (:mod:`torchrepro.analysis.nonfinite`)."""
+    return of_runs({label: nonfinite_findings(run.logs) for label, run in runs.items()})
 
 
 def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> list[Finding]:
@@ -519,7 +527,7 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
         {"a": str(path_a), "b": str(path_b)},
         {},
         {**launch_meta(None), "diff": [str(path_a), str(path_b)]},
-        cache_key_findings("A", run_a, "B", run_b),
+        cache_key_findings("A", run_a, "B", run_b) + nonfinite_of({"A": run_a, "B": run_b}),
         (run_a, run_b),
     )
 
@@ -656,6 +664,7 @@ def check_resume(
         },
         checker.timings,
         {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "resume_at": at, "nproc": nproc},
+        nonfinite_of({"full": full, "resumed": resumed}),
         compared=(full, resumed),
     )
     if det.verdict is Verdict.BIT_EXACT:

@@ -258,19 +258,26 @@ class Checker:
         if replay_out.exists():
             record: JsonObject = json.loads(replay_out.read_text())
             return record
-        self.replay_failures[tag] = _why_no_record(result, step)
+        self.replay_failures[tag] = _why_no_record(result, step, rank)
         return None
 
 
-def _why_no_record(result: ChildResult, step: int) -> str:
-    """Why a replay wrote no record: the exception that ended it (its first line), or that it
-    ended cleanly before reaching ``step``."""
+_RANK_PREFIX = re.compile(r"^(\[\w+\]:)+")  # what torchrun and torch put before a rank's lines: [default0]:[rank0]:
+
+
+def _why_no_record(result: ChildResult, step: int, rank: int = 0) -> str:
+    """Why a replay wrote no record: the exception that ended it (its first line; under torchrun
+    the replayed rank's own, not the launcher's ChildFailedError), or that it ended cleanly before
+    reaching ``step``."""
     if result.exit_code == 0:
         return f"the replay ended (exit 0) before step {step}"
-    errors = [
-        line.strip()
-        for line in result.stderr_tail
-        if re.match(r"\s*[\w.]*(Error|Exception|Failed|Failure|Interrupt)\b", line)
-    ]
-    last = errors[-1] if errors else next((line.strip() for line in reversed(result.stderr_tail) if line.strip()), "")
+    for lines in (result.rank_stderr_tails.get(rank, []), result.stderr_tail):
+        errors = [
+            text
+            for text in (_RANK_PREFIX.sub("", line).strip() for line in lines)
+            if re.match(r"[\w.]*(Error|Exception|Failed|Failure|Interrupt)\b", text) and "ChildFailedError" not in text
+        ]
+        if errors:
+            return f"the replay exited with {result.exit_code}: {errors[-1]}"
+    last = next((line.strip() for line in reversed(result.stderr_tail) if line.strip()), "")
     return f"the replay exited with {result.exit_code}" + (f": {last}" if last else "")
