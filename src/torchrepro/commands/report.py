@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
     options.add_otlp_option(p)
     p.add_argument(
         "--jobs",
-        type=options.positive_int,
+        type=options.processes,
         default=None,
         metavar="J",
         help="processes reading the rank logs (default: one per core for logs over 128 MB, else 1)",
