@@ -13,6 +13,7 @@ recomputed: what a chart needs, the analysis put into the report.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
@@ -107,8 +108,8 @@ _W, _H, _L, _R, _T, _B = 760, 250, 64, 16, 26, 36  # size and margins (left, rig
 
 
 def _ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
-    if hi <= lo:
-        return [lo]
+    if not math.isfinite(hi - lo) or hi <= lo:  # (a span past the largest float: one tick)
+        return [lo] if math.isfinite(lo) else []
     step = 10 ** math.floor(math.log10((hi - lo) / n))
     for mult in (1, 2, 5, 10):
         if (hi - lo) / (step * mult) <= n:
@@ -125,10 +126,11 @@ class _Axes:
 
     def __init__(self, xs: Sequence[float], ys: Sequence[float], log_y: bool, zero: bool = True):
         self.log_y, self.width, self.height = log_y, _W, _H
+        xs = [x for x in xs if math.isfinite(x)]
         self.x0, self.x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
         if self.x1 == self.x0:
             self.x1 = self.x0 + 1
-        values = [self._fy(y) for y in ys if y is not None and (y > 0 or not log_y)]
+        values = [self._fy(y) for y in ys if y is not None and math.isfinite(y) and (y > 0 or not log_y)]
         self.y0, self.y1 = (min(values), max(values)) if values else (0.0, 1.0)
         if log_y:
             self.y0, self.y1 = math.floor(self.y0), math.ceil(self.y1)
@@ -155,7 +157,8 @@ class _Axes:
         parts = [
             (f'<rect class="plot" x="{_L}" y="{_T}" width="{self.width - _L - _R}" height="{self.height - _T - _B}"/>')
         ]
-        y_ticks = [10.0**e for e in range(int(self.y0), int(self.y1) + 1)] if self.log_y else _ticks(self.y0, self.y1)
+        powers = range(int(self.y0), min(int(self.y1), sys.float_info.max_10_exp) + 1)
+        y_ticks = [10.0**e for e in powers] if self.log_y else _ticks(self.y0, self.y1)
         y_ticks = [t for t in y_ticks if self.y(t) is not None]
         for t, label in zip(y_ticks, distinct_labels(y_ticks, y_format)):
             y = self.y(t)
@@ -212,9 +215,9 @@ def line_chart(
     label: str = "chart",
 ) -> Markup:
     """Lines (``{"name", "points": [(x, y), ...], "marks": [(x, y, title), ...]}``) on shared axes,
-    with a legend; points with y None (or ≤ 0 on a log axis) leave a gap."""
-    xs = [p[0] for s in series for p in s["points"]]
-    ys = [p[1] for s in series for p in s["points"] if p[1] is not None]
+    with a legend; points with y None, NaN or infinite (or ≤ 0 on a log axis) leave a gap."""
+    xs = [p[0] for s in series for p in s["points"] if math.isfinite(p[0])]
+    ys = [p[1] for s in series for p in s["points"] if p[1] is not None and math.isfinite(p[1])]
     if not xs:
         return Markup('<p class="muted">no data</p>')
     if log_y and not any(y > 0 for y in ys):
@@ -225,7 +228,7 @@ def line_chart(
         color = s.get("color") or PALETTE[i % len(PALETTE)]
         path, pen = [], "M"
         for x, y in s["points"]:
-            py = None if y is None else ax.y(y)
+            py = None if y is None or not math.isfinite(x + y) else ax.y(y)
             if py is None:
                 pen = "M"
                 continue
@@ -240,7 +243,7 @@ def line_chart(
             f"<title>{_text(s['name'])}</title></path>"
         )
         for mx, my, title in s.get("marks", []):
-            py = ax.y(my) if my is not None else None
+            py = ax.y(my) if my is not None and math.isfinite(mx + my) else None
             if py is not None:
                 parts.append(
                     f'<circle class="mark" cx="{ax.x(mx):.1f}" cy="{py:.1f}" r="4" stroke="{color}">'
@@ -263,7 +266,10 @@ _CACHE_CLASS = {"hit": "hit", "miss": "miss", None: "nocache"}
 def compile_timeline(lanes: Sequence[TimelineRow]) -> Markup:
     """One lane per rank group: a bar per compile from its start for its duration, coloured by
     its cache outcome, outlined when it was a recompile; hover for what and why."""
-    lanes = list(lanes)[:MAX_LANES]
+    lanes = [
+        {**lane, "compiles": [c for c in lane["compiles"] if math.isfinite(c["start_s"] + c["duration_s"])]}
+        for lane in list(lanes)[:MAX_LANES]
+    ]  # (a time that is no number has no place on the axis)
     bars = [(c["start_s"], c["start_s"] + c["duration_s"]) for lane in lanes for c in lane["compiles"]]
     if not bars:
         return Markup('<p class="muted">no compiles</p>')
