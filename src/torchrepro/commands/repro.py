@@ -20,7 +20,9 @@ from typing import Any
 
 from . import options
 from ..errors import InputError
+from ..eventlog.rundir import refuse_while_written
 from ..render.sanitize import visible
+from .workdir import COPY_DIR
 
 GRAPH_FILES = ("graph.py", "inputs.json", "meta.json", "inputs.safetensors", "inputs.pt")
 META = "meta.json"
@@ -47,10 +49,16 @@ def add_parser(sub: Any) -> None:
 
 
 def saved_graphs(run_dir: Path) -> list[tuple[str, Path, dict[str, Any]]]:
-    """Every compiled graph saved under ``run_dir`` (a run, or a check's runs): its id
-    (``0/0/backward``), folder and probe record, those that differed first."""
+    """Every compiled graph saved in the ranks of ``run_dir`` (a run: ``rank-*/graphs``), or of its
+    runs (a check's: ``*/rank-*/graphs``, but never in a copy of the working directory a run
+    started in, ``cwd/``): its id (``0/0/backward``), folder and probe record, those that differed first."""
     found = []
-    for meta_file in sorted(run_dir.glob("**/rank-*/graphs/*/" + META)):
+    pattern = "rank-*/graphs/*/" + META
+    runs = [
+        run_dir,
+        *(d for d in sorted(run_dir.iterdir()) if d.name != COPY_DIR and d.is_dir() and not d.is_symlink()),
+    ]
+    for meta_file in sorted(f for run in runs for f in run.glob(pattern)):
         try:
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such directory")
+    refuse_while_written(run_dir)
     graph_id, source, meta = choose(run_dir, args.graph)
     out = Path(args.out) if args.out else run_dir / "repro"
     if out.resolve() == source.resolve():

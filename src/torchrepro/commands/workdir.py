@@ -196,7 +196,12 @@ def _held_for_writing(root: Path) -> set[tuple[int, int]]:
     return held
 
 
-_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
 
 
 def _inventory(root: Path, skip: set[Path], limit_files: int, held: Set[tuple[int, int]] = frozenset()) -> Inventory:
