@@ -143,9 +143,18 @@ def _cores() -> int:
 @pytest.mark.parametrize(
     "argv, said",
     [
-        (["check", "--nproc", "100000"], "argument --nproc: must be at most {limit} (4 per usable core, {cores} core(s) here"),
-        (["drift", "--jobs", "100000"], "argument --jobs: must be at most {limit} (4 per usable core, {cores} core(s) here"),
-        (["doctor", "--fixes", "--jobs", "{half}", "--nproc", "3"], "--jobs {half} x --nproc 3 = {over} processes at once: "),
+        (
+            ["check", "--nproc", "100000"],
+            "argument --nproc: must be at most {limit} (4 per usable core, {cores} core(s) here",
+        ),
+        (
+            ["drift", "--jobs", "100000"],
+            "argument --jobs: must be at most {limit} (4 per usable core, {cores} core(s) here",
+        ),
+        (
+            ["doctor", "--fixes", "--jobs", "{half}", "--nproc", "3"],
+            "--jobs {half} x --nproc 3 = {over} processes at once: ",
+        ),
     ],
 )
 def test_processes_past_the_machines_bound_are_refused_before_anything_starts(tmp_path, argv, said):

@@ -92,7 +92,9 @@ def test_special_files_are_neither_copied_nor_watched(tmp_path, monkeypatch, cap
     with _special_files(tmp_path):
         ledger = Ledger()
         for label in ("run-1", "run-2"):
-            with fresh_workdir(tmp_path / "out" / label, Path("s.py"), [], label, ledger, skip=[tmp_path / "out"]) as where:
+            with fresh_workdir(
+                tmp_path / "out" / label, Path("s.py"), [], label, ledger, skip=[tmp_path / "out"]
+            ) as where:
                 assert where.cwd is not None and sorted(p.name for p in where.cwd.iterdir()) == ["data.txt"]
                 _run(where, "open('made.txt', 'w').write('x')")
             assert where.record() == {

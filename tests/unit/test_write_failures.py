@@ -50,7 +50,10 @@ def test_the_end_record_kept_beside_the_log_is_its_end(tmp_path):
     assert report.verdict_line.startswith("PROBLEMS") and "SIGKILL" not in json.dumps(report.to_json())
     assert "RANK_CRASHED" not in {f.code for f in report.findings}
     (said,) = ending("a", {}, [log]).problems
-    assert said == "rank 0: the disk was full (ENOSPC) while writing rank-0/events.jsonl; only its first 3 step(s) were recorded"
+    assert (
+        said
+        == "rank 0: the disk was full (ENOSPC) while writing rank-0/events.jsonl; only its first 3 step(s) were recorded"
+    )
 
 
 @pytest.mark.parametrize("kept", [True, False], ids=["room-left-blank", "no-room"])
