@@ -271,7 +271,7 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
     return counts
 
 
-def _reports(root: Path) -> dict[str, Any]:
+def reports_of_each_kind(root: Path) -> dict[str, Any]:
     """A report of each kind, as the real analysis makes them: a doctor report of a two-rank run, a
     check (``diff``) report, a compare report of hand-built logs, a drift report."""
     from torchrepro.analysis.doctor import analyse
@@ -290,7 +290,9 @@ def _reports(root: Path) -> dict[str, Any]:
     def config(label: str, scale: float) -> Config:
         events: list = [Header(world_size=1), Params(names=["w"], shapes=[[2]], dtypes=["float32"], kinds=["tensor"])]
         events += [
-            Step(step=i, index=i, loss=1.0 - 0.1 * i * scale, param_fps=["p"], params_fp="p", batch_fp=f"b{i}", batches=1)
+            Step(
+                step=i, index=i, loss=1.0 - 0.1 * i * scale, param_fps=["p"], params_fp="p", batch_fp=f"b{i}", batches=1
+            )
             for i in range(6)
         ]
         log = EventLog(root / label / "rank-0" / "events.jsonl", events=[*events, End()])
@@ -327,7 +329,7 @@ def report_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
         "drift": render_drift,
     }
     counts = {"clean": 0, "damage": 0}
-    reports = _reports(root)
+    reports = reports_of_each_kind(root)
     for k, (kind, report) in enumerate(reports.items()):
         share = n // len(reports) + (k < n % len(reports))
         for i, data in enumerate(inputs(report.to_json(), share, rng, _dumps)):
