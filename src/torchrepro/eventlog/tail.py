@@ -53,6 +53,7 @@ class RunFollower:
         self._lines: dict[Path, int] = {}  # lines of each events.jsonl read so far
         self._decoders: dict[Path, Decoder] = {}  # of each steps.bin
         self._waiting: dict[Path, list[tuple[int, Step]]] = {}  # records after lines not read yet
+        self._finished: set[Path] = set()  # the steps.bin read to their end (the run has ended)
 
     def poll(self) -> list[tuple[int, Event]]:
         """Re-read ``run.json``; the new events of every rank (new ranks included) as
@@ -97,11 +98,13 @@ class RunFollower:
                 said.append(f"{bad} unreadable line(s) in {EVENTS_FILE}")
             if ended and self._partial.get(path):
                 said.append(f"{EVENTS_FILE} ends in a line cut short")
-            decoder = self._decoders.get(path.with_name(STEPS_FILE))
+            steps = path.with_name(STEPS_FILE)
+            decoder = self._decoders.get(steps)
+            if decoder is not None and ended and steps not in self._finished:  # what is left is cut short
+                self._finished.add(steps)
+                self._waiting.setdefault(path, []).extend(decoder.finish())
             if decoder is not None and decoder.damaged:
                 said.append(f"{decoder.damaged} damaged record(s) in {STEPS_FILE} ({decoder.problems[0]})")
-            if decoder is not None and ended and decoder.truncated:
-                said.append(f"{STEPS_FILE} ends in a record cut short")
         return {rank: said for rank, said in out.items() if said}
 
     def _read(self, path: Path) -> list[Event]:
