@@ -177,6 +177,7 @@ def test_watch_names_a_damaged_log_and_a_rank_that_ended_without_its_end_record(
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "COLUMNS": "200"},  # (each cell on one line)
     ).stdout
     text = " ".join(view.split())
     assert "ok, damaged" in text and "no end record" in text
