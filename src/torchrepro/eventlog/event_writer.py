@@ -147,25 +147,29 @@ class ReservedEnd:
     >>> reserved.write(End(exit_code=None, status="write_failed", error="ENOSPC rank-0/events.jsonl"))  # doctest: +SKIP
     """
 
-    def __init__(self, path: Path, fd: int):
-        self.path, self._fd = path, fd
+    def __init__(self, folder: int, fd: int):
+        self._folder, self._fd = folder, fd  # the folder's descriptor: it follows the folder if renamed
 
     @classmethod
     def make(cls, folder: Path) -> ReservedEnd | None:
         """The room, kept in ``folder``; None where even that cannot be written."""
-        path = folder / END_FILE
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            fd = os.open(END_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+        except OSError:
+            os.close(dir_fd)
+            return None
+        room = cls(dir_fd, fd)
         try:
             _write(fd, b" " * (RESERVED_END - 1) + b"\n")
             os.fsync(fd)  # (allocated now, not when the disk is full)
         except OSError:
-            os.close(fd)
-            path.unlink(missing_ok=True)
+            room.drop()
             return None
-        return cls(path, fd)
+        return room
 
     def write(self, end: End) -> bool:
         """``end`` written into the room (whether it fitted and was written)."""
@@ -182,12 +186,16 @@ class ReservedEnd:
 
     def drop(self) -> None:
         """Close and remove the room (the log ended with its own end record)."""
-        os.close(self._fd)
-        self.path.unlink(missing_ok=True)
+        try:
+            os.unlink(END_FILE, dir_fd=self._folder)
+        except OSError:
+            pass  # (gone already)
+        self.close()
 
     def close(self) -> None:
         """Close it, keeping what :meth:`write` put there."""
         os.close(self._fd)
+        os.close(self._folder)
 
 
 def write_all(path: str | os.PathLike[str], events: Iterable[Event], compact_steps: bool = True) -> None:
