@@ -111,7 +111,7 @@ def test_check_reports_read_back_equal_with_their_verdicts(check_runs):
         assert data["determinism"]["exit_code"] == code and render_html(report) == (out / HTML_FILE).read_text()
     noisy = load_report(_stored(check_runs["noisy"][0]))
     # the nudge comes after step 0's update
-    assert noisy.determinism.first_divergence["step"] == 1 and noisy.findings[0].code.startswith("DIVERGED_")
+    assert noisy.determinism.first_divergence.step == 1 and noisy.findings[0].code.startswith("DIVERGED_")
 
 
 def test_diff_report_of_stored_runs_reads_back_equal(check_runs, tmp_path):

@@ -155,7 +155,9 @@ def test_an_rng_digest_of_another_type_is_one_damage_finding_naming_its_line(tmp
         log = run / f"rank-{rank}" / "events.jsonl"
         lines = log.read_text().splitlines()
         steps = [
-            json.dumps({"kind": "step", "t": 1.0 + i, "rank": int(rank), "step": i, "index": i, "rng_fps": {"torch_cpu": d}})
+            json.dumps(
+                {"kind": "step", "t": 1.0 + i, "rank": int(rank), "step": i, "index": i, "rng_fps": {"torch_cpu": d}}
+            )
             for i, d in enumerate(["a", {"x": 1} if rank == "1" else "b", "c"])
         ]
         log.write_text("\n".join([lines[0], *steps, lines[-1]]) + "\n")

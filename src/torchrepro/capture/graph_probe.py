@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..eventlog.events import Event, GraphProbe
+from ..eventlog.events import Event, GraphProbe, GraphsRan
 from ..eventlog.rundir import atomic_path
 from ..eventlog.payloads import NodeInfo
 from .fx_nodes import first_line, leaves, node_info, same
@@ -76,6 +76,8 @@ class GraphProber(KernelRepeater):
         self.seen: set[str] = set()
         self.fx: dict[str, Any] = {}  # "compile_id/graph" -> its aten FX graph, as inductor was given it
         self.started, self.extra_s = time.perf_counter(), 0.0  # the extra calls' time (ACCUMULATING_SHARE)
+        self.ran: dict[str, None] = {}  # the graphs this step called, in the order first called
+        self.ran_before: list[str] = []  # ... and those the last GraphsRan event named
 
     def install(self) -> bool:
         self.from_aot_cache = self._load_from_aot_cache()
@@ -137,6 +139,7 @@ class GraphProber(KernelRepeater):
         key = f"{compile_id}/{graph}"
 
         def run(args: list[Any]) -> Any:
+            self.ran[key] = None
             if self._ours or key in self.seen:
                 return real(args)
             self.seen.add(key)
@@ -153,7 +156,12 @@ class GraphProber(KernelRepeater):
         return run
 
     def on_step_end(self, index: int) -> None:
-        """The step recorder's listener: probe every graph first called since the last step."""
+        """The step recorder's listener: say which graphs the step called where they are not those of
+        the step before (:class:`GraphsRan`), and probe every graph first called since the last step."""
+        ran, self.ran = list(self.ran), {}
+        if index >= 0 and ran != self.ran_before:
+            self.ran_before = ran
+            self.emit(GraphsRan(step=index, graphs=ran))
         while self.pending:
             _, call = self.pending.popitem()
             event = self.probe(call)

@@ -103,16 +103,15 @@ def compare(
 
     script_a, script_b = validate_script(a[0]), validate_script(b[0])  # before the imports a run needs
 
-    from rich.console import Console
-
     from ..analysis.equivalence import Config, compare_report, judge
     from ..checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
     from ..eventlog.provenance import launch_meta, provenance
     from ..eventlog.rundir import create_run_dir, default_run_dir
+    from ..render.console import console as make_console
     from ..render.save import write_report
     from .check.runs import Checker, RunSpec
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     run_dir = create_run_dir(run_dir or default_run_dir(script_a, label="compare"))
 
     def checker(script: Path, script_args: list[str], nproc: int) -> Checker:

@@ -22,6 +22,7 @@ from . import options
 from ..errors import InputError
 from ..eventlog.rundir import refuse_while_written
 from ..render.sanitize import visible
+from ..reports.check_report import Evidence
 from .workdir import COPY_DIR
 
 GRAPH_FILES = ("graph.py", "inputs.json", "meta.json", "inputs.safetensors", "inputs.pt")
@@ -37,7 +38,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--graph",
         metavar="ID",
-        help="which compiled graph: COMPILE_ID/GRAPH (0/0/backward); default the first that differed when probed",
+        help="which compiled graph: COMPILE_ID/GRAPH (0/0/backward); default the one a check's verdict names, "
+        "else the first that differed when probed",
     )
     p.add_argument("--out", type=options.directory, metavar="DIR", help="where to write it (default RUN_DIR/repro)")
     p.add_argument(
@@ -68,8 +70,34 @@ def saved_graphs(run_dir: Path) -> list[tuple[str, Path, dict[str, Any]]]:
     return sorted(found, key=lambda g: not g[2].get("differing"))
 
 
+def verdict_graph(run_dir: Path) -> Evidence | None:
+    """The evidence of a check's verdict (``RUN_DIR/report.json``, read as the typed report) where it
+    names a compiled graph (its ``compile_id``, ``graph``, the ``run`` it is saved in and the ``op``
+    where it departs); None where the directory holds no check report, or its verdict names none."""
+    from ..eventlog.rundir import REPORT_FILE, read_json_file
+    from ..reports.check_report import CheckReport
+    from ..reports.loader import load_report, report_kind
+
+    path = run_dir / REPORT_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = read_json_file(path)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable ({exc})") from None
+    if report_kind(data) != "check":
+        return None
+    report = load_report(data, str(path))
+    first = report.determinism.first_divergence if isinstance(report, CheckReport) else None
+    if first is None or not first.evidence.compile_id or not first.evidence.graph:
+        return None
+    return first.evidence
+
+
 def choose(run_dir: Path, wanted: str | None) -> tuple[str, Path, dict[str, Any]]:
-    """The graph ``--graph`` names (else the first that differed, else the only one)."""
+    """The graph ``--graph`` names; else the one the check's verdict names (:func:`verdict_graph`,
+    saved in the run it names where several runs saved it), else the first that differed when
+    probed, else the only one."""
     graphs = saved_graphs(run_dir)
     if not graphs:
         raise InputError(
@@ -78,6 +106,16 @@ def choose(run_dir: Path, wanted: str | None) -> tuple[str, Path, dict[str, Any]
         )
     ids = sorted({g[0] for g in graphs})
     if wanted is None:
+        named = verdict_graph(run_dir)
+        if named is not None:
+            graph_id, run = f"{named.compile_id}/{named.graph}", named.run
+            match = [g for g in graphs if g[0] == graph_id]
+            if not match:
+                raise InputError(
+                    f"the check's verdict names compiled graph {graph_id}, which {run_dir} holds no saved copy of "
+                    f"(too large to save, or its run removed): choose one with --graph ({', '.join(ids)})"
+                )
+            return min(match, key=lambda g: g[1].relative_to(run_dir).parts[0] != run)
         if graphs[0][2].get("differing") or len(ids) == 1:
             return graphs[0]
         raise InputError(f"no probed graph differed: choose one with --graph ({', '.join(ids)})")
@@ -128,8 +166,37 @@ def run(args: argparse.Namespace) -> int:
     print(visible(f"  run it: python {script}   (needs torch only; exit 1 when the divergence reproduces)"))
     if not args.bisect:
         return 0
+    if meta.get("differing"):  # a test that passes and fails by chance cannot be bisected
+        print(visible(f"compiled graph {graph_id} differs from itself run to run ({probe}): not bisected"))
+        return 0
     from ..capture.graph_bisect import bisect
 
     found = bisect(out)
     print(visible(f"bisect: {found}"))
+    if (differs := apart_from_verdict(run_dir, graph_id, found)) is not None:
+        print(visible(f"  {differs}"))
     return 0
+
+
+def apart_from_verdict(run_dir: Path, graph_id: str, found: str) -> str | None:
+    """Why the bisection of ``graph_id`` (``found``) and the check's verdict name different things, in a
+    line; None where they agree (the bisector names the op the verdict does) or no verdict names an op."""
+    named = verdict_graph(run_dir)
+    if named is None or not named.op:
+        return None
+    named_id = f"{named.compile_id}/{named.graph}"
+    if named_id != graph_id:
+        return f"the check's verdict names compiled graph {named_id}, not this one (--graph chose it)"
+    op = named.op.split(" ", 1)[0]
+    base = op.removeprefix("aten.").split(".", 1)[0]
+    if "matches eager" in found:
+        return (
+            f"the check's verdict names op {op}, where this graph departed from eager in the run; compiled afresh "
+            "on its saved inputs it matches eager: what differed depends on how the run compiled it"
+        )
+    if base in found:
+        return None
+    return (
+        f"the check's verdict names op {op}, where the graph's outputs first depart from eager in its order; the "
+        "bisector names the first compiler step without which the graph matches eager, which can change a later op"
+    )

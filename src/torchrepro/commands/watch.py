@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"no such run directory: {run_dir}")
     if args.json and not args.once:
         raise InputError("--json needs --once (a live view is for a terminal)")
-    from rich.console import Console
     from rich.live import Live
+
+    from ..render.console import console
 
     followed = FollowedRun(run_dir)
     followed.poll()
@@ -53,10 +54,9 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(snap, indent=2))
         else:
-            Console().print(render(snap))
+            console().print(render(snap))
         return 0
-    console = Console()
-    with Live(render(followed.snapshot()), console=console, refresh_per_second=4, transient=False) as live:
+    with Live(render(followed.snapshot()), console=console(), refresh_per_second=4, transient=False) as live:
         while not followed.finished:
             time.sleep(args.interval)
             followed.poll()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from enum import Enum
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 _T = TypeVar("_T")
@@ -63,19 +64,29 @@ def visible_tree(data: _T, newlines: bool = False) -> _T:
     >>> visible_tree({"title\x07": ["\u202eevil\n", 3]})
     {'title\\x07': ['\\u202eevil\\n', 3]}
     """
-    return cast(_T, _visible_tree(data, newlines))  # the same shape (a tuple comes back a list, as JSON has it)
+    return text_tree(data, lambda text: visible(text, newlines))
 
 
-def _visible_tree(data: Any, newlines: bool) -> Any:
+def text_tree(data: _T, shown: Callable[[str], str]) -> _T:
+    """A copy of a JSON-like structure (or a dataclass of them) with every string, keys included,
+    replaced by ``shown(string)``; the same shape (a tuple comes back a list, as JSON has it).
+
+    >>> text_tree({"a": ["b", 1]}, str.upper)
+    {'A': ['B', 1]}
+    """
+    return cast(_T, _text_tree(data, shown))
+
+
+def _text_tree(data: Any, shown: Callable[[str], str]) -> Any:
     if isinstance(data, Enum):
         return data
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         fields = (f.name for f in dataclasses.fields(data) if f.init)
-        return dataclasses.replace(data, **{name: _visible_tree(getattr(data, name), newlines) for name in fields})
+        return dataclasses.replace(data, **{name: _text_tree(getattr(data, name), shown) for name in fields})
     if isinstance(data, str):
-        return visible(data, newlines)
+        return shown(data)
     if isinstance(data, dict):
-        return {visible(k) if isinstance(k, str) else k: _visible_tree(v, newlines) for k, v in data.items()}
+        return {shown(k) if isinstance(k, str) else k: _text_tree(v, shown) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
-        return [_visible_tree(v, newlines) for v in data]
+        return [_text_tree(v, shown) for v in data]
     return data

@@ -170,8 +170,6 @@ def run(args: argparse.Namespace) -> Outcome | int:
 
 
 def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
-    from rich.console import Console
-
     from ...analysis.drift import DEFAULT_FACTORS
     from .experiment import check_run_dir, make_plan, plan_size, prepare_run_dir, sequential_stop
     from ..launcher import validate_script
@@ -211,7 +209,9 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     if args.plan:
         _print_plan(run_dir, plan, args)
         return 0
-    console = Console(stderr=True)
+    from ...render.console import console as make_console
+
+    console = make_console(stderr=True)
     t0 = time.perf_counter()
     if not args.until_clear:
         prepare_run_dir(run_dir, plan)  # under the lock: an empty directory, or this experiment's
