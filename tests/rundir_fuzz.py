@@ -67,15 +67,36 @@ def replaced(doc: Any, at: tuple, value: Any) -> Any:
     return out
 
 
+def without(doc: Any, at: tuple) -> Any:
+    """``doc`` without the key at ``at`` (a field an object lacks; the containers on the way copied)."""
+    out = copy.copy(doc)
+    if len(at) == 1:
+        del out[at[0]]
+    else:
+        out[at[0]] = without(doc[at[0]], at[1:])
+    return out
+
+
+def _in_object(doc: Any, at: tuple) -> bool:
+    for key in at[:-1]:
+        doc = doc[key]
+    return isinstance(doc, dict)
+
+
 def inputs(doc: Any, n: int, rng: random.Random, dumps: Callable[[Any], bytes]) -> Iterator[bytes]:
-    """``n`` inputs made from ``doc``: every field with every hostile value first, then bit flips,
-    cuts, repeats and random hostile fields, until ``n``."""
+    """``n`` inputs made from ``doc``: every field of every object left out, then every field with
+    every hostile value (the nested ones too: an object of other keys, a value of another type
+    inside an object or array), then bit flips, cuts, repeats and random hostile fields, until ``n``."""
     given = 0
     base = dumps(doc)
     places = list(paths(doc))
     for raw in DEEP:
         yield raw
         given += 1
+    for at in places:
+        if at and _in_object(doc, at) and given < n:
+            yield dumps(without(doc, at))
+            given += 1
     for at in places:
         for value in HOSTILE:
             if given >= n:
@@ -152,8 +173,7 @@ def run_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
         counts["clean"] += 1
         ending("a", got, logs)
         provenance(got, logs[0].header)
-        if i % 200 == 0:
-            analyse(got, kept, [], None).to_json()
+        analyse(got, kept, [], None).to_json()
     return counts
 
 
@@ -171,7 +191,7 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
     from torchrepro.analysis.divergence import compile_differences, coverage, environment_differences
     from torchrepro.analysis.doctor import analyse
     from torchrepro.analysis.kept_steps import StepReducer
-    from torchrepro.analysis.ranks import missing_ranks, world_findings
+    from torchrepro.analysis.ranks import missing_ranks, rank_findings, world_findings
     from torchrepro.analysis.sides import side
     from torchrepro.analysis.verdict import ending
     from torchrepro.eventlog.event_reader import read_events
@@ -207,6 +227,7 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
         Params(names=["w"], shapes=[[2, 3]], dtypes=["float32"], kinds=["tensor"]),
         InitParams(source="first_forward", module="m", names=["w"], fps=["00"]),
         Step(index=0, step=0, loss=1.0, time_s=0.1, params_fp="a", param_fps=["a"], rng_fps={"torch_cpu": "b"}),
+        Step(index=1, step=1, loss=0.5, time_s=0.1, params_fp="c", param_fps=["c"], rng_fps={"torch_cpu": "d"}),
         Capability(name="capture_error", available=False, note="n"),
         Setting(name="deterministic_algorithms", value=True),
         Counters(counters={"stats": {"unique_graphs": 1}}),
@@ -216,6 +237,11 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
     lines = [e.to_json() for e in events]
     path = root / "rank-0" / "events.jsonl"
     path.parent.mkdir(parents=True)
+    # rank 1, as written: what the ranks' analysis compares the mutated rank 0 with
+    other = root / "rank-1" / "events.jsonl"
+    other.parent.mkdir()
+    other.write_bytes(b"\n".join(_dumps({**x, "rank": 1} if "rank" in x else x) for x in lines) + b"\n")
+    other_kept = read_events(other, reduce=StepReducer())
     counts = {"clean": 0, "damage": 0}
     per_line = n // len(lines) + 1
     given = 0
@@ -240,41 +266,93 @@ def events_jsonl(root: Path, n: int, rng: random.Random) -> dict[str, int]:
             compile_differences(log, log)
             coverage(logs, logs, ("a", "b"))
             side("a", str(path), {}, logs)
-            if given % 250 == 0:
-                kept = read_events(path, reduce=StepReducer())
-                analyse({}, [kept], list(kept.problems), None).to_json()
+            kept = read_events(path, reduce=StepReducer())  # (two ranks: what they should share compared)
+            two = [kept, other_kept]
+            rank_findings(two, {log.rank: log.kept for log in two})
+            if given % 50 == 0:
+                analyse({}, two, list(kept.problems), None).to_json()
     return counts
 
 
+def reports_of_each_kind(root: Path) -> dict[str, Any]:
+    """A report of each kind, as the real analysis makes them: a doctor report of a two-rank run, a
+    check (``diff``) report, a compare report of hand-built logs, a drift report."""
+    from torchrepro.analysis.doctor import analyse
+    from torchrepro.analysis.equivalence import Config, compare_report, judge
+    from torchrepro.analysis.kept_steps import StepReducer
+    from torchrepro.analysis.verdict import Ending
+    from torchrepro.commands.check.comparison import diff
+    from torchrepro.eventlog.event_reader import EventLog
+    from torchrepro.eventlog.events import End, Header, Params, Step
+    from torchrepro.eventlog.rundir import load_run
+
+    from synthetic_runs import drift_experiment, write_run
+
+    run = load_run(write_run(root / "doctor", 2, odd=(1,), crashed=(0,)), keep=StepReducer)
+
+    def config(label: str, scale: float) -> Config:
+        events: list = [Header(world_size=1), Params(names=["w"], shapes=[[2]], dtypes=["float32"], kinds=["tensor"])]
+        events += [
+            Step(
+                step=i, index=i, loss=1.0 - 0.1 * i * scale, param_fps=["p"], params_fp="p", batch_fp=f"b{i}", batches=1
+            )
+            for i in range(6)
+        ]
+        log = EventLog(root / label / "rank-0" / "events.jsonl", events=[*events, End()])
+        return Config(label, [log], Ending(label))
+
+    section = judge(config("a-1", 1.0), config("a-2", 1.0), config("b", 1.5))
+    return {
+        "doctor": analyse(run.meta, run.logs, run.problems, None),
+        "check": diff(write_run(root / "a", 1), write_run(root / "b", 1, odd=(0,))),
+        "compare": compare_report(section, {"a-1": "x"}, {"a-1": 1.0}, {"script": "train.py"}),
+        "drift": drift_experiment(root / "drift", "<b>"),
+    }
+
+
 def report_json(root: Path, n: int, rng: random.Random) -> dict[str, int]:
-    """A stored ``report.json`` of ``diff``: read back by ``report`` (:func:`load_report`) and rendered."""
+    """A stored ``report.json`` of each kind (doctor, check, compare, drift): read back by ``report``
+    (:func:`load_report`), then written out again and rendered as ``report`` renders it (terminal and
+    HTML): a field a renderer needs that the document lacks is a damaged report, never a traceback."""
     import io
 
     from rich.console import Console
 
-    from torchrepro.render.html import write_html
-    from torchrepro.reports.loader import load_report
-    from torchrepro.render.terminal import render_check
-
-    from synthetic_runs import write_run
-    from torchrepro.commands.check.comparison import diff
     from torchrepro.eventlog.jsoncheck import loads
+    from torchrepro.render.drift_text import render_drift
+    from torchrepro.render.html import render_html
+    from torchrepro.render.junit import junit_xml
+    from torchrepro.render.terminal import render_check, render_compare, render_doctor
+    from torchrepro.reports.loader import load_report
 
-    doc = diff(write_run(root / "a", 1), write_run(root / "b", 1)).to_json()
+    renderers: dict[str, Callable[..., None]] = {
+        "doctor": render_doctor,
+        "check": render_check,
+        "compare": render_compare,
+        "drift": render_drift,
+    }
     counts = {"clean": 0, "damage": 0}
-    for i, data in enumerate(inputs(doc, n, rng, _dumps)):
-        try:
-            report = load_report(read_run_json_or_damage(lambda _: loads(data), Path("report.json")), "report.json")
-        except InputError as exc:
-            assert "report.json" in str(exc) and "\n" not in str(exc), str(exc)
-            counts["damage"] += 1
-            continue
-        counts["clean"] += 1
-        report.to_json()
-        if i % 500 == 0:
-            render_check(report, Console(file=io.StringIO(), width=100))
-        if i % 2500 == 0:
-            write_html(report, root / "report.html")
+    reports = reports_of_each_kind(root)
+    for k, (kind, report) in enumerate(reports.items()):
+        doc = report.to_json()
+        load_report(json.loads(_dumps(doc)), "report.json")  # each kind reads clean as written
+        share = n // len(reports) + (k < n % len(reports))
+        left_out = len(DEEP) + sum(1 for at in paths(doc) if at and _in_object(doc, at))  # the inputs lacking a field
+        for i, data in enumerate(inputs(doc, share, rng, _dumps)):
+            try:
+                got = load_report(read_run_json_or_damage(lambda _: loads(data), Path("report.json")), "report.json")
+            except InputError as exc:
+                assert "report.json" in str(exc) and "\n" not in str(exc), str(exc)
+                counts["damage"] += 1
+                continue
+            counts["clean"] += 1
+            got.to_json()
+            if i < left_out or i % 10 == 0:  # (rendering is most of the time: each input lacking a field, some others)
+                renderers[kind](got, Console(file=io.StringIO(), width=100))
+            if kind == "doctor":
+                junit_xml(got)
+            if i % 100 == 0 or i < left_out and i % 10 == 0:
+                render_html(got)
     return counts
 
 

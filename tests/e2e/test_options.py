@@ -4,6 +4,8 @@ before anything runs, whatever the command."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from torchrepro.commands import options
 # Bad values per checker: out of range, not finite, not a number.
 BAD = {
     options.positive_int: ["0", "-1", "1.5", "nan"],
+    options.processes: ["0", "1.5", "100000"],  # more than the machine's bound (4 per usable core)
     options.count: ["-1", "inf", "x"],
     options.positive_float: ["0", "-1", "nan", "inf"],
     options.tolerance: ["-1e-9", "nan", "inf"],
@@ -35,29 +38,29 @@ NUMERIC = {
     ("doctor", "--min-cache-hit-rate"): options.fraction,
     ("doctor", "--seed"): options.seed,
     ("doctor", "--fingerprint-every"): options.positive_int,
-    ("doctor", "--nproc"): options.positive_int,
+    ("doctor", "--nproc"): options.processes,
     ("doctor", "--timeout"): options.positive_float,
     ("check", "--runs"): options.runs,
     ("check", "--probe-repeats"): options.count,
     ("check", "--seed"): options.seed,
-    ("check", "--nproc"): options.positive_int,
+    ("check", "--nproc"): options.processes,
     ("check", "--timeout"): options.positive_float,
     ("check", "--rtol"): options.tolerance,
     ("check", "--atol"): options.tolerance,
     ("check", "--disk-budget"): options.size,
-    ("compare", "--nproc"): options.positive_int,
-    ("compare", "--nproc-b"): options.positive_int,
+    ("compare", "--nproc"): options.processes,
+    ("compare", "--nproc-b"): options.processes,
     ("compare", "--resume-b-at"): options.positive_int,
     ("compare", "--seed"): options.seed,
     ("compare", "--timeout"): options.positive_float,
     ("check-resume", "--at"): options.positive_int,
     ("check-resume", "--seed"): options.seed,
-    ("check-resume", "--nproc"): options.positive_int,
+    ("check-resume", "--nproc"): options.processes,
     ("check-resume", "--timeout"): options.positive_float,
     ("diff", "--rtol"): options.tolerance,
     ("diff", "--atol"): options.tolerance,
-    ("report", "--jobs"): options.positive_int,
-    ("doctor", "--jobs"): options.positive_int,
+    ("report", "--jobs"): options.processes,
+    ("doctor", "--jobs"): options.processes,
     ("run", "--seed"): options.seed,
     ("run", "--fingerprint-every"): options.positive_int,
     ("run", "--probe-repeats"): options.count,
@@ -116,6 +119,51 @@ def test_a_bad_number_is_a_usage_error_before_anything_runs(tmp_path, command, f
     assert re.match(rf"torchrepro: error: argument {flag}(/--\S+)*: ", line), line  # (named by every spelling)
     assert repr(value) in line and "ran" not in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # nothing created
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["check", "--nproc", "100000"],
+            "argument --nproc: must be at most {limit} (4 per usable core, {cores} core(s) here",
+        ),
+        (
+            ["drift", "--jobs", "100000"],
+            "argument --jobs: must be at most {limit} (4 per usable core, {cores} core(s) here",
+        ),
+        (
+            ["doctor", "--fixes", "--jobs", "{half}", "--nproc", "3"],
+            "--jobs {half} x --nproc 3 = {over} processes at once: ",
+        ),
+    ],
+)
+def test_processes_past_the_machines_bound_are_refused_before_anything_starts(tmp_path, argv, said):
+    cores = _cores()
+    values = {"limit": 4 * cores, "cores": cores, "half": 4 * cores // 3 + 1, "over": (4 * cores // 3 + 1) * 3}
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    proc = _torchrepro(tmp_path, *[a.format(**values) for a in argv], "train.py")
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("torchrepro: error: " + said.format(**values)), line
+    assert "set TORCHREPRO_MAX_PROCESSES=N to allow more" in line and "ran" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # nothing created, nothing started
+
+
+def test_torchrepro_max_processes_sets_the_bound(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    wanted = str(4 * _cores() + 1)
+    monkeypatch.setenv("TORCHREPRO_MAX_PROCESSES", wanted)  # (a node with more devices than 4 per core)
+    assert options.processes(wanted) == int(wanted)
+    with pytest.raises(argparse.ArgumentTypeError, match=f"must be at most {wanted} \\(TORCHREPRO_MAX_PROCESSES"):
+        options.processes(str(int(wanted) + 1))
+    monkeypatch.setenv("TORCHREPRO_MAX_PROCESSES", "lots")
+    proc = _torchrepro(tmp_path, "check", "--nproc", "2", "train.py")
+    assert proc.returncode == 2 and "TORCHREPRO_MAX_PROCESSES must be an integer >= 1, got 'lots'" in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -185,30 +185,41 @@ def test_doctor_out_onto_a_full_disk(tmp_path, full_disk, free):
     assert not [p for p in full_disk.rglob("*.tmp")]  # no temporary file of an atomic write left
 
 
-# test_faults' training loop (argv[1] steps), then it fills the disk argv[2] is on: torchrepro's
-# supervisor cannot record the end of the job
-FILLS_THE_DISK = (
-    LOOP
-    + """
-with open(sys.argv[2], "wb", buffering=0) as fp:
-    try:
-        while True:
-            fp.write(bytes(4096))
-    except OSError:
-        pass
+# fills the disk argv[2] is on, to its last block
+FILL = """
+import atexit, os
+def fill():
+    with open(sys.argv[2], "ab", buffering=0) as fp:
+        try:
+            while True:
+                fp.write(bytes(4096))
+        except OSError:
+            pass
 """
-)
+# test_faults' training loop (argv[1] steps), then it fills the disk, and again as the process exits
+# (after capture ended and gave back the room it kept for an end record): torchrepro's supervisor
+# cannot record the end of the job
+FILLS_THE_DISK = FILL + LOOP + "fill()\natexit.register(fill)\n"
+
+
+def _doctor_filling_a_small_disk(tmp_path: Path, source: str, steps: int):
+    """``doctor`` of the script ``source`` (``steps``, and the filler's path on the 4 MiB disk, as
+    its arguments) writing its run on that disk, then ``report --json r.json`` of it, each process."""
+    script = tmp_path / "fills.py"
+    script.write_text(source)
+    with _tmpfs(tmp_path / "disk", "4m") as disk:
+        proc = torchrepro("doctor", "--out", disk / "run", script, "--", steps, disk / "filler", cwd=tmp_path)
+        report = torchrepro("report", disk / "run", "--json", tmp_path / "r.json", cwd=tmp_path)
+    return proc, report
 
 
 def test_a_run_whose_supervisor_met_a_full_disk_says_so_not_the_oom_killer(tmp_path):
-    script = tmp_path / "fills.py"
-    script.write_text(FILLS_THE_DISK)
-    with _tmpfs(tmp_path / "disk", "4m") as disk:
-        proc = torchrepro("doctor", "--out", disk / "run", script, "--", "3", disk / "filler", cwd=tmp_path)
-        assert proc.returncode == 2, proc.stderr
-        said = f"cannot write {disk / 'run' / 'run.json'}: No space left on device: free some space and run again"
-        assert proc.stderr.strip().splitlines()[-1] == f"torchrepro: error: {said}"
-        report = torchrepro("report", disk / "run", "--json", tmp_path / "r.json", cwd=tmp_path)
+    proc, report = _doctor_filling_a_small_disk(tmp_path, FILLS_THE_DISK, 3)
+    assert proc.returncode == 2, proc.stderr
+    said = (
+        f"cannot write {tmp_path / 'disk' / 'run' / 'run.json'}: No space left on device: free some space and run again"
+    )
+    assert proc.stderr.strip().splitlines()[-1] == f"torchrepro: error: {said}"
     assert report.returncode == 3, report.stderr
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["verdict"].startswith("INTERRUPTED")
@@ -218,3 +229,25 @@ def test_a_run_whose_supervisor_met_a_full_disk_says_so_not_the_oom_killer(tmp_p
     )
     assert "OOM" not in json.dumps(data) and "SIGKILL" not in finding["hint"]
     assert finding["evidence"]["write_error"] == {"errno": "ENOSPC", "file": "run.json"}
+
+
+# test_faults' training loop without its pauses (argv[1] steps); at step 3 it fills the disk argv[2] is
+# on, and frees it once it has trained on: capture cannot write its log meanwhile, torchrepro can
+# write the rest of the run after it
+FILLS_THEN_FREES = FILL + LOOP.replace("time.sleep(0.1)", "if step == 3:\n        fill()") + "os.unlink(sys.argv[2])\n"
+
+
+def test_a_full_disk_while_the_script_trains_is_said_so_not_a_killed_rank(tmp_path):
+    proc, report = _doctor_filling_a_small_disk(tmp_path, FILLS_THEN_FREES, 2000)
+    assert proc.returncode == 3, proc.stderr
+    (warning,) = [w for w in proc.stderr.splitlines() if w.startswith("torchrepro: warning: capture stopped")]
+    assert "No space left on device" in warning
+    assert report.returncode == 3, report.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verdict"].startswith("PROBLEMS") and data["run"]["ranks"]["0"]["status"] == "write_failed"
+    (finding,) = [f for f in data["findings"] if f["severity"] == "error"]
+    assert finding["code"] == "EVENT_LOG_WRITE_FAILED", data["findings"]
+    assert finding["title"].startswith(
+        "rank 0: the disk was full (ENOSPC) while writing rank-0/events.jsonl; nothing after step "
+    )
+    assert "SIGKILL" not in json.dumps(data) and "OOM" not in json.dumps(data)

@@ -110,6 +110,8 @@ def test_a_world_size_of_a_billion_sizes_nothing(tmp_path):
         ({"rank_exit_codes": {"zero": 1}}, "'rank_exit_codes' has the key \"zero\""),
         ({"rank_stderr_tails": {"0": 5}}, "'rank_stderr_tails.0' is int 5, not array"),
         ({"stall": {"after_s": 1, "stacks": {"0": [{"file": 1}]}}}, "'stall.stacks.0[0]' lacks 'line'"),
+        ({"stall": {"x": 1}}, "field 'stall' lacks 'after_s'"),
+        ({"stall": {"after_s": None}}, "field 'stall.after_s' is NoneType null, not number"),
         ({"launcher": {"status": ["ok"]}}, "'launcher.status' is list"),
         ({"git": {"commit": 5}}, "'git.commit' is int 5"),
         ({"supervisor": {"pid": 2**40}}, "'supervisor.pid'"),
@@ -144,6 +146,40 @@ def test_an_event_line_of_wrong_nested_types_is_one_damage_finding_naming_its_li
     (problem,) = report["run"]["problems"]
     assert (
         f"events.jsonl: unreadable line {len(lines)} (compile: field 'cache.fxgraph' is int 5, not object)" in problem
+    )
+
+
+def test_an_rng_digest_of_another_type_is_one_damage_finding_naming_its_line(tmp_path):
+    run = fake_run(tmp_path / "run", ranks={"0": 0, "1": 1})
+    for rank in ("0", "1"):  # two ranks with steps as JSON lines: what the ranks' analysis compares
+        log = run / f"rank-{rank}" / "events.jsonl"
+        lines = log.read_text().splitlines()
+        steps = [
+            json.dumps(
+                {"kind": "step", "t": 1.0 + i, "rank": int(rank), "step": i, "index": i, "rng_fps": {"torch_cpu": d}}
+            )
+            for i, d in enumerate(["a", {"x": 1} if rank == "1" else "b", "c"])
+        ]
+        log.write_text("\n".join([lines[0], *steps, lines[-1]]) + "\n")
+    proc = torchrepro("report", run, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=60)
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (problem,) = json.loads((tmp_path / "r.json").read_text())["run"]["problems"]
+    assert "rank-1/events.jsonl: unreadable line 3 (step: field 'rng_fps.torch_cpu' is dict" in problem, problem
+
+
+@pytest.mark.parametrize("field", ["tensors_compared", "steps_compared", "band"])
+def test_a_stored_compare_report_lacking_a_field_is_one_line_naming_file_and_field(tmp_path, field):
+    from rundir_fuzz import reports_of_each_kind
+
+    stored = tmp_path / "compare"
+    stored.mkdir()
+    doc = reports_of_each_kind(tmp_path / "made")["compare"].to_json()
+    del doc["compare"][field]
+    (stored / "report.json").write_text(json.dumps(doc))
+    line = one_line_error(torchrepro("report", stored, cwd=tmp_path, timeout=60))
+    (stored / "report.json").unlink()  # damaged on purpose: not one for the schema check every test ends with
+    assert line == (
+        f"torchrepro: error: {stored / 'report.json'}: a damaged compare report: field 'compare' lacks {field!r}"
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from torchrepro.analysis import compile as compile_analysis
 from torchrepro.eventlog.event_reader import read_events
 from torchrepro.eventlog.event_writer import write_all
-from torchrepro.eventlog.events import GraphBreak, Header, Step
+from torchrepro.eventlog.events import End, GraphBreak, Header, Step
 from torchrepro.eventlog.tail import RunFollower
 from torchrepro.render.live_text import FollowedRun
 
@@ -147,6 +147,41 @@ def test_followed_run_feeds_the_live_analysis(tmp_path):
     snap = followed.snapshot()
     assert snap["run_dir"] == str(tmp_path) and snap["ranks"]["0"]["steps"] == 1
     assert snap["unreadable_lines"] == 1 and not snap["finished"] and not followed.finished
+
+
+def test_watch_names_a_damaged_log_and_a_rank_that_ended_without_its_end_record(tmp_path):
+    """Rank 0's log has a line that is no event and a step log cut inside a record; rank 1's log
+    stops without its end record although run.json says the run ended: neither reads as ``ok``."""
+    for rank in (0, 1):
+        steps = [Step(rank=rank, index=i, time_s=0.1) for i in range(40)]
+        write_all(tmp_path / f"rank-{rank}" / "events.jsonl", [Header(rank=rank, world_size=2), *steps, End(rank=rank)])
+    log = tmp_path / "rank-0" / "events.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join([lines[0], '{"kind": "compile", "cache": {"fxgraph": 5}}\n', *lines[1:]]))
+    steps_bin = tmp_path / "rank-0" / "steps.bin"
+    steps_bin.write_bytes(steps_bin.read_bytes()[:-3])  # cut inside its last record
+    cut = tmp_path / "rank-1" / "events.jsonl"
+    cut.write_text("".join(cut.read_text().splitlines(keepends=True)[:-1]))  # its end record lost
+    (tmp_path / "run.json").write_text(json.dumps({"script": "train.py", "world_size": 2, "exit_code": 0}))
+    snap = _snapshot(tmp_path)
+    assert snap["finished"] and snap["state"] == "finished"
+    zero, one = snap["ranks"]["0"], snap["ranks"]["1"]
+    assert zero["damage"][0] == "1 unreadable line(s) in events.jsonl", zero
+    (records,) = zero["damage"][1:]
+    assert records.startswith("1 damaged record(s) in steps.bin (byte ") and records.endswith(
+        ": truncated last step record)"
+    ), zero
+    assert one["status"] == "no end record" and one["damage"] == []
+    view = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "watch", str(tmp_path), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},  # (each cell on one line)
+    ).stdout
+    text = " ".join(view.split())
+    assert "ok, damaged" in text and "no end record" in text
+    assert "rank 0: damaged log: 1 unreadable line(s) in events.jsonl; 1 damaged record(s) in steps.bin" in text
 
 
 def test_watch_bad_input_is_one_line_exit_2(tmp_path):

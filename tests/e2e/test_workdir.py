@@ -4,12 +4,15 @@ is blamed (torchrepro.commands.workdir)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,58 @@ def test_in_place_a_file_one_run_wrote_and_the_next_read_is_named(tmp_path, monk
             _run(where, code)
         assert where.record()["wrote_shared"] == (["snapshot.pt"] if label != "run-3" else ["other.txt"])
     assert [(c.path, c.wrote, c.read) for c in ledger.crossings] == [("snapshot.pt", "run-1", "run-2")]
+
+
+@contextlib.contextmanager
+def _special_files(where: Path) -> Iterator[None]:
+    """A FIFO and a bound Unix socket (its listener open while the block runs) in ``where``."""
+    os.mkfifo(where / "pipe")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(where / "sock"))
+        listener.listen()
+        yield
+
+
+NOT_COPIED = ["pipe (a FIFO)", "sock (a socket)"]
+
+
+def test_special_files_are_neither_copied_nor_watched(tmp_path, monkeypatch, capsys):
+    (tmp_path / "data.txt").write_text("input")
+    monkeypatch.chdir(tmp_path)
+    with _special_files(tmp_path):
+        ledger = Ledger()
+        for label in ("run-1", "run-2"):
+            with fresh_workdir(
+                tmp_path / "out" / label, Path("s.py"), [], label, ledger, skip=[tmp_path / "out"]
+            ) as where:
+                assert where.cwd is not None and sorted(p.name for p in where.cwd.iterdir()) == ["data.txt"]
+                _run(where, "open('made.txt', 'w').write('x')")
+            assert where.record() == {
+                "mode": "copy",
+                "copied_bytes": 5,
+                "not_copied": NOT_COPIED,
+                "wrote_in_copy": ["made.txt"],
+            }
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "not copied" in line]
+    assert warnings == [  # once for the command, not once per run
+        "torchrepro: warning: not copied into the runs' working directories: pipe (a FIFO), sock (a socket): "
+        "special files are not copied (a run that opens one there finds it missing)"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["check", "compare"])
+def test_check_and_compare_beside_a_fifo_and_a_socket(tmp_path, command):
+    (tmp_path / "train.py").write_text((SCRIPTS / "deterministic.py").read_text())
+    argv = ["check", "--runs", "2"] if command == "check" else ["compare"]
+    argv += ["--out", "out", "train.py"] + (["::", "train.py"] if command == "compare" else [])
+    with _special_files(tmp_path):
+        proc = run_torchrepro(*argv, cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.startswith("BIT-EXACT" if command == "check" else "EQUIVALENT"), proc.stdout
+    assert proc.stderr.count("torchrepro: warning: not copied into the runs' working directories: pipe (a FIFO)") == 1
+    for run in ("run-1", "run-2") if command == "check" else ("a-1", "a-2", "b"):
+        assert json.loads((tmp_path / "out" / run / "run.json").read_text())["workdir"]["not_copied"] == NOT_COPIED
 
 
 def test_a_relative_path_outside_the_working_directory_runs_in_place(tmp_path, monkeypatch):

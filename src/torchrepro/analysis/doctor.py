@@ -18,7 +18,17 @@ from ..reports.findings import Finding, sort_findings
 from .kept_steps import KeptSteps, kept_steps
 from .nonfinite import CODES as NONFINITE_CODES, nonfinite_findings
 from .rank_groups import graph_break_groups, rank_groups, recompile_groups
-from .ranks import fault_findings, launcher_finding, missing_ranks, placement, rank_findings, world_findings, world_size
+from .ranks import (
+    fault_findings,
+    launcher_finding,
+    missing_ranks,
+    placement,
+    rank_findings,
+    rank_write_failures,
+    world_findings,
+    world_size,
+    write_failure,
+)
 from .timeline import timeline
 
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
@@ -115,7 +125,7 @@ def interrupted_line(meta: JsonObject, run: JsonObject) -> str | None:
     failed = lost.get("write_error")
     if isinstance(failed, dict):
         return (
-            f"{_write_failure(failed)}: torchrepro's supervisor (pid {lost.get('supervisor_pid')}) could not "
+            f"{write_failure(str(failed.get('errno')), str(failed.get('file')))}: torchrepro's supervisor (pid {lost.get('supervisor_pid')}) could not "
             f"record the end of the job; {last}"
         )
     return (
@@ -123,37 +133,29 @@ def interrupted_line(meta: JsonObject, run: JsonObject) -> str | None:
     )
 
 
-_WRITE_ERRORS = {
-    "ENOSPC": "the disk was full",
-    "EDQUOT": "the disk quota was exceeded",
-    "EROFS": "the disk was read-only",
-}
-
-
-def _write_failure(failed: JsonObject) -> str:
-    """``the disk was full (ENOSPC) while writing run.json``: what the supervisor kept when a write
-    failed (:func:`~torchrepro.eventlog.rundir.record_write_error`)."""
-    name = str(failed.get("errno"))
-    what = _WRITE_ERRORS.get(name, "a write failed")
-    return f"{what} ({name}) while writing {failed.get('file')}"
-
-
 def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -> list[Finding]:
     findings = fault_findings(run, meta) + world_findings(logs, meta)
     interrupted = interrupted_line(meta, run)
     if interrupted is not None:
+        failed = rank_write_failures(logs)
+        if meta["interrupted"].get("write_error"):
+            why = "Free some space (or fix the disk) and run it again for a verdict."
+        elif failed:  # the supervisor's disk was the ranks': what ended it is recorded there, not guessed
+            why = (
+                f"The ranks' event logs could not be written ({failed[0]}): that is most likely what ended "
+                "torchrepro too. Free some space (or fix the disk) and run it again for a verdict."
+            )
+        else:  # nothing recorded says why: no stop signal, no write that failed
+            why = (
+                "torchrepro was most likely killed by SIGKILL while the job ran (a guess: no stop signal and no "
+                "failed write was recorded; the OOM killer is the usual cause); the job was ended with it."
+            )
         findings.append(
             Finding(
                 "RUN_INTERRUPTED",
                 "error",
                 f"interrupted: {interrupted}",
-                hint=(
-                    "Free some space (or fix the disk) and run it again for a verdict."
-                    if meta["interrupted"].get("write_error")
-                    else "torchrepro was most likely killed by SIGKILL while the job ran (a guess: nothing recorded "
-                    "says why; the OOM killer is the usual cause); the job was ended with it."
-                )
-                + " Everything recorded before is analysed.",
+                hint=why + " Everything recorded before is analysed.",
                 evidence={**meta["interrupted"], "last_steps": {r: i["last_step"] for r, i in run["ranks"].items()}},
             )
         )

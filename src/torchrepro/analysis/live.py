@@ -2,9 +2,11 @@
 
 :class:`LiveRun` accumulates each rank's events in bounded memory (step counts and a window of
 recent step times; compile, graph-break and cache events, which are few); :func:`snapshot` turns
-it into the view ``torchrepro watch`` shows and ``--once --json`` prints. Pure: no files (the
-caller reads them: :class:`torchrepro.eventlog.tail.RunFollower`), no clock (the caller passes
-``now``), no torch.
+it into the view ``torchrepro watch`` shows and ``--once --json`` prints: the run's state (being
+written by a torchrepro process, running, finished or interrupted), each rank's and what is damaged
+in its log (a rank of an ended run without its end record is said to have none, never ``ok``).
+Pure: no files (the caller reads them: :class:`torchrepro.eventlog.tail.RunFollower`), no clock
+(the caller passes ``now``), no torch.
 """
 
 from __future__ import annotations
@@ -63,9 +65,24 @@ def _steps_per_s(state: RankState) -> float | None:
     return round(float((len(times) - 1) / (times[-1] - times[0])), 3)
 
 
-def _rank_status(state: RankState) -> str:
+def _rank_status(state: RankState, ended: bool) -> str:
     end = state.log.end
-    return end.status if end else ("running" if state.log.header else "starting")
+    if end is not None:
+        return end.status
+    if ended:
+        return "no end record"
+    return "running" if state.log.header else "starting"
+
+
+def run_state(live: LiveRun, meta: JsonObject, writer: str | None) -> str:
+    """``interrupted`` (its supervisor gone without recording the end), ``finished``, ``being
+    written`` (a torchrepro process holds the directory) or ``running`` (ranks write it, none of
+    them a process of this machine that holds it: another node's job)."""
+    if meta.get("interrupted"):
+        return "interrupted"
+    if is_finished(live, meta):
+        return "finished"
+    return "being written" if writer is not None else "running"
 
 
 def expected_ranks(live: LiveRun, meta: JsonObject) -> int:
@@ -75,8 +92,9 @@ def expected_ranks(live: LiveRun, meta: JsonObject) -> int:
 
 
 def is_finished(live: LiveRun, meta: JsonObject) -> bool:
-    """The run has ended: run.json says so, or every expected rank wrote its end record."""
-    if meta.get("ended") or "exit_code" in meta:
+    """The run has ended: run.json says so (or that its supervisor is gone), or every expected
+    rank wrote its end record."""
+    if meta.get("ended") or "exit_code" in meta or meta.get("interrupted"):
         return True
     ended = sum(s.log.end is not None for s in live.ranks.values())
     return bool(live.ranks) and ended >= expected_ranks(live, meta)
@@ -89,18 +107,28 @@ def lagging(steps: dict[int, int], running: set[int]) -> list[int]:
     return sorted(r for r in running if lead - steps[r] >= max(LAG_STEPS, 0.05 * lead))
 
 
-def snapshot(live: LiveRun, meta: JsonObject, now: float, unreadable: int = 0) -> LiveSnapshot:
-    """What the run looks like now: per rank steps, steps/s, compiles and status; the ranks that
-    lag; recompiles by category; the latest graph break with its source line; compile findings
-    (and the ``unreadable`` lines the reader of the logs skipped)."""
+def snapshot(
+    live: LiveRun,
+    meta: JsonObject,
+    now: float,
+    unreadable: int = 0,
+    damage: dict[int, list[str]] | None = None,
+    writer: str | None = None,
+) -> LiveSnapshot:
+    """What the run looks like now: its state (:func:`run_state`; ``writer``: the pid of the
+    torchrepro process writing it); per rank steps, steps/s, compiles, status and what is damaged
+    in its log (``damage``, as the reader found it); the ranks that lag; recompiles by category;
+    the latest graph break with its source line; compile findings (and the ``unreadable`` lines
+    and records the reader of the logs skipped)."""
     logs = [live.ranks[r].log for r in sorted(live.ranks)]
+    ended = is_finished(live, meta)
     section, findings = compile_analysis.summarize(logs)
     ranks: dict[str, LiveRank] = {}
     for rank in sorted(live.ranks):
         state = live.ranks[rank]
         per = section["per_rank"].get(str(rank))
         ranks[str(rank)] = {
-            "status": _rank_status(state),
+            "status": _rank_status(state, ended),
             "steps": state.steps,
             "last_step": state.last_index,
             "steps_per_s": _steps_per_s(state),
@@ -108,13 +136,16 @@ def snapshot(live: LiveRun, meta: JsonObject, now: float, unreadable: int = 0) -
             "compiles": per["compiles"] if per else 0,
             "recompiles": per["recompiles"] if per else 0,
             "graph_breaks": per["graph_breaks"] if per else 0,
+            "damage": (damage or {}).get(rank, []),
         }
     steps = {r: s.steps for r, s in live.ranks.items()}
     breaks = [b for log in logs for b in log.of(GraphBreak)]
     latest = max(breaks, key=lambda b: b.t, default=None)
     return {
         "schema": "torchrepro.watch/1",
-        "finished": is_finished(live, meta),
+        "finished": ended,
+        "state": run_state(live, meta, writer),
+        "writer_pid": writer,
         "world_size": expected_ranks(live, meta),
         "ranks_seen": len(live.ranks),
         "ranks": ranks,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from ..eventlog.event_reader import EventLog
-from ..eventlog.events import CacheLookup, Compile, InitParams, Params, World
+from ..eventlog.events import WRITE_FAILED, CacheLookup, Compile, InitParams, Params, World
 from .categories import guard_text
 from .compile import display_function
 from ..eventlog.payloads import JsonObject
@@ -202,6 +202,35 @@ def launcher_finding(run: JsonObject, meta: JsonObject) -> Finding | None:
     )
 
 
+_WRITE_ERRORS = {
+    "ENOSPC": "the disk was full",
+    "EDQUOT": "the disk quota was exceeded",
+    "EROFS": "the disk was read-only",
+}
+
+
+def write_failure(name: str, file: str) -> str:
+    """``the disk was full (ENOSPC) while writing run.json``: a write that failed, as the supervisor
+    (:func:`~torchrepro.eventlog.rundir.record_write_error`) or a rank's capture (an end record of
+    status ``write_failed``, ``error`` ``ENOSPC rank-0/events.jsonl``) kept it."""
+    return f"{_WRITE_ERRORS.get(name, 'a write failed')} ({name}) while writing {file}"
+
+
+def log_write_failure(error: str | None) -> str:
+    """What a ``write_failed`` end record's ``error`` (``ENOSPC rank-0/events.jsonl``) says, in words."""
+    name, _, file = (error or "EIO").partition(" ")
+    return write_failure(name, file or "the event log")
+
+
+def rank_write_failures(logs: list[EventLog]) -> list[str]:
+    """Each rank whose capture could not write its log (its end record's status ``write_failed``), in words."""
+    return [
+        f"rank {log.rank}: {log_write_failure(end.error)}"
+        for log in logs
+        if (end := log.end) is not None and end.status == WRITE_FAILED
+    ]
+
+
 def fault_findings(run: JsonObject, meta: JsonObject) -> list[Finding]:
     """One finding per rank that did not end well, judged by its last event, not by the launcher;
     and one for the launched process if it only started the ranks and failed."""
@@ -249,6 +278,17 @@ def fault_findings(run: JsonObject, meta: JsonObject) -> list[Finding]:
                     hint="Something outside the job (a scheduler, kill) sent it SIGTERM or SIGHUP."
                     if alone
                     else "Another rank failed first; torchrun then stops the others.",
+                    evidence=evidence,
+                )
+            )
+        elif info["status"] == WRITE_FAILED:
+            findings.append(
+                Finding(
+                    "EVENT_LOG_WRITE_FAILED",
+                    "error",
+                    f"rank {rank}: {log_write_failure(info['error'])}; nothing after step {step} was recorded",
+                    hint="Free some space (or fix the disk) and run it again for a verdict; the script ran on, "
+                    "unrecorded. Everything recorded before is analysed.",
                     evidence=evidence,
                 )
             )

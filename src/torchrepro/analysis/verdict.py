@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from ..eventlog.event_reader import EventLog
-from ..eventlog.events import Capability, Step
+from ..eventlog.events import WRITE_FAILED, Capability, Step
 from ..eventlog.payloads import JsonObject
 from ..reports.check_report import Determinism
 from ..reports.findings import Verdict, comparison_exit_code
-from .ranks import missing_rank_ranges, missing_text, world_size
+from .ranks import log_write_failure, missing_rank_ranges, missing_text, world_size
 
 
 class EndingRecord(TypedDict):
@@ -83,6 +83,11 @@ def ending(label: str, meta: JsonObject, logs: list[EventLog]) -> Ending:
         end = log.end
         if end is None:
             out.problems.append(f"rank {log.rank}: no end record (the process was killed, or the log is truncated)")
+        elif end.status == WRITE_FAILED:
+            out.problems.append(
+                f"rank {log.rank}: {log_write_failure(end.error)}; only its first {out.steps.get(log.rank, 0)} "
+                "step(s) were recorded"
+            )
         elif end.status not in ("ok", "imported"):
             how = describe_exit(end.exit_code) if isinstance(end.exit_code, int) else end.status
             out.problems.append(f"rank {log.rank}: {end.status} ({how})" + (f": {end.error}" if end.error else ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import os
 import platform
@@ -19,7 +20,7 @@ import torch
 
 from .. import _dist, _state
 from .._compat import undo_patches, watch
-from ..eventlog.event_writer import EventWriter
+from ..eventlog.event_writer import EventWriter, ReservedEnd
 from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, Header, World
 from ..eventlog.payloads import JsonObject
 from .compile_events import CompileCapture
@@ -80,6 +81,7 @@ class CaptureSession:
         self.rank_from = rank_from or _dist.placement().source
         self.dir = Path(config.run_dir) / f"rank-{self.rank}"
         self.writer: EventWriter | None = None
+        self.reserved: ReservedEnd | None = None  # room for the end record when the log cannot take it
         self.steps: StepRecorder | None = None
         self.compiles: CompileCapture | None = None
         self._lock = threading.Lock()
@@ -128,11 +130,29 @@ class CaptureSession:
                 return True
 
     def _stop_writing(self, exc: OSError) -> None:
-        """The event log cannot be written: close it, say so once on stderr, emit nothing more (the
-        log ends without an end event, so the run reads as ended early, never as complete)."""
+        """The event log cannot be written: close it, say so once on stderr, emit nothing more. Its
+        end record goes into the room kept for it (:class:`~torchrepro.eventlog.event_writer.ReservedEnd`):
+        status ``write_failed``, the error's name and the log's file (``ENOSPC rank-0/events.jsonl``),
+        the last step recorded; so the run reads as one whose log could not be written (a full disk),
+        not as one killed, and never as complete. Without that room the log ends without an end record."""
         writer, self.writer = self.writer, None
         if writer is not None:
             writer.close()
+            if self.reserved is not None:
+                name = errno.errorcode.get(exc.errno or 0, "EIO")
+                where = f"{writer.path.parent.name}/{writer.path.name}"
+                self.reserved.write(
+                    End(
+                        rank=self.rank,
+                        step=self.steps.completed if self.steps else None,
+                        exit_code=None,
+                        status="write_failed",
+                        error=f"{name} {where}",
+                        duration_s=round(time.time() - self._t0, 6),
+                    )
+                )
+                self.reserved.close()
+                self.reserved = None
             print(
                 f"torchrepro: warning: capture stopped, cannot write {writer.path}: {exc.strerror or exc}",
                 file=sys.stderr,
@@ -171,6 +191,7 @@ class CaptureSession:
 
     def start(self) -> None:
         self.writer = EventWriter(self.dir / EVENTS_FILE)
+        self.reserved = ReservedEnd.make(self.dir)
         self.writer.listeners.extend(self.listeners)
         _state.set_session(self)
         self._install_signals()
@@ -278,8 +299,12 @@ class CaptureSession:
                 duration_s=round(time.time() - self._t0, 6),
             )
         )
-        self.writer.close()
-        self.writer = None
+        if self.writer is not None:  # (None: the log could not take the end record, kept beside it)
+            self.writer.close()
+            self.writer = None
+        if self.reserved is not None:
+            self.reserved.drop()
+            self.reserved = None
         _state.set_session(None)
 
     def joined(self, world: World) -> None:

@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
         "noise: EQUIVALENT, DIFFERENT (the first step, rank and tensor out of the band) or ABSTAIN. "
         "Usage: torchrepro compare [--nproc N] [--nproc-b M] A.py [A_ARGS] :: B.py [B_ARGS]",
     )
-    p.add_argument("--nproc-b", type=options.positive_int, metavar="M", help="ranks of B (default: --nproc)")
+    p.add_argument("--nproc-b", type=options.processes, metavar="M", help="ranks of B (default: --nproc)")
     p.add_argument(
         "--resume-b-at",
         type=options.positive_int,

@@ -53,6 +53,48 @@ tolerance = _number(float, "a number", 0, True)
 fraction = _number(float, "a number", 0, True, 1)
 
 
+PROCESS_LIMIT_VAR = "TORCHREPRO_MAX_PROCESSES"  # a site's own bound on the processes one option starts
+PROCESSES_PER_CORE = 4  # the default bound: this many processes per core this process may use
+
+
+def process_limit() -> tuple[int, str]:
+    """The most processes one option (``--nproc``, ``--jobs``) may start on this machine, and why:
+    :data:`PROCESSES_PER_CORE` per usable core (ranks that mostly wait on each other still run on
+    a laptop; a typo such as ``--nproc 100000`` does not fork the machine to death), or
+    ``TORCHREPRO_MAX_PROCESSES`` where a site sets its own (a node with more devices than that).
+
+    >>> process_limit()  # doctest: +SKIP
+    (8, '4 per usable core, 2 cores here')"""
+    import os
+
+    from ..eventlog.rundir import usable_cores
+
+    said = os.environ.get(PROCESS_LIMIT_VAR, "").strip()
+    if said:
+        try:
+            return positive_int(said), f"{PROCESS_LIMIT_VAR}={said}"
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{PROCESS_LIMIT_VAR} {exc}") from None
+    cores = usable_cores()
+    return PROCESSES_PER_CORE * cores, f"{PROCESSES_PER_CORE} per usable core, {cores} core(s) here"
+
+
+def processes(text: str) -> int:
+    """How many processes an option starts at once (``--nproc``, ``--nproc-b``, ``--jobs``): an
+    integer from 1 to :func:`process_limit`, checked before anything starts."""
+    value = positive_int(text)
+    if (problem := over_process_limit(value)) is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
+    return value
+
+
+def over_process_limit(count: int) -> str | None:
+    """What is wrong with starting ``count`` processes at once on this machine (None: nothing):
+    ``must be at most 8 (4 per usable core, 2 core(s) here; set TORCHREPRO_MAX_PROCESSES=N to allow more)``."""
+    limit, why = process_limit()
+    return f"must be at most {limit} ({why}; set {PROCESS_LIMIT_VAR}=N to allow more)" if count > limit else None
+
+
 def finite(text: str) -> float:
     """Any finite number (``drift --observed``: a difference, of either sign)."""
     try:
@@ -449,7 +491,7 @@ def add_ranks(p: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc",
-        type=positive_int,
+        type=processes,
         default=1,
         metavar="N",
         help="launch N ranks with torchrun (standalone); --nproc-per-node and --nproc_per_node as torchrun spells it",

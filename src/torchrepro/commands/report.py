@@ -10,6 +10,7 @@ from typing import Any
 
 from . import options
 from ..errors import InputError
+from ..eventlog.rundir import refuse_while_written
 from ..telemetry.otlp import export_stored_run
 from ._finish import Outcome
 
@@ -28,7 +29,7 @@ def add_parser(sub: Any) -> None:
     options.add_otlp_option(p)
     p.add_argument(
         "--jobs",
-        type=options.positive_int,
+        type=options.processes,
         default=None,
         metavar="J",
         help="processes reading the rank logs (default: one per core for logs over 128 MB, else 1)",
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from .doctor.job import analyse_run_dir
 
     run_dir = Path(args.run_dir)
+    refuse_while_written(run_dir)
     if (stored := stored_report(run_dir, args)) is not None:
         return stored
     report = analyse_run_dir(run_dir, Budgets(strict=args.strict), store=False, jobs=args.jobs)

@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import options
 from ..errors import InputError, Stopped
+from ..eventlog.rundir import refuse_while_written
 from ..render.sanitize import visible
 from ..reports.check_report import Evidence
+from .workdir import COPY_DIR
 
 if TYPE_CHECKING:
     from ..capture.repro_script import Saved
@@ -80,13 +82,17 @@ def add_parser(sub: Any) -> None:
 
 
 def saved_graphs(run_dir: Path) -> list[tuple[str, Path, dict[str, Any]]]:
-    """Every compiled graph saved under ``run_dir`` (a run, or a check's runs): its id
-    (``0/0/backward``), folder and probe record, those that differed first. A folder reached
-    through a link, or whose ``meta.json`` is not a small regular file of JSON, is not one."""
+    """Every compiled graph saved in the ranks of ``run_dir`` (a run: ``rank-*/graphs``), or of its
+    runs (a check's: ``*/rank-*/graphs``, but never in a copy of the working directory a run
+    started in, ``cwd/``): its id (``0/0/backward``), folder and probe record, those that differed
+    first. A folder reached through a link, or whose ``meta.json`` is not a small regular file of
+    JSON, is not one."""
     from ..eventlog.rundir import read_json_file
 
     found = []
     for folder in sorted(f for pattern in GRAPH_FOLDERS for f in run_dir.glob(pattern)):
+        if folder.relative_to(run_dir).parts[0] == COPY_DIR:
+            continue
         if any(p.is_symlink() for p in (folder, *folder.parents) if run_dir in p.parents):
             continue
         try:
@@ -222,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such directory")
+    refuse_while_written(run_dir)
     graph_id, source, meta = choose(run_dir, args.graph)
     out = Path(args.out) if args.out else run_dir / "repro"
     files, saved = read_graph(source)

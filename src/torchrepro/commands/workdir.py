@@ -8,6 +8,9 @@ unless it did before the command started, and every run sees what the first one 
 A working directory too large to copy (over :data:`COPY_LIMIT_BYTES` or :data:`COPY_LIMIT_FILES`
 files), or a run whose arguments name a path outside it by a relative path (``../data``, which would
 not resolve from the copy), runs in place, as every run does with ``TORCHREPRO_WORKDIR=shared``.
+A FIFO, a socket or a device file in the working directory is neither copied nor watched (reading
+one would block, or fail, and no copy of it means anything): each run's ``run.json`` names them
+(``workdir.not_copied``) and the command says so once, in a warning line.
 What a run writes in place (in the working directory itself: in place, or through an absolute path)
 is found by comparing the size and modification time of every file before and after it (but a log
 some process holds open for writing: :func:`_held_for_writing`); a later run that read such a file
@@ -20,13 +23,16 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+from .. import _state
 from ..eventlog.rundir import LOCK_FILE
 
 COPY_LIMIT_BYTES = 256 * 2**20  # a larger working directory runs in place, its writes detected
@@ -55,6 +61,16 @@ ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")
 WORKDIR_VAR = "TORCHREPRO_WORKDIR"  # "shared": every run in the working directory itself (writes still detected)  # torchrepro's own outputs (the default --out root) are never copied
 
 Stats = dict[str, tuple[int, int]]  # path relative to the root -> (size, mtime_ns)
+_SAID_NOT_COPIED: _state.Kept[set[str]] = _state.kept(set)  # special files a warning named (once each)
+
+
+class Inventory(NamedTuple):
+    """What :func:`_inventory` found under a directory."""
+
+    stats: Stats  # every file, symlink and directory (size -1)
+    total: int  # the files' bytes
+    truncated: bool  # the walk stopped at its limit of files
+    special: list[str]  # FIFOs, sockets, devices (relative paths, each with what it is): never copied nor watched
 
 
 @dataclass(frozen=True)
@@ -80,12 +96,15 @@ class Workdir:
     copied_bytes: int = 0
     wrote_in_copy: list[str] = field(default_factory=list)
     wrote_shared: list[str] = field(default_factory=list)
+    not_copied: list[str] = field(default_factory=list)  # special files (:class:`Inventory`)
 
     def record(self) -> dict[str, object]:
         """What the run's ``run.json`` says of it (``workdir``)."""
         out: dict[str, object] = {"mode": "copy" if self.cwd is not None else "shared"}
         if self.cwd is not None:
             out["copied_bytes"] = self.copied_bytes
+        if self.not_copied:
+            out["not_copied"] = self.not_copied[:20]
         if self.why_shared:
             out["why_shared"] = self.why_shared
         if self.wrote_in_copy:
@@ -177,16 +196,22 @@ def _held_for_writing(root: Path) -> set[tuple[int, int]]:
     return held
 
 
-def _inventory(
-    root: Path, skip: set[Path], limit_files: int, held: Set[tuple[int, int]] = frozenset()
-) -> tuple[Stats, int, bool]:
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
+
+
+def _inventory(root: Path, skip: set[Path], limit_files: int, held: Set[tuple[int, int]] = frozenset()) -> Inventory:
     """Every file, symlink and directory under ``root`` (not into ``skip``, an environment
     (:data:`ENVIRONMENT_MARKERS`) nor another command's output, a directory holding a run
     directory's lock file; not following links), but the files ``held`` open for writing
-    (:func:`_held_for_writing`): its
-    size and mtime (a directory: size -1); the files' total size; whether the walk stopped at
-    ``limit_files``."""
+    (:func:`_held_for_writing`) and the special files (listed apart): its size and mtime (a
+    directory: size -1); the files' total size; whether the walk stopped at ``limit_files``."""
     stats: Stats = {}
+    special: list[str] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -209,11 +234,15 @@ def _inventory(
                 continue
             if (st.st_dev, st.st_ino) in held:
                 continue
+            what = next((name for test, name in _SPECIAL if test(st.st_mode)), None)
+            if what is not None:
+                special.append(f"{path.relative_to(root)} ({what})")
+                continue
             stats[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
             total += st.st_size
             if len(stats) >= limit_files:
-                return stats, total, True
-    return stats, total, False
+                return Inventory(stats, total, True, special)
+    return Inventory(stats, total, False, special)
 
 
 def _changed(before: Stats, after: Stats) -> list[str]:
@@ -238,10 +267,11 @@ def _copy(root: Path, dest: Path, files: Stats) -> None:
 
 def _survey(
     root: Path, args: Sequence[str], skip: set[Path], held: Set[tuple[int, int]]
-) -> tuple[Stats, int, str | None]:
-    """The working directory's files (:func:`_inventory`), their total size, and why a run cannot
-    start in a copy of it (None: it can)."""
-    stats, total, truncated = _inventory(root, skip, STAT_LIMIT_FILES, held)
+) -> tuple[Inventory, str | None]:
+    """The working directory's files (:func:`_inventory`), and why a run cannot start in a copy of
+    it (None: it can)."""
+    found = _inventory(root, skip, STAT_LIMIT_FILES, held)
+    stats, total, truncated = found.stats, found.total, found.truncated
     outside = _outside(root, args)
     why = None
     if os.environ.get(WORKDIR_VAR) == "shared":
@@ -252,14 +282,14 @@ def _survey(
         why = f"the working directory holds over {COPY_LIMIT_FILES} files"
     elif total > COPY_LIMIT_BYTES:
         why = f"the working directory holds {total / 2**20:.0f} MiB (copied up to {COPY_LIMIT_BYTES // 2**20} MiB)"
-    return stats, total, why
+    return found, why
 
 
 def why_shared(args: Sequence[str], skip: Sequence[Path] = ()) -> str | None:
     """Why runs with these arguments would share the working directory (None: each gets a copy);
     runs that share it go one after the other (one writing there while another reads is a race)."""
     root = Path.cwd().resolve()
-    return _survey(root, args, {p.resolve() for p in skip}, _held_for_writing(root))[2]
+    return _survey(root, args, {p.resolve() for p in skip}, _held_for_writing(root))[1]
 
 
 @contextmanager
@@ -284,21 +314,24 @@ def fresh_workdir(
     root = ledger.root
     skip_set = {p.resolve() for p in (*skip, run_dir)}
     held = _held_for_writing(root)
-    stats, total, why = _survey(root, args, skip_set, held)
+    found, why = _survey(root, args, skip_set, held)
+    stats = found.stats
     copy = run_dir.resolve() / COPY_DIR
     script = script.resolve()
     where = Workdir(label, None if why else copy, script, why_shared=why)
     if why is None:
         shutil.rmtree(copy, ignore_errors=True)
         _copy(root, copy, stats)
-        where.copied_bytes = total
+        where.copied_bytes = found.total
+        where.not_copied = found.special
+        _say_not_copied(found.special)
     started = time.time_ns()
     try:
         yield where
     finally:
-        after, _, _ = _inventory(root, skip_set, STAT_LIMIT_FILES, held | _held_for_writing(root))
+        after = _inventory(root, skip_set, STAT_LIMIT_FILES, held | _held_for_writing(root)).stats
         if where.cwd is not None:
-            copied, _, _ = _inventory(where.cwd, set(), STAT_LIMIT_FILES)
+            copied = _inventory(where.cwd, set(), STAT_LIMIT_FILES).stats
             where.wrote_in_copy = _changed(stats, copied)
             shutil.rmtree(where.cwd, ignore_errors=True)
         where.wrote_shared = _changed(stats, after)
@@ -307,3 +340,22 @@ def fresh_workdir(
             for path in where.wrote_shared:
                 ledger.written[path] = (label, after[path][1])
             ledger.workdirs[label] = where
+
+
+def _say_not_copied(special: list[str]) -> None:
+    """One warning line for the special files of the working directory the runs' copies lack
+    (each named once in a command, however many runs it starts)."""
+    from ..render.sanitize import visible
+
+    said = _SAID_NOT_COPIED.value
+    new = [name for name in special if name not in said]
+    if not new:
+        return
+    said.update(new)
+    more = f" and {len(new) - 5} more" if len(new) > 5 else ""
+    print(
+        f"torchrepro: warning: not copied into the runs' working directories: {visible(', '.join(new[:5]))}{more}: "
+        "special files are not copied (a run that opens one there finds it missing)",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -52,8 +52,7 @@ def from_json(data: JsonObject) -> Event | None:
     if build is None:
         data["kind"] = kind
         return None
-    if kind != "step":
-        check_event(kind, data)
+    check_event(kind, data)
     return build(data)
 
 

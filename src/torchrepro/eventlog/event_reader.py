@@ -37,7 +37,20 @@ from .event_codec import (
     step_decoder,
     step_row,
 )
-from .events import EVENTS_FILE, KINDS, READABLE, SCHEMA, STEP_FIELDS, End, Event, Header, Step, check_event
+from .events import (
+    END_FILE,
+    EVENTS_FILE,
+    KINDS,
+    RESERVED_END,
+    READABLE,
+    SCHEMA,
+    STEP_FIELDS,
+    End,
+    Event,
+    Header,
+    Step,
+    check_event,
+)
 from .jsoncheck import loads
 from .stepstream import STEPS_FILE
 
@@ -220,6 +233,24 @@ def read_events(
         return log
 
 
+def _reserved_end(path: Path) -> End | None:
+    """The end record written in the room kept beside a log (:class:`~.event_writer.ReservedEnd`),
+    or None: no such file, nothing written there (the room of a writer that was killed), or
+    something that is no end record."""
+    try:
+        with open_regular(path) as fp:
+            data = fp.read(RESERVED_END + 1).strip()
+    except (OSError, InputError):
+        return None
+    if not data or len(data) > RESERVED_END:
+        return None
+    try:
+        event = from_json(loads(data))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return event if isinstance(event, End) else None
+
+
 class _ReadWhole(Exception):
     """A log whose steps cannot be reduced as they are read: a record with a value of the wrong JSON
     type (damage, found by checking each record alone), or steps in both files (to be put in order)."""
@@ -264,6 +295,8 @@ def _read(path: Path, shared: Shared | None, reduce: StepReduce | None = None) -
         )
         log.events = [header]  # nothing else is trusted: field meanings may have changed
         kept = None if reduce is None else reduce(iter(()))
+    elif log.end is None and (end := _reserved_end(path.with_name(END_FILE))) is not None:
+        log.events.append(end)  # the end its writer could not put in the log (capture.session)
     log.kept = kept
     if log.unreadable:
         log.problems.append(f"{path}: {log.unreadable}")
@@ -396,8 +429,7 @@ def _read_lines(
                 kind = str(kind)
                 log.unknown_kinds[kind] = log.unknown_kinds.get(kind, 0) + 1
                 continue
-            if kind != "step":  # (steps: their values' JSON types, as the builder checks them)
-                check_event(kind, data)
+            check_event(kind, data)  # (a step line msgspec read is checked already: this is the general path)
             event = build(data, shared)
             if rows and type(event) is Step:
                 given.append(row(event))

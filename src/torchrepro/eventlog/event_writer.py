@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import stepstream
 from .event_codec import common_step_values, encode_line, step_values
-from .events import Event, Step, field_names
+from .events import END_FILE, RESERVED_END, End, Event, Step, field_names
 from .stepstream import STEPS_FILE
 
 _CHUNK = 4 << 20  # what counting the lines of a log written before reads of it at once
@@ -134,6 +134,68 @@ class EventWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ReservedEnd:
+    """Room kept beside a log for its end record, for when the log itself cannot take it (a full
+    disk, a quota): ``end.json`` written as :data:`~.events.RESERVED_END` spaces when the log is
+    opened, so its block is the file's already; :meth:`write` puts an end record there in place
+    (no new block needed), :meth:`drop` removes it once the log holds its own end. The reader takes
+    it as the log's end when the log has none (:func:`~.event_reader.read_events`).
+
+    >>> reserved = ReservedEnd.make(Path("run/rank-0"))  # doctest: +SKIP
+    >>> reserved.write(End(exit_code=None, status="write_failed", error="ENOSPC rank-0/events.jsonl"))  # doctest: +SKIP
+    """
+
+    def __init__(self, folder: int, fd: int):
+        self._folder, self._fd = folder, fd  # the folder's descriptor: it follows the folder if renamed
+
+    @classmethod
+    def make(cls, folder: Path) -> ReservedEnd | None:
+        """The room, kept in ``folder``; None where even that cannot be written."""
+        try:
+            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fd = os.open(END_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+        except OSError:
+            os.close(dir_fd)
+            return None
+        room = cls(dir_fd, fd)
+        try:
+            _write(fd, b" " * (RESERVED_END - 1) + b"\n")
+            os.fsync(fd)  # (allocated now, not when the disk is full)
+        except OSError:
+            room.drop()
+            return None
+        return room
+
+    def write(self, end: End) -> bool:
+        """``end`` written into the room (whether it fitted and was written)."""
+        line = encode_line(end).rstrip(b"\n")
+        if len(line) >= RESERVED_END:
+            line = encode_line(End(step=end.step, exit_code=end.exit_code, status=end.status, t=end.t, rank=end.rank))
+            line = line.rstrip(b"\n")
+        try:
+            os.pwrite(self._fd, line.ljust(RESERVED_END - 1) + b"\n", 0)
+            os.fsync(self._fd)
+        except OSError:
+            return False
+        return True
+
+    def drop(self) -> None:
+        """Close and remove the room (the log ended with its own end record)."""
+        try:
+            os.unlink(END_FILE, dir_fd=self._folder)
+        except OSError:
+            pass  # (gone already)
+        self.close()
+
+    def close(self) -> None:
+        """Close it, keeping what :meth:`write` put there."""
+        os.close(self._fd)
+        os.close(self._folder)
 
 
 def write_all(path: str | os.PathLike[str], events: Iterable[Event], compact_steps: bool = True) -> None:

@@ -24,6 +24,9 @@ from .payloads import CaptureSettings, JsonObject
 SCHEMA = "torchrepro.events/2"
 READABLE = (SCHEMA, "torchrepro.events/1")  # /1: steps as JSON lines, no steps.bin (read the same way)
 EVENTS_FILE = "events.jsonl"
+END_FILE = "end.json"  # beside it while its writer runs: room kept for an end record the log cannot take (a full disk)
+WRITE_FAILED = "write_failed"  # an end record's status: the log could not be written (see End)
+RESERVED_END = 512  # that file's size, written when the log is opened (its block allocated then)
 NOT_AVAILABLE = "not available"  # a version or capability of the environment (Header.env) this machine lacks
 
 
@@ -277,7 +280,9 @@ class Metric(Event):
 
 @dataclass(slots=True)
 class End(Event):
-    """Last line of a log: how the script ended."""
+    """Last line of a log: how the script ended. ``status`` :data:`WRITE_FAILED`: capture could not
+    write the log (``error``: the error's name and the file, ``ENOSPC rank-0/events.jsonl``; ``step``:
+    the last step recorded; ``exit_code`` None: the script ran on, its end unrecorded)."""
 
     kind: ClassVar[str] = "end"
     exit_code: int | None = 0

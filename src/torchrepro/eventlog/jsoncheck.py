@@ -4,7 +4,7 @@ manifest), checked against its schema and bounds before anything uses it.
 A schema is the subset of JSON Schema that the shipped ``*.schema.json`` files (``torchrepro/reports/schemas/``, ``torchrepro/eventlog/schemas/``) use:
 ``type``, ``properties``, ``required``, ``items``, ``additionalProperties`` (a schema for the
 values of keys not in ``properties``), ``propertyNames`` (a ``pattern``), ``$ref`` into ``$defs``, ``enum``, ``const``, ``anyOf``, and
-the bounds ``minimum``, ``maximum``, ``maxItems``, ``maxLength``, ``maxProperties``. Whatever a
+the bounds ``minimum``, ``maximum``, ``minItems``, ``maxItems``, ``maxLength``, ``maxProperties``. Whatever a
 schema leaves open is bounded all the same: nested no deeper than :data:`MAX_DEPTH`, integers
 within :data:`MAX_INT`. :func:`loads` parses without ever raising anything but ``ValueError``
 (``RecursionError`` of a deeply nested document included). Nothing here imports torch.
@@ -141,6 +141,8 @@ def _problem(data: Any, schema: JsonObject, root: JsonObject, where: str, depth:
     elif isinstance(data, list):
         if len(data) > schema.get("maxItems", len(data)):
             return f"{name} has {len(data)} items, over its limit of {schema['maxItems']}"
+        if len(data) < schema.get("minItems", 0):
+            return f"{name} has {len(data)} items, fewer than its {schema['minItems']}"
         items = schema.get("items")
         for i, item in enumerate(data):
             if items is not None:

@@ -160,7 +160,9 @@ def claim_run_dir(path: Path, *, fresh: bool = True) -> Path:
     stale lock outlives a writer. Held by another process: :class:`InputError` naming the
     directory and that pid. ``fresh``: the directory must also be empty but for the lock file
     (tested before anything is created in it, and again once held, so two commands started
-    together on one empty directory cannot both write it). Readers (``report``, ``watch``) take no lock."""
+    together on one empty directory cannot both write it). Readers take no lock: ``report``, ``diff``
+    and ``repro`` refuse a directory another process writes (:func:`refuse_while_written`), ``watch``
+    reads it and says it is being written (:func:`writer_of`)."""
     key = path.resolve()
     if key in _HELD:  # this process writes it already (one command after another in one process)
         return path
@@ -221,9 +223,14 @@ def _locked(path: Path, lock: Path, create: bool) -> int:
         fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
     except OSError as exc:
         raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    for attempt in range(_LOCK_TRIES):  # a reader's probe (writer_of) holds it for a moment only
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if attempt + 1 < _LOCK_TRIES:
+                time.sleep(0.02)
+    else:
         written = os.pread(fd, 32, 0)
         if not written:  # the holder writes its pid just after taking the lock
             time.sleep(0.2)
@@ -232,6 +239,46 @@ def _locked(path: Path, lock: Path, create: bool) -> int:
         holder = written.decode("ascii", "replace").partition("\n")[0].strip() or "unknown"
         raise InputError(f"{path} is being written by another torchrepro (pid {holder}): wait for it to end") from None
     return fd
+
+
+_LOCK_TRIES = 5
+
+
+def writer_of(path: Path) -> tuple[Path, str] | None:
+    """The run directory holding ``path`` (``path`` itself, or a directory above it: a check's runs
+    are inside the check's) that another process holds as its writer (:func:`claim_run_dir`), and
+    that writer's pid as its lock file says; None when no other process writes it. Probed with a
+    shared lock taken and let go at once (a writer claiming it meanwhile tries again)."""
+    where = path.absolute()
+    for folder in (where, *where.parents):
+        lock = folder / LOCK_FILE
+        try:
+            if folder.resolve() in _HELD or not lock.is_file():
+                continue
+            fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # (another error: a filesystem without locks, which says nothing)
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").partition("\n")[0].strip() or "unknown"
+            return folder, holder
+        finally:
+            os.close(fd)  # (the shared lock goes with it)
+    return None
+
+
+def refuse_while_written(path: Path) -> None:
+    """:class:`InputError` when another process is writing the run directory ``path`` is in
+    (:func:`writer_of`): what ``report``, ``diff`` and ``repro`` read must be finished."""
+    held = writer_of(path)
+    if held is not None:
+        folder, pid = held
+        inside = folder != path.absolute()
+        raise InputError(
+            f"{path}{f' (inside {folder})' if inside else ''} is being written by torchrepro (pid {pid}): wait for it "
+            f"to end, or follow it with torchrepro watch {folder if inside else path}"
+        )
 
 
 def _must_be_empty(path: Path) -> None:

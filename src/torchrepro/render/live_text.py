@@ -53,9 +53,17 @@ class FollowedRun:
     def snapshot(self, now: float | None = None) -> WatchSnapshot:
         """The run as read so far (see :func:`torchrepro.analysis.live.snapshot`)."""
         when = time.time() if now is None else now
+        follower = self.follower
         return {
-            "run_dir": str(self.follower.run_dir),
-            **snapshot(self.live, self.follower.meta, when, unreadable=self.follower.unreadable),
+            "run_dir": str(follower.run_dir),
+            **snapshot(
+                self.live,
+                follower.meta,
+                when,
+                unreadable=follower.unreadable,
+                damage=follower.damage(self.finished),
+                writer=follower.writer,
+            ),
         }
 
     @property
@@ -98,10 +106,12 @@ def render(snap: WatchSnapshot) -> Group:
     from rich.text import Text
 
     snap = shown(snap)
-    state = "finished" if snap["finished"] else "running"
+    state = snap["state"] + (f" by torchrepro (pid {snap['writer_pid']})" if snap["state"] == "being written" else "")
+    if snap["state"] == "interrupted":
+        state += " (torchrepro's supervisor ended without recording the end of the job)"
     title = Text(
         f"torchrepro watch {snap['run_dir']} — {state}, {snap['ranks_seen']}/{snap['world_size']} rank(s)",
-        style="bold",
+        style="bold red" if snap["state"] == "interrupted" else "bold",
     )
     table = Table(show_edge=False, pad_edge=False)
     text_columns(table, "rank", "status")
@@ -111,7 +121,7 @@ def render(snap: WatchSnapshot) -> Group:
         age = r["last_event_age_s"]
         table.add_row(
             Text(rank + (" (lags)" if int(rank) in lagging else "")),
-            Text(r["status"]),
+            Text(r["status"] + (", damaged" if r["damage"] else ""), style="red" if r["damage"] else ""),
             str(r["steps"]),
             _rate(r["steps_per_s"]),
             str(r["compiles"]),
@@ -121,6 +131,9 @@ def render(snap: WatchSnapshot) -> Group:
             style="yellow" if int(rank) in lagging else None,
         )
     lines: list[Any] = [title, table if snap["ranks"] else Text("waiting for the first rank…", style="dim")]
+    for rank, r in snap["ranks"].items():
+        if r["damage"]:
+            lines.append(Text(f"rank {rank}: damaged log: " + "; ".join(r["damage"]), style="red"))
     if snap["recompiles"]:
         lines.append(Text(f"recompiles by category: {_categories(snap)}"))
     gb = snap["latest_graph_break"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, TypeGuard
@@ -148,7 +149,8 @@ class _Axes:
         parts = [
             (f'<rect class="plot" x="{_L}" y="{_T}" width="{self.width - _L - _R}" height="{self.height - _T - _B}"/>')
         ]
-        y_ticks = [10.0**e for e in range(int(self.y0), int(self.y1) + 1)] if self.log_y else _ticks(self.y0, self.y1)
+        powers = range(int(self.y0), min(int(self.y1), sys.float_info.max_10_exp) + 1)  # (1e309 is no float)
+        y_ticks = [10.0**e for e in powers] if self.log_y else _ticks(self.y0, self.y1)
         y_ticks = [t for t in y_ticks if self.y(t) is not None]
         for t, label in zip(y_ticks, distinct_labels(y_ticks, y_format)):
             y = self.y(t)

@@ -17,6 +17,7 @@ class LiveRank(TypedDict):
     compiles: int
     recompiles: int
     graph_breaks: int
+    damage: list[str]  # what is damaged in its log (unreadable lines, step records, a last one cut short)
 
 
 class LatestBreak(TypedDict):
@@ -44,6 +45,8 @@ class LiveSnapshot(TypedDict):
 
     schema: str
     finished: bool
+    state: str  # being written | running | finished | interrupted (torchrepro.analysis.live.run_state)
+    writer_pid: str | None  # of the torchrepro process writing the run directory, as its lock file says
     world_size: int
     ranks_seen: int
     ranks: dict[str, LiveRank]

@@ -61,9 +61,7 @@ def add_parser(sub: Any) -> None:
         metavar="NAMES",
         help="with --fixes, try only these (comma list of " + ", ".join(COMPILE_FIXES) + ")",
     )
-    p.add_argument(
-        "--jobs", type=options.positive_int, default=1, metavar="J", help="with --fixes: fix runs side by side"
-    )
+    p.add_argument("--jobs", type=options.processes, default=1, metavar="J", help="with --fixes: fix runs side by side")
     p.add_argument(
         "--probe",
         action="store_true",
@@ -92,6 +90,10 @@ def run(args: argparse.Namespace) -> Outcome:
         args.probe_repeats = PROBE_REPEATS
     if (args.only_fixes or args.jobs != 1) and not args.fixes:
         raise UserError("--only-fixes and --jobs choose the fix runs of --fixes: give --fixes too")
+    if (problem := options.over_process_limit(args.jobs * args.nproc)) is not None:  # fix runs side by side
+        raise UserError(
+            f"--jobs {args.jobs} x --nproc {args.nproc} = {args.jobs * args.nproc} processes at once: {problem}"
+        )
     if args.trace:
         if args.fixes:
             raise UserError("--fixes re-runs the script: give a SCRIPT, not --trace")

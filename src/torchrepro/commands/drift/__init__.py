@@ -14,7 +14,6 @@ written; rerun the same command: finished runs are reused).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,9 +78,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--jobs",
         type=options.positive_int,
-        default=os.cpu_count() or 1,
+        default=None,
         metavar="J",
-        help="runs in parallel (default: the number of cores)",
+        help="runs in parallel (default: the number of usable cores; with --launcher local at most "
+        f"{options.PROCESSES_PER_CORE} per core unless {options.PROCESS_LIMIT_VAR} says more)",
     )
     metric = p.add_mutually_exclusive_group()
     metric.add_argument("--metric", metavar="NAME", help="the last value logged with torchrepro.log_metric(NAME, v)")
@@ -172,12 +172,16 @@ def _plan_and_run(args: argparse.Namespace) -> Outcome | int:
     from ...analysis.drift import DEFAULT_FACTORS
     from .experiment import check_run_dir, make_plan, plan_size, prepare_run_dir, sequential_stop
     from ..launcher import validate_script
-    from ...eventlog.rundir import claim_run_dir, default_run_dir
+    from ...eventlog.rundir import claim_run_dir, default_run_dir, usable_cores
 
     if not args.script:
         raise UserError("drift needs a SCRIPT (or --collect DIR, or --run-one INDEX --out DIR)")
     if args.max_runs is not None and not args.until_clear:
         raise UserError("--max-runs is the budget of --until-clear: give both, or --runs N for a fixed design")
+    if args.jobs is None:
+        args.jobs = usable_cores()
+    elif args.launcher == "local" and (problem := options.over_process_limit(args.jobs)) is not None:
+        raise UserError(f"argument --jobs: {problem}, got '{args.jobs}'")  # (Ray tasks run on its cluster)
     script = validate_script(args.script)
     factors = args.vary or DEFAULT_FACTORS.split(",")
     levels = args.runs or 4
