@@ -59,3 +59,22 @@ def run_torchrepro(
             timeout=timeout,
             **({"stdout": out, "stderr": subprocess.STDOUT} if out else {"capture_output": True}),
         )
+
+
+def save_a_graph(folder: Path, compile_id: str = "0/0", differing: bool = False) -> Path:
+    """A compiled graph saved as a run's probe saves one (``capture.graph_probe.save_graph``) in
+    ``folder``: aten.gelu of a 64 x 8 input; its probe record says it differed when ``differing``."""
+    import torch
+
+    from torchrepro.capture.graph_probe import GraphProbe, _Call, save_graph
+
+    class Gelu(torch.nn.Module):
+        def forward(self, x):
+            return (torch.ops.aten.gelu.default(x),)
+
+    gm = torch.fx.symbolic_trace(Gelu())
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    call = _Call(compile_id, "forward", lambda args: gm(*args), [x], torch.random.get_rng_state(), [])
+    said = {"repeats": 4, "runs_differing": 2, "differing": [0]} if differing else {"repeats": 2}
+    save_graph(folder, gm, call, GraphProbe(compile_id=compile_id, graph="forward", threads=1, **said))
+    return folder

@@ -19,24 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from support import save_a_graph
 from test_hostile_input import cli, one_line_error, torchrepro
 from torchrepro.capture.graph_probe import GraphProbe, _Call, save_graph
 
 FOLDER = Path("rank-0") / "graphs" / "0_0-forward"
 
 
-class Gelu(torch.nn.Module):
-    def forward(self, x):
-        return (torch.ops.aten.gelu.default(x),)
-
-
 def _run(root: Path, code: str | None = None) -> Path:
     """A run directory holding one saved graph (aten.gelu of a 64 x 8 input), its graph.py
     replaced by ``code`` where given."""
-    gm = torch.fx.symbolic_trace(Gelu())
-    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
-    call = _Call("0/0", "forward", lambda args: gm(*args), [x], torch.random.get_rng_state(), [])
-    save_graph(root / FOLDER, gm, call, GraphProbe(compile_id="0/0", graph="forward", repeats=2, threads=1))
+    save_a_graph(root / FOLDER)
     if code is not None:
         (root / FOLDER / "graph.py").write_text(code)
     return root

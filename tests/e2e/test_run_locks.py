@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import save_a_graph
 from test_hostile_input import fake_run, one_line_error, torchrepro
 
 HOLD = """
@@ -100,9 +101,7 @@ def test_a_writer_claims_a_directory_a_reader_is_probing(tmp_path):
 
 
 def _graph(folder: Path, compile_id: str) -> None:
-    folder.mkdir(parents=True)
-    (folder / "meta.json").write_text(json.dumps({"compile_id": compile_id, "graph": "forward", "differing": [0]}))
-    (folder / "graph.py").write_text("# saved graph\n")
+    save_a_graph(folder, compile_id, differing=True)
 
 
 def test_repro_takes_graphs_from_the_runs_never_from_a_working_directory_copy(tmp_path):

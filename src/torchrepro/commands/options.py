@@ -178,6 +178,8 @@ class Parser(argparse.ArgumentParser):
     sides: str | None = None  # compare: the separator of configuration A's and B's command lines
 
     def error(self, message: str) -> NoReturn:
+        # an option with other spellings (--nproc, --nproc-per-node) is named by its first
+        message = re.sub(r"^argument (-[\w-]+)(?:/-[\w-]+)+:", r"argument \1:", message)
         self.exit(2, f"torchrepro: error: {message} (see {self.prog} --help)\n")
 
     def parse_known_args(  # type: ignore[override]
