@@ -6,8 +6,8 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
-from ..eventlog.event_reader import EventLog
-from ..eventlog.events import Capability, Counters, End, Header
+from ..eventlog.event_reader import STEPS_CUT, EventLog
+from ..eventlog.events import Capability, Compile, Counters, End, GraphBreak, Header
 from ..eventlog.provenance import provenance
 from ..reports.doctor_report import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary
 from ..reports.findings import Verdict
@@ -23,12 +23,14 @@ from .timeline import timeline
 # Error findings that fail a run like a budget: compiled code silently running eager, replicas
 # that train on different parameters, a report over fewer ranks than the job has.
 FAILING_CODES = (
+    "NOTHING_OBSERVED",
     "RECOMPILE_LIMIT_HIT",
     "NO_GRAPH_COMPILED",
     "INIT_PARAMS_DIFFER",
     "REPLICAS_DIFFER_FROM_START",
     "REPLICAS_DIVERGE",
     "RANKS_MISSING",
+    "STEPS_LOST",
 )
 
 
@@ -147,7 +149,21 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 evidence={**meta["interrupted"], "last_steps": {r: i["last_step"] for r, i in run["ranks"].items()}},
             )
         )
-    if run["problems"]:
+    lost = {log.rank: log.steps_lost for log in logs if log.steps_lost}
+    if lost:
+        findings.append(
+            Finding(
+                "STEPS_LOST",
+                "error",
+                f"the step log of rank(s) {sorted(lost)} ends before the step its end record says was completed: "
+                f"{sum(lost.values())} step(s) lost",
+                hint="The log was cut short (a copy stopped early, a full disk, a file truncated): the steps, losses "
+                "and times after the cut are missing from this report. Copy the whole run directory again, or rerun.",
+                evidence={"steps_lost": {str(r): n for r, n in sorted(lost.items())}},
+            )
+        )
+    problems = [p for p in run["problems"] if not p.endswith(STEPS_CUT)]  # said by STEPS_LOST
+    if problems:
         skipped = sum(log.bad_lines for log in logs)
         findings.append(
             Finding(
@@ -155,9 +171,9 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 "warning",
                 f"{skipped} damaged line(s) skipped reading the event logs"
                 if skipped
-                else f"{len(run['problems'])} problem(s) reading the event logs",
+                else f"{len(problems)} problem(s) reading the event logs",
                 hint="Damaged lines were skipped; everything else was read.",
-                evidence={"problems": run["problems"][:10]},
+                evidence={"problems": problems[:10]},
             )
         )
     return findings
@@ -229,6 +245,33 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
             )
         )
     return out
+
+
+def observation_findings(logs: list[EventLog], steps: StepsSummary, run: JsonObject) -> list[Finding]:
+    """``NOTHING_OBSERVED``: not one training step and not one compile (nor a graph break) in any
+    process captured. No verdict rests on nothing: the training ran where capture did not reach
+    (processes a launcher started out of its sight), took no step torchrepro recognises, or the
+    script ended first."""
+    if steps.steps or any(log.of(Compile) or log.of(GraphBreak) for log in logs):
+        return []
+    ended = [r for r in run["ranks"].values() if r["status"] not in ("ok", "imported")]
+    how = (
+        "the script ended before its first step"
+        if ended
+        else "the training ran in processes torchrepro did not capture, or took no step it recognises"
+    )
+    return [
+        Finding(
+            "NOTHING_OBSERVED",
+            "error",
+            f"nothing to judge: {how}",
+            hint="torchrepro counts a step at optimizer.step() (or backward() where no optimizer exists) and sees "
+            "every torch.compile. A launcher that starts the training in processes of its own: launch each rank "
+            'with torchrun ... -m torchrepro run (docs/commands.md, "Many ranks"), or give doctor the training '
+            "script and --nproc N.",
+            evidence={"processes": [log.rank for log in logs], "steps": 0, "compiles": 0},
+        )
+    ]
 
 
 def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Finding]:
@@ -304,6 +347,9 @@ def verdict_line(
     )
     if verdict is Verdict.INTERRUPTED:
         return f"INTERRUPTED: {interrupted} ({figures})"
+    if verdict is Verdict.NOTHING_OBSERVED:
+        processes = len(next(f for f in findings if f.code == "NOTHING_OBSERVED").evidence["processes"])
+        return f"NOTHING OBSERVED: no training step and no compile seen in {processes} captured process(es)"
     if verdict is Verdict.FAILS_BUDGET:
         return f"FAILS BUDGET ({'; '.join(budget_failures)}): {figures}"
     if verdict is Verdict.PROBLEMS:
@@ -333,7 +379,7 @@ def _analyse(meta: JsonObject, logs: list[EventLog], problems: list[str], budget
     steps = steps_summary(kept)
     findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
     findings += _cache_findings(compile_section["cache"]) + rank_findings(logs, kept) + rank_key_findings(logs)
-    findings += capture_findings(logs) + probe_findings(logs)
+    findings += capture_findings(logs) + probe_findings(logs) + observation_findings(logs, steps, run)
     findings = sort_findings(findings)
     failures = budget_failures(compile_section, budgets or Budgets())
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())

@@ -1,0 +1,80 @@
+"""No green word without the evidence for it, on hand-built event logs: a run in which nothing was
+observed, a step log cut at a record boundary that its end record contradicts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchrepro.analysis.doctor import analyse
+from torchrepro.eventlog.event_reader import EventLog, read_events
+from torchrepro.eventlog.event_writer import write_all
+from torchrepro.eventlog.events import Capability, Compile, End, Header, Step
+from torchrepro.eventlog.rundir import load_run
+from torchrepro.reports.doctor_report import DoctorReport
+from torchrepro.reports.findings import Verdict
+
+
+def _log(events: list) -> EventLog:
+    return EventLog(Path("run/rank-0/events.jsonl"), [Header(rank=0, world_size=1), *events])
+
+
+def test_a_run_with_no_step_and_no_compile_is_nothing_observed_and_fails():
+    report = analyse({}, [_log([End(step=0)])], [])
+    assert report.verdict is Verdict.NOTHING_OBSERVED and report.exit_code == 1
+    assert report.verdict_line.startswith("NOTHING OBSERVED: no training step and no compile seen in 1 captured")
+    assert "NOTHING_OBSERVED" in report.failing_findings
+    again = DoctorReport.from_json(report.to_json())  # `report` reads the same verdict back
+    assert again.verdict is Verdict.NOTHING_OBSERVED and again.exit_code == 1
+
+
+def test_a_script_that_failed_before_its_first_step_keeps_exit_3():
+    report = analyse({}, [_log([End(step=0, exit_code=1, status="error", error="ImportError: x")])], [])
+    assert report.verdict is Verdict.NOTHING_OBSERVED and report.exit_code == 3
+    finding = next(f for f in report.findings if f.code == "NOTHING_OBSERVED")
+    assert "ended before its first step" in finding.title
+
+
+def test_a_step_or_a_compile_is_something_observed():
+    stepped = analyse({}, [_log([Step(index=0), End(step=1)])], [])
+    compiled = analyse({}, [_log([Compile(compile_id="0/0", function="f"), End(step=0)])], [])
+    for report in (stepped, compiled):
+        assert report.verdict is Verdict.HEALTHY and report.exit_code == 0, report.verdict_line
+
+
+def _write(tmp_path: Path, steps: int, end_step: int, *extra) -> Path:
+    run = tmp_path / "run"
+    events = [Header(rank=0, world_size=1), *extra, *(Step(index=i, loss=1.0) for i in range(steps))]
+    write_all(run / "rank-0" / "events.jsonl", [*events, End(step=end_step)])
+    return run
+
+
+def test_a_step_log_cut_at_a_record_boundary_is_damage_its_end_record_shows(tmp_path):
+    run = _write(tmp_path, 10, 10)
+    assert read_events(run / "rank-0" / "events.jsonl").steps_lost == 0
+    stream = run / "rank-0" / "steps.bin"
+    whole = stream.read_bytes()
+    for n in range(len(whole) - 1, 0, -1):  # the longest prefix that reads cleanly: a record boundary
+        stream.write_bytes(whole[:n])
+        log = read_events(run / "rank-0" / "events.jsonl")
+        if not log.bad_lines and len(log.of(Step)) < 10:
+            break
+    kept = len(log.of(Step))
+    assert log.bad_lines == 0 and log.steps_lost == 10 - kept and log.damage, log.problems
+    report = analyse({}, load_run(run).logs, load_run(run).problems)
+    lost = next(f for f in report.findings if f.code == "STEPS_LOST")
+    assert lost.severity == "error" and lost.evidence["steps_lost"] == {"0": 10 - kept}
+    assert report.verdict is Verdict.PROBLEMS and report.exit_code == 1
+    assert "EVENT_LOG_DAMAGED" not in [f.code for f in report.findings]  # one account of the one fact
+
+
+def test_a_log_that_ends_where_its_end_record_says_is_not_damaged(tmp_path):
+    run = _write(tmp_path, 10, 10)
+    report = analyse({}, load_run(run).logs, load_run(run).problems)
+    assert report.verdict is Verdict.HEALTHY and report.exit_code == 0
+
+
+def test_a_capture_that_stopped_recording_steps_is_said_once_not_as_lost_steps(tmp_path):
+    stopped = Capability(name="capture_error", available=False, note="step capture stopped", step=4)
+    run = _write(tmp_path, 4, 10, stopped)
+    log = read_events(run / "rank-0" / "events.jsonl")
+    assert log.steps_lost == 0 and not log.damage
