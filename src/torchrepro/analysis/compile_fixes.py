@@ -20,7 +20,7 @@ from typing import TypedDict
 
 from ..eventlog.event_reader import EventLog
 from ..eventlog.events import Compile, GraphBreak, Step
-from .compile import SIZE_GUARD, completed, distinct_breaks
+from .compile import SIZE_GUARD, completed
 from .divergence import Tolerance, first_divergence
 from ..reports.doctor_report import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
 
@@ -220,7 +220,7 @@ def measure(logs: list[EventLog], until: int | None = None) -> FixMeasure:
     return {
         "compiles": len(done),
         "recompiles": sum(c.is_recompile for c in done),
-        "graph_breaks": len(distinct_breaks([b for log in logs for b in log.of(GraphBreak) if within(b.step)])[0]),
+        "graph_breaks": sum(within(b.step) for log in logs for b in log.of(GraphBreak)),
         "limit_hits": sum(bool(c.limit_hit) for c in compiles),
         "compile_time_s": round(sum((c.dynamo_s or 0.0) + (c.backward_s or 0.0) for c in compiles), 3),
         "step_time_s": round(statistics.median(times), 6) if times else None,

@@ -83,13 +83,6 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
             )
             _row(table, where, str(group["count"]), group["reason"][:60], group["gb_id"] or "")
         console.print(table)
-        if c.get("graph_breaks_relogged"):
-            console.print(
-                f"({c['graph_breaks_relogged']} more record(s) of these breaks, logged again when Dynamo restarted or "
-                "skipped a frame, counted once, as Dynamo's counters do)",
-                style="dim",
-                highlight=False,
-            )
     if report.compile_fixes is not None:
         _render_fixes(console, report)
     steps = report.steps.per_rank
