@@ -11,6 +11,14 @@ from torchrepro.eventlog.event_writer import write_all
 from torchrepro.eventlog.events import Capability, Compile, End, Header, Step
 from torchrepro.eventlog.rundir import load_run
 from torchrepro.reports.doctor_report import DoctorReport
+from torchrepro.reports.drift_report import (
+    DriftMetric,
+    DriftReport,
+    DriftRunResult,
+    DriftSection,
+    DriftSettings,
+    Excluded,
+)
 from torchrepro.reports.findings import Verdict
 
 
@@ -78,3 +86,37 @@ def test_a_capture_that_stopped_recording_steps_is_said_once_not_as_lost_steps(t
     run = _write(tmp_path, 4, 10, stopped)
     log = read_events(run / "rank-0" / "events.jsonl")
     assert log.steps_lost == 0 and not log.damage
+
+
+def _drift(finished: int, allow_partial: bool) -> DriftReport:
+    """A drift report over a plan of 4 runs of which ``finished`` ran (the others missing)."""
+    runs = [
+        DriftRunResult(i, {"init": i}, {"root": 0, "init": i}, 1.0 + 0.01 * i if i < finished else None, "ok")
+        for i in range(4)
+    ]
+    for run in runs[finished:]:
+        run.status, run.error = "missing", "not run (or interrupted)"
+    section = DriftSection(
+        metric=DriftMetric("loss", "the final loss"),
+        design="4 init levels",
+        runs=runs,
+        effects=[],
+        excluded=[Excluded(r.index, r.status, error=r.error) for r in runs[finished:]],
+        verdict="init explains 100 % of the variance",
+        summary={},  # type: ignore[typeddict-item]
+    )
+    settings = DriftSettings("train.py", [], "exp", 0, ["init"], allow_partial=allow_partial)
+    return DriftReport(run=settings, drift=section)
+
+
+def test_drift_collect_with_runs_missing_is_incomplete_unless_partial_is_allowed():
+    report = _drift(1, allow_partial=False)
+    assert report.verdict is Verdict.INCOMPLETE and report.exit_code == 3
+    assert report.verdict_line.startswith("INCOMPLETE: 3 of 4 runs of the plan not run or interrupted (run 1, 2, 3)")
+    assert report.verdict_line.endswith("from the 1 that finished: init explains 100 % of the variance")
+    allowed = _drift(1, allow_partial=True)
+    assert allowed.verdict is Verdict.NOISE and allowed.exit_code == 0
+    again = DriftReport.from_json(report.to_json())  # the setting and the verdict read back
+    assert again.verdict is Verdict.INCOMPLETE and DriftReport.from_json(allowed.to_json()).exit_code == 0
+    whole = _drift(4, allow_partial=False)
+    assert whole.verdict is Verdict.NOISE and whole.exit_code == 0 and not whole.missing
