@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 from ...analysis.doctor import Budgets, analyse
 from ...analysis.kept_steps import StepReducer
-from ...errors import InputError, Stopped
+from ...errors import InputError, NotStarted, Stopped
 from ...eventlog.event_reader import rank_logs, read_events, read_header
 from ...eventlog.event_writer import write_all
 from ...eventlog.events import EVENTS_FILE, Counters, End, Header
@@ -166,6 +166,8 @@ def finish_meta(meta: RunMeta, result: ChildResult, run_dir: Path) -> RunMeta:
         }
     if result.stopped_by:
         meta["stopped_by"] = result.stopped_by
+    if result.not_started_within_s is not None:
+        meta["not_started_within_s"] = result.not_started_within_s
     if result.stalled_after_s is not None:
         meta["stall"] = {
             "after_s": result.stalled_after_s,
@@ -231,6 +233,8 @@ def _baseline(
     if not any(run_dir.glob("rank-*/events.jsonl")):
         if result.stopped_by:
             raise Stopped(f"stopped by {result.stopped_by} before capture started", result.stopped_by)
+        if timeout is not None and result.not_started_within_s is not None:
+            raise NotStarted(timeout)
         tail = "; ".join(result.stderr_tail[-3:])
         raise InputError(f"the script exited ({result.exit_code}) before capture started: {tail}")
     return analyse_run_dir(run_dir, budgets), run_dir
