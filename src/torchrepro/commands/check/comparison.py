@@ -364,9 +364,10 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
         [f for pair in same_config for f in cache_key_findings(*pair)],
         (run_a, run_b),
     )
-    write_report(run_dir, report)
-    # what the report was drawn from, cut to the evidence (commands/check/disk.py)
+    # what the report was drawn from, cut to the evidence (commands/check/disk.py) before the report is written:
+    # the size it prints is what stays on disk
     keep_evidence(run_dir, [spec_a.label, spec_b.label], div is not None or within, div.step if div else None)
+    write_report(run_dir, report)
     return report, run_dir
 
 
