@@ -32,7 +32,7 @@ def test_an_rng_share_within_the_compiled_runs_own_noise_is_not_blamed_on_rng():
     from torchrepro.analysis.nondeterminism import cause_from_decomposition
 
     def part(a: str, b: str, diff: float) -> dict:
-        return {"between": [a, b], "bit_exact": diff == 0, "final_max_abs": diff, "final_max_rel": diff}
+        return {"between": [a, b], "bit_exact": diff == 0, "final_max_abs": diff, "final_l2_rel": diff}
 
     dec = {
         "rng": part("fallback-random", "compiled", 3e-3),

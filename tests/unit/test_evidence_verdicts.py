@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from torchrepro.analysis.doctor import analyse
 from torchrepro.eventlog.event_reader import EventLog, read_events
 from torchrepro.eventlog.event_writer import write_all
@@ -120,3 +122,19 @@ def test_drift_collect_with_runs_missing_is_incomplete_unless_partial_is_allowed
     assert again.verdict is Verdict.INCOMPLETE and DriftReport.from_json(allowed.to_json()).exit_code == 0
     whole = _drift(4, allow_partial=False)
     assert whole.verdict is Verdict.NOISE and whole.exit_code == 0 and not whole.missing
+
+
+def test_a_relative_difference_is_relative_to_the_scale_of_the_tensor_it_is_in():
+    """A bias whose values are all near zero differs by 96 % of itself, by less than the weights do in
+    absolute terms: the relative figure is the weights' own (the same tensor as the largest absolute
+    difference), and the norm ratio is the whole difference against the whole model's."""
+    import numpy as np
+
+    from torchrepro.analysis.divergence import param_difference
+
+    a = {"weight": np.array([[0.5, -1.0], [2.0, 0.25]]), "bias": np.array([1.7e-5, 0.0])}
+    b = {"weight": np.array([[0.5, -1.0], [2.0 + 4e-5, 0.25]]), "bias": np.array([0.06e-5, 0.0])}
+    d = param_difference(a, b)
+    assert d["parameter"] == "weight" and d["max_abs"] == pytest.approx(4e-5)
+    assert d["max_rel"] == pytest.approx(4e-5 / (2.0 + 4e-5)), d  # not the bias's 1.64e-5 / 1.7e-5
+    assert d["l2_rel"] == pytest.approx(np.hypot(4e-5, 1.64e-5) / np.linalg.norm([0.5, 1, 2 + 4e-5, 0.25, 0.06e-5]))

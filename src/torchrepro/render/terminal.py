@@ -241,7 +241,8 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             size = (
                 "bit-exact"
                 if d["bit_exact"]
-                else (f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})")
+                else f"max |Δparam| {_num(d['final_max_abs'])} ({d.get('final_parameter') or '?'}); "
+                f"‖Δparam‖/‖param‖ {_num(d.get('final_l2_rel'))}"
             )
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.curve:

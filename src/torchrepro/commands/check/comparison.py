@@ -81,12 +81,15 @@ def localize_graph(
 
 
 class DecompositionPair(TypedDict):
-    """Two runs of the backend decomposition compared: bit for bit, and their last parameter snapshots."""
+    """Two runs of the backend decomposition compared: bit for bit, and their last parameter snapshots:
+    the largest absolute difference, the parameter it is in, and the whole difference's L2 norm
+    relative to the parameters' (the size of the difference against the model's scale)."""
 
     between: list[str]
     bit_exact: bool
     final_max_abs: float | None
-    final_max_rel: float | None
+    final_parameter: str | None
+    final_l2_rel: float | None
 
 
 Decomposition = dict[str, DecompositionPair]  # "rng", "numerics", "total" (and "run_to_run")
@@ -119,7 +122,8 @@ def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], again
             "between": [x.path.name, y.path.name],
             "bit_exact": div is None,
             "final_max_abs": curve[-1]["max_abs"] if curve else None,
-            "final_max_rel": curve[-1]["max_rel"] if curve else None,
+            "final_parameter": curve[-1]["parameter"] if curve else None,
+            "final_l2_rel": curve[-1]["l2_rel"] if curve else None,
         }
     return out
 
