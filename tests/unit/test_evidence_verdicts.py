@@ -138,3 +138,40 @@ def test_a_relative_difference_is_relative_to_the_scale_of_the_tensor_it_is_in()
     assert d["parameter"] == "weight" and d["max_abs"] == pytest.approx(4e-5)
     assert d["max_rel"] == pytest.approx(4e-5 / (2.0 + 4e-5)), d  # not the bias's 1.64e-5 / 1.7e-5
     assert d["l2_rel"] == pytest.approx(np.hypot(4e-5, 1.64e-5) / np.linalg.norm([0.5, 1, 2 + 4e-5, 0.25, 0.06e-5]))
+
+
+def _tried(name: str, status: str, removed: int, after: int) -> dict:
+    measure = {"recompiles": 2, "graph_breaks": 0, "step_time_s": 0.01, "step_time_tail_s": 0.012}
+    return {
+        "name": name,
+        "spec": name,
+        "applied_to": "int module attribute self.scale",
+        "line": f"torch._dynamo.config.{name} = True",
+        "status": status,
+        "removed": removed,
+        "numerics": "same",
+        "expected_removed": 1,
+        "before": measure,
+        "after": {**measure, "recompiles": after},
+    }
+
+
+def test_a_fix_measured_without_effect_is_no_longer_the_findings_advice():
+    from torchrepro.analysis.compile import RECOMPILE_HINTS
+    from torchrepro.analysis.compile_fixes import advise
+    from torchrepro.reports.findings import Finding
+
+    name = "allow_unspec_int_on_nn_module"
+    found = Finding("RECOMPILE_MODULE_ATTRIBUTE", "warning", "recompiled", hint=RECOMPILE_HINTS["module_attribute"])
+    other = Finding("RECOMPILE_SHAPE", "warning", "recompiled", hint=RECOMPILE_HINTS["shape"])
+    (advised, untouched) = advise([found, other], [_tried(name, "no_effect", 0, 2)])
+    assert untouched == other  # no dynamic_shapes run: its advice stands
+    assert advised.hint.startswith(f"Measured by doctor --fixes: torch._dynamo.config.{name} = True was tried and")
+    assert "had no effect (2 recompile(s) and graph break(s) before, 2 after" in advised.hint
+    assert f"(set torch._dynamo.config.{name} = True" not in advised.hint and "tensor buffer" in advised.hint
+    assert advised.evidence["fix_measured"]["status"] == "no_effect"
+    assert advise([advised], [_tried(name, "no_effect", 0, 2)]) == [advised]  # advised again: the same account
+    (works,) = advise([found], [_tried(name, "fixed", 2, 0)])
+    assert works.hint.startswith(found.hint) and works.hint.endswith(
+        "was tried and removed 2 (2 recompile(s) and graph break(s) before, 0 after, numbers same)."
+    )

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ...analysis.compile_fixes import advise
 from ...analysis.doctor import Budgets, analyse
 from ...analysis.kept_steps import StepReducer
 from ...errors import InputError, NotStarted, Stopped
@@ -59,7 +60,8 @@ _FIXES_FIELDS = ("compile_fixes", "compile_fix_recommended", "compile_fix_note")
 
 
 def attach(report: DoctorReport, run_dir: Path) -> None:
-    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one;
+    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one, and
+    its findings the advice the fix runs measured (:func:`~torchrepro.analysis.compile_fixes.advise`);
     :class:`InputError` naming the file and its field when it breaks its schema (the doctor
     report's, for these fields)."""
     path = run_dir / FIXES_DIR / FIXES_FILE
@@ -76,6 +78,7 @@ def attach(report: DoctorReport, run_dir: Path) -> None:
     report.compile_fixes = stored.get("compile_fixes")
     report.compile_fix_recommended = stored.get("compile_fix_recommended")
     report.compile_fix_note = stored.get("compile_fix_note")
+    report.findings = advise(report.findings, report.compile_fixes)
 
 
 def analyse_run_dir(
