@@ -175,3 +175,48 @@ def test_a_fix_measured_without_effect_is_no_longer_the_findings_advice():
     assert works.hint.startswith(found.hint) and works.hint.endswith(
         "was tried and removed 2 (2 recompile(s) and graph break(s) before, 0 after, numbers same)."
     )
+
+
+def _lookups(*rows: tuple[float, str, str | None], step_at: float) -> list:
+    """A rank's events: the AOTAutograd lookups (time, status, reason) of compile 0/0, then a step ending at ``step_at``."""
+    from torchrepro.eventlog.events import CacheLookup
+
+    return [
+        *(CacheLookup(t=t, compile_id="0/0", cache="aotautograd", status=s, key="K", reason=r) for t, s, r in rows),
+        Step(t=step_at, index=0),
+        End(t=step_at + 1),
+    ]
+
+
+def test_misses_check_itself_caused_blame_no_cache_setup():
+    from torchrepro.analysis.cache_misses import explain_misses, key_findings
+    from torchrepro.eventlog.events import PROBE_MISS
+
+    a = _lookups((10.0, "miss", None), step_at=20.0)  # run-1 looked up K at 10 s; its entry was saved by 20 s
+    beside = _lookups((12.0, "miss", None), step_at=22.0)  # run-2 looked K up while run-1 still compiled it
+    later = _lookups((25.0, "miss", None), step_at=30.0)  # run-2 looked after run-1 had saved K: another cache
+    probed = _lookups((25.0, "miss", PROBE_MISS), step_at=30.0)  # K was there: the probe made the miss
+    counts = {
+        name: {k: explain_misses(a, b)[k] for k in ("same_key_misses", "beside_misses", "probe_misses")}
+        for name, b in (("beside", beside), ("later", later), ("probed", probed))
+    }
+    assert counts == {
+        "beside": {"same_key_misses": 0, "beside_misses": 1, "probe_misses": 0},
+        "later": {"same_key_misses": 1, "beside_misses": 0, "probe_misses": 0},
+        "probed": {"same_key_misses": 0, "beside_misses": 0, "probe_misses": 1},
+    }
+    codes = {name: [f.code for f in key_findings(a, b)] for name, b in (("beside", beside), ("later", later))}
+    assert codes == {"beside": ["CACHE_MISSED_BY_TORCHREPRO"], "later": ["CACHE_SAME_KEY_MISSED"]}
+    (ours,) = key_findings(a, probed, "run-1 rank 0", "run-2 rank 0")
+    assert "1 that torchrepro's graph probe made misses" in ours.title and ours.severity == "info"
+    assert "cache setup is to blame" in ours.hint
+
+
+def test_doctor_says_which_misses_its_probe_made():
+    from torchrepro.eventlog.events import PROBE_MISS, CacheLookup
+
+    probe = CacheLookup(compile_id="0/0", cache="aotautograd", status="miss", key="K", reason=PROBE_MISS)
+    report = analyse({}, [_log([probe, Compile(compile_id="0/0", function="f"), Step(index=0), End(step=1)])], [])
+    (miss,) = [f for f in report.findings if f.code == "CACHE_MISS"]
+    assert miss.title == "aotautograd cache: 1 miss(es), 0 hit(s); 1 of the misses made by --probe"
+    assert "Nothing in your cache setup is to blame" in miss.hint and miss.evidence["probe_misses"] == 1

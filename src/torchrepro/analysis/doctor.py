@@ -4,10 +4,11 @@ outcome, and budgets — from events."""
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from dataclasses import dataclass
 
 from ..eventlog.event_reader import STEPS_CUT, EventLog
-from ..eventlog.events import Capability, Compile, Counters, End, GraphBreak, Header
+from ..eventlog.events import PROBE_MISS, CacheLookup, Capability, Compile, Counters, End, GraphBreak, Header
 from ..eventlog.provenance import provenance
 from ..reports.doctor_report import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary
 from ..reports.findings import Verdict
@@ -299,19 +300,35 @@ def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Fin
     ]
 
 
-def _cache_findings(cache: dict[str, CacheCounts]) -> list[Finding]:
-    return [
-        Finding(
-            "CACHE_MISS",
-            "info",
-            f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)",
-            hint="A cold cache is normal on a first run; on a restart it means the key changed "
-            "(torchrepro cache explain-miss RUN_A RUN_B names the component).",
-            evidence={"cache": name, **c},
+def _cache_findings(cache: dict[str, CacheCounts], logs: list[EventLog]) -> list[Finding]:
+    """``CACHE_MISS`` per cache that missed; the misses ``--probe`` made (:data:`PROBE_MISS`) said as its own."""
+    probed = Counter(x.cache for log in logs for x in log.of(CacheLookup) if x.reason == PROBE_MISS)
+    out = []
+    for name, c in cache.items():
+        if not c["miss"]:
+            continue
+        ours = probed[name]
+        hint = (
+            "A cold cache is normal on a first run; on a restart it means the key changed "
+            "(torchrepro cache explain-miss RUN_A RUN_B names the component)."
         )
-        for name, c in cache.items()
-        if c["miss"]
-    ]
+        if ours:
+            hint = (
+                f"{ours} of these misses --probe made itself: the entry was in the cache, but the probe keeps a copy of "
+                "each graph it probes and had none of this one, so it compiled it again (the next probed run hits). "
+                + ("Nothing in your cache setup is to blame for them." if ours == c["miss"] else hint)
+            )
+        out.append(
+            Finding(
+                "CACHE_MISS",
+                "info",
+                f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)"
+                + (f"; {ours} of the misses made by --probe" if ours else ""),
+                hint=hint,
+                evidence={"cache": name, **c, **({"probe_misses": ours} if ours else {})},
+            )
+        )
+    return out
 
 
 def budget_failures(compile_section: CompileSection, budgets: Budgets) -> list[str]:
@@ -378,7 +395,7 @@ def _analyse(meta: JsonObject, logs: list[EventLog], problems: list[str], budget
     compile_section, findings = compile_analysis.summarize(logs)
     steps = steps_summary(kept)
     findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
-    findings += _cache_findings(compile_section["cache"]) + rank_findings(logs, kept) + rank_key_findings(logs)
+    findings += _cache_findings(compile_section["cache"], logs) + rank_findings(logs, kept) + rank_key_findings(logs)
     findings += capture_findings(logs) + probe_findings(logs) + observation_findings(logs, steps, run)
     findings = sort_findings(findings)
     failures = budget_failures(compile_section, budgets or Budgets())

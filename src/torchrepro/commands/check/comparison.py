@@ -43,7 +43,7 @@ from ...analysis.fix_ranking import FixRow, cost_text, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
-from ...eventlog.events import CacheLookup, Step
+from ...eventlog.events import Step
 from ..launcher import validate_script
 from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
@@ -406,8 +406,8 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
         for log_a in run_a.logs
         if log_a.rank in ranks_b
         for f in key_findings(
-            log_a.of(CacheLookup),
-            ranks_b[log_a.rank].of(CacheLookup),
+            log_a.events,
+            ranks_b[log_a.rank].events,
             f"{label_a} rank {log_a.rank}",
             f"{label_b} rank {log_a.rank}",
         )
