@@ -161,9 +161,15 @@ def test_a_step_log_cut_short_is_never_bit_exact_nor_healthy(tmp_path):
     assert code == 3 and report["determinism"]["verdict"] == "incomplete", report["verdict"]
     proc = torchrepro("report", cut, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=60)
     doctor = json.loads((tmp_path / "r.json").read_text())
-    assert proc.returncode == 0 and doctor["verdict"].startswith("WARNINGS"), doctor["verdict"]
+    # the record cut in two is damage; the steps after it, which the end record says were completed, are lost
+    assert proc.returncode == 1 and doctor["verdict"].startswith("PROBLEMS"), doctor["verdict"]
     (damaged,) = [f for f in doctor["findings"] if f["code"] == "EVENT_LOG_DAMAGED"]
     assert "steps.bin" in damaged["evidence"]["problems"][0]
+    (lost,) = [f for f in doctor["findings"] if f["code"] == "STEPS_LOST"]
+    assert (
+        lost["evidence"]["steps_lost"] == {"0": 600 - doctor["steps"]["steps"]}
+        and "STEPS_LOST" in doctor["failing_findings"]
+    )
 
 
 @pytest.fixture(scope="module")
