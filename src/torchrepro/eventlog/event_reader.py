@@ -297,16 +297,18 @@ def _watch_last(batches: Iterator[StepColumns], last: list[int]) -> Iterator[Ste
 def _check_end(log: EventLog, stream: Path, last: int | None) -> None:
     """Damage no record shows: the end record says the rank completed ``end.step`` steps (the last
     numbered ``end.step - 1``), and its step log stops before (``last``: the last index read; None:
-    no step, which is damage only where a step log was begun). Not where capture stopped recording
-    steps (a ``capture_error``, said on its own)."""
+    no step, which is damage only where a step log was begun), by more steps than it has damaged
+    records (each may be one of them). Not where capture stopped recording steps (a
+    ``capture_error``, said on its own)."""
     end = log.end
     if end is None or not end.step or any(c.name == "capture_error" for c in log.of(Capability)):
         return
     if last is None and not stream.exists():
         return  # no step was ever written (a run resumed at a checkpoint that took no step numbers from it)
-    if last is not None and last >= end.step - 1:
+    missing = end.step - 1 - (last if last is not None else -1)
+    if missing - log.bad_lines <= 0:  # (a damaged record may be one of them: said as damage already)
         return
-    log.steps_lost = end.step - 1 - (last if last is not None else -1)
+    log.steps_lost = missing - log.bad_lines
     where = f"ends after step {last}" if last is not None else "holds no step"
     log.problems.append(
         f"{stream}: {where}, while the end record says step {end.step - 1} was completed: "
