@@ -9,8 +9,8 @@ so that each rank writes its own file.
 
 The numbers follow the correspondence documented in docs/accuracy.md ("Report field <-> Dynamo's
 own numbers"): compiles = compilation-metrics records with a code name and no failure, recompiles =
-those of them with a recompile reason, graph breaks = `counters["graph_break"]` plus the
-`counters["unimplemented"]` entries of other break types (:func:`graph_breaks`), unique graphs =
+those of them with a recompile reason, graph breaks = the records `TORCH_LOGS=graph_breaks` logs
+(:class:`BreakRecords`; the script's stderr shows them as that setting would), unique graphs =
 `counters["stats"]["unique_graphs"]`.
 """
 
@@ -18,26 +18,27 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import runpy
 import sys
 
 
-def graph_breaks(counters) -> int:
-    """``counters["graph_break"]``, plus the breaks counted only in ``counters["unimplemented"]``
-    (data-dependent branching, a break that makes Dynamo skip its frame): those entries whose first
-    line (the break's type) is not one of a ``graph_break`` entry's (the same break, counted there
-    when Dynamo met it again in a frame of its own), other than the recompile limit (no break) and a
-    generator Dynamo declines to trace (a frame not compiled, no break)."""
-    counted = {msg.splitlines()[0] for msg in counters["graph_break"]}
-    more = sum(
-        n
-        for msg, n in counters["unimplemented"].items()
-        if "recompile limit" not in msg
-        and msg.splitlines()[0] not in counted
-        and not msg.startswith("Attempt to trace generator")
-    )
-    return sum(counters["graph_break"].values()) + more
+class BreakRecords(logging.Handler):
+    """Counts the graph-break records ``TORCH_LOGS=graph_breaks`` logs (installed with
+    ``torch._logging.set_logs(graph_breaks=True)``): one per break Dynamo met, a break it cannot
+    resume from once where it restarts or skips the frame and once more where it meets it again."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.endswith(".__graph_breaks"):
+            self.count += 1
+
+
+BREAKS = BreakRecords()
 
 
 def _dump(out: str, pid: int) -> None:
@@ -52,7 +53,7 @@ def _dump(out: str, pid: int) -> None:
         counts = {
             "compiles": len(metrics),
             "recompiles": sum(1 for m in metrics if m.recompile_reason),
-            "graph_breaks": graph_breaks(counters),
+            "graph_breaks": BREAKS.count,
             "unique_graphs": counters["stats"]["unique_graphs"],
             "dynamo_imported": True,
         }
@@ -65,6 +66,10 @@ def main() -> None:
     out, script, *args = sys.argv[1:]
     out = out.format(rank=os.environ.get("RANK", "0"))
     atexit.register(_dump, os.path.abspath(out), os.getpid())
+    import torch
+
+    torch._logging.set_logs(graph_breaks=True)
+    logging.getLogger("torch._dynamo").addHandler(BREAKS)
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it
     runpy.run_path(script, run_name="__main__")

@@ -17,6 +17,21 @@ class RngStateError(UserError):
     """An RNG state file that cannot be loaded into this process."""
 
 
+class NotStarted(UserError):
+    """``--timeout`` ran out before any rank of the job started: the script never ran under
+    observation, and did not fail (exit 3: the job did not end normally)."""
+
+    exit_code = 3
+
+    def __init__(self, timeout: float, what: str = ""):
+        super().__init__(
+            f"{what}no rank started within {timeout:g} s: --timeout {timeout:g} ended the job while it was starting "
+            "(the launcher, the interpreter and its imports), before the script ran under capture; nothing was "
+            "judged. Give a --timeout longer than the start-up (it counts seconds without progress, from the launch)"
+        )
+        self.timeout = timeout
+
+
 def stop_exit_code(signal_name: str) -> int:
     """The exit code for a job stopped by ``signal_name``: 128 + its number, as a shell reports it."""
     import signal

@@ -480,3 +480,27 @@ def test_pack_refuses_to_overwrite(tmp_path, good_pack, capsys):
     before = good_pack.read_bytes()
     code, _, err = cli(capsys, "cache", "pack", good_pack, "--no-headers", "--from", tmp_path / "source")
     assert code == 2 and "--force" in err and good_pack.read_bytes() == before
+
+
+@pytest.mark.inductor
+@pytest.mark.slow  # two checks of an inductor-compiled script, cold compiles (~2-3 min on 2 busy cores)
+def test_check_blames_no_cache_setup_for_the_misses_its_own_runs_and_probe_made(tmp_path):
+    """A check's two runs compile side by side: run 2 looks up the keys run 1 is still compiling, and
+    misses; with a cache a plain run warmed, the graph probe (which keeps a copy of each graph it
+    probes) compiles again what the cache served. Neither is the cache setup's fault."""
+
+    def check(cache: Path, out: str) -> dict:
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+        proc = run(sys.executable, "-m", "torchrepro", "check", "--out", out, TINY, env=env, cwd=tmp_path)
+        report = json.loads((tmp_path / out / "report.json").read_text())
+        assert report["determinism"]["verdict"] == "bit_exact" and report["exit_code"] == 0, proc.stdout
+        codes = [f["code"] for f in report["findings"]]
+        assert "CACHE_SAME_KEY_MISSED" not in codes, report["findings"]
+        return next(f for f in report["findings"] if f["code"] == "CACHE_MISSED_BY_TORCHREPRO")
+
+    cold = check(tmp_path / "cold", "c1")
+    assert cold["evidence"]["beside"] >= 1 and "ran side by side" in cold["title"]
+    warm = tmp_path / "warm"
+    run(sys.executable, TINY, env={"TORCHINDUCTOR_CACHE_DIR": str(warm)}, cwd=tmp_path)  # no probe: no graph kept
+    probed = check(warm, "c2")
+    assert probed["evidence"]["probe"] >= 1 and "graph probe made misses" in probed["title"]

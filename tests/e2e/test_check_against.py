@@ -19,13 +19,20 @@ def test_against_eager_of_a_script_that_compiles_nothing_says_so_and_claims_no_m
     assert det["nothing_compared_because"].startswith("nothing was compiled in the run as written")
     first = " ".join(proc.stdout.split())
     assert first.startswith("NOTHING COMPARED: nothing was compiled") and "BIT-EXACT" not in proc.stdout
+    # the size said before the verdict is what stays on disk: the runs agree, so no parameter copy is kept, and
+    # the copies were pruned before the size was said
+    from torchrepro.eventlog.rundir import disk_use, size_text
+
+    said = next(line for line in proc.stderr.splitlines() if line.startswith("torchrepro: c holds "))
+    assert said.split(" holds ")[1].split(" (")[0] == size_text(disk_use(tmp_path / "c")[0]), said
+    assert not list((tmp_path / "c").glob("*/rank-*/snapshots/step-*.npz"))
 
 
 def test_an_rng_share_within_the_compiled_runs_own_noise_is_not_blamed_on_rng():
     from torchrepro.analysis.nondeterminism import cause_from_decomposition
 
     def part(a: str, b: str, diff: float) -> dict:
-        return {"between": [a, b], "bit_exact": diff == 0, "final_max_abs": diff, "final_max_rel": diff}
+        return {"between": [a, b], "bit_exact": diff == 0, "final_max_abs": diff, "final_l2_rel": diff}
 
     dec = {
         "rng": part("fallback-random", "compiled", 3e-3),

@@ -80,3 +80,13 @@ def test_a_resumed_run_is_equivalent_to_the_continuous_one_on_the_steps_it_ran(t
     assert code == 0 and c["verdict"] == "equivalent" and c["bit_exact"]
     assert (c["first_step"], c["last_step"]) == (3, 7)
     assert any("steps 0-2 of A were not compared" in n for n in c["notes"])
+
+
+@pytest.mark.slow  # three launches of one rank: ~20-30 s
+def test_steps_b_ran_and_a_did_not_are_never_equivalent(tmp_path):
+    """A trains one epoch (4 steps), B the same two epochs (8): they agree bit for bit on A's 4 steps,
+    and B's last 4 were compared with nothing."""
+    code, c = compare(tmp_path, S, "--epochs", "1", "::", S, "--epochs", "2")
+    assert code == 1 and c["verdict"] == "abstain", c["reason"]
+    assert (c["steps_compared"], c["steps_a"], c["steps_b"]) == (4, 4, 8)
+    assert "b recorded 4 step(s) (steps 4-7) that a-1 and a-2 did not" in c["reason"]

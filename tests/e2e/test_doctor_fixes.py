@@ -260,3 +260,34 @@ def test_fix_flags_are_checked(tmp_path, flags, message):
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert set(COMPILE_FIXES) >= {"dynamic_shapes", "recompile_limit"}
+
+
+@pytest.mark.slow  # a baseline and a fix run (~30 s on 2 busy cores); the rule: tests/unit/test_evidence_verdicts.py
+def test_a_fix_measured_without_effect_is_not_the_findings_advice(tmp_path):
+    """Two epochs: the int attribute takes a second value once, and turns dynamic on it, a recompile
+    still: allow_unspec_int_on_nn_module has no effect here. The finding stops advising it, in the
+    report written and in `report` reading the run again."""
+    out = tmp_path / "run"
+    done = doctor_fixes(
+        out, PITFALLS, "int_attr", "--epochs", "2", flags=("--only-fixes", "allow_unspec_int_on_nn_module")
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert (
+        report["verdict"].startswith("WARNINGS")
+        and rows(report)["allow_unspec_int_on_nn_module"]["status"] == "no_effect"
+    )
+    again = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "report", "--json", str(tmp_path / "again.json"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    for seen in (report, json.loads((tmp_path / "again.json").read_text())):
+        (finding,) = [f for f in seen["findings"] if f["code"] == "RECOMPILE_MODULE_ATTRIBUTE"]
+        assert finding["hint"].startswith(
+            "Measured by doctor --fixes: torch._dynamo.config.allow_unspec_int_on_nn_module"
+        )
+        assert "had no effect" in finding["hint"] and "(set torch._dynamo.config.allow_unspec" not in finding["hint"]
+    assert report["compile_fix_recommended"] is None

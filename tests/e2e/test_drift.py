@@ -401,3 +401,20 @@ def test_plan_predicts_and_until_clear_finds_a_planted_compile_only_bug(tmp_path
     assert f"--until-clear used {seq['runs_used']} runs of at most 40 (every factor decided)" in " ".join(
         proc.stdout.split()
     )
+
+
+@pytest.mark.slow  # one real run and three commands (~25 s on 2 busy cores); the verdict logic: tests/unit
+def test_collect_with_runs_of_the_plan_missing_is_incomplete_unless_allowed(tmp_path):
+    """One of two planned runs finished: --collect says INCOMPLETE (exit 3), never a verdict over the
+    plan; --allow-partial analyses the run that finished and says it is partial."""
+    drift(tmp_path, "--plan", "--vary", "init", "--runs", "2", "--out", "exp", str(TOY), expect=0)
+    drift(tmp_path, "--out", "exp", "--run-one", "1", expect=0)
+    proc, report = drift(tmp_path, "--collect", "exp", expect=3)
+    assert report["exit_code"] == 3 and report["verdict"].startswith("INCOMPLETE: 1 of 2 runs of the plan"), report[
+        "verdict"
+    ]
+    assert "(run 0)" in report["verdict"] and "INCOMPLETE" in proc.stdout
+    _, allowed = drift(tmp_path, "--collect", "exp", "--allow-partial", expect=0)
+    assert allowed["exit_code"] == 0 and not allowed["verdict"].startswith("INCOMPLETE")
+    assert allowed["run"]["allow_partial"] is True
+    assert allowed["drift"]["notes"][0].startswith("partial (--allow-partial): 1 of 2 runs not run")

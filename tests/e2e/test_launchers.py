@@ -147,6 +147,27 @@ def test_accelerate_launch_ranks_are_all_captured(tmp_path):
     assert_not_perturbed(tmp_path)
 
 
+@pytest.mark.skipif(not ACCELERATE.exists(), reason="accelerate is not installed")
+@pytest.mark.slow  # accelerate launch, captured and plain (~1 min on 2 busy cores)
+def test_accelerate_launch_cpu_runs_the_script_in_a_child_that_is_captured(tmp_path):
+    """The documented `accelerate launch --cpu --num_processes 2` form: on CPU, without mpirun, accelerate's
+    simple launcher runs the script in one child process of its own, no rank variables, no process group.
+    That child is captured as rank 0 (never a healthy report of the launcher alone), unperturbed."""
+    command = [str(ACCELERATE), "launch", "--cpu", "--num_processes", "2", str(SCRIPTS / "launch_accelerate.py")]
+    code, report, _ = doctor(tmp_path, *command)
+    assert code == 0 and report["verdict"].startswith(("HEALTHY", "WARNINGS")), report["verdict"]
+    assert report["run"]["ranks_present"] == [0] and report["steps"]["per_rank"]["0"]["steps"] == 6
+    assert report["compile"]["compiles"] >= 1 and "NOTHING_OBSERVED" not in codes(report)
+    run = tmp_path / "run"
+    header = json.loads((run / "rank-0" / "events.jsonl").read_text().splitlines()[0])
+    assert header["config"]["rank_from"] == "launcher_child"
+    launcher = [json.loads(line) for line in (run / "launcher" / "events.jsonl").read_text().splitlines()]
+    assert launcher[-1]["kind"] == "end" and launcher[-1]["status"] == "ok"
+    plain(tmp_path, *command)
+    captured, reference = digests(tmp_path, "captured"), digests(tmp_path, "plain")
+    assert set(captured) == {"rank0"} and captured == reference
+
+
 @pytest.mark.slow  # a 2-rank job; a rank killed under torchrun: test_distributed.py in make test
 def test_spawned_rank_that_dies_is_reported_as_crashed(tmp_path):
     code, report, _ = doctor(tmp_path, str(SCRIPTS / "launch_spawn.py"), "--", "--kill-rank1")

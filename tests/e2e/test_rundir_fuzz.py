@@ -18,6 +18,7 @@ import pytest
 from synthetic_runs import training_steps
 from test_hostile_input import fake_run, one_line_error, torchrepro
 
+from torchrepro.eventlog.event_reader import read_events
 from torchrepro.eventlog.event_writer import write_all
 from torchrepro.eventlog.events import End, Header
 
@@ -197,9 +198,36 @@ def test_a_step_log_cut_short_is_never_bit_exact_nor_healthy(tmp_path):
     assert code == 3 and report["determinism"]["verdict"] == "incomplete", report["verdict"]
     proc = torchrepro("report", cut, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=60)
     doctor = json.loads((tmp_path / "r.json").read_text())
-    assert proc.returncode == 0 and doctor["verdict"].startswith("WARNINGS"), doctor["verdict"]
+    # the record cut in two is damage; the steps after it, which the end record says were completed, are lost
+    assert proc.returncode == 1 and doctor["verdict"].startswith("PROBLEMS"), doctor["verdict"]
     (damaged,) = [f for f in doctor["findings"] if f["code"] == "EVENT_LOG_DAMAGED"]
     assert "steps.bin" in damaged["evidence"]["problems"][0]
+    (lost,) = [f for f in doctor["findings"] if f["code"] == "STEPS_LOST"]
+    assert (
+        lost["evidence"]["steps_lost"] == {"0": 600 - doctor["steps"]["steps"] - 1}  # the record cut in two is damage
+        and "STEPS_LOST" in doctor["failing_findings"]
+    )
+
+
+def test_a_step_log_cut_at_a_record_boundary_is_steps_lost_for_report_and_diff(tmp_path):
+    """Cut between two records, the step log reads cleanly: only the end record, which says 600 steps
+    were completed, shows that the last ones are gone."""
+    good = _run(tmp_path / "good", training_steps(600))
+    cut = _run(tmp_path / "cut", training_steps(600))
+    stream = cut / "rank-0" / "steps.bin"
+    whole = stream.read_bytes()
+    for n in range(len(whole) // 2, 0, -1):  # the longest half or less that reads as whole records
+        stream.write_bytes(whole[:n])
+        if not read_events(cut / "rank-0" / "events.jsonl").bad_lines:
+            break
+    proc = torchrepro("report", cut, "--json", tmp_path / "r.json", cwd=tmp_path, timeout=60)
+    doctor = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 1 and doctor["verdict"].startswith("PROBLEMS"), doctor["verdict"]
+    (lost,) = [f for f in doctor["findings"] if f["code"] == "STEPS_LOST"]
+    assert lost["evidence"]["steps_lost"] == {"0": 600 - doctor["steps"]["steps"]}
+    assert "EVENT_LOG_DAMAGED" not in [f["code"] for f in doctor["findings"]]  # no record is damaged
+    code, report = _diff(tmp_path, good, cut)
+    assert code == 3 and report["determinism"]["verdict"] == "incomplete", report["verdict"]
 
 
 @pytest.fixture(scope="module")

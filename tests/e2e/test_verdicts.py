@@ -304,8 +304,20 @@ def test_trace_whose_every_record_is_malformed_is_not_healthy(tmp_path):
     (trace / "dedicated_log_torch_trace_rank_0_x.log").write_text("".join(line % i for i in range(5)))
     proc = cli("doctor", "--trace", str(trace), "--out", str(tmp_path / "d"), cwd=tmp_path)
     report = json.loads((tmp_path / "d" / "report.json").read_text())
-    assert not report["verdict"].startswith("HEALTHY"), report["verdict"]
+    assert report["verdict"].startswith("NOTHING OBSERVED"), report["verdict"]  # not one compile could be read
     degraded = next(f for f in report["findings"] if f["code"] == "CAPTURE_DEGRADED")
     assert degraded["evidence"]["records"] == 5
-    assert proc.returncode == 0
+    assert proc.returncode == 1
     assert cli("report", "--strict", str(tmp_path / "d"), cwd=tmp_path).returncode == 1
+
+
+def test_a_run_with_no_step_and_no_compile_is_nothing_observed(tmp_path):
+    """Forward passes under no_grad, nothing compiled: not a step, not a compile to judge. Never
+    HEALTHY; `report` of the stored run says the same."""
+    proc = cli("doctor", "--out", str(tmp_path / "d"), str(SCRIPTS / "no_training.py"), cwd=tmp_path)
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["verdict"] == "NOTHING OBSERVED: no training step and no compile seen in 1 captured process(es)"
+    assert proc.stdout.startswith("NOTHING OBSERVED") and report["failing_findings"] == ["NOTHING_OBSERVED"]
+    again = cli("report", str(tmp_path / "d"), cwd=tmp_path)
+    assert again.returncode == 1 and again.stdout.startswith("NOTHING OBSERVED"), again.stdout

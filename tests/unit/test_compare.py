@@ -45,8 +45,10 @@ def config(
     param_fps: list[list[str]] | None = None,
     batches: list[str] | None = None,
     first: int = 0,
+    snapshots: bool = True,
 ) -> EventLog:
-    """One rank's log: ``losses`` per step from step ``first``, parameter fingerprints and batch fingerprints."""
+    """One rank's log: ``losses`` per step from step ``first``, parameter fingerprints and batch
+    fingerprints; ``snapshots``: the parameters after each step beside it (the same in every run)."""
     events: list = [
         Header(rank=rank, world_size=world),
         Params(rank=rank, names=NAMES, shapes=[[4, 8], [4]], dtypes=["float32"] * 2, kinds=["tensor"] * 2),
@@ -67,7 +69,13 @@ def config(
             )
         )
     events.append(End(rank=rank))
-    return EventLog(root / label / f"rank-{rank}" / "events.jsonl", events=events)
+    folder = root / label / f"rank-{rank}"
+    if snapshots:
+        (folder / "snapshots").mkdir(parents=True, exist_ok=True)
+        for i in range(len(losses)):
+            weights = {"0.weight": np.full((4, 8), 0.5, np.float32), "0.bias": np.full(4, 0.1, np.float32)}
+            np.savez(folder / "snapshots" / f"step-{first + i:07d}.npz", **weights)
+    return EventLog(folder / "events.jsonl", events=events)
 
 
 def cfg(label: str, *logs: EventLog, problems: tuple[str, ...] = ()) -> Config:
@@ -142,6 +150,34 @@ def test_it_is_never_equivalent_on_steps_not_compared_or_a_run_that_failed(tmp_p
     assert any("steps 0-1 of A were not compared" in n for n in section["notes"])
 
 
+def test_steps_only_b_ran_are_never_called_equivalent(tmp_path):
+    a1, a2 = config(tmp_path, "a1", LOSSES[:3]), config(tmp_path, "a2", LOSSES[:3])
+    longer = config(tmp_path, "b", LOSSES + [0.5])  # B agrees on A's 3 steps, and ran 3 more
+    section = judge(cfg("a-1", a1), cfg("a-2", a2), cfg("b", longer))
+    report = compare_report(section, {}, {}, {})
+    assert section["verdict"] == "abstain" and report.exit_code == 1
+    assert "b recorded 3 step(s) (steps 3-5) that a-1 and a-2 did not" in section["reason"]
+    assert section["steps_compared"] == 3 and section["steps_b"] == 6
+    gap = config(tmp_path, "b2", LOSSES, param_fps=None)
+    gap.events = [e for e in gap.events if not (isinstance(e, Step) and e.index == 2)]  # B lost step 2
+    section = judge(
+        cfg("a-1", config(tmp_path, "a3", LOSSES)), cfg("a-2", config(tmp_path, "a4", LOSSES)), cfg("b", gap)
+    )
+    assert section["verdict"] == "abstain" and "a-1 recorded 1 step(s) (step 2) that b did not" in section["reason"]
+
+
+def test_no_parameter_tensor_compared_is_never_equivalent(tmp_path):
+    a1, a2 = config(tmp_path, "a1", LOSSES), config(tmp_path, "a2", LOSSES)
+    bare = config(tmp_path, "b", LOSSES, snapshots=False)  # B's losses agree bit for bit; its parameters unseen
+    section = judge(cfg("a-1", a1), cfg("a-2", a2), cfg("b", bare))
+    report = compare_report(section, {}, {}, {})
+    assert section["tensors_compared"] == 0 and section["verdict"] == "abstain" and report.exit_code == 1
+    assert "no parameter tensor compared (b kept no parameter snapshot)" in section["reason"]
+    assert report.verdict_line.startswith("ABSTAIN: no parameter tensor compared")
+    whole = judge(cfg("a-1", a1), cfg("a-2", a2), cfg("b", config(tmp_path, "b2", LOSSES)))
+    assert whole["verdict"] == "equivalent" and whole["tensors_compared"] == 2 * len(LOSSES)
+
+
 def test_each_rank_gets_its_first_divergence_with_the_strength_of_its_evidence(tmp_path):
     same = [["p0", "p1"]] * 5
     a = [config(tmp_path, "a", LOSSES, rank=r, world=2, param_fps=same) for r in (0, 1)]
@@ -197,12 +233,12 @@ def test_parameter_tensors_are_compared_from_snapshots_and_joined_from_shards(tm
             np.savez(folder / f"step-{i:07d}.npz", **a)
             log.of(Step)[i].param_fps = [next(fingerprints(a[name], ["float32"])) for name in NAMES]
 
-    a = [config(tmp_path, x, LOSSES) for x in ("a1", "a2")]
+    a = [config(tmp_path, x, LOSSES, snapshots=False) for x in ("a1", "a2")]
     for log in a:
         snapshot(log, full)
     shards = []
     for r in (0, 1):
-        log = config(tmp_path, "b", LOSSES, rank=r, world=2)
+        log = config(tmp_path, "b", LOSSES, rank=r, world=2, snapshots=False)
         log.of(Params)[0].kinds = ["dtensor:S(0)"] * 2
         changed = [{k: v[2 * r : 2 * r + 2].copy() for k, v in f.items()} for f in full]
         if r == 1:

@@ -366,7 +366,7 @@ def test_nondeterministic_op_with_deterministic_algorithms_already_on():
 
 
 def decomposition(rng_abs: float | None, numerics_abs: float | None) -> dict[str, Any]:
-    row = lambda x, y, d: {"between": [x, y], "bit_exact": not d, "final_max_abs": d, "final_max_rel": d}  # noqa: E731
+    row = lambda x, y, d: {"between": [x, y], "bit_exact": not d, "final_max_abs": d, "final_l2_rel": d}  # noqa: E731
     return {
         "rng": row("fallback-random", "compiled", rng_abs),
         "numerics": row("eager", "fallback-random", numerics_abs),

@@ -139,13 +139,19 @@ def test_the_world_the_process_group_reports_decides_which_ranks_are_missing():
     """A launcher started rank 0 alone (header: world 1); its process group has 4 ranks; two logs arrived."""
     alone = EventLog(
         Path("run/rank-0/events.jsonl"),
-        [Header(rank=0, world_size=1, host="a"), World(rank=0, group_rank=0, world_size=4, host="a"), End()],
+        [
+            Header(rank=0, world_size=1, host="a"),
+            World(rank=0, group_rank=0, world_size=4, host="a"),
+            Step(index=0),
+            End(),
+        ],
     )
     other = EventLog(
         Path("run/rank-2/events.jsonl"),
         [
             Header(rank=2, world_size=4, host="b"),
             World(rank=2, group_rank=2, world_size=4, local_rank=0, node=1, host="b"),
+            Step(rank=2, index=0),
             End(rank=2),
         ],
     )
@@ -163,13 +169,19 @@ def test_the_world_the_process_group_reports_decides_which_ranks_are_missing():
 
 
 def test_every_rank_present_is_not_missing_and_a_launcher_world_counts_too():
-    logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
+    logs = [
+        EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), Step(rank=r, index=0), End(rank=r)])
+        for r in (0, 1)
+    ]
     assert missing_ranks(logs) == [] and analyse({}, logs, []).verdict_line.startswith("HEALTHY")
     assert missing_ranks(logs, {"world_size": 3}) == [2]  # torchrun --nproc 3, one rank never wrote
 
 
 def test_a_launcher_that_only_started_the_ranks_is_judged_by_how_it_ended():
-    logs = [EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), End(rank=r)]) for r in (0, 1)]
+    logs = [
+        EventLog(Path(f"run/rank-{r}/events.jsonl"), [Header(rank=r, world_size=2), Step(rank=r, index=0), End(rank=r)])
+        for r in (0, 1)
+    ]
     crashed = {"launcher": {"exit_code": 1, "status": "error", "error": "RuntimeError: evaluation failed"}}
     report = analyse(crashed, logs, [])
     assert report.run.failed and "SCRIPT_FAILED" in [f.code for f in report.findings]

@@ -13,13 +13,14 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence, TypedDict
 
 from ..eventlog.event_reader import EventLog
-from ..eventlog.events import CacheLookup
+from ..eventlog.events import PROBE_MISS, CacheLookup, End, Event, Step
 from ..reports.findings import Finding
 
 _NAME = re.compile(r"^([\w.]+(?:\[[^\]]*\])?):\s?(.*)$", re.DOTALL)
@@ -71,6 +72,8 @@ class _MissExplanation(TypedDict):
     pairs: list[LookupPair]
     causes: list[MissCause]
     same_key_misses: int
+    beside_misses: int  # b looked the key up while a was still compiling it (the runs ran side by side)
+    probe_misses: int  # b's entry was there; torchrepro's graph probe made the lookup a miss
     keys_differ: int
     bypassed: int
     only_a: list[LookupRef]
@@ -367,21 +370,43 @@ def _lookup_ref(x: CacheLookup) -> LookupRef:
     }
 
 
-def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> MissExplanation:
-    """Why the lookups ``b`` (a later run, or another rank) could not reuse the entries ``a`` made.
+def saved_by(events: Sequence[Event]) -> dict[int, float]:
+    """For each cache lookup among ``events`` (a rank's log, in its order; by ``id``), the latest its
+    entry can have reached the cache: the end of the step that looked it up (a forward's entries are
+    saved as it compiles, an AOTAutograd entry once the backward has compiled in that step), else the
+    end of the run; absent where the log ends first (the entry may never have been saved)."""
+    out: dict[int, float] = {}
+    waiting: list[CacheLookup] = []
+    for event in events:
+        if isinstance(event, CacheLookup):
+            waiting.append(event)
+        elif isinstance(event, (Step, End)) and waiting:
+            out.update((id(x), event.t) for x in waiting)
+            waiting = []
+    return out
+
+
+def explain_misses(a: Sequence[Event], b: Sequence[Event]) -> MissExplanation:
+    """Why the cache lookups among the events ``b`` (a later run, or another rank: its log) could not
+    reuse the entries made by the lookups among ``a``.
 
     Returns ``pairs`` (each matched lookup with its differing components, or why it bypassed the
     cache), ``causes`` (each distinct cause once, with the lookups it explains and its fix, most
     frequent first), ``keys_differ`` and ``bypassed`` (counts of pairs), ``only_a`` / ``only_b``
-    (lookups with no counterpart: a compile one run did and the other did not) and
-    ``same_key_misses`` (b missed, later, with a's very key: the entry was not in b's cache
-    directory).
+    (lookups with no counterpart: a compile one run did and the other did not),
+    ``same_key_misses`` (b missed with a's very key after a's entry was saved: the entry was not in
+    b's cache directory), ``beside_misses`` (b missed with a's key before a's entry can have been
+    saved, :func:`saved_by`: runs side by side, or b ran first; no cache could serve it) and
+    ``probe_misses`` (b's entry was there; its graph probe made the lookup a miss, :data:`PROBE_MISS`).
 
-    >>> result = explain_misses(run_a_lookups, run_b_lookups)  # doctest: +SKIP
+    >>> result = explain_misses(run_a.logs[0].events, run_b.logs[0].events)  # doctest: +SKIP
     >>> [c["label"] for c in result["causes"]]  # doctest: +SKIP
     ['CPU thread count (OMP_NUM_THREADS / torch.set_num_threads)']
     """
-    pairs, only_a, only_b = _match(a, b)
+    saved = saved_by(a)
+    lookups_a = [x for x in a if isinstance(x, CacheLookup)]
+    lookups_b = [x for x in b if isinstance(x, CacheLookup)]
+    pairs, only_a, only_b = _match(lookups_a, lookups_b)
     fx_diffs: dict[str, list[KeyDifference]] = defaultdict(list)
     rows: list[LookupPair] = []
     for x, y in pairs:
@@ -415,17 +440,21 @@ def explain_misses(a: Sequence[CacheLookup], b: Sequence[CacheLookup]) -> MissEx
         for d in row["differences"]:
             entry = causes.setdefault(d["detail"], {**d, "lookups": []})
             entry["lookups"].append(index)
-    # b looked the key up after a had compiled it, and still missed: the entry was not where b looked
-    same_key_misses = [row for row, (x, y) in zip(rows, pairs) if row["same_key"] and y.status == "miss" and y.t > x.t]
+    # b missed a's very key: the probe's doing, a's entry not saved yet (side by side), or not where b looked
+    missed = [(x, y) for row, (x, y) in zip(rows, pairs) if row["same_key"] and y.status == "miss"]
+    probed = [(x, y) for x, y in missed if y.reason == PROBE_MISS]
+    beside = [(x, y) for x, y in missed if y.reason != PROBE_MISS and y.t < saved.get(id(x), math.inf)]
     return {
         "pairs": rows,
         "causes": sorted(causes.values(), key=lambda c: -len(c["lookups"])),
-        "same_key_misses": len(same_key_misses),
+        "same_key_misses": len(missed) - len(probed) - len(beside),
+        "beside_misses": len(beside),
+        "probe_misses": len(probed),
         "keys_differ": sum(not row["same_key"] and not row["bypass"] for row in rows),
         "bypassed": sum(row["bypass"] for row in rows),
         "only_a": [_lookup_ref(x) for x in only_a],
         "only_b": [_lookup_ref(x) for x in only_b],
-        "lookups": {"a": _counts(a), "b": _counts(b)},
+        "lookups": {"a": _counts(lookups_a), "b": _counts(lookups_b)},
     }
 
 
@@ -437,12 +466,14 @@ def _counts(lookups: Sequence[CacheLookup]) -> dict[str, int]:
 
 
 def key_findings(
-    a: Sequence[CacheLookup], b: Sequence[CacheLookup], label_a: str = "run A", label_b: str = "run B"
+    a: Sequence[Event], b: Sequence[Event], label_a: str = "run A", label_b: str = "run B"
 ) -> list[Finding]:
-    """``CACHE_KEY_DIFFERS`` findings (one per cause) for lookups of ``b`` that could not hit ``a``'s
-    entries; ``CACHE_SAME_KEY_MISSED`` when ``b`` missed keys ``a`` had (another cache directory).
+    """``CACHE_KEY_DIFFERS`` findings (one per cause) for lookups of ``b`` (a log's events) that could
+    not hit ``a``'s entries; ``CACHE_SAME_KEY_MISSED`` when ``b`` missed keys ``a`` had saved
+    (another cache directory); ``CACHE_MISSED_BY_TORCHREPRO`` for the misses torchrepro itself caused
+    (runs side by side, its graph probe), which blame no cache setup.
 
-    >>> key_findings(run_a.logs[0].of(CacheLookup), run_b.logs[0].of(CacheLookup))  # doctest: +SKIP
+    >>> key_findings(run_a.logs[0].events, run_b.logs[0].events)  # doctest: +SKIP
     """
     result = explain_misses(a, b)
     findings = [
@@ -473,6 +504,29 @@ def key_findings(
                 evidence={"lookups": result["same_key_misses"]},
             )
         )
+    beside, probed = result["beside_misses"], result["probe_misses"]
+    if beside or probed:
+        said = [
+            f"{beside} before {label_a} had saved the same graph (the runs ran side by side, or {label_b} ran "
+            "first: no cache could have served them)"
+            if beside
+            else "",
+            f"{probed} that torchrepro's graph probe made misses (the entries were there; the probe compiled "
+            "again the graphs it kept no copy of)"
+            if probed
+            else "",
+        ]
+        findings.append(
+            Finding(
+                "CACHE_MISSED_BY_TORCHREPRO",
+                "info",
+                f"{label_b} missed {beside + probed} lookup(s) with {label_a}'s keys because of torchrepro's own "
+                "runs: " + "; ".join(x for x in said if x),
+                hint="Nothing in your cache setup is to blame for these. TORCHREPRO_CHECK_SIDE_BY_SIDE=0 runs the "
+                "runs one after the other.",
+                evidence={"beside": beside, "probe": probed},
+            )
+        )
     return findings
 
 
@@ -487,7 +541,7 @@ def rank_key_findings(logs: Sequence[EventLog]) -> list[Finding]:
     base = ranked[0]
     findings = []
     for log in ranked[1:]:
-        for f in key_findings(base.of(CacheLookup), log.of(CacheLookup), f"rank {base.rank}", f"rank {log.rank}"):
+        for f in key_findings(base.events, log.events, f"rank {base.rank}", f"rank {log.rank}"):
             if f.code == "CACHE_KEY_DIFFERS":
                 findings.append(f)
     return findings

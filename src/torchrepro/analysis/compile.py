@@ -196,26 +196,6 @@ def _resumed_function(function: str, file: str | None, line: int, among: Iterabl
     return max(frames)[1] if frames else function
 
 
-# Dynamo logs a break again, with one of these prefixes, when it cannot resume after it: it restarts
-# the frame and compiles up to the break, or skips the frame (a break in a loop or in a context
-# manager it cannot resume). Where the same break is also logged as such (the frame re-traced, or the
-# function called from it traced as a frame of its own), it is one break: counters["graph_break"]
-# counts it once (counters["unimplemented"] once more). docs/accuracy.md.
-RELOGGED = (
-    "Encountered graph break that we cannot resume from",
-    "Failed to handle graph break gracefully",
-    "Graph break: torch.compile cannot properly resume from this graph break",
-)
-
-
-def distinct_breaks(breaks: list[GraphBreak]) -> tuple[list[GraphBreak], int]:
-    """The graph breaks of one or more ranks, a break Dynamo logged again on a restart or frame
-    skip (:data:`RELOGGED`) counted once: the breaks, and how many records were such repeats."""
-    plain = {(b.rank, b.file, b.line) for b in breaks if not b.reason.startswith(RELOGGED)}
-    kept = [b for b in breaks if not b.reason.startswith(RELOGGED) or (b.rank, b.file, b.line) not in plain]
-    return kept, len(breaks) - len(kept)
-
-
 def completed(compiles: list[Compile]) -> list[Compile]:
     """The compiles that made code: not a recompile-limit hit, not a compile that failed (the frame
     then runs eagerly: Dynamo's compilation metrics record it with a ``fail_type``)."""
@@ -255,9 +235,10 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
         for log in logs
         for e in log.of(Compile)
     ]
-    breaks, relogged = distinct_breaks(
-        [replace(e, step=placed(e.step, e.rank, last)[0]) for log in logs for e in log.of(GraphBreak)]
-    )
+    # every break record, as TORCH_LOGS=graph_breaks logs them and tlparse lists them: a break Dynamo
+    # cannot resume from is one record where it restarts or skips the frame, and one more where it meets the
+    # break again (docs/accuracy.md)
+    breaks = [replace(e, step=placed(e.step, e.rank, last)[0]) for log in logs for e in log.of(GraphBreak)]
     lookups: list[CacheLookup] = [e for log in logs for e in log.of(CacheLookup)]
     done = completed(compiles)
     recompiles = [c for c in done if c.is_recompile]
@@ -340,8 +321,6 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
         "graph_break_events": list(grouped.values()),
         "per_rank": _per_rank(logs),
     }
-    if relogged:
-        section["graph_breaks_relogged"] = relogged
     findings = (
         _recompile_findings(recompiles, function)
         + _limit_findings(compiles, function)
@@ -408,7 +387,7 @@ def _per_rank(logs: list[EventLog]) -> dict[str, RankCompiles]:
         out[str(log.rank)] = {
             "compiles": len(done),
             "recompiles": sum(c.is_recompile for c in done),
-            "graph_breaks": len(distinct_breaks(log.of(GraphBreak))[0]),
+            "graph_breaks": len(log.of(GraphBreak)),
             "limit_hits": sum(bool(c.limit_hit) for c in log.of(Compile)),
             "compile_time_s": round(sum((c.dynamo_s or 0) + (c.backward_s or 0) for c in log.of(Compile)), 3),
         }

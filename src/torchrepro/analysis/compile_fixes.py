@@ -15,14 +15,23 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from ..eventlog.event_reader import EventLog
 from ..eventlog.events import Compile, GraphBreak, Step
-from .compile import SIZE_GUARD, completed, distinct_breaks
+from .compile import SIZE_GUARD, completed
 from .divergence import Tolerance, first_divergence
-from ..reports.doctor_report import CompileSection, FixMeasure, FixRecommendation, ListedFix, RecompileEvent, TriedFix
+from ..reports.doctor_report import (
+    CompileFixRow,
+    CompileSection,
+    FixMeasure,
+    FixRecommendation,
+    ListedFix,
+    RecompileEvent,
+    TriedFix,
+)
+from ..reports.findings import Finding
 
 # --only-fixes names, in the order they are tried
 COMPILE_FIXES = (
@@ -220,7 +229,7 @@ def measure(logs: list[EventLog], until: int | None = None) -> FixMeasure:
     return {
         "compiles": len(done),
         "recompiles": sum(c.is_recompile for c in done),
-        "graph_breaks": len(distinct_breaks([b for log in logs for b in log.of(GraphBreak) if within(b.step)])[0]),
+        "graph_breaks": sum(within(b.step) for log in logs for b in log.of(GraphBreak)),
         "limit_hits": sum(bool(c.limit_hit) for c in compiles),
         "compile_time_s": round(sum((c.dynamo_s or 0.0) + (c.backward_s or 0.0) for c in compiles), 3),
         "step_time_s": round(statistics.median(times), 6) if times else None,
@@ -342,3 +351,91 @@ def listed(plan: FixPlan) -> list[ListedFix]:
         }
         for e in plan.expected
     ]
+
+
+# The findings a fix answers (their code, and the setting their hint names, when not every finding of the
+# code is the fix's), and what to change when its run shows it does not work here
+_ANSWERS: dict[str, tuple[str, str | None, str]] = {
+    "dynamic_shapes": (
+        "RECOMPILE_SHAPE",
+        None,
+        "Keep the shape the same instead: pad or bucket it to a few sizes (drop_last=True for a short last "
+        "batch); TORCH_LOGS=recompiles_verbose names every guard that failed.",
+    ),
+    "capture_scalar_outputs": (
+        "GRAPH_BREAK",
+        "capture_scalar_outputs",
+        "Move .item() out of the compiled region instead (return the tensor; call .item() after the step).",
+    ),
+    "capture_dynamic_output_shape_ops": (
+        "GRAPH_BREAK",
+        "capture_dynamic_output_shape_ops",
+        "Replace the boolean-mask indexing with torch.where or a masked op instead.",
+    ),
+    "allow_unspec_int_on_nn_module": (
+        "RECOMPILE_MODULE_ATTRIBUTE",
+        "allow_unspec_int_on_nn_module",
+        "Keep the value in a tensor buffer, or set the attribute once before compiling, instead.",
+    ),
+}
+
+
+def _outcome(row: TriedFix) -> str:
+    """What the fix run measured, in words."""
+    before, after = row["before"], row["after"]
+    if after is None:
+        return "was tried, and its run did not end normally"
+    counts = (
+        f"{_problems(before)} recompile(s) and graph break(s) before, {_problems(after)} after, "
+        f"numbers {row['numerics'] or 'not compared'}"
+    )
+    if row["status"] == "no_effect":
+        return f"was tried and had no effect ({counts})"
+    if row["status"] == "worse":
+        return f"was tried and made it worse ({counts})"
+    if row["numerics"] == "changed":
+        return f"was tried and changed the numbers ({counts})"
+    if slower(before, after):
+        return f"was tried and slowed the steps ({counts}; median step {before['step_time_s']} s → {after['step_time_s']} s)"
+    return f"was tried and removed {row['removed']} ({counts})"
+
+
+def advise(findings: list[Finding], rows: list[CompileFixRow] | None) -> list[Finding]:
+    """``findings`` with the advice of every one a tried fix answers (:data:`_ANSWERS`) brought in line
+    with what its run measured: a fix that works is said to, measured; one that had no effect, made it
+    worse, changed the numbers or slowed the steps is no longer advised, and the change that remains is.
+    One account of each fact: the finding and the fix table never disagree.
+
+    >>> name = "allow_unspec_int_on_nn_module"
+    >>> row = {"name": name, "spec": name, "line": f"torch._dynamo.config.{name} = True", "status": "no_effect",
+    ...        "removed": 0, "numerics": "same", "before": {"recompiles": 1, "graph_breaks": 0},
+    ...        "after": {"recompiles": 1, "graph_breaks": 0}}
+    >>> found = Finding("RECOMPILE_MODULE_ATTRIBUTE", "warning", "m", hint="... set allow_unspec_int_on_nn_module ...")
+    >>> advise([found], [row])[0].hint.startswith("Measured by doctor --fixes: torch._dynamo.config.allow_unspec")
+    True
+    """
+    tried = {r["name"]: r for r in rows or [] if r["name"] in _ANSWERS and r.get("spec")}
+    out = []
+    for finding in findings:
+        earlier = finding.evidence.get("fix_measured")
+        if isinstance(earlier, dict):  # advised before (a resumed doctor --fixes): from the advice unmeasured
+            finding = replace(finding, hint=str(earlier["unmeasured_hint"]))
+        row = next(
+            (
+                r
+                for name, r in tried.items()
+                if finding.code == _ANSWERS[name][0] and (_ANSWERS[name][1] or "") in finding.hint
+            ),
+            None,
+        )
+        if row is None:
+            out.append(finding)
+            continue
+        tried_row: TriedFix = row  # type: ignore[assignment]  # a row with a spec was run
+        measured = f"Measured by doctor --fixes: {tried_row['line']} {_outcome(tried_row)}."
+        works = tried_row in recommendable([tried_row])
+        hint = f"{finding.hint} {measured}" if works else f"{measured} {_ANSWERS[tried_row['name']][2]}"
+        measure = {"name": tried_row["name"], "status": tried_row["status"], "unmeasured_hint": finding.hint}
+        evidence = {**finding.evidence, "fix_measured": measure}
+        out.append(replace(finding, hint=hint, evidence=evidence))
+    return out

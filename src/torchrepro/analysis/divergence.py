@@ -565,13 +565,15 @@ def snapshot_steps(folder: Path, kind: str = "step") -> dict[int, Path]:
 def _difference(
     diffs: dict[str, tuple[float | None, float | None, float, float]], estimated_dims: list[int]
 ) -> ParamDifference:
-    """Per tensor (max abs, max rel: None where estimated; L2 of the difference, L2 of B) summed up."""
+    """Per tensor (max abs, max rel: None where estimated; L2 of the difference, L2 of B) summed up:
+    the largest absolute difference, where it is, and relative to the scale of that same tensor (a
+    tensor whose values are all near zero, such as a bias just initialised, would make a ratio near 1
+    out of a difference too small to matter: it is never taken from another tensor than ``max_abs``'s)."""
     exact = not estimated_dims
     worst_abs, worst_rel, worst_l2, where, where_l2 = 0.0, 0.0, 0.0, None, None
     for name, (d, rel, l2, _) in diffs.items():
         if d is not None and d > worst_abs:
-            worst_abs, where = d, name
-        worst_rel = max(worst_rel, rel or 0.0)
+            worst_abs, worst_rel, where = d, rel or 0.0, name
         if l2 > worst_l2:
             worst_l2, where_l2 = l2, name
     total = math.sqrt(sum(x[2] ** 2 for x in diffs.values()))
@@ -633,8 +635,15 @@ def _exact(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
 
 
 def param_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> ParamDifference:
-    """Max absolute and max relative (to the parameter's largest magnitude) difference, the
-    parameter where the absolute difference is largest, and the L2 norm of the difference."""
+    """The largest absolute difference, the parameter where it is and that difference relative to
+    the parameter's largest magnitude; the L2 norm of the whole difference, and relative to the
+    parameters' (``l2_rel``).
+
+    >>> import numpy as np
+    >>> d = param_difference({"w": np.array([1.0, 2.0]), "b": np.array([1e-5])}, {"w": np.array([1.0, 2.001]), "b": np.array([2e-5])})
+    >>> d["parameter"], round(d["max_abs"], 6), round(d["max_rel"], 6)  # not b's 0.5: its values are all near zero
+    ('w', 0.001, 0.0005)
+    """
     diffs: dict[str, tuple[float | None, float | None, float, float]] = {}
     for name in sorted(a.keys() & b.keys()):
         diffs[name] = _exact(a[name], b[name])

@@ -4,10 +4,11 @@ outcome, and budgets — from events."""
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from dataclasses import dataclass
 
-from ..eventlog.event_reader import EventLog
-from ..eventlog.events import Capability, Counters, End, Header
+from ..eventlog.event_reader import STEPS_CUT, EventLog
+from ..eventlog.events import PROBE_MISS, CacheLookup, Capability, Compile, Counters, End, GraphBreak, Header
 from ..eventlog.provenance import provenance
 from ..reports.doctor_report import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary
 from ..reports.findings import Verdict
@@ -35,6 +36,7 @@ from .timeline import timeline
 # that train on different parameters, a report over fewer ranks than the job has, a training on
 # uninitialised memory or on values that are not finite.
 FAILING_CODES = (
+    "NOTHING_OBSERVED",
     "RECOMPILE_LIMIT_HIT",
     "NO_GRAPH_COMPILED",
     "INIT_PARAMS_DIFFER",
@@ -42,6 +44,7 @@ FAILING_CODES = (
     "REPLICAS_DIVERGE",
     "RANKS_MISSING",
     *NONFINITE_CODES,
+    "STEPS_LOST",
 )
 
 
@@ -170,7 +173,21 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 evidence={"why": meta["warm_start_skipped"]},
             )
         )
-    if run["problems"]:
+    lost = {log.rank: log.steps_lost for log in logs if log.steps_lost}
+    if lost:
+        findings.append(
+            Finding(
+                "STEPS_LOST",
+                "error",
+                f"the step log of rank(s) {sorted(lost)} ends before the step its end record says was completed: "
+                f"{sum(lost.values())} step(s) lost",
+                hint="The log was cut short (a copy stopped early, a full disk, a file truncated): the steps, losses "
+                "and times after the cut are missing from this report. Copy the whole run directory again, or rerun.",
+                evidence={"steps_lost": {str(r): n for r, n in sorted(lost.items())}},
+            )
+        )
+    problems = [p for p in run["problems"] if not p.endswith(STEPS_CUT)]  # said by STEPS_LOST
+    if problems:
         skipped = sum(log.bad_lines for log in logs)
         findings.append(
             Finding(
@@ -178,9 +195,9 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 "warning",
                 f"{skipped} damaged line(s) skipped reading the event logs"
                 if skipped
-                else f"{len(run['problems'])} problem(s) reading the event logs",
+                else f"{len(problems)} problem(s) reading the event logs",
                 hint="Damaged lines were skipped; everything else was read.",
-                evidence={"problems": run["problems"][:10]},
+                evidence={"problems": problems[:10]},
             )
         )
     return findings
@@ -255,6 +272,33 @@ def capture_findings(logs: list[EventLog]) -> list[Finding]:
     return out
 
 
+def observation_findings(logs: list[EventLog], steps: StepsSummary, run: JsonObject) -> list[Finding]:
+    """``NOTHING_OBSERVED``: not one training step and not one compile (nor a graph break) in any
+    process captured. No verdict rests on nothing: the training ran where capture did not reach
+    (processes a launcher started out of its sight), took no step torchrepro recognises, or the
+    script ended first."""
+    if steps.steps or any(log.of(Compile) or log.of(GraphBreak) for log in logs):
+        return []
+    ended = [r for r in run["ranks"].values() if r["status"] not in ("ok", "imported")]
+    how = (
+        "the script ended before its first step"
+        if ended
+        else "the training ran in processes torchrepro did not capture, or took no step it recognises"
+    )
+    return [
+        Finding(
+            "NOTHING_OBSERVED",
+            "error",
+            f"nothing to judge: {how}",
+            hint="torchrepro counts a step at optimizer.step() (or backward() where no optimizer exists) and sees "
+            "every torch.compile. A launcher that starts the training in processes of its own: launch each rank "
+            'with torchrun ... -m torchrepro run (docs/commands.md, "Many ranks"), or give doctor the training '
+            "script and --nproc N.",
+            evidence={"processes": [log.rank for log in logs], "steps": 0, "compiles": 0},
+        )
+    ]
+
+
 def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Finding]:
     durations = [r["duration_s"] for r in run["ranks"].values() if r["duration_s"]]
     if not durations or not compile_section["compile_time_s"]:
@@ -280,19 +324,35 @@ def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Fin
     ]
 
 
-def _cache_findings(cache: dict[str, CacheCounts]) -> list[Finding]:
-    return [
-        Finding(
-            "CACHE_MISS",
-            "info",
-            f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)",
-            hint="A cold cache is normal on a first run; on a restart it means the key changed "
-            "(torchrepro cache explain-miss RUN_A RUN_B names the component).",
-            evidence={"cache": name, **c},
+def _cache_findings(cache: dict[str, CacheCounts], logs: list[EventLog]) -> list[Finding]:
+    """``CACHE_MISS`` per cache that missed; the misses ``--probe`` made (:data:`PROBE_MISS`) said as its own."""
+    probed = Counter(x.cache for log in logs for x in log.of(CacheLookup) if x.reason == PROBE_MISS)
+    out = []
+    for name, c in cache.items():
+        if not c["miss"]:
+            continue
+        ours = probed[name]
+        hint = (
+            "A cold cache is normal on a first run; on a restart it means the key changed "
+            "(torchrepro cache explain-miss RUN_A RUN_B names the component)."
         )
-        for name, c in cache.items()
-        if c["miss"]
-    ]
+        if ours:
+            hint = (
+                f"{ours} of these misses --probe made itself: the entry was in the cache, but the probe keeps a copy of "
+                "each graph it probes and had none of this one, so it compiled it again (the next probed run hits). "
+                + ("Nothing in your cache setup is to blame for them." if ours == c["miss"] else hint)
+            )
+        out.append(
+            Finding(
+                "CACHE_MISS",
+                "info",
+                f"{name} cache: {c['miss']} miss(es), {c['hit']} hit(s)"
+                + (f"; {ours} of the misses made by --probe" if ours else ""),
+                hint=hint,
+                evidence={"cache": name, **c, **({"probe_misses": ours} if ours else {})},
+            )
+        )
+    return out
 
 
 def budget_failures(compile_section: CompileSection, budgets: Budgets) -> list[str]:
@@ -328,6 +388,9 @@ def verdict_line(
     )
     if verdict is Verdict.INTERRUPTED:
         return f"INTERRUPTED: {interrupted} ({figures})"
+    if verdict is Verdict.NOTHING_OBSERVED:
+        processes = len(next(f for f in findings if f.code == "NOTHING_OBSERVED").evidence["processes"])
+        return f"NOTHING OBSERVED: no training step and no compile seen in {processes} captured process(es)"
     if verdict is Verdict.FAILS_BUDGET:
         return f"FAILS BUDGET ({'; '.join(budget_failures)}): {figures}"
     if verdict is Verdict.PROBLEMS:
@@ -356,8 +419,9 @@ def _analyse(meta: JsonObject, logs: list[EventLog], problems: list[str], budget
     compile_section, findings = compile_analysis.summarize(logs)
     steps = steps_summary(kept)
     findings += _outcome_findings(run, meta, logs) + _time_findings(compile_section, run)
-    findings += _cache_findings(compile_section["cache"]) + rank_findings(logs, kept) + rank_key_findings(logs)
+    findings += _cache_findings(compile_section["cache"], logs) + rank_findings(logs, kept) + rank_key_findings(logs)
     findings += capture_findings(logs) + probe_findings(logs) + nonfinite_findings(logs, kept)
+    findings += observation_findings(logs, steps, run)
     findings = sort_findings(findings)
     failures = budget_failures(compile_section, budgets or Budgets())
     failing = FAILING_CODES + (("CAPTURE_DEGRADED",) if budgets and budgets.strict else ())

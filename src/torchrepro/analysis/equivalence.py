@@ -510,13 +510,12 @@ def judge(a1: Config, a2: Config, b: Config) -> JsonObject:
     # a reference that is not finite before B leaves it: nothing after it can be judged
     unjudged = next((p for p in points if p["status"] in ("nonfinite", "out")), None)
     first_nonfinite = unjudged if unjudged is not None and unjudged["status"] == "nonfinite" else None
-    if not tensors_compared:
-        notes.append(
-            "no parameter tensor compared (no snapshots, or a layout whose shards cannot be joined): only the loss and gradient norm"
-        )
     endings = [a1.ending, a2.ending, b.ending]
     ranks = rank_divergences(a1, b)
-    verdict, reason, decide = _verdict(first_out, first_ambiguous, first_nonfinite, steps, la1, lb, endings, bands)
+    uncovered = _uncovered(steps, {cfg.label: set(x) for cfg, x in ((a1, la1), (a2, la2), (b, lb))})
+    if not tensors_compared:
+        uncovered.append(_no_tensors([a1, a2, b], snaps))
+    verdict, reason, decide = _verdict(first_out, first_ambiguous, first_nonfinite, steps, endings, bands, uncovered)
     return {
         "verdict": verdict,
         "reason": reason,
@@ -633,15 +632,49 @@ def _series(points: list[JsonObject]) -> list[JsonObject]:
     return [rows[k] for k in sorted(rows)]
 
 
+def _uncovered(steps: list[int], recorded: dict[str, set[int]]) -> list[str]:
+    """What a run recorded that was not compared, from the first compared step on (a run resumed at
+    a checkpoint starts later: the steps before are a note): steps only some runs ran. Empty when
+    every run's steps are the compared ones."""
+    compared = set(steps)
+    out = []
+    for label, own in recorded.items():
+        extra = sorted(i for i in own - compared if not steps or i > steps[0])
+        if extra:
+            others = [other for other, theirs in recorded.items() if other != label and not set(extra) <= theirs]
+            out.append(
+                f"{label} recorded {len(extra)} step(s) ({_span(extra)}) that {' and '.join(others)} did not: "
+                "not compared"
+            )
+    return out
+
+
+def _span(steps: list[int]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
+def _no_tensors(configs: list[Config], common: set[int]) -> str:
+    """Why no parameter tensor was compared: a run kept no snapshot, the runs kept none at a step in
+    common, or their shards cannot be joined."""
+    bare = [cfg.label for cfg in configs if not snapshot_steps(cfg)]
+    why = (
+        f"{' and '.join(bare)} kept no parameter snapshot"
+        if bare
+        else "the runs kept no parameter snapshot at a step in common"
+        if not common
+        else "a layout whose shards cannot be joined"
+    )
+    return f"no parameter tensor compared ({why}): the loss and gradient norm alone do not show the parameters agree"
+
+
 def _verdict(
     first_out: JsonObject | None,
     first_ambiguous: JsonObject | None,
     first_nonfinite: JsonObject | None,
     steps: list[int],
-    la: dict[int, float],
-    lb: dict[int, float],
     endings: list[Ending],
     bands: dict[str, _Band],
+    uncovered: list[str],
 ) -> tuple[str, str, str | None]:
     """(``equivalent`` | ``different`` | ``abstain``, why, what would decide it)."""
     failed = [f"{e.label}: {e.problems[0]}" for e in endings if not e.ok]
@@ -689,12 +722,11 @@ def _verdict(
             f"the reference's own noise reaches {wide:.1%} of a value: too wide a band to tell configurations apart",
             "make the reference reproducible first (torchrepro check), then compare",
         )
-    after = [s for s in sorted(set(la) - set(lb)) if s > steps[-1]]
-    if after:
+    if uncovered:  # never equivalent over what one side did not run, or without its parameters
         return (
             "abstain",
-            f"B recorded no step after step {steps[-1]}; A went on to step {after[-1]}: those steps were not compared",
-            "B running as many steps as A",
+            "; ".join(uncovered),
+            "every run recording the same steps, with its parameter snapshots (compare keeps them)",
         )
     return "equivalent", f"{len(steps)} step(s) (steps {steps[0]}-{steps[-1]})", None
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..eventlog.events import Event, GraphProbe, GraphsRan
+from ..eventlog.events import PROBE_MISS, CacheLookup, Event, GraphProbe, GraphsRan
 from ..eventlog.output_guard import output_folder
 from ..eventlog.rundir import atomic_path
 from ..eventlog.payloads import NodeInfo
@@ -80,10 +80,17 @@ class GraphProber(KernelRepeater):
         self.started, self.extra_s = time.perf_counter(), 0.0  # the extra calls' time (ACCUMULATING_SHARE)
         self.ran: dict[str, None] = {}  # the graphs this step called, in the order first called
         self.ran_before: list[str] = []  # ... and those the last GraphsRan event named
+        self.missed = False  # an AOTAutograd cache hit made a miss, its lookup not recorded yet
 
     def install(self) -> bool:
         self.from_aot_cache = self._load_from_aot_cache()
         return super().install()
+
+    def mark_miss(self, lookup: CacheLookup) -> None:
+        """Say of the AOTAutograd miss the probe made (torch records the lookup right after) that it is
+        the probe's doing, not the cache's (:data:`~torchrepro.eventlog.events.PROBE_MISS`)."""
+        if self.missed and lookup.cache == "aotautograd" and lookup.status == "miss":
+            lookup.reason, self.missed = PROBE_MISS, False
 
     def _compiling(self, key: str, gm: Any) -> None:
         import copy
@@ -127,6 +134,7 @@ class GraphProber(KernelRepeater):
             fx_key = str(entry.fx_graph_cache_info[0])
             kept = load_graph(self._kept_at(cache_dir, fx_key), pickling, fake_mode, self.files)
             if kept is None:
+                self.missed = True  # the lookup this miss ends is said to be the probe's (mark_miss)
                 raise miss(f"torchrepro keeps no FX graph for {fx_key}")
             compiled = original(entry, example_inputs)
             compile_id = str(current_compile_id())

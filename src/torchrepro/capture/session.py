@@ -21,7 +21,7 @@ import torch
 from .. import _dist, _state
 from .._compat import undo_patches, watch
 from ..eventlog.event_writer import EventWriter, ReservedEnd
-from ..eventlog.events import EVENTS_FILE, Capability, Compile, End, Event, Header, World
+from ..eventlog.events import EVENTS_FILE, CacheLookup, Capability, Compile, End, Event, Header, World
 from ..eventlog.payloads import JsonObject
 from .compile_events import CompileCapture
 from .steps import StepConfig, StepRecorder
@@ -108,6 +108,8 @@ class CaptureSession:
         event.rank = self.rank
         if isinstance(event, Compile) and self.steps is not None:
             self.steps.note_compile()
+        elif isinstance(event, CacheLookup) and self.prober is not None:
+            self.prober.mark_miss(event)
         with self._lock:
             try:
                 self.writer.write(event)

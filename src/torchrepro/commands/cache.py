@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..render.sanitize import visible
 
 if TYPE_CHECKING:
-    from ..eventlog.events import CacheLookup
+    from ..eventlog.events import Event
 
 _EPILOG = (
     "Exit codes: 0 ok; 1 status finds a cache others can write, verify finds damage, or explain-miss "
@@ -46,7 +46,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 1 if failing else 0
 
 
-def _events(run: str, rank: int | None) -> tuple[list[CacheLookup], str]:
+def _events(run: str, rank: int | None) -> tuple[list[Event], str]:
+    """The events of ``run``'s rank ``rank`` (the lowest when None), which must have cache lookups."""
     from ..eventlog.events import CacheLookup
     from ..eventlog.rundir import load_run
 
@@ -55,13 +56,12 @@ def _events(run: str, rank: int | None) -> tuple[list[CacheLookup], str]:
     chosen = min(logs) if rank is None else rank
     if chosen not in logs:
         raise UserError(f"{run} has no rank {chosen} (ranks present: {sorted(logs)})")
-    lookups = logs[chosen].of(CacheLookup)
-    if not lookups:
+    if not logs[chosen].of(CacheLookup):
         raise UserError(
             f"{run} rank {chosen} recorded no compile-cache lookups (no inductor compile, or caches "
             "disabled): nothing to compare"
         )
-    return lookups, f"{run} rank {chosen}"
+    return logs[chosen].events, f"{run} rank {chosen}"
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

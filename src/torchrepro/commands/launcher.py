@@ -48,8 +48,9 @@ def validate_script(script: str | os.PathLike[str]) -> Path:
 @dataclass
 class ChildResult:
     """How a launched run ended: its exit code, the tail of its stderr, and for several ranks each
-    rank's exit code (negative: killed by that signal) and stderr tail, whether it stalled, and
-    the signal (``"SIGTERM"``) sent to torchrepro that stopped it."""
+    rank's exit code (negative: killed by that signal) and stderr tail, whether it stalled (or was
+    ended by the stall timeout before any rank started: ``not_started_within_s``), and the signal
+    (``"SIGTERM"``) sent to torchrepro that stopped it."""
 
     exit_code: int
     stderr_tail: list[str] = field(default_factory=list)
@@ -57,6 +58,7 @@ class ChildResult:
     rank_stderr_tails: dict[int, list[str]] = field(default_factory=dict)
     stalled_after_s: float | None = None
     stopped_by: str | None = None
+    not_started_within_s: float | None = None
 
 
 def _pump(source: IO[bytes], sinks: list[IO[bytes]], tail: deque[str] | None) -> None:
@@ -482,11 +484,12 @@ def run_child(
     """Run ``cmd`` as a job (:func:`spawn`), showing its output live (unless ``quiet``) and
     keeping it in ``log_dir/stdout.log`` and ``stderr.log``. With ``stall_timeout``, a job
     whose ranks write no event into ``run_dir`` for that many seconds has its stacks dumped and is
-    ended. A stop signal sent to torchrepro is forwarded to the job (see :class:`_ForwardStops`);
+    ended; ended so before any rank started (no rank's log in ``run_dir``), it did not stall but never
+    started (``not_started_within_s``: the script did not fail, it never ran). A stop signal sent to torchrepro is forwarded to the job (see :class:`_ForwardStops`);
     whatever the job leaves running when it ends (a subprocess of the script) is ended too."""
     log_dir.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-    stalled = None
+    stalled = not_started = None
     with open(log_dir / "stdout.log", "wb") as out_log, open(log_dir / "stderr.log", "wb") as err_log:
         started = time.time()
         job = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
@@ -501,11 +504,15 @@ def run_child(
             pump.start()
 
         def check() -> None:
-            nonlocal stalled
+            nonlocal stalled, not_started
             if stall_timeout is not None and run_dir is not None:
                 quiet_for = time.time() - _last_progress(run_dir, started)
                 if quiet_for > stall_timeout:
-                    stalled = round(quiet_for, 1)
+                    if any(run_dir.glob("rank-*/events.jsonl")):
+                        stalled = round(quiet_for, 1)
+                    else:  # what the launcher prints as it is ended (torchrun's traceback) is no cause: kept in the logs only
+                        not_started = round(quiet_for, 1)
+                        del out_sinks[1:], err_sinks[1:]
                     _stop_stalled(job, run_dir)
 
         try:
@@ -514,7 +521,9 @@ def run_child(
             end_jobs([job])  # the script's own subprocesses, and the job itself on any error here
         for pump in pumps:  # a process that left the group may still hold the pipes: do not wait for it
             pump.join(timeout=2)
-    return ChildResult(code, list(tail), stalled_after_s=stalled, stopped_by=stopped_by)
+    return ChildResult(
+        code, list(tail), stalled_after_s=stalled, stopped_by=stopped_by, not_started_within_s=not_started
+    )
 
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL)

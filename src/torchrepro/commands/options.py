@@ -502,7 +502,8 @@ def add_ranks(p: argparse.ArgumentParser) -> None:
         "--timeout",
         type=positive_float,
         metavar="S",
-        help="end the job after S seconds without progress, dumping every rank's Python stack",
+        help="end the job after S seconds without progress, dumping every rank's Python stack; ended before "
+        "any rank started, it is said as such (exit 3, no rank started within S s)",
     )
     p.add_argument(
         "--cache-policy",

@@ -45,6 +45,7 @@ from .events import (
     READABLE,
     SCHEMA,
     STEP_FIELDS,
+    Capability,
     End,
     Event,
     Header,
@@ -85,7 +86,9 @@ class EventLog:
     """The events of one rank, and what could not be read: ``bad_lines`` skipped (a
     ``truncated`` last line among them), and ``unreadable``, the reason the file is not a log
     this torchrepro can read at all (no header, another schema), or None. ``kept``: what a reader
-    that keeps no step events kept of them instead (``analysis.kept_steps.KeptSteps``), or None."""
+    that keeps no step events kept of them instead (``analysis.kept_steps.KeptSteps``), or None.
+    ``steps_lost``: how many steps the end record says the rank completed after the last one its
+    step log holds (a log cut at a record boundary reads cleanly: only the end record shows it)."""
 
     path: Path
     events: list[Event] = field(default_factory=list)
@@ -95,6 +98,7 @@ class EventLog:
     truncated: bool = False
     unreadable: str | None = None
     kept: Any = None
+    steps_lost: int = 0
     _by_type: tuple[list[Event], int, dict[type, list[Event]]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -264,14 +268,19 @@ def _read(path: Path, shared: Shared | None, reduce: StepReduce | None = None) -
     records: list[tuple[int, Step]] = []  # without reduce
     streamed = 0  # with reduce: the records of steps.bin reduced
     kept = None
+    last: list[int] = []  # the index of the last step read
     if reduce is None:
         records = _read_steps(log, stream, shared)
         with open_regular(path) as fp:
             for _ in _read_lines(log, LineReader(fp), shared, records):
                 pass
+        read = log.of(Step)
+        last = [read[-1].index] if read else []
     else:
         with _StepRecords(log, stream) as stepped, open_regular(path) as fp:  # (steps.bin opened first, as above)
-            steps = chain(stepped, stepped.alone(_read_lines(log, LineReader(fp), None, [], rows=True)))
+            steps = _watch_last(
+                chain(stepped, stepped.alone(_read_lines(log, LineReader(fp), None, [], rows=True))), last
+            )
             kept = reduce(steps)
             for _ in steps:  # what reduce left unread: the lines' events, the damage counted at the end
                 pass
@@ -300,7 +309,43 @@ def _read(path: Path, shared: Shared | None, reduce: StepReduce | None = None) -
     log.kept = kept
     if log.unreadable:
         log.problems.append(f"{path}: {log.unreadable}")
+    else:
+        _check_end(log, stream, last[0] if last else None)
     return log
+
+
+_INDEX = STEP_FIELDS.index("index")
+STEPS_CUT = "step(s) were lost: the step log was cut short"  # how the problem _check_end adds ends
+
+
+def _watch_last(batches: Iterator[StepColumns], last: list[int]) -> Iterator[StepColumns]:
+    """``batches`` as they are, the index of the last step given kept in ``last``."""
+    for batch in batches:
+        if batch[_INDEX]:
+            last[:] = [batch[_INDEX][-1]]
+        yield batch
+
+
+def _check_end(log: EventLog, stream: Path, last: int | None) -> None:
+    """Damage no record shows: the end record says the rank completed ``end.step`` steps (the last
+    numbered ``end.step - 1``), and its step log stops before (``last``: the last index read; None:
+    no step, which is damage only where a step log was begun), by more steps than it has damaged
+    records (each may be one of them). Not where capture stopped recording steps (a
+    ``capture_error``, said on its own)."""
+    end = log.end
+    if end is None or not end.step or any(c.name == "capture_error" for c in log.of(Capability)):
+        return
+    if last is None and not stream.exists():
+        return  # no step was ever written (a run resumed at a checkpoint that took no step numbers from it)
+    missing = end.step - 1 - (last if last is not None else -1)
+    if missing - log.bad_lines <= 0:  # (a damaged record may be one of them: said as damage already)
+        return
+    log.steps_lost = missing - log.bad_lines
+    where = f"ends after step {last}" if last is not None else "holds no step"
+    log.problems.append(
+        f"{stream}: {where}, while the end record says step {end.step - 1} was completed: "
+        f"its last {log.steps_lost} {STEPS_CUT}"
+    )
 
 
 _PIECE = 16 << 10  # what of steps.bin is decoded and reduced at once (a few hundred records)

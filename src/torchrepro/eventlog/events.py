@@ -126,9 +126,15 @@ class GraphBreak(Event):
     source: str | None = None
 
 
+# CacheLookup.reason of an AOTAutograd lookup that torchrepro's graph probe made a miss: the entry was there,
+# but the probe kept no copy of its FX graph, so the graph was compiled again to be probed (capture/graph_probe.py)
+PROBE_MISS = "made a miss by torchrepro's graph probe (no copy of this entry's FX graph kept to probe it)"
+
+
 @dataclass(slots=True)
 class CacheLookup(Event):
-    """One FX-graph or AOTAutograd cache lookup, with the key's components where recorded."""
+    """One FX-graph or AOTAutograd cache lookup, with the key's components where recorded
+    (``reason``: why it bypassed the cache, or :data:`PROBE_MISS`)."""
 
     kind: ClassVar[str] = "cache"
     compile_id: str = ""

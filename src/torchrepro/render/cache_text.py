@@ -111,6 +111,15 @@ def render_explain(result: MissExplanation, console: Console | None = None) -> N
             ),
             highlight=False,
         )
+    if result["beside_misses"] or result["probe_misses"]:
+        console.print(
+            Text(
+                f" · B missed {result['beside_misses']} lookup(s) before A had saved them (side by side, or B ran first) and "
+                f"{result['probe_misses']} made misses by torchrepro's graph probe: torchrepro's doing, not the cache's",
+                style="dim",
+            ),
+            highlight=False,
+        )
     for side, only in (("A", result["only_a"]), ("B", result["only_b"])):
         if only:
             ids = ", ".join(sorted({x["compile_id"] for x in only}))

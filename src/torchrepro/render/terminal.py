@@ -111,13 +111,6 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
             _row(table, where, str(group["count"]), group["reason"], group["gb_id"] or "")
         console.print(table)
         _more_rows(console, len(c["graph_break_groups"]), TABLE_ROWS)
-        if c.get("graph_breaks_relogged"):
-            console.print(
-                f"({c['graph_breaks_relogged']} more record(s) of these breaks, logged again when Dynamo restarted or "
-                "skipped a frame, counted once, as Dynamo's counters do)",
-                style="dim",
-                highlight=False,
-            )
     if report.compile_fixes is not None:
         _render_fixes(console, report)
     steps = report.steps.per_rank
@@ -296,7 +289,8 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             size = (
                 "bit-exact"
                 if d["bit_exact"]
-                else (f"max |Δparam| {figure(d['final_max_abs'])} (rel {figure(d['final_max_rel'])})")
+                else f"max |Δparam| {figure(d['final_max_abs'])} ({cell(d.get('final_parameter'))}); "
+                f"‖Δparam‖/‖param‖ {figure(d.get('final_l2_rel'))}"
             )
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.curve:

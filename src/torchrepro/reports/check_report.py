@@ -24,11 +24,12 @@ class RunEnding:
 
 
 class ParamDifference(TypedDict):
-    """How far two runs' parameters are apart: the largest absolute and relative difference (None
-    where only sketches were kept and a differing tensor was sketched), and where (the largest
-    absolute difference; without it, the largest L2 difference); the L2 norm of the whole
-    difference and relative to the second run's parameters' (``estimated``: from sketches, each
-    tensor projected to at least ``sketch_dims`` dims; docs/fingerprint.md, "Snapshots")."""
+    """How far two runs' parameters are apart: the largest absolute difference and, relative to the
+    largest magnitude of the same tensor, its relative size (both None where only sketches were kept
+    and a differing tensor was sketched), and where (the largest absolute difference; without it,
+    the largest L2 difference); the L2 norm of the whole difference and relative to the second run's
+    parameters' (``estimated``: from sketches, each tensor projected to at least ``sketch_dims``
+    dims; docs/fingerprint.md, "Snapshots")."""
 
     max_abs: float | None
     max_rel: float | None

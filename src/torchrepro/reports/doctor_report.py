@@ -165,7 +165,6 @@ class CompileSection(_CompileSection, total=False):
 
     build_time_s: float
     capture_overhead_s: float
-    graph_breaks_relogged: int  # break records that repeat a break (a restart or frame skip): counted once
     recompile_limit_hits: list[LimitHit]
     recompiles_by_category: dict[str | None, int]
     compile_time_share: float

@@ -336,6 +336,7 @@ class DriftSettings:
     compile_cache: str | None = None
     wall_s: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    allow_partial: bool = False  # --allow-partial: runs missing from the experiment do not make it incomplete
 
     def to_json(self) -> JsonObject:
         out = {**dataclasses.asdict(self), **self.counts}
@@ -359,21 +360,37 @@ class DriftReport:
     findings: ClassVar[tuple[Finding, ...]] = ()  # drift reports state effects, not findings
 
     @property
+    def missing(self) -> list[int]:
+        """The runs of the plan that were not run (or were interrupted): none of their results is known."""
+        return [r.index for r in self.drift.excluded if r.status == "missing"]
+
+    @property
     def verdict_line(self) -> str:
+        if self.verdict is Verdict.INCOMPLETE:
+            missing, planned = self.missing, len(self.drift.runs)
+            shown = ", ".join(map(str, missing[:10])) + (" …" if len(missing) > 10 else "")
+            return (
+                f"INCOMPLETE: {len(missing)} of {planned} runs of the plan not run or interrupted (run {shown}); "
+                f"from the {planned - len(missing)} that finished: {self.drift.verdict}"
+            )
         return self.drift.verdict
 
     @property
     def verdict(self) -> Verdict:
-        """``run_failed`` when a run crashed, ``real_difference`` when a binary factor makes one
+        """``run_failed`` when a run crashed, ``incomplete`` when runs of the plan are missing (unless
+        ``--allow-partial``), ``real_difference`` when a binary factor makes one
         (:meth:`DriftSection.real_difference`), else ``noise``."""
         if any(r.status == "crashed" for r in self.drift.excluded):
             return Verdict.RUN_FAILED
+        if self.missing and not self.run.allow_partial:
+            return Verdict.INCOMPLETE
         return Verdict.REAL_DIFFERENCE if self.drift.real_difference() else Verdict.NOISE
 
     @property
     def exit_code(self) -> int:
-        """3 when a run crashed, 1 when a binary factor makes a real difference, else 0."""
-        return {Verdict.RUN_FAILED: 3, Verdict.REAL_DIFFERENCE: 1}.get(self.verdict, 0)
+        """3 when a run crashed or runs are missing (``incomplete``), 1 when a binary factor makes a
+        real difference, else 0."""
+        return {Verdict.RUN_FAILED: 3, Verdict.INCOMPLETE: 3, Verdict.REAL_DIFFERENCE: 1}.get(self.verdict, 0)
 
     def to_json(self) -> JsonObject:
         """The ``report.json`` document."""

@@ -45,7 +45,9 @@ class Verdict(str, Enum):
     ``within_tolerance``, ``diverged``, ``incomplete``, ``nothing_compared``; drift:
     ``noise`` (no factor makes a real difference), ``real_difference``, ``run_failed``; any run:
     ``interrupted`` (torchrepro's supervisor ended without recording the end of the job: killed by
-    SIGKILL or the OOM killer; how the job ended is unknown, so it is never healthy)."""
+    SIGKILL or the OOM killer; how the job ended is unknown, so it is never healthy);
+    ``nothing_observed`` (doctor: not one training step and not one compile was seen, so there is
+    nothing a verdict could rest on)."""
 
     HEALTHY = "healthy"
     WARNINGS = "warnings"
@@ -60,6 +62,7 @@ class Verdict(str, Enum):
     REAL_DIFFERENCE = "real_difference"
     RUN_FAILED = "run_failed"
     INTERRUPTED = "interrupted"
+    NOTHING_OBSERVED = "nothing_observed"  # doctor: no step and no compile seen
     EQUIVALENT = "equivalent"  # compare: B within A's run-to-run band
     DIFFERENT = "different"  # compare: B leaves the band
     ABSTAIN = "abstain"  # compare: the evidence is too weak to say
@@ -78,11 +81,14 @@ class Verdict(str, Enum):
 
     @classmethod
     def of_doctor(cls, findings: list[Finding], budget_failures: list[str], interrupted: bool = False) -> Verdict:
-        """A doctor report's verdict: an interrupted job, a failed budget, then error findings, then warnings."""
+        """A doctor report's verdict: an interrupted job, a failed budget, a run in which nothing was
+        observed (its ``NOTHING_OBSERVED`` finding), then error findings, then warnings."""
         if interrupted:
             return cls.INTERRUPTED
         if budget_failures:
             return cls.FAILS_BUDGET
+        if any(f.code == "NOTHING_OBSERVED" for f in findings):
+            return cls.NOTHING_OBSERVED
         severities = {f.severity for f in findings}
         return cls.PROBLEMS if "error" in severities else cls.WARNINGS if "warning" in severities else cls.HEALTHY
 

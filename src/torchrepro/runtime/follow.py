@@ -12,7 +12,12 @@ group (:func:`hook_process_group`). Whoever captures records the group it joined
 compile workers, helpers).
 
 The process ``torchrepro`` launched writes ``rank-0/`` until a descendant joins a group as rank 0
-while it never did (``mp.spawn``, ``accelerate launch``): its log then moves to ``launcher/``.
+while it never did (``mp.spawn``, ``accelerate launch``): its log then moves to ``launcher/``. A
+launcher that runs the script in one child process of its own, no rank and no process group
+(``accelerate launch --cpu``, or without a multi-process option: its simple launcher), marks that
+child (``TORCHREPRO_FOLLOW_CHILD``, set by :func:`propagate` where the launched program is one of
+:data:`CHILD_LAUNCHERS`): the child captures itself from its start as rank 0, and the launcher's
+log moves to ``launcher/`` as well.
 
 A process that ``torch.multiprocessing.spawn`` (or ``start_processes``) starts is a rank-to-be
 whose rank only the process group will say: the captured process marks it (``TORCHREPRO_FOLLOW_SPAWN``
@@ -47,6 +52,10 @@ if TYPE_CHECKING:  # imported where used: a followed process starts without them
 CONFIG_VAR = "TORCHREPRO_FOLLOW"
 SEEN_VAR = "TORCHREPRO_FOLLOW_SEEN"
 SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as in _bootstrap/sitecustomize.py
+CHILD_VAR = "TORCHREPRO_FOLLOW_CHILD"  # as in _bootstrap/sitecustomize.py: the pid whose direct child is rank 0
+# programs that run the training script in a child process of their own when they start one process
+# (their console scripts, by name): accelerate's CLI (its simple launcher: `accelerate launch --cpu`)
+CHILD_LAUNCHERS = ("accelerate", "accelerate-launch")
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as in _bootstrap/sitecustomize.py
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
 LAUNCHER_DIR = "launcher"
@@ -85,13 +94,16 @@ def follow_env(options: RunOptions, root_pid: int, pythonpath: str = "") -> dict
     }
 
 
-def propagate(options: RunOptions) -> None:
+def propagate(options: RunOptions, script: Path | None = None) -> None:
     """Make every process the script starts capture itself once it becomes a rank (``options``:
     the :class:`~torchrepro.runtime.run_options.RunOptions` of this process), and record the process
-    group this process joins."""
+    group this process joins. ``script``: the program this process runs; one of :data:`CHILD_LAUNCHERS`
+    has its direct child captured as rank 0 (the module docstring)."""
     from ..seed import active_plan
 
     os.environ.update(follow_env(options, os.getpid(), os.environ.get("PYTHONPATH", "")))
+    if script is not None and script.name in CHILD_LAUNCHERS:
+        os.environ[CHILD_VAR] = str(os.getpid())
     _PREPARED.value.plan = active_plan()  # made before the script ran
     _mark_seen()
     hook_process_group()
@@ -100,7 +112,7 @@ def propagate(options: RunOptions) -> None:
 
 def without_follow(env: dict[str, str]) -> dict[str, str]:
     """``env`` for a new, separately captured run: nothing inherited from a capture around it."""
-    return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR, SPAWN_VAR)}
+    return {k: v for k, v in env.items() if k not in (CONFIG_VAR, SEEN_VAR, SPAWN_VAR, CHILD_VAR)}
 
 
 def _config() -> tuple[RunOptions, int]:
@@ -121,13 +133,16 @@ def _prepare(options: RunOptions) -> None:
     _PREPARED.value.plan = active_plan()
 
 
-def activate_at_start(rank: int) -> None:
+def activate_at_start(rank: int, rank_from: str = "env") -> None:
     """Capture this process as ``rank`` from its start, prepared as ``torchrepro run`` prepares
-    its own (cache policy, compile mode, seed); called by the bootstrap ``sitecustomize``."""
+    its own (cache policy, compile mode, seed); called by the bootstrap ``sitecustomize``.
+    ``rank_from``: ``env`` (a launcher's rank variables), ``launcher_child`` (the one child of a
+    :data:`CHILD_LAUNCHERS` program)."""
     options, root_pid = _config()
     _prepare(options)
     here = from_env()
-    _start(options, root_pid, (rank, here.world_size, rank if here.local_rank is None else here.local_rank), "env")
+    local = rank if here.local_rank is None else here.local_rank
+    _start(options, root_pid, (rank, here.world_size, local), rank_from)
     _mark_seen()
     hook_process_group()
     hook_spawn()

@@ -55,7 +55,7 @@ def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
     prepare(options)
     session = CaptureSession(options.capture_config(), listeners=live_listeners())
     session.start()
-    propagate(options)  # every process the script starts that becomes a rank captures itself
+    propagate(options, script)  # every process the script starts that becomes a rank captures itself
     sys.argv = [str(script.resolve() if options.module else script), *args]
     sys.path.insert(0, os.getcwd() if options.module else str(script.resolve().parent))  # as python does
     code, error = 0, None

@@ -45,7 +45,7 @@ from ...analysis.nonfinite import nonfinite_findings, of_runs
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
 from ...errors import InputError, UserError
-from ...eventlog.events import CacheLookup, Step
+from ...eventlog.events import Step
 from ..launcher import validate_script
 from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
@@ -84,12 +84,15 @@ def localize_graph(
 
 
 class DecompositionPair(TypedDict):
-    """Two runs of the backend decomposition compared: bit for bit, and their last parameter snapshots."""
+    """Two runs of the backend decomposition compared: bit for bit, and their last parameter snapshots:
+    the largest absolute difference, the parameter it is in, and the whole difference's L2 norm
+    relative to the parameters' (the size of the difference against the model's scale)."""
 
     between: list[str]
     bit_exact: bool
     final_max_abs: float | None
-    final_max_rel: float | None
+    final_parameter: str | None
+    final_l2_rel: float | None
 
 
 Decomposition = dict[str, DecompositionPair]  # "rng", "numerics", "total" (and "run_to_run")
@@ -122,7 +125,8 @@ def _decomposition(checker: Checker, runs: dict[str, tuple[RunSpec, Run]], again
             "between": [x.path.name, y.path.name],
             "bit_exact": div is None,
             "final_max_abs": curve[-1]["max_abs"] if curve else None,
-            "final_max_rel": curve[-1]["max_rel"] if curve else None,
+            "final_parameter": curve[-1]["parameter"] if curve else None,
+            "final_l2_rel": curve[-1]["l2_rel"] if curve else None,
         }
     return out
 
@@ -379,9 +383,10 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
         + nonfinite_of({s.label: done[s.label][1] for s in specs}),
         (run_a, run_b),
     )
-    write_report(run_dir, report)
-    # what the report was drawn from, cut to the evidence (commands/check/disk.py)
+    # what the report was drawn from, cut to the evidence (commands/check/disk.py) before the report is written:
+    # the size it prints is what stays on disk
     keep_evidence(run_dir, [spec_a.label, spec_b.label], div is not None or within, div.step if div else None)
+    write_report(run_dir, report)
     return report, run_dir
 
 
@@ -422,8 +427,8 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
         for log_a in run_a.logs
         if log_a.rank in ranks_b
         for f in key_findings(
-            log_a.of(CacheLookup),
-            ranks_b[log_a.rank].of(CacheLookup),
+            log_a.events,
+            ranks_b[log_a.rank].events,
             f"{label_a} rank {log_a.rank}",
             f"{label_b} rank {log_a.rank}",
         )

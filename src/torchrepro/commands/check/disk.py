@@ -8,9 +8,10 @@ and the latest's) and a sketch of at most
 The parameters' size is not known before the script runs: the estimate is :data:`RUN_BYTES` a run
 (:data:`LOG_BYTES` when no snapshot is kept), and ``--disk-budget`` replaces it with what the user
 knows (two parameter copies a run, 1 MB a snapshot step, for the runs listed by
-:func:`planned_runs`). Once the report is written, :func:`keep_evidence` leaves at most two copies
-in the whole check directory: those of the pair of runs that differ at one step (the first divergent
-one where they kept it), none where they are bit-exact.
+:func:`planned_runs`). Once the check has decided, before its report is written (so that the size
+said with the report is what stays on disk), :func:`keep_evidence` leaves at most two copies in the
+whole check directory: those of the pair of runs that differ at one step (the first divergent one
+where they kept it), none where they are bit-exact.
 """
 
 from __future__ import annotations

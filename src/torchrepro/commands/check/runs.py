@@ -17,7 +17,7 @@ from rich.console import Console
 
 from ...analysis.divergence import settings
 from ...analysis.verdict import Ending, ending
-from ...errors import InputError, Stopped
+from ...errors import InputError, NotStarted, Stopped
 from ..launcher import ChildResult, child_env, launch, sharing_cores_env, side_by_side
 from ..workdir import Ledger, fresh_workdir, why_shared
 from ...runtime.run_options import RunOptions
@@ -172,12 +172,15 @@ class Checker:
             stderr_tail=result.stderr_tail,
             rank_exit_codes={str(r): c for r, c in result.rank_exit_codes.items()},
             stalled_after_s=result.stalled_after_s,
+            not_started_within_s=result.not_started_within_s,
             wall_s=self.timings[spec.label],
             stopped_by=result.stopped_by,
         )
         write_json(run_dir / RUN_FILE, meta)
         self._stopped(result, spec.label)
         if not any(run_dir.glob("rank-*/events.jsonl")):
+            if result.not_started_within_s is not None:
+                raise NotStarted(timeout or self.timeout or result.not_started_within_s, f"{spec.label}: ")
             raise InputError(
                 f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
                 + "; ".join(result.stderr_tail[-3:])

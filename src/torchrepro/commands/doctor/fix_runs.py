@@ -36,7 +36,7 @@ from ...analysis.compile_fixes import (
 from ...errors import Stopped
 from ...eventlog.event_reader import EventLog, rank_logs
 from ...eventlog.rundir import RUN_FILE, load_run, write_json
-from .job import FIXES_DIR, FIXES_FILE, _say, finish_meta, start_meta
+from .job import FIXES_DIR, FIXES_FILE, _say, attach, finish_meta, start_meta
 from ...reports.doctor_report import DoctorReport, TriedFix
 from ...runtime.run_options import RunOptions
 from ..launcher import child_env, launch, sharing_cores_env, stop_phase, stop_received
@@ -183,17 +183,15 @@ def _store(
     partial: bool = False,
 ) -> None:
     """The fixes tried (``partial``: the fix runs were stopped, these are the ones that finished),
-    into ``report`` and ``fixes/compile_fixes.json``."""
-    report.compile_fixes = [*rows, *listed(plan)]
-    report.compile_fix_recommended = None if partial else recommend(rows, combined)
-    report.compile_fix_note = note
+    into ``fixes/compile_fixes.json`` and, read back as ``torchrepro report`` reads it, into ``report``."""
     (runner.run_dir / FIXES_DIR).mkdir(exist_ok=True)
     write_json(
         runner.run_dir / FIXES_DIR / FIXES_FILE,
         {
-            "compile_fixes": report.compile_fixes,
-            "compile_fix_recommended": report.compile_fix_recommended,
+            "compile_fixes": [*rows, *listed(plan)],
+            "compile_fix_recommended": None if partial else recommend(rows, combined),
             "compile_fix_note": note,
             **({"partial": True} if partial else {}),
         },
     )
+    attach(report, runner.run_dir)

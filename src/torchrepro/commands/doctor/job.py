@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ...analysis.compile_fixes import advise
 from ...analysis.doctor import Budgets, analyse
 from ...analysis.kept_steps import StepReducer
-from ...errors import InputError, Stopped
+from ...errors import InputError, NotStarted, Stopped
 from ...eventlog.event_reader import rank_logs, read_events, read_header
 from ...eventlog.event_writer import write_all
 from ...eventlog.events import EVENTS_FILE, Counters, End, Header
@@ -59,7 +60,8 @@ _FIXES_FIELDS = ("compile_fixes", "compile_fix_recommended", "compile_fix_note")
 
 
 def attach(report: DoctorReport, run_dir: Path) -> None:
-    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one;
+    """Give ``report`` the stored result of ``doctor --fixes`` in ``run_dir``, if there is one, and
+    its findings the advice the fix runs measured (:func:`~torchrepro.analysis.compile_fixes.advise`);
     :class:`InputError` naming the file and its field when it breaks its schema (the doctor
     report's, for these fields)."""
     path = run_dir / FIXES_DIR / FIXES_FILE
@@ -76,6 +78,7 @@ def attach(report: DoctorReport, run_dir: Path) -> None:
     report.compile_fixes = stored.get("compile_fixes")
     report.compile_fix_recommended = stored.get("compile_fix_recommended")
     report.compile_fix_note = stored.get("compile_fix_note")
+    report.findings = advise(report.findings, report.compile_fixes)
 
 
 def analyse_run_dir(
@@ -166,6 +169,8 @@ def finish_meta(meta: RunMeta, result: ChildResult, run_dir: Path) -> RunMeta:
         }
     if result.stopped_by:
         meta["stopped_by"] = result.stopped_by
+    if result.not_started_within_s is not None:
+        meta["not_started_within_s"] = result.not_started_within_s
     if result.stalled_after_s is not None:
         meta["stall"] = {
             "after_s": result.stalled_after_s,
@@ -232,6 +237,8 @@ def _baseline(
     if not any(run_dir.glob("rank-*/events.jsonl")):
         if result.stopped_by:
             raise Stopped(f"stopped by {result.stopped_by} before capture started", result.stopped_by)
+        if timeout is not None and result.not_started_within_s is not None:
+            raise NotStarted(timeout)
         tail = "; ".join(result.stderr_tail[-3:])
         raise InputError(f"the script exited ({result.exit_code}) before capture started: {tail}")
     return analyse_run_dir(run_dir, budgets), run_dir

@@ -6,7 +6,8 @@ runs each factor needs.
 
 Exit codes: 0 analysed; 1 a binary factor makes a real difference (p < 0.05; under
 ``--until-clear``, by its sequential decision); 2 usage or input
-error; 3 a run failed (it is reported and excluded from every statistic); 128+N stopped by signal N
+error; 3 a run failed (it is reported and excluded from every statistic), or ``--collect`` found runs of
+the plan missing (INCOMPLETE; ``--allow-partial`` analyses the others); 128+N stopped by signal N
 (130 SIGINT, 143 SIGTERM, 129 SIGHUP: the live runs are ended, a partial report of the finished ones is
 written; rerun the same command: finished runs are reused).
 """
@@ -38,13 +39,14 @@ inductor), fallback-random (inductor's fallback_random), threads (1 vs default),
 (torchrepro.deterministic() on). Random factors (init, order, augment) get N seeds each, fully crossed;
 binary factors run on the same seeds as the script as written (paired).
 scheduler: drift --plan --out DIR SCRIPT writes DIR/plan.json; run each cell anywhere with
-drift --out DIR --run-one I; then drift --collect DIR. With finished runs in DIR (a pilot), --plan also
+drift --out DIR --run-one I; then drift --collect DIR (runs of the plan still missing: INCOMPLETE, exit 3;
+--allow-partial analyses the runs that finished). With finished runs in DIR (a pilot), --plan also
 says how many runs each factor needs (--target-effect E, else --observed X, else the difference measured).
 sequential: drift --until-clear [--max-runs M] adds seed levels a batch at a time and stops as soon as
 each factor is decided (a test valid under continuous monitoring), or when the budget cannot decide it.
 size: a design of more than {max_runs:,} runs (cells x runs) is refused unless --allow-large is given.
-exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error, 3 a run failed,
-128+N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP; a partial report of the finished runs).
+exit codes: 0 analysed, 1 a binary factor makes a real difference, 2 usage error, 3 a run failed or runs
+are missing (INCOMPLETE), 128+N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP; a partial report of the finished runs).
 """
 
 
@@ -114,6 +116,11 @@ def add_parser(sub: Any) -> None:
     mode.add_argument("--plan", action="store_true", help="only write DIR/plan.json (the run matrix)")
     mode.add_argument("--run-one", type=options.count, metavar="INDEX", help="run one cell of DIR/plan.json")
     mode.add_argument("--collect", metavar="DIR", help="analyse the runs in DIR")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="--collect: analyse the runs that finished when others of the plan are missing (else INCOMPLETE, exit 3)",
+    )
     mode.add_argument(
         "--until-clear",
         action="store_true",
@@ -324,6 +331,7 @@ def _report(
         counts=counts,
         wall_s=wall_s,
         partial=partial,
+        allow_partial=args.allow_partial,
     )
     drift = report.drift
     if partial is None and report.exit_code != 3 and not drift.summary["n"] and drift.excluded:

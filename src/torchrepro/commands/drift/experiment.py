@@ -670,10 +670,12 @@ def build_report(
     counts: dict[str, int] | None = None,
     wall_s: float | None = None,
     partial: str | None = None,
+    allow_partial: bool = False,
 ) -> DriftReport:
     """Analyse the runs and write ``report.json`` (schema torchrepro.drift/1), ``report.html`` and the
-    plots. Its ``exit_code``: 3 when a run crashed, 1 when a binary factor makes a real difference.
-    ``partial``: why the runs were cut short (said first among the notes)."""
+    plots. Its ``exit_code``: 3 when a run crashed or runs of the plan are missing (unless
+    ``allow_partial``), 1 when a binary factor makes a real difference. ``partial``: why the runs were
+    cut short (said first among the notes)."""
     from ...eventlog.provenance import launch_meta, provenance
     from ...render.svg import write_drift_plots
 
@@ -685,6 +687,11 @@ def build_report(
         done = sum(r.status != "missing" for r in runs)
         section["notes"].insert(
             0, f"partial: {partial} after {done} of {len(runs)} runs; the same command again runs the others"
+        )
+    elif allow_partial and any(r.status == "missing" for r in runs):
+        missing = sum(r.status == "missing" for r in runs)
+        section["notes"].insert(
+            0, f"partial (--allow-partial): {missing} of {len(runs)} runs not run; the analysis covers the others"
         )
     rerun = [r for r in runs if r.extra.get("attempts", 1) > 1]
     if rerun:
@@ -733,6 +740,7 @@ def build_report(
             compile_cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "torch's default (one per user)",
             wall_s=wall_s,
             counts=counts or {},
+            allow_partial=allow_partial,
         ),
         drift=drift,
         provenance=provenance(

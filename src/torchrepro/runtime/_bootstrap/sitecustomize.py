@@ -5,7 +5,9 @@ not wanted: without ``TORCHREPRO_FOLLOW`` in the environment it only runs the ne
 
 With it, a process is a rank from its start when it carries ``RANK`` / ``LOCAL_RANK`` /
 ``WORLD_SIZE`` values other than those of the captured process it descends from (a launcher set
-them: Lightning, torchrun, accelerate): capture is installed now. Any other process (DataLoader
+them: Lightning, torchrun, accelerate), or when it is the one child a launcher such as
+``accelerate launch --cpu`` runs the script in (``TORCHREPRO_FOLLOW_CHILD`` names its parent): capture
+is installed now, the latter as rank 0. Any other process (DataLoader
 workers, compile workers, helper scripts: they inherit their parent's values) only gets a hook
 that wraps ``torch.distributed.init_process_group`` if it ever imports torch; capture starts
 when it joins a process group. A process ``torch.multiprocessing.spawn`` started for a captured
@@ -26,6 +28,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _C10D = "torch.distributed.distributed_c10d"
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # as torchrepro.runtime.follow.RANK_VARS
 SPAWN_VAR = "TORCHREPRO_FOLLOW_SPAWN"  # as torchrepro.runtime.follow.SPAWN_VAR
+CHILD_VAR = "TORCHREPRO_FOLLOW_CHILD"  # as torchrepro.runtime.follow.CHILD_VAR
 
 
 def _note(what: str, exc: BaseException) -> None:
@@ -102,7 +105,17 @@ def _install() -> None:
     if "TORCHREPRO_FOLLOW" not in os.environ:
         return
     spawned = os.environ.pop(SPAWN_VAR, None) is not None
+    # the one child a launcher such as `accelerate launch --cpu` runs the script in (its own children are not)
+    launched = os.environ.pop(CHILD_VAR, None) == str(os.getppid())
     rank = _start_rank()
+    if rank is None and launched:
+        try:
+            from torchrepro.runtime import follow
+
+            follow.activate_at_start(0, "launcher_child")
+        except Exception as exc:
+            _note("capture of the launched script not installed", exc)
+        return
     if rank is None:
         sys.meta_path.insert(0, _WatchProcessGroup())
         if spawned:
