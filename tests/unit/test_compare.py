@@ -48,13 +48,29 @@ def config(
     snapshots: bool = True,
 ) -> EventLog:
     """One rank's log: ``losses`` per step from step ``first``, parameter fingerprints and batch
-    fingerprints; ``snapshots``: the parameters after each step beside it (the same in every run)."""
+    fingerprints; ``snapshots``: the parameters after each step beside it, their fingerprints in the
+    log as a run records them (``param_fps`` then only says which tensors' bits differ from p0/p1)."""
     events: list = [
         Header(rank=rank, world_size=world),
         Params(rank=rank, names=NAMES, shapes=[[4, 8], [4]], dtypes=["float32"] * 2, kinds=["tensor"] * 2),
     ]
+    folder = root / label / f"rank-{rank}"
+    if snapshots:
+        (folder / "snapshots").mkdir(parents=True, exist_ok=True)
     for i, loss in enumerate(losses):
-        fps = param_fps[i] if param_fps else ["p0", "p1"]
+        labels = param_fps[i] if param_fps else ["p0", "p1"]
+        fps = labels
+        if snapshots:  # the parameters after the step: a label other than p0/p1 is one ulp more, its bits differ
+            weights = {
+                name: np.full(
+                    shape,
+                    np.nextafter(np.float32(base), np.float32(1)) if label not in ("p0", "p1") else base,
+                    np.float32,
+                )
+                for name, shape, base, label in zip(NAMES, [(4, 8), (4,)], [0.5, 0.1], labels)
+            }
+            np.savez(folder / "snapshots" / f"step-{first + i:07d}.npz", **weights)
+            fps = [next(fingerprints(weights[name], ["float32"])) for name in NAMES]  # recorded as a run records them
         events.append(
             Step(
                 rank=rank,
@@ -69,12 +85,6 @@ def config(
             )
         )
     events.append(End(rank=rank))
-    folder = root / label / f"rank-{rank}"
-    if snapshots:
-        (folder / "snapshots").mkdir(parents=True, exist_ok=True)
-        for i in range(len(losses)):
-            weights = {"0.weight": np.full((4, 8), 0.5, np.float32), "0.bias": np.full(4, 0.1, np.float32)}
-            np.savez(folder / "snapshots" / f"step-{first + i:07d}.npz", **weights)
     return EventLog(folder / "events.jsonl", events=events)
 
 
