@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from .. import options
@@ -23,7 +22,6 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Where the two runs diverge, and why."""
-    from ...analysis.divergence import Tolerance
-    from .comparison import diff
+    from ..api import diff
 
-    return Outcome(diff(Path(args.run_a), Path(args.run_b), Tolerance(args.rtol, args.atol)))
+    return Outcome(diff(args.run_a, args.run_b, rtol=args.rtol, atol=args.atol))
