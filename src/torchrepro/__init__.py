@@ -35,6 +35,8 @@ _API = {  # name -> the submodule defining it (a submodule's own name: the submo
     "compare": "commands.api",
     "diff": "commands.api",
     "drift": "commands.api",
+    "record_golden": "commands.api",
+    "check_golden": "commands.api",
     "CompileCache": "commands.api",
 }
 

@@ -35,6 +35,7 @@ COMMANDS = {
     "cache": "cache",
     "watch": "watch",
     "drift": "drift",
+    "golden": "golden",
     "env": "env",
 }
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from ..reports.compare_report import CompareReport
     from ..reports.doctor_report import DoctorReport
     from ..reports.drift_report import DriftReport
+    from ..eventlog.golden_dir import GoldenManifest
+    from ..reports.golden_report import GoldenReport
     from .drift.conduct import DriftRequest
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -412,3 +414,70 @@ def drift_request(
         collect=_out(collect),
         plan_only=plan_only,
     )
+
+
+# --- golden -------------------------------------------------------------------------------------
+
+
+def record_golden(
+    script: PathLike,
+    args: Sequence[str] = (),
+    *,
+    out: PathLike,
+    band: bool = False,
+    seed: int | None = None,
+    nproc: int = 1,
+    timeout: float | None = None,
+    snapshot_budget: int = 0,
+    force: bool = False,
+    cache: CompileCache | None = None,
+) -> GoldenManifest:
+    """``torchrepro golden record``: run ``script`` with ``args`` as ``check`` runs it (``band``: twice,
+    for its run-to-run band) and keep the run as the golden directory ``out`` (``force``: replace the
+    golden run there). ``snapshot_budget``: bytes of parameter snapshots kept (default none). The
+    manifest written to ``out/golden.json``: versions, device, world size, steps and sizes."""
+    from .golden.record import record_golden as run_record
+
+    _positive("nproc", nproc)
+    _positive("snapshot_budget", snapshot_budget, 0)
+    return run_record(
+        Path(script),
+        list(args),
+        Path(out),
+        options=_options(seed, cache),
+        band=band,
+        snapshot_budget=snapshot_budget,
+        nproc=nproc,
+        timeout=timeout,
+        force=force,
+    )
+
+
+def check_golden(
+    golden: PathLike,
+    script: PathLike,
+    args: Sequence[str] = (),
+    *,
+    out: PathLike | None = None,
+    nproc: int | None = None,
+    timeout: float | None = None,
+    localize: bool = True,
+    cache: CompileCache | None = None,
+) -> GoldenReport:
+    """``torchrepro golden check``: run ``script`` with ``args`` again (with the golden's seed, on its
+    number of ranks unless ``nproc`` says otherwise) and judge the run against the golden directory
+    ``golden``: BIT-EXACT, WITHIN BAND, DIVERGED or NOT COMPARABLE (``report.verdict``). The run and
+    its report go to ``out`` (``report.run_dir``; None when nothing was run). ``localize``: replay a
+    divergent step with op capture when neither the script nor the environment changed."""
+    from .golden.verify import check_golden as run_check_golden
+
+    _positive("nproc", nproc)
+    return run_check_golden(
+        Path(golden),
+        Path(script),
+        list(args),
+        options=_options(None, cache),
+        run_dir=_out(out),
+        nproc=nproc,
+        timeout=timeout,
+    )[0]
