@@ -480,4 +480,5 @@ def check_golden(
         run_dir=_out(out),
         nproc=nproc,
         timeout=timeout,
+        localize=localize,
     )[0]

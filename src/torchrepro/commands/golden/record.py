@@ -115,8 +115,7 @@ def _record(
     for spec, run in zip(specs, runs):
         end = checker.endings[spec.label]
         if not end.ok:
-            tail = "; ".join(str(line) for line in (run.meta.get("stderr_tail") or [])[-3:])
-            raise ScriptFailed(f"the script did not end normally ({end.problems[0]}): nothing recorded; {tail}")
+            raise ScriptFailed(f"the script did not end normally ({end.problems[0]}): nothing recorded")
     steps = min(len(log.of(Step)) for log in runs[0].logs)
     if steps == 0:
         raise InputError(

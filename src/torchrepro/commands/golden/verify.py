@@ -35,7 +35,7 @@ from ...host.files import dist_version
 from ...render.save import write_report
 from ...reports.golden_report import GoldenReport
 from ...runtime.run_options import RunOptions
-from ..check.comparison import diff, localize
+from ..check.comparison import diff, localize as replay_ops
 from ..check.runs import Checker, RunSpec
 from ..launcher import validate_script
 from .record import script_sha256
@@ -100,8 +100,7 @@ def check_golden(
     }
     found = differences(recorded, here)
     possible = still_possible(found, has_band, manifest)
-    unchanged = not found and script_sha256(script) == manifest["script_sha256"] and args == manifest["args"]
-    check = diff(golden / REFERENCE, run_dir / RUN, explain=_replays(checker, spec) if unchanged and localize else None)
+    check = diff(golden / REFERENCE, run_dir / RUN)
     band: JsonObject | None = None
     if has_band and check.determinism.first_divergence is not None and comparable(found, has_band):
         first, second = references
@@ -110,6 +109,10 @@ def check_golden(
             Config("a-2", second.logs, ending(SECOND, second.meta, second.logs)),
             Config("b", run.logs, checker.endings[RUN]),
         )
+    unchanged = not found and script_sha256(script) == manifest["script_sha256"] and args == manifest["args"]
+    within = band is not None and band["verdict"] == "equivalent"
+    if check.determinism.first_divergence is not None and not within and unchanged and localize:
+        check = diff(golden / REFERENCE, run_dir / RUN, explain=_replays(checker, spec))  # where it diverged, by replay
     verdict, line = golden_verdict(str(golden), found, possible, has_band, check, band)
     report = GoldenReport(
         str(golden),
@@ -131,7 +134,7 @@ def check_golden(
 
 def _replays(checker: Checker, spec: RunSpec) -> Callable[[Divergence, str], Decision | None]:
     """How ``diff`` explains a divergence from the golden that its logs leave open: the divergent
-    step of this run replayed twice, eagerly, with op capture (:func:`localize`). Replays that differ
+    step of this run replayed twice, eagerly, with op capture (``check``'s op replays). Replays that differ
     name the op that does not repeat itself; replays that agree say so: the difference is then in
     compiled code or in something that changed since the golden was recorded."""
 
@@ -139,7 +142,7 @@ def _replays(checker: Checker, spec: RunSpec) -> Callable[[Divergence, str], Dec
         if cause not in ("unknown", "numerics", "init_params"):
             return None
         try:
-            found, evidence = localize(checker, spec, spec, div, cause)
+            found, evidence = replay_ops(checker, spec, spec, div, cause)
         except UserError:
             raise
         except Exception as exc:  # the localisation's own failure: said, and the cause kept
