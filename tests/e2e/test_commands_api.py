@@ -23,7 +23,8 @@ def test_commands_block_runs_as_shown(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("BIT-EXACT: 2 runs agree bit for bit over 5 step(s)")
-    assert lines[1:] == ["healthy", "5", "2 no such script: missing.py"]
+    assert lines[1:] == ["healthy", "5", "5 True", "2 no such script: missing.py"]
+    assert (tmp_path / "golden" / "golden.json").is_file()
     assert (tmp_path / "runs" / "check" / "report.json").is_file()  # stored as the command stores it
     assert (tmp_path / "runs" / "doctor" / "report.json").is_file()
 
@@ -50,6 +51,9 @@ def test_commands_block_runs_as_shown(tmp_path):
         (lambda out: torchrepro.drift(SCRIPT, metric="acc", metric_regex="acc=(.*)", out=out), "not both"),
         (lambda out: torchrepro.drift(SCRIPT, max_runs=10, out=out), "--max-runs is the budget of --until-clear"),
         (lambda out: torchrepro.check_resume(SCRIPT, at=0, out=out), "--at must be at least 1"),
+        (lambda out: torchrepro.record_golden(SCRIPT, out=out, nproc=0), "nproc must be at least 1"),
+        (lambda out: torchrepro.record_golden("missing.py", out=out), "no such script: missing.py"),
+        (lambda out: torchrepro.check_golden(out, SCRIPT), "no such golden directory"),
     ],
 )
 def test_usage_errors_raise_before_anything_is_created(tmp_path, call, message):
@@ -61,6 +65,6 @@ def test_usage_errors_raise_before_anything_is_created(tmp_path, call, message):
 
 
 def test_every_command_function_is_public_and_typed():
-    for name in ("doctor", "check", "check_resume", "compare", "diff", "drift", "CompileCache"):
+    for name in ("doctor", "check", "check_resume", "compare", "diff", "drift", "record_golden", "check_golden"):
         assert name in torchrepro.__all__ and callable(getattr(torchrepro, name))
     assert torchrepro.diff.__annotations__["return"] in ("CheckReport", CheckReport)
