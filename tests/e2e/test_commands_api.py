@@ -47,7 +47,7 @@ def test_commands_block_runs_as_shown(tmp_path):
         (lambda out: torchrepro.compare(SCRIPT, "missing.py", out=out), "no such script: missing.py"),
         (lambda out: torchrepro.compare(SCRIPT, SCRIPT, nproc_b=0, out=out), "nproc_b must be at least 1"),
         (lambda out: torchrepro.diff(out, out), "no such run directory"),
-        (lambda out: torchrepro.drift(SCRIPT, vary=["init", "weather"], out=out), "unknown name weather"),
+        (lambda out: torchrepro.drift(SCRIPT, vary=["init", "weather"], out=out), "--vary init,weather: give each of"),
         (lambda out: torchrepro.drift(SCRIPT, metric="acc", metric_regex="acc=(.*)", out=out), "not both"),
         (lambda out: torchrepro.drift(SCRIPT, max_runs=10, out=out), "--max-runs is the budget of --until-clear"),
         (lambda out: torchrepro.check_resume(SCRIPT, at=0, out=out), "--at must be at least 1"),

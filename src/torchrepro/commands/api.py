@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from ..reports.drift_report import DriftReport
     from ..eventlog.golden_dir import GoldenManifest
     from ..reports.golden_report import GoldenReport
-    from .drift.conduct import DriftRequest
 
 PathLike = Union[str, "os.PathLike[str]"]
 Script = Union[PathLike, tuple[PathLike, Sequence[str]]]  # compare's sides: a script, or a script and its arguments
@@ -333,72 +332,12 @@ def drift(
     (``metric``: a name logged with ``torchrepro.log_metric``; ``metric_regex``: a group matched
     against stdout; default the final loss). ``until_clear``: add seeds until each factor is decided,
     at most ``max_runs`` runs; ``collect``: analyse the runs already in that directory instead."""
-    from .drift.conduct import experiment
+    from .drift.conduct import DriftRequest, experiment
 
-    request = drift_request(
-        script,
-        args,
-        vary=vary,
-        runs=runs,
-        seed=seed,
-        out=out,
-        jobs=jobs,
-        launcher=launcher,
-        metric=metric,
-        metric_regex=metric_regex,
-        observed=observed,
-        target_effect=target_effect,
-        allow_large=allow_large,
-        until_clear=until_clear,
-        max_runs=max_runs,
-        collect=collect,
-    )
-    found = experiment(request)
-    assert found is not None  # None only for a plan_only request
-    return found[0]
-
-
-def drift_request(
-    script: PathLike | None = None,
-    args: Sequence[str] = (),
-    *,
-    vary: Sequence[str] | None = None,
-    runs: int | None = None,
-    seed: int = 0,
-    out: PathLike | None = None,
-    jobs: int | None = None,
-    launcher: str = "local",
-    metric: str | None = None,
-    metric_regex: str | None = None,
-    observed: float | None = None,
-    target_effect: float | None = None,
-    allow_large: bool = False,
-    until_clear: bool = False,
-    max_runs: int | None = None,
-    collect: PathLike | None = None,
-    plan_only: bool = False,
-) -> DriftRequest:
-    """The :class:`~torchrepro.commands.drift.conduct.DriftRequest` of :func:`drift` (and of ``drift --plan``:
-    ``plan_only``), its values checked."""
-    from ..analysis.drift import BINARY_FACTORS, RANDOM_FACTORS
-    from .drift.conduct import DriftRequest
-
-    factors = _names("--vary", vary, [*RANDOM_FACTORS, *BINARY_FACTORS])
-    if factors is not None and len(set(factors)) != len(factors):
-        raise UserError(f"--vary names a factor twice: {','.join(factors)}")
-    _positive("runs", runs, 2)
-    _positive("jobs", jobs)
-    _positive("max_runs", max_runs)
-    if metric and metric_regex:
-        raise UserError("give --metric or --metric-regex, not both")
-    if launcher not in ("local", "ray"):
-        raise UserError(f"launcher must be local or ray, got {launcher!r}")
-    if collect is not None and (until_clear or plan_only):
-        raise UserError("--collect DIR analyses stored runs: no --until-clear or --plan with it")
-    return DriftRequest(
+    request = DriftRequest(
         Path(script) if script is not None else None,
         list(args),
-        vary=factors,
+        vary=list(vary) if vary is not None else None,
         runs=runs,
         seed=seed,
         out=_out(out),
@@ -412,8 +351,10 @@ def drift_request(
         until_clear=until_clear,
         max_runs=max_runs,
         collect=_out(collect),
-        plan_only=plan_only,
     )
+    found = experiment(request)
+    assert found is not None  # None only for a plan_only request (drift --plan)
+    return found[0]
 
 
 # --- golden -------------------------------------------------------------------------------------

@@ -126,28 +126,9 @@ def run(args: argparse.Namespace) -> Outcome | int:
     """Plan, run (or one cell), collect and report, as the flags say."""
     if args.run_one is not None:
         return _run_one(args)
-    from ..api import drift_request
-    from .conduct import experiment
+    from .conduct import DriftRequest, experiment
 
-    request = drift_request(
-        args.script,
-        args.args,
-        vary=args.vary,
-        runs=args.runs,
-        seed=args.seed,
-        out=args.out,
-        jobs=args.jobs,
-        launcher=args.launcher,
-        metric=args.metric,
-        metric_regex=args.metric_regex,
-        observed=args.observed,
-        target_effect=args.target_effect,
-        allow_large=args.allow_large,
-        until_clear=args.until_clear,
-        max_runs=args.max_runs,
-        collect=args.collect,
-        plan_only=args.plan,
-    )
+    request = DriftRequest.from_args(args)  # what torchrepro.drift builds from its arguments
     found = experiment(request)
     return 0 if found is None else Outcome(*found)
 

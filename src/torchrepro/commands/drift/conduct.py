@@ -5,9 +5,10 @@ the runs and report; a stop signal ends the live runs and writes a partial repor
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,33 @@ class DriftRequest:
     max_runs: int | None = None
     collect: Path | None = None
     plan_only: bool = False
+
+    def __post_init__(self) -> None:
+        """:class:`UserError` for values the command's options would refuse."""
+        from ...analysis.drift import BINARY_FACTORS, RANDOM_FACTORS
+
+        known = (*RANDOM_FACTORS, *BINARY_FACTORS)
+        unknown = [n for n in self.vary or () if n not in known]
+        if unknown or (self.vary is not None and len(set(self.vary)) != len(self.vary) or self.vary == []):
+            raise UserError(f"--vary {','.join(self.vary or [])}: give each of {', '.join(known)} at most once")
+        for name, value, low in (("runs", self.runs, 2), ("jobs", self.jobs, 1), ("max_runs", self.max_runs, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise UserError(f"{name} must be an integer of at least {low}, got {value!r}")
+        if self.metric and self.metric_regex:
+            raise UserError("give --metric or --metric-regex, not both")
+        if self.launcher not in ("local", "ray"):
+            raise UserError(f"launcher must be local or ray, got {self.launcher!r}")
+        if self.collect is not None and (self.until_clear or self.plan_only):
+            raise UserError("--collect DIR analyses stored runs: no --until-clear or --plan with it")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DriftRequest:
+        """The request ``drift``'s flags make (each field the flag of its name; ``--plan``: ``plan_only``)."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
+        for name in ("script", "out", "collect"):
+            if name in given:
+                given[name] = Path(given[name])
+        return cls(**{"script": None, **given, "plan_only": args.plan})
 
 
 def _metric(request: DriftRequest, plan: Plan | None = None) -> MetricSpec:
