@@ -45,6 +45,11 @@ def test_recorded_under_another_torch():
 @pytest.mark.torchrepro("deterministic.py", golden="golden-other-torch", on_not_comparable="skip")
 def test_skipped_where_not_comparable():
     pass
+
+
+@pytest.mark.torchrepro("missing.py")
+def test_a_missing_script():
+    pass
 """
 
 
@@ -73,7 +78,8 @@ def test_plugin_passes_fails_and_says_not_comparable_in_a_fresh_pytest(tmp_path)
     proc = pytest_in(tmp_path, "--junitxml=junit.xml", "-p", "no:randomly")
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
-    assert "1 failed" not in out and "2 failed, 1 passed, 1 skipped" in out, out
+    assert "3 failed, 1 passed, 1 skipped" in out, out
+    assert "torchrepro: error: no such script: " in out and "missing.py" in out, out
     assert "DIVERGED from golden" in out and re.search(r"^E?\s*first divergence: step \d+, rank 0, ", out, re.M), out
     assert "NOT COMPARABLE with golden" in out and "recorded with torch 2.6.0+cpu" in out, out
     assert "Traceback" not in out and "api.py:" not in out, out  # the verdict, not torchrepro's frames
@@ -88,6 +94,7 @@ def test_plugin_passes_fails_and_says_not_comparable_in_a_fresh_pytest(tmp_path)
         "test_drifts_from_its_golden": "diverged",
         "test_recorded_under_another_torch": "not_comparable",
         "test_skipped_where_not_comparable": "not_comparable",
+        "test_a_missing_script": None,
     }
     failure = cases["test_drifts_from_its_golden"].find("failure")
     assert failure is not None and failure.get("message", "").startswith("Failed: DIVERGED from golden")

@@ -20,7 +20,8 @@ commands until a test uses them: the plugin costs nothing in a session that does
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -82,7 +83,8 @@ class TorchreproRun:
         ``rtol``/``atol`` given) over at least ``steps`` steps."""
         from . import api
 
-        report = api.check(self._path(script), list(args), out=self._out("check"), **check)
+        with _as_failure():
+            report = api.check(self._path(script), list(args), out=self._out("check"), **check)
         return self._judged(report, steps)
 
     def equivalent(self, a: Any, b: Any, *, steps: int | None = None, **compare: Any) -> CompareReport:
@@ -93,7 +95,8 @@ class TorchreproRun:
         def side(s: Any) -> Any:
             return (self._path(s[0]), list(s[1])) if isinstance(s, (tuple, list)) else self._path(s)
 
-        report = api.compare(side(a), side(b), out=self._out("compare"), **compare)
+        with _as_failure():
+            report = api.compare(side(a), side(b), out=self._out("compare"), **compare)
         return self._judged(report, steps)
 
     def matches_golden(
@@ -117,16 +120,18 @@ class TorchreproRun:
 
         golden, script = self._path(golden), self._path(script)
         if self._item.config.getoption(UPDATE_OPTION):
-            if band is None:
-                band = (golden / GOLDEN_FILE).is_file() and SECOND in read_manifest(golden)["runs"]
             options.pop("localize", None)
-            api.record_golden(script, list(args), out=golden, band=band, force=True, **options)
+            with _as_failure():
+                if band is None:
+                    band = (golden / GOLDEN_FILE).is_file() and SECOND in read_manifest(golden)["runs"]
+                api.record_golden(script, list(args), out=golden, band=band, force=True, **options)
             self._item.config.stash[_UPDATED].append(str(golden))
             self._item.user_properties.append(("torchrepro_golden", "updated"))
             return None
         if not (golden / GOLDEN_FILE).is_file():
             pytest.fail(f"no golden run in {golden}: record it with pytest {UPDATE_OPTION}", pytrace=False)
-        report = api.check_golden(golden, script, list(args), out=self._out("golden"), **options)
+        with _as_failure():
+            report = api.check_golden(golden, script, list(args), out=self._out("golden"), **options)
         if report.verdict is Verdict.NOT_COMPARABLE and on_not_comparable == "skip":
             self._item.user_properties.append(("torchrepro_verdict", report.verdict.value))
             pytest.skip(report.verdict_line)
@@ -150,6 +155,18 @@ class TorchreproRun:
             lines.append(line)
         lines.append(f"exit code {report.exit_code}; report: {_where(report)}")
         pytest.fail("\n".join(lines), pytrace=False)
+
+
+@contextlib.contextmanager
+def _as_failure() -> Iterator[None]:
+    """A usage or input error of torchrepro (a missing script, a damaged golden directory) fails
+    the test with its one line, as the command prints it, and no traceback."""
+    from ..errors import UserError
+
+    try:
+        yield
+    except UserError as exc:
+        pytest.fail(f"torchrepro: error: {exc}", pytrace=False)
 
 
 def _steps_compared(report: Judged) -> int | None:

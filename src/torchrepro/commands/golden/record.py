@@ -31,7 +31,7 @@ from ...eventlog.golden_dir import (
     GoldenSizes,
     write_manifest,
 )
-from ...eventlog.rundir import RUN_FILE, Run, create_run_dir, disk_use, release_run_dir
+from ...eventlog.rundir import LOCK_FILE, RUN_FILE, Run, claim_run_dir, create_run_dir, disk_use, release_run_dir
 from ...eventlog.stepstream import STEPS_FILE
 from ...runtime.run_options import RunOptions
 from ..check.runs import Checker, RunSpec
@@ -60,8 +60,10 @@ def record_golden(
     script = validate_script(script)
     _check_out(out, force)
     staging = out.with_name(f".{out.name}.recording")
-    if staging.exists():
-        shutil.rmtree(staging) if not staging.is_symlink() else staging.unlink()  # a recording that did not finish
+    if staging.is_dir() and not staging.is_symlink():  # a recording that did not finish, unless one is going on
+        claim_run_dir(staging, fresh=False)
+        release_run_dir(staging)
+        shutil.rmtree(staging)
     create_run_dir(staging)
     try:
         manifest = _record(script, args, staging, options, band, snapshot_budget, nproc, timeout, console)
@@ -129,7 +131,7 @@ def _record(
     for run in runs:
         _keep_logs(run)
     snapshot_bytes = _keep_snapshots(staging, snapshot_budget)
-    (staging / ".torchrepro.lock").unlink(missing_ok=True)
+    (staging / LOCK_FILE).unlink(missing_ok=True)
     header = runs[0].logs[0].header
     params = runs[0].logs[0].of(Params)
     total = disk_use(staging)[0]
