@@ -140,3 +140,33 @@ def test_findings_name_a_changed_script_and_arguments():
     codes = [f.code for f in golden_findings(manifest(), "b" * 64, ["--steps", "10"], [])]
     assert codes == ["GOLDEN_SCRIPT_CHANGED", "GOLDEN_ARGS_CHANGED"]
     assert golden_findings(manifest(), "a" * 64, ["--steps", "20"], []) == []
+
+
+def test_a_golden_report_round_trips_and_shows_hostile_text_escaped(tmp_path):
+    from hostile_text import HOSTILE, MARKUP, assert_safe, assert_shown, text_console
+
+    from torchrepro.commands.check.comparison import diff
+    from torchrepro.render.golden_text import first_divergence_line, render_golden
+    from torchrepro.render.html import render_html
+    from torchrepro.reports.golden_report import GoldenReport
+    from torchrepro.reports.loader import load_report
+
+    golden = golden_dir(tmp_path)
+    write_run(tmp_path / "run", 1, steps=5)
+    check = diff(golden / "reference", tmp_path / "run")
+    name = f"{golden}/{MARKUP}{HOSTILE}"
+    found = [{"what": "device", "recorded": "cpu (x86_64, AVX2)", "here": f"cpu ({HOSTILE})"}]
+    verdict, line = golden_verdict(name, [], None, False, check, None)
+    assert verdict is Verdict.BIT_EXACT and line.startswith(f"BIT-EXACT against golden {name}: 5 step(s) agree")
+    report = GoldenReport(name, verdict, line, environment_of(manifest()), environment_of(manifest()), found, None)
+    report.check, report.run_dir = check, str(tmp_path / "run")
+    again = load_report(json.loads(json.dumps(report.to_json())))
+    assert again == report and again.exit_code == 0 and first_divergence_line(again) is None
+    assert_safe(render_html(report))
+    console, out = text_console()
+    render_golden(report, console)
+    assert_shown(out.getvalue().splitlines()[0])
+    damaged = report.to_json()
+    damaged["check"]["determinism"]["verdict"] = "fine"
+    with pytest.raises(InputError, match="a damaged golden report"):
+        load_report(damaged)

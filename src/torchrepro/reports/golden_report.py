@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar, TypedDict
 
 from ..eventlog.golden_dir import GoldenEnvironment
+from ..eventlog.jsoncheck import schema_problem
 from ..eventlog.payloads import JsonObject
 from .check_report import CheckReport
 from .findings import Finding, Verdict, load_findings
-from .schema import SCHEMAS
+from .schema import SCHEMAS, schema_of
 
 
 class EnvironmentDifference(TypedDict):
@@ -81,7 +82,10 @@ class GoldenReport:
 
     @classmethod
     def from_json(cls, data: JsonObject) -> GoldenReport:
-        """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema)."""
+        """Read a ``report.json`` document of this kind (:func:`load_report` checks the schema; the check
+        report it holds is checked against the check schema here)."""
+        if data["check"] is not None and (problem := schema_problem(data["check"], schema_of("check"))) is not None:
+            raise ValueError(f"its check report: {problem}")
         return cls(
             golden=data["golden"],
             verdict=Verdict(data["golden_verdict"]),
