@@ -5,7 +5,8 @@ one plain run of the script (docs/performance.md, "Golden runs").
     python bench/golden_cost.py --corpus nanoGPT                         # realworld/nanoGPT, as make realworld runs it
     python bench/golden_cost.py --rounds 2 --band SCRIPT [-- ARGS]       # the golden with its run-to-run band
 
-Each round runs the script once plainly (``python SCRIPT ARGS``), ``torchrepro golden record`` once
+A plain run first fills the compile cache (not counted: a cold compile would weigh on whichever run
+came first). Then each round runs the script once plainly (``python SCRIPT ARGS``), ``torchrepro golden record`` once
 and ``torchrepro golden check --no-localize`` of that recording once, each in a fresh process, in an
 order rotated every round (the check always after its recording); wall and CPU times (of the whole
 process tree) and their ratios to the plain run within the round are printed, then the golden's size
@@ -52,6 +53,8 @@ def measure(target: Target, rounds: int, band: bool) -> None:
     script_argv = [a for a in target.argv if a != "--"]
     tool = [sys.executable, "-m", "torchrepro", "golden"]
     ratios: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in ("record", "check")}
+    warm = timed([sys.executable, *script_argv], src, target.cwd, target.env)  # compiles once: every run after is warm
+    print(f"warm-up (fills the compile cache, not counted): {warm[0]:.2f} s wall {warm[1]:.2f} s CPU", flush=True)
     for r in range(rounds):
         with tempfile.TemporaryDirectory(prefix="torchrepro-goldencost-") as tmp:
             golden, run = Path(tmp) / "golden", Path(tmp) / "check"
