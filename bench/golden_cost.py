@@ -77,8 +77,9 @@ def measure(target: Target, rounds: int, band: bool) -> None:
             )
         sizes = manifest["sizes"]
         print(
-            f"{line}; golden {sizes['bytes'] / 1e3:.1f} kB ({sizes['steps']} steps: {sizes['per_step'] / 1e3:.2f} kB a step, "
-            f"{sizes['parameters']} tensors: {sizes['per_parameter_step']:.0f} B a tensor and step); check: {verdict}",
+            f"{line}; golden {sizes['bytes'] / 1e3:.1f} kB ({sizes['fixed'] / 1e3:.1f} kB once; {sizes['steps']} steps: "
+            f"{sizes['per_step'] / 1e3:.2f} kB a step, {sizes['parameters']} tensors: {sizes['per_parameter_step']:.0f} B a "
+            f"tensor and step); check: {verdict}",
             flush=True,
         )
     for name, got in ratios.items():

@@ -44,6 +44,7 @@ def manifest(**changes):
         "snapshot_budget": 0,
         "sizes": {
             "bytes": 1,
+            "fixed": 1,
             "steps": 20,
             "parameters": 4,
             "per_step": 1.0,

@@ -42,11 +42,13 @@ class GoldenEnvironment(TypedDict):
 
 
 class GoldenSizes(TypedDict):
-    """How large a golden directory is on disk: all its files, per recorded step, per parameter
-    tensor and step (``per_parameter_step``: the event logs over steps times tensors), and its
-    parameter snapshots."""
+    """How large a golden directory is on disk: all its files (``bytes``), what does not grow with the
+    steps (``fixed``: the manifest, ``run.json``, each rank's header, compiles and layout), what each
+    step adds (``per_step``: the step logs of every run and rank) and each parameter tensor in a step
+    of one rank (``per_parameter_step``), and the parameter snapshots kept."""
 
     bytes: int
+    fixed: int
     steps: int
     parameters: int
     per_step: float

@@ -26,8 +26,8 @@ def recorded_line(manifest: GoldenManifest, directory: str | Path) -> str:
     return visible(
         f"GOLDEN RECORDED in {directory}: {manifest['steps']} step(s) of {manifest['script']}, "
         f"{manifest['world_size']} rank(s), torch {manifest['torch_version']} on {manifest['device']}; "
-        f"{size_text(sizes['bytes'])} ({size_text(sizes['per_step'])} a step, {sizes['per_parameter_step']:.0f} B a "
-        f"parameter tensor and step, {size_text(sizes['snapshot_bytes'])} of snapshots){band}"
+        f"{size_text(sizes['bytes'])}: {size_text(sizes['fixed'])} once, {size_text(sizes['per_step'])} a step "
+        f"({sizes['per_parameter_step']:.0f} B a parameter tensor), {size_text(sizes['snapshot_bytes'])} of snapshots{band}"
     )
 
 

@@ -134,15 +134,16 @@ def _record(
     (staging / LOCK_FILE).unlink(missing_ok=True)
     header = runs[0].logs[0].header
     params = runs[0].logs[0].of(Params)
-    total = disk_use(staging)[0]
-    logs = sum(f.stat().st_size for f in staging.glob("*/rank-*/*") if f.name in (EVENTS_FILE, STEPS_FILE))
+    step_logs = sum(f.stat().st_size for f in staging.glob(f"*/rank-*/{STEPS_FILE}"))
     tensors = len(params[0].names) if params else 0
+    logs = len(runs) * len(runs[0].logs)  # the step logs: one per rank of each run
     sizes: GoldenSizes = {
-        "bytes": total,
+        "bytes": 0,  # once the manifest is written
+        "fixed": 0,
         "steps": steps,
         "parameters": tensors,
-        "per_step": round(total / steps, 1),
-        "per_parameter_step": round(logs / len(runs) / len(runs[0].logs) / steps / max(tensors, 1), 2),
+        "per_step": round(step_logs / steps, 1),
+        "per_parameter_step": round(step_logs / steps / logs / max(tensors, 1), 2),
         "snapshot_bytes": snapshot_bytes,
     }
     manifest: GoldenManifest = {
@@ -164,9 +165,12 @@ def _record(
         "snapshot_budget": snapshot_budget,
         "sizes": sizes,
     }
-    write_manifest(staging, manifest)
-    manifest["sizes"]["bytes"] = disk_use(staging)[0]  # the manifest counted too
-    write_manifest(staging, manifest)
+    while True:  # the manifest counts itself: written again until the size it states is its directory's
+        write_manifest(staging, manifest)
+        total = disk_use(staging)[0]
+        if total == manifest["sizes"]["bytes"]:
+            break
+        manifest["sizes"].update(bytes=total, fixed=total - step_logs - snapshot_bytes)
     return manifest
 
 
