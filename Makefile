@@ -9,13 +9,21 @@ STAMP  := $(VENV)/.torchrepro-installed
 .PHONY: demo test test-fast test-slow lint bench bytecode clean realworld compat gpu
 
 # the editable install builds the C step codec in place (src/torchrepro/eventlog/_stepcodec*.so): again when its source changes
+# (setuptools warns on every build that ext-modules is experimental: not the user's concern)
+$(STAMP): export PYTHONWARNINGS = ignore:`[tool.setuptools.ext-modules]`
 $(STAMP): pyproject.toml src/torchrepro/eventlog/_stepcodec.c
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# exactly this torch: a bare `torch` would pull a multi-GB CUDA build
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,digits,tlparse,thirdparty,otel,fast,ray]'
-	touch $(STAMP)
+	@echo "torchrepro: setting up $(VENV) (once): torch 2.13.0 (CPU build) and torchrepro with the extras its tests and"
+	@echo "  examples use (pytest, ruff, mypy, scikit-learn, lightning, transformers, accelerate, ray, OpenTelemetry):"
+	@echo "  about 2 GB; a few minutes (1 to 8 measured on a 2-core machine), most of it fetching and unpacking the extras"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "  [1/3] pip"
+	@$(PY) -m pip install -q --upgrade pip
+	@echo "  [2/3] torch 2.13.0"  # exactly this torch: a bare `torch` would pull a multi-GB CUDA build
+	@$(PY) -m pip install -q torch==2.13.0
+	@echo "  [3/3] torchrepro (editable, its C step codec built in place) and the extras"
+	@$(PY) -m pip install -q -e '.[dev,digits,tlparse,thirdparty,otel,fast,ray]'
+	@touch $(STAMP)
+	@echo "torchrepro: $(VENV) ready"
 
 # Byte-compile torchrepro's sources as pip does for an installed package (incremental: only what
 # changed). Where PYTHONDONTWRITEBYTECODE=1 is set (as on this project's machines), nothing else

@@ -1,5 +1,5 @@
 """Run directories written with the event-log writer, for report tests and benchmarks: many ranks
-that behave alike, and a few that do not."""
+that behave alike, and a few that do not; a run whose texts are long and whose losses are not finite."""
 
 from __future__ import annotations
 
@@ -196,3 +196,60 @@ def training_steps(n: int, *, check: bool = False, seed: int = 0) -> list[Step]:
             )
         )
     return out
+
+
+LONG_GUARD = (
+    "tensor 'L['self']._modules['encoder']._modules['layers'][11]._parameters['weight']' stride mismatch at "
+    "index 1. expected 4096, actual 1 (capture_scalar_outputs=False, expected 16, actual 3)"
+)
+LONG_REASON = "Unsupported Tensor.item() call with capture_scalar_outputs=False and a reason long enough to wrap twice"
+NONFINITE_LOSSES = [2.0, 1.5, float("nan"), float("inf"), float("nan"), 0.5]
+
+
+def long_text_run(root: Path, script: Path) -> Path:
+    """A one-rank run directory of a compiled ``script``: ``Classifier.forward`` compiled, a graph
+    break at line 72 (:data:`LONG_REASON`), the code Dynamo resumes after it recompiled on
+    :data:`LONG_GUARD`; losses (:data:`NONFINITE_LOSSES`) and step times that turn NaN and infinite."""
+    from torchrepro.eventlog.events import Compile, End, GraphBreak, Header
+    from torchrepro.eventlog.rundir import RUN_FILE, write_json
+
+    file = str(script)
+    resumed = "torch_dynamo_resume_in_forward_at_72"
+    times = [0.1, float("nan"), float("inf"), None]
+    events = [
+        Header(t=1000.0, rank=0, world_size=1, argv=[file]),
+        Compile(t=1001.0, step=0, compile_id="0/0", function="Classifier.forward", file=file, line=60, dynamo_s=0.2),
+        GraphBreak(t=1001.0, step=0, compile_id="0/0", reason=LONG_REASON, gb_id="GB0124", file=file, line=72),
+        Compile(t=1001.5, step=0, compile_id="1/0", function=resumed, file=file, line=72, dynamo_s=0.2),
+        Compile(
+            t=1002.0,
+            step=3,
+            compile_id="1/1",
+            function=resumed,
+            file=file,
+            line=72,
+            dynamo_s=0.2,
+            recompile_reasons=[LONG_GUARD],
+        ),
+        *(
+            Step(t=1003.0 + i, step=i, index=i, loss=loss, time_s=times[i % len(times)])
+            for i, loss in enumerate(NONFINITE_LOSSES)
+        ),
+        End(t=1010.0, duration_s=10.0),
+    ]
+    write_all(root / "rank-0" / "events.jsonl", events)
+    write_json(root / RUN_FILE, {"script": file, "args": []})
+    return root
+
+
+def loss_config(root: Path, label: str, losses: list[float]):
+    """One configuration of ``compare`` (:class:`~torchrepro.analysis.equivalence.Config`): one rank,
+    ``losses`` (and the same gradient norms) per step, its log in memory under ``root / label``."""
+    from torchrepro.analysis.equivalence import Config
+    from torchrepro.analysis.verdict import Ending
+    from torchrepro.eventlog.event_reader import EventLog
+    from torchrepro.eventlog.events import End, Header
+
+    steps = [Step(step=i, index=i, loss=x, grad_norm=x, params_fp="p", batch_fp=f"b{i}") for i, x in enumerate(losses)]
+    log = EventLog(root / label / "rank-0" / "events.jsonl", events=[Header(world_size=1), *steps, End()])
+    return Config(label, [log], Ending(label))

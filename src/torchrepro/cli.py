@@ -3,14 +3,17 @@ dispatch, finish what the command produced, turn user errors into one line.
 
 Exit codes: 0 ok; 1 analysed and fails a budget, hits the recompile limit, or is not
 reproducible; 2 usage or input error; 3 the user's script failed; 128+N a signal N to torchrepro
-stopped the job (forwarded to all of it).
+stopped the job (forwarded to all of it); 141 (128 + SIGPIPE) the reader of its output went away
+(``torchrepro report RUN | head -1``): it ends quietly, after every file it writes was written.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
+import signal
 import sys
 
 from . import __version__
@@ -76,30 +79,74 @@ def _check_torch_logs() -> None:
         raise UserError(f"TORCH_LOGS={value!r}: {why} (TORCH_LOGS=help lists them)") from None
 
 
+def _closed_pipe_raises() -> None:
+    """rich ends the process with exit 1 when the pipe it prints into is closed
+    (``Console.on_broken_pipe``, which rich means to be overridden): raise the
+    :class:`BrokenPipeError` instead, for :func:`main` to end quietly (:func:`_closed_pipe`)."""
+    from rich.console import Console
+
+    def closed(console: Console) -> None:
+        raise BrokenPipeError(errno.EPIPE, "the reader of this output went away")
+
+    setattr(Console, "on_broken_pipe", closed)
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout or stderr went away (``| head -1``): nothing more can be said there.
+    What is still buffered for a closed stream goes to /dev/null (no complaint at exit); exit
+    128 + SIGPIPE, as a program that SIGPIPE had ended."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+            except (OSError, ValueError):
+                pass
+    return 128 + signal.SIGPIPE
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":  # a rank: its capture records how a signal ended it (capture.session)
         return finish(args.func(args), args)
     from .commands.launcher import stop_signals
+
+    _closed_pipe_raises()  # not in a rank: rich is the user's script's there, not ours
 
     with stop_signals():  # SIGINT, SIGTERM, SIGHUP alike: to the jobs running, else one line and 128 + N
         return finish(args.func(args), args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``torchrepro ARGV``; its exit code."""
+    """Run ``torchrepro ARGV``; its exit code. Whatever it printed is flushed before it returns:
+    a closed pipe is met here, never at the interpreter's exit (:func:`_closed_pipe`)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     _tolerant_streams()
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
-    if getattr(args, "args", None) and args.args[0] == "--":
-        args.args = args.args[1:]
     try:
-        from .commands.outputs import check_args
+        from .commands.outputs import check_args, stdout_for_document
 
         check_args(args)
+        if getattr(args, "absolute_paths", False):
+            from .render.paths import keep_absolute_paths
+
+            keep_absolute_paths()
         options.otlp_endpoint_from_env(args)
+        options.warm_start(args)
         _check_torch_logs()
-        return run_with_export(args, _dispatch)
+        with stdout_for_document(args):
+            return run_with_export(args, _dispatch)
     except UserError as exc:
         print(f"torchrepro: error: {visible(exc)}", file=sys.stderr)
         return exc.exit_code

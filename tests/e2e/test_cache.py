@@ -304,6 +304,30 @@ def test_entries_of_another_torch_are_unreachable_and_cleared(tmp_path, capsys):
     assert "deleted 0 files" in out and (cache / "ab" / "cabc.so").exists()
 
 
+def test_clear_removes_the_probes_graphs_too_and_says_so_apart(tmp_path, capsys):
+    from torchrepro.cache.layout import PROBE_GRAPHS_PREFIX
+    from torchrepro.capture.graph_probe import STORED_GRAPHS
+
+    assert STORED_GRAPHS.startswith(PROBE_GRAPHS_PREFIX)  # the folder the probe writes is the one clear knows
+    cache = fake_cache(tmp_path / "c")
+    for name in ("fab-1234.graph", "fab-1234.json"):
+        (cache / STORED_GRAPHS).mkdir(exist_ok=True)
+        (cache / STORED_GRAPHS / name).write_bytes(b"x" * 1000)
+    (cache / "notes.txt").write_text("mine")
+    code, out, _ = cli(capsys, "cache", "status", cache, "--json")
+    assert json.loads(out)["categories"]["probe"]["files"] == 2
+    code, out, _ = cli(capsys, "cache", "clear", cache)
+    lines = out.splitlines()
+    assert lines[0] == "left alone: 1 file(s) or link(s) that are not inductor cache entries: notes.txt", out
+    assert lines[1].startswith("would delete 5 files (") and lines[1].endswith(
+        ": aotautograd 1, cpp 2, fxgraph 1, python 1"
+    )
+    assert lines[2] == "would delete 2 of torchrepro's probe graphs (2.0 kB) beside them"
+    code, out, _ = cli(capsys, "cache", "clear", cache, "--yes")
+    assert code == 0 and "deleted 2 of torchrepro's probe graphs (2.0 kB) beside them" in out
+    assert not any((cache / STORED_GRAPHS).iterdir()) and (cache / "notes.txt").exists()
+
+
 def test_verify_finds_a_truncated_entry_in_a_directory(tmp_path, capsys):
     cache = fake_cache(tmp_path / "c")
     assert cli(capsys, "cache", "verify", cache)[0] == 0

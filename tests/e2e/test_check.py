@@ -128,6 +128,35 @@ def test_compiled_gpt_with_a_scalar_loss_against_eager_names_graph_node_and_op_n
     assert not any("localisation failed" in n for n in report["determinism"]["notes"])
 
 
+@pytest.mark.inductor
+@pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
+def test_an_evaluation_under_no_grad_before_training_is_never_blamed_for_what_training_computed(tmp_path):
+    """eval_before_train.py evaluates under no_grad before its first training step, as nanoGPT does:
+    Dynamo's graph 0/0 is the evaluation (no backward), 0/1 the training graph, and compiled and eager
+    part by rounding in both. What differs first at step 0 (the gradients, or the loss) is named in
+    the training graph, at the op where its forward first departs from eager (the first LayerNorm's
+    statistics, saved for backward), never in the evaluation graph, which made neither; `repro`
+    without --graph takes the graph the verdict names."""
+    proc, report = check(tmp_path, "eval_before_train.py", "--against", "eager", "--no-fixes")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    det = report["determinism"]
+    fd = det["first_divergence"]
+    assert (fd["step"], fd["cause"]) == (0, "numerics") and fd["what"] in ("grads", "loss"), report["verdict"]
+    assert (fd["compile_id"], fd["graph"]) == ("0/1", "forward"), report["verdict"]
+    assert fd["op"] == "aten.var_mean.correction (FX node getitem_1, compiled graph 0/1, forward)"
+    line = (SCRIPTS / "eval_before_train.py").read_text().splitlines().index("        return x + self.mlp(self.ln(x))")
+    assert fd["module"] == "blocks.0.ln (LayerNorm)" and fd["source"].endswith(f"eval_before_train.py:{line + 1}")
+    evidence = fd["evidence"]
+    assert (evidence["quantity"], evidence["strength"], evidence["run"]) == (fd["what"], "measured", "compiled")
+    assert "graph 0/0 ran in step 0 without a backward (under no_grad)" in evidence["scope"]
+    assert "graph 0/0" not in report["verdict"] and "graphs: " in " ".join(proc.stdout.split())
+    # the evaluation graph differs from eager too: left out for what it computed, not for matching
+    probes = {(p["compile_id"], p["graph"]): p for p in det["graph_probes"]}
+    assert probes["0/0", "forward"]["eager_differing"] and ("0/0", "backward") not in probes
+    made = torchrepro("repro", str(tmp_path / "check"), "--out", str(tmp_path / "repro"), cwd=tmp_path)
+    assert made.returncode == 0 and made.stdout.startswith("compiled graph 0/1/forward ("), made.stdout + made.stderr
+
+
 @pytest.mark.slow  # heavy end to end (make test-slow; CI runs both tiers)
 def test_a_fix_that_slows_steps_costs_more_than_one_and_every_ratio_is_the_recorded_step_times(tmp_path):
     """The fix ladder's step-time ratio divides by a baseline run as written in the same truncated

@@ -35,7 +35,7 @@ def test_an_rng_share_within_the_compiled_runs_own_noise_is_not_blamed_on_rng():
     assert cause_from_decomposition(dec, "eager")[0] == "rng"  # with no run-to-run measure: RNG
     noisy = {**dec, "run_to_run": part("compiled", "compiled-again", 2e-3)}
     cause, evidence = cause_from_decomposition(noisy, "eager")
-    assert cause == "nondeterministic_op" and evidence["run_to_run"]["final_max_abs"] == 2e-3
-    assert "not reproducible run to run" in evidence["because"] and "0.002" in evidence["because"]
+    assert cause == "nondeterministic_op" and evidence.facts["run_to_run"]["final_max_abs"] == 2e-3
+    assert "not reproducible run to run" in evidence.because and "0.002" in evidence.because
     steady = {**dec, "run_to_run": part("compiled", "compiled-again", 0.0)}
     assert cause_from_decomposition(steady, "eager")[0] == "rng"  # reproducible: the share is RNG's

@@ -72,7 +72,8 @@ def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     head = header(tmp_path / "launched")
-    assert head["argv"][1:] == ["run", "--", str(script), str(tmp_path / "launched.txt")]  # no flags in the child
+    # no flags in the child, and the script's arguments after a -- (the script's, even where they look like options)
+    assert head["argv"][1:] == ["run", "--", str(script), "--", str(tmp_path / "launched.txt")]
     assert head["config"]["seed"] == 7 and head["config"]["steps"]["fingerprint_every"] == 3
     launched = steps(tmp_path / "launched")
     assert [s["index"] for s in launched if s["params_fp"]] == [0, 3]  # every 3rd step

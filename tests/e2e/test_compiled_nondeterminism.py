@@ -374,6 +374,7 @@ def test_two_processes_name_the_first_graph_call_whose_outputs_differ_on_equal_i
 
 
 def test_the_op_blamed_follows_the_cause_not_the_first_random_op():
+    from torchrepro.analysis.graph_steps import GraphScope
     from torchrepro.analysis.nondeterminism import graph_evidence
 
     dropout = {"node": "x", "target": "dropout", "module": "drop (Dropout)", "source": "m.py:3"}
@@ -387,35 +388,37 @@ def test_the_op_blamed_follows_the_cause_not_the_first_random_op():
         "source": "m.py:9",
         "depends_on_random": [dropout],
     }
-    numerics = graph_evidence({"graphs": [graph]}, 0, "numerics")
-    assert numerics["op"] == "linear (FX node logits, compiled graph 0/0)" and numerics["module"] == "head (Linear)"
-    rng = graph_evidence({"graphs": [graph]}, 0, "rng")
-    assert rng["op"] == "dropout (FX node x, compiled graph 0/0)" and rng["module"] == "drop (Dropout)"
+    scope = GraphScope("loss", 0, None)
+    numerics = graph_evidence({"graphs": [graph]}, scope, "numerics")
+    assert numerics.op == "linear (FX node logits, compiled graph 0/0)" and numerics.module == "head (Linear)"
+    rng = graph_evidence({"graphs": [graph]}, scope, "rng")
+    assert rng.op == "dropout (FX node x, compiled graph 0/0)" and rng.module == "drop (Dropout)"
 
 
 def test_a_failed_localisation_is_said_with_its_exception_and_what_was_concluded():
+    from torchrepro.analysis.graph_steps import GraphScope
     from torchrepro.analysis.nondeterminism import cause_from_replays, graph_evidence
+    from torchrepro.reports.check_report import Evidence
     from torchrepro.commands.check.runs import _why_no_record
     from torchrepro.commands.launcher import ChildResult
 
     why = _why_no_record(ChildResult(1, ["Traceback (most recent call last):", "RuntimeError: boom here", ""]), 3)
     assert why == "the replay exited with 1: RuntimeError: boom here"
     assert _why_no_record(ChildResult(0), 3) == "the replay ended (exit 0) before step 3"
-    evidence = graph_evidence(None, 3, "numerics", why)
-    assert evidence["localisation"] == "not_localised" and evidence["localisation_failed"] == why
-    assert (
-        "RuntimeError: boom here" in evidence["localisation_note"] and "cause numerics" in evidence["localisation_note"]
-    )
-    crashed = graph_evidence({"graphs": [{"compile_id": "0/1", "error": "ValueError: odd output"}]}, 3, "rng")
-    assert "compiled graph 0/1: ValueError: odd output" in crashed["localisation_failed"]
+    scope = GraphScope("loss", 3, None)
+    evidence = graph_evidence(None, scope, "numerics", why)
+    assert evidence.localisation == "not_localised" and evidence.facts["localisation_failed"] == why
+    assert "RuntimeError: boom here" in evidence.localisation_note and "cause numerics" in evidence.localisation_note
+    crashed = graph_evidence({"graphs": [{"compile_id": "0/1", "error": "ValueError: odd output"}]}, scope, "rng")
+    assert "compiled graph 0/1: ValueError: odd output" in crashed.facts["localisation_failed"]
     cause, evidence = cause_from_replays("unknown", None, {"ops": []}, True, why)
-    assert cause == "unknown" and "RuntimeError: boom here" in evidence["localisation_note"]
+    assert cause == "unknown" and "RuntimeError: boom here" in evidence.localisation_note
     from torchrepro.commands.check.comparison import _guarded
 
-    assert _guarded("the graph replay", "numerics", lambda x: x + 1, 1) == (2, {})
+    assert _guarded("the graph replay", "numerics", lambda x: x + 1, 1) == (2, Evidence())
     result, evidence = _guarded("the graph replay", "numerics", lambda: {}["logits"])  # our own bug, not the run's
-    assert result is None and evidence["localisation_failed"] == "the graph replay: KeyError: 'logits'"
-    assert "cause numerics" in evidence["localisation_note"]
+    assert result is None and evidence.facts["localisation_failed"] == "the graph replay: KeyError: 'logits'"
+    assert "cause numerics" in evidence.localisation_note
 
 
 @pytest.mark.inductor

@@ -116,7 +116,7 @@ def test_drift_on_spawned_ranks_sees_both_ranks(tmp_path):
     first_batches = []
     for run in runs:
         logs = [
-            [e.to_json() for e in read_events(Path(run["dir"]) / f"rank-{rank}" / "events.jsonl").events]
+            [e.to_json() for e in read_events(tmp_path / run["dir"] / f"rank-{rank}" / "events.jsonl").events]
             for rank in (0, 1)
         ]
         losses = [[e["value"] for e in log if e["kind"] == "metric" and e["name"] == "loss"] for log in logs]

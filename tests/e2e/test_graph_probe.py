@@ -20,6 +20,8 @@ from torchrepro.analysis.verdict import verdict_line
 from torchrepro.eventlog.event_reader import EventLog, read_events
 from torchrepro.eventlog.events import GraphProbe, Header, Step
 from torchrepro.render.terminal import probe_lines
+from torchrepro.reports.check_report import Determinism, Evidence, FirstDivergence
+from torchrepro.reports.findings import Verdict
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 PLANTED = SCRIPTS / "probe_planted.py"
@@ -68,9 +70,9 @@ def test_a_differing_probe_is_a_divergence_named_by_its_graph():
     ]
     div, cause, evidence = probe_divergence(probes)
     assert (div.step, div.rank, div.what, cause) == (0, 0, "compiled_graph", "nondeterministic_op")
-    assert evidence["named_by"] == "graph_probe" and evidence["kernel"] == "cpp_fused_0"
-    assert (evidence["compile_id"], evidence["graph"], evidence["parameter"]) == ("0/0", "backward", "w")
-    assert "3 of 8 repeats at 2 thread(s)" in evidence["because"]
+    assert evidence.named_by == "graph_probe" and evidence.kernel == "cpp_fused_0" and evidence.run == "run-1"
+    assert (evidence.compile_id, evidence.graph, evidence.parameter) == ("0/0", "backward", "w")
+    assert "3 of 8 repeats at 2 thread(s)" in evidence.because
     lines = probe_lines(probes)
     assert (
         lines[0].startswith("graph probes: 3 compiled graph(s) called 8 more times") and "1 not bit for bit" in lines[0]
@@ -85,21 +87,15 @@ def test_probes_that_repeat_bit_for_bit_are_no_divergence():
 
 
 def test_verdict_line_says_the_graph_and_that_the_runs_agreed_to_nothing_else():
-    det = {
-        "verdict": "diverged",
-        "steps_compared": 3,
-        "endings": [],
-        "first_divergence": {
-            "step": 0,
-            "rank": 0,
-            "what": "compiled_graph",
-            "cause": "nondeterministic_op",
-            "module": None,
-            "op": "aten.mm",
-            "source": "train.py:7",
-            "detail": {"run": "run-1", "compile_id": "0/0", "graph": "backward"},
-        },
-    }
+    first = FirstDivergence(
+        0,
+        0,
+        "compiled_graph",
+        "nondeterministic_op",
+        Evidence(op="aten.mm", source="train.py:7"),
+        {"run": "run-1", "compile_id": "0/0", "graph": "backward"},
+    )
+    det = Determinism(Verdict.DIVERGED, ["run-1", "run-2"], 3, [], first)
     assert verdict_line(det) == (
         "DIVERGED when repeated at step 0 (rank 0, compiled graph 0/0 (backward) of run-1): cause "
         "nondeterministic_op — op aten.mm, at train.py:7"
@@ -170,6 +166,7 @@ def test_check_names_a_forward_race_the_two_runs_did_not_show(tmp_path):
 
 
 def test_where_the_forward_matches_eager_the_backward_probe_names_the_node():
+    from torchrepro.analysis.graph_steps import graph_scope
     from torchrepro.analysis.nondeterminism import graph_evidence
 
     replay = {"step": 0, "graphs": [{"compile_id": "0/0", "outputs": 2, "random_nodes": []}]}
@@ -186,24 +183,26 @@ def test_where_the_forward_matches_eager_the_backward_probe_names_the_node():
             "max_abs": 3.7e-9,
         },
     }
-    evidence = graph_evidence(replay, 0, "numerics", None, [probe])
-    assert evidence["localisation"] == "backward_graph"
-    assert (evidence["graph"], evidence["parameter"], evidence["node"], evidence["source"]) == (
+    scope = graph_scope("grads", 0, ["0/0/forward", "0/0/backward"])
+    evidence = graph_evidence(replay, scope, "numerics", None, [probe])
+    assert evidence.localisation == "backward_graph" and evidence.strength == "measured"
+    assert (evidence.graph, evidence.parameter, evidence.node, evidence.source) == (
         "backward",
         "head.weight",
         "mm_1",
         "gpt.py:43",
     )
-    assert evidence["because"] == (
+    assert evidence.because == (
         "the 1 compiled graph call(s) of step 0 match their eager FX graphs in the forward pass; in backward, "
         "compiled graph 0/0 differs from the same FX graph run eagerly on the same inputs (2 output(s)), first at "
         "the gradient of head.weight, by up to 3.7e-09"
     )
-    plain = graph_evidence(replay, 0, "numerics", None, [dict(probe, eager_differing=[])])
-    assert plain == {
-        "localisation": "the 1 compiled graph call(s) of step 0 match their eager FX graphs in the forward pass "
+    assert evidence.scope == "the gradients of step 0 come from compiled graph 0/0 (forward and backward)"
+    plain = graph_evidence(replay, scope, "numerics", None, [dict(probe, eager_differing=[])])
+    assert plain.localisation == (
+        "the 1 compiled graph call(s) of step 0 match their eager FX graphs in the forward pass "
         "(the difference arises in backward)"
-    }
+    )
 
 
 @pytest.mark.inductor

@@ -256,6 +256,15 @@ def drift_run(tmp_path_factory) -> Path:
     return root / "exp"
 
 
+@pytest.fixture(scope="session")
+def nan_run(tmp_path_factory) -> Path:
+    """``doctor`` of an eager script whose loss turns NaN at step 2."""
+    root = tmp_path_factory.mktemp("nan")
+    proc = torchrepro("doctor", "--out", str(root / "run"), str(SCRIPTS / "nan_loss.py"), cwd=root)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return root / "run"
+
+
 def _clean(browser: Browser, url: str) -> None:
     assert browser.errors() == []
     assert set(browser.requests()) <= {url}  # the page itself, nothing else
@@ -280,6 +289,7 @@ def test_doctor_page(browser, doctor_run, tmp_path):
     guards = browser.js("[...document.querySelectorAll('#recompiles tr.recompile code')].map(c => c.textContent)")
     assert any("size mismatch at index 0" in g for g in guards)
     assert browser.js("document.querySelectorAll('#timeline svg rect.bar').length") == report["compile"]["compiles"]
+    assert browser.js("document.querySelectorAll('#loss svg path[d^=M]').length") == len(report["steps"]["losses"]) == 1
     assert report["provenance"]["torch"] in browser.js("document.querySelector('#provenance').innerText")
     _check_screenshot(browser.screenshot(tmp_path / "doctor.png"))
 
@@ -308,6 +318,37 @@ def test_drift_page(browser, drift_run, tmp_path):
     assert browser.js("document.querySelectorAll('b.x, img, script').length") == 0
     assert "toy <b class=x> & 'q'.py" in browser.js("document.querySelector('#verdict').innerText")
     _check_screenshot(browser.screenshot(tmp_path / "drift.png"))
+
+
+def test_a_nan_loss_page_draws_the_curve_up_to_it_and_says_where_it_ends(browser, nan_run, tmp_path):
+    url = browser.open(nan_run / "report.html")
+    _clean(browser, url)
+    assert browser.js("document.querySelector('#loss text.nonfinite').textContent") == "rank 0: nan from step 2"
+    assert browser.js("document.querySelector('#loss svg path[d^=M]').getAttribute('d').split('L').length") == 2
+    box = browser.js("JSON.stringify(document.querySelector('#loss svg').getBoundingClientRect())")
+    assert json.loads(box)["width"] > 600  # drawn, at the page's width
+    _check_screenshot(browser.screenshot(tmp_path / "nan.png"))
+
+
+def test_compare_page_plots_b_against_as_band(browser, tmp_path):
+    """A compare report judged on logs built here (the command end to end: test_compare_runs.py)."""
+    from synthetic_runs import loss_config
+
+    from torchrepro.analysis.equivalence import compare_report, judge
+    from torchrepro.render.html import render_html
+
+    a1, a2, b = [1.0, 0.9, 0.8, 0.7, 0.6], [1.0, 0.9000001, 0.8000001, 0.7, 0.6000001], [1.0, 0.9, 0.85, 0.75, 0.6]
+    section = judge(*(loss_config(tmp_path, label, x) for label, x in (("a-1", a1), ("a-2", a2), ("b", b))))
+    page = tmp_path / "compare.html"
+    page.write_text(render_html(compare_report(section, {}, {}, {})))
+    url = browser.open(page)
+    _clean(browser, url)
+    assert browser.js("document.querySelectorAll('#band svg').length") == 2
+    assert browser.js("document.querySelectorAll('#band svg polygon.band').length") >= 2  # A's band; what is allowed
+    labels = browser.js("[...document.querySelectorAll('#band text.mark-label')].map(t => t.textContent)")
+    assert labels == ["first step out of A's band: step 2"] * 2
+    assert "step 2" in browser.js("document.querySelector('#first-out').innerText")
+    _check_screenshot(browser.screenshot(tmp_path / "compare.png"))
 
 
 def test_the_page_forbids_remote_loads(browser, doctor_run, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from xml.etree import ElementTree
 
 from markupsafe import escape
 from synthetic_runs import drift_experiment
@@ -14,14 +15,16 @@ from hostile_text import MARKUP, assert_safe
 
 from torchrepro.cli import main
 from torchrepro.render.html import fmt_num, render_html
+from torchrepro.render.paths import stored
+from torchrepro.render.sanitize import visible
 from torchrepro.reports.loader import load_report
 from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE
 
 
 def test_drift_page_shows_the_experiment_escaped_and_self_contained(tmp_path):
     report = drift_experiment(tmp_path / "exp", MARKUP)
-    page = (tmp_path / "exp" / HTML_FILE).read_text()  # drift writes it beside report.json
-    assert page == render_html(report)
+    page = (tmp_path / "exp" / HTML_FILE).read_text()  # drift writes it beside report.json, paths as stored
+    assert page == render_html(stored(report))
     assert_safe(page)
     assert not re.search(r"<(script|link|iframe|object|embed|img)\b", page) and "onclick=x>" not in page
     assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
@@ -54,5 +57,19 @@ def test_report_rerenders_a_stored_drift_experiment(tmp_path, capsys):
     assert not (tmp_path / "exp" / HTML_FILE).exists()  # a stored experiment is read, never written
     assert (tmp_path / "exp" / REPORT_FILE).read_text() == stored  # re-rendered, not recomputed
     assert report.verdict_line.split(";")[0] in " ".join(capsys.readouterr().out.split())
-    assert main(["report", str(tmp_path / "exp"), "--junit", str(tmp_path / "j.xml")]) == 2
-    assert "--junit is written for doctor reports" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "exp"), "--junit", str(tmp_path / "j.xml")]) == 3
+
+
+def test_a_drift_junit_has_a_case_per_binary_factor_and_per_run_left_out(tmp_path, capsys):
+    drift_experiment(tmp_path / "exp", MARKUP)
+    report = load_report(json.loads((tmp_path / "exp" / REPORT_FILE).read_text()))
+    assert main(["report", str(tmp_path / "exp"), "--junit", str(tmp_path / "j.xml")]) == report.exit_code == 3
+    suite = ElementTree.parse(tmp_path / "j.xml").getroot()
+    cases = {case.get("name"): case.find("failure") for case in suite.iter("testcase")}
+    factor = cases["compile makes no real difference"]
+    assert report.drift.effects[0].real and factor is not None and "p = 0.007812" in factor.get("message")
+    [(crashed, failure)] = [(name, f) for name, f in cases.items() if name.startswith("run ")]
+    [excluded] = report.drift.excluded
+    assert crashed == f"run {excluded.index} ({excluded.dir})" and failure.get("message").startswith("crashed")
+    assert failure.text.splitlines()[0] == visible(report.verdict_line)  # the body starts with the verdict
+    assert suite.get("tests") == "2" and suite.get("failures") == "2"

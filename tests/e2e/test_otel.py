@@ -611,3 +611,28 @@ def test_check_resume_exports_its_verdict_and_both_launches(tmp_path, receiver):
     root, launches, ranks = _command_and_launches(receiver, "check-resume")
     assert root["attributes"]["torchrepro.verdict"] == report["verdict"]
     assert len(launches) >= 2 and len(ranks) == len(launches)  # the full run and the resumed one, at least
+
+
+def test_nan_and_inf_never_reach_the_collector_and_never_stop_the_export(tmp_path, receiver):
+    """A stored run whose step times and a compile time are NaN or infinite, and whose code after a
+    graph break is compiled: every span arrives, no attribute or measurement is NaN or infinite
+    (left out, as the SDK would drop it with a warning), and the resumed code is named by its function."""
+    from synthetic_runs import long_text_run
+
+    run = long_text_run(tmp_path / "run", tmp_path / "train.py")
+    log = read_events(run / "rank-0" / "events.jsonl")
+    events = [e for e in log.events if not isinstance(e, (End, Step))]
+    nan = Compile(compile_id="2/0", function="g", file=str(tmp_path / "train.py"), line=90, dynamo_s=float("nan"))
+    write_all(run / "rank-0" / "events.jsonl", [*events, nan, *log.of(Step), log.end])
+    proc = _cli(tmp_path, "report", str(run), "--otlp-endpoint", receiver.url)
+    assert proc.returncode == 0 and _warnings(proc.stderr) == [], proc.stderr[-2000:]
+    compiles = [s for s in receiver.spans() if s["name"] == "torch.compile"]
+    assert len(compiles) == 4
+    resumed = f"Classifier.forward (resumed after the break at {tmp_path / 'train.py'}:72)"
+    assert [s["attributes"]["torchrepro.function"] for s in compiles].count(resumed) == 2
+    (g,) = [s for s in compiles if s["attributes"]["torchrepro.function"] == "g"]
+    assert "torchrepro.compile.dynamo_s" not in g["attributes"] and g["end"] == g["start"]
+    values = [v for s in receiver.spans() for v in s["attributes"].values() if isinstance(v, float)]
+    assert values and all(v == v and abs(v) != float("inf") for v in values)
+    assert receiver.metric("torchrepro.step.duration") == {0: 2}  # the two finite step times of six
+    assert receiver.metric("torchrepro.compile.duration") == {0: 3}

@@ -74,7 +74,8 @@ def test_an_output_is_never_an_input_even_with_force(tmp_path, case):
     args = _cases(tmp_path)[case]
     (tmp_path / "run" / "report.json").write_text('{"stored": true}')
     before = snapshot(tmp_path)
-    line = one_line_error(torchrepro(*args, "--force", cwd=tmp_path))
+    at = next((i for i, a in enumerate(args) if a in ("--json", "--html", "--junit")), len(args))
+    line = one_line_error(torchrepro(*args[:at], "--force", *args[at:], cwd=tmp_path))  # before any script
     assert "input" in line
     assert snapshot(tmp_path) == before  # every input byte-identical, nothing new
 
@@ -89,6 +90,23 @@ def test_force_still_replaces_an_earlier_output(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert 'content="torchrepro' in earlier.read_text() and stat.S_IMODE(earlier.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("target", ["a file of the user's", "nothing yet"])
+def test_an_output_that_is_a_link_is_refused_even_with_force(tmp_path, capsys, target):
+    from test_hostile_input import cli
+
+    run = fake_run(tmp_path / "run")
+    victim = tmp_path / "bashrc"
+    if target != "nothing yet":
+        victim.write_text("the user's own file")
+    (tmp_path / "r.json").symlink_to(victim)
+    code, _, err = cli(capsys, "report", run, "--json", tmp_path / "r.json", "--force")
+    assert code == 2 and "r.json is a symbolic link: torchrepro writes no file through a link" in one_line_error(err)
+    assert os.readlink(tmp_path / "r.json") == str(victim)  # the link as it was
+    assert (victim.read_text() if victim.exists() else None) == (
+        None if target == "nothing yet" else "the user's own file"
+    )
 
 
 def test_report_writes_nothing_into_the_stored_run(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from support import schema_problems
 from synthetic_runs import drift_experiment
 
+from torchrepro.render.paths import stored
 from torchrepro.analysis.verdict import Ending, judge
 from torchrepro.commands.check.comparison import diff
 from torchrepro.cli import main
@@ -111,7 +112,7 @@ def test_check_reports_read_back_equal_with_their_verdicts(check_runs):
         assert data["determinism"]["exit_code"] == code and render_html(report) == (out / HTML_FILE).read_text()
     noisy = load_report(_stored(check_runs["noisy"][0]))
     # the nudge comes after step 0's update
-    assert noisy.determinism.first_divergence["step"] == 1 and noisy.findings[0].code.startswith("DIVERGED_")
+    assert noisy.determinism.first_divergence.step == 1 and noisy.findings[0].code.startswith("DIVERGED_")
 
 
 def test_diff_report_of_stored_runs_reads_back_equal(check_runs, tmp_path):
@@ -175,7 +176,7 @@ def schema_problems_of(data: dict, directory: Path) -> list[str]:
 def test_a_drift_report_of_before_is_rerendered_with_its_own_exit_code(tmp_path, capsys):
     report = drift_experiment(tmp_path / "exp", "m")
     data = _stored(tmp_path / "exp")
-    assert isinstance(report, DriftReport) and report.to_json() == data and data["schema"] == SCHEMAS["drift"]
+    assert isinstance(report, DriftReport) and stored(report).to_json() == data and data["schema"] == SCHEMAS["drift"]
     assert report.exit_code == data["exit_code"] == 3 and report.verdict is Verdict.RUN_FAILED
     (tmp_path / "exp" / REPORT_FILE).write_text(json.dumps({**data, "schema": LEGACY_SCHEMA}))
     assert main(["report", str(tmp_path / "exp")]) == 3

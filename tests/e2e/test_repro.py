@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from torchrepro.capture.graph_probe import GraphProbe, _Call, save_graph
-from torchrepro.capture.repro_script import call, load_graph, load_tensors, same_outputs
+from torchrepro.capture.repro_script import call, load_graph, load_saved, same_outputs
 from torchrepro.eventlog.event_reader import read_events
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
@@ -55,10 +55,9 @@ def test_a_saved_graph_loads_back_and_computes_the_same(tmp_path):
     spec = json.loads((tmp_path / "g" / "inputs.json").read_text())
     assert spec["constants"] == ["offset"] and spec["inputs"][1] == {"kind": "value", "value": 3}
     assert spec["inputs"][0]["stride"] == list(x.stride())
-    tensors = load_tensors(tmp_path / "g")
-    rng = tensors.pop("rng.cpu")
-    graph = load_graph(tmp_path / "g", tensors, spec["constants"])
-    assert same_outputs(call(graph, spec["inputs"], tensors, rng), list(gm(x, 3)))
+    saved, tensors, rng = load_saved(tmp_path / "g")
+    graph = load_graph(saved, tensors)
+    assert same_outputs(call(graph, saved.inputs, tensors, rng), list(gm(x, 3)))
     assert (tmp_path / "g" / "inputs.safetensors").exists() and "class Graph(torch.nn.Module)" in (
         tmp_path / "g" / "graph.py"
     ).read_text()

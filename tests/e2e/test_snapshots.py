@@ -29,7 +29,7 @@ from torchrepro.analysis.divergence import (
 )
 from torchrepro.capture.snapshots import SKETCH_BYTES, SnapshotWriter, count_sketch, mix, sketch_dims, tensor_seed
 from torchrepro.eventlog.event_reader import EventLog, read_events
-from torchrepro.eventlog.events import Capability
+from torchrepro.eventlog.events import Capability, Params
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 MASK = (1 << 64) - 1
@@ -154,10 +154,10 @@ def test_a_run_keeps_the_first_and_last_full_copies_and_a_sketch_per_step(tmp_pa
     assert sorted(snapshot_steps(tmp_path / "a")) == [0, 5]  # the first and last steps' parameters, whole
     assert sorted(snapshot_steps(tmp_path / "a", "sketch")) == list(range(6))
     names, params = _model_params(0)
-    full = load_snapshot(tmp_path / "a" / "step-0000005.npz")
+    full = load_snapshot(tmp_path / "a" / "step-0000005.npz", _log(tmp_path / "a"))
     copy = sum(p.numel() * 4 for p in params)
     assert set(full) == set(names) and sum(a.nbytes for a in full.values()) == copy
-    sketch = load_sketch(tmp_path / "a" / "sketch-0000005.npz")
+    sketch = load_sketch(tmp_path / "a" / "sketch-0000005.npz", _log(tmp_path / "a"))
     assert sketch.names == names and sketch.numel == [p.numel() for p in params]
     assert max(sketch.dims) < params[0].numel() and sketch.dims[3] == 64  # the small tensor whole
     assert sketch.max_abs[3] == pytest.approx(float(full["ln.weight"].__abs__().max()))
@@ -166,7 +166,11 @@ def test_a_run_keeps_the_first_and_last_full_copies_and_a_sketch_per_step(tmp_pa
 
 
 def _log(path: Path) -> EventLog:
-    return EventLog(path)
+    """The event log of a run whose snapshots ``_write_run`` wrote: the parameters it names (the
+    shapes and dtypes a sketch's whole values are checked with), no step fingerprinted."""
+    names, params = _model_params(0)
+    shapes, dtypes = [list(p.shape) for p in params], ["float32"] * len(params)
+    return EventLog(path, events=[Params(names=names, shapes=shapes, dtypes=dtypes, kinds=["tensor"] * len(params))])
 
 
 def test_the_curve_is_exact_where_kept_and_estimated_elsewhere(tmp_path):
@@ -186,7 +190,8 @@ def test_the_curve_is_exact_where_kept_and_estimated_elsewhere(tmp_path):
     last = curve[-1]  # both kept the last step whole: exact, as from full snapshots
     assert not last["estimated"] and last["max_abs"] == pytest.approx(1e-3 * 5, rel=1e-3)
     full = param_difference(
-        load_snapshot(tmp_path / "a" / "step-0000004.npz"), load_snapshot(tmp_path / "b" / "step-0000004.npz")
+        load_snapshot(tmp_path / "a" / "step-0000004.npz", _log(tmp_path / "a")),
+        load_snapshot(tmp_path / "b" / "step-0000004.npz", _log(tmp_path / "b")),
     )
     assert full == {k: last[k] for k in full}
     note = curve_estimate_note(curve)
@@ -202,7 +207,8 @@ def test_differences_only_in_tensors_kept_whole_stay_exact(tmp_path):
     _write_run(tmp_path / "a", 3, None)
     _write_run(tmp_path / "b", 3, 1, tiny=True)
     point = sketch_difference(
-        load_sketch(tmp_path / "a" / "sketch-0000001.npz"), load_sketch(tmp_path / "b" / "sketch-0000001.npz")
+        load_sketch(tmp_path / "a" / "sketch-0000001.npz", _log(tmp_path / "a")),
+        load_sketch(tmp_path / "b" / "sketch-0000001.npz", _log(tmp_path / "b")),
     )
     assert not point["estimated"] and point["parameter"] == "fc.bias"
     assert point["max_abs"] == pytest.approx(5e-4, rel=1e-3) and point["l2"] == pytest.approx(5e-4, rel=1e-3)
@@ -211,13 +217,21 @@ def test_differences_only_in_tensors_kept_whole_stay_exact(tmp_path):
 def test_final_within_reads_the_kept_copy_or_exact_sketches(tmp_path):
     _write_run(tmp_path / "a", 3, None)
     _write_run(tmp_path / "b", 3, 0, tiny=True)
-    assert final_within([], Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b")
-    assert not final_within([], Tolerance(atol=1e-5), tmp_path / "a", tmp_path / "b")
+    assert final_within(
+        Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b")
+    )
+    assert not final_within(
+        Tolerance(atol=1e-5), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b")
+    )
     (tmp_path / "b" / "step-0000002.npz").unlink()  # only sketches in common: the small tensor whole
-    assert final_within([], Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b")
+    assert final_within(
+        Tolerance(atol=1e-3), tmp_path / "a", tmp_path / "b", _log(tmp_path / "a"), _log(tmp_path / "b")
+    )
     _write_run(tmp_path / "c", 3, 0)
     (tmp_path / "c" / "step-0000002.npz").unlink()  # a sketched tensor differs: not known to be within
-    assert not final_within([], Tolerance(atol=1.0), tmp_path / "a", tmp_path / "c")
+    assert not final_within(
+        Tolerance(atol=1.0), tmp_path / "a", tmp_path / "c", _log(tmp_path / "a"), _log(tmp_path / "c")
+    )
 
 
 def torchrepro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -366,7 +380,7 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
     )
     assert proc.returncode == 1, proc.stderr  # compiled numerics differ from eager
     final = next((out / "eager" / "rank-0" / "snapshots").glob("step-*.npz"))
-    copy = sum(a.nbytes for a in load_snapshot(final).values())
+    copy = sum(a.nbytes for a in load_snapshot(final, read_events(out / "eager" / "rank-0" / "events.jsonl")).values())
     assert copy == 4 * 8_428_032  # one float32 copy of the model's parameters
     runs = [p for p in out.iterdir() if (p / "rank-0" / "snapshots").is_dir()]
     assert sorted(p.name for p in runs) == ["compiled", "eager", "fallback-random"]
@@ -396,3 +410,40 @@ def test_check_against_eager_on_a_gpt_keeps_the_run_directory_bounded_by_the_mod
         assert diff.returncode == 1, diff.stderr
         first = json.loads((tmp_path / f"{other}.json").read_text())["determinism"]["curve"][0]
         assert (first["max_abs"] is not None, first["estimated"]) == (exact, not exact) and first["l2"] > 0
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
+)
+def test_the_fingerprints_a_snapshot_is_checked_with_are_torchs_own(dtype):
+    """What a snapshot holds (``capture.snapshots``: bfloat16 widened to float32, complex as real
+    pairs), fingerprinted with numpy alone (``eventlog.snapshot_files``), gives the fingerprints
+    torchrepro.digests gave the tensor in the run: on the CPU, on a device (its two sums, here
+    computed on the CPU: integer sums do not depend on where), and a sketch's (the real pairs)."""
+    import xxhash
+
+    from torchrepro.capture.snapshots import _local, _to_numpy
+    from torchrepro.digests import _device_digest, fingerprint
+    from torchrepro.eventlog.snapshot_files import candidate_dtypes, fingerprints, matches
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(3, 5), (1000, 33), (7,), (), (0, 3)]:
+        t = (torch.randn(shape, generator=g, dtype=torch.float64) * 100).to(dtype)
+        held = _to_numpy(_local(t))
+        recorded = str(dtype).removeprefix("torch.")
+        got = set(fingerprints(held, candidate_dtypes(held, recorded)))
+        cpu, device = fingerprint(t)[:16], xxhash.xxh3_128_hexdigest(b"t" + _device_digest(t))[:16]
+        assert {cpu, device, fingerprint(_local(t))[:16]} <= got, (dtype, shape)
+        assert matches(held, [cpu, fingerprint(_local(t))[:16]], candidate_dtypes(held, recorded))
+        if held.size and not (held == 0).all():
+            assert not matches(np.zeros_like(held), [cpu], candidate_dtypes(held, recorded)), (dtype, shape)

@@ -109,6 +109,24 @@ def test_script_passes_its_three_checks(name: str, tmp_path: Path) -> None:
     assert rec["counts_ok"], (rec["plain"]["counters"], rec["doctor"]["counts"])
     assert rec["verdict_ok"], (rec["plain_identical"], rec["check"])
     assert rec["unperturbed"] != "no", (rec["plain"]["printed"], rec["doctor"]["printed"])
+    # an entry that evaluates under no_grad before it trains: the verdict against eager names the training graph
+    assert rec.get("against_eager", {}).get("graph_ok", True), rec["against_eager"]
+
+
+def test_the_training_graph_check_fails_a_verdict_that_names_the_evaluation_graph() -> None:
+    """nanoGPT's entry says which compile id trains (0/1; 0/0 is estimate_loss() under no_grad): a first
+    divergence of the gradients named in 0/0 fails the entry, one named in 0/1 passes, one that names
+    no graph fails."""
+    nanogpt = next(s for s in corpus.SCRIPTS if s.name == "nanoGPT")
+    assert nanogpt.training_graph == "0/1" and nanogpt.compiled
+
+    def report(what: str, compile_id: str | None) -> dict:
+        return {"determinism": {"first_divergence": {"what": what, "compile_id": compile_id, "evidence": {}}}}
+
+    assert corpus.training_graph_named(report("grads", "0/1"), "0/1")
+    assert not corpus.training_graph_named(report("grads", "0/0"), "0/1")
+    assert not corpus.training_graph_named(report("grads", None), "0/1")
+    assert not corpus.training_graph_named({}, "0/1")  # no report: nothing named
 
 
 def test_fabric_data_leaves_one_training_batch_per_rank(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from torchrepro.analysis.verdict import Ending
 from torchrepro.cli import main
 from torchrepro.eventlog.event_reader import EventLog
 from torchrepro.eventlog.events import End, Header, Params, Step
+from torchrepro.eventlog.snapshot_files import fingerprints
 from torchrepro.render.html import render_html
 from torchrepro.reports.loader import load_report
 from torchrepro.render.terminal import render_compare
@@ -188,10 +189,13 @@ def test_parameter_tensors_are_compared_from_snapshots_and_joined_from_shards(tm
     ]
 
     def snapshot(log: EventLog, arrays: list[dict[str, np.ndarray]]) -> None:
+        """Each step's snapshot, its fingerprints recorded in the step log as a run records them
+        (a snapshot whose values do not match them is damage: never compared)."""
         folder = log.path.parent / "snapshots"
         folder.mkdir(parents=True)
         for i, a in enumerate(arrays):
             np.savez(folder / f"step-{i:07d}.npz", **a)
+            log.of(Step)[i].param_fps = [next(fingerprints(a[name], ["float32"])) for name in NAMES]
 
     a = [config(tmp_path, x, LOSSES) for x in ("a1", "a2")]
     for log in a:

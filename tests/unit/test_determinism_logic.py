@@ -30,9 +30,11 @@ from torchrepro.analysis.nondeterminism import (
     uses_inductor,
 )
 from torchrepro.analysis.divergence import Divergence, Tolerance
+from torchrepro.analysis.graph_steps import GraphScope
 from torchrepro.analysis.verdict import ending
 from torchrepro.eventlog.event_reader import EventLog
 from torchrepro.eventlog.events import Compile, End, Event, Header, InitParams, Setting, Step
+from torchrepro.reports.check_report import Determinism, Evidence
 
 ENV = {
     "versions": {"torch": "2.13.0", "python": "3.12.3"},
@@ -82,7 +84,7 @@ def graphs(*ops: int, inductor: bool = False) -> tuple[Compile, ...]:
     )
 
 
-def decided(a: list[EventLog], b: list[EventLog], same_config: bool = True) -> tuple[Divergence, str, dict]:
+def decided(a: list[EventLog], b: list[EventLog], same_config: bool = True) -> tuple[Divergence, str, Evidence]:
     """Compare bit for bit, then decide the first divergence's cause."""
     div, within, _ = compare(a, b, Tolerance())
     assert div is not None and not within
@@ -92,20 +94,26 @@ def decided(a: list[EventLog], b: list[EventLog], same_config: bool = True) -> t
 def section(
     div: Divergence | None,
     cause: str | None,
-    evidence: dict,
+    evidence: Evidence,
     a: list[EventLog],
     b: list[EventLog],
     within: bool = False,
     tol: Tolerance | None = None,
     curve: list | None = None,
-) -> dict[str, Any]:
+) -> Determinism:
     endings = [ending("a", {"exit_code": 0}, a), ending("b", {"exit_code": 0}, b)]
+    decision = (cause, evidence) if cause is not None else None
     return determinism_section(
-        div, within, cause, evidence, ["a", "b"], a, b, curve or [], [], endings, tol or Tolerance(), unreadable_exit=3
+        div, within, decision, ["a", "b"], a, b, curve or [], [], endings, tol or Tolerance(), unreadable_exit=3
     )
 
 
-def finding(det: dict[str, Any], key: str | None) -> Any:
+def unrestricted(step: int) -> GraphScope:
+    """Where it is not known which compiled graphs ran in ``step``: any may explain its loss."""
+    return GraphScope("loss", step, None)
+
+
+def finding(det: Determinism, key: str | None) -> Any:
     (first, *_) = divergence_findings(det, key)
     return first
 
@@ -122,10 +130,10 @@ def test_data_order_the_batch_differs_before_anything_else_is_weighed():
     )  # the RNG, the environment and the graphs differ too
     div, cause, evidence = decided(a, b)
     assert (div.step, div.what, cause) == (2, "batch", "data_order")
-    assert evidence["because"] == "the batches of step 2 differ"
+    assert evidence.because == "the batches of step 2 differ"
     assert hint_key(cause, None, b, evidence) == "data_order"
     det = section(div, cause, evidence, a, b)
-    assert det["verdict"] == "diverged" and det["exit_code"] == 1
+    assert det.verdict == "diverged" and det.exit_code(3) == 1
     f = finding(det, hint_key(cause, None, b, evidence))
     assert f.code == "DIVERGED_DATA_ORDER" and f.hint == CAUSE_HINTS["data_order"] and "at step 2" in f.title
 
@@ -137,9 +145,9 @@ def test_rng_the_state_a_step_started_with_differs():
     )
     div, cause, evidence = decided(a, b)
     assert (div.step, div.what, cause) == (1, "rng", "rng")
-    assert evidence["streams"] == ["generator:loader", "torch_cpu"]
-    assert "step 1" in evidence["because"] and "when its first batch was fetched" in evidence["because"]
-    assert "torch_cpu" in evidence["because"] and "generator:loader" in evidence["because"]
+    assert evidence.facts["streams"] == ["generator:loader", "torch_cpu"]
+    assert "step 1" in evidence.because and "when its first batch was fetched" in evidence.because
+    assert "torch_cpu" in evidence.because and "generator:loader" in evidence.because
     assert hint_key(cause, None, b, evidence) == "rng"
     assert finding(section(div, cause, evidence, a, b), "rng").hint == CAUSE_HINTS["rng"]
 
@@ -151,7 +159,7 @@ def test_rng_read_at_backward_between_configurations_is_a_consequence_not_the_ca
     )
     assert decided(a, b, same_config=True)[1] == "rng"
     div, cause, evidence = decided(a, b, same_config=False)  # inductor drew its seed in the forward pass
-    assert (div.what, cause, evidence) == ("rng", "unknown", {})
+    assert (div.what, cause, evidence) == ("rng", "unknown", Evidence(strength="unexplained"))
 
 
 def test_environment_differences_are_weighed_before_the_graphs():
@@ -159,7 +167,7 @@ def test_environment_differences_are_weighed_before_the_graphs():
     b = logs(changed={1: {"loss": 9.0}}, env=env_with(num_threads=8), events=graphs(12))
     div, cause, evidence = decided(a, b)
     assert (div.what, cause) == ("loss", "environment")
-    assert evidence["differences"] == ["threads.num_threads: 4 vs 8"]
+    assert evidence.facts["differences"] == ["threads.num_threads: 4 vs 8"]
     assert hint_key(cause, None, b, evidence) == "environment"
     assert finding(section(div, cause, evidence, a, b), "environment").hint == CAUSE_HINTS["environment"]
 
@@ -168,15 +176,17 @@ def test_a_configurations_own_switch_is_no_environment_difference():
     fallback = copy.deepcopy(ENV)
     fallback["determinism"] = [{"name": "fallback_random", "value": True}]
     a, b = logs(), logs(changed={1: {"loss": 9.0}}, env=fallback)
-    assert decided(a, b, same_config=True)[2]["differences"] == ["switch fallback_random: False vs True"]
-    assert decided(a, b, same_config=False)[1:] == ("unknown", {})
+    assert decided(a, b, same_config=True)[2].facts["differences"] == ["switch fallback_random: False vs True"]
+    assert decided(a, b, same_config=False)[1:] == ("unknown", Evidence(strength="unexplained"))
 
 
 def test_recompile_the_runs_compiled_different_graphs():
     a, b = logs(events=graphs(10, 4)), logs(changed={3: {"loss": 9.0}}, events=graphs(12, 4))
     div, cause, evidence = decided(a, b)
     assert (div.step, cause) == (3, "recompile")
-    assert evidence["differences"] == ["rank 0: compile #0 differs: forward (10 ops, first) vs forward (12 ops, first)"]
+    assert evidence.facts["differences"] == [
+        "rank 0: compile #0 differs: forward (10 ops, first) vs forward (12 ops, first)"
+    ]
     assert hint_key(cause, None, b, evidence) == "recompile"
     # different configurations are expected to compile differently
     assert decided(a, b, same_config=False)[1] == "unknown"
@@ -185,10 +195,10 @@ def test_recompile_the_runs_compiled_different_graphs():
 def test_unknown_when_only_what_the_step_computed_differs():
     a, b = logs(), logs(changed={2: {"loss": 0.25}})
     div, cause, evidence = decided(a, b)
-    assert (div.step, div.what, cause, evidence) == (2, "loss", "unknown", {})
+    assert (div.step, div.what, cause, evidence) == (2, "loss", "unknown", Evidence(strength="unexplained"))
     assert hint_key(cause, None, b, evidence) == "unknown" and "unknown" in FIXABLE
     det = section(div, cause, evidence, a, b)
-    fd = det["first_divergence"]
+    fd = det.first_divergence.to_json()
     assert (fd["cause"], fd["step"], fd["what"], fd["detail"]["loss_b"]) == ("unknown", 2, "loss", 0.25)
     f = finding(det, "unknown")
     assert f.code == "DIVERGED_UNKNOWN" and f.hint == CAUSE_HINTS["unknown"]
@@ -205,10 +215,10 @@ def test_init_params_before_the_first_step():
     b = logs(changed={0: {"batch_fp": "other"}}, events=(init("w2", "b"),))  # step 0's batch differs too
     div, cause, evidence = decided(a, b)
     assert (div.what, cause) == ("init_params", "init_params")
-    assert evidence["because"] == "the parameters differ before the first forward (1 tensor(s), first fc.weight)"
+    assert evidence.because == "the parameters differ before the first forward (1 tensor(s), first fc.weight)"
     assert hint_key(cause, None, b, evidence) == "init_params"
     det = section(div, cause, evidence, a, b)
-    fd = det["first_divergence"]
+    fd = det.first_divergence.to_json()
     assert (fd["module"], fd["before_step"], fd["detail"]["first_parameter"]) == ("Net", 0, "fc.weight")
     assert finding(det, "init_params").title.startswith("DIVERGED before step 0")
 
@@ -253,7 +263,7 @@ def test_nondeterministic_op_same_inputs_different_outputs_in_replay():
     same = {}
     cause, evidence = cause_from_replays("unknown", ops(), ops(same, same, {"outputs": ["s1"]}), same_config=True)
     assert cause == "nondeterministic_op"
-    assert (evidence["localisation"], evidence["op"], evidence["module"], evidence["source"]) == (
+    assert (evidence.localisation, evidence.op, evidence.module, evidence.source) == (
         "nondeterministic_op",
         "aten.sum.default",
         "head",
@@ -262,7 +272,7 @@ def test_nondeterministic_op_same_inputs_different_outputs_in_replay():
     assert hint_key(cause, None, logs(), evidence) == "nondeterministic_op"
     a, b = logs(), logs(changed={1: {"loss": 9.0}})
     det = section(Divergence(1, 0, "loss"), cause, evidence, a, b)
-    fd = det["first_divergence"]
+    fd = det.first_divergence.to_json()
     assert (fd["op"], fd["module"], fd["source"]) == ("aten.sum.default", "head", "train.py:12")
     f = finding(det, "nondeterministic_op")
     assert f.hint == CAUSE_HINTS["nondeterministic_op"] and "op aten.sum.default" in f.title
@@ -271,9 +281,9 @@ def test_nondeterministic_op_same_inputs_different_outputs_in_replay():
 def test_replays_name_a_random_op_rng_and_an_outside_input_leaves_the_cause():
     same = {}
     cause, evidence = cause_from_replays("unknown", ops(), ops(same, {"outputs": ["d1"]}), same_config=True)
-    assert (cause, evidence["localisation"], evidence["op"]) == ("rng", "rng", "aten.native_dropout.default")
+    assert (cause, evidence.localisation, evidence.op) == ("rng", "rng", "aten.native_dropout.default")
     cause, evidence = cause_from_replays("unknown", ops(), ops({"inputs": ["x1"], "outputs": ["y1"]}), True)
-    assert (cause, evidence["localisation"], evidence["op"]) == (
+    assert (cause, evidence.localisation, evidence.op) == (
         "unknown",
         "input_from_outside_torch",
         "aten.addmm.default",
@@ -285,15 +295,15 @@ def test_replays_name_a_random_op_rng_and_an_outside_input_leaves_the_cause():
 def test_eager_replays_that_agree_put_the_divergence_inside_compiled_code():
     assert cause_from_replays("unknown", ops(), ops(), same_config=True) == (
         "nondeterministic_op",
-        {"localisation": "inside compiled code (the eager replays agree)"},
+        Evidence(localisation="inside compiled code (the eager replays agree)"),
     )
     assert cause_from_replays("unknown", ops(), ops(), same_config=False) == (
         "unknown",
-        {"localisation": "not reproduced in replay"},
+        Evidence(localisation="not reproduced in replay"),
     )
     cause, evidence = cause_from_replays("unknown", ops(), None, True, "the replay ended (exit 0) before step 3")
-    assert cause == "unknown" and evidence["localisation"] == "not_localised"
-    assert evidence["localisation_failed"] == "the replay ended (exit 0) before step 3"
+    assert cause == "unknown" and evidence.localisation == "not_localised"
+    assert evidence.facts["localisation_failed"] == "the replay ended (exit 0) before step 3"
 
 
 KERNEL = {
@@ -309,12 +319,12 @@ KERNEL = {
 
 
 def test_nondeterministic_kernel_an_atomic_add_kernel():
-    cause, evidence = cause_from_kernels({"because": "earlier"}, dict(KERNEL))
-    assert cause == "nondeterministic_op" and evidence["because"] == KERNEL["because"]
+    cause, evidence = cause_from_kernels(Evidence("earlier"), Evidence.from_json(KERNEL))
+    assert cause == "nondeterministic_op" and evidence.because == KERNEL["because"]
     on = logs(events=(Setting(name="deterministic_algorithms", value=True),))
     assert hint_key(cause, None, on, evidence) == "nondeterministic_kernel"  # named kernel before the switch
     det = section(Divergence(0, 0, "grads"), cause, evidence, logs(), logs(changed={0: {"grads_fp": "x"}}))
-    fd = det["first_divergence"]
+    fd = det.first_divergence.to_json()
     assert (fd["compile_id"], fd["graph"], fd["parameter"], fd["kernel"]) == (
         "0/0",
         "backward",
@@ -323,7 +333,7 @@ def test_nondeterministic_kernel_an_atomic_add_kernel():
     )
     assert finding(det, "nondeterministic_kernel").hint == CAUSE_HINTS["nondeterministic_kernel"]
     # the fix ladder ran: its measured fix leads, the kernel's explanation follows
-    det["fixes"] = [
+    det.more["fixes"] = [
         {
             "name": "threads_1",
             "how": "torch.set_num_threads(1)",
@@ -341,7 +351,7 @@ def test_nondeterministic_kernel_an_atomic_add_kernel():
 
 def test_nondeterministic_op_with_deterministic_algorithms_already_on():
     no_atomic = {k: v for k, v in KERNEL.items() if k != "kernel_atomic_add"}
-    cause, evidence = cause_from_kernels({}, no_atomic)
+    cause, evidence = cause_from_kernels(Evidence(), Evidence.from_json(no_atomic))
     on = logs(events=(Setting(name="deterministic_algorithms", value=True),))
     off = logs(events=(Setting(name="deterministic_algorithms", value=False),))
     assert hint_key(cause, None, on, evidence) == "nondeterministic_op_deterministic_on"
@@ -371,10 +381,11 @@ def test_rng_compiled_fallback_random_removes_the_difference():
     dec = decomposition(1e-2, None)
     cause, evidence = cause_from_decomposition(dec, "eager")
     assert cause == "rng"
-    assert evidence == {
-        "because": "with fallback_random=True the compiled run matches eager bit for bit",
-        "remaining_numerics": dec["numerics"],
-    }
+    assert evidence == Evidence(
+        "with fallback_random=True the compiled run matches eager bit for bit",
+        strength="inferred",
+        facts={"remaining_numerics": dec["numerics"]},
+    )
     assert hint_key(cause, "eager", compiled, evidence) == "rng_compiled"
     assert hint_key(cause, None, compiled, evidence) == "rng"
     det = section(div, cause, evidence, eager, compiled)
@@ -384,20 +395,21 @@ def test_rng_compiled_fallback_random_removes_the_difference():
 
 def test_rng_compiled_when_most_of_the_difference_goes_with_fallback_random():
     cause, evidence = cause_from_decomposition(decomposition(1e-4, 1e-6), "eager")  # more than 10x
-    assert cause == "rng" and evidence["because"] == (
+    assert cause == "rng" and evidence.because == (
         "fallback_random=True removes most of the difference; 1e-06 remains (numerics)"
     )
     cause, evidence = cause_from_decomposition(decomposition(1e-6, 1e-2), "fallback-random")  # by construction
-    assert cause == "rng" and "only in inductor's RNG implementation" in evidence["because"]
+    assert cause == "rng" and "only in inductor's RNG implementation" in evidence.because
 
 
 def test_numerics_fallback_random_does_not_remove_the_difference():
     dec = decomposition(5e-6, 1e-6)  # under 10x: rounding
     cause, evidence = cause_from_decomposition(dec, "eager")
-    assert cause == "numerics" and evidence == {
-        "because": "fallback_random=True does not remove the difference: rounding, not RNG",
-        "magnitude": dec["numerics"],
-    }
+    assert cause == "numerics" and evidence == Evidence(
+        "fallback_random=True does not remove the difference: rounding, not RNG",
+        strength="inferred",
+        facts={"magnitude": dec["numerics"]},
+    )
     assert hint_key(cause, "eager", logs(), evidence) == "numerics" and "numerics" in FIXABLE
     assert (
         finding(
@@ -410,9 +422,12 @@ def test_numerics_fallback_random_does_not_remove_the_difference():
 def test_numerics_without_inductor_and_between_stored_runs_of_two_modes():
     assert numerics_without_inductor() == (
         "numerics",
-        {"because": "compiled without inductor RNG: the difference is rounding"},
+        Evidence("compiled without inductor RNG: the difference is rounding", strength="inferred"),
     )
-    assert numerics_of_modes("eager", None) == ("numerics", {"because": "compile modes differ (eager vs None)"})
+    assert numerics_of_modes("eager", None) == (
+        "numerics",
+        Evidence("compile modes differ (eager vs None)", strength="inferred"),
+    )
     assert numerics_of_modes("eager", "eager") is None
 
 
@@ -432,13 +447,13 @@ def test_graph_evidence_names_the_compiled_graph_and_the_random_op_behind_the_ou
             },
         ]
     }
-    evidence = graph_evidence(replay, 3, "rng")  # the random op is blamed when the cause is RNG
-    assert (evidence["compile_id"], evidence["module"], evidence["source"]) == ("1/0", "drop", "train.py:11")
-    assert evidence["op"] == "aten.bernoulli_ (FX node bernoulli, compiled graph 1/0)"
-    assert evidence["output"] == "output 0 (aten.mul, FX node mul_1)" and evidence["random_nodes"]
+    evidence = graph_evidence(replay, unrestricted(3), "rng")  # the random op is blamed when the cause is RNG
+    assert (evidence.compile_id, evidence.module, evidence.source) == ("1/0", "drop", "train.py:11")
+    assert evidence.op == "aten.bernoulli_ (FX node bernoulli, compiled graph 1/0)"
+    assert evidence.output == "output 0 (aten.mul, FX node mul_1)" and evidence.facts["random_nodes"]
     assert (
         "2 compiled graph call(s) of step 3 match"
-        in graph_evidence({"graphs": replay["graphs"][:1] * 2}, 3)["localisation"]
+        in graph_evidence({"graphs": replay["graphs"][:1] * 2}, unrestricted(3)).localisation
     )
 
 
@@ -454,19 +469,22 @@ def test_graph_evidence_names_where_a_forward_first_departs_from_eager_when_the_
     }
     forward = {"graph": "forward", "compile_id": "0/0", "eager_differing": [0, 21], "eager_explained": named}
     other = {**forward, "compile_id": "1/0"}
-    evidence = graph_evidence(replay, 0, "numerics", probes=[other, forward])
-    assert evidence["op"] == "aten.var_mean.correction (FX node getitem_1, compiled graph 0/0, forward)"
-    assert (evidence["module"], evidence["source"]) == ("h.0.ln_1 (LayerNorm)", "train.py:25")
-    assert evidence["output"] == "output 0 (linear, FX node logits)"  # the graph's output, still said
-    assert evidence["first_differing"] == named["output"] and evidence["kernel"] == named["kernel"]
+    evidence = graph_evidence(replay, unrestricted(0), "numerics", probes=[other, forward])
+    assert evidence.op == "aten.var_mean.correction (FX node getitem_1, compiled graph 0/0, forward)"
+    assert (evidence.module, evidence.source) == ("h.0.ln_1 (LayerNorm)", "train.py:25")
+    assert evidence.output == "output 0 (linear, FX node logits)"  # the graph's output, still said
+    assert evidence.facts["first_differing"] == named["output"] and evidence.kernel == named["kernel"]
     # no probe of that forward, one that matched eager, or a random op behind an RNG cause: the output's node
     for probes in ([other], [{**forward, "eager_differing": []}]):
         assert (
-            graph_evidence(replay, 0, "numerics", probes=probes)["op"] == "linear (FX node logits, compiled graph 0/0)"
+            graph_evidence(replay, unrestricted(0), "numerics", probes=probes).op
+            == "linear (FX node logits, compiled graph 0/0)"
         )
     random = [{"target": "aten.bernoulli_", "node": "bernoulli", "module": "drop", "source": "train.py:11"}]
-    rng = graph_evidence({"graphs": [{**replay["graphs"][0], "depends_on_random": random}]}, 0, "rng", probes=[forward])
-    assert rng["op"] == "aten.bernoulli_ (FX node bernoulli, compiled graph 0/0)" and "first_differing" not in rng
+    rng = graph_evidence(
+        {"graphs": [{**replay["graphs"][0], "depends_on_random": random}]}, unrestricted(0), "rng", probes=[forward]
+    )
+    assert rng.op == "aten.bernoulli_ (FX node bernoulli, compiled graph 0/0)" and "first_differing" not in rng.facts
 
 
 def test_against_eager_a_compiled_run_that_races_is_named_by_the_graph_its_probe_found():
@@ -483,7 +501,7 @@ def test_against_eager_a_compiled_run_that_races_is_named_by_the_graph_its_probe
     )
     assert decided[0] == "nondeterministic_op"
     replay = {"graphs": [{"compile_id": "0/0", "first_differing_output": 0, "target": "linear", "node": "logits"}]}
-    evidence = {**decided[1], **graph_evidence(replay, 0, "nondeterministic_op")}
+    evidence = decided[1].but(graph_evidence(replay, unrestricted(0), "nondeterministic_op"))
     probe = {
         "run": "compiled",
         "rank": 0,
@@ -507,20 +525,18 @@ def test_against_eager_a_compiled_run_that_races_is_named_by_the_graph_its_probe
     race = probe_divergence([probe])
     assert race is not None
     named = name_the_race(evidence, race[2])
-    assert (named["compile_id"], named["graph"], named["parameter"]) == ("0/1", "backward", "transformer.wte.weight")
-    assert (named["op"], named["source"], named["named_by"]) == (
+    assert (named.compile_id, named.graph, named.parameter) == ("0/1", "backward", "transformer.wte.weight")
+    assert (named.op, named.source, named.named_by) == (
         "aten.embedding_dense_backward.default",
         "model.py:177",
         "graph_probe",
     )
-    assert (
-        named["kernel_atomic_add"] and hint_key("nondeterministic_op", "eager", [], named) == "nondeterministic_kernel"
-    )
-    assert named["because"].startswith("the compiled run is not reproducible run to run")
-    assert "compiled graph 0/1 (backward) of compiled: gradient of transformer.wte.weight differs" in named["because"]
-    assert named["run_to_run"]["final_max_abs"] == 1e-11  # the decomposition's evidence stays
-    assert named["against_eager"]["op"] == "linear (FX node logits, compiled graph 0/0)"
-    assert named["against_eager"]["localisation"] == "compiled_graph" and "localisation" not in named
+    assert named.kernel_atomic_add and hint_key("nondeterministic_op", "eager", [], named) == "nondeterministic_kernel"
+    assert named.because.startswith("the compiled run is not reproducible run to run")
+    assert "compiled graph 0/1 (backward) of compiled: gradient of transformer.wte.weight differs" in named.because
+    assert named.facts["run_to_run"]["final_max_abs"] == 1e-11  # the decomposition's evidence stays
+    assert named.facts["against_eager"]["op"] == "linear (FX node logits, compiled graph 0/0)"
+    assert named.facts["against_eager"]["localisation"] == "compiled_graph" and named.localisation is None
 
 
 # --- tolerance and agreement ------------------------------------------------------------------
@@ -532,10 +548,10 @@ def test_within_tolerance_when_losses_and_parameters_are_close():
     tol = Tolerance(atol=1e-6)
     div, within, notes = compare(a, b, tol, params_within=lambda: True)
     assert (div, within, notes) == (None, True, [])
-    det = section(div, None, {}, a, b, within=True, tol=tol, curve=[{"step": 3, "max_abs": 2e-7}])
-    assert (det["verdict"], det["exit_code"], det["first_divergence"]) == ("within_tolerance", 0, None)
-    assert det["largest_difference"]["params_max_abs"] == 2e-7
-    assert det["largest_difference"]["loss_max_abs"] == pytest.approx(1e-9, rel=1e-3)
+    det = section(div, None, Evidence(), a, b, within=True, tol=tol, curve=[{"step": 3, "max_abs": 2e-7}])
+    assert (det.verdict, det.exit_code(3), det.first_divergence) == ("within_tolerance", 0, None)
+    assert det.more["largest_difference"]["params_max_abs"] == 2e-7
+    assert det.more["largest_difference"]["loss_max_abs"] == pytest.approx(1e-9, rel=1e-3)
     assert divergence_findings(det, None) == []
     # the final parameters beyond the tolerance: the first (exact) divergence stands
     div, within, _ = compare(a, b, tol, params_within=lambda: False)
@@ -554,8 +570,8 @@ def test_runs_that_agree_bit_for_bit():
     a, b = logs(), logs()
     div, within, notes = compare(a, b, Tolerance(atol=1e-3), params_within=lambda: False)  # never consulted
     assert (div, within, notes) == (None, False, [])
-    det = section(None, None, {}, a, b)
-    assert (det["verdict"], det["exit_code"], det["steps_compared"], det["first_divergence"]) == (
+    det = section(None, None, Evidence(), a, b)
+    assert (det.verdict, det.exit_code(3), det.steps_compared, det.first_divergence) == (
         "bit_exact",
         0,
         4,
@@ -566,9 +582,9 @@ def test_runs_that_agree_bit_for_bit():
 
 def test_agreeing_runs_of_different_environments_say_so():
     a, b = logs(), logs(env=env_with(num_threads=8))
-    det = section(None, None, {}, a, b)
-    assert det["verdict"] == "bit_exact" and det["environment_differences"] == ["threads.num_threads: 4 vs 8"]
-    assert det["notes"] == ["the environments differ (threads.num_threads: 4 vs 8), yet the compared steps agree"]
+    det = section(None, None, Evidence(), a, b)
+    assert det.verdict == "bit_exact" and det.environment_differences == ["threads.num_threads: 4 vs 8"]
+    assert det.notes == ["the environments differ (threads.num_threads: 4 vs 8), yet the compared steps agree"]
 
 
 def test_every_cause_has_a_hint():

@@ -20,7 +20,8 @@ from torchrepro.cli import main
 from torchrepro.commands.doctor.job import analyse_run_dir
 from torchrepro.eventlog.event_writer import write_all
 from torchrepro.eventlog.events import CacheLookup, Compile, End, Header
-from torchrepro.render.html import fmt_value, line_chart, render_html, write_html
+from torchrepro.render.html import fmt_value, render_html, write_html
+from torchrepro.render.svg import line_chart
 from torchrepro.reports.findings import Verdict
 from torchrepro.reports.loader import load_report
 from torchrepro.eventlog.rundir import HTML_FILE, RUN_FILE, write_json

@@ -4,6 +4,7 @@ may then be claimed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,22 +89,20 @@ def test_judge():
 
 
 def test_verdict_lines_say_only_what_was_shown():
-    base = {
-        "runs": ["a", "b"],
-        "steps_compared": 4,
-        "rtol": 0.0,
-        "atol": 1e-3,
-        "first_divergence": None,
-        "endings": [Ending("a").to_json(), Ending("b", ["rank 0: no end record"]).to_json()],
-    }
-    assert verdict_line(base | {"verdict": "incomplete"}).startswith("INCOMPLETE")
-    assert "b: rank 0: no end record" in verdict_line(base | {"verdict": "incomplete"})
-    within = verdict_line(
-        base | {"verdict": "within_tolerance", "largest_difference": {"params_max_abs": 2e-7, "loss_max_abs": None}}
-    )
+    from torchrepro.reports.check_report import Determinism, FirstDivergence, RunEnding
+    from torchrepro.reports.findings import Verdict
+
+    endings = [RunEnding("a", True), RunEnding("b", False, ["rank 0: no end record"])]
+
+    def line(verdict: str, **changes: Any) -> str:
+        return verdict_line(Determinism(Verdict(verdict), ["a", "b"], 4, endings, atol=1e-3, **changes))
+
+    assert line("incomplete").startswith("INCOMPLETE")
+    assert "b: rank 0: no end record" in line("incomplete")
+    within = line("within_tolerance", more={"largest_difference": {"params_max_abs": 2e-7, "loss_max_abs": None}})
     assert within.startswith("WITHIN TOLERANCE") and "2e-07" in within and "not bit for bit" in within
-    fd = {"step": 0, "rank": 0, "what": "init_params", "cause": "init_params"}
-    assert verdict_line(base | {"verdict": "diverged", "first_divergence": fd}).startswith("DIVERGED before step 0")
+    fd = FirstDivergence(0, 0, "init_params", "init_params")
+    assert line("diverged", first_divergence=fd).startswith("DIVERGED before step 0")
 
 
 def test_hint_never_repeats_a_fix_already_in_force():

@@ -8,7 +8,7 @@ from dataclasses import replace
 import linecache
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..eventlog.event_reader import EventLog
 from ..eventlog.events import CacheLookup, Capability, Compile, Counters, GraphBreak, Step
@@ -152,21 +152,48 @@ def _where(file: str | None, line: int | None) -> str | None:
     return f"{file}:{line}" if file else None
 
 
-_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")  # Dynamo's name for the code after a break
 _TORCH_INTERNAL = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]")
 
 
-def display_function(c: Compile) -> str:
-    """A name a user recognises: the resume piece after a graph break is its parent function;
-    a compiled module entered through torch internals (``inner``, or a torch module's forward
-    such as ``Sequential.forward`` as capture names it) is named by its call site."""
+def display_function(c: Compile, among: Iterable[Compile] = ()) -> str:
+    """A name a user recognises. The code Dynamo resumes after a graph break
+    (``torch_dynamo_resume_in_forward_at_72``, a resume of a resume nested in the name) is its
+    function and the break it follows: ``Classifier.forward (resumed after the break at
+    train.py:72)``, the function named as its own compile is in ``among`` (the rank's compiles: the
+    one of that name in the same file that starts last before the break), else by its bare name. A
+    compiled module entered through torch internals (``inner``, or a torch module's forward such
+    as ``Sequential.forward`` as capture names it) is named by its call site.
+
+    >>> display_function(Compile(function="torch_dynamo_resume_in_f_at_9", file="t.py", line=9))
+    'f (resumed after the break at t.py:9)'
+    """
     name = c.function or "?"
-    m = _RESUME.match(name)
-    if m:
-        return m.group(1)
+    if m := _RESUME.match(name):
+        function, line = m.group(1), int(m.group(2))
+        while inner := _RESUME.match(function):  # the break of the outer name is the one this code follows
+            function = inner.group(1)
+        where = _where(c.file, line) or f"line {line}"
+        return f"{_resumed_function(function, c.file, line, among)} (resumed after the break at {where})"
     if c.file and _TORCH_INTERNAL.search(c.file) and c.call_site:
         return f"{name} called at {c.call_site}" if name.endswith(".forward") else f"compiled call at {c.call_site}"
     return name
+
+
+def _resumed_function(function: str, file: str | None, line: int, among: Iterable[Compile]) -> str:
+    """The name ``function``'s own compile has (``forward`` -> ``Classifier.forward``): the compile
+    of that code name in ``file`` that starts last at or before ``line``; ``function`` itself if none."""
+    frames = [
+        (c.line, c.function)
+        for c in among
+        if c.function
+        and c.file == file
+        and c.line is not None
+        and c.line <= line
+        and c.function.rsplit(".", 1)[-1] == function
+        and not _RESUME.match(c.function)
+    ]
+    return max(frames)[1] if frames else function
 
 
 # Dynamo logs a break again, with one of these prefixes, when it cannot resume after it: it restarts
@@ -234,6 +261,10 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
     lookups: list[CacheLookup] = [e for log in logs for e in log.of(CacheLookup)]
     done = completed(compiles)
     recompiles = [c for c in done if c.is_recompile]
+    of_rank = {log.rank: log.of(Compile) for log in logs}
+
+    def function(c: Compile) -> str:
+        return display_function(c, of_rank.get(c.rank, ()))
 
     recompile_events: list[RecompileEvent] = []
     for c in recompiles:
@@ -241,7 +272,7 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
         event: RecompileEvent = {
             "rank": c.rank,
             "compile_id": c.compile_id,
-            "function": display_function(c),
+            "function": function(c),
             "code": c.function,
             "file": c.file,
             "line": c.line,
@@ -294,7 +325,7 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
             {
                 "rank": c.rank,
                 "compile_id": c.compile_id,
-                "function": display_function(c),
+                "function": function(c),
                 "file": c.file,
                 "line": c.line,
                 "step": c.step,
@@ -312,8 +343,8 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
     if relogged:
         section["graph_breaks_relogged"] = relogged
     findings = (
-        _recompile_findings(recompiles)
-        + _limit_findings(compiles)
+        _recompile_findings(recompiles, function)
+        + _limit_findings(compiles, function)
         + _break_findings(grouped.values())
         + _failure_findings(compiles)
         + _no_graph_findings(logs, section)
@@ -398,11 +429,11 @@ def for_evaluation(category: str | None, reason: str) -> bool:
     return category == "grad_mode" or (category == "module_attribute" and ".training" in reason)
 
 
-def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
+def _recompile_findings(recompiles: list[Compile], function_of: Callable[[Compile], str]) -> list[Finding]:
     groups: dict[tuple[str, str | None, bool], list[Compile]] = defaultdict(list)
     for c in recompiles:
         category = category_of(c)
-        groups[(display_function(c), category, for_evaluation(category, c.recompile_reasons[0]))].append(c)
+        groups[(function_of(c), category, for_evaluation(category, c.recompile_reasons[0]))].append(c)
     findings = []
     for (function, category, evaluation), items in groups.items():
         file, line = items[0].file, items[0].line
@@ -414,7 +445,7 @@ def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
             Finding(
                 code=f"RECOMPILE_{(category or 'other').upper()}",
                 severity="info" if expected else "warning",
-                title=f"{function} recompiled {len(items)}x ({category}"
+                title=f"{function} recompiled {len(items)}x ({category or 'other'}"
                 + (f", expected: {EXPECTED_PAIR[category or '']}" if expected else "")
                 + f"): {guard_text(reasons[0])}",
                 hint=hint,
@@ -433,14 +464,14 @@ def _recompile_findings(recompiles: list[Compile]) -> list[Finding]:
     return findings
 
 
-def _limit_findings(compiles: list[Compile]) -> list[Finding]:
+def _limit_findings(compiles: list[Compile], function_of: Callable[[Compile], str]) -> list[Finding]:
     """An error per recompile-limit hit: ``recompile_limit`` (torch 2.7 on) or ``cache_size_limit`` (2.6),
     each named with the switch of its own torch that makes the hit fail loudly."""
     return [
         Finding(
             code="RECOMPILE_LIMIT_HIT",
             severity="error",
-            title=f"{display_function(c)} hit torch._dynamo.config.{c.limit_hit}: new inputs now run EAGER, silently",
+            title=f"{function_of(c)} hit torch._dynamo.config.{c.limit_hit}: new inputs now run EAGER, silently",
             hint="Fix the recompile cause below; raising the limit only delays it. Use "
             f"torch._dynamo.config.{_fail_on_limit(c.limit_hit)} = True to fail loudly.",
             evidence={
@@ -492,7 +523,8 @@ def _failure_findings(compiles: list[Compile]) -> list[Finding]:
         Finding(
             code="COMPILE_FAILED",
             severity="warning",
-            title=f"compiling {c.function or c.compile_id} failed ({c.fail_type}): {c.fail_reason}",
+            title=f"compiling {c.function or c.compile_id} failed ({c.fail_type})"
+            + (f": {c.fail_reason}" if c.fail_reason else ""),
             hint="This frame runs eagerly. TORCH_LOGS=dynamo shows the full error.",
             evidence={"rank": c.rank, "compile_id": c.compile_id, "step": c.step, "location": _where(c.file, c.line)},
         )

@@ -402,16 +402,21 @@ class Sketch:
         return {name: i for i, name in enumerate(self.names)}
 
 
-def load_sketch(path: Path) -> Sketch:
-    """A sketch file (``sketch-<n>.npz``); :class:`InputError` for one that cannot be read."""
+def load_sketch(path: Path, log: EventLog) -> Sketch:
+    """A sketch file (``sketch-<n>.npz``, :func:`~torchrepro.eventlog.snapshot_files.read_npz`), its
+    fingerprints checked against those ``log`` recorded for step ``n`` and the values of each tensor
+    it keeps whole against its own fingerprint: :class:`InputError` for one that cannot be read or
+    does not match (damaged or replaced: never evidence)."""
     import numpy as np
 
-    data = _read_npz(path, "sketch")
+    from ..eventlog.snapshot_files import candidate_dtypes, matches, read_npz
+
+    data = read_npz(path, "sketch")
     try:
         dims = [int(d) for d in data["dims"]]
         bounds = np.cumsum([0, *dims])
         values = data["sketch"]
-        return Sketch(
+        sketch = Sketch(
             str(data["scheme"]),
             [str(n) for n in data["names"]],
             [str(f) for f in data["fps"]],
@@ -423,31 +428,95 @@ def load_sketch(path: Path) -> Sketch:
         )
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise InputError(f"{path}: unreadable sketch ({exc})") from None
+    sizes = {len(sketch.names), len(sketch.fps), len(sketch.numel), len(sketch.l2), len(sketch.max_abs), len(dims)}
+    if len(sizes) != 1 or bounds[-1] != len(values):
+        raise InputError(f"{path}: unreadable sketch (its arrays disagree in length)")
+    step = _step_of(path)
+    recorded = recorded_fingerprints(log, step)
+    params = _params_in_force(log, step)
+    plain = (
+        {  # the tensors whose shape (so whose fingerprint) the log knows: not a DTensor's shard, not complex
+            n: (shape, dtype)
+            for n, shape, dtype, kind in zip(params.names, params.shapes, params.dtypes, params.kinds)
+            if kind == "tensor" and not dtype.startswith("complex")
+        }
+        if params is not None
+        else {}
+    )
+    for i, name in enumerate(sketch.names):
+        fp, dtype = recorded.get(name, (None, None))
+        if fp is not None and not (dtype or "").startswith("complex") and fp != sketch.fps[i]:
+            raise InputError(f"{path}: {_not_recorded(name, step)}")
+        shape, dtype = plain.get(name, (None, None))
+        if shape is not None and dims[i] == sketch.numel[i] == math.prod(shape):
+            whole = sketch.parts[i].reshape(shape)
+            if not matches(whole, [sketch.fps[i]], candidate_dtypes(whole, dtype)):
+                raise InputError(
+                    f"{path}: the values of {name!r} do not match its own fingerprint: damaged or replaced"
+                )
+    return sketch
 
 
-def load_snapshot(path: Path) -> dict[str, np.ndarray]:
-    """A parameter snapshot (``step-<n>.npz``, written uncompressed by ``np.savez``); :class:`InputError`
-    for one that cannot be read."""
-    return _read_npz(path, "parameter snapshot")
+def _step_of(path: Path) -> int:
+    return int(path.stem.split("-", 1)[1])
 
 
-def _read_npz(path: Path, what: str) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` torchrepro wrote (uncompressed, no pickles); :class:`InputError` for
-    one that cannot be read, or that declares more bytes than its file holds (a compressed archive
-    that would expand in memory is not one torchrepro wrote)."""
-    import zipfile
+def _not_recorded(name: str, step: int) -> str:
+    return (
+        f"{name!r} does not match the fingerprint the run recorded for step {step}: the snapshot is damaged or "
+        "was replaced, and is not compared"
+    )
 
-    import numpy as np
 
-    try:
-        with zipfile.ZipFile(path) as archive:
-            declared = sum(member.file_size for member in archive.infolist())
-        if declared > path.stat().st_size:
-            raise InputError(f"{path}: declares {declared} bytes in a file of {path.stat().st_size}: not a {what}")
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{path}: unreadable {what} ({exc})") from None
+def _params_in_force(log: EventLog, step: int) -> Params | None:
+    """The ``Params`` event that names the parameters of step ``step`` (None: the log has none)."""
+    named = [p for p in log.of(Params) if p.step is None or p.step <= step] or log.of(Params)[:1]
+    return named[-1] if named else None
+
+
+def recorded_fingerprints(log: EventLog, step: int) -> dict[str, tuple[str, str | None]]:
+    """Each parameter's fingerprint (16 hex digits) and dtype as ``log`` recorded them for step
+    ``step`` (``Step.param_fps``, named by the ``Params`` in force); empty where that step's were not
+    fingerprinted (the automatic interval)."""
+    params = _params_in_force(log, step)
+    record = next((s for s in log.of(Step) if s.index == step), None)
+    if params is None or record is None or not record.param_fps or len(record.param_fps) != len(params.names):
+        return {}
+    dtypes: list[str | None] = (
+        list(params.dtypes) if len(params.dtypes) == len(params.names) else [None] * len(params.names)
+    )
+    return {n: (fp, d) for n, fp, d in zip(params.names, record.param_fps, dtypes)}
+
+
+def load_snapshot(path: Path, log: EventLog) -> dict[str, np.ndarray] | None:
+    """A parameter snapshot (``step-<n>.npz``, written uncompressed by ``np.savez``), every tensor
+    checked against the fingerprints the run recorded for step ``n``: in ``log`` and in the sketch
+    of that step beside it (:func:`load_sketch`). :class:`InputError` for one that cannot be read or
+    does not match them, or holds other tensors (damaged or replaced: never evidence); None where the
+    run recorded no fingerprint to check it against (it is not compared)."""
+    from ..eventlog.snapshot_files import candidate_dtypes, matches, read_npz
+
+    step = _step_of(path)
+    arrays = read_npz(path, "parameter snapshot")
+    recorded = {name: ([fp], dtype) for name, (fp, dtype) in recorded_fingerprints(log, step).items()}
+    sketch_file = path.with_name(f"sketch-{path.name.split('-', 1)[1]}")
+    if sketch_file.exists():
+        sketch = load_sketch(sketch_file, log)
+        for name, fp in zip(sketch.names, sketch.fps):
+            fps, dtype = recorded.get(name, ([], None))
+            recorded[name] = ([*fps, fp], dtype)
+    if not recorded:
+        return None
+    if set(arrays) != set(recorded):
+        raise InputError(
+            f"{path}: holds other tensors ({len(arrays)}) than the run recorded for step {step} ({len(recorded)}): "
+            "the snapshot is damaged or was replaced, and is not compared"
+        )
+    for name, array in arrays.items():
+        fps, dtype = recorded[name]
+        if not matches(array, fps, candidate_dtypes(array, dtype)):
+            raise InputError(f"{path}: {_not_recorded(name, step)}")
+    return arrays
 
 
 def snapshot_steps(folder: Path, kind: str = "step") -> dict[int, Path]:
@@ -540,7 +609,8 @@ def sketch_difference(a: Sketch, b: Sketch) -> ParamDifference:
 
 def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog) -> list[CurvePoint]:
     """Per snapshot step both runs recorded: the parameter difference (exact where both kept the
-    step in full, else from their sketches) and the loss difference."""
+    step in full, else from their sketches) and the loss difference. A full snapshot with no
+    recorded fingerprint to check it against is not compared (the sketches are, where kept)."""
     full_a, full_b = snapshot_steps(dir_a), snapshot_steps(dir_b)
     sketch_a, sketch_b = snapshot_steps(dir_a, "sketch"), snapshot_steps(dir_b, "sketch")
     full, sketched = full_a.keys() & full_b.keys(), sketch_a.keys() & sketch_b.keys()
@@ -548,20 +618,32 @@ def divergence_curve(dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog)
     loss_b = {s.index: s.loss for s in log_b.of(Step)}
     curve: list[CurvePoint] = []
     for step in sorted(full | sketched):
-        diff = (
-            param_difference(load_snapshot(full_a[step]), load_snapshot(full_b[step]))
-            if step in full
-            else sketch_difference(load_sketch(sketch_a[step]), load_sketch(sketch_b[step]))
-        )
+        pair = _full_pair(full_a, full_b, log_a, log_b, step)
+        if pair is not None:
+            diff = param_difference(*pair)
+        elif step in sketched:
+            diff = sketch_difference(load_sketch(sketch_a[step], log_a), load_sketch(sketch_b[step], log_b))
+        else:
+            continue
         la, lb = loss_a.get(step), loss_b.get(step)
         curve.append({"step": step, **diff, "loss_diff": abs(la - lb) if la is not None and lb is not None else None})
     return curve
 
 
-def final_within(curve: list[CurvePoint], tol: Tolerance, dir_a: Path, dir_b: Path) -> bool:
+def _full_pair(
+    full_a: dict[int, Path], full_b: dict[int, Path], log_a: EventLog, log_b: EventLog, step: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+    """Both runs' full parameters at ``step``, each checked (:func:`load_snapshot`); None unless both are."""
+    if step not in full_a or step not in full_b:
+        return None
+    a, b = load_snapshot(full_a[step], log_a), load_snapshot(full_b[step], log_b)
+    return (a, b) if a is not None and b is not None else None
+
+
+def final_within(tol: Tolerance, dir_a: Path, dir_b: Path, log_a: EventLog, log_b: EventLog) -> bool:
     """Whether the last snapshot step both runs recorded is elementwise within tolerance: in
     full, or from sketches where every tensor that differs was kept whole (a sketched tensor that
-    differs cannot be held to it elementwise: not within)."""
+    differs cannot be held to it elementwise, nor can a snapshot that cannot be checked: not within)."""
     import numpy as np
 
     full_a, full_b = snapshot_steps(dir_a), snapshot_steps(dir_b)
@@ -569,10 +651,12 @@ def final_within(curve: list[CurvePoint], tol: Tolerance, dir_a: Path, dir_b: Pa
     common = sorted((full_a.keys() & full_b.keys()) | (sketch_a.keys() & sketch_b.keys()))
     if not common:
         return False
-    if common[-1] in full_a and common[-1] in full_b:
-        a, b = load_snapshot(full_a[common[-1]]), load_snapshot(full_b[common[-1]])
-    else:
-        sa, sb = load_sketch(sketch_a[common[-1]]), load_sketch(sketch_b[common[-1]])
+    last = common[-1]
+    pair = _full_pair(full_a, full_b, log_a, log_b, last)
+    if pair is not None:
+        a, b = pair
+    elif last in sketch_a and last in sketch_b:
+        sa, sb = load_sketch(sketch_a[last], log_a), load_sketch(sketch_b[last], log_b)
         tensors_b = sb.tensors()
         a, b = {}, {}
         for i, name in enumerate(sa.names):
@@ -584,6 +668,8 @@ def final_within(curve: list[CurvePoint], tol: Tolerance, dir_a: Path, dir_b: Pa
             a[name], b[name] = sa.parts[i], sb.parts[j]
         if sa.names != sb.names:
             return False
+    else:
+        return False
     return (
         all(
             a[k].shape == b[k].shape and np.allclose(a[k], b[k], rtol=tol.rtol, atol=tol.atol, equal_nan=True)

@@ -42,9 +42,13 @@ class Budgets:
     strict: bool = False  # capture that degraded (CAPTURE_DEGRADED) fails the run too
 
 
+LOSS_CURVES = 8  # ranks whose loss curve the report keeps (the first that recorded a loss)
+
+
 def steps_summary(kept: dict[int, KeptSteps]) -> StepsSummary:
     """Per rank: step count, first/last loss, median step time (that of the steps that did not
-    compile; else of all), steps that compiled."""
+    compile; else of all), steps that compiled; the loss curves of the first :data:`LOSS_CURVES`
+    ranks that recorded a loss."""
     per_rank = {
         str(rank): RankSteps(
             steps=k.count,
@@ -57,7 +61,10 @@ def steps_summary(kept: dict[int, KeptSteps]) -> StepsSummary:
         )
         for rank, k in kept.items()
     }
-    return StepsSummary(max((r.steps for r in per_rank.values()), default=0), per_rank)
+    curves = [(rank, k.losses) for rank, k in sorted(kept.items()) if k.losses][:LOSS_CURVES]
+    return StepsSummary(
+        max((r.steps for r in per_rank.values()), default=0), per_rank, {str(rank): c for rank, c in curves}
+    )
 
 
 def run_summary(meta: JsonObject, logs: list[EventLog], problems: list[str], kept: dict[int, KeptSteps]) -> JsonObject:
@@ -147,6 +154,17 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 evidence={**meta["interrupted"], "last_steps": {r: i["last_step"] for r, i in run["ranks"].items()}},
             )
         )
+    if isinstance(meta.get("warm_start_skipped"), str):
+        findings.append(
+            Finding(
+                "WARM_START_SKIPPED",
+                "warning",
+                f"--warm-from skipped, compiled cold: {meta['warm_start_skipped']}",
+                hint="A compile cache is code: sign the pack (torchrepro cache pack --sign KEY) and list KEY.pub in "
+                "TORCHREPRO_TRUSTED_KEYS, or pass --allow-unsigned for a pack you made yourself.",
+                evidence={"why": meta["warm_start_skipped"]},
+            )
+        )
     if run["problems"]:
         skipped = sum(log.bad_lines for log in logs)
         findings.append(
@@ -184,15 +202,16 @@ def probe_findings(logs: list[EventLog]) -> list[Finding]:
     if found is None:
         return []
     _, _, evidence = found
-    where = ", ".join(f"{k} {evidence[k]}" for k in ("parameter", "op", "kernel", "source") if evidence.get(k))
-    hint = CAUSE_HINTS["nondeterministic_kernel" if evidence.get("kernel_atomic_add") else "nondeterministic_op"]
+    said = evidence.to_json()
+    where = ", ".join(f"{k} {said[k]}" for k in ("parameter", "op", "kernel", "source") if said.get(k))
+    hint = CAUSE_HINTS["nondeterministic_kernel" if evidence.kernel_atomic_add else "nondeterministic_op"]
     return [
         Finding(
             "NONDETERMINISTIC_COMPILED_GRAPH",
             "error",
-            evidence["because"] + (f": {where}" if where else ""),
+            (evidence.because or "") + (f": {where}" if where else ""),
             hint=hint + " torchrepro repro RUN_DIR writes a standalone script that shows it.",
-            evidence={**evidence, "graphs_probed": len(probes)},
+            evidence={**said, "graphs_probed": len(probes)},
         )
     ]
 

@@ -145,7 +145,11 @@ def full_params(cfg: Config, step: int) -> dict[str, np.ndarray] | None:
     sharded = {_sharded(log) for log in cfg.logs}
     if len(sharded) != 1 or None in sharded:
         return None
-    parts = [load_snapshot(f) for f in (files if True in sharded else files[:1])]
+    logs = sorted(cfg.logs, key=lambda x: x.rank)
+    checked = [load_snapshot(f, log) for f, log in list(zip(files, logs))[: None if True in sharded else 1]]
+    parts = [p for p in checked if p is not None]
+    if len(parts) < len(checked):  # a snapshot with no recorded fingerprint to check it against
+        return None
     names = parts[0].keys()
     if any(p.keys() != names for p in parts):
         return None

@@ -112,7 +112,7 @@ def golden_verdict(
         return Verdict.DIVERGED, diverged
     if band["verdict"] == "equivalent":
         fd = det.first_divergence
-        where = f" from step {fd['step']} (rank {fd['rank']}, {fd['what']})" if fd else ""
+        where = f" from step {fd.step} (rank {fd.rank}, {fd.what})" if fd else ""
         return Verdict.WITHIN_BAND, (
             f"WITHIN BAND of golden {golden}: not bit for bit{where}, within its run-to-run band over {band['reason']}"
         )

@@ -8,6 +8,7 @@ this instead of the events. Nothing here imports torch.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from array import array
@@ -40,6 +41,7 @@ class KeptSteps:
     fingerprinted: int  # steps with a parameter fingerprint
     first_t: float | None  # the earliest step's time stamp
     series: list[list[float]]  # [index, host time, compiles] of the steps with a host time, thinned to MAX_POINTS
+    losses: list[list[float]]  # [index, loss] of the steps with a loss, thinned to MAX_POINTS (see _loss_series)
     indices: Sequence[int]  # a range where they count up by one
     torch_streams: Sequence[object]  # see _Digests
     batch_fps: Sequence[object]  # see _Digests
@@ -108,6 +110,7 @@ class StepReducer:
             fingerprinted=len(index) - unfingerprinted,
             first_t=first_t,
             series=_series(index, time_s, compiles),
+            losses=_loss_series(index, loss),
             indices=_indices(index),
             torch_streams=streams.column(),
             batch_fps=batch_fps.column(),
@@ -126,6 +129,19 @@ def _series(index: Sequence[int], time_s: Sequence[float | None], compiles: Sequ
         keep.update(compress(range(len(timed)), [compiles[at] for at in timed]))
         timed = [timed[i] for i in sorted(keep)]
     return [[index[at], round(time_s[at] or 0.0, 6), compiles[at]] for at in timed]  # timed: time_s is set
+
+
+def _loss_series(index: Sequence[int], loss: Sequence[float | None]) -> list[list[float]]:
+    """``[index, loss]`` of the steps with a loss: at most :data:`MAX_POINTS` evenly spread, the
+    last step, and the first step whose loss is not finite (NaN or infinite: where a loss curve
+    ends in a chart, and why)."""
+    with_loss = [at for at, x in enumerate(loss) if x is not None]
+    if len(with_loss) > MAX_POINTS:
+        stride = len(with_loss) / MAX_POINTS
+        keep = {int(i * stride) for i in range(MAX_POINTS)} | {len(with_loss) - 1}
+        keep.update(islice((i for i, at in enumerate(with_loss) if not math.isfinite(loss[at] or 0.0)), 1))
+        with_loss = [with_loss[i] for i in sorted(keep)]
+    return [[index[at], loss[at] or 0.0] for at in with_loss]  # with_loss: the loss is set
 
 
 def _indices(indices: Sequence[int]) -> Sequence[int]:

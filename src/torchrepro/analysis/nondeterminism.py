@@ -9,17 +9,20 @@ evidence cannot decide (``unknown``) is decided by what runs beyond the two show
 and ``fallback_random`` runs side by side (``--against``), repeated compiled graphs, op-level replays.
 
 >>> from torchrepro.analysis.divergence import Divergence
->>> decide(Divergence(3, 0, "batch"), [], [])
-('data_order', {'because': 'the batches of step 3 differ'})
+>>> cause, evidence = decide(Divergence(3, 0, "batch"), [], [])
+>>> cause, evidence.because, evidence.strength
+('data_order', 'the batches of step 3 differ', 'shown')
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 from ..eventlog.event_reader import EventLog
 from ..eventlog.events import Capability, Compile, GraphProbe, Step
+from .graph_steps import GraphScope
 from .divergence import (
     SKETCH_CONFIDENCE,
     Divergence,
@@ -34,13 +37,21 @@ from .divergence import (
     steps_compared,
 )
 from ..eventlog.payloads import JsonObject
-from ..reports.check_report import CurvePoint, FirstDivergence, LocalisationKey
-from ..reports.findings import Finding
+from ..reports.check_report import (
+    LOCALISATION_KEYS,
+    CurvePoint,
+    Determinism,
+    Evidence,
+    FirstDivergence,
+    GraphProbeRecord,
+    RunEnding,
+)
+from ..reports.findings import Finding, Verdict, from_fields
 from .fix_ranking import fix_hint
 from .rank_groups import ranks_label
 from .verdict import Ending, judge, nothing_compared_because, verdict_line
 
-Decision = tuple[str, JsonObject]  # (cause, its evidence: what shows it, per cause)
+Decision = tuple[str, Evidence]  # (cause, the evidence that shows it)
 
 CAUSE_HINTS = {
     "data_order": "The batches differ: seed the data pipeline (torchrepro.seed_everything(seed) seeds samplers "
@@ -79,15 +90,6 @@ CAUSE_HINTS = {
 }
 
 
-LOCALISATION_KEYS: tuple[LocalisationKey, ...] = (
-    "compile_id",
-    "graph",
-    "parameter",
-    "output",
-    "node",
-    "kernel",
-    "kernel_fuses",
-)
 FIXABLE = ("nondeterministic_op", "numerics", "unknown")  # causes the fix ladder runs for unasked
 
 
@@ -121,54 +123,57 @@ def shared_files(crossings: list[tuple[str, str, str]]) -> Decision:
     (``crossings``: each file, the run that wrote it, the run that read it): named before anything
     else is blamed, since the runs did not start from the same files.
 
-    >>> shared_files([("snapshot.pt", "run-1", "run-2")])[1]["because"]
+    >>> shared_files([("snapshot.pt", "run-1", "run-2")])[1].because
     'run-1 wrote snapshot.pt in the working directory, run-2 read it'
     """
     path, wrote, read = crossings[0]
     more = f" (and {len(crossings) - 1} more file(s))" if len(crossings) > 1 else ""
-    return "shared_files", {
-        "because": f"{wrote} wrote {path} in the working directory, {read} read it{more}",
-        "files": [{"path": p, "written_by": w, "read_by": r} for p, w, r in crossings[:20]],
-    }
+    return "shared_files", Evidence(
+        f"{wrote} wrote {path} in the working directory, {read} read it{more}",
+        strength="shown",
+        facts={"files": [{"path": p, "written_by": w, "read_by": r} for p, w, r in crossings[:20]]},
+    )
 
 
 def decide(div: Divergence, logs_a: list[EventLog], logs_b: list[EventLog], same_config: bool = True) -> Decision:
     """The cause that step-level evidence proves, or ``unknown`` (then localisation decides).
     Runs of different compile configurations are expected to compile differently."""
     if div.what == "init_params":
-        return "init_params", {
-            "because": "the parameters differ before the first forward "
-            f"({div.detail.get('parameters_differing')} tensor(s), first "
-            f"{div.detail.get('first_parameter')})"
-        }
+        return "init_params", Evidence(
+            "the parameters differ before the first forward "
+            f"({div.detail.get('parameters_differing')} tensor(s), first {div.detail.get('first_parameter')})",
+            strength="shown",
+        )
     if div.what == "batch":
-        return "data_order", {"because": f"the batches of step {div.step} differ"}
+        return "data_order", Evidence(f"the batches of step {div.step} differ", strength="shown")
     # Read at backward(), the state already reflects the forward pass: between different compile
     # configurations that is a consequence (inductor draws its seed from the global generator).
     if div.what == "rng" and (same_config or div.detail.get("read_at") != "backward"):
         at = {"batch": "when its first batch was fetched", "backward": "at its first backward()"}.get(
             div.detail.get("read_at", ""), "at its start"
         )
-        return "rng", {
-            "because": f"the torch RNG state of step {div.step} differs ({at}): "
-            + ", ".join(div.detail.get("streams") or []),
-            "streams": div.detail.get("streams"),
-        }
+        return "rng", Evidence(
+            f"the torch RNG state of step {div.step} differs ({at}): " + ", ".join(div.detail.get("streams") or []),
+            strength="shown",
+            facts={"streams": div.detail.get("streams")},
+        )
     # a configuration's own switch (fallback_random) is not an environment difference
     env = environment_differences(
         logs_a[0].header, logs_b[0].header, ignore=() if same_config else ("fallback_random",)
     )
     if env:
-        return "environment", {"because": "the runs' environments differ", "differences": env}
+        return "environment", Evidence("the runs' environments differ", strength="shown", facts={"differences": env})
     graphs = [d for la, lb in zip(logs_a, logs_b) for d in compile_differences(la, lb)] if same_config else []
     if graphs:
-        return "recompile", {"because": "the runs compiled different graphs", "differences": graphs}
-    return "unknown", {}
+        return "recompile", Evidence(
+            "the runs compiled different graphs", strength="shown", facts={"differences": graphs}
+        )
+    return "unknown", Evidence(strength="unexplained")
 
 
 def numerics_without_inductor() -> Decision:
     """Eager against a compiled run that used no inductor graph: no inductor RNG to blame."""
-    return "numerics", {"because": "compiled without inductor RNG: the difference is rounding"}
+    return "numerics", Evidence("compiled without inductor RNG: the difference is rounding", strength="inferred")
 
 
 def numerics_of_modes(mode_a: str | None, mode_b: str | None) -> Decision | None:
@@ -176,7 +181,7 @@ def numerics_of_modes(mode_a: str | None, mode_b: str | None) -> Decision | None
     the modes are the same)."""
     if mode_a == mode_b:
         return None
-    return "numerics", {"because": f"compile modes differ ({mode_a} vs {mode_b})"}
+    return "numerics", Evidence(f"compile modes differ ({mode_a} vs {mode_b})", strength="inferred")
 
 
 def cause_from_decomposition(dec: JsonObject, against: str) -> Decision:
@@ -194,14 +199,14 @@ def cause_from_decomposition(dec: JsonObject, against: str) -> Decision:
     """
     rng, numerics, again = dec["rng"], dec["numerics"], dec.get("run_to_run")
     if against != "fallback-random" and again is not None and not again["bit_exact"]:
-        return "nondeterministic_op", {
-            "because": "the compiled run is not reproducible run to run: two runs as written differ (by "
+        return "nondeterministic_op", Evidence(
+            "the compiled run is not reproducible run to run: two runs as written differ (by "
             f"{_fmt(again['final_max_abs'])} in parameters) by the step at which fallback_random=True and the run "
             f"as written first differ, so that difference ({_fmt(rng['final_max_abs'])}) is the compiled code's own "
             "nondeterminism, not its RNG; only what exceeds it could be RNG",
-            "run_to_run": again,
-            "remaining_numerics": numerics,
-        }
+            strength="inferred",
+            facts={"run_to_run": again, "remaining_numerics": numerics},
+        )
     if against == "fallback-random" or (
         not rng["bit_exact"]
         and (numerics["bit_exact"] or (rng["final_max_abs"] or 0) > 10 * (numerics["final_max_abs"] or 0))
@@ -214,20 +219,21 @@ def cause_from_decomposition(dec: JsonObject, against: str) -> Decision:
         )
         if against == "fallback-random":
             because = "the runs differ only in inductor's RNG implementation (fallback_random)"
-        return "rng", {"because": because, "remaining_numerics": numerics}
-    return "numerics", {
-        "because": "fallback_random=True does not remove the difference: rounding, not RNG",
-        "magnitude": numerics,
-    }
+        return "rng", Evidence(because, strength="inferred", facts={"remaining_numerics": numerics})
+    return "numerics", Evidence(
+        "fallback_random=True does not remove the difference: rounding, not RNG",
+        strength="inferred",
+        facts={"magnitude": numerics},
+    )
 
 
-def cause_from_kernels(evidence: JsonObject, kernels: JsonObject) -> Decision:
+def cause_from_kernels(evidence: Evidence, kernels: Evidence) -> Decision:
     """A compiled graph's output differs on identical inputs (``kernels``, from the kernel replays):
     the op is nondeterministic."""
-    return "nondeterministic_op", {**evidence, **kernels}
+    return "nondeterministic_op", evidence.but(kernels)
 
 
-def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
+def graph_probes(runs: dict[str, list[EventLog]]) -> list[GraphProbeRecord]:
     """Every compiled graph the runs probed (``capture.graph_probe``: called again on copies of the
     inputs of its first call, in the run's own process), by run: the report's ``graph_probes``."""
     return [
@@ -257,13 +263,16 @@ def graph_probes(runs: dict[str, list[EventLog]]) -> list[JsonObject]:
     ]
 
 
-def probe_divergence(probes: list[JsonObject]) -> tuple[Divergence, str, JsonObject] | None:
+def probe_divergence(
+    probes: Sequence[GraphProbeRecord], scope: GraphScope | None = None
+) -> tuple[Divergence, str, Evidence] | None:
     """The earliest probed graph (by step, then rank) whose outputs were not bit for bit the same
-    on identical inputs: a divergence within one run, its cause (``nondeterministic_op``, as the
-    kernel replays conclude) and evidence naming the graph, output, node, kernel and source line.
-    None when every probed graph repeated bit for bit."""
+    on identical inputs, among those that can explain the divergent quantity (``scope``; None: any
+    graph, where the runs themselves agree): a divergence within one run, its cause
+    (``nondeterministic_op``, as the kernel replays conclude) and evidence naming the graph, output,
+    node, kernel and source line. None when every such graph repeated bit for bit."""
     found = sorted(
-        (p for p in probes if p["differing"]),
+        (p for p in probes if p["differing"] and (scope is None or scope.admits(p["compile_id"], p["graph"]))),
         key=lambda p: (p["step"] if p["step"] is not None else 1 << 30, p["rank"]),
     )
     if not found:
@@ -276,55 +285,73 @@ def probe_divergence(probes: list[JsonObject]) -> tuple[Divergence, str, JsonObj
         f"identical inputs in the run's own process ({p['runs_differing']} of {p['repeats']} repeats at "
         f"{p['threads']} thread(s)" + (f", by up to {p['max_abs']:.3g}" if p["max_abs"] is not None else "") + ")"
     )
-    evidence: JsonObject = {
-        "named_by": "graph_probe",
-        "because": because,
-        "probe": {k: p[k] for k in ("run", "repeats", "runs_differing", "threads", "differing", "max_abs")},
-        "thread_dependence": {
-            "threads": p["threads"],
-            "repeats": p["repeats"],
-            "repeats_differ": True,
-            "one_thread": p.get("one_thread"),
-        },
-    }
-    for key in (*LOCALISATION_KEYS, "op", "source", "module", "kernel_atomic_add", "accumulating_node", "eager_node"):
-        if named.get(key) is not None:
-            evidence[key] = named[key]
-    evidence.setdefault("compile_id", p["compile_id"])
-    evidence.setdefault("graph", p["graph"])
+    said = Evidence.from_json(
+        {k: named[k] for k in (*LOCALISATION_KEYS, *_NAMED) if named.get(k) is not None}
+        | {"compile_id": p["compile_id"], "graph": p["graph"]}
+    )
+    evidence = said.but(
+        Evidence(
+            because,
+            strength="measured",
+            scope=scope.text() if scope else None,
+            named_by="graph_probe",
+            run=p["run"],
+            facts={
+                "probe": {k: p[k] for k in ("run", "repeats", "runs_differing", "threads", "differing", "max_abs")},
+                "thread_dependence": {
+                    "threads": p["threads"],
+                    "repeats": p["repeats"],
+                    "repeats_differ": True,
+                    "one_thread": p.get("one_thread"),
+                },
+            },
+        )
+    )
     step = p["step"] if p["step"] is not None else 0
     detail = {"run": p["run"], "compile_id": p["compile_id"], "graph": p["graph"]}
     return Divergence(step, p["rank"], "compiled_graph", detail), "nondeterministic_op", evidence
 
 
-def name_the_race(evidence: JsonObject, race: JsonObject) -> JsonObject:
+_NAMED = ("op", "source", "module", "kernel_atomic_add", "accumulating_node", "eager_node")  # what a probe names
+# what a graph replay against eager names: kept under ``against_eager`` where a race is named instead
+_AGAINST_EAGER = ("localisation", *LOCALISATION_KEYS, "op", "module", "source", "output_max_abs", "first_differing")
+
+
+def name_the_race(evidence: Evidence, race: Evidence) -> Evidence:
     """``check --against``: the compiled run is not reproducible run to run (cause
     ``nondeterministic_op``) and its own probe found the graph that is not (``race``, the evidence of
     :func:`probe_divergence`): that graph, its op, kernel and source line are what the evidence
     names, beside why the cause was decided; where compiled first departs from eager (the graph
     replay's localisation) is kept under ``against_eager``.
 
-    >>> found = {"because": "graph 0/1 differs", "named_by": "graph_probe", "graph": "backward", "op": "aten.add"}
-    >>> named = name_the_race({"because": "not reproducible", "op": "aten.mm", "localisation": "compiled_graph"}, found)
-    >>> named["op"], named["graph"], named["against_eager"], named["because"]
-    ('aten.add', 'backward', {'op': 'aten.mm', 'localisation': 'compiled_graph'}, 'not reproducible; graph 0/1 differs')
+    >>> found = Evidence("graph 0/1 differs", named_by="graph_probe", graph="backward", op="aten.add")
+    >>> replayed = Evidence("not reproducible", op="aten.mm", localisation="compiled_graph")
+    >>> named = name_the_race(replayed, found)
+    >>> named.op, named.graph, named.facts["against_eager"], named.because
+    ('aten.add', 'backward', {'localisation': 'compiled_graph', 'op': 'aten.mm'}, 'not reproducible; graph 0/1 differs')
     """
-    replaced = ("localisation", "compile_id", "output", "output_max_abs", "first_differing", "random_nodes")
-    against = {k: v for k, v in evidence.items() if k in (*replaced, *LOCALISATION_KEYS, "op", "module", "source")}
-    kept = {k: v for k, v in evidence.items() if k not in against}
-    because = "; ".join(filter(None, [kept.pop("because", None), race.get("because")]))
-    return {**kept, **{k: v for k, v in race.items() if k != "because"}, "because": because, "against_eager": against}
+    against = {k: v for k, v in evidence.to_json().items() if k in _AGAINST_EAGER or k == "random_nodes"}
+    kept = Evidence(
+        quantity=evidence.quantity,
+        strength=evidence.strength,
+        scope=evidence.scope,
+        localisation_note=evidence.localisation_note,
+        facts={k: v for k, v in evidence.facts.items() if k not in against},
+    )
+    because = "; ".join(filter(None, [evidence.because, race.because]))
+    named = kept.but(race)
+    return dataclasses.replace(named, because=because, facts={**named.facts, "against_eager": against})
 
 
-def not_localised(cause: str | None, why: str) -> JsonObject:
+def not_localised(cause: str | None, why: str) -> Evidence:
     """Evidence when localisation itself failed: why (an exception's first line, or a replay that
     ended early), and what was still concluded without it."""
-    return {
-        "localisation": "not_localised",
-        "localisation_failed": why,
-        "localisation_note": f"localisation failed ({why}); still concluded from the step records: "
+    return Evidence(
+        localisation="not_localised",
+        localisation_note=f"localisation failed ({why}); still concluded from the step records: "
         f"cause {cause or 'unknown'}",
-    }
+        facts={"localisation_failed": why},
+    )
 
 
 def cause_from_replays(
@@ -343,67 +370,101 @@ def cause_from_replays(
     found = compare_replays(replay_a["ops"], replay_b["ops"])
     if found is None:
         where = "inside compiled code (the eager replays agree)" if same_config else "not reproduced in replay"
-        return ("nondeterministic_op" if same_config and cause == "unknown" else cause), {"localisation": where}
+        return ("nondeterministic_op" if same_config and cause == "unknown" else cause), Evidence(localisation=where)
     kind = found.pop("kind")
     new_cause = (
         cause
         if cause == "init_params"
         else {"rng": "rng", "nondeterministic_op": "nondeterministic_op"}.get(kind, cause)
     )
-    return new_cause, {"localisation": kind, **found}
+    return new_cause, Evidence.from_json({**found, "localisation": kind, "strength": "measured"})
 
 
 def graph_evidence(
     replay: JsonObject | None,
-    step: int,
+    scope: GraphScope,
     cause: str | None = None,
     failure: str | None = None,
-    probes: list[JsonObject] | None = None,
-) -> JsonObject:
-    """The divergent step replayed compiled, each compiled graph checked against its eager FX graph:
-    the first graph (compile id) whose outputs differ, the output and its FX node; the op blamed
-    agrees with ``cause``: the random op the output depends on when the cause is ``rng``, else
-    the differing output's own node (an inert random op is not blamed for rounding). A replay
-    without a record, or a graph the check failed on, is said, with what was still concluded.
-    Where a forward graph differs, its probe names the op where it first departs from eager
-    (:func:`first_forward_node`); where the forward graphs match, the compiled run's ``probes``
-    (:func:`graph_probes`) name the first backward output that differs from the same FX graph run
-    eagerly (:func:`backward_evidence`)."""
+    probes: Sequence[GraphProbeRecord] = (),
+) -> Evidence:
+    """The divergent step replayed compiled, each compiled graph call checked against its eager FX
+    graph, and the compiled run's ``probes`` (each forward and backward graph AOTAutograd made,
+    against the same graph run eagerly on the same inputs): among the graphs that can explain the
+    divergent quantity (``scope``: for a gradient, only graphs whose backward ran in that step, never
+    one that ran under ``no_grad`` alone), in the order the step called them, the first that departs
+    from eager, and where: the random op its differing output depends on when the cause is ``rng``;
+    else the op where its forward first departs (:func:`first_forward_node`: a saved activation such
+    as a LayerNorm's statistics comes before the logits computed from it), else its differing
+    output's own node (an inert random op is not blamed for rounding); in a backward, the first
+    gradient it computes unlike eager (:func:`backward_evidence`). A replay without a record, or a
+    graph the check failed on, is said, with what was still concluded."""
     if replay is None:
         return not_localised(cause, failure or "the graph replay wrote no record")
-    graphs = replay.get("graphs", [])
-    errors = [f"compiled graph {g['compile_id']}: {g['error']}" for g in graphs if "error" in g]
-    first = next((g for g in graphs if "first_differing_output" in g), None)
-    if first is None:
-        if errors:
-            return not_localised(cause, "; ".join(errors[:2]))
-        forward = (
-            f"the {len(graphs)} compiled graph call(s) of step {step} match their eager FX graphs in the forward pass"
+    calls = [g for g in replay.get("graphs", []) if scope.admits(g["compile_id"], "forward")]
+    errors = [f"compiled graph {g['compile_id']}: {g['error']}" for g in calls if "error" in g]
+    differing: dict[str, JsonObject] = {}
+    for g in calls:
+        if "first_differing_output" in g:
+            differing.setdefault(g["compile_id"], g)
+    order = scope.graphs
+    if order is None:  # not known which graphs ran: the replay's order, then the probes'
+        ids = list(dict.fromkeys([g["compile_id"] for g in calls] + [p["compile_id"] for p in probes]))
+        order = tuple([(cid, "forward") for cid in ids] + [(cid, "backward") for cid in ids])
+    said = Evidence(scope=scope.text())
+    forward = (
+        f"the {len(calls)} compiled graph call(s) of step {replay.get('step', scope.step)} match their eager FX "
+        "graphs in the forward pass"
+    )
+    for compile_id, graph in order:
+        found = (
+            _forward_departure(differing.get(compile_id), compile_id, cause, probes)
+            if graph == "forward"
+            else backward_evidence(forward, probes, compile_id)
         )
-        return backward_evidence(forward, probes or []) or {
-            "localisation": f"{forward} (the difference arises in backward)"
-        }
-    random = first.get("depends_on_random") or []
-    origin = random[0] if cause == "rng" and random else first
-    evidence = {
-        "localisation": "compiled_graph",
-        "compile_id": first["compile_id"],
-        "output": f"output {first['first_differing_output']} ({first.get('target')}, FX node {first.get('node')})",
-        "output_max_abs": first.get("max_abs"),
-        "op": f"{origin.get('target')} (FX node {origin.get('node')}, compiled graph {first['compile_id']})",
-        "module": origin.get("module"),
-        "source": origin.get("source"),
-    }
-    if random:
-        evidence["random_nodes"] = random
-    if origin is first and (earliest := first_forward_node(probes or [], first["compile_id"])):
-        evidence.update(earliest)  # rounding: where the graph first departs, not the output it reaches
+        if found is not None:
+            if errors:
+                found = found.noted("checking some graphs failed: " + "; ".join(errors[:2]))
+            return said.but(found)
     if errors:
-        evidence["localisation_note"] = "checking some graphs failed: " + "; ".join(errors[:2])
-    return evidence
+        return said.but(not_localised(cause, "; ".join(errors[:2])))
+    return said.but(Evidence(localisation=f"{forward} (the difference arises in backward)"))
 
 
-def _unlike_eager(probes: list[JsonObject], graph: str, compile_id: str | None = None) -> JsonObject | None:
+def _forward_departure(
+    check: JsonObject | None, compile_id: str, cause: str | None, probes: Sequence[GraphProbeRecord]
+) -> Evidence | None:
+    """Where ``compile_id``'s forward departs from eager: ``check`` (its call at the step, replayed
+    against its eager FX graph, with the output that differs) and its forward's probe; None when
+    neither shows it departing."""
+    random = (check or {}).get("depends_on_random") or []
+    earliest = first_forward_node(probes, compile_id)
+    if check is None and earliest is None:
+        return None
+    output = (
+        Evidence(
+            output=f"output {check['first_differing_output']} ({check.get('target')}, FX node {check.get('node')})",
+            facts={"output_max_abs": check.get("max_abs")} | ({"random_nodes": random} if random else {}),
+        )
+        if check is not None
+        else Evidence()
+    )
+    base = Evidence(localisation="compiled_graph", strength="measured", compile_id=compile_id, graph="forward")
+    if check is not None and (cause == "rng" and random or earliest is None):
+        origin = random[0] if cause == "rng" and random else check
+        return base.but(output).but(
+            Evidence(
+                op=f"{origin.get('target')} (FX node {origin.get('node')}, compiled graph {compile_id})",
+                module=origin.get("module"),
+                source=origin.get("source"),
+            )
+        )
+    assert earliest is not None
+    return base.but(output).but(earliest)
+
+
+def _unlike_eager(
+    probes: Sequence[GraphProbeRecord], graph: str, compile_id: str | None = None
+) -> GraphProbeRecord | None:
     """The first probe of a ``graph`` ("forward" or "backward"; of ``compile_id`` when given) whose
     outputs differed from the same FX graph run eagerly, or None."""
     return next(
@@ -416,56 +477,61 @@ def _unlike_eager(probes: list[JsonObject], graph: str, compile_id: str | None =
     )
 
 
-def first_forward_node(probes: list[JsonObject], compile_id: str) -> JsonObject | None:
+def first_forward_node(probes: Sequence[GraphProbeRecord], compile_id: str) -> Evidence | None:
     """Where compiled graph ``compile_id``'s forward first departs from the same FX graph run eagerly
     (the graph AOTAutograd made, on the same inputs, as a probe compared them): the earliest output
     in the graph's order that differs (a saved activation, such as the first LayerNorm's statistics,
     comes before the logits computed from it), as the op, module and source line the evidence names.
     None when no probe compared that forward graph with eager, or it matched."""
-    named = (_unlike_eager(probes, "forward", compile_id) or {}).get("eager_explained") or {}
+    found = _unlike_eager(probes, "forward", compile_id)
+    named: JsonObject = found["eager_explained"] if found is not None else {}
     if not named.get("node"):
         return None
-    return {
-        "op": f"{named.get('op')} (FX node {named['node']}, compiled graph {compile_id}, forward)",
-        "module": named.get("module"),
-        "source": named.get("source"),
-        "first_differing": named.get("output"),
-        **{k: named[k] for k in ("kernel", "kernel_fuses") if named.get(k) is not None},
-    }
+    return Evidence(
+        op=f"{named.get('op')} (FX node {named['node']}, compiled graph {compile_id}, forward)",
+        module=named.get("module"),
+        source=named.get("source"),
+        kernel=named.get("kernel"),
+        kernel_fuses=named.get("kernel_fuses"),
+        facts={"first_differing": named.get("output")},
+    )
 
 
-def backward_evidence(forward: str, probes: list[JsonObject]) -> JsonObject | None:
-    """The first backward graph a probe found unlike its FX graph run eagerly (the graph AOTAutograd
-    made, as aot_eager runs it), on the same inputs: the output (a parameter's gradient) computed
-    first in the graph's order that differs, its node, op and source line. None when no probe
-    compared a backward graph with eager, or every one matched."""
-    found = _unlike_eager(probes, "backward")
+def backward_evidence(
+    forward: str, probes: Sequence[GraphProbeRecord], compile_id: str | None = None
+) -> Evidence | None:
+    """The first backward graph (of ``compile_id`` when given) a probe found unlike its FX graph run
+    eagerly (the graph AOTAutograd made, as aot_eager runs it), on the same inputs: the output (a
+    parameter's gradient) computed first in the graph's order that differs, its node, op and source
+    line, ``forward`` saying why the forward is not blamed. None when no probe compared a backward
+    graph with eager, or every one matched."""
+    found = _unlike_eager(probes, "backward", compile_id)
     if found is None:
         return None
     named = found.get("eager_explained") or {}
     what = f"the gradient of {named['parameter']}" if named.get("parameter") else f"output {named.get('output_index')}"
-    evidence: JsonObject = {
-        "localisation": "backward_graph",
-        "because": f"{forward}; in backward, compiled graph {found['compile_id']} differs from the same FX graph "
-        f"run eagerly on the same inputs ({len(found['eager_differing'])} output(s)), first at {what}"
-        + (f", by up to {named['max_abs']:.3g}" if named.get("max_abs") is not None else ""),
-        "compile_id": found["compile_id"],
-        "graph": "backward",
+    said = {
+        k: named.get(k) for k in ("parameter", "node", "op", "module", "source", "kernel", "kernel_fuses", "output")
     }
-    for key in ("parameter", "node", "op", "module", "source", "kernel", "kernel_fuses"):
-        if named.get(key) is not None:
-            evidence[key] = named[key]
-    if named.get("output"):
-        evidence["output"] = named["output"]
-    return evidence
+    return Evidence.from_json({k: v for k, v in said.items() if v is not None}).but(
+        Evidence(
+            f"{forward}; in backward, compiled graph {found['compile_id']} differs from the same FX graph "
+            f"run eagerly on the same inputs ({len(found['eager_differing'])} output(s)), first at {what}"
+            + (f", by up to {named['max_abs']:.3g}" if named.get("max_abs") is not None else ""),
+            strength="measured",
+            localisation="backward_graph",
+            compile_id=found["compile_id"],
+            graph="backward",
+        )
+    )
 
 
-def hint_key(cause: str, against: str | None, logs: list[EventLog], evidence: JsonObject | None = None) -> str:
+def hint_key(cause: str, against: str | None, logs: list[EventLog], evidence: Evidence | None = None) -> str:
     """Which of :data:`CAUSE_HINTS` fits: the cause, made precise by what the runs show (inductor's
     RNG against eager, an atomic-add kernel, deterministic algorithms already on)."""
     if cause == "rng" and against:
         return "rng_compiled"
-    if cause == "nondeterministic_op" and (evidence or {}).get("kernel_atomic_add"):
+    if cause == "nondeterministic_op" and evidence is not None and evidence.kernel_atomic_add:
         return "nondeterministic_kernel"
     if cause == "nondeterministic_op" and any(settings(log).get("deterministic_algorithms") for log in logs):
         return "nondeterministic_op_deterministic_on"  # the usual fix was already in force
@@ -524,8 +590,7 @@ def _step_clock(logs: list[EventLog]) -> str | None:
 def determinism_section(
     div: Divergence | None,
     within: bool,
-    cause: str | None,
-    evidence: JsonObject,
+    decision: Decision | None,
     labels: list[str],
     logs_a: list[EventLog],
     logs_b: list[EventLog],
@@ -536,56 +601,27 @@ def determinism_section(
     unreadable_exit: int,
     pair: tuple[str, str] | None = None,
     first_step: int | None = None,
-) -> JsonObject:
+    against: str | None = None,
+    more: JsonObject | None = None,
+) -> Determinism:
     """The report's ``determinism`` section for one pair of runs, its verdict earned from what was
     compared (:func:`~.divergence.coverage`: ``pair`` names the two runs, by default the first and
     last of ``labels``; steps before ``first_step`` are not expected in both) and from how every
-    run ended (:mod:`torchrepro.analysis.verdict`). ``curve`` is the parameter difference per
-    snapshot step (empty without snapshots)."""
+    run ended (:mod:`torchrepro.analysis.verdict`); the first divergence with its cause and evidence
+    (``decision``). ``curve`` is the parameter difference per snapshot step (empty without
+    snapshots); ``against``: the reference a compiled run (``logs_b``) was compared with, which
+    claims nothing where it compiled nothing (:data:`NOTHING_COMPILED`); ``more``: what only some
+    checks add (``decomposition``, ``fixes``, ``graph_probes``...), as it is."""
     compared = steps_compared(logs_a, logs_b)
     covered = coverage(logs_a, logs_b, pair or (labels[0], labels[-1]), first_step)
+    notes = list(notes)
     # a divergence found among steps duplicated or out of order is the damage's, not the runs'
-    verdict, exit_code = judge(
+    verdict, _ = judge(
         div is not None and not covered.damaged, within, compared, endings, unreadable_exit, covered.incomplete_because
     )
-    first: FirstDivergence | None = None
-    if div is not None:
-        module = (
-            evidence.pop("module", None) or div.detail.get("module")
-            if div.what == "init_params"
-            else (evidence.pop("module", None) or _module_of_parameter(div.detail.get("first_parameter")))
-        )
-        first = {
-            "step": div.step,
-            "rank": div.rank,
-            "what": div.what,
-            "module": module,
-            "op": evidence.pop("op", None),
-            "source": evidence.pop("source", None),
-            "phase": evidence.pop("phase", None),
-            "cause": cause,
-            "detail": div.detail,
-            "evidence": evidence,
-        }
-        for key in LOCALISATION_KEYS:
-            if evidence.get(key) is not None:
-                first[key] = evidence[key]
-        if div.what == "init_params":
-            first["before_step"] = 0
+    first = _first(div, decision) if div is not None else None
     env = environment_differences(logs_a[0].header, logs_b[0].header) if logs_a and logs_b else []
-    det = {
-        "verdict": verdict,
-        "exit_code": exit_code,
-        "runs": labels,
-        "first_divergence": first,
-        "curve": curve,
-        "notes": notes,
-        "rtol": tol.rtol,
-        "atol": tol.atol,
-        "steps_compared": compared,
-        "endings": [e.to_json() for e in endings],
-        "environment_differences": env,
-        "step_clock": _step_clock(logs_a),
+    extra: JsonObject = {
         "evidence_compared": covered.compared,
         "not_compared": covered.not_compared,
         "incomplete_because": covered.incomplete_because,
@@ -594,12 +630,47 @@ def determinism_section(
     if estimate:
         notes.append(estimate)
     if verdict == "nothing_compared":
-        det["nothing_compared_because"] = nothing_compared_because(endings)
+        extra["nothing_compared_because"] = nothing_compared_because(endings)
     if verdict == "within_tolerance":
-        det["largest_difference"] = _largest_difference(curve, logs_a, logs_b)
+        extra["largest_difference"] = _largest_difference(curve, logs_a, logs_b)
     if env and div is None:
         notes.append("the environments differ (" + "; ".join(env[:3]) + "), yet the compared steps agree")
-    return det
+    if against is not None and not any(log.of(Compile) for log in logs_b):
+        because = NOTHING_COMPILED.format(against=against)
+        if verdict in ("bit_exact", "within_tolerance"):
+            verdict = "nothing_compared"
+            extra["nothing_compared_because"] = f"{because}; the two runs agree over {compared} step(s)"
+        else:
+            notes.append(f"{because}: what differs is not compiled code")
+    return Determinism(
+        Verdict(verdict),
+        labels,
+        compared,
+        [from_fields(RunEnding, dict(e.to_json())) for e in endings],
+        first,
+        curve,
+        notes,
+        tol.rtol,
+        tol.atol,
+        env,
+        _step_clock(logs_a),
+        {**extra, **(more or {})},
+    )
+
+
+def _first(div: Divergence, decision: Decision | None) -> FirstDivergence:
+    """The first divergence as reported: its cause and evidence, the evidence's module where the
+    localisation named none (the first parameter that differs), what it explains (the quantity)."""
+    cause, evidence = decision or (None, Evidence())
+    module = evidence.module or (
+        div.detail.get("module")
+        if div.what == "init_params"
+        else _module_of_parameter(div.detail.get("first_parameter"))
+    )
+    evidence = dataclasses.replace(evidence, module=module, quantity=evidence.quantity or div.what)
+    return FirstDivergence(
+        div.step, div.rank, div.what, cause, evidence, div.detail, 0 if div.what == "init_params" else None
+    )
 
 
 NOTHING_COMPILED = (
@@ -608,63 +679,42 @@ NOTHING_COMPILED = (
 )
 
 
-def nothing_compiled(det: JsonObject, against: str | None, compiled: list[EventLog]) -> None:
-    """``--against``: when the run as written compiled nothing, ``det`` says so and claims nothing
-    of compiled against ``against``: runs that agree are ``nothing_compared`` (not bit-exact), and a
-    divergence is the script's own (noted: not compiled code's)."""
-    if against is None or any(log.of(Compile) for log in compiled):
-        return
-    because = NOTHING_COMPILED.format(against=against)
-    if det["verdict"] in ("bit_exact", "within_tolerance"):
-        det["verdict"], det["exit_code"] = "nothing_compared", 1
-        det["nothing_compared_because"] = f"{because}; the two runs agree over {det['steps_compared']} step(s)"
-    else:
-        det["notes"].append(f"{because}: what differs is not compiled code")
-
-
-def divergence_findings(det: JsonObject, key: str | None) -> list[Finding]:
+def divergence_findings(det: Determinism, key: str | None) -> list[Finding]:
     """The findings of a ``determinism`` section: the divergence (its cause's hint under ``key``,
     or the measured fix when the fix ladder ran) and every run that did not end normally."""
-    fd = det["first_divergence"]
+    fd = det.first_divergence
     out = [
         Finding(
             "RUN_DID_NOT_END_NORMALLY",
             "error",
-            f"{e['run']} did not end normally: {'; '.join(e['problems'])}",
+            f"{e.run} did not end normally: {'; '.join(e.problems)}",
             hint="The steps it recorded were compared; the verdict cannot cover the whole run. Fix the failure "
             "(its stderr is in the run's run.json) and check again.",
-            evidence=e,
+            evidence=dataclasses.asdict(e),
         )
-        for e in det["endings"]
-        if not e["ended_normally"]
+        for e in det.endings
+        if not e.ended_normally
     ]
-    if det["verdict"] == "incomplete" and det.get("incomplete_because"):
+    incomplete = det.more.get("incomplete_because")
+    if det.verdict is Verdict.INCOMPLETE and incomplete:
         out.append(
             Finding(
                 "COMPARISON_INCOMPLETE",
                 "error",
-                "the comparison does not cover both runs: " + "; ".join(det["incomplete_because"][:5]),
+                "the comparison does not cover both runs: " + "; ".join(incomplete[:5]),
                 hint="Steps or evidence that only one run holds were not compared, so agreement over the rest proves "
                 "nothing about them. Record both runs with the same options, from undamaged logs, and compare again.",
-                evidence={
-                    "incomplete_because": det["incomplete_because"],
-                    "evidence_compared": det["evidence_compared"],
-                },
+                evidence={"incomplete_because": incomplete, "evidence_compared": det.more.get("evidence_compared")},
             )
         )
-    if det["verdict"] == "diverged" and fd is not None:
-        hint = CAUSE_HINTS[key or fd["cause"]]
-        if det.get("fixes"):  # measured: recommend only what was tried and bit-exact
+    if det.verdict is Verdict.DIVERGED and fd is not None and fd.cause is not None:
+        hint = CAUSE_HINTS[key or fd.cause]
+        fixes = det.more.get("fixes")
+        if fixes:  # measured: recommend only what was tried and bit-exact
             why = hint if key == "nondeterministic_kernel" else ""
-            hint = " ".join(filter(None, [fix_hint(det["fixes"]), why]))
+            hint = " ".join(filter(None, [fix_hint(fixes), why]))
         out.insert(
             0,
-            Finding(
-                f"DIVERGED_{fd['cause'].upper()}",
-                "error",
-                verdict_line(det),
-                hint=hint,
-                evidence={k: v for k, v in fd.items() if k != "evidence"} | {"evidence": fd["evidence"]},
-            ),
+            Finding(f"DIVERGED_{fd.cause.upper()}", "error", verdict_line(det), hint=hint, evidence=fd.to_json()),
         )
     return out

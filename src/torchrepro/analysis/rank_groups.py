@@ -66,19 +66,20 @@ _Behaviour = tuple[
 ]
 
 
-def _compile_key(c: Compile) -> _CompileKey:
+def _compile_key(c: Compile, compiles: list[Compile]) -> _CompileKey:
     guard = guard_text(c.recompile_reasons[0]) if c.recompile_reasons else None
-    return (display_function(c), guard, category_of(c), c.step, c.limit_hit)
+    return (display_function(c, compiles), guard, category_of(c), c.step, c.limit_hit)
 
 
 def _behaviour(log: EventLog, steps: int) -> _Behaviour:
     end = log.end
     breaks = Counter((b.file, b.line, b.reason) for b in log.of(GraphBreak))
     cache = Counter((x.cache, x.status) for x in log.of(CacheLookup))
+    compiles = log.of(Compile)
     return (
         end.status if end else "incomplete",
         steps,
-        tuple(_compile_key(c) for c in log.of(Compile)),
+        tuple(_compile_key(c, compiles) for c in compiles),
         tuple(sorted(breaks.items(), key=repr)),
         tuple(sorted(cache.items())),
     )

@@ -484,7 +484,7 @@ def _asymmetry_findings(logs: list[EventLog]) -> list[Finding]:
         assert c is not None  # rank is among the ranks that compiled this i-th time
         what = "hit the recompile limit for" if c.limit_hit else "recompiled" if c.recompile_reasons else "compiled"
         title = (
-            f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} {what} {display_function(c)} "
+            f"rank{'s' if len(odd) > 1 else ''} {rank_ranges(odd)} {what} {display_function(c, sequences[rank])} "
             f"({c.compile_id}) at step {c.step} and rank{'s' if len(others) > 1 else ''} "
             f"{rank_ranges(others)} did not"
             + (f": {guard_text(c.recompile_reasons[0])}" if c.recompile_reasons else "")

@@ -33,13 +33,14 @@ def _compiles(log: EventLog, kept: KeptSteps) -> list[TimelineCompile]:
     for x in log.of(CacheLookup):
         lookups.setdefault(x.compile_id, []).append(x.status)
     out: list[TimelineCompile] = []
-    for c in log.of(Compile):
+    compiles = log.of(Compile)
+    for c in compiles:
         duration = c.dynamo_s or 0.0
         statuses = lookups.get(c.compile_id) or [s for counts in c.cache.values() for s, n in counts.items() if n]
         out.append(
             {
                 "compile_id": c.compile_id,
-                "function": display_function(c),
+                "function": display_function(c, compiles),
                 "step": c.step,
                 "start_s": round(max(0.0, c.t - start - duration), 4),
                 "duration_s": round(duration, 4),

@@ -19,6 +19,7 @@ from typing import TypedDict
 from ..eventlog.event_reader import EventLog
 from ..eventlog.events import Capability, Step
 from ..eventlog.payloads import JsonObject
+from ..reports.check_report import Determinism
 from ..reports.findings import Verdict, comparison_exit_code
 from .ranks import missing_rank_ranges, missing_text, world_size
 
@@ -172,49 +173,49 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
 
 
-def verdict_line(det: JsonObject) -> str:
+def verdict_line(det: Determinism) -> str:
     """The one-line summary of a ``determinism`` section."""
-    v, n = det["verdict"], det["steps_compared"]
-    failed = [e for e in det.get("endings", []) if not e["ended_normally"]]
-    how = "; ".join(f"{e['run']}: {e['problems'][0]}" for e in failed)
+    v, n = det.verdict.value, det.steps_compared
+    failed = [e for e in det.endings if not e.ended_normally]
+    how = "; ".join(f"{e.run}: {e.problems[0]}" for e in failed)
     if v == "bit_exact":
-        return f"BIT-EXACT: {len(det['runs'])} runs agree bit for bit over {n} step(s), and every run ended normally"
+        return f"BIT-EXACT: {len(det.runs)} runs agree bit for bit over {n} step(s), and every run ended normally"
     if v == "within_tolerance":
-        largest = det.get("largest_difference") or {}
+        largest = det.more.get("largest_difference") or {}
         return (
-            f"WITHIN TOLERANCE (rtol={det['rtol']}, atol={det['atol']}): the runs differ over {n} step(s), by at "
+            f"WITHIN TOLERANCE (rtol={det.rtol}, atol={det.atol}): the runs differ over {n} step(s), by at "
             f"most {_fmt(largest.get('params_max_abs'))} in parameters and {_fmt(largest.get('loss_max_abs'))} "
             "in loss — not bit for bit"
         )
     if v == "incomplete":
-        gaps = det.get("incomplete_because") or []
+        gaps = det.more.get("incomplete_because") or []
         if not failed:
             return f"INCOMPLETE: the comparison ({n} step(s)) does not cover both runs — {gaps[0]}"
         return f"INCOMPLETE: the {n} step(s) both runs recorded agree, but not every run ended normally — {how}"
-    if v == "nothing_compared":
-        return f"NOTHING COMPARED: {det.get('nothing_compared_because', 'no common step')}" + (
+    fd = det.first_divergence
+    if v == "nothing_compared" or fd is None:
+        return f"NOTHING COMPARED: {det.more.get('nothing_compared_because', 'no common step')}" + (
             f" — {how}" if how else ""
         )
-    fd = det["first_divergence"]
+    ev = fd.evidence
     where = ", ".join(
         x
         for x in (
-            f"module {fd['module']}" if fd.get("module") else None,
-            f"op {fd['op']}" if fd.get("op") else None,
-            f"at {fd['source']}" if fd.get("source") else None,
+            f"module {ev.module}" if ev.module else None,
+            f"op {ev.op}" if ev.op else None,
+            f"at {ev.source}" if ev.source else None,
         )
         if x
     )
-    if fd["cause"] == "shared_files":  # the file one run wrote and a later one read, named
-        where = str((fd.get("evidence") or {}).get("because") or "")
-    at = "before step 0" if fd["what"] == "init_params" else f"at step {fd['step']}"
-    what = fd["what"]
+    if fd.cause == "shared_files":  # the file one run wrote and a later one read, named
+        where = ev.because or ""
+    at = "before step 0" if fd.what == "init_params" else f"at step {fd.step}"
+    what = fd.what
     if what == "compiled_graph":  # the runs agreed; a graph called again on identical inputs did not
-        detail = fd.get("detail") or {}
         at = f"when repeated {at}"
-        what = f"compiled graph {detail.get('compile_id')} ({detail.get('graph')}) of {detail.get('run')}"
+        what = f"compiled graph {fd.detail.get('compile_id')} ({fd.detail.get('graph')}) of {fd.detail.get('run')}"
     return (
-        f"DIVERGED {at} (rank {fd['rank']}, {what}): cause {fd['cause']}"
+        f"DIVERGED {at} (rank {fd.rank}, {what}): cause {fd.cause}"
         + (f" — {where}" if where else "")
         + (f" (and {how})" if how else "")
     )

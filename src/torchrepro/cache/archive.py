@@ -327,6 +327,7 @@ class PackCheck:
     files: int = 0
     bytes: int = 0
     signer: str | None = None  # fingerprint of the key that signed the manifest; None: unsigned
+    signed: bool = False  # the pack holds a signature (``signer`` None then: it does not verify)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -442,8 +443,11 @@ def check_pack(
             second = next(members, None)
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise InputError(f"{path} is not a tar archive, or is damaged ({_why(exc)})") from None
-        if second is not None and second.name == SIGNATURE and second.isfile() and second.size <= _MANIFEST_LIMIT:
+        if second is not None and second.name == SIGNATURE:
+            result.signed = True
             try:
+                if not second.isfile() or second.size > _MANIFEST_LIMIT:
+                    raise InputError(f"{path}: unreadable {SIGNATURE} (not a small regular member)")
                 result.signer = signer(data, _read_member(tar, second, path), str(path))
             except InputError as exc:
                 result.problems.append(str(exc).removeprefix(f"{path}: "))
@@ -653,6 +657,30 @@ def unpack(
         "built_with": built,
         "kernels_rebuilt": kernel_mismatches(built, here),
     }
+
+
+def pack_signer(path: str | os.PathLike[str]) -> str | None:
+    """Who signed a pack: the fingerprint of the key whose signature matches its manifest (None:
+    unsigned), from the manifest and the signature alone (no file of the pack is read).
+    :class:`InputError` for a file that is not a pack, or a signature that does not match.
+
+    >>> pack_signer("warm.tar")  # doctest: +SKIP
+    'SHA256:0rQ...'
+    """
+
+    class Read(Exception):
+        signer: str | None
+
+    def stop(signer: str | None) -> None:  # called once the signature is checked, before any member is read
+        found = Read()
+        found.signer = signer
+        raise found
+
+    try:
+        check = check_pack(path, authenticate=stop)
+    except Read as read:
+        return read.signer
+    raise InputError(f"{check.path}: {check.problems[0]}")
 
 
 def unverified(result: Unpacked) -> str:

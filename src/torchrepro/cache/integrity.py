@@ -34,6 +34,7 @@ class _Found(TypedDict):
 
     kind: str  # pack | extracted pack | cache directory
     signer: str | None
+    signed: bool  # a signature is there (``signer`` None then: it does not verify)
     files: int
     bytes: int
     problems: list[str]
@@ -46,6 +47,7 @@ class Verified(TypedDict):
     path: str
     kind: str
     signer: str | None
+    signed: bool
     files: int
     bytes: int
     problems: list[str]
@@ -118,12 +120,21 @@ def _verify_extracted(root: Path) -> tuple[PackManifest, _Found]:
             continue
         total += f["size"]
     good = len(files) - len(problems)
-    if (root / SIGNATURE).is_file():
+    signed = os.path.lexists(root / SIGNATURE)
+    if signed:
         try:
             key = signer(data, (root / SIGNATURE).read_bytes(), str(root / SIGNATURE))
         except (InputError, OSError) as exc:
             problems.append(str(exc))
-    return manifest, {"kind": "extracted pack", "signer": key, "files": good, "bytes": total, "problems": problems}
+    found: _Found = {
+        "kind": "extracted pack",
+        "signer": key,
+        "signed": signed,
+        "files": good,
+        "bytes": total,
+        "problems": problems,
+    }
+    return manifest, found
 
 
 def _verify_cache_dir(root: Path) -> _Found:
@@ -132,6 +143,7 @@ def _verify_cache_dir(root: Path) -> _Found:
     return {
         "kind": "cache directory",
         "signer": None,
+        "signed": False,
         "files": len(entries),
         "problems": problems,
         "bytes": sum(e.size for e in entries),
@@ -140,8 +152,8 @@ def _verify_cache_dir(root: Path) -> _Found:
 
 def verify(path: str | os.PathLike[str]) -> Verified:
     """Check a pack, an extracted pack or a cache directory; ``problems`` lists each defect.
-    ``signer`` is the fingerprint of the key whose signature matches the manifest (None: unsigned;
-    a signature that does not match is a problem). Whether to trust that key is ``unpack``'s question.
+    ``signer`` is the fingerprint of the key whose signature matches the manifest (None: unsigned, or
+    ``signed`` and the signature does not verify, which is a problem). Whether to trust that key is ``unpack``'s question.
 
     A pack built for another installation is not a defect: ``mismatches`` says why ``unpack``
     would refuse it, ``kernels_rebuilt`` why its compiled kernels would be rebuilt here.
@@ -162,6 +174,7 @@ def verify(path: str | os.PathLike[str]) -> Verified:
         found = {
             "kind": "pack",
             "signer": check.signer,
+            "signed": check.signed,
             "files": check.files,
             "bytes": check.bytes,
             "problems": check.problems,

@@ -34,6 +34,7 @@ class Cleared(TypedDict):
     files: int
     bytes: int
     by_category: dict[str, int]
+    probe_bytes: int  # of ``bytes``: torchrepro's own probe graphs (category ``probe``)
     errors: list[str]
     left_alone: list[str]  # links and files inductor does not name as it names its entries
 
@@ -253,7 +254,8 @@ def clear(
 ) -> Cleared:
     """Remove cache entries: all of them, those older than ``older_than`` seconds (by when they
     were written), and/or (``stale``) those no current configuration can hit. A dry run unless
-    ``yes``. Locks, links and files that are not named as inductor names its entries are never
+    ``yes``. torchrepro's own probe graphs beside inductor's entries (category ``probe``) go with
+    them. Locks, links and files that are not named as inductor names its entries are never
     touched: ``left_alone`` lists the latter two.
 
     >>> clear(older_than=parse_age("30d"))["files"]  # doctest: +SKIP
@@ -279,6 +281,7 @@ def clear(
         "files": len(chosen),
         "bytes": sum(e.size for e in chosen),
         "by_category": dict(Counter(e.category for e in chosen)),
+        "probe_bytes": sum(e.size for e in chosen if e.category == "probe"),
         "errors": errors,
         "left_alone": [e.rel for e in entries if e.category in ("other", "link")],
     }

@@ -38,11 +38,16 @@ CATEGORIES = {
     "locks": "lock files",
     "partial": "partial writes (*.tmp)",
     "link": "links",
+    "probe": "torchrepro's probe graphs (check, doctor --probe)",
     "other": "other",
 }
 # What a warm start needs. Never packed: locks, partial writes, links, and precompiled headers
 # (only compiles use them; ~150 MB each, tied to one compiler).
-PACKED = ("fxgraph", "aotautograd", "cpp", "python", "triton", "autotune", "other")
+PACKED = ("fxgraph", "aotautograd", "cpp", "python", "triton", "autotune", "probe", "other")
+# where torchrepro's graph probe keeps the FX graph of each graph it compiled, beside inductor's
+# entries (torchrepro.capture.graph_probe.STORED_GRAPHS; an earlier torchrepro's format under an
+# earlier name): one folder of .graph and .json files
+PROBE_GRAPHS_PREFIX = "torchrepro-graphs"
 
 _READ_LIMIT = 8 << 20
 _CPP_SUFFIXES = (".so", ".cpp", ".o", ".h", ".hpp", ".pyd", ".dylib", ".dll")
@@ -183,6 +188,8 @@ def category_of(parts: tuple[str, ...]) -> str:
         return "locks" if len(parts) > 2 and parts[1] == "locks" else "headers"
     if top == "cache":
         return "autotune"
+    if top.startswith(PROBE_GRAPHS_PREFIX) and len(parts) == 2 and name.endswith((".graph", ".json")):
+        return "probe"
     if len(parts) == 2 and len(top) == 2 and name.split(".", 1)[0][1:3] == top:  # inductor: <h1h2>/<c><h1h2>...
         if name.endswith(".best_config"):
             return "autotune"

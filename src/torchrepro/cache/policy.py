@@ -153,8 +153,53 @@ def prewarm(
         warnings.warn(f"torchrepro: warm start skipped, compiling cold: {exc}", stacklevel=2)
     else:
         if not result["verified"]:
-            warnings.warn(f"torchrepro: {unverified(result)}", stacklevel=2)
+            warnings.warn(f"torchrepro: {unverified(result)}", UnverifiedPack, stacklevel=2)
     return chosen
+
+
+class UnverifiedPack(UserWarning):
+    """A warm-start pack no trusted key signed, unpacked because unsigned packs were allowed."""
+
+
+@dataclass(frozen=True)
+class WarmStartTrust:
+    """What a command says once, before its ranks start, of the signer of its ``--warm-from`` pack:
+    ``usable`` (a trusted signer, or any with ``--allow-unsigned``), ``why`` not trusted (None: a
+    trusted signer) and the one warning line (None: nothing to say)."""
+
+    usable: bool
+    why: str | None = None
+    warning: str | None = None
+
+
+def warm_start_trust(pack: str | os.PathLike[str], allow_unsigned: bool = False) -> WarmStartTrust:
+    """Whether the ranks may unpack ``pack`` as far as its signer goes (:func:`prewarm` checks it
+    again in each rank, with everything else), and the advice, naming what a command has: the keys
+    of ``TORCHREPRO_TRUSTED_KEYS`` and ``--allow-unsigned``.
+
+    >>> warm_start_trust("warm.tar").warning  # doctest: +SKIP
+    '--warm-from warm.tar: the pack is unsigned, and a compile cache is code ...'
+    """
+    from .archive import pack_signer
+    from .signing import TRUSTED_VAR, trusted_keys
+
+    try:
+        keys = trusted_keys()
+        signer = pack_signer(pack)
+    except InputError as exc:
+        why = str(exc).removeprefix(f"{pack}: ")
+        return WarmStartTrust(False, why, f"--warm-from {pack}: {why}; compiling cold")
+    if signer in keys:
+        return WarmStartTrust(True)
+    why = "unsigned" if signer is None else f"signed by {signer}, which is not a key {TRUSTED_VAR} lists"
+    if allow_unsigned:
+        return WarmStartTrust(True, why, f"--warm-from {pack}: the pack is {why}; unpacked because of --allow-unsigned")
+    return WarmStartTrust(
+        False,
+        why,
+        f"--warm-from {pack}: the pack is {why}, and a compile cache is code (torch loads its pickles): compiling "
+        f"cold; list its signer's .pub in {TRUSTED_VAR} if you trust it, or pass --allow-unsigned",
+    )
 
 
 def configure_from_env(environ: Mapping[str, str] | None = None) -> CachePlan | None:

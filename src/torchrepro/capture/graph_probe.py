@@ -30,12 +30,14 @@ from typing import Any
 
 import torch
 
-from ..eventlog.events import Event, GraphProbe
+from ..eventlog.events import Event, GraphProbe, GraphsRan
+from ..eventlog.output_guard import output_folder
 from ..eventlog.rundir import atomic_path
 from ..eventlog.payloads import NodeInfo
 from .fx_nodes import first_line, leaves, node_info, same
 from .._compat import aot_cache_loading, current_compile_id, functorch_config, op_name, patch
 from .kernels import GraphDescription, KernelRepeater, _copy, _digests, accumulates
+from .repro_script import GRAPH_CODE, GRAPH_INPUTS, GRAPH_META, MAX_SAVED_BYTES, TENSOR_FILES, safetensors_bytes
 
 
 MIN_REPEATS = 2  # a graph that differs stops being repeated after this many
@@ -76,6 +78,8 @@ class GraphProber(KernelRepeater):
         self.seen: set[str] = set()
         self.fx: dict[str, Any] = {}  # "compile_id/graph" -> its aten FX graph, as inductor was given it
         self.started, self.extra_s = time.perf_counter(), 0.0  # the extra calls' time (ACCUMULATING_SHARE)
+        self.ran: dict[str, None] = {}  # the graphs this step called, in the order first called
+        self.ran_before: list[str] = []  # ... and those the last GraphsRan event named
 
     def install(self) -> bool:
         self.from_aot_cache = self._load_from_aot_cache()
@@ -137,6 +141,7 @@ class GraphProber(KernelRepeater):
         key = f"{compile_id}/{graph}"
 
         def run(args: list[Any]) -> Any:
+            self.ran[key] = None
             if self._ours or key in self.seen:
                 return real(args)
             self.seen.add(key)
@@ -153,7 +158,12 @@ class GraphProber(KernelRepeater):
         return run
 
     def on_step_end(self, index: int) -> None:
-        """The step recorder's listener: probe every graph first called since the last step."""
+        """The step recorder's listener: say which graphs the step called where they are not those of
+        the step before (:class:`GraphsRan`), and probe every graph first called since the last step."""
+        ran, self.ran = list(self.ran), {}
+        if index >= 0 and ran != self.ran_before:
+            self.ran_before = ran
+            self.emit(GraphsRan(step=index, graphs=ran))
         while self.pending:
             _, call = self.pending.popitem()
             event = self.probe(call)
@@ -388,8 +398,6 @@ def load_graph(path: Path, pickling: Any, fake_mode: Any, files: list[str]) -> t
 
 
 GRAPHS_DIR = "graphs"  # in each rank's folder: one folder a compiled graph (graph_dir_name)
-MAX_SAVED_BYTES = 256 << 20  # a graph whose inputs take more is probed, not saved for torchrepro repro
-GRAPH_CODE, GRAPH_INPUTS, GRAPH_META = "graph.py", "inputs.json", "meta.json"
 
 
 def graph_dir_name(compile_id: str, graph: str) -> str:
@@ -428,11 +436,13 @@ def graph_source(gm: Any) -> str:
 
 
 def save_graph(directory: Path, gm: Any, call: _Call, event: GraphProbe) -> None:
-    """Save one compiled graph for ``torchrepro repro``: its FX code (:func:`graph_source`), its first
-    call's inputs and the constants it reads (``inputs.safetensors`` where safetensors is installed,
-    else ``inputs.pt``: plain tensors, loadable with ``weights_only=True``), how to rebuild each input
-    (sizes, strides, dtype; a Python number by value) and what the probe found. Nothing is saved
-    when the tensors take more than :data:`MAX_SAVED_BYTES`."""
+    """Save one compiled graph for ``torchrepro repro`` into the new folder ``directory``: its FX
+    code (:func:`graph_source`), its first call's inputs and the constants it reads
+    (``inputs.safetensors``: plain tensors, :func:`~.repro_script.safetensors_bytes`), how to
+    rebuild each input (sizes, strides, dtype; a Python number by value) and what the probe found:
+    the files :func:`~.repro_script.parse` reads back. Each file is created fresh (never through a
+    link, never onto an existing file: :func:`~torchrepro.eventlog.output_guard.output_folder`).
+    Nothing is saved when the tensors take more than :data:`~.repro_script.MAX_SAVED_BYTES`."""
     tensors: dict[str, torch.Tensor] = {}
     inputs: list[dict[str, Any]] = []
     for i, x in enumerate(call.inputs):
@@ -461,16 +471,14 @@ def save_graph(directory: Path, gm: Any, call: _Call, event: GraphProbe) -> None
     tensors["rng.cpu"] = call.rng.clone()  # the CPU generator's state at the first call (random ops)
     if sum(t.numel() * t.element_size() for t in tensors.values()) > MAX_SAVED_BYTES:
         raise ValueError(f"its inputs take more than {MAX_SAVED_BYTES >> 20} MiB")
-    source = graph_source(gm)
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        torch.save(tensors, directory / "inputs.pt")
-    else:
-        save_file(tensors, str(directory / "inputs.safetensors"))
-    (directory / GRAPH_CODE).write_text(source, encoding="utf-8")
-    (directory / GRAPH_INPUTS).write_text(json.dumps({"inputs": inputs, "constants": constants}), encoding="utf-8")
     meta = {k: v for k, v in asdict(event).items() if k not in ("t", "rank")}
     meta["torch_version"] = torch.__version__
-    (directory / GRAPH_META).write_text(json.dumps(meta), encoding="utf-8")
+    files = {
+        GRAPH_CODE: graph_source(gm).encode("utf-8"),
+        GRAPH_INPUTS: json.dumps({"inputs": inputs, "constants": constants}).encode(),
+        GRAPH_META: json.dumps(meta).encode(),
+        TENSOR_FILES[0]: safetensors_bytes(tensors),
+    }
+    with output_folder(directory, files, inputs=(), force=False) as folder:
+        for name, data in files.items():
+            folder.write(name, data)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
 from ..telemetry.otlp import record_report
 
 if TYPE_CHECKING:  # imported once there is a report: a rank's `torchrepro run` hands back an int
@@ -42,7 +41,7 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
         assert where is not None, "a drift report is always stored in its experiment's directory"
         render_drift(report, report_path=f"{where / REPORT_FILE} · {where / HTML_FILE}")
         return report.exit_code
-    shown = _report_paths(where) if where else (getattr(args, "html", None) or getattr(args, "json", None))
+    shown = _report_paths(where) if where else _written_to(args)
     if isinstance(report, GoldenReport):
         from ..render.golden_text import render_golden
 
@@ -64,25 +63,40 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
 
 def _write_outputs(report: Report, args: argparse.Namespace) -> None:
     """``--json FILE``, ``--junit FILE``, ``--html FILE`` (:mod:`.outputs`: never onto an input; an
-    existing file only with ``--force``, or a torchrepro page for ``--html``), and the report's
-    verdict on the command's span."""
-    from ..eventlog.rundir import json_text
-    from ..reports.doctor_report import DoctorReport
-    from .outputs import write_args
+    existing file only with ``--force``, or a torchrepro page for ``--html``; ``-``: stdout, written
+    after every file), with paths as reports store them (:func:`~torchrepro.render.paths.stored`),
+    and the report's verdict on the command's span."""
+    from ..render.paths import stored
+    from .options import STDOUT
+    from .outputs import OUTPUT_ARGS, write_args
 
-    if getattr(args, "junit", None) and not isinstance(report, DoctorReport):  # before any file is written
-        raise UserError(f"--junit is written for doctor reports, not for a {report.to_json().get('kind')} report")
-    if getattr(args, "json", None):
-        write_args(args, args.json, json_text(report.to_json()).encode())
-    if getattr(args, "junit", None) and isinstance(report, DoctorReport):
+    shown = stored(report)
+    wanted = [(name, path) for name in OUTPUT_ARGS if isinstance(path := getattr(args, name, None), str) and path]
+    for name, path in sorted(wanted, key=lambda item: item[1] == STDOUT):  # stdout last, after every file
+        write_args(args, path, _document(name, shown))
+    record_report(report)
+
+
+def _document(name: str, report: Report) -> bytes:
+    """The ``--json``, ``--junit`` or ``--html`` document of ``report``."""
+    if name == "junit":
         from ..render.junit import junit_xml
 
-        write_args(args, args.junit, junit_xml(report))
-    if getattr(args, "html", None):
+        return junit_xml(report)
+    if name == "html":
         from ..render.html import render_html
 
-        write_args(args, args.html, render_html(report).encode())
-    record_report(report)
+        return render_html(report).encode()
+    from ..eventlog.rundir import json_text
+
+    return json_text(report.to_json()).encode()
+
+
+def _written_to(args: argparse.Namespace) -> str | None:
+    """The file the command wrote the report to (``--html``, else ``--json``; not stdout)."""
+    from .options import STDOUT
+
+    return next((v for v in (getattr(args, "html", None), getattr(args, "json", None)) if v and v != STDOUT), None)
 
 
 def _report_paths(directory: Path) -> str:

@@ -49,16 +49,24 @@ class CompileCache:
     root: PathLike | None = None
     warm_from: PathLike | None = None
     allow_unsigned: bool = False
+    warm_start_skipped: str | None = None  # why a --warm-from pack was kept from the runs (the command said why)
 
 
 def cache_of(args: argparse.Namespace) -> CompileCache:
     """The :class:`CompileCache` a command's ``--cache-policy``, ``--cache-root``, ``--warm-from`` and
     ``--allow-unsigned`` say."""
-    return CompileCache(args.cache_policy, args.cache_root, args.warm_from, args.allow_unsigned)
+    return CompileCache(
+        args.cache_policy,
+        args.cache_root,
+        args.warm_from,
+        args.allow_unsigned,
+        getattr(args, "warm_start_skipped", None),
+    )
 
 
-def _options(seed: int | None, cache: CompileCache | None, **values: object) -> RunOptions:
-    """The :class:`RunOptions` every run of a command starts from (paths made absolute)."""
+def _options(seed: int | None, cache: CompileCache | None, module: str | None = None, **values: object) -> RunOptions:
+    """The :class:`RunOptions` every run of a command starts from (paths made absolute; ``module``:
+    the script is run as ``python -m MODULE``)."""
     if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2**128):
         raise UserError(f"seed must be an integer >= 0 (and < 2**128), got {seed!r}")
     cache = cache or CompileCache()
@@ -70,6 +78,8 @@ def _options(seed: int | None, cache: CompileCache | None, **values: object) -> 
         cache_root=str(Path(cache.root).resolve()) if cache.root is not None else None,
         warm_from=str(Path(cache.warm_from).resolve()) if cache.warm_from is not None else None,
         allow_unsigned=cache.allow_unsigned,
+        warm_start_skipped=cache.warm_start_skipped,
+        module=module,
         **values,  # type: ignore[arg-type]
     )
 
@@ -77,6 +87,22 @@ def _options(seed: int | None, cache: CompileCache | None, **values: object) -> 
 def _positive(name: str, value: float | None, low: float = 1) -> None:
     if value is not None and (isinstance(value, bool) or not value >= low):
         raise UserError(f"{name} must be at least {low:g}, got {value!r}")
+
+
+def _script(script: PathLike | None, module: str | None) -> Path:
+    """The script a command runs: ``script``, or the file ``python -m MODULE`` runs."""
+    if script is not None:
+        return Path(script)
+    if module is None:
+        raise UserError("give a SCRIPT to run (or -m MODULE)")
+    from argparse import ArgumentTypeError
+
+    from .options import module_script
+
+    try:
+        return Path(module_script(module))
+    except ArgumentTypeError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _out(out: PathLike | None) -> Path | None:
@@ -117,6 +143,7 @@ def doctor(
     only_fixes: Sequence[str] | None = None,
     jobs: int = 1,
     cache: CompileCache | None = None,
+    module: str | None = None,
 ) -> DoctorReport:
     """``torchrepro doctor``: run ``script`` with ``args`` under capture (or read the ``TORCH_TRACE``
     logs in ``trace``) and report its compile health, held to the budgets given
@@ -137,14 +164,14 @@ def doctor(
     if trace is not None:
         if fixes:
             raise UserError("--fixes re-runs the script: give a SCRIPT, not --trace")
-        if script is not None:
+        if script is not None or module is not None:
             raise UserError("give either --trace DIR or a SCRIPT, not both")
         return doctor_from_trace(Path(trace), _out(out), budgets)[0]
-    if script is None:
+    if script is None and module is None:
         raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
-    options = _options(seed, cache, fingerprint_every=fingerprint_every, probe_repeats=probe_repeats or 0)
+    options = _options(seed, cache, module, fingerprint_every=fingerprint_every, probe_repeats=probe_repeats or 0)
     report, run_dir = doctor_script(
-        Path(script),
+        _script(script, module),
         list(args),
         run_dir=_out(out),
         budgets=budgets,
@@ -156,7 +183,7 @@ def doctor(
     if fixes:
         from .doctor.fix_runs import FixRunner, try_fixes_stored
 
-        runner = FixRunner(run_dir, Path(script), list(args), options, nproc=nproc, timeout=timeout)
+        runner = FixRunner(run_dir, _script(script, module), list(args), options, nproc=nproc, timeout=timeout)
         try_fixes_stored(report, runner, only=only, jobs=jobs)
     return report
 
@@ -165,7 +192,7 @@ def doctor(
 
 
 def check(
-    script: PathLike,
+    script: PathLike | None,
     args: Sequence[str] = (),
     *,
     runs: int | None = None,
@@ -182,6 +209,7 @@ def check(
     probe_repeats: int = PROBE_REPEATS,
     disk_budget: int | None = None,
     cache: CompileCache | None = None,
+    module: str | None = None,
 ) -> CheckReport:
     """``torchrepro check``: run ``script`` with ``args`` ``runs`` times (default 2), or once against
     ``against`` (``"eager"`` or ``"fallback-random"``), compare them bit for bit (within ``rtol``/``atol``
@@ -203,10 +231,10 @@ def check(
     _positive("nproc", nproc)
     _positive("probe_repeats", probe_repeats, 0)
     request = CheckRequest(
-        Path(script),
+        _script(script, module),
         list(args),
         runs=runs or 2,
-        options=_options(seed, cache),
+        options=_options(seed, cache, module),
         against=against,
         run_dir=_out(out),
         tolerance=_tolerance(rtol, atol),
@@ -231,7 +259,7 @@ def _tolerance(rtol: float, atol: float) -> Tolerance:
 
 
 def check_resume(
-    script: PathLike,
+    script: PathLike | None,
     args: Sequence[str] = (),
     *,
     at: int,
@@ -240,6 +268,7 @@ def check_resume(
     nproc: int = 1,
     timeout: float | None = None,
     cache: CompileCache | None = None,
+    module: str | None = None,
 ) -> CheckReport:
     """``torchrepro check-resume``: run ``script`` to the end, again stopping after step ``at`` with a
     checkpoint (``torchrepro.checkpoint``), resume in a fresh process and compare bit for bit."""
@@ -247,10 +276,10 @@ def check_resume(
 
     _positive("nproc", nproc)
     return run_check_resume(
-        Path(script),
+        _script(script, module),
         list(args),
         at=at,
-        options=_options(seed, cache),
+        options=_options(seed, cache, module),
         run_dir=_out(out),
         nproc=nproc,
         timeout=timeout,
@@ -279,10 +308,13 @@ def compare(
     out: PathLike | None = None,
     timeout: float | None = None,
     cache: CompileCache | None = None,
+    module: str | None = None,
+    module_b: str | None = None,
 ) -> CompareReport:
     """``torchrepro compare``: is configuration ``b`` the same training as ``a``? Each is a script or
     ``(script, args)``; A runs twice on ``nproc`` ranks, B once on ``nproc_b`` (default ``nproc``;
-    ``resume_b_at``: stopped after that step and resumed), and B is judged against A's band."""
+    ``resume_b_at``: stopped after that step and resumed), and B is judged against A's band.
+    ``module``/``module_b``: A's/B's script is run as ``python -m`` that module."""
     from .compare_runs import compare as run_compare
 
     _positive("nproc", nproc)
@@ -297,10 +329,11 @@ def compare(
     report, _ = run_compare(
         side(a, nproc),
         side(b, nproc_b or nproc),
-        options=_options(seed, cache),
+        options=_options(seed, cache, module),
         run_dir=_out(out),
         resume_b_at=resume_b_at,
         timeout=timeout,
+        module_b=module_b,
     )
     return report
 
@@ -326,6 +359,7 @@ def drift(
     until_clear: bool = False,
     max_runs: int | None = None,
     collect: PathLike | None = None,
+    module: str | None = None,
 ) -> DriftReport:
     """``torchrepro drift``: run ``script`` ``runs`` seeds per factor of ``vary`` (default init,
     order, compile), ``jobs`` at a time, and say which factor makes a real difference to the metric
@@ -335,7 +369,7 @@ def drift(
     from .drift.conduct import DriftRequest, experiment
 
     request = DriftRequest(
-        Path(script) if script is not None else None,
+        _script(script, module) if script is not None or module is not None else None,
         list(args),
         vary=list(vary) if vary is not None else None,
         runs=runs,
@@ -351,6 +385,7 @@ def drift(
         until_clear=until_clear,
         max_runs=max_runs,
         collect=_out(collect),
+        module=module,
     )
     found = experiment(request)
     assert found is not None  # None only for a plan_only request (drift --plan)
@@ -361,7 +396,7 @@ def drift(
 
 
 def record_golden(
-    script: PathLike,
+    script: PathLike | None,
     args: Sequence[str] = (),
     *,
     out: PathLike,
@@ -372,6 +407,7 @@ def record_golden(
     snapshot_budget: int = 0,
     force: bool = False,
     cache: CompileCache | None = None,
+    module: str | None = None,
 ) -> GoldenManifest:
     """``torchrepro golden record``: run ``script`` with ``args`` as ``check`` runs it (``band``: twice,
     for its run-to-run band) and keep the run as the golden directory ``out`` (``force``: replace the
@@ -382,10 +418,10 @@ def record_golden(
     _positive("nproc", nproc)
     _positive("snapshot_budget", snapshot_budget, 0)
     return run_record(
-        Path(script),
+        _script(script, module),
         list(args),
         Path(out),
-        options=_options(seed, cache),
+        options=_options(seed, cache, module),
         band=band,
         snapshot_budget=snapshot_budget,
         nproc=nproc,
@@ -396,7 +432,7 @@ def record_golden(
 
 def check_golden(
     golden: PathLike,
-    script: PathLike,
+    script: PathLike | None,
     args: Sequence[str] = (),
     *,
     out: PathLike | None = None,
@@ -404,6 +440,7 @@ def check_golden(
     timeout: float | None = None,
     localize: bool = True,
     cache: CompileCache | None = None,
+    module: str | None = None,
 ) -> GoldenReport:
     """``torchrepro golden check``: run ``script`` with ``args`` again (with the golden's seed, on its
     number of ranks unless ``nproc`` says otherwise) and judge the run against the golden directory
@@ -415,9 +452,9 @@ def check_golden(
     _positive("nproc", nproc)
     return run_check_golden(
         Path(golden),
-        Path(script),
+        _script(script, module),
         list(args),
-        options=_options(None, cache),
+        options=_options(None, cache, module),
         run_dir=_out(out),
         nproc=nproc,
         timeout=timeout,

@@ -158,7 +158,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     built = result["built_with"]
     made = f", built with torch {built.get('torch')} on {built.get('system')} {built.get('machine')}" if built else ""
     verdict = "FAILED" if result["problems"] else "ok"
-    signed = "" if result["kind"] == "cache directory" else f"; signed by {result['signer'] or 'nobody: unsigned'}"
+    signed = "" if result["kind"] == "cache directory" else f"; {_signature(result['signer'], result['signed'])}"
     print(
         f"verify {verdict}: {result['kind']} {result['path']}: {result['files']} files, "
         f"{size_text(result['bytes'])}{made}{signed}"
@@ -169,11 +169,19 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if result["problems"] else 0
 
 
+def _signature(signer: str | None, signed: bool) -> str:
+    """Who signed a pack, as ``verify`` says it: a signature that does not verify is not "unsigned"."""
+    if signer is not None:
+        return f"signed by {signer}"
+    return "its signature does NOT verify (altered, or not made over this manifest)" if signed else "unsigned"
+
+
 def _cmd_clear(args: argparse.Namespace) -> int:
     from ..render.cache_text import size_text
     from ..cache.inventory import clear
 
     result = clear(args.dir, older_than=args.older_than, stale=args.stale, yes=args.yes)
+    ours = result["by_category"].pop("probe", 0)  # torchrepro's own, said on a line of their own
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(result["by_category"].items())) or "nothing"
     if result["left_alone"]:
         shown = ", ".join(visible(rel) for rel in result["left_alone"][:5])
@@ -182,16 +190,16 @@ def _cmd_clear(args: argparse.Namespace) -> int:
             f"left alone: {len(result['left_alone'])} file(s) or link(s) that are not inductor cache entries: "
             f"{shown}{more}"
         )
+    inductor = result["files"] - ours, result["bytes"] - result["probe_bytes"]
     if result["dry_run"]:
-        print(
-            f"would delete {result['files']} files ({size_text(result['bytes'])}) from {result['path']}: {kinds}; "
-            "run again with --yes to delete"
-        )
+        print(f"would delete {inductor[0]} files ({size_text(inductor[1])}) from {result['path']}: {kinds}")
+        if ours:
+            print(f"would delete {ours} of torchrepro's probe graphs ({size_text(result['probe_bytes'])}) beside them")
+        print("run again with --yes to delete")
         return 0
-    print(
-        f"deleted {result['files'] - len(result['errors'])} files ({size_text(result['bytes'])}) from "
-        f"{result['path']}: {kinds}"
-    )
+    print(f"deleted {inductor[0]} files ({size_text(inductor[1])}) from {result['path']}: {kinds}")
+    if ours:
+        print(f"deleted {ours} of torchrepro's probe graphs ({size_text(result['probe_bytes'])}) beside them")
     for error in result["errors"]:
         print(f"torchrepro: could not delete {error}", file=sys.stderr)
     return 0
@@ -257,7 +265,7 @@ def add_parser(sub: Any) -> None:
     pack.set_defaults(func=_cmd_pack)
 
     unpack = commands.add_parser("unpack", help="verify a pack and unpack it into a cache directory", epilog=_EPILOG)
-    unpack.add_argument("pack", metavar="PACK")
+    unpack.add_argument("pack", metavar="PACK", help="the pack to unpack (torchrepro cache pack made it)")
     unpack.add_argument("--into", metavar="DIR", help="target cache directory (default: the one in use)")
     unpack.add_argument(
         "--headers-into",
@@ -288,7 +296,9 @@ def add_parser(sub: Any) -> None:
     verify = commands.add_parser(
         "verify", help="check a pack or cache directory for damage, without unpacking", epilog=_EPILOG
     )
-    verify.add_argument("target", metavar="PACK|DIR")
+    verify.add_argument(
+        "target", metavar="PACK|DIR", help="a pack, a folder a pack was unpacked into, or a cache directory"
+    )
     verify.add_argument("--json", action="store_true", help="print machine-readable JSON")
     verify.set_defaults(func=_cmd_verify)
 

@@ -34,23 +34,19 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=options.seed, help="seed everything (and PYTHONHASHSEED) from this root in every run")
     p.add_argument("--out", type=options.directory, metavar="DIR", help="where the runs and report go")
-    options.add_outputs(p)
-    options.add_html(p)
+    options.add_outputs(p, html=True)
     options.add_ranks(p)
     options.add_otlp_option(p)
-    p.add_argument("script", metavar="A.py", help="configuration A's script (the reference)")
-    p.add_argument(
-        "args", nargs=argparse.REMAINDER, metavar="ARGS", help=f"A's arguments, then {SEPARATOR} B.py and B's arguments"
-    )
+    options.add_script(p, script_help="configuration A's script (the reference)", sides=SEPARATOR)
     p.set_defaults(func=run)
 
 
-def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
-    """``A.py a-args :: B.py b-args`` → ``((A.py, a-args), (B.py, b-args))``; a ``--`` right after
-    either script is dropped.
+def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str], str | None]]:
+    """``A.py a-args :: B.py b-args`` → ``((A.py, a-args), (B.py, b-args, None))``; a ``--`` right
+    after either script is dropped. B may be ``-m MODULE`` (then ``(its file, b-args, MODULE)``).
 
     >>> split_sides("a.py", ["--x", "1", "::", "b.py", "--", "--y"])
-    (('a.py', ['--x', '1']), ('b.py', ['--y']))
+    (('a.py', ['--x', '1']), ('b.py', ['--y'], None))
     """
     if args.count(SEPARATOR) != 1:
         raise InputError(
@@ -59,13 +55,18 @@ def split_sides(script: str, args: list[str]) -> tuple[tuple[str, list[str]], tu
         )
     at = args.index(SEPARATOR)
     a_args, rest = args[:at], args[at + 1 :]
-    if not rest:
+    if not rest or rest == ["-m"]:
         raise InputError(f"no script after '{SEPARATOR}': give B's script, e.g. {SEPARATOR} train.py --ddp")
 
     def strip(xs: list[str]) -> list[str]:
         return xs[1:] if xs and xs[0] == "--" else xs
 
-    return (script, strip(a_args)), (rest[0], strip(rest[1:]))
+    if rest[0] != "-m":
+        return (script, strip(a_args)), (rest[0], strip(rest[1:]), None)
+    try:
+        return (script, strip(a_args)), (options.module_script(rest[1]), strip(rest[2:]), rest[1])
+    except argparse.ArgumentTypeError as exc:
+        raise InputError(f"B: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> Outcome:
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from ..eventlog.rundir import default_run_dir
     from .api import cache_of, compare
 
-    (script_a, args_a), (script_b, args_b) = split_sides(args.script, args.args)
+    (script_a, args_a), (script_b, args_b, module_b) = split_sides(args.script, args.args)
     out = Path(args.out) if args.out else default_run_dir(script_a, label="compare")
     report = compare(
         (script_a, args_a),
@@ -85,5 +86,7 @@ def run(args: argparse.Namespace) -> Outcome:
         out=out,
         timeout=args.timeout,
         cache=cache_of(args),
+        module=args.module,
+        module_b=module_b,
     )
     return Outcome(report, out)

@@ -27,38 +27,39 @@ def compare(
     resume_b_at: int | None = None,
     timeout: float | None = None,
     console: Any = None,
+    module_b: str | None = None,
 ) -> tuple[CompareReport, Path]:
     """Run A twice and B once (B stopped and resumed when ``resume_b_at``); the report, also
-    written to ``RUN_DIR/report.json``."""
+    written to ``RUN_DIR/report.json``. ``options.module`` is how A runs, ``module_b`` how B runs
+    (``-m MODULE``: the side's script is that module's file)."""
     from .launcher import validate_script
 
     script_a, script_b = validate_script(a[0]), validate_script(b[0])  # before the imports a run needs
-
-    from rich.console import Console
 
     from ..analysis.equivalence import Config, compare_report, judge
     from ..checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
     from ..eventlog.provenance import launch_meta, provenance
     from ..eventlog.rundir import create_run_dir, default_run_dir
+    from ..render.console import console as make_console
     from ..render.save import write_report
     from .check.runs import Checker, RunSpec
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     run_dir = create_run_dir(run_dir or default_run_dir(script_a, label="compare"))
 
-    def checker(script: Path, script_args: list[str], nproc: int) -> Checker:
+    def checker(script: Path, script_args: list[str], nproc: int, module: str | None) -> Checker:
         return Checker(
             script,
             script_args,
             run_dir,
-            options=replace(options, whole_snapshots=True),  # each parameter tensor judged at each snapshot step
+            options=replace(options, whole_snapshots=True, module=module),  # each tensor judged at each snapshot step
             snapshots=True,
             console=console,
             nproc=nproc,
             timeout=timeout,
         )
 
-    ref, other = checker(script_a, a[1], a[2]), checker(script_b, b[1], b[2])
+    ref, other = checker(script_a, a[1], a[2], options.module), checker(script_b, b[1], b[2], module_b)
     specs = [RunSpec("a-1", None, f"A, run 1 of 2 ({a[2]} rank(s))"), RunSpec("a-2", None, "A, run 2 of 2")]
     (run_a1, _), (run_a2, _) = ref.run_all(specs)
     if resume_b_at is None:

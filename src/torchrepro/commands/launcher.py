@@ -588,9 +588,11 @@ def launch(
 
 
 def run_command(script: Path, args: list[str]) -> list[str]:
-    """The ``python -m torchrepro run -- SCRIPT ARGS`` command line of a child process; its
-    :class:`RunOptions` go in its environment (:meth:`RunOptions.env`)."""
-    return [sys.executable, "-m", "torchrepro", "run", "--", str(script), *args]
+    """The ``python -m torchrepro run -- SCRIPT -- ARGS`` command line of a child process (every
+    argument the script's, its options too); its :class:`RunOptions` go in its environment
+    (:meth:`RunOptions.env`), a module run as ``python -m`` runs it among them (``module``: SCRIPT is
+    then its file, what the report names)."""
+    return [sys.executable, "-m", "torchrepro", "run", "--", str(script), "--", *args]
 
 
 # An idle OpenMP thread of torch's CPU build (GNU OpenMP) spins for a while before it sleeps: alone, a

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import sys
 import tarfile
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Callable, NoReturn, TypeVar
 
+from ..render.sanitize import visible
+
 Number = TypeVar("Number", int, float)
+STDOUT = "-"  # an output file named so goes to stdout
 
 
 def _number(
@@ -118,19 +125,173 @@ def pack_file(text: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors as one line, ``torchrepro: error: ...`` (exit 2), like every other error."""
+    """Usage errors as one line, ``torchrepro: error: ...`` (exit 2), like every other error. A
+    command that runs a script (:func:`add_script`) takes ``SCRIPT [ARGS...]`` or ``-m MODULE
+    [ARGS...]``: everything after the script or module is the script's; one of the command's own
+    options among those is said in one warning line (:func:`stray_options`), unless ``--`` says
+    they are the script's."""
+
+    takes_script = False  # add_script sets these
+    script_required = False
+    sides: str | None = None  # compare: the separator of configuration A's and B's command lines
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"torchrepro: error: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self.takes_script and args is not None:
+            self._script_arguments(list(args), parsed)
+        return parsed, extras
 
-def add_outputs(p: argparse.ArgumentParser, junit: bool = False) -> None:
-    """``--json FILE`` (and ``--junit FILE``) with ``--force``: the files a command writes for the
-    user, checked before anything runs (:func:`torchrepro.commands.outputs.check_args`)."""
-    p.add_argument("--json", metavar="FILE", help="also write the report JSON here (a new file unless --force)")
-    if junit:
-        p.add_argument("--junit", metavar="FILE", help="write a JUnit XML result for CI (a new file unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the --json/--junit/--html files if they exist")
+    def _script_arguments(self, given: list[str], parsed: argparse.Namespace) -> None:
+        """Set ``script``, ``module`` and ``args`` from the command line as it was given (argparse
+        drops a ``--`` it meets, and cannot tell an option after ``-m MODULE`` from its own)."""
+        if parsed.module is not None:  # -m MODULE ARGS: everything after -m is the module's
+            at = next(i for i, a in enumerate(given) if a.startswith("-m"))  # argparse's -m: the first
+            tokens = ([given[at][2:]] if len(given[at]) > 2 else []) + given[at + 1 :]
+            if not tokens:
+                self.error("-m needs a MODULE to run (as python -m takes it: package.module)")
+            parsed.module, tail = tokens[0], tokens[1:]
+            try:
+                parsed.script = module_script(parsed.module)
+            except argparse.ArgumentTypeError as exc:
+                self.error(str(exc))
+        elif parsed.script is None and self.script_required:
+            self.error("give the SCRIPT to run (or -m MODULE)")
+        else:
+            tail, start = list(parsed.args), len(given) - len(parsed.args)
+            if tail and start > 0 and given[start:] == tail and given[start - 1] == "--":
+                tail = ["--", *tail]  # argparse dropped the "--" right after the script
+        explicit = tail[:1] == ["--"]
+        parsed.args = tail[1:] if explicit else tail
+        stray = stray_options(self, parsed.args, explicit)
+        if stray:
+            name = visible(f"-m {parsed.module}" if parsed.module else parsed.script)
+            said = f"{', '.join(stray)} after {name} {'is' if len(stray) == 1 else 'are'} the script's"
+            print(
+                f"torchrepro: warning: {said}, not {self.prog}'s: put {'it' if len(stray) == 1 else 'them'} "
+                f"before {name} to give {'it' if len(stray) == 1 else 'them'} to torchrepro (write {name} -- ARGS "
+                "when they are the script's)",
+                file=sys.stderr,
+            )
+
+
+def stray_options(parser: Parser, tokens: list[str], explicit: bool = False) -> list[str]:
+    """The command's own options (``--json``, ``--max-recompiles=0``) among a script's arguments,
+    up to a ``--`` (what follows it is the script's, said so); for ``compare``, on each side of
+    :attr:`Parser.sides`, B's own ``--`` after B's script.
+
+    >>> p = Parser(prog="torchrepro doctor"); _ = p.add_argument("--json")
+    >>> stray_options(p, ["--epochs", "2", "--json=x.json", "--", "--json"])
+    ['--json']
+    """
+    own = {name for name in parser._option_string_actions if name not in ("-h", "--help")}
+    found: list[str] = []
+    at = 0
+    while at < len(tokens):
+        token = tokens[at]
+        if parser.sides is not None and token == parser.sides:  # B's script (or -m MODULE), then B's arguments
+            at += 3 if tokens[at + 1 : at + 2] == ["-m"] else 2
+            explicit = tokens[at : at + 1] == ["--"]
+            continue
+        name = token.split("=", 1)[0] if token.startswith("--") else token
+        if token == "--":
+            explicit = True
+        elif not explicit and name in own and name not in found:
+            found.append(name)
+        at += 1
+    return found
+
+
+def module_script(module: str) -> str:
+    """The file ``python -m MODULE`` would run (a package: its ``__main__``), found as Python finds
+    it (the working directory first, then ``sys.path``) without importing anything of it; an
+    :class:`argparse.ArgumentTypeError` when there is none."""
+    from importlib.machinery import PathFinder
+    from importlib.util import find_spec
+
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"-m {visible(module)}: not a module name (give it as python -m takes it: package.module)"
+        )
+    try:  # a top-level name imports nothing
+        spec = PathFinder.find_spec(parts[0], [os.getcwd()]) or find_spec(parts[0])
+    except (ImportError, ValueError):  # ValueError: a module imported already, without a spec
+        spec = None
+    for at in range(1, len(parts)):
+        below = _locations(spec)
+        if below is None:
+            spec = None
+            break
+        try:
+            spec = PathFinder.find_spec(".".join(parts[: at + 1]), below)
+        except KeyError:  # a namespace package in a package: importlib looks its parent up in sys.modules
+            spec = ModuleSpec(".".join(parts[: at + 1]), None, is_package=True)
+            spec.submodule_search_locations = [p for d in below if os.path.isdir(p := os.path.join(d, parts[at]))]
+    if (below := _locations(spec)) is not None:  # a package runs its __main__
+        spec = PathFinder.find_spec(f"{module}.__main__", below)
+        if spec is None:
+            raise argparse.ArgumentTypeError(
+                f"-m {visible(module)}: a package with no __main__ module, so it cannot be run"
+            )
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        raise argparse.ArgumentTypeError(
+            f"-m {visible(module)}: no such module in the working directory or on sys.path"
+        )
+    return spec.origin
+
+
+def _locations(spec: ModuleSpec | None) -> list[str] | None:
+    """Where a package's modules are (None: not a package), as found: a namespace package's list is
+    not looked up again on ``sys.path`` (the package was found in the working directory)."""
+    found = spec.submodule_search_locations if spec is not None else None
+    return None if found is None else list(getattr(found, "_path", found))
+
+
+def add_outputs(p: argparse.ArgumentParser, *, html: bool = False) -> None:
+    """What a command that reaches a verdict writes for the user: ``--json FILE``, ``--junit
+    FILE`` (and ``--html FILE``), each ``-`` for stdout; ``--force`` to replace them;
+    ``--absolute-paths`` to keep full paths in them. Checked before anything runs
+    (:func:`torchrepro.commands.outputs.check_args`)."""
+    _add_json(p, "also write the report JSON here")
+    p.add_argument(
+        "--junit",
+        metavar="FILE",
+        help="write a JUnit XML result for CI here: a test case per thing judged (a new file unless --force; - for stdout)",
+    )
+    names = ["--json", "--junit"]
+    if html:
+        p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page here")
+        names.append("--html")
+    p.add_argument("--force", action="store_true", help=f"replace the {'/'.join(names)} files if they exist")
+    p.add_argument(
+        "--absolute-paths",
+        action="store_true",
+        help="keep full paths in the reports written (default: a path under the working directory relative to it, "
+        "one under your home directory as ~/...)",
+    )
+
+
+def add_json_output(p: argparse.ArgumentParser, what: str) -> None:
+    """``--json [FILE]`` and ``--force`` for a command that prints data, not a report (``env``,
+    ``watch``): ``--json`` alone, as before, prints it on stdout."""
+    _add_json(p, what, bare=True)
+    p.add_argument("--force", action="store_true", help="replace the --json file if it exists")
+
+
+def _add_json(p: argparse.ArgumentParser, what: str, bare: bool = False) -> None:
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        nargs="?" if bare else None,
+        const=STDOUT if bare else None,
+        help=f"{what} (a new file unless --force; - for stdout, where then only it is printed"
+        + (", as --json alone does)" if bare else ")"),
+    )
 
 
 def runs(text: str) -> int:
@@ -144,7 +305,6 @@ def runs(text: str) -> int:
 def factors(text: str) -> list[str]:
     """``drift --vary``: a comma-separated list of known factors, each named once."""
     from ..analysis.drift import BINARY_FACTORS, RANDOM_FACTORS
-    from ..render.sanitize import visible
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     known = (*RANDOM_FACTORS, *BINARY_FACTORS)
@@ -162,8 +322,6 @@ def factors(text: str) -> list[str]:
 def otlp_endpoint(text: str) -> str:
     """``--otlp-endpoint``: an ``http(s)://host[:port]`` URL (the URL is echoed escaped in the error)."""
     from urllib.parse import urlsplit
-
-    from ..render.sanitize import visible
 
     problem = None
     if any(not c.isprintable() or c.isspace() for c in text):
@@ -220,6 +378,21 @@ def otlp_endpoint_from_env(args: argparse.Namespace) -> None:
             args.otlp_endpoint = value.removesuffix(path) if var != OTLP_ENDPOINT_VARS[0] else value
 
 
+def warm_start(args: argparse.Namespace) -> None:
+    """``--warm-from PACK``: what its signer allows, said once, in one ``torchrepro: warning:``
+    line, before any rank starts (:func:`torchrepro.cache.policy.warm_start_trust`); a pack the
+    ranks may not unpack is kept from them (a cold start, and ``warm_start_skipped`` says why)."""
+    if not getattr(args, "warm_from", None):
+        return
+    from ..cache.policy import warm_start_trust
+
+    trust = warm_start_trust(args.warm_from, args.allow_unsigned)
+    if trust.warning:
+        print(f"torchrepro: warning: {visible(trust.warning)}", file=sys.stderr, flush=True)
+    if not trust.usable:
+        args.warm_from, args.warm_start_skipped = None, f"{args.warm_from}: {trust.why}"
+
+
 def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False) -> None:
     """Add ``--otlp-endpoint URL`` and ``--otel-service-name NAME`` to a command's parser.
     ``in_process``: the command runs the capture session itself (``torchrepro run``), so the
@@ -242,16 +415,44 @@ def add_otlp_option(parser: argparse.ArgumentParser, *, in_process: bool = False
     parser.set_defaults(otlp_in_process=in_process)
 
 
-def add_script(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """``SCRIPT [ARGS...]``: the training script and its arguments."""
-    p.add_argument("script", nargs=None if required else "?", metavar="SCRIPT", help="the training script")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
+def add_script(
+    p: Parser, *, required: bool = True, script_help: str = "the training script", sides: str | None = None
+) -> None:
+    """``SCRIPT [ARGS...]`` or ``-m MODULE [ARGS...]``: the training script, or a module run as
+    ``python -m`` runs it, and its arguments (see :class:`Parser`). ``sides``: ``compare``'s
+    separator of two command lines."""
+    p.takes_script, p.sides = True, sides
+    p.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="MODULE",
+        help="MODULE [ARGS...]: run a module as python -m does (its package imported from the working directory) "
+        "in place of SCRIPT; what follows it is the module's arguments",
+    )
+    p.add_argument("script", nargs="?", metavar="SCRIPT", help=script_help)
+    more = f", then {sides} B.py and B's arguments" if sides else ""
+    p.add_argument(
+        "args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help=f"the script's arguments{more}; after a -- they are the script's even where they are torchrepro's "
+        "options too",
+    )
+    p.script_required = required
 
 
 def add_ranks(p: argparse.ArgumentParser) -> None:
     """How a command launches its runs: ranks, stall timeout, compile-cache policy."""
     p.add_argument(
-        "--nproc", type=positive_int, default=1, metavar="N", help="launch N ranks with torchrun (standalone)"
+        "--nproc",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="launch N ranks with torchrun (standalone); --nproc-per-node and --nproc_per_node as torchrun spells it",
     )
     p.add_argument(
         "--timeout",
@@ -294,8 +495,3 @@ def add_tolerance(p: argparse.ArgumentParser) -> None:
     """``--rtol`` / ``--atol`` (default 0: bit-exact)."""
     p.add_argument("--rtol", type=tolerance, default=0.0, help="relative tolerance (default 0: bit-exact)")
     p.add_argument("--atol", type=tolerance, default=0.0, help="absolute tolerance (default 0: bit-exact)")
-
-
-def add_html(p: argparse.ArgumentParser) -> None:
-    """``--html FILE``: the report as one HTML page."""
-    p.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page here")

@@ -17,10 +17,14 @@ from ._finish import Outcome
 def add_parser(sub: Any) -> None:
     """Register ``report``."""
     p = sub.add_parser("report", help="re-render a stored run")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    options.add_outputs(p, junit=True)
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory (doctor: analysed again from its event logs), or a check, compare, diff or drift "
+        "directory (its stored report)",
+    )
+    options.add_outputs(p, html=True)
     options.add_strict(p)
-    options.add_html(p)
     options.add_otlp_option(p)
     p.add_argument(
         "--jobs",

@@ -23,7 +23,12 @@ def add_parser(sub: Any) -> None:
         "--out", dest="run_dir", type=options.directory, metavar="RUN_DIR", help="run directory shared by all ranks"
     )
     p.add_argument("--seed", type=options.seed, help="seed everything from this root before the script starts")
-    p.add_argument("--fingerprint-every", type=options.positive_int, metavar="N")
+    p.add_argument(
+        "--fingerprint-every",
+        type=options.positive_int,
+        metavar="N",
+        help="fingerprint parameters every N steps (default: as often as costs at most 1%% of the step time)",
+    )
     p.add_argument("--grads", action="store_true", help="also fingerprint gradients before each step")
     p.add_argument(
         "--compile-mode",

@@ -4,7 +4,7 @@ filesystem by a cluster job).
 The view (drawn by :mod:`torchrepro.render.live_text`): steps/s per rank, the ranks that lag, compiles
 and recompiles so far by category, the latest graph break with its line, findings as they appear.
 New rank directories are picked up as they appear; the view ends when the run ends. ``--once
---json`` prints one snapshot.
+--json FILE`` writes one snapshot (``-``, or ``--json`` alone: on stdout).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from ..render.live_text import FollowedRun, render
 def add_parser(sub: Any) -> None:
     """Register ``torchrepro watch``."""
     p = sub.add_parser("watch", help="live view of a run being written: steps/s, lagging ranks, recompiles")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory to follow (doctor --out, run --out)")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    p.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
+    options.add_json_output(p, "with --once: write the snapshot as JSON here")
     p.add_argument(
         "--interval",
         type=options.positive_float,
@@ -43,20 +43,22 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"no such run directory: {run_dir}")
     if args.json and not args.once:
         raise InputError("--json needs --once (a live view is for a terminal)")
-    from rich.console import Console
     from rich.live import Live
+
+    from ..render.console import console
 
     followed = FollowedRun(run_dir)
     followed.poll()
     if args.once:
         snap = followed.snapshot()
         if args.json:
-            print(json.dumps(snap, indent=2))
+            from .outputs import write_args
+
+            write_args(args, args.json, (json.dumps(snap, indent=2) + "\n").encode())
         else:
-            Console().print(render(snap))
+            console().print(render(snap))
         return 0
-    console = Console()
-    with Live(render(followed.snapshot()), console=console, refresh_per_second=4, transient=False) as live:
+    with Live(render(followed.snapshot()), console=console(), refresh_per_second=4, transient=False) as live:
         while not followed.finished:
             time.sleep(args.interval)
             followed.poll()

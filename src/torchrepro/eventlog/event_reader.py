@@ -11,6 +11,7 @@ by field, as they are decoded, and builds no step event. Decoding is :mod:`.even
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -136,11 +137,20 @@ def _rank_from_dir(name: str) -> int:
         return 0
 
 
-def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str], *, follow_links: bool = True) -> BinaryIO:
     """``path`` opened for reading in binary; :class:`InputError` unless it is a regular file: a FIFO
     would block the reader (it is opened non-blocking, then checked), a device would never end.
-    ``OSError`` when it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    Without ``follow_links``, a symbolic link is refused too (a file of someone else's run
+    directory that leads elsewhere: ``graph.py -> ~/.ssh/id_ed25519``). ``OSError`` when it cannot
+    be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
+    except OSError as exc:
+        if not follow_links and exc.errno == errno.ELOOP:
+            raise InputError(
+                f"{path}: a symbolic link: torchrepro reads no file of a run directory through a link"
+            ) from None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError(f"{path}: not a regular file (a FIFO, a device or a directory)")

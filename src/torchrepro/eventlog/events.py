@@ -220,6 +220,18 @@ class GraphProbe(Event):
 
 
 @dataclass(slots=True)
+class GraphsRan(Event):
+    """The compiled graphs step ``step`` called, each ``compile_id/forward`` or ``compile_id/backward``
+    (as :class:`GraphProbe` names them), in the order first called; written by the graph probe at the
+    end of a step whose graphs are not those of the step before, so a step without one ran the graphs
+    of the last one before it (none before the first). A forward whose backward ran in the same step
+    is a training graph; one without (evaluation under ``no_grad``) made no gradient in that step."""
+
+    kind: ClassVar[str] = "graphs_ran"
+    graphs: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Setting(Event):
     """A switch that changes what a step computes, as it was when the first step ended (after
     the script's own set-up): ``deterministic_algorithms``, ``num_threads``, ..."""
@@ -280,6 +292,7 @@ KINDS: dict[str, type[Event]] = {
         Step,
         Capability,
         GraphProbe,
+        GraphsRan,
         Setting,
         Counters,
         Metric,

@@ -321,15 +321,23 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
 MAX_JSON = 64 << 20  # run.json, plan.json: larger is not one torchrepro wrote
 
 
-def read_json_file(path: Path) -> Any:
+def read_regular(path: Path, limit: int, *, follow_links: bool = True) -> bytes:
+    """The bytes of a file of a run directory, at most ``limit``: ``OSError`` when it cannot be
+    read, :class:`InputError` when it is not a regular file (a FIFO, a device; without
+    ``follow_links``, a symbolic link: :func:`~.event_reader.open_regular`) or holds more."""
+    with open_regular(path, follow_links=follow_links) as fp:
+        data = fp.read(limit + 1)
+    if len(data) > limit:
+        over = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+        raise InputError(f"{path}: over {over}: not a file torchrepro wrote")
+    return data
+
+
+def read_json_file(path: Path, *, follow_links: bool = True) -> Any:
     """A small JSON file of a run directory (``run.json``, a drift ``plan.json``): ``OSError``
     when it cannot be read, :class:`InputError` when it is not a regular file or over
-    :data:`MAX_JSON` bytes, ``ValueError`` when it is not JSON."""
-    with open_regular(path) as fp:
-        data = fp.read(MAX_JSON + 1)
-    if len(data) > MAX_JSON:
-        raise InputError(f"{path}: over {MAX_JSON >> 20} MiB: not a file torchrepro wrote")
-    return loads(data)
+    :data:`MAX_JSON` bytes (:func:`read_regular`), ``ValueError`` when it is not JSON."""
+    return loads(read_regular(path, MAX_JSON, follow_links=follow_links))
 
 
 def read_run_json(path: Path) -> JsonObject:

@@ -1,6 +1,6 @@
 """The terminal views of `torchrepro cache status` and `cache explain-miss`. File names, writers and
 key components come from the cache directory and the user's code: every string passes through
-:func:`~torchrepro.render.sanitize.visible` and is printed as plain text."""
+:func:`~torchrepro.render.console.shown` and is printed as plain text."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.text import Text
 from ..analysis.cache_misses import MissExplanation
 from ..reports.cache_status import CacheStatus
 from ..reports.findings import Finding
-from .sanitize import visible_tree
+from .console import ABSENT, console as make_console, figure_columns, shown, text_columns
 from .terminal import render_findings
 
 
@@ -34,8 +34,8 @@ def _age(seconds: float) -> str:
 def render_status(report: CacheStatus, console: Console | None = None) -> None:
     """The inventory of a compile cache (:func:`torchrepro.cache.inventory.status`): totals, one row
     per kind of file, who wrote it, what is never hit, and the findings."""
-    console = console or Console()
-    report = visible_tree(report)  # file names and writers come from the cache directory
+    console = console or make_console()
+    report = shown(report)  # file names and writers come from the cache directory
     perms, totals = report["permissions"], report["totals"]
     console.print(
         Text(
@@ -45,13 +45,13 @@ def render_status(report: CacheStatus, console: Console | None = None) -> None:
         highlight=False,
     )
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("kind", "files", "keys", "size", "oldest", "newest", "never hit"):
-        table.add_column(column, justify="left" if column == "kind" else "right")
+    text_columns(table, "kind")
+    figure_columns(table, "files", "keys", "size", "oldest", "newest", "never hit")
     for name, row in report["categories"].items():
         table.add_row(
             name,
             str(row["files"]),
-            str(row.get("keys", "")),
+            str(row.get("keys", ABSENT)),
             size_text(row["bytes"]),
             _age(row["oldest_age_s"]),
             _age(row["newest_age_s"]),
@@ -60,9 +60,10 @@ def render_status(report: CacheStatus, console: Console | None = None) -> None:
     console.print(table)
     build = report["this_build"]
     for what, counts in report["written_by"].items():
-        shown = ", ".join(f"{value} ({n})" for value, n in counts.items())
+        values = ", ".join(f"{value} ({n})" for value, n in counts.items())
         console.print(
-            Text(f"written by {what}: {shown}   (this process: {build.get(what)})", style="dim"), highlight=False
+            Text(f"written by {what}: {values}   (this process: {build.get(what) or ABSENT})", style="dim"),
+            highlight=False,
         )
     for group in report["unreachable"]:
         console.print(
@@ -77,8 +78,8 @@ def render_status(report: CacheStatus, console: Console | None = None) -> None:
 def render_explain(result: MissExplanation, console: Console | None = None) -> None:
     """Why run B could not reuse run A's compile-cache entries (:func:`torchrepro.analysis.cache_misses.explain_misses`):
     the key component behind each miss, with its fix."""
-    console = console or Console()
-    result = visible_tree(result)  # key components quote the user's code
+    console = console or make_console()
+    result = shown(result)  # key components quote the user's code
     for side in ("a", "b"):
         counts = ", ".join(f"{n} {status}" for status, n in sorted(result["lookups"][side].items()))
         console.print(Text(f"{side.upper()} = {result[side]}: {counts}"), highlight=False)

@@ -1,6 +1,7 @@
 """The terminal view of a drift report: the verdict, effects of binary factors, variance shares,
 what could not be separated, excluded runs. Every text passes through
-:func:`~torchrepro.render.sanitize.visible_tree` and is shown without markup."""
+:func:`~torchrepro.render.console.shown` and is shown without markup; an absent figure is a dash,
+NaN and infinities as the runs produced them."""
 
 from __future__ import annotations
 
@@ -11,21 +12,21 @@ from rich.text import Text
 from ..analysis.drift import fmt_number
 from ..analysis.sequential import plan_sentence
 from ..reports.drift_report import DriftReport, Sequential
-from .sanitize import visible_tree
+from .console import ABSENT, clip, console as make_console, figure, figure_columns, shown, text_columns
 
 
 def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4g}"
+    return figure(x, 4)
 
 
 def _ci(ci: list[float] | None, scale: float = 1.0, fmt: str = "{:.4g}") -> str:
-    return "n/a" if not ci else "[" + ", ".join(fmt.format(v * scale) for v in ci) + "]"
+    return ABSENT if not ci else "[" + ", ".join(fmt.format(v * scale) for v in ci) + "]"
 
 
 def render_drift(report: DriftReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict first, then one table per kind of factor and every run that was left out."""
-    console = console or Console()
-    report = visible_tree(report)  # metric, labels and errors come from the user's script
+    console = console or make_console()
+    report = shown(report)  # metric, labels and errors come from the user's script
     drift = report.drift
     console.print(Text(report.verdict_line, style="bold"), highlight=False)
     console.print(
@@ -44,8 +45,8 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         )
     if drift.effects:
         table = Table(title="binary factors (paired on the same seeds)", title_justify="left")
-        for col in ("factor", "levels", "difference", "95 % CI", "p", "MDE", "pairs"):
-            table.add_column(col, justify="left" if col in ("factor", "levels") else "right")
+        text_columns(table, "factor", "levels")
+        figure_columns(table, "difference", "95 % CI", "p", "MDE", "pairs")
         for e in drift.effects:
             table.add_row(
                 e.factor,
@@ -63,15 +64,15 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         )
     if drift.factors:
         table = Table(title="random factors (variance components, crossed design)", title_justify="left")
-        for col in ("factor", "levels", "std", "share", "95 % CI"):
-            table.add_column(col, justify="left" if col == "factor" else "right")
+        text_columns(table, "factor")
+        figure_columns(table, "levels", "std", "share", "95 % CI")
         for f in drift.factors:
             share = f["variance_share"]
             table.add_row(
                 f["name"],
                 str(f["levels"] or ""),
                 _num(f["std"]),
-                "not separable" if f.get("not_separable") else "n/a" if share is None else f"{100 * share:.0f} %",
+                "not separable" if f.get("not_separable") else ABSENT if share is None else f"{100 * share:.0f} %",
                 _ci(f["ci95"], 100, "{:.0f}"),
             )
         console.print(table)
@@ -87,7 +88,7 @@ def render_drift(report: DriftReport, console: Console | None = None, report_pat
         console.print(Text(f" · {note}", style="cyan"), highlight=False)
     for run in drift.excluded:
         console.print(
-            Text(f" ✗ run {run.index} excluded ({run.status}): {run.error or ''}"[:240], style="red"),
+            Text(clip(f" ✗ run {run.index} excluded ({run.status}): {run.error or ABSENT}", 240), style="red"),
             highlight=False,
         )
     if report_path:
@@ -103,8 +104,9 @@ def _render_path(console: Console, seq: Sequential) -> None:
         title=f"--until-clear: {seq['runs_used']} runs of at most {seq['max_runs']}, the path as runs were added",
         title_justify="left",
     )
-    for col in ("factor", "runs", "estimate", "interval", "evidence", "decision"):
-        table.add_column(col, justify="left" if col in ("factor", "decision") else "right")
+    text_columns(table, "factor")
+    figure_columns(table, "runs", "estimate", "interval", "evidence")
+    text_columns(table, "decision")
     for f in seq["factors"]:
         for i, step in enumerate(f["path"]):
             last = i == len(f["path"]) - 1
@@ -114,7 +116,7 @@ def _render_path(console: Console, seq: Sequential) -> None:
             table.add_row(
                 f["factor"] if i == 0 else "",
                 str(step["runs"]),
-                "n/a" if estimate is None else (f"{100 * estimate:.0f} %" if share else _num(estimate)),
+                ABSENT if estimate is None else (f"{100 * estimate:.0f} %" if share else _num(estimate)),
                 _ci(step["interval"], scale, fmt) if step["interval"] else "unbounded",
                 f"p {step['p_value']:.2g} < {step['alpha_spent']:.2g}?" if share else f"wealth {step['wealth']:.3g}",
                 f["decision"].replace("_", " ") if last else "",

@@ -1,7 +1,7 @@
 """The terminal view of `torchrepro env` (:func:`torchrepro.capture.environment.collect`'s data): versions,
 determinism switches, compile caches, risky variables. Values (paths, variables) pass through
-:func:`~torchrepro.render.sanitize.visible_tree` and are shown as plain text (no rich markup from
-paths or values). Nothing here imports torch."""
+:func:`~torchrepro.render.console.shown` and are shown as plain text (no rich markup from paths
+or values); names, values and paths wrap, never cut. Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..eventlog.events import NOT_AVAILABLE
 from ..eventlog.payloads import EnvInfo
-from .sanitize import visible_tree
+from .console import ABSENT, console as make_console, shown, text_columns
 
 
 def render_env(info: EnvInfo, console: Console | None = None) -> None:
@@ -21,12 +21,12 @@ def render_env(info: EnvInfo, console: Console | None = None) -> None:
 
     Example: ``render_env(envinfo.collect())``, or ``render_env(info, Console(file=buf))`` to capture it.
     """
-    console = console or Console()
-    info = visible_tree(info)  # paths and variables come from outside
+    console = console or make_console()
+    info = shown(info)  # paths and variables come from outside
     title = f"torchrepro {info['torchrepro']} — env fingerprint {info['env_fingerprint']}"
     versions = Table(title=title, show_header=False, title_justify="left")
-    versions.add_column(style="bold")
-    versions.add_column()
+    versions.add_column(style="bold", no_wrap=True)
+    versions.add_column(overflow="fold")
     for key, value in info["versions"].items():
         versions.add_row(key, Text(value), style="dim" if value == NOT_AVAILABLE else None)
     hardware = info["hardware"]
@@ -42,11 +42,11 @@ def render_env(info: EnvInfo, console: Console | None = None) -> None:
 
     marks = {"ok": ("✓", "green"), "risk": ("✗", "bold red"), "info": ("–", "dim")}
     audit_table = Table(title="Determinism switches", title_justify="left")
-    for column in ("", "switch", "value", "recommended", "note"):
-        audit_table.add_column(column)
+    audit_table.add_column("", no_wrap=True)
+    text_columns(audit_table, "switch", "value", "recommended", "note")
     for s in info["determinism"]:
         mark, style = marks[s["status"]]
-        recommended = "" if s["recommended"] is None else s["recommended"]
+        recommended = ABSENT if s["recommended"] is None else s["recommended"]
         audit_table.add_row(
             Text(mark, style=style),
             *_cells(s["name"], s["value"], recommended, s["note"]),
@@ -55,8 +55,7 @@ def render_env(info: EnvInfo, console: Console | None = None) -> None:
     console.print(audit_table)
 
     caches = Table(title="Compile caches", title_justify="left")
-    for column in ("cache", "path", "from", "exists", "owner", "mode", "risk"):
-        caches.add_column(column)
+    text_columns(caches, "cache", "path", "from", "exists", "owner", "mode", "risk")
     for c in info["caches"]:
         risk = "\n".join(c["risks"]) or c["note"]
         caches.add_row(
@@ -65,8 +64,8 @@ def render_env(info: EnvInfo, console: Console | None = None) -> None:
                 c["path"],
                 c["source"],
                 "yes" if c["exists"] else "no",
-                c["owner"] or "",
-                c["mode"] or "",
+                c["owner"] or ABSENT,
+                c["mode"] or ABSENT,
                 risk,
             ),
             style="bold red" if c["risks"] else None,
@@ -74,8 +73,7 @@ def render_env(info: EnvInfo, console: Console | None = None) -> None:
     console.print(caches)
 
     env = Table(title="Environment variables", title_justify="left")
-    for column in ("variable", "value", "note"):
-        env.add_column(column)
+    text_columns(env, "variable", "value", "note")
     for v in info["env_vars"]:
         env.add_row(*_cells(v["name"], v["value"], v["note"]), style="red" if v["risky"] else None)
     console.print(env)

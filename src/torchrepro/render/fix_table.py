@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..reports.doctor_report import CompileFixRow, FixMeasure, FixRecommendation
+from .console import ABSENT
 
 FIX_COLUMNS = ("fix", "applied to", "compiles", "recompiles", "breaks", "compile s", "ms/step", "numerics", "status")
 
@@ -25,7 +26,7 @@ def fix_cells(row: CompileFixRow) -> list[str]:
     def figure(key: FixFigure, scale: float = 1.0, digits: int = 0) -> str:
         def one(m: FixMeasure | None) -> str:
             value = None if m is None else m.get(key)
-            return "?" if value is None else f"{value * scale:.{digits}f}"
+            return ABSENT if value is None else f"{value * scale:.{digits}f}"
 
         return f"{one(before)} → {one(after)}"
 
@@ -58,8 +59,8 @@ def fix_recommendation(recommended: FixRecommendation | None) -> str:
         after = together["after"]
         text += (
             f"; together ({' + '.join(recommended['set'])}): recompiles {together['before']['recompiles']} → "
-            f"{after.get('recompiles', '?') if after else '?'}, breaks {together['before']['graph_breaks']} → "
-            f"{after.get('graph_breaks', '?') if after else '?'}, {together['status'].replace('_', ' ')}, "
+            f"{after.get('recompiles', ABSENT) if after else ABSENT}, breaks {together['before']['graph_breaks']} → "
+            f"{after.get('graph_breaks', ABSENT) if after else ABSENT}, {together['status'].replace('_', ' ')}, "
             f"numerics {(together['numerics'] or 'not compared').replace('_', ' ')}"
         )
     return text

@@ -15,8 +15,9 @@ from ..eventlog.rundir import size_text
 from ..reports.check_report import CheckReport
 from ..reports.compare_report import CompareReport
 from ..reports.golden_report import GoldenReport
-from .sanitize import visible, visible_tree
-from .terminal import _TONE, render_findings
+from .console import console as make_console, shown
+from .sanitize import visible
+from .terminal import _verdict, render_findings
 
 
 def recorded_line(manifest: GoldenManifest, directory: str | Path) -> str:
@@ -46,18 +47,19 @@ def first_divergence_line(report: CheckReport | CompareReport | GoldenReport) ->
         module = f"; module {p['module']}" if p.get("module") else ""
         return visible(f"first divergence: step {p['step']}, {where}{what}{module}: out of A's band")
     fd = report.determinism.first_divergence
-    if not fd:
+    if fd is None:
         return None
-    parameter = fd.get("parameter") or (fd.get("detail") or {}).get("first_parameter")
+    ev = fd.evidence
+    parameter = ev.parameter or fd.detail.get("first_parameter")
     parts = [
-        f"step {fd['step']}",
-        f"rank {fd['rank']}",
-        str(fd["what"]),
-        f"module {fd.get('module') or '—'}",
-        f"op {fd.get('op') or '—'}",
-        f"cause {fd.get('cause') or 'unknown'}",
+        f"step {fd.step}",
+        f"rank {fd.rank}",
+        fd.what,
+        f"module {ev.module or '—'}",
+        f"op {ev.op or '—'}",
+        f"cause {fd.cause or 'unknown'}",
     ]
-    at = f", at {fd['source']}" if fd.get("source") else ""
+    at = f", at {ev.source}" if ev.source else ""
     tensor = f" (parameter {parameter})" if parameter else ""
     return visible(f"first divergence: {', '.join(parts)}{at}{tensor}")
 
@@ -66,9 +68,9 @@ def render_golden(report: GoldenReport, console: Console | None = None, report_p
     """Verdict on the first line; then what is still possible under another environment (unless the
     line says it), the first divergence, the band, the findings (what differs from the recorded
     environment among them) and notes."""
-    console = console or Console()
-    report = visible_tree(report)
-    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
+    console = console or make_console()
+    report = shown(report)
+    _verdict(console, report.verdict_line, report.verdict.tone)
     if report.still_possible and report.still_possible not in report.verdict_line:
         console.print(f"still possible: {report.still_possible}", highlight=False, markup=False)
     if (line := first_divergence_line(report)) is not None:
@@ -78,7 +80,7 @@ def render_golden(report: GoldenReport, console: Console | None = None, report_p
         console.print(
             Text(f"against the golden's band: {band['verdict']} ({band['reason']})", style="dim"), highlight=False
         )
-    render_findings(console, report.findings)
+    render_findings(console, report.findings, verdict=report.verdict_line)
     for note in [*report.notes, *(report.check.determinism.notes if report.check else [])][:5]:
         console.print(Text(f"note: {note}", style="dim"))
     if report_path:

@@ -4,9 +4,10 @@
 :class:`FollowedRun` joins the two halves below it: :class:`~torchrepro.eventlog.tail.RunFollower`
 reads what is new in the run directory, :class:`~torchrepro.analysis.live.LiveRun` takes the
 events in, and :meth:`FollowedRun.snapshot` is the view's data (``watch --once --json`` prints it).
-Every text of a snapshot passes through :func:`~torchrepro.render.sanitize.visible_tree` before it
-is drawn: a file name or graph-break reason from the user's script cannot control the terminal, and
-a newline in it shows as ``\\n`` (the status line stays one line).
+Every text of a snapshot passes through :func:`~torchrepro.render.console.shown` before it is
+drawn: a file name or graph-break reason from the user's script cannot control the terminal, a
+newline in it shows as ``\\n`` (the status line stays one line), and a path is shown by the one
+rule (relative under the working directory).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ..analysis.live import LiveRun, is_finished, snapshot
 from ..eventlog.tail import RunFollower
 from ..reports.live_snapshot import LiveSnapshot, WatchSnapshot
-from .sanitize import visible_tree
+from .console import ABSENT, figure_columns, location, shown, text_columns
 
 if TYPE_CHECKING:  # rich is imported where a view is drawn: doctor imports this module in every run
     from rich.console import Group
@@ -63,17 +64,17 @@ class FollowedRun:
 
 
 def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+    return ABSENT if value is None else f"{value:.1f}"
 
 
 def _categories(snap: LiveSnapshot) -> str:
     by = snap["recompiles_by_category"]
-    return ", ".join(f"{k} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+    return ", ".join(f"{k or 'other'} {v}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 def status_line(snap: LiveSnapshot) -> str:
     """One line: ranks, steps, steps/s, compiles, recompiles by category, graph breaks, lag."""
-    snap = visible_tree(snap)
+    snap = shown(snap)
     ranks = snap["ranks"]
     steps = max((r["steps"] for r in ranks.values()), default=0)
     rates = [r["steps_per_s"] for r in ranks.values() if r["steps_per_s"] is not None]
@@ -96,15 +97,15 @@ def render(snap: WatchSnapshot) -> Group:
     from rich.table import Table
     from rich.text import Text
 
-    snap = visible_tree(snap)
+    snap = shown(snap)
     state = "finished" if snap["finished"] else "running"
     title = Text(
         f"torchrepro watch {snap['run_dir']} — {state}, {snap['ranks_seen']}/{snap['world_size']} rank(s)",
         style="bold",
     )
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("rank", "status", "steps", "steps/s", "compiles", "recompiles", "graph breaks", "idle s"):
-        table.add_column(column, justify="left" if column in ("rank", "status") else "right")
+    text_columns(table, "rank", "status")
+    figure_columns(table, "steps", "steps/s", "compiles", "recompiles", "graph breaks", "idle s")
     lagging = set(snap["lagging_ranks"])
     for rank, r in snap["ranks"].items():
         age = r["last_event_age_s"]
@@ -116,7 +117,7 @@ def render(snap: WatchSnapshot) -> Group:
             str(r["compiles"]),
             str(r["recompiles"]),
             str(r["graph_breaks"]),
-            "-" if age is None or r["status"] != "running" else f"{age:.0f}",
+            ABSENT if age is None or r["status"] != "running" else f"{age:.0f}",
             style="yellow" if int(rank) in lagging else None,
         )
     lines: list[Any] = [title, table if snap["ranks"] else Text("waiting for the first rank…", style="dim")]
@@ -124,12 +125,15 @@ def render(snap: WatchSnapshot) -> Group:
         lines.append(Text(f"recompiles by category: {_categories(snap)}"))
     gb = snap["latest_graph_break"]
     if gb:
-        where = f"{gb['file']}:{gb['line']}" if gb["file"] else "unknown location"
-        lines.append(Text(f"latest graph break (rank {gb['rank']}, step {gb['step']}): {where}: {gb['reason']}"))
+        where = location(gb["file"], gb["line"]) if gb["file"] else "unknown location"
+        step = ABSENT if gb["step"] is None else gb["step"]
+        lines.append(Text(f"latest graph break (rank {gb['rank']}, step {step}): {where}: {gb['reason']}"))
         if gb["source"]:
             lines.append(Text(f"    {gb['source']}", style="dim"))
     for f in snap["findings"][:8]:
         lines.append(Text(f" {f['severity'][0].upper()} ", style=_STYLE.get(f["severity"], "")) + Text(f["title"]))
+    if len(snap["findings"]) > 8:
+        lines.append(Text(f" … {len(snap['findings']) - 8} more (watch --once --json lists them)", style="dim"))
     return Group(*lines)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from enum import Enum
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 _T = TypeVar("_T")
@@ -63,19 +64,29 @@ def visible_tree(data: _T, newlines: bool = False) -> _T:
     >>> visible_tree({"title\x07": ["\u202eevil\n", 3]})
     {'title\\x07': ['\\u202eevil\\n', 3]}
     """
-    return cast(_T, _visible_tree(data, newlines))  # the same shape (a tuple comes back a list, as JSON has it)
+    return map_strings(data, lambda text: visible(text, newlines), keys=visible)
 
 
-def _visible_tree(data: Any, newlines: bool) -> Any:
-    if isinstance(data, Enum):
+def map_strings(data: _T, change: Callable[[str], str], keys: Callable[[str], str] | None = None) -> _T:
+    """A copy of a JSON-like structure (or a dataclass of them, such as a typed report) with
+    ``change`` applied to every string in it, and ``keys`` (default: ``change``) to every key.
+
+    >>> map_strings({"a": ["b", 1]}, str.upper)
+    {'A': ['B', 1]}
+    """
+    return cast(_T, _map(data, change, keys or change))  # the same shape (a tuple comes back a list, as JSON has it)
+
+
+def _map(data: Any, change: Callable[[str], str], keys: Callable[[str], str]) -> Any:
+    if isinstance(data, Enum):  # before str: a Verdict is both
         return data
+    if isinstance(data, str):  # the commonest first: a report of many ranks holds tens of thousands
+        return change(data)
+    if isinstance(data, dict):
+        return {keys(k) if isinstance(k, str) else k: _map(v, change, keys) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_map(v, change, keys) for v in data]
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         fields = (f.name for f in dataclasses.fields(data) if f.init)
-        return dataclasses.replace(data, **{name: _visible_tree(getattr(data, name), newlines) for name in fields})
-    if isinstance(data, str):
-        return visible(data, newlines)
-    if isinstance(data, dict):
-        return {visible(k) if isinstance(k, str) else k: _visible_tree(v, newlines) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_visible_tree(v, newlines) for v in data]
+        return dataclasses.replace(data, **{name: _map(getattr(data, name), change, keys) for name in fields})
     return data

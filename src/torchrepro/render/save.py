@@ -7,15 +7,18 @@ from pathlib import Path
 
 from ..eventlog.rundir import HTML_FILE, REPORT_FILE, disk_use, size_text, write_json
 from .html import write_html
+from .paths import stored
 from ..reports.loader import Report
 
 
 def write_report(directory: Path, report: Report) -> None:
     """Write ``report.json`` and ``report.html`` into ``directory`` (atomically, each), the end of
-    a run (doctor, check, drift): then say on stderr what the run directory holds on disk, so a
-    log that grows more than it should is seen (docs/performance.md, "The event log on disk")."""
-    write_json(directory / REPORT_FILE, report.to_json())
-    write_html(report, directory / HTML_FILE)
+    a run (doctor, check, drift), with paths as :func:`~torchrepro.render.paths.stored` writes them:
+    then say on stderr what the run directory holds on disk, so a log that grows more than it
+    should is seen (docs/performance.md, "The event log on disk")."""
+    shown = stored(report)
+    write_json(directory / REPORT_FILE, shown.to_json())
+    write_html(shown, directory / HTML_FILE)
     total, logs = disk_use(directory)
     print(
         f"torchrepro: {directory} holds {size_text(total)} ({size_text(logs)} of event logs)",

@@ -1,7 +1,9 @@
 """A one-screen rich summary of a report. Every string of the report passes through
-:func:`~torchrepro.render.sanitize.visible_tree` first and is printed without markup: text from the
-user's script (exception messages, guards, file names) cannot style or control the terminal, and a
-newline in it shows as ``\\n``, so each finding stays on its line."""
+:func:`~torchrepro.render.console.shown` first and is printed without markup: text from the
+user's script (exception messages, guards, file names) cannot style or control the terminal, a
+newline in it shows as ``\\n``, so each finding stays on its line, and a path is shown by the one
+rule (relative under the working directory). The layout (:mod:`torchrepro.render.console`): the
+verdict once, names, guards, reasons and paths wrapped and never cut, an absent value a dash."""
 
 from __future__ import annotations
 
@@ -16,31 +18,42 @@ from ..reports.check_report import CheckReport, Determinism, GraphProbeRecord
 from ..reports.compare_report import CompareReport
 from ..reports.doctor_report import DoctorReport, RankCompiles
 from ..reports.findings import Finding
+from .console import (
+    ABSENT,
+    cell,
+    console as make_console,
+    figure,
+    figure_columns,
+    location,
+    shown,
+    text_columns,
+)
 from .fix_table import FIX_COLUMNS, fix_cells, fix_recommendation
-from .sanitize import visible_tree
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _MARK = {"error": "✗", "warning": "!", "info": "·"}
 _TONE = {"ok": "bold green", "warn": "bold yellow", "bad": "bold red"}  # the verdict's colour, by Verdict.tone
 
 
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
-def _short(path: str | None, width: int = 48) -> str:
-    if not path:
-        return "?"
-    return path if len(path) <= width else "…" + path[-(width - 1) :]
-
-
 def _row(table: Table, *cells: str) -> None:
     table.add_row(*(Text(cell) for cell in cells))  # plain text: no markup in a guard or reason
 
 
-def render_findings(console: Console, findings: list[Finding], limit: int = 8) -> None:
-    """The first ``limit`` findings, each with its fix."""
-    findings = visible_tree(findings)
+def _verdict(console: Console, line: str, tone: str) -> None:
+    console.print(Text(line, style=_TONE[tone]), highlight=False, markup=False)
+
+
+def render_findings(console: Console, findings: list[Finding], limit: int = 8, verdict: str | None = None) -> None:
+    """The first ``limit`` findings, each with its fix. A finding that says what the ``verdict``
+    line above it says (a comparison's divergence, which the verdict may extend after a ``;``: the
+    measured fix, the backend stage) shows its fix only, under the verdict: the verdict is printed
+    once."""
+    findings = shown(findings)
+    said = [f for f in findings if verdict is not None and _says(verdict, f.title)]
+    for f in said:
+        if f.hint:
+            console.print(Text(f"   fix: {f.hint}", style="dim"), highlight=False, markup=False)
+    findings = [f for f in findings if f not in said]
     for f in findings[:limit]:
         console.print(
             Text(f" {_MARK[f.severity]} ", style=_STYLE[f.severity]) + Text(f.title), highlight=False, markup=False
@@ -51,38 +64,53 @@ def render_findings(console: Console, findings: list[Finding], limit: int = 8) -
         console.print(Text(f"   … {len(findings) - limit} more in report.json", style="dim"))
 
 
+TABLE_ROWS = 8  # rows of the recompile and graph-break tables; the report holds them all
+
+
+def _says(verdict: str, title: str) -> bool:
+    """Whether the ``verdict`` line says what a finding's ``title`` says (the same, or extended)."""
+    return verdict == title or verdict.startswith(f"{title}; ")
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+
+
+def _more_rows(console: Console, rows: int, shown: int) -> None:
+    if rows > shown:
+        console.print(Text(f"… {rows - shown} more in report.json", style="dim"), highlight=False)
+
+
 def render_doctor(report: DoctorReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict, top findings with fixes, recompiles by function, category and guard, graph breaks by location."""
-    console = console or Console()
-    report = visible_tree(report)
-    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
+    console = console or make_console()
+    report = shown(report)
+    _verdict(console, report.verdict_line, report.verdict.tone)
     c = report.compile
     if report.findings:
-        render_findings(console, report.findings)
+        render_findings(console, report.findings, verdict=report.verdict_line)
     if c["recompile_groups"]:
-        table = Table(title="recompiles", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("function", "category", "count", "first step", "guard"):
-            table.add_column(col, overflow="fold")
-        for row in c["recompile_groups"][:8]:
-            _row(
-                table,
-                str(row["function"]),
-                str(row["category"]),
-                str(row["count"]),
-                str(row["steps"][0]),
-                row["guard"][:60],
-            )
+        table = _table("recompiles")
+        text_columns(table, "function", "category")
+        figure_columns(table, "count", "first step")
+        text_columns(table, "guard")
+        for row in c["recompile_groups"][:TABLE_ROWS]:
+            first = row["steps"][0] if row["steps"] else None
+            _row(table, row["function"], row["category"] or "other", str(row["count"]), cell(first), row["guard"])
         console.print(table)
+        _more_rows(console, len(c["recompile_groups"]), TABLE_ROWS)
     if c["graph_break_groups"]:
-        table = Table(title="graph breaks", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("location", "count", "reason", "id"):
-            table.add_column(col, overflow="fold")
-        for group in c["graph_break_groups"][:8]:
-            where = f"{_short(group['file'])}:{group['line']}" + (
+        table = _table("graph breaks")
+        text_columns(table, "location")
+        figure_columns(table, "count")
+        text_columns(table, "reason", "id")
+        for group in c["graph_break_groups"][:TABLE_ROWS]:
+            where = location(group["file"], group["line"]) + (
                 f" ({ranks_label(group['ranks_text'])})" if len(report.run.ranks) > 1 else ""
             )
-            _row(table, where, str(group["count"]), group["reason"][:60], group["gb_id"] or "")
+            _row(table, where, str(group["count"]), group["reason"], group["gb_id"] or "")
         console.print(table)
+        _more_rows(console, len(c["graph_break_groups"]), TABLE_ROWS)
         if c.get("graph_breaks_relogged"):
             console.print(
                 f"({c['graph_breaks_relogged']} more record(s) of these breaks, logged again when Dynamo restarted or "
@@ -103,7 +131,11 @@ def render_doctor(report: DoctorReport, console: Console | None = None, report_p
     )
     for rank, s in steps.items() if len(c["per_rank"]) <= 1 else ():
         if s.steps:
-            loss = f"loss {s.first_loss:.4g} → {s.last_loss:.4g}" if s.first_loss is not None else "no loss seen"
+            loss = (
+                f"loss {figure(s.first_loss, 4)} → {figure(s.last_loss, 4)}"
+                if s.first_loss is not None
+                else "no loss seen"
+            )
             ms = "no step times" if s.median_step_s is None else f"median {s.median_step_s * 1e3:.1f} ms/step"
             console.print(f"rank {rank}: {s.steps} steps, {ms}, {loss}", highlight=False, markup=False)
     for cap in report.capabilities:
@@ -148,29 +180,34 @@ def _render_ranks(console: Console, report: DoctorReport, per_rank: dict[str, Ra
         title, unit = f"{len(per_rank)} ranks in {len(groups)} group(s) alike, each shown by its first rank", "group"
     else:
         rows, title, unit = [(rank, rank, "") for rank in sorted(per_rank, key=int)], "per rank", "rank"
-    columns = ("status", "steps", "compiles", "recompiles", "breaks", "compile s", "ms/step")
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    table.add_column("ranks" if grouped else "rank", justify="left" if grouped else "right")
-    for col in columns:
-        table.add_column(col, justify="right")
+    table = _table(title)
     if grouped:
-        table.add_column("behaviour", overflow="fold")
+        text_columns(table, "ranks")
+    else:
+        figure_columns(table, "rank")
+    text_columns(table, "status")
+    figure_columns(table, "steps", "compiles", "recompiles", "breaks", "compile s", "ms/step")
+    if grouped:
+        text_columns(table, "behaviour")
     for label, rank, difference in rows[:RANK_ROWS]:
         figures: Mapping[str, object] = per_rank.get(rank, {})
         outcome, rank_steps = report.run.ranks.get(rank), report.steps.per_rank.get(rank)
         ms = rank_steps.median_step_s if rank_steps else None
         cells = [
             label,
-            outcome.status if outcome else "?",
+            outcome.status if outcome else ABSENT,
             str(rank_steps.steps if rank_steps else 0),
             *(str(figures.get(k, 0)) for k in ("compiles", "recompiles", "graph_breaks")),
             f"{figures.get('compile_time_s', 0.0):.2f}",
-            "" if ms is None else f"{ms * 1e3:.1f}",
+            ABSENT if ms is None else f"{ms * 1e3:.1f}",
         ]
         _row(table, *cells, *([difference] if grouped else []))
     console.print(table)
     if len(rows) > RANK_ROWS:
         console.print(f"… {len(rows) - RANK_ROWS} more {unit}(s): see the report", highlight=False, markup=False)
+
+
+PROBES_SHOWN = 4  # of the graphs that differed, and of those that add atomically
 
 
 def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
@@ -187,13 +224,13 @@ def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
         + (f", {len(failed)} not probed" if failed else "")
         + (f"; {len(unsaved)} not saved for torchrepro repro ({unsaved[0]['not_saved']})" if unsaved else "")
     ]
-    for p in longer[:4]:
+    for p in longer[:PROBES_SHOWN]:
         lines.append(
             f"  {p['run']} rank {p['rank']}: compiled graph {p['compile_id']} ({p['graph']}) adds atomically at "
             f"{p['threads']} threads and repeated bit for bit {p['repeats']} times (its threads may still race "
             "at other timings)"
         )
-    for p in differing[:4]:
+    for p in differing[:PROBES_SHOWN]:
         e = p["explained"] or {}
         where = ", ".join(
             f"{k} {e[k]}" for k in ("parameter", "node", "op", "kernel", "source") if e.get(k) is not None
@@ -202,6 +239,9 @@ def probe_lines(probes: list[GraphProbeRecord]) -> list[str]:
             f"  {p['run']} rank {p['rank']}: compiled graph {p['compile_id']} ({p['graph']}), "
             f"{p['runs_differing']} of {p['repeats']} repeats differ" + (f": {where}" if where else "")
         )
+    hidden = max(len(longer) - PROBES_SHOWN, 0) + max(len(differing) - PROBES_SHOWN, 0)
+    if hidden:
+        lines.append(f"  … {hidden} more in report.json")
     return lines
 
 
@@ -218,26 +258,34 @@ def evidence_line(det: Determinism) -> str | None:
     return ", ".join(f"{kind} {n}" for kind, n in compared.items()) if isinstance(compared, dict) else None
 
 
+def _more(console: Console, lines: list[str], limit: int, prefix: str = "  ", style: str = "") -> None:
+    """The first ``limit`` of ``lines``, and how many more the report holds."""
+    for line in lines[:limit]:
+        console.print(Text(f"{prefix}{line}", style=style), highlight=False, markup=False)
+    if len(lines) > limit:
+        console.print(Text(f"{prefix}… {len(lines) - limit} more in report.json", style="dim"), highlight=False)
+
+
 def render_check(report: CheckReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict on the first line, then the divergence, its cause, and the curve."""
-    console = console or Console()
-    report = visible_tree(report)
+    console = console or make_console()
+    report = shown(report)
     det = report.determinism
-    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
-    render_findings(console, report.findings)
+    _verdict(console, report.verdict_line, report.verdict.tone)
+    render_findings(console, report.findings, verdict=report.verdict_line)
     if (evidence := evidence_line(det)) is not None:
         console.print(f"steps compared per kind of evidence: {evidence}", highlight=False, markup=False)
-        for line in det.more.get("not_compared", [])[:5]:
-            console.print(f"  {line}", highlight=False, markup=False)
+        _more(console, det.more.get("not_compared", []), 5)
     fd = det.first_divergence
     if fd:
-        because = fd["evidence"].get("because")
-        if because:
-            console.print(f"evidence: {because}", highlight=False, markup=False)
-        for line in fd["evidence"].get("differences", [])[:6]:
-            console.print(f"  {line}", highlight=False, markup=False)
-        if fd.get("phase"):
-            console.print(f"phase: {fd['phase']}", highlight=False, markup=False)
+        said = fd.evidence
+        if said.because:
+            console.print(f"evidence: {said.because}", highlight=False, markup=False)
+        _more(console, said.facts.get("differences", []), 6)
+        if said.scope:
+            console.print(f"graphs: {said.scope}", highlight=False, markup=False)
+        if said.phase:
+            console.print(f"phase: {said.phase}", highlight=False, markup=False)
     _render_probes(console, det.more.get("graph_probes") or [])
     dec = det.more.get("decomposition")
     if dec:
@@ -248,23 +296,29 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
             size = (
                 "bit-exact"
                 if d["bit_exact"]
-                else (f"max |Δparam| {_num(d['final_max_abs'])} (rel {_num(d['final_max_rel'])})")
+                else (f"max |Δparam| {figure(d['final_max_abs'])} (rel {figure(d['final_max_rel'])})")
             )
             console.print(f"{name:>8}: {' vs '.join(d['between'])}: {size}", highlight=False, markup=False)
     if det.curve:
-        table = Table(title="divergence curve", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("step", "max |Δparam|", "max rel", "‖Δparam‖", "|Δloss|"):
-            table.add_column(col, justify="right")
+        table = _table("divergence curve")
+        figure_columns(table, "step", "max |Δparam|", "max rel", "‖Δparam‖", "|Δloss|")
         curve = det.curve
-        shown = curve if len(curve) <= 8 else curve[:4] + curve[-4:]
-        for point in shown:
-            loss = "" if point["loss_diff"] is None else f"{point['loss_diff']:.3g}"
+        points = curve if len(curve) <= 8 else curve[:4] + curve[-4:]
+        for point in points:
             l2 = point.get("l2")
-            norm = "" if l2 is None else ("≈" if point.get("estimated") else "") + f"{l2:.3g}"
-            _row(table, str(point["step"]), _num(point["max_abs"]), _num(point["max_rel"]), norm, loss)
+            norm = figure(l2) if l2 is None else ("≈" if point.get("estimated") else "") + figure(l2)
+            _row(
+                table,
+                str(point["step"]),
+                figure(point["max_abs"]),
+                figure(point["max_rel"]),
+                norm,
+                figure(point["loss_diff"]),
+            )
         console.print(table)
-    for note in det.notes[:5]:
-        console.print(Text(f"note: {note}", style="dim"))
+        if len(curve) > len(points):
+            console.print(Text(f"({len(curve) - len(points)} steps between in report.json)", style="dim"))
+    _more(console, det.notes, 5, prefix="note: ", style="dim")
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))
 
@@ -272,29 +326,29 @@ def render_check(report: CheckReport, console: Console | None = None, report_pat
 def render_compare(report: CompareReport, console: Console | None = None, report_path: str | None = None) -> None:
     """Verdict on the first line, the findings, the tolerance B was held to, each rank's first
     divergence with the strength of its evidence, and the steps around the first one out of band."""
-    console = console or Console()
-    report = visible_tree(report)
+    console = console or make_console()
+    report = shown(report)
     c = report.compare
-    console.print(Text(report.verdict_line, style=_TONE[report.verdict.tone]), highlight=False, markup=False)
-    render_findings(console, report.findings)
+    _verdict(console, report.verdict_line, report.verdict.tone)
+    render_findings(console, report.findings, verdict=report.verdict_line)
     tol, band = c["tolerance"], c["band"]
     console.print(
         Text(
             f"compared {c['steps_compared']} step(s), {c['tensors_compared']} tensor comparisons; band "
-            f"{'zero (A bit-exact)' if band['zero'] else _num(band['loss_rel']) + ' (loss, relative)'}; "
+            f"{'zero (A bit-exact)' if band['zero'] else figure(band['loss_rel']) + ' (loss, relative)'}; "
             f"tolerance {tol['safety']:g}*eps({tol['dtype']})*sqrt({tol['reduction_size']})*(step+1)",
             style="dim",
         ),
         highlight=False,
     )
-    table = Table(title="first divergence per rank (bit for bit)", title_justify="left", show_edge=False)
-    for col in ("rank", "status", "evidence", "step", "what", "tensor"):
-        table.add_column(col)
+    table = _table("first divergence per rank (bit for bit)")
+    figure_columns(table, "rank")
+    text_columns(table, "status", "evidence")
+    figure_columns(table, "step")
+    text_columns(table, "what", "tensor")
     for r in c["per_rank"]:
-        cells = (r["rank"], r["status"], r["evidence"], r["step"], r["what"], r["tensor"])
-        _row(table, *("" if x is None else str(x) for x in cells))
+        _row(table, *(cell(r[key]) for key in ("rank", "status", "evidence", "step", "what", "tensor")))
     console.print(table)
-    for note in c.get("notes", [])[:5]:
-        console.print(Text(f"note: {note}", style="dim"))
+    _more(console, c.get("notes", []), 5, prefix="note: ", style="dim")
     if report_path:
         console.print(Text(f"report: {report_path}", style="dim"))

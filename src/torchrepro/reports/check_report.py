@@ -47,35 +47,131 @@ class CurvePoint(ParamDifference):
     loss_diff: float | None
 
 
-LocalisationKey = Literal["compile_id", "graph", "parameter", "output", "node", "kernel", "kernel_fuses"]
+Strength = Literal["shown", "measured", "inferred", "unexplained"]
+STRENGTHS: dict[str, str] = {  # what each strength of evidence rests on
+    "shown": "the two runs' own records show it (their batches, RNG states, environments, graphs or files differ)",
+    "measured": "a replay or probe measured it on identical inputs (an op, graph or kernel named)",
+    "inferred": "decided from whole runs compared (eager, compiled, fallback_random) without naming an op",
+    "unexplained": "no evidence points to one cause",
+}
+# what the localisation named, said at the top of ``first_divergence`` as well as in its evidence
+LOCALISATION_KEYS = ("compile_id", "graph", "parameter", "output", "node", "kernel", "kernel_fuses")
+WHERE_KEYS = ("module", "op", "source", "phase")  # said at the top of ``first_divergence`` only
 
 
-class _FirstDivergence(TypedDict):
+@dataclass(frozen=True)
+class Evidence:
+    """What shows the cause of a divergence, and where it starts: built once by the analysis
+    (:mod:`torchrepro.analysis.nondeterminism`), read as it is by every renderer. ``quantity``: what
+    it explains (``loss``, ``grads``, ``params``, ``batch``, ``rng``, ``init_params``, or a
+    ``compiled_graph`` that differed from itself); ``strength``: what it rests on (:data:`STRENGTHS`);
+    ``because``: why, in a sentence; ``scope``: which compiled graphs could explain the quantity
+    (those that ran in the step with a backward, for a gradient) and which were left out;
+    ``localisation``: how it was localised (``compiled_graph``, ``backward_graph``,
+    ``compiled_kernel``, an op replay's finding, ``not_localised``...), ``named_by`` what named it
+    (``graph_probe``, ``replay_pair``...); ``run``, ``compile_id`` and ``graph``: the compiled graph
+    (``forward`` or ``backward``) and the run it is saved in; ``op``, ``module``, ``source``,
+    ``phase``, ``node``, ``output``, ``parameter``, ``kernel``, ``kernel_fuses``: where in it;
+    ``localisation_note``: what failed in the localisation itself; ``facts``: what only some causes
+    add (``differences``, ``files``, ``streams``, ``probe``, ``thread_dependence``, ``run_to_run``,
+    ``against_eager``...), as JSON."""
+
+    because: str | None = None
+    quantity: str | None = None
+    strength: Strength | None = None
+    scope: str | None = None
+    localisation: str | None = None
+    named_by: str | None = None
+    run: str | None = None
+    compile_id: str | None = None
+    graph: str | None = None
+    op: str | None = None
+    module: str | None = None
+    source: str | None = None
+    phase: str | None = None
+    node: str | None = None
+    output: str | None = None
+    parameter: str | None = None
+    kernel: str | None = None
+    kernel_fuses: list[str] | None = None
+    kernel_atomic_add: bool | None = None
+    localisation_note: str | None = None
+    facts: JsonObject = field(default_factory=dict)
+
+    def but(self, other: Evidence) -> Evidence:
+        """This evidence with what ``other`` says in place of what this says (its facts added)."""
+        said = {f.name: getattr(other, f.name) for f in dataclasses.fields(other) if f.name != "facts"}
+        return dataclasses.replace(
+            self, **{k: v for k, v in said.items() if v is not None}, facts={**self.facts, **other.facts}
+        )
+
+    def where(self) -> JsonObject:
+        """What names the place, as JSON: graph, op, module, source line and the rest that is set."""
+        return {k: getattr(self, k) for k in (*LOCALISATION_KEYS, *WHERE_KEYS) if getattr(self, k) is not None}
+
+    def noted(self, note: str) -> Evidence:
+        """This evidence with ``note`` added to its ``localisation_note``."""
+        return dataclasses.replace(self, localisation_note="; ".join(filter(None, [self.localisation_note, note])))
+
+    def to_json(self) -> JsonObject:
+        """Every field that is set, the facts beside them (``report.json``'s ``evidence``)."""
+        out = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "facts" and getattr(self, f.name) is not None
+        }
+        return {**out, **{k: v for k, v in self.facts.items() if k not in out}}
+
+    @classmethod
+    def from_json(cls, data: JsonObject) -> Evidence:
+        """Read back what :meth:`to_json` wrote (a key without a field is a fact)."""
+        return from_fields(cls, data, facts=extra_keys(cls, data))
+
+
+@dataclass
+class FirstDivergence:
+    """``determinism.first_divergence``: where two runs first differ (``step``, ``rank``, ``what``
+    differed first, with its ``detail``: by how much), the ``cause`` and the :class:`Evidence` of it
+    (:func:`torchrepro.analysis.nondeterminism.determinism_section`); ``before_step`` 0 when the
+    initial parameters already differ. As JSON, what names the place (the evidence's module, op,
+    source, phase and what the localisation named) is said at its top as well."""
+
     step: int
     rank: int
-    what: str  # the aspect that differed first: loss, params, grads, rng, init_params ...
-    module: str | None
-    op: str | None
-    source: str | None
-    phase: str | None
+    what: str
     cause: str | None
-    detail: JsonObject  # per aspect (what differs, by how much)
-    evidence: JsonObject  # per cause (what the localisation found)
+    evidence: Evidence = field(default_factory=Evidence)
+    detail: JsonObject = field(default_factory=dict)
+    before_step: int | None = None
 
+    def to_json(self) -> JsonObject:
+        ev = self.evidence
+        out: JsonObject = {
+            "step": self.step,
+            "rank": self.rank,
+            "what": self.what,
+            **{k: getattr(ev, k) for k in WHERE_KEYS},
+            "cause": self.cause,
+            "detail": self.detail,
+            "evidence": {k: v for k, v in ev.to_json().items() if k not in WHERE_KEYS},
+        }
+        out.update((k, getattr(ev, k)) for k in LOCALISATION_KEYS if getattr(ev, k) is not None)
+        if self.before_step is not None:
+            out["before_step"] = self.before_step
+        return out
 
-class FirstDivergence(_FirstDivergence, total=False):
-    """``determinism.first_divergence``: where two runs first differ and why (:func:`torchrepro.analysis.
-    determinism.determinism_section`), with what the localisation named (:data:`LocalisationKey`);
-    ``before_step`` 0 when the initial parameters already differ."""
-
-    compile_id: str
-    graph: str
-    parameter: str
-    output: str
-    node: str
-    kernel: str
-    kernel_fuses: list[str]
-    before_step: int
+    @classmethod
+    def from_json(cls, data: JsonObject) -> FirstDivergence:
+        said = {k: data[k] for k in (*WHERE_KEYS, *LOCALISATION_KEYS) if data.get(k) is not None}
+        return cls(
+            data["step"],
+            data["rank"],
+            data["what"],
+            data.get("cause"),
+            Evidence.from_json({**(data.get("evidence") or {}), **said}),
+            data.get("detail") or {},
+            data.get("before_step"),
+        )
 
 
 class GraphProbeRecord(TypedDict):
@@ -106,7 +202,7 @@ class GraphProbeRecord(TypedDict):
 @dataclass
 class Determinism:
     """The ``determinism`` section: what was compared, how every run ended, the first divergence
-    (a JSON object: step, rank, what, cause, evidence...). ``more``: what only some checks add
+    (:class:`FirstDivergence`, its cause and :class:`Evidence`). ``more``: what only some checks add
     (``decomposition``, ``fixes``, ``fix_recommended``, ``backend_stages``, ``against``,
     ``resume_at``, ``largest_difference``, ``nothing_compared_because``, ``graph_probes``: each compiled graph a run called again on
     identical inputs, :class:`GraphProbeRecord`; every comparison:
@@ -140,7 +236,7 @@ class Determinism:
             "verdict": self.verdict.value,
             "exit_code": self.exit_code(unreadable_exit),
             "runs": self.runs,
-            "first_divergence": self.first_divergence,
+            "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
             "curve": self.curve,
             "notes": self.notes,
             "rtol": self.rtol,
@@ -155,8 +251,14 @@ class Determinism:
     @classmethod
     def from_json(cls, data: JsonObject) -> Determinism:
         endings = [from_fields(RunEnding, e) for e in data["endings"]]
+        first = data.get("first_divergence")
         return from_fields(
-            cls, data, verdict=Verdict(data["verdict"]), endings=endings, more=extra_keys(cls, data, "exit_code")
+            cls,
+            data,
+            verdict=Verdict(data["verdict"]),
+            endings=endings,
+            first_divergence=FirstDivergence.from_json(first) if first else None,
+            more=extra_keys(cls, data, "exit_code"),
         )
 
 

@@ -263,17 +263,25 @@ class RankSteps:
 
 @dataclass
 class StepsSummary:
-    """The ``steps`` section: the most steps any rank recorded, and per rank."""
+    """The ``steps`` section: the most steps any rank recorded, and per rank; ``losses``: the loss
+    curve (``[step, loss]``, NaN and infinities as recorded) of each of the first ranks that
+    recorded a loss, thinned (:func:`torchrepro.analysis.doctor.steps_summary`)."""
 
     steps: int
     per_rank: dict[str, RankSteps]
+    losses: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def to_json(self) -> JsonObject:
-        return {"steps": self.steps, "per_rank": {r: dataclasses.asdict(s) for r, s in self.per_rank.items()}}
+        return {
+            "steps": self.steps,
+            "per_rank": {r: dataclasses.asdict(s) for r, s in self.per_rank.items()},
+            "losses": self.losses,
+        }
 
     @classmethod
     def from_json(cls, data: JsonObject) -> StepsSummary:
-        return cls(data["steps"], {r: from_fields(RankSteps, s) for r, s in data["per_rank"].items()})
+        per_rank = {r: from_fields(RankSteps, s) for r, s in data["per_rank"].items()}
+        return cls(data["steps"], per_rank, data.get("losses", {}))
 
 
 class FixMeasure(TypedDict):

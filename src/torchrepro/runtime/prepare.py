@@ -9,6 +9,8 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import sys
+import warnings
 
 from .run_options import RunOptions
 
@@ -49,17 +51,27 @@ def _collect_then_freeze() -> None:
 
 def _apply_cache(options: RunOptions) -> None:
     """``--cache-policy`` / ``--cache-root`` / ``--warm-from``; without them, the
-    ``TORCHREPRO_CACHE_*`` variables a user set (docs/cache.md)."""
-    from ..cache.policy import PREWARM_POLICY, ROOT_VAR, configure, configure_from_env, prewarm
+    ``TORCHREPRO_CACHE_*`` variables a user set (docs/cache.md). What it warns of is said as one
+    ``torchrepro: warning:`` line each (the command already said what it knew of the pack's signer)."""
+    from ..cache.policy import PREWARM_POLICY, ROOT_VAR, UnverifiedPack, configure, configure_from_env, prewarm
 
     if options.cache_root:
         os.environ[ROOT_VAR] = options.cache_root  # also where the script's own cache.configure() goes
-    if options.warm_from:
-        prewarm(options.warm_from, options.cache_policy or PREWARM_POLICY, allow_unsigned=options.allow_unsigned)
-    elif options.cache_policy:
-        configure(options.cache_policy)
-    else:
-        configure_from_env()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", UserWarning)
+        warnings.simplefilter("ignore", UnverifiedPack)  # the command said it, once (warm_start_trust)
+        if options.warm_from:
+            prewarm(options.warm_from, options.cache_policy or PREWARM_POLICY, allow_unsigned=options.allow_unsigned)
+        elif options.cache_policy:
+            configure(options.cache_policy)
+        else:
+            configure_from_env()
+    for warning in said:
+        text = str(warning.message)
+        if not text.startswith("torchrepro: "):  # torch's own, as Python shows them
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            continue
+        print(f"torchrepro: warning: {text.removeprefix('torchrepro: ').removeprefix('warning: ')}", file=sys.stderr)
 
 
 def apply_compile_mode(mode: str | None) -> None:

@@ -55,8 +55,12 @@ class RunOptions:
     cache_root: str | None = None  # --cache-root (absolute)
     warm_from: str | None = None  # --warm-from: a cache pack to unpack first (absolute)
     allow_unsigned: bool = False  # --allow-unsigned: --warm-from accepts a pack no trusted key signed
+    warm_start_skipped: str | None = None  # why the command kept its --warm-from pack from the run (run.json says it)
     analysis_only: bool = False  # a run of check/drift: its last garbage collections skipped at exit (prepare)
     ranks_only: bool = False  # doctor: RNG and batch digests only in a run of several ranks (capture.steps.StepConfig)
+    module: str | None = (
+        None  # -m MODULE: run it as python -m does, from the working directory (the script is its file)
+    )
 
     def to_json(self) -> str:
         """One line of JSON (paths as strings)."""

@@ -45,8 +45,9 @@ def die_with_parent(parent: int | None = None, prctl: Callable[..., int] | None 
 
 def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
     """Run ``script`` as ``__main__`` under a :class:`~torchrepro.capture.session.CaptureSession`
-    set up as ``options`` say (``options.run_dir`` is set); returns its exit code. The session's
-    end event records how it ended."""
+    set up as ``options`` say (``options.run_dir`` is set; ``options.module``: that module, as
+    ``python -m`` runs it, ``script`` being its file); returns its exit code. The session's end
+    event records how it ended."""
     from ..capture.session import CaptureSession
     from .follow import propagate
     from .prepare import prepare
@@ -55,11 +56,14 @@ def run_in_process(script: Path, args: list[str], options: RunOptions) -> int:
     session = CaptureSession(options.capture_config(), listeners=live_listeners())
     session.start()
     propagate(options)  # every process the script starts that becomes a rank captures itself
-    sys.argv = [str(script), *args]
-    sys.path.insert(0, str(script.resolve().parent))
+    sys.argv = [str(script.resolve() if options.module else script), *args]
+    sys.path.insert(0, os.getcwd() if options.module else str(script.resolve().parent))  # as python does
     code, error = 0, None
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        if options.module:  # as python -m: its package imported from the working directory, __spec__ set
+            runpy.run_module(options.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc.code)
         error = None if code == 0 else f"SystemExit({exc.code!r})"

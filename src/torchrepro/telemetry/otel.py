@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import re
 import socket
@@ -85,9 +86,14 @@ def _ns(t: float) -> int:
 
 
 def _attrs(values: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
-    """OpenTelemetry attributes: no None values, texts made visible (they quote the user's script:
-    :func:`~torchrepro.render.sanitize.visible`) and cut."""
-    return {k: visible(v)[:_MAX_TEXT] if isinstance(v, str) else v for k, v in values.items() if v is not None}
+    """OpenTelemetry attributes: no None values and no NaN or infinite number (absent, as an
+    attribute a run did not have: a backend's sums and charts stay numbers), texts made visible
+    (they quote the user's script: :func:`~torchrepro.render.sanitize.visible`) and cut."""
+    return {
+        k: visible(v)[:_MAX_TEXT] if isinstance(v, str) else v
+        for k, v in values.items()
+        if v is not None and not (isinstance(v, float) and not math.isfinite(v))
+    }
 
 
 def _env_int(name: str, default: int) -> int:
@@ -385,6 +391,7 @@ class RankExporter:
         self.rank_span: Any = None
         self._rank_context: Context | None = None
         self._pending: dict[str, _Pending] = {}
+        self._frames: dict[tuple[str | None, str | None, int | None], Compile] = {}  # names the code after a break
         self._lookups: Counter[tuple[str, str]] = Counter()  # (cache, status) -> lookups
         self._last_t = 0.0
         self._step_times: list[float] = []
@@ -474,7 +481,8 @@ class RankExporter:
         if self.telemetry is None:
             return
         pending = self._pending.pop(c.compile_id, {"breaks": [], "lookups": []})
-        function = display_function(c)
+        self._frames.setdefault((c.function, c.file, c.line), c)
+        function = display_function(c, self._frames.values())
         attributes: dict[str, AttributeValue] = {
             "torchrepro.compile.id": c.compile_id,
             "torchrepro.function": function,
@@ -502,7 +510,7 @@ class RankExporter:
         span = self.telemetry.tracer.start_span(
             "torch.compile",
             context=self._rank_context,
-            start_time=end - int((c.dynamo_s or 0.0) * 1e9),
+            start_time=end - _ns(c.dynamo_s if c.dynamo_s is not None and math.isfinite(c.dynamo_s) else 0.0),
             attributes=_attrs(attributes),
         )
         for b in pending["breaks"]:
@@ -529,14 +537,14 @@ class RankExporter:
             self.recompiles.add(
                 1, {"torchrepro.function": function, "torchrepro.recompile.category": category_of(c) or "other"}
             )
-        if c.dynamo_s is not None:
+        if c.dynamo_s is not None and math.isfinite(c.dynamo_s):
             self.compile_duration.record(c.dynamo_s, {"torchrepro.function": function})
 
     def _on_step(self, s: Step) -> None:
         """Step times are kept and recorded once a second: recording into the SDK's histogram costs
         ~90 µs when its code is cache-cold after a training step, ~5 µs in a batch."""
-        if self.telemetry is None or s.time_s is None:
-            return
+        if self.telemetry is None or s.time_s is None or not math.isfinite(s.time_s):
+            return  # a time that is not a number is no measurement (the SDK would drop it with a warning)
         self._step_times.append(s.time_s)
         if s.t - self._flushed_at >= STEP_FLUSH_S:
             self._flush_steps(s.t)

@@ -85,5 +85,6 @@ def run(args: argparse.Namespace) -> Outcome:
         probe_repeats=args.probe_repeats,
         disk_budget=args.disk_budget,
         cache=cache_of(args),
+        module=args.module,
     )
     return Outcome(report, out)

@@ -14,6 +14,7 @@ from typing import Any, TypedDict, TypeVar
 from rich.console import Console
 
 from ...analysis.cache_misses import key_findings
+from ...analysis.graph_steps import GraphScope, step_scope
 from ...analysis.nondeterminism import (
     FIXABLE,
     Decision,
@@ -30,7 +31,6 @@ from ...analysis.nondeterminism import (
     name_the_race,
     not_localised,
     numerics_of_modes,
-    nothing_compiled,
     numerics_without_inductor,
     probe_divergence,
     shared_files,
@@ -38,7 +38,8 @@ from ...analysis.nondeterminism import (
 )
 from ...analysis.divergence import Divergence, Tolerance, divergence_curve, final_within, first_divergence
 from ...eventlog.payloads import JsonObject
-from ...reports.findings import Finding
+from ...reports.check_report import Evidence, GraphProbeRecord
+from ...reports.findings import Finding, Verdict
 from ...analysis.fix_ranking import FixRow, cost_text, recommend
 from ...analysis.sides import side, step_comparison
 from ...analysis.verdict import compare_lengths, ending, verdict_line
@@ -47,6 +48,7 @@ from ...eventlog.events import CacheLookup, Step
 from ..launcher import validate_script
 from ...runtime.run_options import PROBE_REPEATS, RunOptions
 from ...eventlog.provenance import launch_meta, provenance
+from ...render.console import console as make_console
 from ...reports.check_report import CheckReport, CheckRun, CurvePoint, Determinism
 from ...eventlog.rundir import Run, create_run_dir, default_run_dir, load_run, release_run_dir
 from ...render.save import write_report
@@ -70,14 +72,14 @@ def localize(checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence
 
 
 def localize_graph(
-    checker: Checker, spec: RunSpec, div: Divergence, cause: str, probes: list[JsonObject] | None = None
-) -> JsonObject:
+    checker: Checker, spec: RunSpec, div: Divergence, cause: str, scope: GraphScope, probes: list[GraphProbeRecord]
+) -> Evidence:
     """Replay the divergent step compiled, checking each compiled graph against its eager FX
-    graph: names the first graph (compile id) whose outputs differ, the output and its FX node
-    (the op blamed agrees with ``cause``); where the forward graphs match, the compiled run's
-    ``probes`` name the backward node."""
+    graph: among the graphs that can explain the divergent quantity (``scope``), the first that
+    departs from eager and the op where it does (:func:`~torchrepro.analysis.nondeterminism.graph_evidence`,
+    with the compiled run's ``probes``)."""
     replay = checker.replay(spec, div.step, "graphs", graphs=True, rank=div.rank)
-    return graph_evidence(replay, div.step, cause, checker.replay_failures.get("graphs"), probes)
+    return replace(graph_evidence(replay, scope, cause, checker.replay_failures.get("graphs"), probes), run=spec.label)
 
 
 class DecompositionPair(TypedDict):
@@ -134,7 +136,10 @@ def _compare(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[Divergence | None,
     ``tol`` on their last common snapshot when both have snapshots."""
     a, b = _snaps(run_a), _snaps(run_b)
     return compare(
-        run_a.logs, run_b.logs, tol, (lambda: final_within([], tol, a, b)) if a.is_dir() and b.is_dir() else None
+        run_a.logs,
+        run_b.logs,
+        tol,
+        (lambda: final_within(tol, a, b, run_a.logs[0], run_b.logs[0])) if a.is_dir() and b.is_dir() else None,
     )
 
 
@@ -161,12 +166,12 @@ def _earliest_divergence(
 T = TypeVar("T")
 
 
-def _guarded(what: str, cause: str, fn: Callable[..., T], *args: Any) -> tuple[T | None, JsonObject]:
-    """``(fn(*args), {})``; a failure of the localisation itself (torchrepro's, not the user's run:
-    a stop or a user error still ends the check) is ``(None, evidence)`` saying so, with the
+def _guarded(what: str, cause: str, fn: Callable[..., T], *args: Any) -> tuple[T | None, Evidence]:
+    """``(fn(*args), Evidence())``; a failure of the localisation itself (torchrepro's, not the user's
+    run: a stop or a user error still ends the check) is ``(None, evidence)`` saying so, with the
     exception's first line and the cause still concluded."""
     try:
-        return fn(*args), {}
+        return fn(*args), Evidence()
     except UserError:
         raise
     except Exception as exc:
@@ -180,13 +185,16 @@ def _explain(
     div: Divergence,
     against: str | None,
     localize_divergence: bool,
-    probed: JsonObject | None = None,
-) -> tuple[str, JsonObject, Decomposition | None]:
+    scope: GraphScope,
+    probed: Evidence | None = None,
+) -> tuple[Decision, Decomposition | None]:
     """The cause of ``div`` between the runs of ``pair``, its evidence and (``--against`` with
     inductor) the backend decomposition: decided from the logs, then, while still unknown, from
-    the decomposition, repeated kernels, or replays of the divergent step with op capture. ``probed``:
-    the evidence of a graph the runs' own probes found nondeterministic, which names the kernel
-    without kernel replays."""
+    the decomposition, repeated kernels, or replays of the divergent step with op capture. Compiled
+    graphs are blamed only where they can explain the quantity that differs (``scope``: for a
+    gradient, graphs whose backward ran in that step, :mod:`torchrepro.analysis.graph_steps`).
+    ``probed``: the evidence of such a graph the runs' own probes found nondeterministic, which names
+    the kernel without kernel replays."""
     from .fix_ladder import localize_kernels
 
     (spec_a, run_a), (spec_b, run_b) = pair
@@ -198,22 +206,24 @@ def _explain(
             cause, evidence = cause_from_decomposition(decomposition, against)
             if localize_divergence:
                 probes = graph_probes({spec_b.label: run_b.logs})
-                graph, failed = _guarded("the graph replay", cause, localize_graph, checker, spec_b, div, cause, probes)
-                evidence.update(graph or failed)
-                race = probe_divergence(probes) if cause == "nondeterministic_op" else None
+                graph, failed = _guarded(
+                    "the graph replay", cause, localize_graph, checker, spec_b, div, cause, scope, probes
+                )
+                evidence = evidence.but(graph or failed)
+                race = probe_divergence(probes, scope) if cause == "nondeterministic_op" else None
                 if race is not None:  # the compiled run's own race, found by its probe, is the cause's evidence
                     evidence = name_the_race(evidence, race[2])
         else:
             cause, evidence = numerics_without_inductor()
-    kernels = None
+    kernels: Evidence | None = None
     if probed is not None and against is None and cause == "unknown":
         kernels = probed
         cause, evidence = cause_from_kernels(evidence, kernels)
     elif localize_divergence and against is None and cause == "unknown" and uses_inductor(run_a.logs):
         kernels, failed = _guarded(
-            "the kernel replays", cause, localize_kernels, checker, spec_a, spec_b, div, [run_a, run_b]
+            "the kernel replays", cause, localize_kernels, checker, spec_a, spec_b, div, [run_a, run_b], scope
         )
-        evidence.update(failed)
+        evidence = evidence.but(failed)
         if kernels is not None:
             cause, evidence = cause_from_kernels(evidence, kernels)
     if (
@@ -223,12 +233,15 @@ def _explain(
     ):
         found, failed = _guarded("the op replays", cause, localize, checker, spec_a, spec_b, div, cause)
         cause, more = found or (cause, failed)
-        evidence.update(more)
+        evidence = evidence.but(more)
     replays = [f"replay {t}: {w}" for t, w in checker.replay_failures.items() if t.startswith("kernels")]
     if replays:  # the kernel replays' own failures: said with what was concluded without them
-        note = f"kernel replays failed ({'; '.join(replays[:2])}); concluded without them: cause {cause}"
-        evidence["localisation_note"] = "; ".join(filter(None, [evidence.get("localisation_note"), note]))
-    return cause, evidence, decomposition
+        evidence = evidence.noted(
+            f"kernel replays failed ({'; '.join(replays[:2])}); concluded without them: cause {cause}"
+        )
+    if evidence.compile_id is not None and evidence.scope is None:  # a graph named: what it was chosen among
+        evidence = replace(evidence, scope=scope.text())
+    return (cause, evidence), decomposition
 
 
 @dataclass(frozen=True)
@@ -266,7 +279,7 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
     where the runs agree."""
     from .fix_ladder import backend_stages, run_fix_ladder
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     tol = request.tolerance
     script = validate_script(request.script)
     if request.runs < 2 and request.against is None:
@@ -295,37 +308,45 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
     div, within, notes, pair = _earliest_divergence(checker, pairs, tol)
     (spec_a, run_a), (spec_b, run_b) = pair
     probes = graph_probes({label: run.logs for label, (_, run) in done.items()})
-    probed = probe_divergence(probes) if request.against is None else None
+    # where the runs diverge, a graph is blamed only where it can explain what differs (graph_steps)
+    scope = step_scope(div.what, div.step, run_b.logs, div.rank) if div is not None else None
+    probed = probe_divergence(probes, scope) if request.against is None else None
     only_probed = div is None and probed is not None  # the runs agree; a graph repeated in one did not
     shared = checker.shared_cores_note([run for _, run in done.values()]) if div is None and not only_probed else None
     notes += [shared] if shared else []
     crossings = [(c.path, c.wrote, c.read) for c in checker.workdirs.crossings if c.read in done]
     notes += workdir_notes(checker, crossings_named=div is not None and bool(crossings))
-    cause: str | None = None
-    evidence: JsonObject = {}
+    decision: Decision | None = None
     decomposition: Decomposition | None = None
     ladder: list[FixRow] = []
     if div is not None and crossings:  # the runs did not start from the same files: nothing else is blamed
-        cause, evidence = shared_files(crossings)
+        decision = shared_files(crossings)
     elif probed is not None and only_probed:
-        div, cause, evidence = probed
-        within = False
+        div, decision, within = probed[0], probed[1:], False
     elif div is not None:
-        cause, evidence, decomposition = _explain(
-            checker, done, pair, div, request.against, request.localize_divergence, probed[2] if probed else None
+        assert scope is not None
+        decision, decomposition = _explain(
+            checker, done, pair, div, request.against, request.localize_divergence, scope, probed[2] if probed else None
         )
-        if evidence.get("localisation_note"):  # a failure of localisation is said, never hidden
-            notes.append(evidence["localisation_note"])
+        cause, evidence = decision
+        if evidence.localisation_note:  # a failure of localisation is said, never hidden
+            notes.append(evidence.localisation_note)
         if request.fixes is not False and request.against is None and (request.fixes or cause in FIXABLE):
-            ladder = run_fix_ladder(checker, spec_b, div, cause, dict(evidence), [run_a, run_b], request.only_fixes)
+            ladder = run_fix_ladder(checker, spec_b, div, cause, evidence, [run_a, run_b], request.only_fixes)
     stages = None
     if decomposition is not None and request.against == "eager" and request.fixes is not False:
         stages = backend_stages(checker, done)
+    more: JsonObject = {"decomposition": decomposition} if decomposition is not None else {}
+    if ladder:
+        more |= {"fixes": ladder, "fix_recommended": recommend(ladder)}
+    if stages is not None:
+        more["backend_stages"] = stages
+    if probes:
+        more["graph_probes"] = probes
     det = determinism_section(
         div,
         within,
-        cause,
-        evidence,
+        decision,
         [s.label for s in specs],
         run_a.logs,
         run_b.logs,
@@ -335,21 +356,13 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
         tol,
         unreadable_exit=3,
         pair=(spec_a.label, spec_b.label),
+        against=request.against,
+        more=more | {"against": request.against},
     )
-    nothing_compiled(det, request.against, run_b.logs)
-    if decomposition is not None:
-        det["decomposition"] = decomposition
-    if ladder:
-        det["fixes"], det["fix_recommended"] = ladder, recommend(ladder)
-    if stages is not None:
-        det["backend_stages"] = stages
-    if probes:
-        det["graph_probes"] = probes
-    det["against"] = request.against
     same_config = [(sa.label, ra, sb.label, rb) for (sa, ra), (sb, rb) in pairs if sa.compile_mode == sb.compile_mode]
     report = _report(
         det,
-        hint_key(cause, request.against, run_b.logs, evidence) if cause else None,
+        hint_key(decision[0], request.against, run_b.logs, decision[1]) if decision else None,
         {s.label: str(run_dir / s.label) for s in specs}
         | ({"decomposition": str(run_dir / list(done)[-1])} if decomposition else {}),
         checker.timings,
@@ -410,7 +423,7 @@ def cache_key_findings(label_a: str, run_a: Run, label_b: str, run_b: Run) -> li
 
 
 def _report(
-    det: JsonObject,
+    det: Determinism,
     hint_key: str | None,
     run_dirs: dict[str, str],
     timings: dict[str, float],
@@ -419,27 +432,21 @@ def _report(
     compared: tuple[Run, Run] | None = None,
 ) -> CheckReport:
     line = verdict_line(det)
-    best = det.get("fix_recommended")
+    best = det.more.get("fix_recommended")
     if best:
         line += f"; measured fix: {best['name']} (bit-exact, {cost_text(best)})"
-    first_change = (det.get("backend_stages") or {}).get("first_change")
+    first_change = (det.more.get("backend_stages") or {}).get("first_change")
     if first_change:
         line += f"; results first change at {first_change['stage']} (vs {first_change['previous']})"
-    report = CheckReport(
-        CheckRun(run_dirs, timings, meta),
-        Determinism.from_json(det),
-        divergence_findings(det, hint_key) + list(extra),
-        line,
-    )
+    report = CheckReport(CheckRun(run_dirs, timings, meta), det, divergence_findings(det, hint_key) + list(extra), line)
     if compared:  # the two runs side by side (the HTML report draws them)
         a, b = compared
         report.provenance = provenance({**a.meta, **meta}, a.logs[0].header)
         # every run of a check ran the same script: its commit, recorded once for the check, is each run's
         report.sides = [
-            side(label, str(r.path), {"git": meta.get("git"), **r.meta}, r.logs)
-            for label, r in zip(det["runs"], compared)
+            side(label, str(r.path), {"git": meta.get("git"), **r.meta}, r.logs) for label, r in zip(det.runs, compared)
         ]
-        rank = (det["first_divergence"] or {}).get("rank", a.logs[0].rank)
+        rank = det.first_divergence.rank if det.first_divergence else a.logs[0].rank
         log_a = next((log for log in a.logs if log.rank == rank), a.logs[0])
         log_b = next((log for log in b.logs if log.rank == log_a.rank), b.logs[0])
         report.step_comparison = step_comparison(log_a, log_b)
@@ -495,20 +502,16 @@ def diff(
     div, within, notes = _compare(run_a, run_b, tol)
     compare_lengths(endings[0], endings[1], diverged=div is not None)
     notes = run_a.problems + run_b.problems + notes + _missing_evidence(run_a, run_b)
-    cause, evidence = decide(div, run_a.logs, run_b.logs) if div is not None else (None, {})
-    if div is not None and cause == "unknown":
-        cause, evidence = numerics_of_modes(run_a.meta.get("compile_mode"), run_b.meta.get("compile_mode")) or (
-            cause,
-            evidence,
-        )
-    if div is not None and cause is not None and explain is not None and (found := explain(div, cause)) is not None:
-        cause, evidence = found[0], {**evidence, **found[1]}
+    decision = decide(div, run_a.logs, run_b.logs) if div is not None else None
+    if decision is not None and decision[0] == "unknown":
+        decision = numerics_of_modes(run_a.meta.get("compile_mode"), run_b.meta.get("compile_mode")) or decision
+    if div is not None and decision is not None and explain and (found := explain(div, decision[0])) is not None:
+        decision = found[0], decision[1].but(found[1])
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
     det = determinism_section(
         div,
         within,
-        cause,
-        evidence,
+        decision,
         [str(path_a), str(path_b)],
         run_a.logs,
         run_b.logs,
@@ -518,7 +521,7 @@ def diff(
         tol,
         unreadable_exit=2,
     )
-    key = hint_key(cause, None, run_b.logs) if cause else None
+    key = hint_key(decision[0], None, run_b.logs) if decision else None
     return _report(
         det,
         "unknown_diff" if key == "unknown" else key,
@@ -600,7 +603,7 @@ def check_resume(
     ``options``: what every run starts from."""
     from ...checkpoint import ENV_RESUME_FROM, ENV_SAVE_TO, ENV_STOP_AT
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     script = validate_script(script)
     if at < 1:
         raise InputError("--at must be at least 1 (the step after which to stop and resume)")
@@ -635,16 +638,11 @@ def check_resume(
     notes = [n for n in notes if "with the same index" not in n] + _resume_notes(full, stopped, resumed, at)
     if div is None:
         _check_resumed_ending(checker, full, resumed)
-    cause: str | None = None
-    evidence: JsonObject = {}
-    if div is not None:
-        cause, evidence = decide(div, full.logs, resumed.logs)
-        evidence["hint"] = RESUME_HINTS.get(cause, RESUME_HINTS["unknown"])
+    decision = decide(div, full.logs, resumed.logs) if div is not None else None
     det = determinism_section(
         div,
         False,
-        cause,
-        evidence,
+        decision,
         ["full", "resumed"],
         full.logs,
         resumed.logs,
@@ -654,8 +652,8 @@ def check_resume(
         Tolerance(),
         unreadable_exit=3,
         first_step=at,
+        more={"resume_at": at},
     )
-    det["resume_at"] = at
     report = _report(
         det,
         None,
@@ -669,12 +667,12 @@ def check_resume(
         {**launch_meta(script), "script": str(script), "args": args, "seed": seed, "resume_at": at, "nproc": nproc},
         compared=(full, resumed),
     )
-    if det["verdict"] == "bit_exact":
+    if det.verdict is Verdict.BIT_EXACT:
         report.verdict_line = (
             f"BIT-EXACT RESUME: stopping after step {at} and resuming in a fresh process gives "
-            f"the same {det['steps_compared']} steps and final parameters"
+            f"the same {det.steps_compared} steps and final parameters"
         )
-    elif div is not None:
-        report.findings[0].hint = evidence["hint"]
+    elif decision is not None:
+        report.findings[0].hint = RESUME_HINTS.get(decision[0], RESUME_HINTS["unknown"])
     write_report(run_dir, report)
     return report, run_dir

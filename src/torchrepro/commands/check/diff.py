@@ -12,10 +12,9 @@ from .._finish import Outcome
 def add_parser(sub: Any) -> None:
     """Register ``diff``."""
     p = sub.add_parser("diff", help="compare two stored runs")
-    p.add_argument("run_a", metavar="RUN_A")
-    p.add_argument("run_b", metavar="RUN_B")
-    options.add_outputs(p)
-    options.add_html(p)
+    p.add_argument("run_a", metavar="RUN_A", help="the first run directory (torchrepro run --out, or a check's run)")
+    p.add_argument("run_b", metavar="RUN_B", help="the run directory compared with RUN_A")
+    options.add_outputs(p, html=True)
     options.add_tolerance(p)
     p.set_defaults(func=run)
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ...analysis.divergence import Divergence, Tolerance, first_divergence, steps_compared
+from ...analysis.graph_steps import GraphScope
 from ...analysis.fix_ranking import (
     BackendStages,
     Candidate,
@@ -30,8 +31,9 @@ from ...analysis.fix_ranking import (
 )
 from ...errors import InputError
 from ...eventlog.events import Compile, Step
-from ...eventlog.payloads import ExplainedOutput, JsonObject, KernelCall, KernelSummary
+from ...eventlog.payloads import ExplainedOutput, KernelCall, KernelSummary
 from ...eventlog.rundir import Run, usable_cores
+from ...reports.check_report import Evidence
 from .runs import intra_op_threads
 
 if TYPE_CHECKING:
@@ -112,14 +114,24 @@ def _replay_pair(
 
 
 def localize_kernels(
-    checker: Checker, spec_a: RunSpec, spec_b: RunSpec, div: Divergence, runs: list[Run]
-) -> JsonObject | None:
+    checker: Checker,
+    spec_a: RunSpec,
+    spec_b: RunSpec,
+    div: Divergence,
+    runs: list[Run],
+    scope: GraphScope | None = None,
+) -> Evidence | None:
     """Replay the divergent step compiled in pairs of processes (:data:`REPLAY_PAIRS`), each
     recording every compiled graph call's input and output digests and, at the step, repeating
     each call on identical inputs. The first call whose outputs differ on equal inputs between
     the two processes names the graph, output and kernel; a difference within one process's
     repeats is supporting evidence (and names it when the processes agree). None when no pair
-    showed a difference, or every replay failed (``checker.replay_failures`` says why)."""
+    showed a difference, or every replay failed (``checker.replay_failures`` says why). Only calls
+    of graphs that can explain the divergent quantity (``scope``) are compared."""
+
+    def admitted(calls: list[GraphCall]) -> list[GraphCall]:
+        return [c for c in calls if scope is None or scope.admits(c["compile_id"], c["graph"])]
+
     budget = max(REPLAY_BUDGET_S, 2 * max((float(r.meta.get("wall_s") or 0) for r in runs), default=0.0))
     start, attempts, parted = time.monotonic(), 0, None
     across = within = None
@@ -128,8 +140,8 @@ def localize_kernels(
         found = _replay_pair(checker, spec_a, spec_b, div, runs, attempts)
         attempts += 1
         if len(found) == 2:
-            across, parted = first_cross_difference(_calls(found[0]), _calls(found[1]))
-        within = next((hit for k in found for hit in [_first_repeat_difference(k["calls"])] if hit), None)
+            across, parted = first_cross_difference(admitted(_calls(found[0])), admitted(_calls(found[1])))
+        within = next((hit for k in found for hit in [_first_repeat_difference(admitted(k["calls"]))] if hit), None)
         if across or within or not found:
             break
     hit = across or within
@@ -147,7 +159,7 @@ def _name_kernel(
     by_processes: bool,
     attempts: int,
     parted: str | None,
-) -> JsonObject:
+) -> Evidence:
     """The evidence for the kernel behind output ``index`` of graph call ``call``: what names it
     (two processes' graph calls, or the in-process repeats), and the repeats' thread dependence."""
     explained = found[0]["explained"].get(f"{call['compile_id']}/{call['graph']}") or []
@@ -214,6 +226,7 @@ def _name_kernel(
         because += f"; kernel {named['kernel']} accumulates with atomic adds"
     out = {
         "localisation": "compiled_kernel",
+        "strength": "measured",
         "named_by": named_by,
         "because": because,
         "thread_dependence": threads,
@@ -222,7 +235,7 @@ def _name_kernel(
     }
     if parted:
         out["replays_parted"] = parted
-    return out
+    return Evidence.from_json(out)
 
 
 def _offending(runs: list[Run], compile_id: str | None) -> tuple[list[int] | None, str | None]:
@@ -299,7 +312,7 @@ def run_fix_ladder(
     spec: RunSpec,
     div: Divergence,
     cause: str,
-    evidence: JsonObject,
+    evidence: Evidence,
     as_written: list[Run],
     only: list[str] | None = None,
 ) -> list[FixRow]:
@@ -310,13 +323,13 @@ def run_fix_ladder(
     only when the baseline run fails) on the same step indices after warm-up
     (:func:`~torchrepro.analysis.fix_ranking.step_cost`)."""
     compiled, inductor = _uses(as_written)
-    frames, function = _offending(as_written, evidence.get("compile_id"))
+    frames, function = _offending(as_written, evidence.compile_id)
     ladder = candidates(
         compiled=compiled,
         inductor=inductor,
         frames=frames,
         function=function,
-        random_ops=cause == "rng" or bool(evidence.get("random_nodes")),
+        random_ops=cause == "rng" or bool(evidence.facts.get("random_nodes")),
     )
     if only:
         ladder = [c for c in ladder if c.name in only]

@@ -40,5 +40,6 @@ def run(args: argparse.Namespace) -> Outcome:
         nproc=args.nproc,
         timeout=args.timeout,
         cache=cache_of(args),
+        module=args.module,
     )
     return Outcome(report, out)

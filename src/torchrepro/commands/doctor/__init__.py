@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
         metavar="RUN_DIR",
         help="run directory (default torchrepro-runs/<time>-<script>)",
     )
-    options.add_outputs(p, junit=True)
+    options.add_outputs(p)
     p.add_argument("--max-graph-breaks", type=options.count, metavar="N", help="fail (exit 1) above N graph breaks")
     p.add_argument("--max-recompiles", type=options.count, metavar="N", help="fail (exit 1) above N recompiles")
     p.add_argument("--min-cache-hit-rate", type=options.fraction, metavar="F", help="fail (exit 1) below this hit rate")
@@ -107,5 +107,6 @@ def run(args: argparse.Namespace) -> Outcome:
         only_fixes=args.only_fixes,
         jobs=args.jobs,
         cache=cache_of(args),
+        module=args.module,
     )
     return Outcome(report, out)

@@ -216,7 +216,8 @@ def _baseline(
 
     seed = options.seed
     run_dir = create_run_dir(run_dir or default_run_dir(script))
-    meta = start_meta(script, args, seed=seed, world_size=nproc)
+    skipped = {"warm_start_skipped": options.warm_start_skipped} if options.warm_start_skipped else {}
+    meta = start_meta(script, args, seed=seed, world_size=nproc, **skipped)
     write_json(run_dir / RUN_FILE, meta)
     from ...render.live_text import live_status
 

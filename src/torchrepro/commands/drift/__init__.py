@@ -116,9 +116,8 @@ def add_parser(sub: Any) -> None:
         metavar="M",
         help=f"--until-clear: at most M runs in all (default {DEFAULT_BUDGET})",
     )
-    p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script")
     options.add_otlp_option(p)
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments (after --)")
+    options.add_script(p, required=False)
     p.set_defaults(func=run)
 
 

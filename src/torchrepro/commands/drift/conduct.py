@@ -53,6 +53,7 @@ class DriftRequest:
     max_runs: int | None = None
     collect: Path | None = None
     plan_only: bool = False
+    module: str | None = None  # -m MODULE: the module run as python -m runs it (``script``: its file)
 
     def __post_init__(self) -> None:
         """:class:`UserError` for values the command's options would refuse."""
@@ -107,8 +108,6 @@ def experiment(request: DriftRequest) -> tuple[DriftReport, Path] | None:
 
 
 def _plan_and_run(request: DriftRequest) -> tuple[DriftReport, Path] | None:
-    from rich.console import Console
-
     from ...analysis.drift import DEFAULT_FACTORS
     from .experiment import check_run_dir, make_plan, plan_size, prepare_run_dir, sequential_stop
     from ..launcher import validate_script
@@ -132,6 +131,7 @@ def _plan_and_run(request: DriftRequest) -> tuple[DriftReport, Path] | None:
             _metric(request),
             None if request.allow_large else MAX_RUNS,
             sequential,
+            request.module,
         )
 
     plan = planned(levels)
@@ -144,7 +144,9 @@ def _plan_and_run(request: DriftRequest) -> tuple[DriftReport, Path] | None:
     if request.plan_only:
         _print_plan(run_dir, plan, request)
         return None
-    console = Console(stderr=True)
+    from ...render.console import console as make_console
+
+    console = make_console(stderr=True)
     t0 = time.perf_counter()
     if not request.until_clear:
         prepare_run_dir(run_dir, plan)  # under the lock: an empty directory, or this experiment's

@@ -139,9 +139,11 @@ class _PlanFields(TypedDict):
 
 
 class Plan(_PlanFields, total=False):
-    """``plan.json``: the run matrix (:func:`make_plan`), ``sequential`` only under ``--until-clear``."""
+    """``plan.json``: the run matrix (:func:`make_plan`), ``sequential`` only under ``--until-clear``,
+    ``module`` only for ``-m MODULE`` (``script`` is then its file)."""
 
     sequential: SequentialPlan
+    module: str
 
 
 Levels = dict[str, int | str]  # a run's factor levels (torchrepro.runtime.factors): seeds, threads, backend ...
@@ -197,11 +199,13 @@ def make_plan(
     metric: MetricSpec,
     max_runs: int | None = None,
     sequential: SequentialPlan | None = None,
+    module: str | None = None,
 ) -> Plan:
     """The run matrix (see the module docstring) as JSON: everything ``--run-one`` and ``--collect`` need.
     ``factors``: known names, each once (:func:`torchrepro.commands.options.factors`). A design of more
     than ``max_runs`` runs is a :class:`UserError`, raised before the matrix is built. ``sequential``
-    (``--until-clear``): its looks (levels per factor at each), budget and target effect."""
+    (``--until-clear``): its looks (levels per factor at each), budget and target effect. ``module``:
+    each run runs it as ``python -m`` does (``script`` is its file)."""
     random = [n for n in factors if n in RANDOM_FACTORS]
     binary = [n for n in factors if n in BINARY_FACTORS]
     axes = random or [ALL_SEEDS]
@@ -235,6 +239,8 @@ def make_plan(
     }
     if sequential:
         plan["sequential"] = sequential
+    if module:
+        plan["module"] = module
     return plan
 
 
@@ -292,7 +298,7 @@ def load_plan(run_dir: Path) -> Plan:
 
 # plan.json's fields (make_plan) and the JSON types each may hold
 PLAN_FIELDS: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("script", "schema"), (str,)),
+    **dict.fromkeys(("script", "schema", "module"), (str,)),
     **dict.fromkeys(("args", "vary", "random", "binary", "cells"), (list,)),
     **dict.fromkeys(("seed", "runs"), (int,)),
     **dict.fromkeys(("metric", "sequential"), (dict,)),
@@ -363,7 +369,13 @@ class Runner:
             {"attempt": attempt, "pid": os.getpid(), **({"env_set": self.env} if self.env else {})},
         )
         compile_mode, levels = child_levels(self.plan, cell)
-        options = RunOptions(run_dir=run_dir.resolve(), compile_mode=compile_mode, factors=levels, analysis_only=True)
+        options = RunOptions(
+            run_dir=run_dir.resolve(),
+            compile_mode=compile_mode,
+            factors=levels,
+            analysis_only=True,
+            module=self.plan.get("module"),
+        )
         env = child_env(self.plan["seed"], options.env() | self.env)
         t0 = time.perf_counter()
         with (

@@ -53,8 +53,7 @@ def add_parser(sub: Any) -> None:
     check.add_argument("golden", metavar="GOLDEN", help="the golden directory (golden record --out)")
     check.add_argument("--out", type=options.directory, metavar="RUN_DIR", help="where the new run and report go")
     check.add_argument("--no-localize", action="store_true", help="skip the op-level replay of a divergent step")
-    options.add_outputs(check)
-    options.add_html(check)
+    options.add_outputs(check, html=True)
     options.add_ranks(check)
     check.set_defaults(nproc=None)  # the golden's own number of ranks
     options.add_script(check)
@@ -82,6 +81,7 @@ def _record(args: argparse.Namespace) -> int:
         snapshot_budget=args.snapshot_budget or 0,
         force=args.force,
         cache=cache_of(args),
+        module=args.module,
     )
     print(recorded_line(manifest, args.out))
     return 0
@@ -99,5 +99,6 @@ def _check(args: argparse.Namespace) -> Outcome:
         timeout=args.timeout,
         localize=not args.no_localize,
         cache=cache_of(args),
+        module=args.module,
     )
     return Outcome(report, Path(report.run_dir) if report.run_dir else None)

@@ -170,7 +170,7 @@ def _record(
         total = disk_use(staging)[0]
         if total == manifest["sizes"]["bytes"]:
             break
-        manifest["sizes"].update(bytes=total, fixed=total - step_logs - snapshot_bytes)
+        manifest["sizes"]["bytes"], manifest["sizes"]["fixed"] = total, total - step_logs - snapshot_bytes
     return manifest
 
 

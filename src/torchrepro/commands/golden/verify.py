@@ -33,6 +33,7 @@ from ...eventlog.payloads import JsonObject
 from ...eventlog.rundir import create_run_dir, default_run_dir
 from ...host.files import dist_version
 from ...render.save import write_report
+from ...reports.check_report import Evidence
 from ...reports.golden_report import GoldenReport
 from ...runtime.run_options import RunOptions
 from ..check.comparison import diff, localize as replay_ops
@@ -147,12 +148,12 @@ def _replays(checker: Checker, spec: RunSpec) -> Callable[[Divergence, str], Dec
             raise
         except Exception as exc:  # the localisation's own failure: said, and the cause kept
             return cause, not_localised(cause, f"the op replays: {type(exc).__name__}: {exc}".splitlines()[0])
-        if str(evidence.get("localisation", "")).startswith("inside compiled code"):
-            return cause, {
-                "localisation": f"two eager replays of step {div.step} agree: the difference from the golden run is "
+        if str(evidence.localisation or "").startswith("inside compiled code"):
+            return cause, Evidence(
+                localisation=f"two eager replays of step {div.step} agree: the difference from the golden run is "
                 "in compiled code (torchrepro check localises it) or in something that changed since the golden "
                 "was recorded (a dependency, a data file, a setting)"
-            }
+            )
         return found, evidence
 
     return explain
