@@ -1,7 +1,9 @@
 """torchrepro: reproducible torch.compile training, and an exact account of why a run is not.
 
 The public API is imported lazily, so that ``torchrepro.analysis`` and the report code can
-read event logs on a machine without torch.
+read event logs on a machine without torch. Every command is also a function here
+(``torchrepro.check``, ``doctor``, ``compare``...: :mod:`torchrepro.commands.api`) returning its
+typed report.
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ _API = {  # name -> the submodule defining it (a submodule's own name: the submo
     "rng": "rng",
     "UserError": "errors",
     "log_metric": "runtime.metrics",
+    # the commands, each a function returning its typed report (docs/library.md)
+    "doctor": "commands.api",
+    "check": "commands.api",
+    "check_resume": "commands.api",
+    "compare": "commands.api",
+    "diff": "commands.api",
+    "drift": "commands.api",
+    "record_golden": "commands.api",
+    "check_golden": "commands.api",
+    "CompileCache": "commands.api",
 }
 
 __all__ = sorted(_API)

@@ -38,6 +38,7 @@ COMMANDS = {
     "cache": "cache",
     "watch": "watch",
     "drift": "drift",
+    "golden": "golden",
     "env": "env",
 }
 

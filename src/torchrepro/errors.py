@@ -13,6 +13,12 @@ class InputError(UserError):
     """A missing, unreadable or malformed input file or directory."""
 
 
+class ScriptFailed(UserError):
+    """The user's script failed where a command needs it to end normally (``golden record``)."""
+
+    exit_code = 3
+
+
 class RngStateError(UserError):
     """An RNG state file that cannot be loaded into this process."""
 

@@ -74,6 +74,12 @@ NUMERIC = {
     ("drift", "--target-effect"): options.positive_float,
     ("drift", "--run-one"): options.count,
     ("drift", "--max-runs"): options.positive_int,
+    ("golden record", "--snapshot-budget"): options.size,
+    ("golden record", "--seed"): options.seed,
+    ("golden record", "--nproc"): options.positive_int,
+    ("golden record", "--timeout"): options.positive_float,
+    ("golden check", "--nproc"): options.positive_int,
+    ("golden check", "--timeout"): options.positive_float,
     ("cache explain-miss", "--ranks"): options.count,
     ("cache unpack", "--max-size"): options.size,
 }

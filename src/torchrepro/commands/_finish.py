@@ -31,6 +31,7 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
     from ..reports.check_report import CheckReport
     from ..reports.compare_report import CompareReport
     from ..reports.drift_report import DriftReport
+    from ..reports.golden_report import GoldenReport
 
     report, where = outcome.report, outcome.stored_in
     _write_outputs(report, args)
@@ -42,7 +43,11 @@ def finish(outcome: Outcome | int, args: argparse.Namespace) -> int:
         render_drift(report, report_path=" · ".join(display_path(where / name) for name in (REPORT_FILE, HTML_FILE)))
         return report.exit_code
     shown = _report_paths(where) if where else _written_to(args)
-    if isinstance(report, CompareReport):
+    if isinstance(report, GoldenReport):
+        from ..render.golden_text import render_golden
+
+        render_golden(report, report_path=shown)
+    elif isinstance(report, CompareReport):
         from ..render.terminal import render_compare
 
         render_compare(report, report_path=shown)

@@ -21,7 +21,7 @@ from ..eventlog.output_guard import Replaceable, check, write
 from .options import STDOUT
 
 # the arguments of any command that name what it reads (``out``: a drift experiment's, re-read)
-INPUT_ARGS = ("script", "run_dir", "run_a", "run_b", "trace", "collect", "source", "headers_from")
+INPUT_ARGS = ("script", "run_dir", "run_a", "run_b", "trace", "collect", "source", "headers_from", "golden")
 OUTPUT_ARGS = ("json", "junit", "html")
 
 

@@ -6,6 +6,7 @@ the report's verdict line. Read from the typed report; nothing is computed here.
 - a comparison of runs (``check``, ``check-resume``, ``diff``): whether the runs agree, and how
   each run ended;
 - ``compare``: whether configuration B stays in configuration A's band, and how each run ended;
+- ``golden check``: whether the run matches the golden run, and how each compared run ended;
 - ``drift``: each binary factor (fails when it makes a real difference), and each run left out
   of every statistic (fails when it crashed; skipped when it gave no metric).
 
@@ -25,6 +26,7 @@ from ..reports.compare_report import CompareReport
 from ..reports.doctor_report import DoctorReport
 from ..reports.drift_report import DriftReport
 from ..reports.findings import Verdict
+from ..reports.golden_report import GoldenReport
 from ..reports.loader import Report
 
 
@@ -78,10 +80,13 @@ def _cases(report: Report) -> tuple[str, list[_Case]]:
         d = report.determinism
         judged = _Case(" vs ".join(d.runs) or "runs", _unless_agreed(report))
         return "check", [judged, *_endings(d.endings)]
+    if isinstance(report, GoldenReport):
+        judged = _Case(f"matches golden {report.golden}", _unless_agreed(report))
+        return "golden", [judged, *_endings(report.check.determinism.endings if report.check else [])]
     return "drift", _drift_cases(report)
 
 
-def _unless_agreed(report: CheckReport | CompareReport) -> list[str]:
+def _unless_agreed(report: CheckReport | CompareReport | GoldenReport) -> list[str]:
     """The verdict line, unless the compared runs agree (``incomplete``: they agree as far as
     compared, and a run's own case says how it ended)."""
     return [] if report.verdict.passing or report.verdict == Verdict.INCOMPLETE else [report.verdict_line]

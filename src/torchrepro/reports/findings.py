@@ -43,7 +43,9 @@ class Verdict(str, Enum):
     """Every verdict a report can reach. Doctor: ``healthy``, ``warnings``, ``problems``,
     ``fails_budget``; a comparison of runs (:mod:`torchrepro.analysis.verdict`): ``bit_exact``,
     ``within_tolerance``, ``diverged``, ``incomplete``, ``nothing_compared``; drift:
-    ``noise`` (no factor makes a real difference), ``real_difference``, ``run_failed``; any run:
+    ``noise`` (no factor makes a real difference), ``real_difference``, ``run_failed``; golden:
+    ``within_band`` (not bit for bit, but within the golden's run-to-run band), ``not_comparable``
+    (recorded under another torch, device or world size: nothing could be judged); any run:
     ``interrupted`` (torchrepro's supervisor ended without recording the end of the job: killed by
     SIGKILL or the OOM killer; how the job ended is unknown, so it is never healthy);
     ``nothing_observed`` (doctor: not one training step and not one compile was seen, so there is
@@ -66,18 +68,20 @@ class Verdict(str, Enum):
     EQUIVALENT = "equivalent"  # compare: B within A's run-to-run band
     DIFFERENT = "different"  # compare: B leaves the band
     ABSTAIN = "abstain"  # compare: the evidence is too weak to say
+    WITHIN_BAND = "within_band"  # golden check: within the golden run's run-to-run band
+    NOT_COMPARABLE = "not_comparable"  # golden check: recorded under another torch, device or world size
 
     @property
     def passing(self) -> bool:
         """Whether a comparison with this verdict passes (exit 0 when every run ended normally)."""
-        return self in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.EQUIVALENT)
+        return self in (Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.EQUIVALENT, Verdict.WITHIN_BAND)
 
     @property
     def tone(self) -> str:
         """``ok``, ``warn`` or ``bad``: how a renderer colours it."""
-        if self in (Verdict.HEALTHY, Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.NOISE, Verdict.EQUIVALENT):
+        if self in (Verdict.HEALTHY, Verdict.BIT_EXACT, Verdict.WITHIN_TOLERANCE, Verdict.NOISE) or self.passing:
             return "ok"
-        return "warn" if self in (Verdict.WARNINGS, Verdict.ABSTAIN) else "bad"
+        return "warn" if self in (Verdict.WARNINGS, Verdict.ABSTAIN, Verdict.NOT_COMPARABLE) else "bad"
 
     @classmethod
     def of_doctor(cls, findings: list[Finding], budget_failures: list[str], interrupted: bool = False) -> Verdict:

@@ -21,15 +21,19 @@ from .check_report import CheckReport
 from .compare_report import CompareReport
 from .doctor_report import DoctorReport
 from .drift_report import DriftReport
+from .golden_report import GoldenReport
 from .schema import LEGACY_SCHEMA, SCHEMAS, schema_of
 
 
-Report = Union[DoctorReport, CheckReport, DriftReport, CompareReport]
-_KINDS: dict[str, type[DoctorReport] | type[CheckReport] | type[DriftReport] | type[CompareReport]] = {
+Report = Union[DoctorReport, CheckReport, DriftReport, CompareReport, GoldenReport]
+_KINDS: dict[
+    str, type[DoctorReport] | type[CheckReport] | type[DriftReport] | type[CompareReport] | type[GoldenReport]
+] = {
     "doctor": DoctorReport,
     "check": CheckReport,
     "drift": DriftReport,
     "compare": CompareReport,
+    "golden": GoldenReport,
 }
 
 

@@ -16,6 +16,7 @@ SCHEMAS = {
     "check": "torchrepro.check/1",
     "drift": "torchrepro.drift/1",
     "compare": "torchrepro.compare/1",
+    "golden": "torchrepro.golden/1",
 }
 
 

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import options
-from ...errors import UserError
-from ...runtime.run_options import PROBE_REPEATS, RunOptions
+from ...runtime.run_options import PROBE_REPEATS
 from .._finish import Outcome
 
 
@@ -65,42 +64,27 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run the script K times (or against a reference), compare and explain."""
-    from ...analysis.divergence import Tolerance
-    from .comparison import CheckRequest, check
+    from ...eventlog.rundir import default_run_dir
+    from ..api import cache_of, check
 
-    if args.runs is not None and args.against:
-        raise UserError(
-            "--runs counts runs of the script as written: with --against there are always two "
-            "(the reference and the compiled run)"
-        )
-    request = CheckRequest(
-        Path(args.script),
+    out = Path(args.out) if args.out else default_run_dir(args.script, label="check")
+    report = check(
+        args.script,
         args.args,
-        runs=args.runs or 2,
-        options=RunOptions.from_args(args),
+        runs=args.runs,
         against=args.against,
-        run_dir=Path(args.out) if args.out else None,
-        tolerance=Tolerance(args.rtol, args.atol),
-        localize_divergence=not args.no_localize,
+        seed=args.seed,
+        out=out,
         nproc=args.nproc,
         timeout=args.timeout,
+        rtol=args.rtol,
+        atol=args.atol,
+        localize=not args.no_localize,
         fixes=False if args.no_fixes else (True if args.fixes else None),
-        only_fixes=_fix_names(args.only_fixes),
+        only_fixes=args.only_fixes,
         probe_repeats=args.probe_repeats,
         disk_budget=args.disk_budget,
+        cache=cache_of(args),
+        module=args.module,
     )
-    report, run_dir = check(request)
-    return Outcome(report, run_dir)
-
-
-def _fix_names(value: str | None) -> list[str] | None:
-    """``--only-fixes threads_1,eager`` → those names (checked); None → every candidate."""
-    from ...analysis.fix_ranking import LADDER
-
-    if not value:
-        return None
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in LADDER]
-    if unknown:
-        raise UserError(f"--fixes: unknown fix {', '.join(unknown)} (choose from {', '.join(LADDER)})")
-    return names
+    return Outcome(report, out)

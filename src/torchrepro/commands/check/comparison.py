@@ -493,8 +493,15 @@ def _missing_evidence(*runs: Run) -> list[str]:
     return ["the runs hold " + " and ".join(lacking) + ": the first divergence may be earlier than the step named"]
 
 
-def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> CheckReport:
-    """Compare two stored runs (no replay: the evidence in their logs and snapshots)."""
+def diff(
+    path_a: Path,
+    path_b: Path,
+    tolerance: Tolerance | None = None,
+    explain: Callable[[Divergence, str], Decision | None] | None = None,
+) -> CheckReport:
+    """Compare two stored runs (no replay: the evidence in their logs and snapshots). ``explain``: a
+    caller that can replay run B (``golden check``) refines the cause of a divergence and its
+    evidence (None: it could not)."""
     tol = tolerance or Tolerance()
     run_a, run_b = load_run(path_a), load_run(path_b)
     scripts = [_script_of(r) for r in (run_a, run_b)]
@@ -511,6 +518,8 @@ def diff(path_a: Path, path_b: Path, tolerance: Tolerance | None = None) -> Chec
     decision = decide(div, run_a.logs, run_b.logs) if div is not None else None
     if decision is not None and decision[0] == "unknown":
         decision = numerics_of_modes(run_a.meta.get("compile_mode"), run_b.meta.get("compile_mode")) or decision
+    if div is not None and decision is not None and explain and (found := explain(div, decision[0])) is not None:
+        decision = found[0], decision[1].but(found[1])
     snapshots = _snaps(run_a).is_dir() and _snaps(run_b).is_dir()
     det = determinism_section(
         div,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from .. import options
@@ -22,10 +21,6 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Where the two runs diverge, and why."""
-    from ...analysis.divergence import Tolerance
-    from ...eventlog.rundir import refuse_while_written
-    from .comparison import diff
+    from ..api import diff
 
-    for run_dir in (args.run_a, args.run_b):
-        refuse_while_written(Path(run_dir))
-    return Outcome(diff(Path(args.run_a), Path(args.run_b), Tolerance(args.rtol, args.atol)))
+    return Outcome(diff(args.run_a, args.run_b, rtol=args.rtol, atol=args.atol))

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import options
-from ...runtime.run_options import RunOptions
 from .._finish import Outcome
 
 
@@ -28,15 +27,19 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run to the end, stop after ``--at`` with a checkpoint, resume, compare."""
-    from .comparison import check_resume
+    from ...eventlog.rundir import default_run_dir
+    from ..api import cache_of, check_resume
 
-    report, run_dir = check_resume(
-        Path(args.script),
+    out = Path(args.out) if args.out else default_run_dir(args.script, label="resume")
+    report = check_resume(
+        args.script,
         args.args,
         at=args.at,
-        options=RunOptions.from_args(args),
-        run_dir=Path(args.out) if args.out else None,
+        seed=args.seed,
+        out=out,
         nproc=args.nproc,
         timeout=args.timeout,
+        cache=cache_of(args),
+        module=args.module,
     )
-    return Outcome(report, run_dir)
+    return Outcome(report, out)

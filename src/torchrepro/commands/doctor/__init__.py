@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import options
-from ...errors import Stopped, UserError
-from ...runtime.run_options import PROBE_REPEATS, RunOptions
+from ...errors import UserError
+from ...runtime.run_options import PROBE_REPEATS
 from .._finish import Outcome
 from ...analysis.compile_fixes import COMPILE_FIXES
-
-if TYPE_CHECKING:
-    from ...reports.doctor_report import DoctorReport
 
 
 def _fix_names(value: str) -> list[str]:
@@ -79,56 +76,35 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     """Run the script under capture (or read ``--trace``) and analyse it."""
-    from ...analysis.doctor import Budgets
-    from .job import doctor_from_trace, doctor_script
+    from ...eventlog.rundir import default_run_dir
+    from ..api import cache_of, doctor
 
-    budgets = Budgets(args.max_graph_breaks, args.max_recompiles, args.min_cache_hit_rate, strict=args.strict)
-    run_dir = Path(args.out) if args.out else None
     if args.probe_repeats is not None and not args.probe:
         raise UserError("--probe-repeats says how often --probe calls each graph: give --probe too")
-    if args.probe and args.probe_repeats is None:
-        args.probe_repeats = PROBE_REPEATS
-    if (args.only_fixes or args.jobs != 1) and not args.fixes:
-        raise UserError("--only-fixes and --jobs choose the fix runs of --fixes: give --fixes too")
-    if (problem := options.over_process_limit(args.jobs * args.nproc)) is not None:  # fix runs side by side
-        raise UserError(
-            f"--jobs {args.jobs} x --nproc {args.nproc} = {args.jobs * args.nproc} processes at once: {problem}"
-        )
-    if args.trace:
-        if args.fixes:
-            raise UserError("--fixes re-runs the script: give a SCRIPT, not --trace")
-        if args.script:
-            raise UserError("give either --trace DIR or a SCRIPT, not both")
-        report, run_dir = doctor_from_trace(Path(args.trace), run_dir, budgets)
+    if args.out:
+        out = Path(args.out)
     else:
-        if not args.script:
-            raise UserError("doctor needs a SCRIPT to run (or --trace DIR)")
-        report, run_dir = doctor_script(
-            Path(args.script),
-            args.args,
-            run_dir=run_dir,
-            budgets=budgets,
-            options=RunOptions.from_args(args, ranks_only=True),
-            nproc=args.nproc,
-            timeout=args.timeout,
-            resume=args.fixes,
+        out = (
+            default_run_dir(Path(args.trace).name, label="trace") if args.trace else default_run_dir(args.script or "")
         )
-        if args.fixes:
-            _try_fixes(report, run_dir, args)
-    return Outcome(report, run_dir)
-
-
-def _try_fixes(report: DoctorReport, run_dir: Path, args: argparse.Namespace) -> None:
-    """``--fixes``: the compile fixes tried on the script (:mod:`.fixes`), into the report."""
-    from ...render.save import write_report
-    from .fix_runs import FixRunner, try_fixes
-
-    runner = FixRunner(
-        run_dir, Path(args.script), args.args, RunOptions.from_args(args), nproc=args.nproc, timeout=args.timeout
+    report = doctor(
+        args.script,
+        args.args,
+        trace=args.trace,
+        out=out,
+        seed=args.seed,
+        nproc=args.nproc,
+        timeout=args.timeout,
+        max_graph_breaks=args.max_graph_breaks,
+        max_recompiles=args.max_recompiles,
+        min_cache_hit_rate=args.min_cache_hit_rate,
+        strict=args.strict,
+        fingerprint_every=args.fingerprint_every,
+        probe_repeats=(args.probe_repeats if args.probe_repeats is not None else PROBE_REPEATS) if args.probe else None,
+        fixes=args.fixes,
+        only_fixes=args.only_fixes,
+        jobs=args.jobs,
+        cache=cache_of(args),
+        module=args.module,
     )
-    try:
-        try_fixes(report, runner, only=args.only_fixes, jobs=args.jobs)
-    except Stopped:  # by a signal: the report says which fixes finished (marked partial)
-        write_report(run_dir, report)
-        raise
-    write_report(run_dir, report)
+    return Outcome(report, out)

@@ -195,3 +195,16 @@ def _store(
         },
     )
     attach(report, runner.run_dir)
+
+
+def try_fixes_stored(report: DoctorReport, runner: FixRunner, *, only: list[str] | None, jobs: int) -> None:
+    """``doctor --fixes``: :func:`try_fixes`, then the report written again with their result (also
+    when a signal stops them: the report says which fixes finished, marked partial)."""
+    from ...render.save import write_report
+
+    try:
+        try_fixes(report, runner, only=only, jobs=jobs)
+    except Stopped:
+        write_report(runner.run_dir, report)
+        raise
+    write_report(runner.run_dir, report)
