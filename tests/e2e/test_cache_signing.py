@@ -207,17 +207,22 @@ print(warm({str(unsigned)!r}, {str(tmp_path / "root-c")!r}, allow_unsigned=True)
 
 def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys, capsys):
     """``--warm-from`` on the ranks: an unsigned pack is a warning and a cold start (the run goes
-    on); ``--allow-unsigned`` unpacks it; a pack signed by a key in TORCHREPRO_TRUSTED_KEYS warms
-    without a word."""
+    on), and a finding in the report of each command that takes it (doctor, check); ``--allow-unsigned``
+    unpacks it; a pack signed by a key in TORCHREPRO_TRUSTED_KEYS warms without a word."""
     unsigned = _pack(tmp_path, capsys, "unsigned.tar")
     signed = _pack(tmp_path, capsys, "signed.tar", "--sign", keys["mine"])
     script = tmp_path / "s.py"
-    script.write_text("print('trained')\n")
+    script.write_text(
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.ones(1, 2)).sum().backward()\nopt.step()\nprint('trained')\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHREPRO_", "TORCHINDUCTOR_"))}
     env["PYTHONPATH"] = str(Path(__file__).parents[2] / "src")
 
-    def doctor(pack: Path, root: str, *options: str, **extra: str) -> subprocess.CompletedProcess:
-        command = ["doctor", "--cache-policy", "shared", "--cache-root", str(tmp_path / root), "--warm-from"]
+    def doctor(
+        pack: Path, root: str, *options: str, command: str = "doctor", **extra: str
+    ) -> subprocess.CompletedProcess:
+        command = [command, "--cache-policy", "shared", "--cache-root", str(tmp_path / root), "--warm-from"]
         return subprocess.run(
             [sys.executable, "-m", "torchrepro", *command, str(pack), *options, str(script)],
             capture_output=True,
@@ -236,6 +241,10 @@ def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys,
     report = json.loads(next(tmp_path.glob("torchrepro-runs/*/report.json")).read_text())
     [finding] = [f for f in report["findings"] if f["code"] == "WARM_START_SKIPPED"]
     assert finding["severity"] == "warning" and "unsigned" in finding["title"]
+    checked = doctor(unsigned, "checked", "--out", str(tmp_path / "check"), command="check")
+    assert checked.returncode == 0 and checked.stderr.count("torchrepro: warning: --warm-from") == 1, checked.stderr
+    report = json.loads((tmp_path / "check" / "report.json").read_text())
+    assert [f["title"] for f in report["findings"] if f["code"] == "WARM_START_SKIPPED"] == [finding["title"]]
     allowed = doctor(unsigned, "allowed", "--allow-unsigned")
     assert allowed.returncode == 0 and "UserWarning" not in allowed.stderr
     [said] = [line for line in allowed.stderr.splitlines() if "unsigned" in line]

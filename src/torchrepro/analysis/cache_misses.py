@@ -17,7 +17,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence, TypedDict
+from typing import Mapping, Sequence, TypedDict
 
 from ..eventlog.event_reader import EventLog
 from ..eventlog.events import PROBE_MISS, CacheLookup, End, Event, Step
@@ -545,3 +545,22 @@ def rank_key_findings(logs: Sequence[EventLog]) -> list[Finding]:
             if f.code == "CACHE_KEY_DIFFERS":
                 findings.append(f)
     return findings
+
+
+def warm_start_findings(meta: Mapping[str, object]) -> list[Finding]:
+    """``WARM_START_SKIPPED``: the command kept its ``--warm-from`` pack from the runs, which compiled
+    cold (``meta["warm_start_skipped"]``, the reason: a pack signed by no trusted key, or unsigned);
+    said once on the terminal as a warning line, and in every report of the command as this finding."""
+    why = meta.get("warm_start_skipped")
+    if not isinstance(why, str):
+        return []
+    return [
+        Finding(
+            "WARM_START_SKIPPED",
+            "warning",
+            f"--warm-from skipped, compiled cold: {why}",
+            hint="A compile cache is code: sign the pack (torchrepro cache pack --sign KEY) and list KEY.pub in "
+            "TORCHREPRO_TRUSTED_KEYS, or pass --allow-unsigned for a pack you made yourself.",
+            evidence={"why": why},
+        )
+    ]

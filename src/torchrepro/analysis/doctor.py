@@ -13,7 +13,7 @@ from ..eventlog.provenance import provenance
 from ..reports.doctor_report import CacheCounts, CompileSection, DoctorReport, DoctorRun, RankSteps, StepsSummary
 from ..reports.findings import Verdict
 from . import compile as compile_analysis
-from .cache_misses import rank_key_findings
+from .cache_misses import rank_key_findings, warm_start_findings
 from ..eventlog.payloads import JsonObject
 from ..reports.findings import Finding, sort_findings
 from .kept_steps import KeptSteps, kept_steps
@@ -162,17 +162,7 @@ def _outcome_findings(run: JsonObject, meta: JsonObject, logs: list[EventLog]) -
                 evidence={**meta["interrupted"], "last_steps": {r: i["last_step"] for r, i in run["ranks"].items()}},
             )
         )
-    if isinstance(meta.get("warm_start_skipped"), str):
-        findings.append(
-            Finding(
-                "WARM_START_SKIPPED",
-                "warning",
-                f"--warm-from skipped, compiled cold: {meta['warm_start_skipped']}",
-                hint="A compile cache is code: sign the pack (torchrepro cache pack --sign KEY) and list KEY.pub in "
-                "TORCHREPRO_TRUSTED_KEYS, or pass --allow-unsigned for a pack you made yourself.",
-                evidence={"why": meta["warm_start_skipped"]},
-            )
-        )
+    findings += warm_start_findings(meta)
     lost = {log.rank: log.steps_lost for log in logs if log.steps_lost}
     if lost:
         findings.append(

@@ -37,6 +37,7 @@ from ..reports.check_report import CheckRun
 from ..reports.compare_report import CompareReport
 from ..reports.findings import Finding
 from .divergence import abs_difference, distance, finite_magnitude, same_value
+from .cache_misses import warm_start_findings
 from .nonfinite import nonfinite_findings, of_runs, value_text
 from .verdict import Ending
 
@@ -824,6 +825,7 @@ def compare_report(
     configs: Sequence[Config] = (),
 ) -> CompareReport:
     """The :class:`~torchrepro.reports.compare_report.CompareReport` of a judged comparison, with the
-    non-finite values and uninitialised parameters of its runs (``configs``)."""
-    runs = of_runs({cfg.label: nonfinite_findings(cfg.logs) for cfg in configs})
+    non-finite values and uninitialised parameters of its runs (``configs``), and a ``--warm-from``
+    pack kept from them (``meta``)."""
+    runs = of_runs({cfg.label: nonfinite_findings(cfg.logs) for cfg in configs}) + warm_start_findings(meta)
     return CompareReport(CheckRun(run_dirs, timings, meta), section, findings(section) + runs, verdict_line(section))

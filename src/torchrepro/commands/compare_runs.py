@@ -90,7 +90,7 @@ def compare(
         "b": {"script": str(script_b), "args": b[1], "nproc": b[2], "world": len(run_b.logs)}
         | ({"resumed_after": resume_b_at} if resume_b_at is not None else {}),
     }
-    meta = {**launch_meta(script_a), "seed": options.seed}
+    meta = {**launch_meta(script_a), "seed": options.seed, **options.warm_start_meta}
     report = compare_report(
         section,
         {"a-1": str(run_dir / "a-1"), "a-2": str(run_dir / "a-2"), **b_dirs},

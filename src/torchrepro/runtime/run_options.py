@@ -62,6 +62,11 @@ class RunOptions:
         None  # -m MODULE: run it as python -m does, from the working directory (the script is its file)
     )
 
+    @property
+    def warm_start_meta(self) -> dict[str, str]:
+        """What run.json and a report's meta say of a ``--warm-from`` pack kept from the runs (empty: none)."""
+        return {"warm_start_skipped": self.warm_start_skipped} if self.warm_start_skipped else {}
+
     def to_json(self) -> str:
         """One line of JSON (paths as strings)."""
         data = asdict(self)

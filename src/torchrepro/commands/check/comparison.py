@@ -13,7 +13,7 @@ from typing import Any, TypedDict, TypeVar
 
 from rich.console import Console
 
-from ...analysis.cache_misses import key_findings
+from ...analysis.cache_misses import key_findings, warm_start_findings
 from ...analysis.graph_steps import GraphScope, step_scope
 from ...analysis.nondeterminism import (
     FIXABLE,
@@ -378,9 +378,11 @@ def check(request: CheckRequest, console: Console | None = None) -> tuple[CheckR
             "seed": seed,
             "runs": request.runs,
             "against": request.against,
+            **request.options.warm_start_meta,
         },
         [f for pair in same_config for f in cache_key_findings(*pair)]
-        + nonfinite_of({s.label: done[s.label][1] for s in specs}),
+        + nonfinite_of({s.label: done[s.label][1] for s in specs})
+        + warm_start_findings(request.options.warm_start_meta),
         (run_a, run_b),
     )
     # what the report was drawn from, cut to the evidence (commands/check/disk.py) before the report is written:

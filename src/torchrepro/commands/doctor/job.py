@@ -221,8 +221,7 @@ def _baseline(
 
     seed = options.seed
     run_dir = create_run_dir(run_dir or default_run_dir(script))
-    skipped = {"warm_start_skipped": options.warm_start_skipped} if options.warm_start_skipped else {}
-    meta = start_meta(script, args, seed=seed, world_size=nproc, **skipped)
+    meta = start_meta(script, args, seed=seed, world_size=nproc, **options.warm_start_meta)
     write_json(run_dir / RUN_FILE, meta)
     from ...render.live_text import live_status
 
