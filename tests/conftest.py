@@ -71,6 +71,18 @@ def no_process_outlives_its_test():
 
 
 @pytest.fixture(autouse=True)
+def idle_threads_sleep(request, monkeypatch):
+    """The processes a test of `make test` starts share the cores with the other worker's: their idle
+    OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE, as torchrepro gives runs that share the cores,
+    launcher.SHARING_CORES_ENV) instead of spinning on CPU the other worker needs. How an idle thread
+    waits changes neither the number of threads nor how an op splits its work (test_side_by_side.py),
+    only the CPU spent waiting. The slow tier keeps the environment as it is: its races between a
+    run's own threads need them running at once. Where the environment sets the variable, it stands."""
+    if "OMP_WAIT_POLICY" not in os.environ and request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.fixture(autouse=True)
 def reports_match_their_schema(request):
     """After a test, every torchrepro report under its ``tmp_path`` (``report.json``, ``--json``
     files) validates against the published JSON Schema of its kind (``torchrepro/reports/schemas``)."""

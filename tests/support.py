@@ -1,5 +1,5 @@
 """What tests import besides fixtures: reports checked against their schemas, the CLI in a child
-process, and the xdist group of the shared ``noise_check`` run (tests/conftest.py)."""
+process, and the xdist groups of the shared ``noise_check`` and ``bit_exact_check`` runs (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def schema_problems(path: Path) -> list[str]:
 # Runs that several tests only read, made once. A session fixture is made once per xdist worker:
 # the tests reading one share a worker through an xdist_group (make test runs --dist loadgroup).
 NOISE_CHECK_GROUP = "html-browser"
+BIT_EXACT_CHECK_GROUP = "report_model"  # the ``bit_exact_check`` run
 
 
 def run_torchrepro(

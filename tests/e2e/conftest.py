@@ -32,15 +32,11 @@ def run_python(tmp_path):
     return run
 
 
-@pytest.fixture(scope="session")
-def noise_check(tmp_path_factory):
-    """`torchrepro check` of tests/scripts/noise_module.py (an unseeded generator: the runs
-    diverge, and replays localise the op): its process and output directory. Read by
-    test_check.py's verdict test and test_html_browser.py's check page (xdist_group
-    NOISE_CHECK_GROUP). Its reports are checked against their schemas here, as a test's are."""
+def _check_of(script: str, root: Path):
+    """`torchrepro check` of tests/scripts/SCRIPT into ``root``/check: its process and output directory.
+    Its reports are checked against their schemas here, as a test's are."""
     import subprocess
 
-    root = tmp_path_factory.mktemp("noise-check")
     proc = subprocess.run(
         [
             sys.executable,
@@ -49,7 +45,7 @@ def noise_check(tmp_path_factory):
             "check",
             "--out",
             str(root / "check"),
-            str(REPO / "tests" / "scripts" / "noise_module.py"),
+            str(REPO / "tests" / "scripts" / script),
         ],
         capture_output=True,
         text=True,
@@ -59,3 +55,19 @@ def noise_check(tmp_path_factory):
     problems = [f"{path}: {problem}" for path in sorted(root.rglob("*.json")) for problem in schema_problems(path)]
     assert not problems, "reports that break their schema:\n" + "\n".join(problems)
     return proc, root / "check"
+
+
+@pytest.fixture(scope="session")
+def noise_check(tmp_path_factory):
+    """`torchrepro check` of tests/scripts/noise_module.py (an unseeded generator: the runs
+    diverge, and replays localise the op). Read by test_check.py's verdict test and
+    test_html_browser.py's check page (xdist_group NOISE_CHECK_GROUP)."""
+    return _check_of("noise_module.py", tmp_path_factory.mktemp("noise-check"))
+
+
+@pytest.fixture(scope="session")
+def bit_exact_check(tmp_path_factory):
+    """`torchrepro check` of tests/scripts/deterministic.py (the runs agree bit for bit). Read by
+    test_check.py's bit-exact test and test_report_model.py's typed reports (xdist_group
+    BIT_EXACT_CHECK_GROUP)."""
+    return _check_of("deterministic.py", tmp_path_factory.mktemp("bit-exact-check"))

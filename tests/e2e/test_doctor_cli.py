@@ -160,6 +160,9 @@ def test_damaged_event_log_is_reported_not_fatal(tmp_path):
     assert any(f["code"] == "RANK_CRASHED" for f in report["findings"])
 
 
+# make test reads real TORCH_TRACE logs through `doctor --trace` in test_damaged_input.py (a shape recompile,
+# its count, garbled lines counted) and compares the counts on the recorded corpus (compat/test_trace_corpus.py)
+@pytest.mark.slow
 def test_doctor_from_torch_trace_logs(tmp_path):
     trace = tmp_path / "trace"
     subprocess.run(

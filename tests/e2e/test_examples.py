@@ -37,6 +37,19 @@ def graphs_printed(stdout: str) -> int:
     return int(re.search(r"^compiled graphs: (\d+)$", stdout, re.M).group(1))
 
 
+def test_make_test_runs_the_pitfalls_as_readme_shows_them():
+    """The test below is in the slow tier because README.md's example runs the same doctor command in
+    `make test` (tests/e2e/test_docs_examples.py) and compares every finding and fix it prints: the
+    shape recompile's drop_last, the .item() break at its line, the grad_mode and temperature
+    recompiles with allow_unspec_int_on_nn_module. Without that example, the test goes back."""
+    from docs_examples import examples
+
+    shown = [c for e in examples(REPO / "README.md") if e.tier == "make test" for c in e.commands]
+    assert any(c.text == "torchrepro doctor examples/train_digits.py -- --pitfalls --epochs 2" for c in shown)
+    assert any(line.startswith(" ! graph break at examples/train_digits.py:") for c in shown for line in c.shown)
+
+
+@pytest.mark.slow  # README.md's example covers it in make test (above)
 def test_pitfalls_are_found_with_fixes(tmp_path):
     # Two epochs: the int attribute takes a second value only in the second epoch.
     report, _ = doctor(tmp_path, "--epochs", "2", "--pitfalls")

@@ -62,6 +62,7 @@ def snapshotted(tmp_path_factory) -> Path:
     return root / "a"
 
 
+@pytest.mark.xdist_group("graph-fuzz-snapshotted")  # one worker makes the run once for every case
 @pytest.mark.parametrize(
     "damage",
     ["zeros", "zeros, its sketch gone", "an array declaring 2^40 elements", "a link to /dev/zero", "a FIFO"],

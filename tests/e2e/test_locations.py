@@ -20,6 +20,7 @@ from torchrepro.eventlog.events import Compile, GraphBreak
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "entry_points.py"
 OURS = str(Path(torchrepro.__file__).parent)
+pytestmark = pytest.mark.xdist_group("locations")  # one worker makes the run below once for every test
 
 
 def line_of(mark: str) -> int:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import schema_problems
+from support import BIT_EXACT_CHECK_GROUP, schema_problems
 from synthetic_runs import drift_experiment
 
 from torchrepro.render.paths import stored
@@ -27,7 +27,7 @@ from torchrepro.reports.schema import LEGACY_SCHEMA, SCHEMAS, schema_path
 from torchrepro.eventlog.rundir import HTML_FILE, REPORT_FILE
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
-pytestmark = pytest.mark.xdist_group("report_model")  # one worker builds the real runs below once
+pytestmark = pytest.mark.xdist_group(BIT_EXACT_CHECK_GROUP)  # one worker builds the real runs below once
 GRAPH_BREAK = """\
 import torch
 
@@ -66,14 +66,13 @@ def doctor_run(tmp_path_factory) -> tuple[Path, int]:
 
 
 @pytest.fixture(scope="session")
-def check_runs(tmp_path_factory) -> dict[str, tuple[Path, int]]:
-    """Real checks: a deterministic script (bit-exact) and one nudged by a clock-seeded generator (diverged)."""
+def check_runs(tmp_path_factory, bit_exact_check) -> dict[str, tuple[Path, int]]:
+    """Real checks: a deterministic script (bit-exact; made once for test_check.py too, conftest) and one
+    nudged by a clock-seeded generator (diverged)."""
     root = tmp_path_factory.mktemp("check")
-    out = {}
-    for name, script in (("exact", "deterministic.py"), ("noisy", "tiny_noise.py")):
-        code = main(["check", "--out", str(root / name), "--no-localize", "--no-fixes", str(SCRIPTS / script)])
-        out[name] = (root / name, code)
-    return out
+    proc, exact = bit_exact_check
+    code = main(["check", "--out", str(root / "noisy"), "--no-localize", "--no-fixes", str(SCRIPTS / "tiny_noise.py")])
+    return {"exact": (exact, proc.returncode), "noisy": (root / "noisy", code)}
 
 
 def test_doctor_report_reads_back_equal_and_derives_the_commands_exit_code(doctor_run):

@@ -89,6 +89,10 @@ def assert_read_alike(run_dir: Path) -> dict:
     return report
 
 
+# ~13 s of CPU (torchrun, 2 compiled ranks). In make test: the readers agree on a 9-rank run with a rank that
+# recompiles alone (test_reading_processes.py) and on the synthetic runs here; real 2-rank logs are reported by
+# test_distributed.py::test_killed_rank_is_named_and_others_kept
+@pytest.mark.slow
 def test_a_real_two_rank_run_reports_alike(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(

@@ -18,17 +18,18 @@ from torchrepro.eventlog.event_reader import read_events
 from torchrepro.eventlog.events import Step
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
-ENV = {**os.environ, "PYTHONPATH": str(Path(torchrepro.__file__).parents[1])}
+SRC = str(Path(torchrepro.__file__).parents[1])
 
 
 def run(script: str, tmp_path: Path) -> tuple[list[Step], str, dict]:
     """The script's step events, its output and ``torchrepro report``'s JSON."""
     out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": SRC}  # as the test runs (tests/conftest.py sets what its processes share)
     proc = subprocess.run(
         [sys.executable, "-m", "torchrepro", "run", "--out", str(out), str(SCRIPTS / script)],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=env,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,7 +37,7 @@ def run(script: str, tmp_path: Path) -> tuple[list[Step], str, dict]:
     subprocess.run(
         [sys.executable, "-m", "torchrepro", "report", str(out), "--json", str(report)],
         capture_output=True,
-        env=ENV,
+        env=env,
         timeout=300,
         check=True,
     )
