@@ -68,3 +68,20 @@ def test_every_command_function_is_public_and_typed():
     for name in ("doctor", "check", "check_resume", "compare", "diff", "drift", "record_golden", "check_golden"):
         assert name in torchrepro.__all__ and callable(getattr(torchrepro, name))
     assert torchrepro.diff.__annotations__["return"] in ("CheckReport", CheckReport)
+
+
+def test_a_command_lets_go_of_its_run_directory_when_it_returns(tmp_path):
+    """The caller's process lives on after ``torchrepro.doctor`` returns: another process reads the run
+    directory (it is no longer being written), and the same ``out`` again is refused before anything runs
+    (it was run again into the finished run's directory, its report replaced by one of refused runs)."""
+    out = tmp_path / "out"
+    first = torchrepro.doctor(SCRIPT, out=out)
+    stored = (out / "report.json").read_bytes()
+    shown = subprocess.run(
+        [sys.executable, "-m", "torchrepro", "report", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert shown.returncode == first.exit_code == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == first.verdict_line
+    with pytest.raises(torchrepro.UserError, match="already exists and is not empty"):
+        torchrepro.doctor(SCRIPT, out=out)
+    assert (out / "report.json").read_bytes() == stored

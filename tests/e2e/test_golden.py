@@ -99,3 +99,36 @@ def test_noise_is_within_the_band_and_diverged_without_it_with_the_op_named(tmp_
     assert within.returncode == 0, within.stdout + within.stderr
     assert within.stdout.startswith("WITHIN BAND of golden band: not bit for bit from step")
     assert not (tmp_path / "w" / "replays").exists()  # within the band: no replay was needed
+
+
+UNSEEDED = """import torch
+model = torch.nn.Linear(4, 1)  # initialised from an unseeded RNG: another model in every run
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_golden_divergence_shows_its_fix_under_the_verdict(tmp_path):
+    """A golden check shows what its comparison found, as check does: the divergence's fix under the
+    verdict, which says "from golden" before step 0 too."""
+    (tmp_path / "unseeded.py").write_text(UNSEEDED)
+    assert run_torchrepro("golden", "record", "--out", "golden", "unseeded.py", cwd=tmp_path).returncode == 0
+    diverged = run_torchrepro("golden", "check", "--no-localize", "golden", "unseeded.py", cwd=tmp_path)
+    lines = diverged.stdout.splitlines()
+    assert diverged.returncode == 1, diverged.stdout + diverged.stderr
+    assert lines[0].startswith("DIVERGED from golden golden before step 0 (rank 0, init_params)"), lines
+    assert lines[1].startswith("   fix: The parameters differ before the first step"), lines
+    assert lines[2].startswith("first divergence: before step 0, rank 0, init_params"), lines
+
+
+@pytest.mark.slow  # two more runs: make test-slow
+def test_a_golden_check_says_a_loss_that_is_nan_beside_bit_exact(tmp_path):
+    """Two runs whose loss is NaN with the same bits are BIT-EXACT; the golden check says the loss is NaN."""
+    shutil.copy(SCRIPTS / "nan_loss.py", tmp_path / "nan_loss.py")
+    assert run_torchrepro("golden", "record", "--out", "golden", "nan_loss.py", cwd=tmp_path).returncode == 0
+    nan = run_torchrepro("golden", "check", "golden", "nan_loss.py", cwd=tmp_path)
+    assert nan.returncode == 0 and nan.stdout.startswith("BIT-EXACT against golden golden"), nan.stdout
+    assert " ✗ the loss is NaN at step 0 (rank 0), the first that is not finite" in nan.stdout.splitlines()

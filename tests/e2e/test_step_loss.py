@@ -21,12 +21,12 @@ SCRIPTS = Path(__file__).parents[1] / "scripts"
 SRC = str(Path(torchrepro.__file__).parents[1])
 
 
-def run(script: str, tmp_path: Path) -> tuple[list[Step], str, dict]:
+def run(script: str, tmp_path: Path, *options: str) -> tuple[list[Step], str, dict]:
     """The script's step events, its output and ``torchrepro report``'s JSON."""
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": SRC}  # as the test runs (tests/conftest.py sets what its processes share)
     proc = subprocess.run(
-        [sys.executable, "-m", "torchrepro", "run", "--out", str(out), str(SCRIPTS / script)],
+        [sys.executable, "-m", "torchrepro", "run", *options, "--out", str(out), str(SCRIPTS / script)],
         capture_output=True,
         text=True,
         env=env,
@@ -58,6 +58,17 @@ def test_a_closure_step_records_what_step_returns_in_float64(tmp_path):
     assert any(float(np.float32(x)) != x for x in losses)  # not float32 values
     rank = report["steps"]["per_rank"]["0"]
     assert (rank["first_loss"], rank["last_loss"]) == (losses[0], losses[-1])
+
+
+def test_a_closure_steps_gradients_are_those_its_closure_computed(tmp_path):
+    """optimizer.step(closure) (Lightning's automatic optimization, LBFGS): the closure zeroes the gradients
+    and calls backward() inside step(); the step's gradients are those, never the previous step's that the
+    parameters still hold when step() begins (nor none at step 0)."""
+    steps, stdout, _ = run("closure_grads.py", tmp_path, "--grads")
+    norms = printed(stdout, "grad_norm")
+    assert len(norms) == len(steps) == 4
+    assert [s.grad_norm for s in steps] == [round(n, 9) for n in norms]
+    assert len({s.grads_fp for s in steps}) == 4 and None not in {s.grads_fp for s in steps}
 
 
 def test_an_accumulated_step_records_the_sum_of_its_scaled_micro_losses(tmp_path):

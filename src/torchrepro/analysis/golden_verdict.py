@@ -107,7 +107,7 @@ def golden_verdict(
         )
     if det.verdict is not Verdict.DIVERGED:  # incomplete, nothing compared, interrupted: as the comparison says
         return det.verdict, f"{check.verdict_line} (against golden {golden})"
-    diverged = check.verdict_line.replace("DIVERGED at ", f"DIVERGED from golden {golden} at ", 1)
+    diverged = check.verdict_line.replace("DIVERGED ", f"DIVERGED from golden {golden} ", 1)  # at step K, before step 0
     if band is None:
         return Verdict.DIVERGED, diverged
     if band["verdict"] == "equivalent":

@@ -18,8 +18,9 @@
   (``nn.Module.__call__`` is wrapped; calls inside compiled code pass straight through).
 - The parameters as training starts (at the first outermost module call, before its forward)
   are fingerprinted once (an ``InitParams`` event with ``source="first_forward"``).
-- Parameter fingerprints (after the step), gradient fingerprints and norm (before it) and the
-  RNG-state fingerprint (at its start) come from :mod:`torchrepro.digests` and
+- Parameter fingerprints (after the step), gradient fingerprints and norm (before it; of a step given a
+  closure, as its first ``backward()`` leaves them: the ones the step's loss gave) and the RNG-state
+  fingerprint (at its start) come from :mod:`torchrepro.digests` and
   :mod:`torchrepro.rng`.
 
 Every wrapper calls straight through when Dynamo is tracing, so compiled code sees exactly the
@@ -117,6 +118,7 @@ class StepRecorder:
         self.clock: str | None = None  # "optimizer" or "backward", once known
         self._optimizers_made = 0
         self._pending_backward = False  # backward clock: a step has begun and not ended yet
+        self._closure_params: list[torch.Tensor] | None = None  # the clock's step() runs a closure: its params
         self._in_module = False
         self._first_index = 0
         self._modes()
@@ -139,6 +141,7 @@ class StepRecorder:
         self._timing = self.interval.every is None and self._digests
         self._plain = not (self._digests or config.rng or config.batches or config.grads or config.snapshots)
         self._backward_clock = self.clock != "optimizer" and self._optimizers_made == 0
+        self._after_backward_wanted = self._backward_clock or self._closure_params is not None
         self._batches = config.batches
         self._calls_idle = not (self._backward_clock or params.names is None or not params.init_done or config.batches)
 
@@ -173,7 +176,7 @@ class StepRecorder:
         # Dynamo graph-breaks on Tensor.backward() before reaching Python, so this wrapper only ever
         # runs eagerly (and must stay plain: compiled autograd runs inside it).
         before, after = self._safe(self._note_backward), self._safe(self._after_backward)
-        self._wrap(torch.autograd, "backward", before, after=after, after_while="_backward_clock")
+        self._wrap(torch.autograd, "backward", before, after=after, after_while="_after_backward_wanted")
         self._wrap(torch.optim.Optimizer, "__init__", self._safe(self._note_optimizer))
         self._wrap(torch.nn.Module, "to_empty", None, after=self._safe(self._params.note_to_empty))
         self._wrap_module_call()
@@ -319,8 +322,13 @@ class StepRecorder:
             self.interval.own += time.perf_counter() - t0
 
     def _after_backward(self, result: Any) -> None:
-        self._pending_backward = True
         params = self._params
+        if self._closure_params is not None:  # the first backward() of the closure the clock's step() runs
+            params.note_grads(self._closure_params)
+            self._closure_params = None
+            self._modes()
+            return
+        self._pending_backward = True
         if self.config.grads and params.params:
             params.note_grads(params.params)
 
@@ -335,7 +343,11 @@ class StepRecorder:
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._is_clock(optimizer):
             return
-        self._params.note_grads(self._optimizer_params(optimizer))
+        if _closure(optimizer, args, kwargs) is None:
+            self._params.note_grads(self._optimizer_params(optimizer))
+        else:  # the gradients held now are the last step's: the step's own are its closure's first backward()'s
+            self._closure_params = self._optimizer_params(optimizer)
+            self._modes()
 
     def _is_clock(self, optimizer: Any) -> bool:
         if self._clock_optimizer is None:
@@ -351,8 +363,7 @@ class StepRecorder:
             return
         if self._params.params is None or self.clock != "optimizer":
             self._params.params = self._optimizer_params(optimizer)
-        given = args[1:] if args and args[0] is optimizer else args  # torch passes step()'s self first
-        self._losses.closure = (given[0] if given else kwargs.get("closure")) is not None
+        self._losses.closure = _closure(optimizer, args, kwargs) is not None
         self._end_step("optimizer")
 
     def _end_step(self, clock: str) -> None:
@@ -485,6 +496,12 @@ class StepRecorder:
         if self.config.snapshots and params.params is not None and self.completed:
             if params.last_snapshot != self.completed - 1:
                 self._snapshot(self.completed - 1)
+
+
+def _closure(optimizer: Any, args: Any, kwargs: Any) -> Any:
+    """The closure an optimizer step hook's ``step()`` call was given, or None."""
+    given = args[1:] if args and args[0] is optimizer else args  # torch passes step()'s self first
+    return given[0] if given else kwargs.get("closure")
 
 
 def _skip_frame(fn: Callable[..., Any]) -> None:

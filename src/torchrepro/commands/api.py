@@ -17,11 +17,12 @@ not an exception: the report says so (``report.verdict``, ``report.exit_code``).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, Union
 
 from ..errors import UserError
 from .options import over_process_limit
@@ -118,6 +119,25 @@ def _out(out: PathLike | None) -> Path | None:
     return Path(out) if out is not None else None
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _holds_its_run_dir_while_it_runs(command: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A command lets go of the run directories it wrote when it returns (or raises), as its process
+    would by ending: the caller's process lives on, and another process may read them, or this one
+    call a command with the same ``out`` again (refused: not empty)."""
+
+    @functools.wraps(command)
+    def holding(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        from ..eventlog.rundir import run_dirs_let_go
+
+        with run_dirs_let_go():
+            return command(*args, **kwargs)
+
+    return holding
+
+
 def _names(what: str, names: Sequence[str] | None, known: Sequence[str]) -> list[str] | None:
     """``names`` checked against ``known`` (a :class:`UserError` naming the unknown ones)."""
     if names is None:
@@ -133,6 +153,7 @@ def _names(what: str, names: Sequence[str] | None, known: Sequence[str]) -> list
 # --- doctor -------------------------------------------------------------------------------------
 
 
+@_holds_its_run_dir_while_it_runs
 def doctor(
     script: PathLike | None = None,
     args: Sequence[str] = (),
@@ -202,6 +223,7 @@ def doctor(
 # --- check, check-resume, diff ------------------------------------------------------------------
 
 
+@_holds_its_run_dir_while_it_runs
 def check(
     script: PathLike | None,
     args: Sequence[str] = (),
@@ -269,6 +291,7 @@ def _tolerance(rtol: float, atol: float) -> Tolerance:
     return Tolerance(float(rtol), float(atol))
 
 
+@_holds_its_run_dir_while_it_runs
 def check_resume(
     script: PathLike | None,
     args: Sequence[str] = (),
@@ -311,6 +334,7 @@ def diff(run_a: PathLike, run_b: PathLike, *, rtol: float = 0.0, atol: float = 0
 # --- compare ------------------------------------------------------------------------------------
 
 
+@_holds_its_run_dir_while_it_runs
 def compare(
     a: Script,
     b: Script,
@@ -355,6 +379,7 @@ def compare(
 # --- drift --------------------------------------------------------------------------------------
 
 
+@_holds_its_run_dir_while_it_runs
 def drift(
     script: PathLike | None = None,
     args: Sequence[str] = (),
@@ -412,6 +437,7 @@ def drift(
 # --- golden -------------------------------------------------------------------------------------
 
 
+@_holds_its_run_dir_while_it_runs
 def record_golden(
     script: PathLike | None,
     args: Sequence[str] = (),
@@ -447,6 +473,7 @@ def record_golden(
     )
 
 
+@_holds_its_run_dir_while_it_runs
 def check_golden(
     golden: PathLike,
     script: PathLike | None,

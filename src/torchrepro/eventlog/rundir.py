@@ -293,6 +293,20 @@ def release_run_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def run_dirs_let_go() -> Iterator[None]:
+    """Let go, when the block ends, of every run directory :func:`claim_run_dir` took inside it: a
+    command called from Python (``torchrepro.check``) holds its directory while it writes it, not
+    while the caller's process lives on (another process may then read it; the same ``out`` given
+    again is a directory that is not empty)."""
+    before = set(_HELD)
+    try:
+        yield
+    finally:
+        for key in set(_HELD) - before:
+            os.close(_HELD.pop(key))
+
+
 # --- how the supervisor's job ended ---------------------------------------------------------------
 
 

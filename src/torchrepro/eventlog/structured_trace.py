@@ -50,6 +50,7 @@ _USED = {"str", "dynamo_start", "dynamo_cpp_guards_str", "compilation_metrics", 
 _CACHE_ARTIFACT = re.compile(r"^(fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
 _GB_ID = re.compile(r"/gb/(gb\d+)\.html", re.IGNORECASE)
 _GB_LOCATION = re.compile(r"Graph break in user code at (.+):(\d+)")
+_WRAPPED = "Graph break encountered:"  # ends Dynamo's sentence about a break it cannot resume from
 _TORCH_FILE = re.compile(r"[/\\](site|dist)-packages[/\\]torch[/\\]|^<")
 _LIMIT = re.compile(r"recompile limit exceeded|\b(\w*(?:recompile|cache_size)_limit) reached", re.IGNORECASE)
 _LIMIT_TYPE = re.compile(r"Limit type: (\w+)")
@@ -108,7 +109,16 @@ def parse_graph_break(text: str) -> GraphBreakText:
     body = text.split("Graph Break Reason:", 1)[-1].split("User code traceback:", 1)[0]
     lines = [ln.strip() for ln in body.splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith("Encountered graph break when attempting")]
+    # a break Dynamo cannot resume from is said as what Dynamo does about it, then the break itself
+    # ("Encountered graph break that we cannot resume from. ... Graph break encountered:", or "Failed to
+    # handle graph break gracefully. ..."), the break's own type on the next line: the reason is that type,
+    # then what Dynamo did
+    wrapped = lines[0].removesuffix(_WRAPPED).strip() if len(lines) > 1 and lines[0].endswith(_WRAPPED) else None
+    if wrapped is not None:
+        lines = lines[1:]
     reason = lines[0] if lines else "unknown graph break"
+    if wrapped:
+        reason = f"{reason} ({wrapped})"
     explanation = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Explanation:")), "")
     hints = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Hint:")]
     hints = [h for h in hints if "report an issue to PyTorch" not in h]

@@ -14,10 +14,11 @@ from ..eventlog.golden_dir import GoldenManifest
 from ..eventlog.rundir import size_text
 from ..reports.check_report import CheckReport
 from ..reports.compare_report import CompareReport
+from ..reports.findings import Verdict
 from ..reports.golden_report import GoldenReport
 from .console import console as make_console, shown
 from .sanitize import visible
-from .terminal import _verdict, render_findings
+from .terminal import _says, _verdict, render_findings
 
 
 def recorded_line(manifest: GoldenManifest, directory: str | Path) -> str:
@@ -52,7 +53,7 @@ def first_divergence_line(report: CheckReport | CompareReport | GoldenReport) ->
     ev = fd.evidence
     parameter = ev.parameter or fd.detail.get("first_parameter")
     parts = [
-        f"step {fd.step}",
+        "before step 0" if fd.what == "init_params" else f"step {fd.step}",
         f"rank {fd.rank}",
         fd.what,
         f"module {ev.module or '—'}",
@@ -65,12 +66,20 @@ def first_divergence_line(report: CheckReport | CompareReport | GoldenReport) ->
 
 
 def render_golden(report: GoldenReport, console: Console | None = None, report_path: str | None = None) -> None:
-    """Verdict on the first line; then what is still possible under another environment (unless the
-    line says it), the first divergence, the band, the findings (what differs from the recorded
-    environment among them) and notes."""
+    """Verdict on the first line; then what the comparison with the golden found (the divergence's fix
+    under the verdict that says it, values that are not finite...), what is still possible under another
+    environment (unless the line says it), the first divergence, the band, the golden's own findings (what
+    differs from the recorded environment among them) and notes."""
     console = console or make_console()
     report = shown(report)
     _verdict(console, report.verdict_line, report.verdict.tone)
+    check = report.check
+    if check is not None:  # what the comparison found (a loss that is NaN, uninitialised parameters...): its
+        # divergence's fix under the verdict, which says that divergence; that fix only where the golden's
+        # verdict is it (not within the golden's band)
+        diverged = report.verdict is Verdict.DIVERGED
+        found = [f for f in check.findings if diverged or not _says(check.verdict_line, f.title)]
+        render_findings(console, found, verdict=check.verdict_line if diverged else None)
     if report.still_possible and report.still_possible not in report.verdict_line:
         console.print(f"still possible: {report.still_possible}", highlight=False, markup=False)
     if (line := first_divergence_line(report)) is not None:
