@@ -54,8 +54,11 @@ def commands() -> dict[str, argparse.ArgumentParser]:
     }
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+def _cell(text: str, code: bool = False) -> str:
+    """``text`` as one markdown table cell: ``|`` escaped, and outside code ``<`` and ``*`` too (a
+    ``<time>`` would read as an HTML tag, two ``*`` as emphasis)."""
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if code else text.replace("<", "&lt;").replace("*", "\\*")
 
 
 def table(parser: argparse.ArgumentParser) -> str:
@@ -74,7 +77,7 @@ def table(parser: argparse.ArgumentParser) -> str:
             names = ", ".join(f"`{s} {value}`".replace(" `", "`") for s in action.option_strings)
         else:
             names = f"`{formatter._format_action_invocation(action)}`"
-        rows.append(f"| {_cell(names)} | {_cell(formatter._expand_help(action) if action.help else '')} |")
+        rows.append(f"| {_cell(names, code=True)} | {_cell(formatter._expand_help(action) if action.help else '')} |")
     return "\n".join(rows) + "\n"
 
 
