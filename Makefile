@@ -51,13 +51,13 @@ test: lint test-fast
 test-slow: bytecode
 	$(PY) -m pytest -n 2 --dist loadgroup -q -m "slow and not realworld" --durations=12
 
-# The real-script corpus (realworld/, docs/accuracy.md): unmodified public training scripts, each checked
+# The real-script corpus (realworld/, docs/evidence/accuracy.md): unmodified public training scripts, each checked
 # three ways against ground truth (slow: minutes per script on a CPU); the table goes to build/realworld/table.md
 realworld: bytecode
 	$(PY) -m pytest -q -m "realworld or not realworld" tests/realworld -k "not three_checks"
 	$(PY) realworld/run.py --table build/realworld/table.md
 
-# The compat tier on the oldest and newest torch tested besides the pinned one (docs/compat.md): a venv
+# The compat tier on the oldest and newest torch tested besides the pinned one (docs/evidence/compat.md): a venv
 # per version, .venv-compat-<version> (a CUDA build, ~5 GB, run on CPU), then doctor's
 # counts and categories against Dynamo's counters, TORCH_TRACE import, check's causes, non-perturbation
 # and the distributed cases; then the inductor cases (marker inductor: doctor's counts against Dynamo's with
@@ -83,7 +83,7 @@ compat: $(foreach v,$(TORCH_VERSIONS),.venv-compat-$(v)/.torchrepro-installed)
 		.venv-compat-$$v/bin/python -m pytest -n 2 --dist loadgroup -q -m inductor $(COMPAT_INDUCTOR); \
 	done
 
-# The CUDA checks (gpu/check.py, docs/gpu.md): one line per check (PASS/FAIL/SKIP and what it measured),
+# The CUDA checks (gpu/check.py, docs/evidence/gpu.md): one line per check (PASS/FAIL/SKIP and what it measured),
 # exit 1 on any FAIL; where no CUDA device is visible, one SKIP line and exit 2 (nothing was checked).
 # Needs a CUDA build of torch in .venv; under 8 minutes on one GPU.
 gpu: bytecode

@@ -1,5 +1,5 @@
 """What a golden run costs: its directory's size, and ``golden record`` / ``golden check`` next to
-one plain run of the script (docs/performance.md, "Golden runs").
+one plain run of the script (docs/evidence/performance.md, "Golden runs").
 
     python bench/golden_cost.py tests/scripts/gpt_sized.py -- 20 10m   # the 10M GPT, 20 steps
     python bench/golden_cost.py --corpus nanoGPT                         # realworld/nanoGPT, as make realworld runs it

@@ -430,7 +430,7 @@ def cold_pieces(rounds: int, calls: int = 300) -> None:
     every call (a 32 MB copy, as a training step's GEMMs evict them) and back to back (hot): µs,
     the median of ``calls`` calls per round, min/median/max over rounds. In a step the writer's
     code runs once, cold: its cost is mostly the memory it touches (code, objects, dicts), not
-    the work it does (docs/performance.md, "What doctor costs a step")."""
+    the work it does (docs/evidence/performance.md, "What doctor costs a step")."""
     import torch
 
     from torchrepro.eventlog.event_writer import EventWriter

@@ -3,7 +3,7 @@
 Each check runs the real command line (``python -m torchrepro ...``) on a small script in
 ``gpu/scripts/``, as a user would, and prints one line: PASS, FAIL or SKIP, the check's name and
 what was measured. The exit status is 1 when any check failed, 0 otherwise; 2 when there is no
-CUDA device (one line, nothing checked) or the arguments are wrong. docs/gpu.md says what each
+CUDA device (one line, nothing checked) or the arguments are wrong. docs/evidence/gpu.md says what each
 check proves and holds the results table.
 
     python gpu/check.py [--only NAME,NAME] [--list] [--work DIR] [--timeout S]

@@ -7,7 +7,7 @@ Dynamo's own bookkeeping to a JSON file. Nothing of torchrepro is imported.
 Under torchrun every rank runs it: `{rank}` in OUT.json becomes the process's RANK (0 without one),
 so that each rank writes its own file.
 
-The numbers follow the correspondence documented in docs/accuracy.md ("Report field <-> Dynamo's
+The numbers follow the correspondence documented in docs/evidence/accuracy.md ("Report field <-> Dynamo's
 own numbers"): compiles = compilation-metrics records with a code name and no failure, recompiles =
 those of them with a recompile reason, graph breaks = the records `TORCH_LOGS=graph_breaks` logs
 (:class:`BreakRecords`; the script's stderr shows them as that setting would), unique graphs =

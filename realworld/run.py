@@ -679,7 +679,7 @@ def _c(d: dict) -> str:
 
 
 def table(records: list[dict]) -> str:
-    """The results table (markdown) docs/accuracy.md carries."""
+    """The results table (markdown) docs/evidence/accuracy.md carries."""
     rows = [
         "| script | covers | counts c/r/b/g: Dynamo → doctor | two plain runs | check verdict | "
         "doctor leaves printed losses unchanged | pass | time |",

@@ -14,6 +14,7 @@ help text in the code, then run this), or while a command has no section or no t
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
@@ -23,32 +24,48 @@ REFERENCE = ROOT / "docs" / "commands.md"
 _TABLE = re.compile(r"(<!-- options: (?P<name>[a-z -]+?) -->\n)(?P<body>.*?)(<!-- end options -->)", re.S)
 
 
-def commands() -> dict[str, argparse.ArgumentParser]:
-    """Every command and sub-command (``cache pack``) the parser has, in ``--help``'s order."""
+@functools.cache
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of the command line by its command (``""`` for ``torchrepro`` itself, ``cache``
+    for the group, ``cache pack`` for a sub-command), in ``--help``'s order (built once)."""
     sys.path.insert(0, str(ROOT / "src"))
     from torchrepro.cli import build_parser
 
     found: dict[str, argparse.ArgumentParser] = {}
 
     def walk(prefix: str, parser: argparse.ArgumentParser) -> None:
+        found[prefix] = parser
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
-                    full = f"{prefix} {name}".strip()
-                    if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
-                        found[full] = sub
-                    walk(full, sub)
+                    walk(f"{prefix} {name}".strip(), sub)
 
     walk("", build_parser())
     return found
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+def commands() -> dict[str, argparse.ArgumentParser]:
+    """Every command and sub-command (``cache pack``) the parser has, in ``--help``'s order: the
+    parsers that take no sub-command."""
+    return {
+        name: parser
+        for name, parser in parsers().items()
+        if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+    }
+
+
+def _cell(text: str, code: bool = False) -> str:
+    """``text`` as one markdown table cell: ``|`` escaped, and outside code ``<`` and ``*`` too (a
+    ``<time>`` would read as an HTML tag, two ``*`` as emphasis)."""
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if code else text.replace("<", "&lt;").replace("*", "\\*")
 
 
 def table(parser: argparse.ArgumentParser) -> str:
-    """The markdown table of ``parser``'s arguments: positional first, then options, as --help orders them."""
+    """The markdown table of ``parser``'s arguments, in the order the parser holds them, each
+    spelled and explained as ``--help`` shows it (``{a,b}`` for a choice, ``[FILE]`` for an
+    optional value, ``%%`` as ``%``)."""
+    formatter = parser._get_formatter()
     rows = ["| argument | meaning |", "| --- | --- |"]
     for action in parser._actions:
         if action.help == argparse.SUPPRESS or "--help" in action.option_strings:
@@ -56,11 +73,11 @@ def table(parser: argparse.ArgumentParser) -> str:
         if isinstance(action, argparse._SubParsersAction):
             continue
         if action.option_strings:
-            metavar = "" if action.nargs == 0 else f" {action.metavar or action.dest.upper()}"
-            names = ", ".join(f"`{s}{metavar}`" for s in action.option_strings)
+            value = formatter._format_args(action, formatter._get_default_metavar_for_optional(action))
+            names = ", ".join(f"`{s} {value}`".replace(" `", "`") for s in action.option_strings)
         else:
-            names = f"`{action.metavar or action.dest}`"
-        rows.append(f"| {names} | {_cell(action.help or '')} |")
+            names = f"`{formatter._format_action_invocation(action)}`"
+        rows.append(f"| {_cell(names, code=True)} | {_cell(formatter._expand_help(action) if action.help else '')} |")
     return "\n".join(rows) + "\n"
 
 

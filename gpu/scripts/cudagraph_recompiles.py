@@ -1,7 +1,7 @@
 """A training loop compiled with mode="reduce-overhead" (CUDA graphs) whose batch size changes
 twice: Dynamo recompiles once (the second size marks the batch dimension dynamic), and CUDA graphs
 are recorded again per size (which is no recompile). At the end it writes Dynamo's own numbers to
-OUT.json, by the correspondence of docs/accuracy.md: compiles = compilation-metrics records with a
+OUT.json, by the correspondence of docs/evidence/accuracy.md: compiles = compilation-metrics records with a
 code name and no failure, recompiles = those with a recompile reason, graph breaks =
 counters["graph_break"] plus the "unimplemented" entries other than the recompile limit, unique
 graphs = counters["stats"]["unique_graphs"]. Nothing of torchrepro is imported.

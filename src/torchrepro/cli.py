@@ -54,7 +54,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "128+N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP).",
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do (torchrepro COMMAND --help: its options)"
+    )
     for name in [command] if command in COMMANDS else COMMANDS:
         importlib.import_module(f"{__package__}.commands.{COMMANDS[name]}").add_parser(sub)
     return parser

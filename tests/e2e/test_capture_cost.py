@@ -1,4 +1,4 @@
-"""Invariants behind capture's low cost (docs/performance.md): the in-place RNG reads give the
+"""Invariants behind capture's low cost (docs/evidence/performance.md): the in-place RNG reads give the
 official state's bytes, no host reads of step tensors outside the batch point, the event log
 survives SIGKILL, and a script that never compiles does not import Dynamo."""
 

@@ -49,7 +49,7 @@ def test_help_lists_every_command(tmp_path):
     assert proc.returncode == 0, proc.stderr
     listed = [
         line.split()[0]
-        for line in proc.stdout.split("COMMAND\n", 1)[1].split("\n\n")[0].splitlines()
+        for line in proc.stdout.split("\n  COMMAND ", 1)[1].split("\n\n")[0].splitlines()[1:]
         if line.startswith("    ") and not line.startswith("      ")
     ]
     assert sorted(listed) == sorted(commands)

@@ -1,5 +1,5 @@
 """doctor's common step (one process, no digests) is written from its values, without building its
-``Step`` (``EventWriter.write_step``, docs/performance.md "What doctor costs a step"): the same
+``Step`` (``EventWriter.write_step``, docs/evidence/performance.md "What doctor costs a step"): the same
 bytes on disk as the ``Step`` written the usual way, whatever the values, and the usual way
 wherever the fast path does not apply (listeners, the first step, several backward() calls)."""
 

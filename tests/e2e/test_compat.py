@@ -48,7 +48,7 @@ PROBES = {
 }
 
 
-# what the oldest torch tested lacks (docs/compat.md): inductor's `deterministic` switch, and the
+# what the oldest torch tested lacks (docs/evidence/compat.md): inductor's `deterministic` switch, and the
 # loading of AOTAutograd cache entries (a cache off by default there: every graph is compiled)
 BEFORE_2_7 = tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) < (2, 7)
 MISSING = {"inductor_config": ("deterministic",)} if BEFORE_2_7 else {}

@@ -17,7 +17,7 @@ bookkeeping for the same run:
 
 Each scenario also states what a human expects (the categories of its recompiles in order,
 its graph breaks), so a bug shared by Dynamo's counters and torchrepro cannot hide. Only the
-``eager`` / ``aot_eager`` backends are used: the suite runs in seconds. See docs/accuracy.md.
+``eager`` / ``aot_eager`` backends are used: the suite runs in seconds. See docs/evidence/accuracy.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`make gpu` (gpu/check.py) where no GPU is: its refusal, its options, its per-check line and exit
-status. The checks themselves need a CUDA device (docs/gpu.md)."""
+status. The checks themselves need a CUDA device (docs/evidence/gpu.md)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ its counts are read from what it writes:
   (no graph) / ``status-error`` / ``status-missing``;
 * ``failures_and_restarts.html``: one row per restart (``RestartAnalysis``) or failed compile.
 
-The measured tables and the reasons for every difference are in docs/accuracy.md.
+The measured tables and the reasons for every difference are in docs/evidence/accuracy.md.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def test_tlparse_agrees(case: Case, results: dict[str, dict]) -> None:
         cid for cid, _ in tl["trie"].items() if int(cid.split("/")[1]) > 0
     )
 
-    # Documented differences (docs/accuracy.md):
+    # Documented differences (docs/evidence/accuracy.md):
     # 1. a recompile-limit hit is a failed compile for tlparse (a compilation_metrics record and a
     #    failure row, whose recompile_reasons artifact it also lists); torchrepro reports it as a
     #    limit hit (error finding), not as a compile or a recompile.

@@ -82,7 +82,7 @@ g(torch.ones(3))
 
 @pytest.mark.realworld
 def test_ground_truth_wrapper_counts_what_dynamo_counts(tmp_path: Path) -> None:
-    """realworld/dynamo_counters.py: a dtype recompile and a print() graph break, counted (docs/accuracy.md)."""
+    """realworld/dynamo_counters.py: a dtype recompile and a print() graph break, counted (docs/evidence/accuracy.md)."""
     script = tmp_path / "counted.py"
     script.write_text(COUNTED)
     out = tmp_path / "counts.json"

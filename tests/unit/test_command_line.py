@@ -9,6 +9,7 @@ import argparse
 
 import pytest
 from command_reference import commands as command_parsers
+from command_reference import parsers
 
 from torchrepro.cli import build_parser
 from torchrepro.commands import options
@@ -30,10 +31,10 @@ def parse(capsys, *argv: str) -> tuple[argparse.Namespace, str]:
 
 def test_every_argument_has_help():
     bare = [
-        f"{command} {action.metavar or action.dest}"
-        for command, parser in command_parsers().items()
+        f"torchrepro {command} {action.metavar or action.dest}".replace("  ", " ")
+        for command, parser in parsers().items()
         for action in parser._actions
-        if not action.help and not isinstance(action, argparse._SubParsersAction)
+        if not action.help
     ]
     assert bare == []
 

@@ -88,16 +88,24 @@ def test_readme_links_lead_to_pages_that_exist():
     assert len(links) >= 10
     missing = [link for link in links if not link.startswith("http") and not (ROOT / link).exists()]
     assert not missing, missing
-    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
-    unlinked = [p for p in sorted(pages) if f"docs/{p}" not in README]
+    table = README.split("\n## Documentation\n", 1)[1].split("\n## ", 1)[0]
+    evidence = table.split("\n### Evidence", 1)[1]
+    pages = [p.relative_to(ROOT).as_posix() for p in _pages()]
+    unlinked = [p for p in pages if f"]({p})" not in table]
     assert not unlinked, f"docs pages the README's documentation table does not name: {unlinked}"
+    misplaced = [p for p in pages if (f"]({p})" in evidence) != p.startswith("docs/evidence/")]
+    assert not misplaced, f"pages listed under the wrong heading (Using torchrepro / Evidence): {misplaced}"
+
+
+def _pages() -> list[Path]:
+    return sorted((ROOT / "docs").rglob("*.md"))
 
 
 def test_docs_links_lead_to_pages_that_exist():
-    for page in sorted((ROOT / "docs").glob("*.md")):
+    for page in _pages():
         for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             if not link.startswith("http"):
-                assert (page.parent / link).exists(), f"{page.name}: {link}"
+                assert (page.parent / link).exists(), f"{page.relative_to(ROOT)}: {link}"
 
 
 def test_changelog_releases_are_dated_newest_first_and_the_latest_is_the_package_version():

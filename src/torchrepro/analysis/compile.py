@@ -237,7 +237,7 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
     ]
     # every break record, as TORCH_LOGS=graph_breaks logs them and tlparse lists them: a break Dynamo
     # cannot resume from is one record where it restarts or skips the frame, and one more where it meets the
-    # break again (docs/accuracy.md)
+    # break again (docs/evidence/accuracy.md)
     breaks = [replace(e, step=placed(e.step, e.rank, last)[0]) for log in logs for e in log.of(GraphBreak)]
     lookups: list[CacheLookup] = [e for log in logs for e in log.of(CacheLookup)]
     done = completed(compiles)

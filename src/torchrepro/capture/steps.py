@@ -28,7 +28,7 @@ functions it would see without torchrepro. Dynamo is told to skip or not trace t
 imported (:mod:`.on_import`): a script that never compiles never imports it.
 
 What runs once a step runs cold (the step's own work evicted the caches), so it touches as little as
-it can (docs/performance.md, "What doctor costs a step"): the wrappers call straight through when
+it can (docs/evidence/performance.md, "What doctor costs a step"): the wrappers call straight through when
 there is nothing to observe (``_modes``), and a step that records no digest (``doctor`` in one
 process) is written from its values, without building its ``Step`` (``emit_step``).
 
@@ -79,7 +79,7 @@ class StepConfig:
     )
     whole_snapshots: bool = False  # every snapshot step whole too: compare judges each tensor at each step
     # doctor: RNG, batch and parameter digests only while the process is one of several ranks (the
-    # cross-rank checks compare them); one process's compile health needs none (docs/performance.md)
+    # cross-rank checks compare them); one process's compile health needs none (docs/evidence/performance.md)
     ranks_only: bool = False
 
 

@@ -213,7 +213,9 @@ def add_parser(sub: Any) -> None:
         description="Inductor compile caches: inventory, explain misses, warm-start packs.",
         epilog=_EPILOG,
     )
-    commands = cache.add_subparsers(dest="cache_command", required=True, metavar="SUBCOMMAND")
+    commands = cache.add_subparsers(
+        dest="cache_command", required=True, metavar="SUBCOMMAND", help="what to do with a compile cache or a pack"
+    )
 
     status = commands.add_parser(
         "status", help="what the cache holds, who wrote it, who can write to it", epilog=_EPILOG

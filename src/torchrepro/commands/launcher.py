@@ -606,7 +606,7 @@ def run_command(script: Path, args: list[str]) -> list[str]:
 
 # An idle OpenMP thread of torch's CPU build (GNU OpenMP) spins for a while before it sleeps: alone, a
 # run loses nothing by it; beside another run on the same cores, the spinning takes the time the other
-# needs (check's two runs on 2 cores: 1.4x one plain run's wall with it, 1.03x without; docs/performance.md).
+# needs (check's two runs on 2 cores: 1.4x one plain run's wall with it, 1.03x without; docs/evidence/performance.md).
 # How an idle thread waits changes neither the number of threads nor how an op splits its work: no result.
 SHARING_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 

@@ -508,7 +508,8 @@ def add_ranks(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-policy",
         choices=("per-node", "shared", "per-rank"),
-        help="compile-cache directory per node (default when set), shared, or per rank",
+        help="give the ranks one compile-cache directory per node, one shared, or one each (default: inductor's own "
+        "directory; per-rank with --warm-from)",
     )
     p.add_argument(
         "--cache-root", type=directory, metavar="DIR", help="where --cache-policy puts the cache directories"

@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--compile-mode",
         choices=("eager", "fallback-random"),
-        help="run compiled code eagerly, or with inductor's fallback_random",
+        help="run what the script compiles eagerly (compilation off), or with inductor's fallback_random=True: what "
+        "check --against compares with",
     )
     p.add_argument(
         "--snapshots",
@@ -42,7 +43,9 @@ def add_parser(sub: Any) -> None:
         "and the last, and the first and last ones' values whole",
     )
     p.add_argument("--replay-step", type=options.count, metavar="K", help="record every op of step K, then exit")
-    p.add_argument("--replay-out", metavar="FILE", help="where --replay-step writes its op trace")
+    p.add_argument(
+        "--replay-out", metavar="FILE", help="where --replay-step writes its op trace (default rank-<r>/replay.json)"
+    )
     p.add_argument(
         "--replay-graphs",
         action="store_true",

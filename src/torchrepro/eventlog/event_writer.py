@@ -73,7 +73,7 @@ class EventWriter:
     ) -> bool:
         """A common step (:data:`~.event_codec.COMMON_STEP`'s fields given, every other at its default) written
         from its values, without building its :class:`Step`: the same bytes as ``write(Step(...))``
-        (the step hook's fast path, docs/performance.md). False, with nothing written, where
+        (the step hook's fast path, docs/evidence/performance.md). False, with nothing written, where
         :meth:`write` must take the ``Step``: listeners to call, ``steps.bin`` not open yet (its
         first step) or not used, a value the record cannot hold."""
         steps = self._steps

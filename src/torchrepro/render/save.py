@@ -15,7 +15,7 @@ def write_report(directory: Path, report: Report) -> None:
     """Write ``report.json`` and ``report.html`` into ``directory`` (atomically, each), the end of
     a run (doctor, check, drift), with paths as :func:`~torchrepro.render.paths.stored` writes them:
     then say on stderr what the run directory holds on disk, so a log that grows more than it
-    should is seen (docs/performance.md, "The event log on disk")."""
+    should is seen (docs/evidence/performance.md, "The event log on disk")."""
     shown = stored(report)
     write_json(directory / REPORT_FILE, shown.to_json())
     write_html(shown, directory / HTML_FILE)

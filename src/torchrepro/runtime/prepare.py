@@ -38,7 +38,7 @@ def _collect_then_freeze() -> None:
     """A run that ``check``, ``check-resume`` or ``drift`` makes only to compare it ends without the
     interpreter's final garbage collections, each a full pass over the hundreds of thousands of
     objects torch and Dynamo hold (~1 s of CPU at exit in a process that compiled:
-    docs/performance.md). Called after the ``atexit`` calls registered later (the script's own
+    docs/evidence/performance.md). Called after the ``atexit`` calls registered later (the script's own
     where the process is prepared before the script starts; a rank capture follows into is
     prepared as it joins its group): what is garbage then is collected and finalized as usual,
     and every object still alive is frozen (``gc.freeze``), out of reach of those passes. Objects

@@ -114,7 +114,7 @@ class Checker:
     def shared_cores_note(self, runs: list[Run]) -> str | None:
         """What to say of runs that agree when :meth:`run_all` ran them side by side with more
         threads than cores: a race between a run's own threads needs them running at once, which
-        sharing the cores makes rarer (docs/performance.md, "check: its runs side by side")."""
+        sharing the cores makes rarer (docs/evidence/performance.md, "check: its runs side by side")."""
         threads, cores = intra_op_threads(runs), usable_cores()
         if not self.side_by_side or threads * len(runs) * self.nproc <= cores:
             return None

@@ -43,7 +43,8 @@ def add_parser(sub: Any) -> None:
         "--fingerprint-every",
         type=options.positive_int,
         metavar="N",
-        help="fingerprint parameters every N steps (default: every step if that costs < 1%%)",
+        help="fingerprint parameters every N steps (default: not in one process; on several ranks, as often as costs "
+        "at most 1%% of the step time)",
     )
     p.add_argument("--trace", metavar="DIR", help="build the report from TORCH_TRACE logs instead of a run")
     p.add_argument(

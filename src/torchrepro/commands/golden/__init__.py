@@ -12,7 +12,7 @@ from .. import options
 from .._finish import Outcome
 
 _EPILOG = (
-    "exit codes: 0 recorded, or BIT-EXACT / WITHIN BAND; 1 DIVERGED or NOT COMPARABLE; 2 usage or input error "
+    "Exit codes: 0 recorded, or BIT-EXACT / WITHIN BAND; 1 DIVERGED or NOT COMPARABLE; 2 usage or input error "
     "(a damaged golden directory included); 3 the script failed"
 )
 
@@ -26,7 +26,12 @@ def add_parser(sub: Any) -> None:
         "gradient norms, the environment), then judge new runs against it, bit for bit or within its run-to-run band.",
         epilog=_EPILOG,
     )
-    commands = golden.add_subparsers(dest="golden_command", required=True, metavar="SUBCOMMAND")
+    commands = golden.add_subparsers(
+        dest="golden_command",
+        required=True,
+        metavar="SUBCOMMAND",
+        help="record a golden run, or check a run against one",
+    )
 
     record = commands.add_parser("record", help="run the script and keep the run as a golden directory", epilog=_EPILOG)
     record.add_argument("--out", type=options.directory, required=True, metavar="DIR", help="the golden directory")
