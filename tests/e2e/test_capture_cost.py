@@ -200,13 +200,16 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
     result = json.loads(out.stdout.strip().splitlines()[-1])
     steps = len(_step_lines(tmp_path))
     assert steps == 8
-    entry = {"poll": 0, "backward": 0, "fingerprint_later": 0, "live_fingerprints": 0, "_note_batch": 0, "init": 0}
+    entry = {"poll": 0, "backward": 0, "fingerprint_later": 0, "live_fingerprints": 0, "_note_batch": 0, "init": 0,
+             "nonfinite_params": 0}
     user = []  # reads by the script (and torch under it), not by capture
     for name, chain in result["reads"]:
         if not chain:
             user.append(name)
             continue
-        found = next((e for e in ("fingerprint_later", "live_fingerprints", "_note_batch") if e in chain), None)
+        found = next(
+            (e for e in ("fingerprint_later", "live_fingerprints", "_note_batch", "nonfinite_params") if e in chain), None
+        )
         if "_cpu_values" in chain:  # the batch point: Readback.add (nothing waiting) or Readback.poll
             assert chain[chain.index("_cpu_values") - 1] in ("add", "poll"), chain
             found = "poll"
@@ -215,12 +218,18 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
         if found is None:
             assert chain[-2:] == ["_note_module_call", "fingerprint"] or "_note_module_call" in chain, chain
             found = "init"
-        assert name in ("item", "tolist") if found in ("poll", "backward") else name == "numpy", (name, chain)
+        assert name in ("item", "tolist") if found in ("poll", "backward", "nonfinite_params") else name == "numpy", (
+            name,
+            chain,
+        )
         entry[found] += 1
     assert "__float__" in user  # the script's float(loss): the counter sees float()
     assert result["batch_reads"] == steps  # on the CPU: one batch point per step, at its end
-    assert entry["poll"] == steps and entry["backward"] == steps  # the gradient norm there; the loss in backward()
+    # at the batch point the gradient norm and the per-parameter norms (two CPU tensors: nothing to wait for, read
+    # one by one); the loss in backward()
+    assert entry["poll"] == 2 * steps and entry["backward"] == steps, entry
     assert entry["init"] <= result["params"]  # the InitParams event, once
+    assert entry["nonfinite_params"] == 1  # the initial parameters' NaN/inf check: one read for the device, once
     # CPU tensors (batches, parameters, RNG states) are hashed by address: no read through torch
     assert entry["fingerprint_later"] == entry["_note_batch"] == 0, entry
     assert entry["live_fingerprints"] <= 1, entry  # once: the torch generator's layout checked
@@ -305,7 +314,7 @@ def test_a_rank_process_starts_without_the_terminal_views(run_python):
     command module imported, ~60 ms of CPU per process), the report model (~20 ms) only where a
     report is finished, and rich (the terminal views, ~40 ms) only where a view is drawn; the full
     parser imports neither rich nor torch either. What every command shares is there: the option
-    layer and the sanitiser of its error line (both the standard library only)."""
+    layer, the sanitiser of its error line and the way a path is shown (all the standard library only)."""
     out = run_python(
         "import sys, torchrepro.cli\n"
         "torchrepro.cli.build_parser('run')\n"
@@ -315,7 +324,8 @@ def test_a_rank_process_starts_without_the_terminal_views(run_python):
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'torch')))"
     )
     shared = "'torchrepro.commands._finish', 'torchrepro.commands.options', 'torchrepro.commands.run'"
-    assert out.stdout.split("\n")[:2] == [f"[{shared}, 'torchrepro.render', 'torchrepro.render.sanitize']", "[]"]
+    render = "'torchrepro.render', 'torchrepro.render.paths', 'torchrepro.render.sanitize'"
+    assert out.stdout.split("\n")[:2] == [f"[{shared}, {render}]", "[]"]
 
 
 COMPILE_LATER = r"""

@@ -625,7 +625,9 @@ def test_nan_and_inf_never_reach_the_collector_and_never_stop_the_export(tmp_pat
     nan = Compile(compile_id="2/0", function="g", file=str(tmp_path / "train.py"), line=90, dynamo_s=float("nan"))
     write_all(run / "rank-0" / "events.jsonl", [*events, nan, *log.of(Step), log.end])
     proc = _cli(tmp_path, "report", str(run), "--otlp-endpoint", receiver.url)
-    assert proc.returncode == 0 and _warnings(proc.stderr) == [], proc.stderr[-2000:]
+    # exit 1: the run's loss is NaN from step 2, a finding of its own
+    assert proc.returncode == 1 and _warnings(proc.stderr) == [], proc.stderr[-2000:]
+    assert "the loss is NaN at step 2 (rank 0)" in proc.stdout and "nan s" not in proc.stdout, proc.stdout
     compiles = [s for s in receiver.spans() if s["name"] == "torch.compile"]
     assert len(compiles) == 4
     resumed = f"Classifier.forward (resumed after the break at {tmp_path / 'train.py'}:72)"

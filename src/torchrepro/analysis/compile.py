@@ -292,7 +292,7 @@ def summarize(logs: list[EventLog]) -> tuple[CompileSection, list[Finding]]:
         entry["count"] += 1
 
     cache = _cache_summary(lookups, done)
-    compile_time = sum((c.dynamo_s or 0.0) + (c.backward_s or 0.0) for c in compiles)
+    compile_time = sum(c.seconds for c in compiles)
     section: CompileSection = {
         "compiles": len(done),
         "recompiles": len(recompiles),
@@ -389,7 +389,7 @@ def _per_rank(logs: list[EventLog]) -> dict[str, RankCompiles]:
             "recompiles": sum(c.is_recompile for c in done),
             "graph_breaks": len(log.of(GraphBreak)),
             "limit_hits": sum(bool(c.limit_hit) for c in log.of(Compile)),
-            "compile_time_s": round(sum((c.dynamo_s or 0) + (c.backward_s or 0) for c in log.of(Compile)), 3),
+            "compile_time_s": round(sum(c.seconds for c in log.of(Compile)), 3),
         }
     return out
 

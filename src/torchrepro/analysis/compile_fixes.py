@@ -231,7 +231,7 @@ def measure(logs: list[EventLog], until: int | None = None) -> FixMeasure:
         "recompiles": sum(c.is_recompile for c in done),
         "graph_breaks": sum(within(b.step) for log in logs for b in log.of(GraphBreak)),
         "limit_hits": sum(bool(c.limit_hit) for c in compiles),
-        "compile_time_s": round(sum((c.dynamo_s or 0.0) + (c.backward_s or 0.0) for c in compiles), 3),
+        "compile_time_s": round(sum(c.seconds for c in compiles), 3),
         "step_time_s": round(statistics.median(times), 6) if times else None,
         "step_time_tail_s": round(times[min(len(times) - 1, int(0.9 * len(times)))], 6) if times else None,
         "steps": len(steps),

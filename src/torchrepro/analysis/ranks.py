@@ -583,7 +583,7 @@ def _straggler_findings(logs: list[EventLog]) -> list[Finding]:
     for log in logs:
         for c in log.of(Compile):
             if c.step is not None:
-                compile_time[(log.rank, c.step)] += (c.dynamo_s or 0) + (c.backward_s or 0)
+                compile_time[(log.rank, c.step)] += c.seconds
     by_step: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for (rank, step), seconds in compile_time.items():
         by_step[step].append((seconds, rank))

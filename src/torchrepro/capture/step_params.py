@@ -155,17 +155,20 @@ def _grad_digest(grads: list[torch.Tensor], held_by: list[int]) -> Grads | None:
 
 def nonfinite_params(named: list[tuple[str, torch.Tensor]]) -> list[str]:
     """The names of the parameters (this rank's part of each) that hold NaN or an infinity: one
-    reduction each (its smallest and largest value, NaN included), no copy of a tensor."""
-    out = []
+    reduction each (its smallest and largest value, NaN included), no copy of a tensor, and one read
+    to the host per device, once."""
+    flags: dict[torch.device, tuple[list[str], list[torch.Tensor]]] = {}
     for name, p in named:
         t = local(p).detach()
         if t.is_complex():
             t = torch.view_as_real(t)
         if not t.is_floating_point() or not t.numel() or t.is_meta:
             continue
-        if not all(map(math.isfinite, torch.stack(torch.aminmax(t.reshape(-1))).tolist())):
-            out.append(name)
-    return out
+        names, found = flags.setdefault(t.device, ([], []))
+        names.append(name)
+        found.append(~torch.isfinite(torch.stack(torch.aminmax(t.reshape(-1)))).any())
+    bad = {name for names, found in flags.values() for name, b in zip(names, torch.stack(found).tolist()) if b}
+    return [name for name, _ in named if name in bad]
 
 
 def _versions(p: torch.Tensor) -> tuple[int, int]:

@@ -13,6 +13,7 @@ tolerant reader :mod:`.event_reader`. Nothing here imports torch.
 
 from __future__ import annotations
 
+import math
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -109,6 +110,12 @@ class Compile(Event):
     @property
     def is_recompile(self) -> bool:
         return bool(self.recompile_reasons)
+
+    @property
+    def seconds(self) -> float:
+        """The time this compile cost, forward and backward: a time not measured, or not finite in a
+        damaged log, counts as none."""
+        return sum(t for t in (self.dynamo_s, self.backward_s) if t is not None and math.isfinite(t))
 
 
 @dataclass(slots=True)

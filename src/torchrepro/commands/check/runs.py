@@ -178,9 +178,9 @@ class Checker:
         )
         write_json(run_dir / RUN_FILE, meta)
         self._stopped(result, spec.label)
+        if result.not_started_within_s is not None:  # said when it was ended, whatever a rank began to write then
+            raise NotStarted(timeout or self.timeout or result.not_started_within_s, f"{spec.label}: ")
         if not any(run_dir.glob("rank-*/events.jsonl")):
-            if result.not_started_within_s is not None:
-                raise NotStarted(timeout or self.timeout or result.not_started_within_s, f"{spec.label}: ")
             raise InputError(
                 f"{spec.label}: the script exited ({result.exit_code}) before capture started: "
                 + "; ".join(result.stderr_tail[-3:])

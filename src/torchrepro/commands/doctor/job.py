@@ -233,11 +233,11 @@ def _baseline(
             run_dir, where.script, args, options, nproc=nproc, env=child_env(seed), stall_timeout=timeout, cwd=where.cwd
         )
     finish_meta(meta, result, run_dir)
+    if timeout is not None and result.not_started_within_s is not None:
+        raise NotStarted(timeout)  # said when it was ended: a rank that began its log as it was ended did not run
     if not any(run_dir.glob("rank-*/events.jsonl")):
         if result.stopped_by:
             raise Stopped(f"stopped by {result.stopped_by} before capture started", result.stopped_by)
-        if timeout is not None and result.not_started_within_s is not None:
-            raise NotStarted(timeout)
         tail = "; ".join(result.stderr_tail[-3:])
         raise InputError(f"the script exited ({result.exit_code}) before capture started: {tail}")
     return analyse_run_dir(run_dir, budgets), run_dir
