@@ -200,15 +200,23 @@ def test_capture_reads_step_tensors_only_at_the_batch_point(run_python, tmp_path
     result = json.loads(out.stdout.strip().splitlines()[-1])
     steps = len(_step_lines(tmp_path))
     assert steps == 8
-    entry = {"poll": 0, "backward": 0, "fingerprint_later": 0, "live_fingerprints": 0, "_note_batch": 0, "init": 0,
-             "nonfinite_params": 0}
+    entry = {
+        "poll": 0,
+        "backward": 0,
+        "fingerprint_later": 0,
+        "live_fingerprints": 0,
+        "_note_batch": 0,
+        "init": 0,
+        "nonfinite_params": 0,
+    }
     user = []  # reads by the script (and torch under it), not by capture
     for name, chain in result["reads"]:
         if not chain:
             user.append(name)
             continue
         found = next(
-            (e for e in ("fingerprint_later", "live_fingerprints", "_note_batch", "nonfinite_params") if e in chain), None
+            (e for e in ("fingerprint_later", "live_fingerprints", "_note_batch", "nonfinite_params") if e in chain),
+            None,
         )
         if "_cpu_values" in chain:  # the batch point: Readback.add (nothing waiting) or Readback.poll
             assert chain[chain.index("_cpu_values") - 1] in ("add", "poll"), chain

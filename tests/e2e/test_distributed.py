@@ -171,7 +171,18 @@ def test_a_timeout_shorter_than_the_start_up_is_said_as_such_never_blamed_on_the
     """torchrun and two ranks take seconds to start: --timeout 0.2 ends the job before any rank ran the
     script. Its own outcome (exit 3), one line; not the script's failure, not torchrun's traceback."""
     proc = subprocess.run(
-        [sys.executable, "-m", "torchrepro", command, "--nproc", "2", "--timeout", "0.2", "--out", str(tmp_path / "run")]
+        [
+            sys.executable,
+            "-m",
+            "torchrepro",
+            command,
+            "--nproc",
+            "2",
+            "--timeout",
+            "0.2",
+            "--out",
+            str(tmp_path / "run"),
+        ]
         + [str(SCRIPTS / "train_small.py")],
         capture_output=True,
         text=True,
@@ -180,7 +191,10 @@ def test_a_timeout_shorter_than_the_start_up_is_said_as_such_never_blamed_on_the
     )
     assert proc.returncode == 3, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("torchrepro: error:")]
-    assert len(error) == 1 and "no rank started within 0.2 s: --timeout 0.2 ended the job while it was starting" in error[0]
+    assert (
+        len(error) == 1
+        and "no rank started within 0.2 s: --timeout 0.2 ended the job while it was starting" in error[0]
+    )
     assert (
         "Traceback" not in proc.stderr
         and "SignalException" not in proc.stderr
