@@ -13,15 +13,18 @@ from torchrepro.eventlog.events import CacheLookup, Compile, End, Header, Step
 from torchrepro.eventlog.rundir import load_run
 
 
-def slow_compile_run(root: Path, status: str) -> Path:
-    """One rank whose single compile took most of the run, its cache lookup a ``status``."""
+def slow_compile_run(root: Path, status: str, scale: float = 1.0) -> Path:
+    """One rank whose single compile took most of the run (4 s of 5, times ``scale``), its cache lookup a
+    ``status``."""
     events = [
         Header(t=0.0, rank=0, world_size=1, argv=["train.py"]),
-        Compile(t=4.0, rank=0, step=0, compile_id="0/0", function="forward", file="train.py", line=3, dynamo_s=4.0),
+        Compile(
+            t=4.0, rank=0, step=0, compile_id="0/0", function="forward", file="train.py", line=3, dynamo_s=4.0 * scale
+        ),
         CacheLookup(t=4.0, rank=0, step=0, compile_id="0/0", cache="fxgraph", status=status, key="k"),
     ]
     events += [Step(t=4.0 + s, rank=0, step=s, index=s, loss=1.0, time_s=0.1) for s in range(3)]
-    events.append(End(t=5.0, rank=0, duration_s=5.0))
+    events.append(End(t=5.0, rank=0, duration_s=5.0 * scale))
     write_all(root / "rank-0" / "events.jsonl", events)
     return root
 
@@ -34,6 +37,14 @@ def test_compile_time_advice_reads_the_cache_evidence(tmp_path, status, warm_adv
     assert ("warm the compile cache" in hint) is warm_advice, hint
     if not warm_advice:
         assert "already warm (1 hit, no miss)" in hint
+
+
+@pytest.mark.parametrize(("scale", "severity"), [(1.0, "info"), (30.0, "warning")])
+def test_compiling_most_of_a_run_is_a_warning_once_it_costs_a_minute(tmp_path, scale, severity):
+    """80 % of a 5 s run spent compiling is what a short run is (info); 80 % of 150 s is 2 minutes to win back."""
+    run = load_run(slow_compile_run(tmp_path, "miss", scale))
+    (finding,) = [f for f in analyse(run.meta, run.logs, run.problems).findings if f.code == "COMPILE_TIME_SHARE"]
+    assert finding.severity == severity and "80% of the run" in finding.title, finding
 
 
 def eval_recompiles(root: Path, evaluations: int) -> Path:

@@ -289,6 +289,11 @@ def observation_findings(logs: list[EventLog], steps: StepsSummary, run: JsonObj
     ]
 
 
+COMPILE_TIME_WORTH_A_WARNING_S = (
+    60.0  # compiling half of a run is a warning once it costs a minute: a short demo's is not
+)
+
+
 def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Finding]:
     durations = [r["duration_s"] for r in run["ranks"].values() if r["duration_s"]]
     if not durations or not compile_section["compile_time_s"]:
@@ -306,7 +311,9 @@ def _time_findings(compile_section: CompileSection, run: JsonObject) -> list[Fin
     return [
         Finding(
             "COMPILE_TIME_SHARE",
-            "warning" if share >= 0.5 else "info",
+            "warning"
+            if share >= 0.5 and compile_section["compile_time_s"] >= COMPILE_TIME_WORTH_A_WARNING_S
+            else "info",
             f"compilation took {compile_section['compile_time_s']:.1f} s, {share:.0%} of the run",
             hint=hint,
             evidence={"compile_time_s": compile_section["compile_time_s"], "share": round(share, 4)},
