@@ -94,6 +94,7 @@ def _report_cache(run_dir: Path) -> dict:
 
 
 @pytest.mark.inductor
+@pytest.mark.slow  # a cold inductor compile (~35 s) for the two tests of real cache entries; `make test` has status, clear and verify on built entries
 def test_status_counts_what_the_runs_wrote(compiled, capsys):
     code, out, _ = cli(capsys, "cache", "status", compiled.cache, "--json")
     assert code == 0
@@ -115,6 +116,7 @@ def test_status_counts_what_the_runs_wrote(compiled, capsys):
 
 
 @pytest.mark.inductor
+@pytest.mark.slow  # the same inductor runs as the test above
 def test_explain_miss_names_the_thread_count(compiled, capsys):
     code, out, _ = cli(capsys, "cache", "explain-miss", compiled.run1, compiled.run2, "--json")
     assert code == 1  # the keys differ

@@ -205,6 +205,7 @@ print(warm({str(unsigned)!r}, {str(tmp_path / "root-c")!r}, allow_unsigned=True)
     assert allowed.startswith("(True, ") and "was not verified" in allowed, allowed
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it (unpack's trust rules are in `make test`)
 def test_doctor_warm_from_needs_a_trusted_pack_or_allow_unsigned(tmp_path, keys, capsys):
     """``--warm-from`` on the ranks: an unsigned pack is a warning and a cold start (the run goes
     on), and a finding in the report of each command that takes it (doctor, check); ``--allow-unsigned``

@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
 
 from torchrepro.cli import COMMANDS, build_parser
 from torchrepro.runtime.run_options import OPTIONS_VAR, RunOptions
@@ -55,6 +56,7 @@ def test_help_lists_every_command(tmp_path):
     assert sorted(listed) == sorted(commands)
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_launched_run_receives_its_options_as_run_options(tmp_path):
     script = tmp_path / "draws.py"
     script.write_text(DRAWS)

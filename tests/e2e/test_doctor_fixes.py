@@ -223,6 +223,7 @@ def test_pitfall_example_fixes_and_recommended_set(tmp_path):
     assert attributes["torchrepro.compile_fix.graph_breaks.after"] == 0
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_resume_reruns_only_what_did_not_finish(tmp_path):
     counters = tmp_path / "counters.jsonl"
     out = tmp_path / "run"

@@ -270,6 +270,7 @@ def test_no_process_outlives_a_sigkilled_torchrepro(tmp_path, monkeypatch, comma
         assert _gone_within(pid, 5, start), f"process {pid} outlived a SIGKILLed torchrepro {command}"
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_drift_cell_killed_without_a_record_runs_again_on_resume(tmp_path):
     script = _script(tmp_path, "killed_once.py", KILLED_ONCE)
     args = [

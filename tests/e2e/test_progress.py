@@ -7,6 +7,8 @@ import io
 import re
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 from support import run_torchrepro
@@ -54,6 +56,7 @@ def test_no_phase_no_line_and_period_zero_none(tmp_path, monkeypatch):
     assert progress.console is None and sink.getvalue() == ""
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_check_says_each_run_step_and_time_in_a_log(tmp_path):
     proc = run_torchrepro(
         "check",

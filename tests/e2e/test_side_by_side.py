@@ -116,7 +116,9 @@ def _said(run_dir: Path) -> tuple[dict, str]:
     return json.loads((run_dir / "run.json").read_text()), (run_dir / "logs" / "stdout.log").read_text().split()
 
 
-@pytest.mark.parametrize("users", [None, "ACTIVE"])
+@pytest.mark.parametrize(
+    "users", [pytest.param(None, marks=pytest.mark.slow), "ACTIVE"]
+)  # None: make test-slow, for time
 def test_runs_side_by_side_let_idle_threads_sleep_unless_the_user_chose_and_train_bit_identically(tmp_path, users):
     """check's runs side by side get OMP_WAIT_POLICY=PASSIVE (said in run.json), unless the user
     set the variable; either way they train as a plain run does, bit for bit."""

@@ -102,6 +102,7 @@ def test_sigint_single_process_is_not_blamed_on_another_rank(tmp_path):
     assert "SIGINT" in report.stdout
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(tmp_path, "doctor", "--out", str(run_dir), str(LONG), "--", "--ignore-term")

@@ -339,6 +339,7 @@ def test_check_starts_within_its_disk_budget_and_keeps_full_copies_only_as_evide
         assert len(list(snaps.glob("step-*.npz"))) == (verdict != "bit_exact") and list(snaps.glob("sketch-*.npz"))
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_check_keeps_full_copies_only_of_the_pair_that_diverged(tmp_path):
     """Three runs that differ (a clock-seeded nudge), held to a tolerance they exceed: once the check
     has decided, the first pair that diverged keeps its last step whole, the third run its sketches."""

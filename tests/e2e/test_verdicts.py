@@ -94,6 +94,7 @@ def test_second_run_stopping_early_is_named(tmp_path):
     assert short["run"] in said(proc)
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it (a timeout before start-up is in `make test`)
 def test_timeout_kills_both_runs(tmp_path):
     script = tmp_path / "sleeps.py"
     script.write_text(

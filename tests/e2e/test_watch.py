@@ -198,6 +198,7 @@ def test_watch_bad_input_is_one_line_exit_2(tmp_path):
         assert line.startswith("torchrepro: error:")
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_doctor_shows_a_status_line_on_a_terminal_only(tmp_path):
     import pty
     import re
