@@ -53,6 +53,7 @@ def _unpack(tmp_path: Path, pack: Path, cache: Path, **env: str) -> subprocess.P
     )
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_unpack_says_what_it_waits_for_and_gives_up_after_the_timeout(tmp_path, capsys):
     pack = _pack(tmp_path, capsys, "warm.tar")
     cache = fake_cache(tmp_path / "cache")

@@ -48,7 +48,7 @@ def rows(report: dict) -> dict[str, dict]:
 # scenario, the fix for it, its spec, recompiles and graph breaks after it (Dynamo's count)
 SLOW = pytest.mark.slow  # moved out of `make test` for its time (TORCHREPRO_TEST_CPU_LOG); `make test-slow` runs them
 SCENARIOS = [
-    pytest.param("short_batch", "dynamic_shapes", "dynamic_sources:L['x']:0", 0, 0, id="short_batch"),
+    pytest.param("short_batch", "dynamic_shapes", "dynamic_sources:L['x']:0", 0, 0, id="short_batch", marks=SLOW),
     pytest.param("seq_len", "dynamic_shapes", "dynamic_sources:L['x']:1", 0, 0, id="seq_len", marks=SLOW),
     pytest.param("item", "capture_scalar_outputs", "capture_scalar_outputs", 0, 0, id="item"),
     pytest.param(  # dynamic on the 2nd value

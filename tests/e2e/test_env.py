@@ -187,6 +187,7 @@ def test_plain_env_prints_tables_and_exits_0():
     assert "Determinism switches" in proc.stdout and "Environment variables" in proc.stdout
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_env_says_which_step_codec_writes_the_logs_and_it_is_no_part_of_the_fingerprint():
     built = _json()
     pure = _json(TORCHREPRO_PURE_PYTHON_CODEC="1")

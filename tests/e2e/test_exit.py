@@ -37,6 +37,7 @@ def test_runs_made_to_compare_skip_the_last_collections_and_keep_the_rest(tmp_pa
     assert sorted(noted.read_text().split()) == ["atexit", "atexit", "garbage", "garbage"]
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_run_the_user_asked_for_ends_as_python_ends_it(tmp_path):
     noted = tmp_path / "noted.txt"
     proc = _torchrepro(tmp_path, "doctor", "--out", "d", str(SCRIPT), "--", str(noted))

@@ -11,6 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from torchrepro.runtime.run_options import RunOptions
 from torchrepro.runtime.follow import CONFIG_VAR, SEEN_VAR, follow_env
 from torchrepro.commands.launcher import child_env
@@ -135,6 +137,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_spawned_rank_is_seeded_at_start_and_its_plan_takes_the_groups_rank(tmp_path):
     """What torch.multiprocessing.spawn starts for the captured process (TORCHREPRO_FOLLOW_SPAWN) is
     seeded from --seed before the script runs, as torchrun ranks are; other processes are not."""

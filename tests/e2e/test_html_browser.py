@@ -307,6 +307,7 @@ def test_check_page(browser, check_run, tmp_path):
     _check_screenshot(browser.screenshot(tmp_path / "check.png"))
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_drift_page(browser, drift_run, tmp_path):
     d = json.loads((drift_run / "report.json").read_text())["drift"]
     url = browser.open(drift_run / "report.html")

@@ -59,6 +59,7 @@ def test_check_of_a_nan_run_is_bit_exact_names_the_nan_and_prints_its_verdict(tm
     assert "the loss is NaN at step 0 (rank 0)" in proc.stdout
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_runs_that_differ_in_where_nan_appears_diverge_at_that_step(tmp_path):
     """NaN from step 2 in one run, from step 3 in the other: the same bits up to step 1, then a NaN
     against a number at step 2, in the loss: diff says DIVERGED there."""

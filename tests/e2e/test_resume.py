@@ -84,6 +84,7 @@ def test_a_forgotten_piece_of_state_is_named(tmp_path, forget, cause):
     assert {"rng": "RNG", "data_order": "batches", "unknown": "optimizer"}[cause] in hint
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_script_without_checkpoint_calls_is_a_clear_error(tmp_path):
     proc, _ = check_resume(tmp_path, ROOT / "tests" / "scripts" / "deterministic.py", options=("--at", "2"))
     assert proc.returncode == 2

@@ -82,6 +82,7 @@ def test_both_runs_crash_at_the_same_step_is_not_bit_exact(tmp_path):
     assert report["exit_code"] == 3
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_second_run_stopping_early_is_named(tmp_path):
     proc, report = check(tmp_path, "stops_early.py", args=(str(tmp_path / "marker"),))
     assert proc.returncode == 3, proc.stdout + proc.stderr
@@ -198,7 +199,9 @@ def test_zero_compared_steps_is_never_bit_exact(tmp_path):
 # a check of a compiled script is ~9 s of CPU: the loop without any update clocks its steps by backward() as the
 # hand-updated one does (make test); it runs in the slow tier
 @pytest.mark.parametrize(
-    "extra", [(), pytest.param(("--no-update",), marks=pytest.mark.slow)], ids=["hand-update", "no-update"]
+    "extra",
+    [pytest.param((), marks=pytest.mark.slow), pytest.param(("--no-update",), marks=pytest.mark.slow)],
+    ids=["hand-update", "no-update"],
 )
 def test_loop_without_optimizer_is_clocked_by_backward(tmp_path, extra):
     proc, report = check(tmp_path, "hand_update.py", args=extra)
@@ -216,6 +219,7 @@ def test_loop_without_dataloader_gets_batch_fingerprints(tmp_path):
     assert (fd["step"], fd["what"], fd["cause"]) == (0, "batch", "data_order")
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_unseeded_initial_weights_are_init_params_before_step_0(tmp_path):
     script = tmp_path / "unseeded_init.py"
     script.write_text(

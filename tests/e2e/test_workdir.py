@@ -205,6 +205,7 @@ def _check(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tup
     return proc, report
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_check_of_a_script_resuming_from_its_own_snapshot(tmp_path):
     """Run 2 in run 1's directory would resume from run 1's snapshot.pt (fewer steps, other batches): each
     run in its own copy, they agree; in place, the file is named, never the data order."""
