@@ -140,7 +140,14 @@ def test_check_report_equal_to_the_baselines(tmp_path):
     )
     old = json.loads((out / "report.json").read_text())
     proc = _torchrepro(
-        ROOT / "src", tmp_path, "diff", str(out / "run-1"), str(out / "run-2"), "--json", str(tmp_path / "new.json")
+        ROOT / "src",
+        tmp_path,
+        "diff",
+        "--absolute-paths",  # as the baseline stored them: the runs by label once out's path is taken away
+        str(out / "run-1"),
+        str(out / "run-2"),
+        "--json",
+        str(tmp_path / "new.json"),
     )
     assert (tmp_path / "new.json").exists(), proc.stdout + proc.stderr
     new = json.loads((tmp_path / "new.json").read_text().replace(json.dumps(f"{out}/")[1:-1], ""))  # runs by label

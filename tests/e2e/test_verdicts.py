@@ -295,11 +295,15 @@ def test_an_observer_that_fails_is_a_finding_and_fails_under_strict(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "trained" in proc.stdout  # the script itself was untouched
     shown = cli("report", str(tmp_path / "d"), "--json", str(tmp_path / "d.json"), cwd=tmp_path)
-    assert shown.returncode == 0, shown.stdout + shown.stderr
+    # the observer failed on the first batch: no step was recorded, so nothing is judged (exit 1), and the
+    # reason is torchrepro's failure, not a launcher out of its sight
+    assert shown.returncode == 1, shown.stdout + shown.stderr
     report = json.loads((tmp_path / "d.json").read_text())
     degraded = [f for f in report["findings"] if f["code"] == "CAPTURE_DEGRADED"]
     assert degraded and "not iterable" in degraded[0]["title"] and "step events" in degraded[0]["title"]
-    assert not report["verdict"].startswith("HEALTHY")
+    (nothing,) = [f for f in report["findings"] if f["code"] == "NOTHING_OBSERVED"]
+    assert "torchrepro's step capture stopped: RuntimeError: this batch type is not iterable" in nothing["title"]
+    assert "not of your script" in nothing["hint"] and report["verdict"].startswith("NOTHING OBSERVED")
     strict = cli("report", "--strict", str(tmp_path / "d"), cwd=tmp_path)
     assert strict.returncode == 1, strict.stdout + strict.stderr
     proc, report = check(tmp_path, "observer_fails.py")  # the steps after the failure were not recorded
