@@ -65,6 +65,7 @@ realworld: bytecode
 # tests another.
 TORCH_VERSIONS ?= 2.6.0 2.14.1
 COMPAT_TESTS := tests/e2e/test_doctor_scenarios.py tests/e2e/test_compat.py tests/e2e/compat tests/e2e/test_check.py \
+	tests/e2e/test_compile_counts.py \
 	tests/e2e/test_distributed.py tests/e2e/test_doctor_cli.py::test_doctor_from_torch_trace_logs \
 	tests/e2e/test_doctor_cli.py::test_observation_does_not_perturb
 COMPAT_INDUCTOR := tests/e2e/compat/test_inductor_scenarios.py tests/e2e/test_check.py
@@ -74,7 +75,11 @@ COMPAT_INDUCTOR := tests/e2e/compat/test_inductor_scenarios.py tests/e2e/test_ch
 	.venv-compat-$*/bin/python -m pip install -q --upgrade pip
 	.venv-compat-$*/bin/python -m pip install -q torch==$*
 	.venv-compat-$*/bin/python -m pip install -q -e '.[dev]'
+	.venv-compat-$*/bin/python -m pip install -q "torch==$*" "$(or $(TRANSFORMERS_FOR_$*),transformers>=4.40)"
 	touch $@
+
+# the Hugging Face model of the counts test: transformers 5 needs a newer torch than 2.6
+TRANSFORMERS_FOR_2.6.0 := transformers==4.49.0
 
 compat: $(foreach v,$(TORCH_VERSIONS),.venv-compat-$(v)/.torchrepro-installed)
 	set -e; for v in $(TORCH_VERSIONS); do \

@@ -41,6 +41,15 @@ class BreakRecords(logging.Handler):
 BREAKS = BreakRecords()
 
 
+def _is_recompile(metrics: object) -> bool:
+    """Dynamo's own word where it records one (``recompile_reason``, torch 2.7 and later); before, a
+    frame compiled again: its compile id ``frame/n`` with n above 0 (``_k`` after it counts restarts)."""
+    if hasattr(metrics, "recompile_reason"):
+        return bool(metrics.recompile_reason)
+    compile_id = str(getattr(metrics, "compile_id", None) or "")
+    return "/" in compile_id and compile_id.split("/")[-1].split("_")[0] not in ("", "0")
+
+
 def _dump(out: str, pid: int) -> None:
     """Write the counters, in the process that started the script only (a forked DataLoader
     worker that happens to run atexit handlers must not overwrite them)."""
@@ -52,7 +61,7 @@ def _dump(out: str, pid: int) -> None:
         metrics = [m for m in get_compilation_metrics() if m.co_name and not m.fail_type]
         counts = {
             "compiles": len(metrics),
-            "recompiles": sum(1 for m in metrics if m.recompile_reason),
+            "recompiles": sum(1 for m in metrics if _is_recompile(m)),
             "graph_breaks": BREAKS.count,
             "unique_graphs": counters["stats"]["unique_graphs"],
             "dynamo_imported": True,

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from support import run_torchrepro
 
@@ -64,9 +65,10 @@ def test_counts_equal_torch_logs_and_dynamos_and_events_are_placed_and_named(tmp
     assert proc.returncode == 0, proc.stdout + proc.stderr
     c = report["compile"]
     ours = {k: c[k] for k in ("compiles", "recompiles", "graph_breaks", "unique_graphs")}
-    assert (
-        ours == {k: dynamo[k] for k in ours} == {"compiles": 5, "recompiles": 2, "graph_breaks": 2, "unique_graphs": 4}
-    )
+    # torch 2.6 records the failed compile without a fail_type: Dynamo's bookkeeping counts it, doctor too
+    failed_counted = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 7)
+    expected = {"compiles": 6 if failed_counted else 5, "recompiles": 2, "graph_breaks": 2, "unique_graphs": 4}
+    assert ours == {k: dynamo[k] for k in ours} == expected
     # the loop's frame skip and the helper's own break: two records, two breaks, as TORCH_LOGS says
     assert c["graph_breaks"] == logged["graph_breaks"] == 2
     assert c["recompiles"] + len(c["recompile_limit_hits"]) == logged["recompiling"]
@@ -87,8 +89,14 @@ def test_hf_gpt2_graph_breaks_equal_torch_logs_cannot_resume_breaks_included(tmp
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert report["verdict"].startswith("WARNINGS"), report["verdict"]
     c = report["compile"]
-    assert c["graph_breaks"] == logged["graph_breaks"] == 7, (c["graph_breaks"], logged)
-    assert c["recompiles"] + len(c["recompile_limit_hits"]) == logged["recompiling"] == 5
+    assert c["graph_breaks"] == logged["graph_breaks"], (c["graph_breaks"], logged)
+    assert c["recompiles"] + len(c["recompile_limit_hits"]) == logged["recompiling"], (c, logged)
     reasons = [e["reason"] for e in c["graph_break_events"] for _ in range(e["count"])]
-    assert sum("(Encountered graph break that we cannot resume from." in r for r in reasons) == 2
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        # transformers 5 (torch 2.13, 2.14) breaks where Dynamo cannot resume: 7 breaks, 2 of them that kind;
+        # transformers 4.49 with torch 2.6 (transformers 5 needs a newer torch) breaks once, recompiles twice
+        assert (c["graph_breaks"], logged["recompiling"]) == (7, 5)
+        assert sum("(Encountered graph break that we cannot resume from." in r for r in reasons) == 2
     assert f"{c['graph_breaks']} graph break(s)" in report["verdict"]
