@@ -699,7 +699,8 @@ def table(records: list[dict]) -> str:
         expected = next((s.findings for s in SCRIPTS if s.name == rec["name"]), ())
         if expected:  # the findings both doctor and check must report
             verdict += f"; doctor and check find {', '.join(expected)} {'✓' if rec['findings_ok'] else '✗'}"
-        unp = {"yes": "yes ✓", "no": "no ✗", "n/a": "n/a (plain runs print differently)"}[rec["unperturbed"]]
+        differ = "print" if plain["printed"][1] else "save"  # a script that prints no loss is held to what it saved
+        unp = {"yes": "yes ✓", "no": "no ✗", "n/a": f"n/a (plain runs {differ} differently)"}[rec["unperturbed"]]
         rows.append(
             f"| {rec['name']} | {rec['covers']} | {counts} | {same} | {verdict} | {unp} | "
             f"{'PASS' if rec['ok'] else 'FAIL'} | {rec['seconds']:.0f} s |"
