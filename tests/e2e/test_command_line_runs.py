@@ -140,6 +140,7 @@ def test_doctor_budget_after_the_script_is_said_and_stdout_holds_the_json_alone(
     assert json.loads(again.stdout)["run"]["cwd"] == str(project)
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_module_runs_as_python_m_runs_it(project):
     proc = torchrepro("doctor", "--out", "run", "-m", "pkg.train", "--seed", "3", cwd=project)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -111,6 +111,7 @@ for _ in range(3):
 """
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_golden_divergence_shows_its_fix_under_the_verdict(tmp_path):
     """A golden check shows what its comparison found, as check does: the divergence's fix under the
     verdict, which says "from golden" before step 0 too."""

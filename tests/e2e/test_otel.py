@@ -311,6 +311,7 @@ def test_two_ranks_share_one_trace(tmp_path, receiver):
 
 
 @pytest.mark.xdist_group("otel-baseline")
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it (test_telemetry_faults.py keeps a failing collector)
 def test_refused_collector_costs_one_warning(tmp_path, baseline):
     url = f"http://127.0.0.1:{_free_port()}"
     proc = _cli(

@@ -110,7 +110,7 @@ def _stopped_cleanly(proc: subprocess.Popen, sig: signal.Signals, pids: list[int
     "sig",
     # ~8 s of CPU each; SIGTERM in make test: the fix runs stop alike whatever the stop signal (SIGHUP's own
     # handling is in make test too: test_signals.py's doctor and the drift case below)
-    [signal.SIGTERM, *(pytest.param(s, marks=pytest.mark.slow) for s in (signal.SIGHUP, signal.SIGINT))],
+    [pytest.param(s, marks=pytest.mark.slow) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)],
     ids=lambda s: s.name,
 )
 def test_a_stop_signal_during_doctor_fixes_ends_the_fix_runs_and_writes_what_finished(tmp_path, sig):
@@ -133,6 +133,7 @@ def test_a_stop_signal_during_doctor_fixes_ends_the_fix_runs_and_writes_what_fin
     assert report["compile_fix_recommended"] is None
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_stop_signal_during_drift_ends_its_runs_and_writes_a_partial_report(tmp_path):
     script = tmp_path / "first_fast.py"
     script.write_text(FIRST_FAST)
