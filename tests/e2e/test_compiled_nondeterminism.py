@@ -283,6 +283,7 @@ def test_check_names_graph_parameter_kernel_and_source(gpt_check):
     # the race shows at the first step it happens to hit (step 0 on a quiet machine, later under load)
     assert det["verdict"] == "diverged" and fd["step"] in range(4) and fd["cause"] == "nondeterministic_op"
     assert (fd["compile_id"], fd["graph"], fd["parameter"]) == ("0/0", "backward", "tok.weight")
+    assert fd["module"] == "tok"  # the parameter's owner: a backward node carries no module of its own
     assert fd["kernel"].startswith("cpp_fused_") and "embedding_dense_backward" in fd["kernel"]
     assert "aten.embedding_dense_backward" in fd["kernel_fuses"] and fd["op"] == "aten.embedding_dense_backward"
     assert fd["source"] == f"{GPT}:{_line_of('self.tok(idx)')}"

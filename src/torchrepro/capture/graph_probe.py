@@ -261,7 +261,8 @@ class GraphProber(KernelRepeater):
                 node = first_differing_node(gm, call, eager[1]) if gm is not None and eager is not None else None
                 if node is not None:  # the FX graph run eagerly shows where: that node names it
                     explained.update(eager_node=node["node"], op=node["op"], source=node["source"])
-                    explained["module"] = node["module"]
+                    # a backward node carries no module: the parameter's owner (explain's) is kept then
+                    explained["module"] = node["module"] or explained.get("module")
                 event.explained = explained
         except Exception as exc:  # the probe's own failure: said in the event, the run goes on
             event.error = first_line(exc)
