@@ -272,34 +272,26 @@ def observation_findings(logs: list[EventLog], steps: StepsSummary, run: JsonObj
     evidence: JsonObject = {"processes": [log.rank for log in logs], "steps": 0, "compiles": 0}
     stopped = [c.note for log in logs for c in log.of(Capability) if c.name == "capture_error" and not c.available]
     if stopped:  # torchrepro's own failure, not the script's: said as such
-        return [
-            Finding(
-                "NOTHING_OBSERVED",
-                "error",
-                f"nothing to judge: torchrepro's {stopped[0]}, before the first step",
-                hint="A failure of torchrepro's capture, not of your script (which ran untouched): report it with "
-                "the torch version and the error above.",
-                evidence={**evidence, "capture_error": stopped[0]},
-            )
-        ]
-    ended = [r for r in run["ranks"].values() if r["status"] not in ("ok", "imported")]
-    how = (
-        "the script ended before its first step"
-        if ended
-        else "the training ran in processes torchrepro did not capture, or took no step it recognises"
-    )
-    return [
-        Finding(
-            "NOTHING_OBSERVED",
-            "error",
-            f"nothing to judge: {how}",
-            hint="torchrepro counts a step at optimizer.step() (or backward() where no optimizer exists) and sees "
+        how = f"torchrepro's {stopped[0]}, before the first step"
+        hint = (
+            "A failure of torchrepro's capture, not of your script (which ran untouched): report it with the "
+            "torch version and the error above."
+        )
+        evidence["capture_error"] = stopped[0]
+    else:
+        ended = [r for r in run["ranks"].values() if r["status"] not in ("ok", "imported")]
+        how = (
+            "the script ended before its first step"
+            if ended
+            else "the training ran in processes torchrepro did not capture, or took no step it recognises"
+        )
+        hint = (
+            "torchrepro counts a step at optimizer.step() (or backward() where no optimizer exists) and sees "
             "every torch.compile. A launcher that starts the training in processes of its own: launch each rank "
             'with torchrun ... -m torchrepro run (docs/commands.md, "Many ranks"), or give doctor the training '
-            "script and --nproc N.",
-            evidence=evidence,
+            "script and --nproc N."
         )
-    ]
+    return [Finding("NOTHING_OBSERVED", "error", f"nothing to judge: {how}", hint=hint, evidence=evidence)]
 
 
 COMPILE_TIME_WORTH_A_WARNING_S = (
