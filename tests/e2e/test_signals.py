@@ -102,6 +102,43 @@ def test_sigint_single_process_is_not_blamed_on_another_rank(tmp_path):
     assert "SIGINT" in report.stdout
 
 
+# fails at step 2; the launcher's SIGTERM (torchrun stopping the ranks that outlive a failed one)
+# arrives while torchrepro writes the end record of that failure
+FAILS_AS_STOPPED = """
+import os, signal, torch
+from torchrepro import _state
+w = torch.nn.Parameter(torch.ones(2))
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(3):
+    loss = (w ** 2).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+steps = _state.session().steps
+flush = steps.flush
+def signalled_flush():
+    os.kill(os.getpid(), signal.SIGTERM)
+    flush()
+steps.flush = signalled_flush
+raise RuntimeError("the collective failed: a peer is gone")
+"""
+
+
+def test_a_stop_signal_while_the_end_record_is_written_waits_for_it(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS_AS_STOPPED)
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, "doctor", "--out", str(run_dir), str(script))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    end = _events(run_dir)[0][-1]
+    assert end["kind"] == "end" and end["status"] == "error" and "peer is gone" in end["error"]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["run"]["ranks"]["0"]["status"] == "error"
+    codes = {f["code"] for f in report["findings"]}
+    assert "SCRIPT_FAILED" in codes and not codes & {"RANK_CRASHED", "RANK_TERMINATED"}
+
+
 @pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_a_job_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     run_dir = tmp_path / "run"

@@ -91,6 +91,8 @@ class CaptureSession:
         self._unwatch: Any = None
         self.prober: Any = None  # capture.graph_probe.GraphProber, with probe_repeats
         self._cancel_prober: Callable[[], None] = lambda: None
+        self._stopping = False  # stop() is writing the end record
+        self._deferred: int | None = None  # a stop signal that arrived meanwhile, raised once it is written
 
     @property
     def run_dir(self) -> Path:
@@ -175,6 +177,9 @@ class CaptureSession:
                 signal.signal(sig, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._stopping:  # the end record being written says how the run ended: the signal follows it
+            self._deferred = signum
+            return
         name = signal.Signals(signum).name
         self.stop(-signum, f"terminated by {name} (the launcher stopped this rank)", status="terminated")
         signal.signal(signum, signal.SIG_DFL)
@@ -274,9 +279,21 @@ class CaptureSession:
             raise SystemExit(0)
 
     def stop(self, exit_code: int, error: str | None = None, status: str | None = None) -> None:
-        if self.writer is None:
+        """Write the end record and uninstall capture. A SIGTERM or SIGHUP arriving meanwhile (torchrun
+        stopping the other ranks as this one fails) waits until the record is written, then ends the
+        process as it would have: without the wait it ended the process before its end record."""
+        if self.writer is None or self._stopping:
             return
-        self._restore_signals()
+        self._stopping = True
+        try:
+            self._stop(exit_code, error, status)
+        finally:
+            self._restore_signals()
+            self._stopping = False
+        if self._deferred is not None:
+            os.kill(os.getpid(), self._deferred)
+
+    def _stop(self, exit_code: int, error: str | None, status: str | None) -> None:
         if self.steps is not None:
             self.steps.flush()
             self.steps.uninstall()
