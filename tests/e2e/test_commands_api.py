@@ -17,6 +17,7 @@ LIBRARY_DOC = Path(__file__).resolve().parents[2] / "docs" / "library.md"
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "deterministic.py"
 
 
+@pytest.mark.slow  # moved out of `make test` for its time (the other pages' examples run there too); `make test-slow` runs it
 def test_commands_block_runs_as_shown(tmp_path):
     block = re.search(r"## The commands from Python\n.*?```python\n(.*?)```", LIBRARY_DOC.read_text(), re.S).group(1)
     proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -138,6 +138,7 @@ def test_check_of_a_model_built_on_meta_replays_the_step_and_names_the_op(tmp_pa
     assert "localisation_note" not in fd["evidence"]
 
 
+@pytest.mark.slow  # moved out of `make test` for its time; `make test-slow` runs it
 def test_compare_of_a_nan_reference_abstains(tmp_path):
     """A reference whose loss turns NaN at step 2: no band of NaN judges B, so ABSTAIN, with the reason
     and the NaN as a finding, never DIFFERENT "by inf"."""
