@@ -108,8 +108,8 @@ def _stopped_cleanly(proc: subprocess.Popen, sig: signal.Signals, pids: list[int
 
 @pytest.mark.parametrize(
     "sig",
-    # ~8 s of CPU each; SIGTERM in make test: the fix runs stop alike whatever the stop signal (SIGHUP's own
-    # handling is in make test too: test_signals.py's doctor and the drift case below)
+    # ~8 s of CPU each, all in make test-slow: the fix runs stop alike whatever the stop signal (a stop
+    # signal to doctor's own run, SIGTERM and SIGHUP, is in make test: test_signals.py)
     [pytest.param(s, marks=pytest.mark.slow) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)],
     ids=lambda s: s.name,
 )
